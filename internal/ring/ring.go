@@ -16,6 +16,9 @@ const DefaultCapacity = 1 << 20
 // blocks, so this is also the largest chunk.
 const maxBlock = 256 << 10
 
+// minBlock is a stream's first block: enough for a quiet process.
+const minBlock = 4 << 10
+
 // ErrOutOfRange is returned for a cursor asked to start beyond what a stream
 // has produced.
 var ErrOutOfRange = errors.New("ring: offset beyond the stream's end")
@@ -109,6 +112,7 @@ type Ring struct {
 	closed   [NumStreams]bool
 	closeSeq [NumStreams]uint64 // nextSeq when the stream closed
 	active   [NumStreams]*block
+	grown    [NumStreams]int // size of the stream's next block
 	free     []*block
 	wake     chan struct{} // closed and replaced when something happens
 	waiters  int
@@ -151,25 +155,32 @@ func (r *Ring) Buffer(s Stream) []byte {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	b := r.active[s]
-	if b == nil || len(b.buf)-b.used < r.minTail {
+	if b == nil || len(b.buf)-b.used < min(r.minTail, len(b.buf)/4) {
 		if b != nil {
 			r.releaseLocked(b) // the active reference; chunks keep it alive
 		}
-		b = r.newBlock()
+		b = r.newBlock(s)
 		r.active[s] = b
 	}
 	return b.buf[b.used:min(len(b.buf), b.used+r.capacity)]
 }
 
-// newBlock returns a block holding one (active) reference. Caller holds mu.
-func (r *Ring) newBlock() *block {
-	if n := len(r.free); n > 0 {
+// newBlock returns a block for s holding one (active) reference. A
+// stream's first blocks are small and double up to blockSize, so a process
+// that prints little holds little. Caller holds mu.
+func (r *Ring) newBlock(s Stream) *block {
+	size := r.grown[s]
+	if size == 0 {
+		size = min(minBlock, r.blockSize)
+	}
+	r.grown[s] = min(2*size, r.blockSize)
+	if n := len(r.free); n > 0 && size == r.blockSize {
 		b := r.free[n-1]
 		r.free = r.free[:n-1]
 		b.refs.Store(1)
 		return b
 	}
-	b := &block{buf: make([]byte, r.blockSize), ring: r}
+	b := &block{buf: make([]byte, size), ring: r}
 	b.refs.Store(1)
 	return b
 }
@@ -178,7 +189,7 @@ func (r *Ring) newBlock() *block {
 // costs far more than reusing warm ones.
 func (r *Ring) recycleLocked(b *block) {
 	b.used = 0
-	if !r.dropped && len(r.free)*r.blockSize < r.capacity/2+r.blockSize {
+	if len(b.buf) == r.blockSize && !r.dropped && len(r.free)*r.blockSize < r.capacity/2+r.blockSize {
 		r.free = append(r.free, b)
 	}
 }

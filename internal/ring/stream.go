@@ -50,6 +50,9 @@ const (
 	Gap
 	// End says Stream has ended after Offset bytes in all (its total).
 	End
+	// Exit is never produced by a ring: the process layer appends it after
+	// every stream's End, once the process's exit has been observed.
+	Exit
 )
 
 func (k Kind) String() string {
@@ -60,6 +63,8 @@ func (k Kind) String() string {
 		return "gap"
 	case End:
 		return "end"
+	case Exit:
+		return "exit"
 	}
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }

@@ -1,0 +1,629 @@
+// Package process runs commands and owns their output: always-on pumps into a ring, stdin,
+// signals, the observed exit, the shutdown drain, and tombstones for finished processes.
+package process
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/creack/pty"
+	"golang.org/x/sys/unix"
+
+	"github.com/sandkiln/sandkiln/internal/capture"
+	"github.com/sandkiln/sandkiln/internal/ring"
+	"github.com/sandkiln/sandkiln/internal/stdin"
+)
+
+// Error classes. Callers test with errors.Is; each error names the value
+// that was wrong.
+var (
+	ErrInvalid     = errors.New("invalid argument")
+	ErrNotFound    = errors.New("not found")
+	ErrFinished    = errors.New("process has finished")
+	ErrStart       = errors.New("process could not start")
+	ErrNoStdin     = errors.New("process has no stdin pipe")
+	ErrNotTerminal = errors.New("process has no terminal")
+	ErrTerminalEOF = errors.New("a terminal has no end-of-input; send Ctrl-D as input")
+	ErrOutOfRange  = ring.ErrOutOfRange
+)
+
+// StdinMode says whether a process gets a stdin pipe.
+type StdinMode uint8
+
+const (
+	// StdinClosed gives the process /dev/null: it reads end-of-input at once.
+	StdinClosed StdinMode = iota
+	// StdinPipe gives the process a pipe fed by Write and ended by CloseStdin.
+	StdinPipe
+)
+
+// WindowSize is a terminal's size in character cells.
+type WindowSize struct {
+	Cols, Rows uint16
+}
+
+// Spec describes a process to start.
+type Spec struct {
+	// Argv is the program and its arguments. Without Shell, Argv[0] is
+	// looked up in the PATH of Env (or of this process when Env has none).
+	Argv []string
+	// Shell runs Argv[0] as a script with /bin/sh -c; Argv must then have
+	// exactly one element.
+	Shell bool
+	// Env is the complete environment; nil inherits this process's.
+	Env []string
+	// Dir is the working directory; empty inherits this process's.
+	Dir   string
+	Stdin StdinMode
+	// Terminal, when set, runs the process on a PTY of that size: one
+	// combined output stream, input through the terminal.
+	Terminal *WindowSize
+	// RingBytes bounds the retained output; zero means ring.DefaultCapacity.
+	RingBytes int
+	// Sink, when set, receives every chunk for durable capture. The
+	// process closes it after its pumps have joined.
+	Sink *capture.Sink
+}
+
+// Exit is how a process ended, as observed by waiting for it: a code, or
+// the signal that killed it (then Code is -1).
+type Exit struct {
+	Code   int
+	Signal syscall.Signal
+}
+
+func (e Exit) String() string {
+	if e.Signal != 0 {
+		return "killed by " + unix.SignalName(e.Signal)
+	}
+	return fmt.Sprintf("exit code %d", e.Code)
+}
+
+// State is a process's lifecycle state as far as it has been observed.
+type State string
+
+const (
+	Running State = "running"
+	Exited  State = "exited"
+)
+
+// Status is a process's state without its output.
+type Status struct {
+	ID     string
+	Argv   []string
+	PID    int
+	State  State
+	Exit   *Exit // set only once observed
+	Totals ring.Offsets
+	Ended  [ring.NumStreams]bool // which streams reached their end
+	// Dropped counts bytes the capture sink could not take, per stream.
+	Dropped   ring.Offsets
+	Streams   []ring.Stream
+	Terminal  bool
+	Stdin     *stdin.State // nil without a stdin pipe
+	StartedAt time.Time
+	ExitedAt  time.Time
+}
+
+// DefaultDrainTimeout bounds how long a finished process's pumps may take to
+// reach end of output after its process group was killed.
+const DefaultDrainTimeout = 2 * time.Second
+
+// Process is one started command. Its pumps, its reaper and its stdin
+// writer are goroutines it owns: the reaper ends them all (the drain) once
+// the exit is observed, and Done is closed when nothing of them is left.
+type Process struct {
+	id       string
+	argv     []string
+	cmd      *exec.Cmd
+	ring     *ring.Ring
+	sink     *capture.Sink
+	stdin    *stdin.Queue // nil for StdinClosed
+	terminal bool
+	started  time.Time
+	drainFor time.Duration
+	onDone   func() // called by the reaper once the drain has finished
+
+	pumps   sync.WaitGroup
+	outputs []*os.File // read ends the pumps own; the drain may set their deadline
+
+	exited chan struct{} // closed once exit is set
+	done   chan struct{} // closed when the drain has finished
+
+	// mu guards the fields below. The reaper holds it while it turns the
+	// waited-for zombie into an exit, so a signal sent under mu never
+	// reaches a reused pid.
+	mu       sync.Mutex
+	exit     Exit
+	exitedAt time.Time
+	master   *os.File // the PTY master, for resizing; nil once the pump closed it
+}
+
+// Start starts a process and its pumps. A process that cannot start (no
+// such program, not executable, bad working directory) is an error here,
+// never an exit code.
+func Start(id string, spec Spec) (*Process, error) {
+	return start(id, spec, DefaultDrainTimeout, nil)
+}
+
+func start(id string, spec Spec, drainFor time.Duration, onDone func()) (*Process, error) {
+	argv, err := resolveArgv(spec)
+	if err != nil {
+		return nil, err
+	}
+	cmd := &exec.Cmd{Path: argv[0], Args: argv, Env: spec.Env, Dir: spec.Dir}
+	if spec.Dir != "" {
+		if fi, err := os.Stat(spec.Dir); err != nil || !fi.IsDir() {
+			return nil, fmt.Errorf("%w: working directory %q: %v", ErrStart, spec.Dir, notDir(err))
+		}
+	}
+	p := &Process{
+		id:       id,
+		argv:     append([]string(nil), spec.Argv...),
+		cmd:      cmd,
+		sink:     spec.Sink,
+		terminal: spec.Terminal != nil,
+		drainFor: drainFor,
+		onDone:   onDone,
+		exited:   make(chan struct{}),
+		done:     make(chan struct{}),
+	}
+	var childEnds []*os.File // closed in the parent once the child has them
+	closeAll := func(fs []*os.File) {
+		for _, f := range fs {
+			if f != nil {
+				f.Close()
+			}
+		}
+	}
+	var streams []ring.Stream
+	if spec.Terminal != nil {
+		master, slave, err := pty.Open()
+		if err != nil {
+			return nil, fmt.Errorf("process: open terminal: %w", err)
+		}
+		if err := pty.Setsize(master, &pty.Winsize{Cols: spec.Terminal.Cols, Rows: spec.Terminal.Rows}); err != nil {
+			closeAll([]*os.File{master, slave})
+			return nil, fmt.Errorf("process: size terminal: %w", err)
+		}
+		cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true}
+		childEnds = append(childEnds, slave)
+		in, err := dupFile(master)
+		if err != nil {
+			closeAll([]*os.File{master, slave})
+			return nil, err
+		}
+		p.master = master
+		p.outputs = []*os.File{master}
+		p.stdin = stdin.New(in)
+		streams = []ring.Stream{ring.PTY}
+	} else {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		for range 2 {
+			r, w, err := os.Pipe()
+			if err != nil {
+				closeAll(p.outputs)
+				closeAll(childEnds)
+				return nil, fmt.Errorf("process: pipe: %w", err)
+			}
+			growPipe(r)
+			p.outputs = append(p.outputs, r)
+			childEnds = append(childEnds, w)
+		}
+		cmd.Stdout, cmd.Stderr = childEnds[0], childEnds[1]
+		streams = []ring.Stream{ring.Stdout, ring.Stderr}
+		if spec.Stdin == StdinPipe {
+			r, w, err := os.Pipe()
+			if err != nil {
+				closeAll(p.outputs)
+				closeAll(childEnds)
+				return nil, fmt.Errorf("process: pipe: %w", err)
+			}
+			cmd.Stdin = r
+			childEnds = append(childEnds, r)
+			p.stdin = stdin.New(w)
+		}
+	}
+	p.ring = ring.New(ring.Config{Capacity: spec.RingBytes, Streams: streams})
+
+	err = cmd.Start()
+	closeAll(childEnds)
+	if err != nil {
+		closeAll(p.outputs)
+		if p.stdin != nil {
+			p.stdin.Stop()
+		}
+		return nil, fmt.Errorf("%w: %s: %v", ErrStart, argv[0], unwrapExecErr(err))
+	}
+	p.started = time.Now()
+	for i, s := range streams {
+		p.pumps.Go(func() { p.pump(s, p.outputs[i]) })
+	}
+	go p.reap()
+	return p, nil
+}
+
+func notDir(err error) error {
+	if err == nil {
+		return errors.New("not a directory")
+	}
+	return errors.Unwrap(err)
+}
+
+func unwrapExecErr(err error) error {
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
+}
+
+// resolveArgv applies Shell and finds the program in the process's PATH,
+// so errors about it come from Start, with the name the caller gave.
+func resolveArgv(spec Spec) ([]string, error) {
+	argv := spec.Argv
+	if len(argv) == 0 || argv[0] == "" {
+		return nil, fmt.Errorf("%w: process: empty command", ErrInvalid)
+	}
+	for _, a := range argv {
+		if strings.IndexByte(a, 0) >= 0 {
+			return nil, fmt.Errorf("%w: process: argument %q contains a NUL byte", ErrInvalid, a)
+		}
+	}
+	for _, kv := range spec.Env {
+		if strings.IndexByte(kv, 0) >= 0 || !strings.Contains(kv, "=") {
+			return nil, fmt.Errorf("%w: process: environment entry %q is not KEY=VALUE", ErrInvalid, kv)
+		}
+	}
+	if spec.Shell {
+		if len(argv) != 1 {
+			return nil, fmt.Errorf("%w: process: a shell command is one string, got %d", ErrInvalid, len(argv))
+		}
+		return []string{"/bin/sh", "-c", argv[0]}, nil
+	}
+	prog := argv[0]
+	if !strings.Contains(prog, "/") {
+		path, ok := os.LookupEnv("PATH")
+		if spec.Env != nil {
+			path, ok = "", false
+			for _, kv := range spec.Env {
+				if v, found := strings.CutPrefix(kv, "PATH="); found {
+					path, ok = v, true
+				}
+			}
+		}
+		if !ok {
+			path = "/usr/local/bin:/usr/bin:/bin"
+		}
+		found, err := lookPath(prog, path, spec.Dir)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s: %v", ErrStart, prog, err)
+		}
+		prog = found
+	}
+	return append([]string{prog}, argv[1:]...), nil
+}
+
+func lookPath(prog, path, dir string) (string, error) {
+	var denied error
+	for d := range strings.SplitSeq(path, ":") {
+		if d == "" {
+			d = "."
+		}
+		cand := filepath.Join(d, prog)
+		check := cand
+		if !filepath.IsAbs(check) && dir != "" {
+			check = filepath.Join(dir, check)
+		}
+		fi, err := os.Stat(check)
+		if err != nil || fi.IsDir() {
+			continue
+		}
+		if err := unix.Access(check, unix.X_OK); err != nil {
+			denied = err
+			continue
+		}
+		return cand, nil
+	}
+	if denied != nil {
+		return "", denied
+	}
+	return "", errors.New("executable file not found in PATH")
+}
+
+// growPipe raises a pipe's buffer to 1 MiB where the system allows it:
+// fewer, larger reads per byte. Failure only costs speed.
+func growPipe(f *os.File) {
+	if sc, err := f.SyscallConn(); err == nil {
+		sc.Control(func(fd uintptr) {
+			unix.FcntlInt(fd, unix.F_SETPIPE_SZ, 1<<20)
+		})
+	}
+}
+
+// dupFile duplicates f's descriptor without switching f to blocking mode
+// (as f.Fd would), so both copies keep working with deadlines.
+func dupFile(f *os.File) (*os.File, error) {
+	sc, err := f.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var nfd int
+	var derr error
+	if err := sc.Control(func(fd uintptr) {
+		nfd, derr = unix.FcntlInt(fd, unix.F_DUPFD_CLOEXEC, 0)
+	}); err != nil {
+		return nil, err
+	}
+	if derr != nil {
+		return nil, fmt.Errorf("process: dup terminal: %w", derr)
+	}
+	return os.NewFile(uintptr(nfd), f.Name()), nil
+}
+
+// pump drains one stream from the moment the process starts, whether or not
+// anyone watches: into the ring (which never waits) and the capture sink
+// (which never waits). Only the kernel pipe can slow the workload down.
+func (p *Process) pump(s ring.Stream, f *os.File) {
+	for {
+		n, err := f.Read(p.ring.Buffer(s))
+		if n > 0 {
+			c := p.ring.Commit(s, n)
+			if p.sink != nil {
+				p.sink.Push(c)
+			}
+			c.Release()
+		}
+		if err != nil {
+			// EOF, EIO from a PTY whose last writer is gone, or the
+			// drain's deadline: either way no more output is coming.
+			break
+		}
+	}
+	p.ring.CloseStream(s)
+	p.mu.Lock()
+	if p.master == f {
+		p.master = nil
+	}
+	p.mu.Unlock()
+	f.Close()
+}
+
+// reap owns waiting for the process. Once the exit is observed it runs the
+// drain in the seed's order: kill what is left of the process group (a
+// background child may still hold the pipes), wait for every pump to reach
+// end of output (bounded), stop stdin, close the sink's single sender.
+func (p *Process) reap() {
+	pid := p.cmd.Process.Pid
+	awaitExit(pid)
+	var info unix.Siginfo
+	for {
+		// WNOWAIT leaves the zombie in place, so the pid cannot be reused
+		// until we reap it below under mu.
+		err := unix.Waitid(unix.P_PID, pid, &info, unix.WEXITED|unix.WNOWAIT, nil)
+		if err != unix.EINTR {
+			break
+		}
+	}
+	p.mu.Lock()
+	p.cmd.Wait() // the status is in ProcessState whatever the error says
+	p.exit = exitOf(p.cmd.ProcessState)
+	p.exitedAt = time.Now()
+	close(p.exited)
+	p.mu.Unlock()
+
+	// The group id stays allocated while any member lives, so this reaches
+	// only what the process left behind.
+	unix.Kill(-pid, unix.SIGKILL)
+	pumped := make(chan struct{})
+	go func() {
+		p.pumps.Wait()
+		close(pumped)
+	}()
+	t := time.NewTimer(p.drainFor)
+	select {
+	case <-pumped:
+	case <-t.C:
+		// Something outside the group (it called setsid) still holds a
+		// write end. End the streams where they are; what it writes later
+		// was never emitted as far as anyone can tell.
+		for _, f := range p.outputs {
+			f.SetReadDeadline(time.Now())
+		}
+		<-pumped
+	}
+	t.Stop()
+	if p.stdin != nil {
+		p.stdin.Stop()
+	}
+	if p.sink != nil {
+		p.sink.Close()
+	}
+	close(p.done)
+	if p.onDone != nil {
+		p.onDone()
+	}
+}
+
+// awaitExit parks the caller in the runtime's poller until pid has exited,
+// through a pidfd, so that an idle process does not hold an OS thread in a
+// blocking wait. Where pidfds are missing it returns at once and the caller's
+// blocking wait does the job.
+func awaitExit(pid int) {
+	fd, err := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK)
+	if err != nil {
+		return
+	}
+	f := os.NewFile(uintptr(fd), "pidfd")
+	defer f.Close()
+	sc, err := f.SyscallConn()
+	if err != nil {
+		return
+	}
+	sc.Read(func(fd uintptr) bool {
+		// A pidfd is readable once its process has exited.
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, err := unix.Poll(fds, 0)
+		return err != nil || n > 0
+	})
+}
+
+func exitOf(ps *os.ProcessState) Exit {
+	if ps == nil {
+		return Exit{Code: -1}
+	}
+	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return Exit{Code: -1, Signal: ws.Signal()}
+	}
+	return Exit{Code: ps.ExitCode()}
+}
+
+// ID is the process's identifier.
+func (p *Process) ID() string { return p.id }
+
+// Done is closed once the process has exited and its output has drained.
+func (p *Process) Done() <-chan struct{} { return p.done }
+
+// Wait returns the exit once observed. A signal or terminate request is not
+// an exit; only this is.
+func (p *Process) Wait(ctx context.Context) (Exit, error) {
+	select {
+	case <-p.exited:
+		return p.exit, nil
+	case <-ctx.Done():
+		return Exit{}, ctx.Err()
+	}
+}
+
+// Status reports the process's state and output totals without touching
+// its output.
+func (p *Process) Status() Status {
+	totals, ended := p.ring.Totals()
+	st := Status{
+		ID:        p.id,
+		Argv:      p.argv,
+		PID:       p.cmd.Process.Pid,
+		State:     Running,
+		Totals:    totals,
+		Ended:     ended,
+		Streams:   p.ring.Streams(),
+		Terminal:  p.terminal,
+		StartedAt: p.started,
+	}
+	if p.sink != nil {
+		st.Dropped = p.sink.Dropped()
+	}
+	if p.stdin != nil {
+		s := p.stdin.State()
+		st.Stdin = &s
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if isClosed(p.exited) {
+		e := p.exit
+		st.State, st.Exit, st.ExitedAt = Exited, &e, p.exitedAt
+	}
+	return st
+}
+
+func isClosed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
+
+// Signal sends sig to the process, or to its whole process group. Delivery
+// is not an exit: Wait says when the process has ended.
+func (p *Process) Signal(sig syscall.Signal, group bool) error {
+	if sig < 0 || sig > 64 {
+		return fmt.Errorf("%w: process: signal %d", ErrInvalid, sig)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if isClosed(p.exited) {
+		return fmt.Errorf("%w: %s (%v)", ErrFinished, p.id, p.exit)
+	}
+	pid := p.cmd.Process.Pid
+	if group {
+		pid = -pid
+	}
+	if err := unix.Kill(pid, sig); err != nil && err != unix.ESRCH {
+		return fmt.Errorf("process: signal %v to %d: %w", sig, pid, err)
+	}
+	return nil
+}
+
+// Terminate kills the process's whole group with SIGKILL.
+func (p *Process) Terminate() error { return p.Signal(unix.SIGKILL, true) }
+
+// Write queues input at a stdin offset; see stdin.Queue.Write. It returns
+// the total bytes accepted.
+func (p *Process) Write(offset int64, data []byte) (int64, error) {
+	if p.stdin == nil {
+		return 0, fmt.Errorf("%w: %s", ErrNoStdin, p.id)
+	}
+	if isClosed(p.exited) {
+		return 0, fmt.Errorf("%w: %s: stdin is gone", ErrFinished, p.id)
+	}
+	return p.stdin.Write(offset, data)
+}
+
+// CloseStdin sends end-of-input once, after earlier writes.
+func (p *Process) CloseStdin() error {
+	switch {
+	case p.terminal:
+		return fmt.Errorf("%w: %s", ErrTerminalEOF, p.id)
+	case p.stdin == nil:
+		return fmt.Errorf("%w: %s", ErrNoStdin, p.id)
+	}
+	return p.stdin.Close()
+}
+
+// Resize changes the terminal's size.
+func (p *Process) Resize(ws WindowSize) error {
+	if ws.Cols == 0 || ws.Rows == 0 {
+		return fmt.Errorf("%w: process: window size %dx%d", ErrInvalid, ws.Cols, ws.Rows)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.terminal {
+		return fmt.Errorf("%w: %s", ErrNotTerminal, p.id)
+	}
+	if p.master == nil {
+		return fmt.Errorf("%w: %s: terminal closed", ErrFinished, p.id)
+	}
+	return pty.Setsize(p.master, &pty.Winsize{Cols: ws.Cols, Rows: ws.Rows})
+}
+
+// Attach opens a reader at the given per-stream offsets; see Attachment.
+func (p *Process) Attach(from ring.Offsets) (*Attachment, error) {
+	c, err := p.ring.Cursor(from)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", p.id, err)
+	}
+	return &Attachment{cur: c, p: p}, nil
+}
+
+// Kill kills the whole process group and waits, bounded by ctx, until the
+// drain has finished.
+func (p *Process) Kill(ctx context.Context) error {
+	p.Terminate()
+	select {
+	case <-p.done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("process: %s did not finish draining: %w", p.id, ctx.Err())
+	}
+}

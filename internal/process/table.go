@@ -1,0 +1,445 @@
+package process
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/sandkiln/sandkiln/internal/ring"
+)
+
+// Defaults for a Table.
+const (
+	DefaultGrace         = 30 * time.Second
+	DefaultTombstoneTTL  = time.Hour
+	DefaultMaxTombstones = 1024
+	maxCmdline           = 200 // bytes of the command line a tombstone keeps
+)
+
+// TableConfig sets a Table's lifecycle bounds. Zero values take the defaults.
+type TableConfig struct {
+	// Grace is how long a finished process keeps its ring and handles
+	// after its output ended and no reader is attached.
+	Grace time.Duration
+	// TombstoneTTL evicts a tombstone not looked at for this long.
+	TombstoneTTL time.Duration
+	// MaxTombstones bounds the tombstones kept; the least recently used
+	// goes first.
+	MaxTombstones int
+	// DrainTimeout bounds each process's drain; zero means DefaultDrainTimeout.
+	DrainTimeout time.Duration
+}
+
+// Table is the set of processes of one sandbox: live ones, and tombstones
+// of finished ones that keep only their exit and totals. It owns the grace
+// timers; Shutdown stops everything it started.
+type Table struct {
+	cfg TableConfig
+
+	// mu guards the fields below. Lock order: Table.mu before Process.mu.
+	mu     sync.Mutex
+	live   map[uuid.UUID]*entry
+	tombs  map[uuid.UUID]*tombstone
+	lru    tombstone // sentinel of the tombstones' LRU list; lru.next is the newest
+	closed bool
+}
+
+// entry is a live process with its attachment count and grace timer.
+type entry struct {
+	p       *Process
+	readers int
+	drained bool
+	timer   *time.Timer // the grace timer, while running
+}
+
+// tombstone is what remains of a finished process: small on purpose, since
+// a sandbox may keep a thousand of them.
+type tombstone struct {
+	id         uuid.UUID
+	exit       Exit
+	streams    uint8 // bit s set when the process had stream s
+	terminal   bool
+	totals     ring.Offsets
+	dropped    ring.Offsets
+	started    int64 // unix nanoseconds
+	exited     int64
+	touched    time.Time
+	cmdline    string
+	prev, next *tombstone
+}
+
+// NewTable makes an empty table.
+func NewTable(cfg TableConfig) *Table {
+	if cfg.Grace <= 0 {
+		cfg.Grace = DefaultGrace
+	}
+	if cfg.TombstoneTTL <= 0 {
+		cfg.TombstoneTTL = DefaultTombstoneTTL
+	}
+	if cfg.MaxTombstones <= 0 {
+		cfg.MaxTombstones = DefaultMaxTombstones
+	}
+	if cfg.DrainTimeout <= 0 {
+		cfg.DrainTimeout = DefaultDrainTimeout
+	}
+	t := &Table{cfg: cfg, live: map[uuid.UUID]*entry{}, tombs: map[uuid.UUID]*tombstone{}}
+	t.lru.next, t.lru.prev = &t.lru, &t.lru
+	return t
+}
+
+// ErrClosed is returned by a table that has been shut down.
+var ErrClosed = errors.New("process table is shut down")
+
+// Start starts a process and returns its id (a time-ordered UUID).
+func (t *Table) Start(spec Spec) (string, error) {
+	id, err := uuid.NewV7()
+	if err != nil {
+		return "", fmt.Errorf("process: new id: %w", err)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return "", ErrClosed
+	}
+	p, err := start(id.String(), spec, t.cfg.DrainTimeout, func() { t.drained(id) })
+	if err != nil {
+		return "", err
+	}
+	t.live[id] = &entry{p: p}
+	return id.String(), nil
+}
+
+func parseID(id string) (uuid.UUID, error) {
+	u, err := uuid.Parse(id)
+	if err != nil || len(id) != 36 {
+		return uuid.UUID{}, fmt.Errorf("%w: process id %q", ErrInvalid, id)
+	}
+	return u, nil
+}
+
+// lookup returns the live entry or the tombstone for id, evicting expired
+// tombstones on the way. Caller holds t.mu.
+func (t *Table) lookupLocked(id string) (*entry, *tombstone, error) {
+	u, err := parseID(id)
+	if err != nil {
+		return nil, nil, err
+	}
+	t.expireLocked()
+	if e := t.live[u]; e != nil {
+		return e, nil, nil
+	}
+	if ts := t.tombs[u]; ts != nil {
+		t.touchLocked(ts)
+		return nil, ts, nil
+	}
+	return nil, nil, fmt.Errorf("%w: process %s", ErrNotFound, id)
+}
+
+// Process returns the live process for id; ErrFinished for a tombstone.
+func (t *Table) Process(id string) (*Process, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e, ts, err := t.lookupLocked(id)
+	if err != nil {
+		return nil, err
+	}
+	if ts != nil {
+		return nil, fmt.Errorf("%w: %s (%v)", ErrFinished, id, ts.exit)
+	}
+	return e.p, nil
+}
+
+// Status reports a live process or a tombstone.
+func (t *Table) Status(id string) (Status, error) {
+	t.mu.Lock()
+	e, ts, err := t.lookupLocked(id)
+	t.mu.Unlock()
+	switch {
+	case err != nil:
+		return Status{}, err
+	case ts != nil:
+		return ts.status(), nil
+	}
+	return e.p.Status(), nil
+}
+
+// List reports every live process and tombstone, oldest first.
+func (t *Table) List() []Status {
+	t.mu.Lock()
+	t.expireLocked()
+	ps := make([]*Process, 0, len(t.live))
+	for _, e := range t.live {
+		ps = append(ps, e.p)
+	}
+	out := make([]Status, 0, len(t.live)+len(t.tombs))
+	for _, ts := range t.tombs {
+		out = append(out, ts.status())
+	}
+	t.mu.Unlock()
+	for _, p := range ps {
+		out = append(out, p.Status())
+	}
+	slices.SortFunc(out, func(a, b Status) int { return strings.Compare(a.ID, b.ID) })
+	return out
+}
+
+// Wait returns a process's exit once observed, or a tombstone's at once.
+func (t *Table) Wait(ctx context.Context, id string) (Exit, error) {
+	t.mu.Lock()
+	e, ts, err := t.lookupLocked(id)
+	t.mu.Unlock()
+	switch {
+	case err != nil:
+		return Exit{}, err
+	case ts != nil:
+		return ts.exit, nil
+	}
+	return e.p.Wait(ctx)
+}
+
+// Attach opens a reader at the given offsets. For a tombstone the reader gets
+// each stream's loss and end, then the exit.
+func (t *Table) Attach(id string, from ring.Offsets) (*Attachment, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e, ts, err := t.lookupLocked(id)
+	if err != nil {
+		return nil, err
+	}
+	if ts != nil {
+		var streams []ring.Stream
+		for s := range ring.Stream(ring.NumStreams) {
+			if ts.streams&(1<<s) != 0 {
+				streams = append(streams, s)
+			} else if from[s] != 0 {
+				return nil, fmt.Errorf("%s: %w: %v has no output", id, ErrOutOfRange, s)
+			}
+		}
+		for _, s := range streams {
+			if from[s] < 0 || from[s] > ts.totals[s] {
+				return nil, fmt.Errorf("%s: %w: %v offset %d, produced %d", id, ErrOutOfRange, s, from[s], ts.totals[s])
+			}
+		}
+		return &Attachment{pending: tombstoneEvents(streams, ts.totals, from), totals: ts.totals, exit: ts.exit, exitOK: true}, nil
+	}
+	a, err := e.p.Attach(from)
+	if err != nil {
+		return nil, err
+	}
+	e.readers++
+	if e.timer != nil {
+		e.timer.Stop()
+		e.timer = nil
+	}
+	u := uuid.MustParse(id)
+	var once sync.Once
+	a.onClose = func() { once.Do(func() { t.detach(u) }) }
+	return a, nil
+}
+
+// detach ends one reader; the last one to leave a drained process restarts
+// its grace period.
+func (t *Table) detach(id uuid.UUID) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e := t.live[id]
+	if e == nil {
+		return
+	}
+	e.readers--
+	if e.readers == 0 && e.drained && !t.closed {
+		t.armLocked(id, e)
+	}
+}
+
+// drained is called by a process's reaper when its output has ended and
+// its goroutines are gone.
+func (t *Table) drained(id uuid.UUID) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e := t.live[id]
+	if e == nil {
+		return
+	}
+	e.drained = true
+	if e.readers == 0 && !t.closed {
+		t.armLocked(id, e)
+	}
+}
+
+func (t *Table) armLocked(id uuid.UUID, e *entry) {
+	if e.timer != nil {
+		e.timer.Stop()
+	}
+	e.timer = time.AfterFunc(t.cfg.Grace, func() { t.graceOver(id, e) })
+}
+
+// graceOver turns a finished process nobody reads into a tombstone: its
+// ring and handles go, its exit and totals stay.
+func (t *Table) graceOver(id uuid.UUID, e *entry) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed || t.live[id] != e || e.readers > 0 || !e.drained {
+		return
+	}
+	e.timer = nil
+	delete(t.live, id)
+	st := e.p.Status()
+	e.p.ring.Discard()
+	ts := &tombstone{
+		id:       id,
+		exit:     *st.Exit,
+		terminal: st.Terminal,
+		totals:   st.Totals,
+		dropped:  st.Dropped,
+		started:  st.StartedAt.UnixNano(),
+		exited:   st.ExitedAt.UnixNano(),
+		cmdline:  clip(strings.Join(st.Argv, " "), maxCmdline),
+	}
+	for _, s := range st.Streams {
+		ts.streams |= 1 << s
+	}
+	t.tombs[id] = ts
+	t.touchLocked(ts)
+	for len(t.tombs) > t.cfg.MaxTombstones {
+		t.evictLocked(t.lru.prev)
+	}
+}
+
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return strings.Clone(s)
+	}
+	return strings.Clone(s[:n]) + "…"
+}
+
+// touchLocked moves ts to the front of the LRU list.
+func (t *Table) touchLocked(ts *tombstone) {
+	if ts.next != nil {
+		ts.prev.next, ts.next.prev = ts.next, ts.prev
+	}
+	ts.touched = time.Now()
+	ts.next, ts.prev = t.lru.next, &t.lru
+	t.lru.next.prev = ts
+	t.lru.next = ts
+}
+
+func (t *Table) evictLocked(ts *tombstone) {
+	ts.prev.next, ts.next.prev = ts.next, ts.prev
+	ts.prev, ts.next = nil, nil
+	delete(t.tombs, ts.id)
+}
+
+// expireLocked drops tombstones untouched for longer than the TTL; the list
+// is in touch order, so they are all at its end.
+func (t *Table) expireLocked() {
+	cutoff := time.Now().Add(-t.cfg.TombstoneTTL)
+	for ts := t.lru.prev; ts != &t.lru && ts.touched.Before(cutoff); ts = t.lru.prev {
+		t.evictLocked(ts)
+	}
+}
+
+func (ts *tombstone) status() Status {
+	e := ts.exit
+	st := Status{
+		ID:        ts.id.String(),
+		Argv:      []string{ts.cmdline},
+		State:     Exited,
+		Exit:      &e,
+		Totals:    ts.totals,
+		Dropped:   ts.dropped,
+		Terminal:  ts.terminal,
+		StartedAt: time.Unix(0, ts.started),
+		ExitedAt:  time.Unix(0, ts.exited),
+	}
+	for s := range ring.Stream(ring.NumStreams) {
+		if ts.streams&(1<<s) != 0 {
+			st.Streams = append(st.Streams, s)
+			st.Ended[s] = true
+		}
+	}
+	return st
+}
+
+// Write queues stdin input; see Process.Write.
+func (t *Table) Write(id string, offset int64, data []byte) (int64, error) {
+	p, err := t.Process(id)
+	if err != nil {
+		return 0, err
+	}
+	return p.Write(offset, data)
+}
+
+// CloseStdin sends end-of-input; see Process.CloseStdin.
+func (t *Table) CloseStdin(id string) error {
+	p, err := t.Process(id)
+	if err != nil {
+		return err
+	}
+	return p.CloseStdin()
+}
+
+// Signal signals a process or its group; see Process.Signal.
+func (t *Table) Signal(id string, sig syscall.Signal, group bool) error {
+	p, err := t.Process(id)
+	if err != nil {
+		return err
+	}
+	return p.Signal(sig, group)
+}
+
+// Terminate kills a process's group; see Process.Terminate.
+func (t *Table) Terminate(id string) error {
+	p, err := t.Process(id)
+	if err != nil {
+		return err
+	}
+	return p.Terminate()
+}
+
+// Resize resizes a process's terminal.
+func (t *Table) Resize(id string, ws WindowSize) error {
+	p, err := t.Process(id)
+	if err != nil {
+		return err
+	}
+	return p.Resize(ws)
+}
+
+// Counts reports how many processes are live and how many are tombstones.
+func (t *Table) Counts() (live, tombstones int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.expireLocked()
+	return len(t.live), len(t.tombs)
+}
+
+// Shutdown kills every live process, waits (bounded by ctx) for their drains,
+// and stops the table's timers. Tombstones stay readable.
+func (t *Table) Shutdown(ctx context.Context) error {
+	t.mu.Lock()
+	t.closed = true
+	var ps []*Process
+	for _, e := range t.live {
+		if e.timer != nil {
+			e.timer.Stop()
+			e.timer = nil
+		}
+		ps = append(ps, e.p)
+	}
+	t.mu.Unlock()
+	var errs []error
+	for _, p := range ps {
+		if err := p.Kill(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
