@@ -51,7 +51,7 @@ func (p *producer) push(st ring.Stream, n int) int {
 	for i := range n {
 		buf[i] = patternByte(st, p.produced[st]+int64(i))
 	}
-	c := p.r.Commit(st, n)
+	c := p.r.Commit(st, n, false)
 	p.s.Push(c)
 	c.Release()
 	p.produced[st] += int64(n)

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -374,19 +375,38 @@ func dupFile(f *os.File) (*os.File, error) {
 // anyone watches: into the ring (which never waits) and the capture sink
 // (which never waits). Only the kernel pipe can slow the workload down.
 func (p *Process) pump(s ring.Stream, f *os.File) {
-	for {
-		n, err := f.Read(p.ring.Buffer(s))
+	rc, err := f.SyscallConn()
+	for err == nil {
+		buf := p.ring.Buffer(s)
+		var n int
+		var rerr error
+		err = rc.Read(func(fd uintptr) bool {
+			for {
+				n, rerr = unix.Read(int(fd), buf)
+				switch rerr {
+				case unix.EINTR:
+					continue
+				case unix.EAGAIN:
+					// The pipe is empty: before this goroutine parks,
+					// wake the readers for what it committed so far.
+					p.ring.Flush()
+					return false
+				}
+				return true
+			}
+		})
 		if n > 0 {
-			c := p.ring.Commit(s, n)
+			c := p.ring.Commit(s, n, n == len(buf))
 			if p.sink != nil {
 				p.sink.Push(c)
 			}
 			c.Release()
 		}
-		if err != nil {
-			// EOF, EIO from a PTY whose last writer is gone, or the
-			// drain's deadline: either way no more output is coming.
-			break
+		if err == nil && (rerr != nil || n <= 0) {
+			// EOF, or EIO from a PTY whose last writer is gone: no more
+			// output is coming. (err is set instead when the drain's
+			// deadline ended the wait.)
+			err = io.EOF
 		}
 	}
 	p.ring.CloseStream(s)

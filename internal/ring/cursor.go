@@ -33,8 +33,8 @@ type Cursor struct {
 // beginning"). An offset beyond what its stream has produced is refused with
 // ErrOutOfRange: a client cannot have seen those bytes.
 func (r *Ring) Cursor(from Offsets) (*Cursor, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	r.mu.RLock()
+	defer r.mu.RUnlock()
 	c := &Cursor{r: r, expected: from, batch: make([]Event, 0, batchSize), blocks: make([]*block, 0, batchSize)}
 	for s, off := range from {
 		if off < 0 || off > r.written[s] {
@@ -111,33 +111,32 @@ func (c *Cursor) Close() {
 func (c *Cursor) fill(ctx context.Context) error {
 	r := c.r
 	c.batch, c.blocks, c.next = c.batch[:0], c.blocks[:0], 0
-	r.mu.Lock()
+	r.mu.RLock()
 	for {
 		c.collectLocked()
 		if len(c.batch) > 0 || c.left == 0 {
-			r.mu.Unlock()
+			r.mu.RUnlock()
 			return nil
 		}
 		wake := r.wake
-		r.waiters++
-		r.mu.Unlock()
+		r.waiters.Add(1)
+		r.mu.RUnlock()
 		var err error
 		select {
 		case <-ctx.Done():
 			err = ctx.Err()
 		case <-wake:
 		}
-		r.mu.Lock()
-		r.waiters--
+		r.waiters.Add(-1)
 		if err != nil {
-			r.mu.Unlock()
 			return err
 		}
+		r.mu.RLock()
 	}
 }
 
 // collectLocked appends to the batch what the ring has for the cursor now.
-// Caller holds r.mu.
+// Caller holds r.mu for reading.
 func (c *Cursor) collectLocked() {
 	r := c.r
 	if c.pos < r.firstSeq {

@@ -100,8 +100,11 @@ type Ring struct {
 	minTail   int
 	streams   []Stream
 
-	// mu guards every field below, and block.used of the active blocks.
-	mu       sync.Mutex
+	// mu guards every field below. Pumps take it to write; cursors only
+	// read, so they share it, and a waiting pump goes before new readers.
+	// A stream's active block and its used count are written only by that
+	// stream's pump, which may therefore read them without mu.
+	mu       sync.RWMutex
 	chunks   []chunk // retained chunks in seq order, from head
 	head     int
 	firstSeq uint64 // seq of chunks[head], or nextSeq when none is retained
@@ -115,8 +118,9 @@ type Ring struct {
 	grown    [NumStreams]int // size of the stream's next block
 	free     []*block
 	wake     chan struct{} // closed and replaced when something happens
-	waiters  int
-	dropped  bool // Discard was called: nothing is retained any more
+	waiters  atomic.Int32  // cursors waiting on wake; changed under a read lock
+	unwoken  int           // bytes committed since the last wake
+	dropped  bool          // Discard was called: nothing is retained any more
 }
 
 type chunk struct {
@@ -152,16 +156,17 @@ func (r *Ring) Streams() []Stream { return r.streams }
 // Buffer returns memory for stream s's pump to read into; the next Commit
 // for s publishes a prefix of it. Only s's pump may call it.
 func (r *Ring) Buffer(s Stream) []byte {
+	b := r.active[s]
+	if b != nil && len(b.buf)-b.used >= min(r.minTail, len(b.buf)/4) {
+		return b.buf[b.used:min(len(b.buf), b.used+r.capacity)]
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	b := r.active[s]
-	if b == nil || len(b.buf)-b.used < min(r.minTail, len(b.buf)/4) {
-		if b != nil {
-			r.releaseLocked(b) // the active reference; chunks keep it alive
-		}
-		b = r.newBlock(s)
-		r.active[s] = b
+	if b != nil {
+		r.releaseLocked(b) // the active reference; chunks keep it alive
 	}
+	b = r.newBlock(s)
+	r.active[s] = b
 	return b.buf[b.used:min(len(b.buf), b.used+r.capacity)]
 }
 
@@ -197,7 +202,14 @@ func (r *Ring) recycleLocked(b *block) {
 // Commit publishes the first n bytes of the last Buffer for s as a chunk and
 // evicts the oldest chunks beyond capacity. The returned chunk holds a
 // reference the caller must Release. Committing zero bytes publishes nothing.
-func (r *Ring) Commit(s Stream, n int) Chunk {
+//
+// more says the pump expects to commit again at once (its read filled the
+// buffer and the pipe may hold more): waiting cursors are then woken only
+// once a quarter of the ring has gathered, or by Flush, which the pump
+// calls before it blocks. Waking every cursor for every chunk would spend,
+// with many cursors, the CPU the workload needs; waking at these points
+// adds no delay, since nothing newer exists until the pump reads again.
+func (r *Ring) Commit(s Stream, n int, more bool) Chunk {
 	if n == 0 {
 		return Chunk{Stream: s}
 	}
@@ -221,7 +233,10 @@ func (r *Ring) Commit(s Stream, n int) Chunk {
 		r.retained += n
 		r.evictLocked()
 	}
-	r.wakeLocked()
+	r.unwoken += n
+	if !more || r.unwoken >= r.capacity/4 {
+		r.wakeLocked()
+	}
 	r.mu.Unlock()
 	return Chunk{Stream: s, Offset: c.offset, Seq: c.seq, Data: c.data, blk: b}
 }
@@ -258,8 +273,18 @@ func (r *Ring) evictLocked() {
 	}
 }
 
+// Flush wakes the cursors waiting for bytes committed with more set.
+func (r *Ring) Flush() {
+	r.mu.Lock()
+	if r.unwoken > 0 {
+		r.wakeLocked()
+	}
+	r.mu.Unlock()
+}
+
 func (r *Ring) wakeLocked() {
-	if r.waiters > 0 {
+	r.unwoken = 0
+	if r.waiters.Load() > 0 {
 		close(r.wake)
 		r.wake = make(chan struct{})
 	}
@@ -304,14 +329,14 @@ func (r *Ring) Discard() {
 // Totals returns how many bytes each stream has produced so far, and which
 // streams have ended.
 func (r *Ring) Totals() (Offsets, [NumStreams]bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	r.mu.RLock()
+	defer r.mu.RUnlock()
 	return r.written, r.closed
 }
 
 // Retained is the number of bytes the ring holds now.
 func (r *Ring) Retained() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	r.mu.RLock()
+	defer r.mu.RUnlock()
 	return r.retained
 }

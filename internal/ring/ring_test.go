@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"runtime"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -14,7 +15,7 @@ import (
 func write(r *Ring, s Stream, p []byte) {
 	for len(p) > 0 {
 		n := copy(r.Buffer(s), p)
-		r.Commit(s, n).Release()
+		r.Commit(s, n, false).Release()
 		p = p[n:]
 	}
 }
@@ -251,4 +252,53 @@ func countKind(es []Event, k Kind, s Stream) int {
 		}
 	}
 	return n
+}
+
+// Bytes committed with more set wake a waiting cursor only once a quarter of
+// the ring has gathered, or at Flush — never later.
+func TestCommitMoreWakesAtFlushOrQuarter(t *testing.T) {
+	r := New(Config{Capacity: 4096, Streams: []Stream{Stdout}})
+	c, _ := r.Cursor(Offsets{})
+	defer c.Close()
+	got := make(chan Event)
+	next := func() {
+		e, err := c.Next(context.Background())
+		if err != nil {
+			t.Error(err)
+		}
+		e.Data = bytes.Clone(e.Data)
+		got <- e
+	}
+	commit := func(p []byte) {
+		n := copy(r.Buffer(Stdout), p)
+		r.Commit(Stdout, n, true).Release()
+	}
+	waiting := func() {
+		for r.waiters.Load() == 0 {
+			runtime.Gosched()
+		}
+	}
+
+	go next()
+	waiting()
+	r.mu.RLock()
+	wake := r.wake
+	r.mu.RUnlock()
+	commit([]byte("a"))
+	select {
+	case <-wake:
+		t.Fatal("a commit with more set woke the waiting cursor")
+	default:
+	}
+	r.Flush()
+	if e := <-got; string(e.Data) != "a" {
+		t.Fatalf("after flush: %+v", e)
+	}
+
+	go next()
+	waiting()
+	commit(make([]byte, 1024)) // a quarter of the ring
+	if e := <-got; len(e.Data) != 1024 {
+		t.Fatalf("after a quarter: %d bytes", len(e.Data))
+	}
 }
