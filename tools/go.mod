@@ -1,6 +1,6 @@
 module github.com/sandkiln/sandkiln/tools
 
-go 1.26
+go 1.26.0
 
 tool honnef.co/go/tools/cmd/staticcheck
 

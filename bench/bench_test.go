@@ -1,0 +1,85 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestRun runs the whole benchmark at a tiny size, so it keeps compiling
+// and working; its figures mean nothing at this size.
+func TestRun(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var out bytes.Buffer
+	cfg := config{
+		size:       8 << 20,
+		reps:       1,
+		readers:    []int{1, 8, 64},
+		tombstones: 20,
+		running:    10,
+		out:        t.TempDir(),
+		sections:   map[string]bool{"throughput": true, "tombstone": true, "running": true},
+		cmdline:    "bench -size 8M -reps 1",
+		stdout:     &out,
+		progress:   io.Discard,
+	}
+	if testing.Verbose() {
+		cfg.progress = os.Stderr
+	}
+	if err := run(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	report := out.String()
+	for _, want := range []string{
+		"| raw | ", "| raw, 1 MiB pipe | ", "| engine, no reader | ", "| engine, 64 readers | ",
+		"throughput, engine, no reader / raw |", "workload time, 64 readers / no reader |",
+		"heap per tombstone", "heap per idle running process", "goroutine stacks per process",
+	} {
+		if !strings.Contains(report, want) {
+			t.Errorf("report lacks %q:\n%s", want, report)
+		}
+	}
+	files, err := filepath.Glob(filepath.Join(cfg.out, "*-engine.md"))
+	if err != nil || len(files) != 1 {
+		t.Fatalf("report files in -out: %v, %v; want one", files, err)
+	}
+	if written, err := os.ReadFile(files[0]); err != nil || string(written) != report {
+		t.Errorf("written report differs from the printed one (read error %v)", err)
+	}
+}
+
+func TestParseSize(t *testing.T) {
+	for in, want := range map[string]int64{
+		"2G": 2 << 30, "256M": 256 << 20, "64k": 64 << 10, "8MiB": 8 << 20, "1GB": 1 << 30, "1000": 1000,
+	} {
+		if got, err := parseSize(in); err != nil || got != want {
+			t.Errorf("parseSize(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "0", "-1G", "2X", "G", "1.5G", "99999999999T"} {
+		if got, err := parseSize(in); err == nil {
+			t.Errorf("parseSize(%q) = %d, want an error", in, got)
+		}
+	}
+}
+
+func TestParseFlags(t *testing.T) {
+	cfg, err := parseFlags([]string{"-size", "64M", "-reps", "2", "-readers", "8,1,8", "-only", "tombstone"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.size != 64<<20 || cfg.reps != 2 || len(cfg.readers) != 2 || cfg.readers[0] != 1 || !cfg.has("tombstone") || cfg.has("throughput") {
+		t.Errorf("parsed %+v", cfg)
+	}
+	for _, args := range [][]string{{"-only", "speed"}, {"-readers", "0"}, {"-reps", "0"}, {"extra"}} {
+		if _, err := parseFlags(args); err == nil {
+			t.Errorf("parseFlags(%q) succeeded, want an error", args)
+		}
+	}
+}

@@ -1,0 +1,111 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// config is one benchmark run's settings.
+type config struct {
+	size       int64 // bytes the child writes per throughput run
+	reps       int
+	readers    []int // reader counts of the engine cases
+	tombstones int
+	running    int
+	out        string // report directory; empty writes no file
+	sections   map[string]bool
+	cpuprofile string
+	cmdline    string    // as printed in the report
+	stdout     io.Writer // the report
+	progress   io.Writer // one line per measurement while it runs
+}
+
+var allSections = []string{"throughput", "tombstone", "running"}
+
+func (c config) has(section string) bool { return c.sections[section] }
+
+func (c config) validate() error {
+	switch {
+	case c.size <= 0:
+		return fmt.Errorf("size %d: must be positive", c.size)
+	case c.reps < 1:
+		return fmt.Errorf("reps %d: must be at least 1", c.reps)
+	case c.tombstones < 1:
+		return fmt.Errorf("tombstones %d: must be at least 1", c.tombstones)
+	case c.running < 1:
+		return fmt.Errorf("running %d: must be at least 1", c.running)
+	}
+	return nil
+}
+
+// parseSize reads a byte count such as 2G, 256M, 64KiB or 1048576. Every
+// suffix is a power of 1024: the report prints the exact count beside it.
+func parseSize(s string) (int64, error) {
+	t := strings.TrimSpace(s)
+	mult := int64(1)
+	if i := strings.IndexFunc(t, func(r rune) bool { return r < '0' || r > '9' }); i >= 0 {
+		unit := strings.ToUpper(t[i:])
+		unit = strings.TrimSuffix(strings.TrimSuffix(unit, "B"), "I")
+		switch unit {
+		case "":
+		case "K":
+			mult = 1 << 10
+		case "M":
+			mult = 1 << 20
+		case "G":
+			mult = 1 << 30
+		case "T":
+			mult = 1 << 40
+		default:
+			return 0, fmt.Errorf("size %q: unknown suffix %q (want K, M, G or T)", s, t[i:])
+		}
+		t = t[:i]
+	}
+	n, err := strconv.ParseInt(t, 10, 64)
+	if err != nil || n <= 0 || n > (1<<62)/mult {
+		return 0, fmt.Errorf("size %q: want a positive byte count such as 2G or 256M", s)
+	}
+	return n * mult, nil
+}
+
+// parseCounts reads a comma-separated list of distinct positive counts, in
+// ascending order; an empty list runs the engine without reader cases.
+func parseCounts(s string) ([]int, error) {
+	var out []int
+	for f := range strings.SplitSeq(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("readers %q: %q is not a positive count", s, f)
+		}
+		if !slices.Contains(out, n) {
+			out = append(out, n)
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+func parseSections(s string) (map[string]bool, error) {
+	out := map[string]bool{}
+	if strings.TrimSpace(s) == "" {
+		for _, n := range allSections {
+			out[n] = true
+		}
+		return out, nil
+	}
+	for f := range strings.SplitSeq(s, ",") {
+		f = strings.TrimSpace(f)
+		if !slices.Contains(allSections, f) {
+			return nil, fmt.Errorf("only %q: unknown section %q (want %s)", s, f, strings.Join(allSections, ", "))
+		}
+		out[f] = true
+	}
+	return out, nil
+}

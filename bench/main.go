@@ -1,0 +1,78 @@
+// Command bench measures the output engine beside plain baselines in one run,
+// with repetitions interleaved, and prints a markdown report of the ratios
+// against the engine's targets. The machine it runs on is shared and its
+// absolute speed drifts between runs; ratios taken side by side hold.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+)
+
+func main() {
+	// The throughput cases re-execute this binary as the writing child.
+	if isChild() {
+		os.Exit(childMain())
+	}
+	cfg, err := parseFlags(os.Args[1:])
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err = run(ctx, cfg)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func parseFlags(args []string) (config, error) {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	size := fs.String("size", "2G", "bytes the child writes per throughput run (suffixes K, M, G, T: powers of 1024)")
+	reps := fs.Int("reps", 3, "repetitions of every throughput case, interleaved")
+	readers := fs.String("readers", "1,8,64", "comma-separated reader counts for the engine cases")
+	tombs := fs.Int("tombstones", 2000, "finished processes for the tombstone memory figure")
+	running := fs.Int("running", 200, "idle running processes for the per-process memory figure")
+	out := fs.String("out", "", "also write the report to DIR/<date>-engine.md")
+	only := fs.String("only", "", "comma-separated sections to run: throughput, tombstone, running (default all)")
+	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of this process to FILE")
+	if err := fs.Parse(args); err != nil {
+		return config{}, err
+	}
+	if fs.NArg() > 0 {
+		return config{}, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	cfg := config{
+		reps:       *reps,
+		tombstones: *tombs,
+		running:    *running,
+		out:        *out,
+		cpuprofile: *cpuprofile,
+		cmdline:    strings.Join(append([]string{filepath.Base(os.Args[0])}, args...), " "),
+		stdout:     os.Stdout,
+		progress:   os.Stderr,
+	}
+	var err error
+	if cfg.size, err = parseSize(*size); err != nil {
+		return config{}, err
+	}
+	if cfg.readers, err = parseCounts(*readers); err != nil {
+		return config{}, err
+	}
+	if cfg.sections, err = parseSections(*only); err != nil {
+		return config{}, err
+	}
+	return cfg, cfg.validate()
+}

@@ -1,0 +1,78 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime/pprof"
+	"time"
+)
+
+// results is everything one run measured; a section that did not run is nil.
+type results struct {
+	machine    machine
+	started    time.Time
+	elapsed    time.Duration
+	throughput *throughputResult
+	tombstones *tombstoneResult
+	running    *runningResult
+}
+
+func run(ctx context.Context, cfg config) (err error) {
+	if cfg.cpuprofile != "" {
+		f, err := os.Create(cfg.cpuprofile)
+		if err != nil {
+			return fmt.Errorf("cpuprofile: %w", err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			f.Close()
+			return fmt.Errorf("cpuprofile %s: %w", cfg.cpuprofile, err)
+		}
+		defer func() {
+			pprof.StopCPUProfile()
+			if cerr := f.Close(); cerr != nil && err == nil {
+				err = fmt.Errorf("cpuprofile: %w", cerr)
+			}
+		}()
+	}
+	res := results{machine: probeMachine(), started: time.Now()}
+	if cfg.has("throughput") {
+		exe, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("find this binary to re-execute as the child: %w", err)
+		}
+		if res.throughput, err = measureThroughput(ctx, cfg, exe); err != nil {
+			return fmt.Errorf("throughput: %w", err)
+		}
+	}
+	if cfg.has("tombstone") {
+		r, err := measureTombstones(ctx, cfg)
+		if err != nil {
+			return fmt.Errorf("tombstone memory: %w", err)
+		}
+		res.tombstones = &r
+	}
+	if cfg.has("running") {
+		r, err := measureRunning(ctx, cfg)
+		if err != nil {
+			return fmt.Errorf("running-process memory: %w", err)
+		}
+		res.running = &r
+	}
+	res.elapsed = time.Since(res.started)
+
+	text := renderReport(cfg, res)
+	if _, err := fmt.Fprint(cfg.stdout, text); err != nil {
+		return err
+	}
+	if cfg.out == "" {
+		return nil
+	}
+	path := filepath.Join(cfg.out, res.started.Format("2006-01-02")+"-engine.md")
+	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+		return fmt.Errorf("write report: %w", err)
+	}
+	fmt.Fprintf(cfg.progress, "report written to %s\n", path)
+	return nil
+}
