@@ -99,6 +99,21 @@ func waitDone(t *testing.T, p *Process) {
 	}
 }
 
+// waitPumped waits until n bytes of stream s have reached the ring.
+func waitPumped(t *testing.T, p *Process, s ring.Stream, n int64) {
+	t.Helper()
+	w, err := p.Attach(ring.Offsets{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	for w.Position()[s] < n {
+		if _, err := w.Next(ctxT(t)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 func sh(script string) Spec { return Spec{Argv: []string{script}, Shell: true} }
 
 // Seed validation row: more than a pipe buffer with nobody attached, then
@@ -142,13 +157,7 @@ func TestAttachAfterRingWraps(t *testing.T) {
 	p := startT(t, Spec{Argv: []string{"sh", "-c", "head -c " + strconv.Itoa(n) + " /dev/zero; read x; echo done >&2"}, RingBytes: 64 << 10, Stdin: StdinPipe})
 	// Pipes are read concurrently, so only once stdout has been pumped
 	// whole may stderr be written for the ring to hold it after stdout.
-	w, _ := p.Attach(ring.Offsets{})
-	for w.Position()[ring.Stdout] < n {
-		if _, err := w.Next(ctxT(t)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	w.Close()
+	waitPumped(t, p, ring.Stdout, n)
 	p.Write(0, []byte("\n"))
 	waitDone(t, p)
 	a, _ := p.Attach(ring.Offsets{})
@@ -169,13 +178,7 @@ func TestAttachAfterRingWraps(t *testing.T) {
 // total still reports the exact loss.
 func TestStreamFullyEvictedBeforeAttach(t *testing.T) {
 	p := startT(t, Spec{Argv: []string{"sh", "-c", "echo early >&2; read x; head -c 1048576 /dev/zero"}, RingBytes: 64 << 10, Stdin: StdinPipe})
-	w, _ := p.Attach(ring.Offsets{})
-	for w.Position()[ring.Stderr] < 6 {
-		if _, err := w.Next(ctxT(t)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	w.Close()
+	waitPumped(t, p, ring.Stderr, 6)
 	p.Write(0, []byte("\n"))
 	waitDone(t, p)
 	a, _ := p.Attach(ring.Offsets{})
