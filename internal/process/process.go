@@ -434,6 +434,10 @@ func (p *Process) reap() {
 			break
 		}
 	}
+	// The zombie leader still holds its pid and so its group id: this
+	// reaches only what the process left behind (a background child may
+	// still hold the pipes), never a group that reused the number.
+	unix.Kill(-pid, unix.SIGKILL)
 	p.mu.Lock()
 	p.cmd.Wait() // the status is in ProcessState whatever the error says
 	p.exit = exitOf(p.cmd.ProcessState)
@@ -441,9 +445,6 @@ func (p *Process) reap() {
 	close(p.exited)
 	p.mu.Unlock()
 
-	// The group id stays allocated while any member lives, so this reaches
-	// only what the process left behind.
-	unix.Kill(-pid, unix.SIGKILL)
 	pumped := make(chan struct{})
 	go func() {
 		p.pumps.Wait()

@@ -57,6 +57,7 @@ type entry struct {
 	readers int
 	drained bool
 	timer   *time.Timer // the grace timer, while running
+	gen     int         // bumped whenever the grace timer is armed or cancelled
 }
 
 // tombstone is what remains of a finished process: small on purpose, since
@@ -234,6 +235,7 @@ func (t *Table) Attach(id string, from ring.Offsets) (*Attachment, error) {
 		return nil, err
 	}
 	e.readers++
+	e.gen++ // a timer that already fired and waits for mu must not act
 	if e.timer != nil {
 		e.timer.Stop()
 		e.timer = nil
@@ -278,15 +280,17 @@ func (t *Table) armLocked(id uuid.UUID, e *entry) {
 	if e.timer != nil {
 		e.timer.Stop()
 	}
-	e.timer = time.AfterFunc(t.cfg.Grace, func() { t.graceOver(id, e) })
+	e.gen++
+	gen := e.gen
+	e.timer = time.AfterFunc(t.cfg.Grace, func() { t.graceOver(id, e, gen) })
 }
 
 // graceOver turns a finished process nobody reads into a tombstone: its
 // ring and handles go, its exit and totals stay.
-func (t *Table) graceOver(id uuid.UUID, e *entry) {
+func (t *Table) graceOver(id uuid.UUID, e *entry, gen int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.closed || t.live[id] != e || e.readers > 0 || !e.drained {
+	if t.closed || t.live[id] != e || e.gen != gen || e.readers > 0 || !e.drained {
 		return
 	}
 	e.timer = nil
