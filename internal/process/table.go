@@ -372,49 +372,38 @@ func (ts *tombstone) status() Status {
 	return st
 }
 
-// Write queues stdin input; see Process.Write.
-func (t *Table) Write(id string, offset int64, data []byte) (int64, error) {
+// do runs f on the live process id; a tombstone answers ErrFinished.
+func (t *Table) do(id string, f func(*Process) error) error {
 	p, err := t.Process(id)
 	if err != nil {
-		return 0, err
+		return err
 	}
-	return p.Write(offset, data)
+	return f(p)
+}
+
+// Write queues stdin input; see Process.Write.
+func (t *Table) Write(id string, offset int64, data []byte) (accepted int64, err error) {
+	err = t.do(id, func(p *Process) error {
+		accepted, err = p.Write(offset, data)
+		return err
+	})
+	return accepted, err
 }
 
 // CloseStdin sends end-of-input; see Process.CloseStdin.
-func (t *Table) CloseStdin(id string) error {
-	p, err := t.Process(id)
-	if err != nil {
-		return err
-	}
-	return p.CloseStdin()
-}
+func (t *Table) CloseStdin(id string) error { return t.do(id, (*Process).CloseStdin) }
 
 // Signal signals a process or its group; see Process.Signal.
 func (t *Table) Signal(id string, sig syscall.Signal, group bool) error {
-	p, err := t.Process(id)
-	if err != nil {
-		return err
-	}
-	return p.Signal(sig, group)
+	return t.do(id, func(p *Process) error { return p.Signal(sig, group) })
 }
 
 // Terminate kills a process's group; see Process.Terminate.
-func (t *Table) Terminate(id string) error {
-	p, err := t.Process(id)
-	if err != nil {
-		return err
-	}
-	return p.Terminate()
-}
+func (t *Table) Terminate(id string) error { return t.do(id, (*Process).Terminate) }
 
 // Resize resizes a process's terminal.
 func (t *Table) Resize(id string, ws WindowSize) error {
-	p, err := t.Process(id)
-	if err != nil {
-		return err
-	}
-	return p.Resize(ws)
+	return t.do(id, func(p *Process) error { return p.Resize(ws) })
 }
 
 // Counts reports how many processes are live and how many are tombstones.
