@@ -69,9 +69,13 @@ type Spec struct {
 	Terminal *WindowSize
 	// RingBytes bounds the retained output; zero means ring.DefaultCapacity.
 	RingBytes int
-	// Sink, when set, receives every chunk for durable capture. The
-	// process closes it after its pumps have joined.
-	Sink *capture.Sink
+	// Capture, when set, is the durable log writer for this run, begun
+	// (its begin record synced) before Start is called. The process owns
+	// it from then on: its pumps push to its sink, and once they have
+	// joined the process closes the sink and waits for the writer to write
+	// the end record, for at most CaptureTimeout. If the process fails to
+	// start, the run is ended at once.
+	Capture *capture.Writer
 }
 
 // Exit is how a process ended, as observed by waiting for it: a code, or
@@ -106,7 +110,10 @@ type Status struct {
 	Totals ring.Offsets
 	Ended  [ring.NumStreams]bool // which streams reached their end
 	// Dropped counts bytes the capture sink could not take, per stream.
-	Dropped   ring.Offsets
+	Dropped ring.Offsets
+	// Capture is the log writer's outcome, once the drain has finished
+	// with it; nil without capture or before.
+	Capture   *capture.Result
 	Streams   []ring.Stream
 	Terminal  bool
 	Stdin     *stdin.State // nil without a stdin pipe
@@ -118,6 +125,11 @@ type Status struct {
 // reach end of output after its process group was killed.
 const DefaultDrainTimeout = 2 * time.Second
 
+// CaptureTimeout bounds how long the drain waits for the log writer to
+// write what is queued and the end record. On timeout the writer is
+// stopped and the run stays without an end record (interrupted).
+const CaptureTimeout = 10 * time.Second
+
 // Process is one started command. Its pumps, its reaper and its stdin
 // writer are goroutines it owns: the reaper ends them all (the drain) once
 // the exit is observed, and Done is closed when nothing of them is left.
@@ -127,6 +139,7 @@ type Process struct {
 	cmd      *exec.Cmd
 	ring     *ring.Ring
 	sink     *capture.Sink
+	capture  *capture.Writer
 	stdin    *stdin.Queue // nil for StdinClosed
 	terminal bool
 	started  time.Time
@@ -145,7 +158,8 @@ type Process struct {
 	mu       sync.Mutex
 	exit     Exit
 	exitedAt time.Time
-	master   *os.File // the PTY master, for resizing; nil once the pump closed it
+	captured *capture.Result // the log writer's outcome, after the drain
+	master   *os.File        // the PTY master, for resizing; nil once the pump closed it
 }
 
 // Start starts a process and its pumps. A process that cannot start (no
@@ -156,6 +170,18 @@ func Start(id string, spec Spec) (*Process, error) {
 }
 
 func start(id string, spec Spec, drainFor time.Duration, onDone func()) (*Process, error) {
+	p, err := startProcess(id, spec, drainFor, onDone)
+	if err != nil && spec.Capture != nil {
+		// Nothing ran: end the run, empty, so it does not read as cut.
+		spec.Capture.Sink().Close()
+		ctx, cancel := context.WithTimeout(context.Background(), CaptureTimeout)
+		spec.Capture.Finish(ctx)
+		cancel()
+	}
+	return p, err
+}
+
+func startProcess(id string, spec Spec, drainFor time.Duration, onDone func()) (*Process, error) {
 	argv, err := resolveArgv(spec)
 	if err != nil {
 		return nil, err
@@ -170,12 +196,15 @@ func start(id string, spec Spec, drainFor time.Duration, onDone func()) (*Proces
 		id:       id,
 		argv:     append([]string(nil), spec.Argv...),
 		cmd:      cmd,
-		sink:     spec.Sink,
+		capture:  spec.Capture,
 		terminal: spec.Terminal != nil,
 		drainFor: drainFor,
 		onDone:   onDone,
 		exited:   make(chan struct{}),
 		done:     make(chan struct{}),
+	}
+	if spec.Capture != nil {
+		p.sink = spec.Capture.Sink()
 	}
 	var childEnds []*os.File // closed in the parent once the child has them
 	closeAll := func(fs []*os.File) {
@@ -466,8 +495,15 @@ func (p *Process) reap() {
 	if p.stdin != nil {
 		p.stdin.Stop()
 	}
-	if p.sink != nil {
+	if p.capture != nil {
 		p.sink.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), CaptureTimeout)
+		p.capture.Finish(ctx)
+		cancel()
+		res := p.capture.Result()
+		p.mu.Lock()
+		p.captured = &res
+		p.mu.Unlock()
 	}
 	close(p.done)
 	if p.onDone != nil {
@@ -553,6 +589,7 @@ func (p *Process) Status() Status {
 		e := p.exit
 		st.State, st.Exit, st.ExitedAt = Exited, &e, p.exitedAt
 	}
+	st.Capture = p.captured
 	return st
 }
 

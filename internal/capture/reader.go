@@ -1,0 +1,425 @@
+package capture
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// ReadOptions configure a Reader.
+type ReadOptions struct {
+	// Follow keeps reading at the end of the log as the writer appends
+	// and rotates, until the context ends. Without it, Next returns io.EOF
+	// at the end of what is written.
+	Follow bool
+	// Poll is how often a follower looks for new bytes at the end of the
+	// log (default 100 ms).
+	Poll time.Duration
+}
+
+// DefaultPoll is how often a follower checks the end of the log.
+const DefaultPoll = 100 * time.Millisecond
+
+// Entry is what a Reader returns: a record, or a gap.
+type Entry struct {
+	Record
+	// Gap, when non-zero, says this entry is not a record: rotation
+	// removed files before the reader got to them, and Gap log bytes were
+	// missed (-1: how many is unknown, the files had no headers).
+	Gap int64
+}
+
+// Reader reads a capture directory's records in order: the archives from
+// the oldest retained, then the active file. It tolerates torn and corrupt
+// lines, skipping and counting them, and classifies every run it reads.
+// Following, it survives rotation: it drains the file it has open before
+// moving to the next, and reports a gap, never skipping silently, if
+// rotation removed files it had not read.
+type Reader struct {
+	dir  *Dir
+	opt  ReadOptions
+	runs Classifier
+
+	f     *os.File
+	seq   int64 // the open file's sequence number; 0 without a header
+	start int64 // the open file's log offset; -1 unknown
+	pos   int64 // bytes of the open file consumed
+	fresh bool  // at the open file's first record (its header)
+	drain bool  // a newer file exists; read the open one to its end once more
+
+	buf     []byte
+	r, w    int  // buf[r:w] is read and not yet consumed
+	skipEOL bool // discarding an overlong line up to its newline
+
+	stats ReadStats
+}
+
+// ReadStats count what a reader could not return.
+type ReadStats struct {
+	// Before is how many log bytes came before the oldest retained file:
+	// removed by rotation before this reader started.
+	Before int64
+	// Missed is how many log bytes rotation removed while this reader was
+	// behind (the sum of the gaps it returned); MissedUnknown counts gaps
+	// of unknown size.
+	Missed        int64
+	MissedUnknown int
+	// Corrupt counts lines that were not records; Torn counts lines cut
+	// off by the end of a file.
+	Corrupt int
+	Torn    int
+}
+
+// NewReader starts reading dir. It holds no file open until the first Next.
+func NewReader(dir *Dir, opt ReadOptions) *Reader {
+	if opt.Poll <= 0 {
+		opt.Poll = DefaultPoll
+	}
+	return &Reader{dir: dir, opt: opt, buf: make([]byte, 64<<10)}
+}
+
+// Close releases the open file.
+func (r *Reader) Close() error {
+	if r.f != nil {
+		r.f.Close()
+		r.f = nil
+	}
+	return nil
+}
+
+// Stats reports what the reader skipped or missed so far.
+func (r *Reader) Stats() ReadStats { return r.stats }
+
+// Runs classifies every run the reader has read so far. Call it at the
+// end of the log for the final picture.
+func (r *Reader) Runs() []Run { return r.runs.Runs() }
+
+// Next returns the next record or gap. Without Follow it returns io.EOF at
+// the end of the log; with Follow it waits for more until ctx ends.
+func (r *Reader) Next(ctx context.Context) (Entry, error) {
+	for {
+		if r.f == nil {
+			ok, err := r.openFirst()
+			if err != nil {
+				return Entry{}, err
+			}
+			if !ok {
+				if !r.opt.Follow {
+					return Entry{}, io.EOF
+				}
+				if err := r.wait(ctx); err != nil {
+					return Entry{}, err
+				}
+				continue
+			}
+		}
+		if e, ok := r.line(); ok {
+			return e, nil
+		}
+		n, err := r.fill()
+		if err != nil {
+			return Entry{}, err
+		}
+		if n > 0 {
+			continue
+		}
+		// At the end of the open file.
+		next, gap, err := r.newer()
+		if err != nil {
+			return Entry{}, err
+		}
+		if next != nil {
+			if !r.drain {
+				// The writer has moved on: what it appended to this file
+				// before it did is read first.
+				r.drain = true
+				next.f.Close()
+				continue
+			}
+			r.torn(false)
+			r.switchTo(next)
+			if gap != 0 {
+				if gap > 0 {
+					r.stats.Missed += gap
+				} else {
+					r.stats.MissedUnknown++
+				}
+				r.runs.gap()
+				return Entry{Gap: gap}, nil
+			}
+			continue
+		}
+		if !r.opt.Follow {
+			r.torn(true)
+			return Entry{}, io.EOF
+		}
+		if err := r.wait(ctx); err != nil {
+			return Entry{}, err
+		}
+	}
+}
+
+func (r *Reader) wait(ctx context.Context) error {
+	t := time.NewTimer(r.opt.Poll)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// torn counts a last line without its newline and drops it. At the end
+// of the log (final) that is the line a writer was cut off in, or is still
+// writing, and the run says so by having no end; inside the log it is
+// damage to the run.
+func (r *Reader) torn(final bool) {
+	if r.w > r.r || r.skipEOL {
+		r.stats.Torn++
+		if !final {
+			r.runs.damaged()
+		}
+	}
+	r.r, r.w, r.skipEOL = 0, 0, false
+}
+
+// line returns the next whole line of the buffer as an entry, skipping
+// corrupt ones.
+func (r *Reader) line() (Entry, bool) {
+	for {
+		i := bytes.IndexByte(r.buf[r.r:r.w], '\n')
+		if i < 0 {
+			if r.w-r.r > maxLine+64 {
+				// No record is this long: drop it up to its newline.
+				r.pos += int64(r.w - r.r)
+				r.r, r.w = 0, 0
+				r.skipEOL = true
+			}
+			return Entry{}, false
+		}
+		line := r.buf[r.r : r.r+i]
+		r.r += i + 1
+		r.pos += int64(i + 1)
+		fresh := r.fresh
+		r.fresh = false
+		if r.skipEOL {
+			r.skipEOL = false
+			r.stats.Corrupt++
+			r.runs.damaged()
+			continue
+		}
+		rec, err := parseRecord(line)
+		if err != nil {
+			r.stats.Corrupt++
+			r.runs.damaged()
+			continue
+		}
+		if rec.Stream == LogMeta {
+			m, err := parseMeta(rec.Content)
+			switch {
+			case err != nil:
+				r.runs.invalid(err)
+			case m.Event == eventFile && !fresh:
+				r.runs.invalid(fmt.Errorf("%w: file record inside a file", errMeta))
+			default:
+				r.runs.meta(m)
+			}
+		} else {
+			r.runs.data(rec)
+		}
+		return Entry{Record: rec}, true
+	}
+}
+
+// fill reads more of the open file into the buffer.
+func (r *Reader) fill() (int, error) {
+	if r.r > 0 {
+		r.w = copy(r.buf, r.buf[r.r:r.w])
+		r.r = 0
+	}
+	if r.w == len(r.buf) {
+		r.buf = append(r.buf, make([]byte, len(r.buf))...)
+	}
+	n, err := r.f.Read(r.buf[r.w:])
+	r.w += n
+	if errors.Is(err, io.EOF) {
+		err = nil
+	}
+	if err != nil {
+		return n, fmt.Errorf("capture: read %s: %w", r.f.Name(), err)
+	}
+	return n, nil
+}
+
+// logFile is an open log file with what its header says.
+type logFile struct {
+	f     *os.File
+	seq   int64 // 0: no header
+	start int64 // -1: no header
+}
+
+func (r *Reader) openFile(name string) (*logFile, error) {
+	f, err := r.dir.open(name, unix.O_RDONLY, 0)
+	if err != nil {
+		return nil, err
+	}
+	lf := &logFile{f: f, start: -1}
+	if h, _, err := readHeader(f); err == nil {
+		lf.seq, lf.start = h.Seq, h.Offset
+	}
+	if seq, ok := parseArchive(name); ok && lf.seq != seq {
+		// The name is what rotation and pruning go by.
+		lf.seq, lf.start = seq, -1
+	}
+	return lf, nil
+}
+
+// openFirst opens the oldest retained file. It reports false when the
+// directory has no log yet.
+func (r *Reader) openFirst() (bool, error) {
+	for {
+		seqs, err := r.dir.archives()
+		if err != nil {
+			return false, err
+		}
+		name := ActiveName
+		if len(seqs) > 0 {
+			name = archiveName(seqs[0])
+		}
+		lf, err := r.openFile(name)
+		if errors.Is(err, unix.ENOENT) {
+			if name == ActiveName {
+				return false, nil
+			}
+			continue // pruned meanwhile
+		}
+		if err != nil {
+			return false, err
+		}
+		r.switchTo(lf)
+		if lf.start > 0 {
+			r.stats.Before = lf.start
+		}
+		return true, nil
+	}
+}
+
+func (r *Reader) switchTo(lf *logFile) {
+	if r.f != nil {
+		r.f.Close()
+	}
+	r.f, r.seq, r.start = lf.f, lf.seq, lf.start
+	r.pos, r.fresh, r.drain = 0, true, false
+	r.r, r.w, r.skipEOL = 0, 0, false
+}
+
+// newer opens the file that follows the open one, if the writer has moved
+// on from it, and says how many log bytes lie between the two (-1 if that
+// cannot be known).
+func (r *Reader) newer() (*logFile, int64, error) {
+	if still, err := r.stillActive(); err != nil || still {
+		return nil, 0, err
+	}
+	if r.seq == 0 {
+		// An active file without a header, archived since: its name now
+		// says where it stands.
+		seq, err := r.archivedAs()
+		if err != nil || seq == 0 {
+			return nil, 0, err
+		}
+		r.seq = seq
+	}
+	return r.after(r.seq)
+}
+
+// archivedAs finds the archive that is the open file.
+func (r *Reader) archivedAs() (int64, error) {
+	var mine unix.Stat_t
+	if err := unix.Fstat(int(r.f.Fd()), &mine); err != nil {
+		return 0, err
+	}
+	seqs, err := r.dir.archives()
+	if err != nil {
+		return 0, err
+	}
+	for _, s := range seqs {
+		st, err := r.dir.stat(archiveName(s))
+		if err == nil && st.Ino == mine.Ino && st.Dev == mine.Dev {
+			return s, nil
+		}
+	}
+	return 0, nil
+}
+
+// stillActive reports whether the open file is the active one.
+func (r *Reader) stillActive() (bool, error) {
+	var mine unix.Stat_t
+	if err := unix.Fstat(int(r.f.Fd()), &mine); err != nil {
+		return false, err
+	}
+	st, err := r.dir.stat(ActiveName)
+	if errors.Is(err, unix.ENOENT) {
+		// Between the steps of a rotation made by another writer: look
+		// again later.
+		return true, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return st.Ino == mine.Ino && st.Dev == mine.Dev, nil
+}
+
+// after opens the file with the smallest sequence number above seq.
+func (r *Reader) after(seq int64) (*logFile, int64, error) {
+	for {
+		seqs, err := r.dir.archives()
+		if err != nil {
+			return nil, 0, err
+		}
+		var lf *logFile
+		for _, s := range seqs {
+			if s > seq {
+				lf, err = r.openFile(archiveName(s))
+				break
+			}
+		}
+		if lf == nil && err == nil {
+			lf, err = r.openFile(ActiveName)
+			if err == nil && lf.seq <= seq {
+				// Not rotated yet (or the rotation is half done).
+				lf.f.Close()
+				return nil, 0, nil
+			}
+		}
+		if errors.Is(err, unix.ENOENT) {
+			continue // rotated or pruned meanwhile
+		}
+		if err != nil {
+			return nil, 0, err
+		}
+		return lf, r.gapTo(lf), nil
+	}
+}
+
+// gapTo is how many log bytes lie between the end of the open file and the
+// start of lf.
+func (r *Reader) gapTo(lf *logFile) int64 {
+	if lf.seq == r.seq+1 && r.seq != 0 {
+		return 0
+	}
+	if r.start < 0 || lf.start < 0 {
+		return -1
+	}
+	end := r.start + r.pos + int64(r.w-r.r)
+	if lf.start > end {
+		return lf.start - end
+	}
+	return -1
+}

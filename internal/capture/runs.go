@@ -1,0 +1,258 @@
+package capture
+
+import (
+	"fmt"
+	"time"
+)
+
+// RunState is what a log says about one run's capture.
+type RunState uint8
+
+const (
+	// Lossless: begin and end were read, and end says nothing was dropped.
+	Lossless RunState = iota + 1
+	// Lossy: begin and end were read, and end counts dropped bytes.
+	Lossy
+	// Interrupted: begin without end. The writer never finished: the
+	// process, the agent or the machine died, or the writer was stopped
+	// or failed; the tail may be missing. A run still being written reads
+	// this way too, until it ends.
+	Interrupted
+	// RetentionLoss: end without begin. Rotation removed the run's start.
+	RetentionLoss
+	// Unknown: output with neither begin nor end retained. Nothing can be
+	// said about its completeness.
+	Unknown
+	// Corrupted: records out of order, duplicated or invalid, or lines
+	// that could not be read. Never a successful capture.
+	Corrupted
+)
+
+var runStateNames = [...]string{
+	Lossless: "lossless", Lossy: "lossy", Interrupted: "interrupted",
+	RetentionLoss: "retention-loss", Unknown: "unknown", Corrupted: "corrupted",
+}
+
+func (s RunState) String() string {
+	if s > 0 && int(s) < len(runStateNames) {
+		return runStateNames[s]
+	}
+	return fmt.Sprintf("runstate(%d)", uint8(s))
+}
+
+// Complete reports whether the state proves a capture that lost nothing.
+func (s RunState) Complete() bool { return s == Lossless }
+
+// Run is one run as read from a log.
+type Run struct {
+	// ID is the run's UUID; empty for output before any metadata.
+	ID    string
+	State RunState
+	// Began and Ended are the times of the begin and end records, zero
+	// when not read.
+	Began, Ended time.Time
+	// Dropped is, per log stream, the end record's count of bytes the run
+	// lost in capture.
+	Dropped [NumLogStreams]int64
+	// Described is the sum of the run's drop records read: where in the
+	// output loss happened is known for these bytes.
+	Described [NumLogStreams]int64
+	// Bytes is the payload read per log stream.
+	Bytes [NumLogStreams]int64
+	// Missed is set when the reader itself missed part of this run:
+	// rotation removed files while it was behind.
+	Missed bool
+	// Damaged counts unreadable lines within the run.
+	Damaged int
+	// Problems say why a run is corrupted.
+	Problems []string
+
+	begun, ended bool
+}
+
+// Classifier groups records by run and classifies each run, reading the
+// records in log order. The zero value is ready.
+type Classifier struct {
+	runs  []*Run
+	byID  map[string]*Run
+	cur   *Run // the run output belongs to now, if any
+	began bool // a begin was read: later output has a run to belong to
+}
+
+// Runs returns every run read so far, oldest first, classified.
+func (c *Classifier) Runs() []Run {
+	out := make([]Run, len(c.runs))
+	for i, r := range c.runs {
+		out[i] = *r
+		out[i].Problems = append([]string(nil), r.Problems...)
+		out[i].State = r.state()
+	}
+	return out
+}
+
+func (r *Run) state() RunState {
+	if len(r.Problems) > 0 || r.Damaged > 0 {
+		return Corrupted
+	}
+	switch {
+	case r.begun && r.ended:
+		if r.Dropped == [NumLogStreams]int64{} {
+			return Lossless
+		}
+		return Lossy
+	case r.begun:
+		return Interrupted
+	case r.ended:
+		return RetentionLoss
+	}
+	return Unknown
+}
+
+func (r *Run) problem(format string, args ...any) {
+	r.Problems = append(r.Problems, fmt.Sprintf(format, args...))
+}
+
+// current is the run output belongs to now: the open run, or a run
+// without begin for output that has none.
+func (c *Classifier) current() *Run {
+	if c.cur == nil {
+		c.cur = c.add("")
+	}
+	return c.cur
+}
+
+func (c *Classifier) add(id string) *Run {
+	r := &Run{ID: id}
+	c.runs = append(c.runs, r)
+	if id != "" {
+		if c.byID == nil {
+			c.byID = make(map[string]*Run)
+		}
+		c.byID[id] = r
+	}
+	return r
+}
+
+// name gives a run without begin the id its metadata reveals.
+func (c *Classifier) name(r *Run, id string) {
+	r.ID = id
+	if c.byID == nil {
+		c.byID = make(map[string]*Run)
+	}
+	c.byID[id] = r
+}
+
+// leading reports whether r is output read before any begin whose run
+// the metadata may still name: a run whose begin rotation removed.
+func (c *Classifier) leading(r *Run) bool {
+	return r != nil && !r.begun && !c.began && r.ID == ""
+}
+
+func (c *Classifier) data(rec Record) {
+	c.current().Bytes[rec.Stream] += int64(rec.PayloadLen())
+}
+
+func (c *Classifier) meta(m Meta) {
+	switch m.Event {
+	case eventFile:
+	case eventBegin:
+		c.cur = nil
+		c.began = true
+		if r := c.byID[m.Run]; r != nil {
+			r.problem("a second begin record")
+			c.cur = r
+			return
+		}
+		r := c.add(m.Run)
+		r.begun = true
+		c.cur = r
+	case eventDrop:
+		r := c.claim(m.Run)
+		if r == nil {
+			c.misplaced(m, "a drop record outside its run")
+			return
+		}
+		r.Described[LogStdout] += m.Stdout
+		r.Described[LogStderr] += m.Stderr
+	case eventEnd:
+		r := c.claim(m.Run)
+		if r == nil {
+			if c.cur != nil || c.began || c.byID[m.Run] != nil {
+				c.misplaced(m, "an end record outside its run")
+				return
+			}
+			r = c.add(m.Run) // an end alone at the start of the log
+		}
+		r.ended = true
+		r.Dropped = [NumLogStreams]int64{m.Dropped.Stdout, m.Dropped.Stderr}
+		for s := range r.Described {
+			if r.Described[s] > r.Dropped[s] {
+				r.problem("drop records count %d bytes of %v, the end record only %d", r.Described[s], LogStream(s), r.Dropped[s])
+			}
+		}
+		c.cur = nil
+	}
+}
+
+// claim returns the run a drop or end record of run id applies to: the
+// open run if it is id; output without begin that the record names (its
+// begin was removed by rotation, or missed by the reader); or nil when the
+// record is out of place.
+func (c *Classifier) claim(id string) *Run {
+	r, named := c.cur, c.byID[id]
+	switch {
+	case r != nil && r.ID == id:
+		return r
+	case c.leading(r) && named == nil:
+		c.name(r, id)
+		return r
+	case c.leading(r) && named.Missed && named.begun && !named.ended:
+		// Output after a gap the reader reported, in a run whose begin it
+		// read before the gap: the same run.
+		for s := range named.Bytes {
+			named.Bytes[s] += r.Bytes[s]
+		}
+		named.Damaged += r.Damaged
+		named.Problems = append(named.Problems, r.Problems...)
+		c.runs = c.runs[:len(c.runs)-1] // r is the newest run
+		c.cur = named
+		return named
+	case r == nil && !c.began && named != nil && named.Missed && named.begun && !named.ended:
+		c.cur = named
+		return named
+	}
+	return nil
+}
+
+// misplaced marks the run a record names (or, if none, the current one)
+// corrupted.
+func (c *Classifier) misplaced(m Meta, what string) {
+	r := c.byID[m.Run]
+	if r == nil {
+		r = c.add(m.Run)
+		if m.Event == eventEnd {
+			r.ended = true
+		}
+	}
+	r.problem("%s", what)
+}
+
+// invalid marks the current run corrupted by metadata that is not valid.
+func (c *Classifier) invalid(err error) {
+	c.current().problem("%v", err)
+}
+
+// damaged counts an unreadable line in the current run.
+func (c *Classifier) damaged() {
+	c.current().Damaged++
+}
+
+// gap records that the reader missed part of the log. The run it was in
+// missed bytes; what follows is read as if the log started there, since a
+// begin or an end may have been among what was missed.
+func (c *Classifier) gap() {
+	if c.cur != nil {
+		c.cur.Missed = true
+	}
+	c.cur, c.began = nil, false
+}

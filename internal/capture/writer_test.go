@@ -1,0 +1,478 @@
+package capture
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/uuid"
+	"golang.org/x/sys/unix"
+
+	"github.com/sandkiln/sandkiln/internal/ring"
+)
+
+const testTimeout = 60 * time.Second
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(t.Context(), testTimeout)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func newRunID() string { return uuid.Must(uuid.NewV7()).String() }
+
+// testDir makes an empty capture directory.
+func testDir(t *testing.T) (*Dir, string) {
+	t.Helper()
+	path := t.TempDir()
+	d, err := OpenDir(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d, path
+}
+
+// feeder plays a process's pumps for a writer: bytes go through a real
+// ring into the writer's sink, as the engine sends them.
+type feeder struct {
+	r *ring.Ring
+	w *Writer
+}
+
+func newFeeder(w *Writer, streams ...ring.Stream) *feeder {
+	if len(streams) == 0 {
+		streams = []ring.Stream{ring.Stdout, ring.Stderr}
+	}
+	return &feeder{r: ring.New(ring.Config{Capacity: 1 << 20, Streams: streams}), w: w}
+}
+
+// write pushes data as one or more chunks (as many as the ring's blocks
+// need), and reports how many bytes the sink dropped meanwhile.
+func (f *feeder) write(s ring.Stream, data []byte) {
+	for len(data) > 0 {
+		buf := f.r.Buffer(s)
+		n := copy(buf, data)
+		c := f.r.Commit(s, n, false)
+		f.w.Sink().Push(c)
+		c.Release()
+		data = data[n:]
+	}
+}
+
+// end closes the sink, as the process does once its pumps have joined,
+// and waits for the writer.
+func (f *feeder) end(t *testing.T) Result {
+	t.Helper()
+	f.w.Sink().Close()
+	if err := f.w.Finish(ctxT(t)); err != nil {
+		t.Fatalf("finish: %v", err)
+	}
+	return f.w.Result()
+}
+
+func begin(t *testing.T, d *Dir, opt Options) *Writer {
+	t.Helper()
+	w, err := Begin(d, newRunID(), opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		w.Sink().Close() // a no-op when the test closed it
+		w.Stop()
+		<-w.Done()
+	})
+	return w
+}
+
+func readLog(t *testing.T, d *Dir) Log {
+	t.Helper()
+	l, err := ReadLog(ctxT(t), d, All)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// payload rebuilds a stream's bytes from a log's records.
+func payload(l Log, s LogStream) []byte {
+	var b []byte
+	for _, e := range l.Entries {
+		if e.Gap == 0 && e.Stream == s {
+			b = append(b, e.Payload()...)
+		}
+	}
+	return b
+}
+
+func states(runs []Run) []string {
+	var s []string
+	for _, r := range runs {
+		s = append(s, r.State.String())
+	}
+	return s
+}
+
+func TestShortRunBeginOutputLosslessEnd(t *testing.T) {
+	d, _ := testDir(t)
+	w := begin(t, d, Options{})
+	f := newFeeder(w)
+	f.write(ring.Stdout, []byte("Starting build...\n"))
+	f.write(ring.Stderr, []byte("warning: x\n"))
+	f.write(ring.Stdout, []byte("done\n"))
+	res := f.end(t)
+	if !res.Ended || res.Err != nil || res.Dropped != [2]int64{} {
+		t.Fatalf("result %+v, want ended without loss", res)
+	}
+	l := readLog(t, d)
+	if got := string(payload(l, LogStdout)); got != "Starting build...\ndone\n" {
+		t.Errorf("stdout %q", got)
+	}
+	if got := string(payload(l, LogStderr)); got != "warning: x\n" {
+		t.Errorf("stderr %q", got)
+	}
+	if len(l.Runs) != 1 || l.Runs[0].State != Lossless || l.Runs[0].ID != w.Run() {
+		t.Fatalf("runs %+v, want one lossless run %s", l.Runs, w.Run())
+	}
+	// The first record is the file's header, then begin; end is last.
+	var events []string
+	for _, e := range l.Entries {
+		if e.Stream == LogMeta {
+			m, err := parseMeta(e.Content)
+			if err != nil {
+				t.Fatal(err)
+			}
+			events = append(events, m.Event)
+		}
+	}
+	if diff := cmp.Diff([]string{"file", "begin", "end"}, events); diff != "" {
+		t.Errorf("metadata events (-want +got):\n%s", diff)
+	}
+}
+
+// record is a record's shape, for the framing table.
+type record struct {
+	Stream  LogStream
+	Partial bool
+	Len     int
+}
+
+func shapes(l Log) []record {
+	var rs []record
+	for _, e := range l.Entries {
+		if e.Gap == 0 && e.Stream != LogMeta {
+			rs = append(rs, record{e.Stream, e.Partial, len(e.Content)})
+		}
+	}
+	return rs
+}
+
+func TestFraming(t *testing.T) {
+	const M = MaxContent
+	line := func(n int) []byte { return append(bytes.Repeat([]byte{'a'}, n), '\n') }
+	cases := []struct {
+		name   string
+		chunks [][]byte
+		want   []record
+	}{
+		{"no trailing newline", [][]byte{[]byte("a\nbc")}, []record{{0, false, 1}, {0, true, 2}}},
+		{"empty lines", [][]byte{[]byte("\n\n")}, []record{{0, false, 0}, {0, false, 0}}},
+		{"below the limit", [][]byte{line(M - 1)}, []record{{0, false, M - 1}}},
+		{"at the limit", [][]byte{line(M)}, []record{{0, false, M}}},
+		{"above the limit", [][]byte{line(M + 1)}, []record{{0, true, M}, {0, false, 1}}},
+		{"twice the limit", [][]byte{line(2 * M)}, []record{{0, true, M}, {0, false, M}}},
+		{"at the limit, no newline", [][]byte{bytes.Repeat([]byte{'a'}, M)}, []record{{0, true, M}}},
+		{"above the limit, no newline", [][]byte{bytes.Repeat([]byte{'a'}, M+5)}, []record{{0, true, M}, {0, true, 5}}},
+		{"line split across chunks", [][]byte{[]byte("hel"), []byte("lo\n")}, []record{{0, false, 5}}},
+		{"long line split across chunks", [][]byte{bytes.Repeat([]byte{'a'}, M-3), append(bytes.Repeat([]byte{'b'}, 10), '\n')},
+			[]record{{0, true, M}, {0, false, 7}}},
+		{"CRLF kept", [][]byte{[]byte("dos\r\n")}, []record{{0, false, 4}}},
+		{"NUL and invalid UTF-8", [][]byte{[]byte("a\x00b\xff\xfe\n")}, []record{{0, false, 5}}},
+		{"UTF-8 split across chunks", [][]byte{[]byte("caf\xc3"), []byte("\xa9\n")}, []record{{0, false, 5}}},
+		{"lone CR", [][]byte{[]byte("50%\r75%\r")}, []record{{0, true, 8}}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			d, _ := testDir(t)
+			gate := make(chan struct{})
+			w := begin(t, d, Options{beforeLoop: func() { <-gate }})
+			f := newFeeder(w)
+			var want []byte
+			for _, c := range tc.chunks {
+				f.write(ring.Stdout, c)
+				want = append(want, c...)
+			}
+			close(gate)
+			f.end(t)
+			l := readLog(t, d)
+			if got := payload(l, LogStdout); !bytes.Equal(got, want) {
+				t.Errorf("payload %q, want %q", clip(got), clip(want))
+			}
+			// The chunks were all queued before the writer took the first,
+			// so they are framed as one batch: a line is cut only where the
+			// format says.
+			if diff := cmp.Diff(tc.want, shapes(l)); diff != "" {
+				t.Errorf("records (-want +got):\n%s", diff)
+			}
+			if len(l.Runs) != 1 || l.Runs[0].State != Lossless {
+				t.Errorf("runs %+v", l.Runs)
+			}
+		})
+	}
+}
+
+func TestChannelOverflowEndCountsTheWholeRun(t *testing.T) {
+	d, _ := testDir(t)
+	gate := make(chan struct{})
+	w := begin(t, d, Options{Queue: 4, beforeLoop: func() { <-gate }})
+	f := newFeeder(w)
+	// The writer is held: four chunks fit, the rest are dropped. Then it
+	// runs, and a second overflow happens after it has caught up.
+	for i := range 10 {
+		f.write(ring.Stdout, fmt.Appendf(nil, "line %d\n", i))
+	}
+	close(gate)
+	res := f.end(t)
+	want := w.Sink().Dropped()[ring.Stdout]
+	if want == 0 {
+		t.Fatal("nothing was dropped; the test did not overflow the queue")
+	}
+	if res.Dropped[LogStdout] != want {
+		t.Errorf("end dropped %d, sink counted %d", res.Dropped[LogStdout], want)
+	}
+	l := readLog(t, d)
+	if len(l.Runs) != 1 || l.Runs[0].State != Lossy || l.Runs[0].Dropped[LogStdout] != want {
+		t.Fatalf("runs %+v, want one lossy run with %d stdout bytes dropped", l.Runs, want)
+	}
+	if got := int64(len(payload(l, LogStdout))); got+want != int64(len("line 0\n")*10) {
+		t.Errorf("persisted %d + dropped %d != written %d", got, want, len("line 0\n")*10)
+	}
+}
+
+// TestStuckWriterDropsExactly: while the writer cannot write, pushing never
+// waits, and what the end record reports dropped is exactly what was
+// written and not persisted.
+func TestStuckWriterDropsExactly(t *testing.T) {
+	d, _ := testDir(t)
+	stuck := make(chan struct{})
+	first := true
+	w := begin(t, d, Options{Queue: 8, beforeWrite: func() {
+		if first { // begin's own write goes through
+			first = false
+			return
+		}
+		<-stuck
+	}})
+	f := newFeeder(w)
+	written := 0
+	for i := range 5000 {
+		b := fmt.Appendf(nil, "%06d %s\n", i, strings.Repeat("x", i%300))
+		f.write(ring.Stdout, b)
+		f.write(ring.Stderr, b[:len(b)/2])
+		written += len(b) + len(b)/2
+	}
+	close(stuck)
+	res := f.end(t)
+	l := readLog(t, d)
+	persisted := len(payload(l, LogStdout)) + len(payload(l, LogStderr))
+	dropped := res.Dropped[LogStdout] + res.Dropped[LogStderr]
+	if dropped == 0 {
+		t.Fatal("nothing dropped: the writer was not stuck")
+	}
+	if int64(written)-int64(persisted) != dropped {
+		t.Errorf("written %d - persisted %d = %d, end says %d dropped", written, persisted, written-persisted, dropped)
+	}
+	if len(l.Runs) != 1 || l.Runs[0].State != Lossy || l.Runs[0].Dropped != res.Dropped {
+		t.Fatalf("runs %+v", l.Runs)
+	}
+}
+
+// TestWriterStoppedLeavesNoEnd: a writer that cannot finish in time is
+// stopped; it writes nothing afterwards and the run reads as interrupted.
+func TestWriterStoppedLeavesNoEnd(t *testing.T) {
+	d, path := testDir(t)
+	stuck := make(chan struct{})
+	inWrite := make(chan struct{}, 1)
+	first := true
+	w := begin(t, d, Options{beforeWrite: func() {
+		if first {
+			first = false
+			return
+		}
+		inWrite <- struct{}{}
+		<-stuck
+	}})
+	f := newFeeder(w)
+	f.write(ring.Stdout, []byte("some output\n"))
+	<-inWrite
+	w.Sink().Close()
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	if err := w.Finish(ctx); !errors.Is(err, ErrStopped) {
+		t.Fatalf("finish: %v, want ErrStopped", err)
+	}
+	before, err := os.ReadFile(filepath.Join(path, ActiveName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	close(stuck)
+	<-w.Done()
+	after, err := os.ReadFile(filepath.Join(path, ActiveName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(before, after) {
+		t.Errorf("the log changed after Finish returned:\n%s", after[len(before):])
+	}
+	if res := w.Result(); res.Ended || !errors.Is(res.Err, ErrStopped) {
+		t.Errorf("result %+v, want not ended, ErrStopped", res)
+	}
+	l := readLog(t, d)
+	if len(l.Runs) != 1 || l.Runs[0].State != Interrupted {
+		t.Fatalf("runs %v, want one interrupted", states(l.Runs))
+	}
+}
+
+func TestStartRefused(t *testing.T) {
+	t.Run("invalid run id", func(t *testing.T) {
+		d, path := testDir(t)
+		for _, id := range []string{"", "x", uuid.Nil.String(), strings.ToUpper(newRunID()), "{" + newRunID() + "}", "urn:uuid:" + newRunID(), newRunID() + "\n"} {
+			if _, err := Begin(d, id, Options{}); err == nil {
+				t.Errorf("run id %q accepted", id)
+			}
+		}
+		if ents, _ := os.ReadDir(path); len(ents) != 0 {
+			t.Errorf("refused starts left %v", ents)
+		}
+	})
+	t.Run("symlinked log", func(t *testing.T) {
+		d, path := testDir(t)
+		target := filepath.Join(t.TempDir(), "elsewhere")
+		if err := os.WriteFile(target, []byte("precious\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(target, filepath.Join(path, ActiveName)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := Begin(d, newRunID(), Options{}); err == nil {
+			t.Fatal("began through a symlinked log")
+		}
+		if b, _ := os.ReadFile(target); string(b) != "precious\n" {
+			t.Errorf("the link's target was written: %q", b)
+		}
+	})
+	t.Run("symlinked directory", func(t *testing.T) {
+		real := t.TempDir()
+		link := filepath.Join(t.TempDir(), "logs")
+		if err := os.Symlink(real, link); err != nil {
+			t.Fatal(err)
+		}
+		if d, err := OpenDir(link); err == nil {
+			d.Close()
+			t.Fatal("opened a symlinked directory")
+		}
+	})
+	t.Run("fifo as log", func(t *testing.T) {
+		d, path := testDir(t)
+		if err := unix.Mkfifo(filepath.Join(path, ActiveName), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := Begin(d, newRunID(), Options{}); err == nil {
+			t.Fatal("began on a FIFO")
+		}
+	})
+	t.Run("read-only directory", func(t *testing.T) {
+		path := readOnlyDir(t)
+		d, err := OpenDir(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer d.Close()
+		if _, err := Begin(d, newRunID(), Options{}); err == nil {
+			t.Fatal("began in a read-only directory")
+		}
+	})
+}
+
+// readOnlyDir returns a directory nobody may write: a read-only tmpfs when
+// running as root (root writes through mode bits), else mode 0555.
+func readOnlyDir(t *testing.T) string {
+	t.Helper()
+	path := t.TempDir()
+	if os.Geteuid() != 0 {
+		if err := os.Chmod(path, 0o555); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.Chmod(path, 0o755) })
+		return path
+	}
+	if err := unix.Mount("tmpfs", path, "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV, "size=64k"); err != nil {
+		t.Skipf("cannot mount a read-only tmpfs: %v", err)
+	}
+	t.Cleanup(func() { unix.Unmount(path, unix.MNT_DETACH) })
+	return path
+}
+
+// smallFS returns a tmpfs of size bytes (root only).
+func smallFS(t *testing.T, size int) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("mounting a small file system needs root")
+	}
+	path := t.TempDir()
+	if err := unix.Mount("tmpfs", path, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, fmt.Sprintf("size=%d", size)); err != nil {
+		t.Skipf("cannot mount a tmpfs: %v", err)
+	}
+	t.Cleanup(func() { unix.Unmount(path, unix.MNT_DETACH) })
+	return path
+}
+
+// TestFullDiskEndIsExactAndLossy: the file system fills up mid-run. The
+// writer keeps taking chunks, counts what it cannot persist, and the end
+// record (written into the space it reserved) says exactly how much.
+func TestFullDiskEndIsExactAndLossy(t *testing.T) {
+	path := smallFS(t, 256<<10)
+	d, err := OpenDir(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	w := begin(t, d, Options{MaxSize: 1 << 20})
+	f := newFeeder(w)
+	written := 0
+	for i := range 20000 {
+		b := fmt.Appendf(nil, "%06d %s\n", i, strings.Repeat("y", 60))
+		f.write(ring.Stdout, b)
+		written += len(b)
+	}
+	w.Sink().Close()
+	<-w.Done()
+	res := w.Result()
+	if !res.Ended {
+		t.Fatalf("no end record: %+v", res)
+	}
+	if res.Err == nil || !errors.Is(res.Err, unix.ENOSPC) {
+		t.Errorf("writer error %v, want ENOSPC", res.Err)
+	}
+	l := readLog(t, d)
+	persisted := len(payload(l, LogStdout))
+	if persisted == 0 || persisted >= written {
+		t.Fatalf("persisted %d of %d: the disk did not fill", persisted, written)
+	}
+	if int64(written-persisted) != res.Dropped[LogStdout] {
+		t.Errorf("written %d - persisted %d = %d, end says %d", written, persisted, written-persisted, res.Dropped[LogStdout])
+	}
+	if len(l.Runs) != 1 || l.Runs[0].State != Lossy || l.Runs[0].Dropped != res.Dropped {
+		t.Fatalf("runs %+v", l.Runs)
+	}
+	if l.Stats.Corrupt != 0 || l.Stats.Torn != 0 {
+		t.Errorf("the full disk left broken lines: %+v", l.Stats)
+	}
+}
