@@ -74,6 +74,9 @@ type ReadStats struct {
 	// off by the end of a file.
 	Corrupt int
 	Torn    int
+	// Bytes is how many log bytes the reader went through, whether they
+	// held records or not.
+	Bytes int64
 }
 
 // NewReader starts reading dir. It holds no file open until the first Next.
@@ -181,6 +184,7 @@ func (r *Reader) wait(ctx context.Context) error {
 // writing, and the run says so by having no end; inside the log it is
 // damage to the run.
 func (r *Reader) torn(final bool) {
+	r.stats.Bytes += int64(r.w - r.r)
 	if r.w > r.r || r.skipEOL {
 		r.stats.Torn++
 		if !final {
@@ -199,6 +203,7 @@ func (r *Reader) line() (Entry, bool) {
 			if r.w-r.r > maxLine+64 {
 				// No record is this long: drop it up to its newline.
 				r.pos += int64(r.w - r.r)
+				r.stats.Bytes += int64(r.w - r.r)
 				r.r, r.w = 0, 0
 				r.skipEOL = true
 			}
@@ -207,6 +212,7 @@ func (r *Reader) line() (Entry, bool) {
 		line := r.buf[r.r : r.r+i]
 		r.r += i + 1
 		r.pos += int64(i + 1)
+		r.stats.Bytes += int64(i + 1)
 		fresh := r.fresh
 		r.fresh = false
 		if r.skipEOL {

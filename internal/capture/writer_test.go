@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -41,10 +42,12 @@ func testDir(t *testing.T) (*Dir, string) {
 }
 
 // feeder plays a process's pumps for a writer: bytes go through a real
-// ring into the writer's sink, as the engine sends them.
+// ring into the writer's sink, as the engine sends them. A paced feeder
+// waits for room in the queue before each push, so nothing is dropped.
 type feeder struct {
-	r *ring.Ring
-	w *Writer
+	r     *ring.Ring
+	w     *Writer
+	paced bool
 }
 
 func newFeeder(w *Writer, streams ...ring.Stream) *feeder {
@@ -61,6 +64,9 @@ func (f *feeder) write(s ring.Stream, data []byte) {
 		buf := f.r.Buffer(s)
 		n := copy(buf, data)
 		c := f.r.Commit(s, n, false)
+		for f.paced && len(f.w.sink.items) == cap(f.w.sink.items) {
+			runtime.Gosched()
+		}
 		f.w.Sink().Push(c)
 		c.Release()
 		data = data[n:]
