@@ -405,6 +405,18 @@ func dupFile(f *os.File) (*os.File, error) {
 // (which never waits). Only the kernel pipe can slow the workload down.
 func (p *Process) pump(s ring.Stream, f *os.File) {
 	rc, err := f.SyscallConn()
+	// held is what the capture sink has not been given yet: consecutive
+	// reads into one block go to it as one chunk, handed over when the
+	// next read lands in another block or the pipe is empty. That keeps
+	// the writer from waking for every read.
+	var held ring.Chunk
+	hand := func() {
+		if held.Data != nil {
+			p.sink.Push(held)
+			held.Release()
+			held = ring.Chunk{}
+		}
+	}
 	for err == nil {
 		buf := p.ring.Buffer(s)
 		var n int
@@ -417,8 +429,12 @@ func (p *Process) pump(s ring.Stream, f *os.File) {
 					continue
 				case unix.EAGAIN:
 					// The pipe is empty: before this goroutine parks,
-					// wake the readers for what it committed so far.
+					// wake the readers for what it committed so far and
+					// give the sink what it holds.
 					p.ring.Flush()
+					if p.sink != nil {
+						hand()
+					}
 					return false
 				}
 				return true
@@ -426,10 +442,14 @@ func (p *Process) pump(s ring.Stream, f *os.File) {
 		})
 		if n > 0 {
 			c := p.ring.Commit(s, n, n == len(buf))
-			if p.sink != nil {
-				p.sink.Push(c)
+			if p.sink == nil {
+				c.Release()
+			} else if grown, ok := held.Extend(c); ok {
+				held = grown
+			} else {
+				hand()
+				held = c
 			}
-			c.Release()
 		}
 		if err == nil && (rerr != nil || n <= 0) {
 			// EOF, or EIO from a PTY whose last writer is gone: no more
@@ -437,6 +457,9 @@ func (p *Process) pump(s ring.Stream, f *os.File) {
 			// deadline ended the wait.)
 			err = io.EOF
 		}
+	}
+	if p.sink != nil {
+		hand()
 	}
 	p.ring.CloseStream(s)
 	p.mu.Lock()

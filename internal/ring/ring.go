@@ -64,6 +64,7 @@ type Chunk struct {
 	Seq    uint64
 	Data   []byte
 	blk    *block
+	at     int // where Data starts in blk
 }
 
 // Retain takes another reference to the chunk's memory, for a consumer (a
@@ -71,6 +72,21 @@ type Chunk struct {
 func (c Chunk) Retain() Chunk {
 	c.blk.refs.Add(1)
 	return c
+}
+
+// Extend returns c grown by next when next continues c in the same block
+// (the same stream, the next offset, the adjacent bytes), taking over
+// next's reference: the caller then holds one reference, to the result.
+// Otherwise it returns c unchanged and false.
+func (c Chunk) Extend(next Chunk) (Chunk, bool) {
+	n := len(c.Data)
+	if c.blk == nil || next.blk != c.blk || next.Stream != c.Stream || next.Offset != c.Offset+int64(n) || next.at != c.at+n {
+		return c, false
+	}
+	end := next.at + len(next.Data)
+	c.Data = c.blk.buf[c.at:end:end]
+	next.Release()
+	return c, true
 }
 
 // Release gives the reference back. Data must not be used afterwards.
@@ -238,7 +254,7 @@ func (r *Ring) Commit(s Stream, n int, more bool) Chunk {
 		r.wakeLocked()
 	}
 	r.mu.Unlock()
-	return Chunk{Stream: s, Offset: c.offset, Seq: c.seq, Data: c.data, blk: b}
+	return Chunk{Stream: s, Offset: c.offset, Seq: c.seq, Data: c.data, blk: b, at: b.used - n}
 }
 
 func (r *Ring) evictLocked() {

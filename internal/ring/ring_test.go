@@ -302,3 +302,41 @@ func TestCommitMoreWakesAtFlushOrQuarter(t *testing.T) {
 		t.Fatalf("after a quarter: %d bytes", len(e.Data))
 	}
 }
+
+func TestChunkExtend(t *testing.T) {
+	r := New(Config{Capacity: 1 << 20, Streams: []Stream{Stdout, Stderr}})
+	commit := func(s Stream, p string) Chunk {
+		n := copy(r.Buffer(s), p)
+		return r.Commit(s, n, false)
+	}
+	a := commit(Stdout, "hello ")
+	b := commit(Stdout, "world")
+	ab, ok := a.Extend(b)
+	if !ok || string(ab.Data) != "hello world" || ab.Offset != 0 {
+		t.Fatalf("extend: %q at %d, %v", ab.Data, ab.Offset, ok)
+	}
+	e := commit(Stderr, "other stream")
+	if got, ok := ab.Extend(e); ok || string(got.Data) != "hello world" {
+		t.Fatalf("extended across streams: %q", got.Data)
+	}
+	e.Release()
+	// Fill the rest of the block: the next chunk starts a new block.
+	rest := commit(Stdout, string(make([]byte, len(r.Buffer(Stdout)))))
+	ab, ok = ab.Extend(rest)
+	if !ok {
+		t.Fatal("the block's last bytes did not extend")
+	}
+	next := commit(Stdout, "new block")
+	if _, ok := ab.Extend(next); ok {
+		t.Fatal("extended into another block")
+	}
+	next.Release()
+	if _, ok := (Chunk{}).Extend(commit(Stdout, "x")); ok {
+		t.Fatal("the zero chunk extended")
+	}
+	ab.Release()
+	tot, _ := r.Totals()
+	if tot[Stdout] != int64(len("hello world"))+int64(len(rest.Data))+int64(len("new block"))+1 {
+		t.Errorf("totals %v", tot)
+	}
+}
