@@ -62,6 +62,10 @@ type Item struct {
 //     channel can be full exactly when they would be sent.
 type Sink struct {
 	items chan Item
+	// closing is closed by Close, before items: a consumer that is not
+	// receiving (a writer waiting out a failed disk) learns of the end
+	// from it.
+	closing chan struct{}
 
 	// pending[s] counts the bytes of s lost since the last Drop item of s
 	// was enqueued. Only s's pump reads or writes it, so it needs no lock;
@@ -87,7 +91,7 @@ func NewSink(capacity int) *Sink {
 	if capacity < 1 {
 		panic(fmt.Sprintf("capture: sink capacity %d, want at least 1", capacity))
 	}
-	return &Sink{items: make(chan Item, capacity)}
+	return &Sink{items: make(chan Item, capacity), closing: make(chan struct{})}
 }
 
 // Items is the channel the log writer receives from. It is closed by Close,
@@ -145,6 +149,7 @@ func (s *Sink) Close() {
 	if s.closed.Swap(true) {
 		return
 	}
+	close(s.closing)
 	close(s.items)
 }
 

@@ -102,12 +102,13 @@ type Writer struct {
 
 	// Owned by the writer goroutine (and by Begin before it starts).
 	out      []byte
-	outBytes [NumLogStreams]int64 // payload bytes in out, per stream
-	ts       []byte               // the batch's timestamp
-	size     int64                // bytes in the active file
-	seq      int64                // the active file's sequence number
-	offset   int64                // log bytes in every file before the active one
-	archives []int64              // the archives' sequence numbers, rising
+	outBytes [NumLogStreams]int64     // payload bytes in out, per stream
+	ts       []byte                   // the batch's timestamp
+	hdr      [NumLogStreams][2][]byte // record headers with ts: F, then P
+	size     int64                    // bytes in the active file
+	seq      int64                    // the active file's sequence number
+	offset   int64                    // log bytes in every file before the active one
+	archives []int64                  // the archives' sequence numbers, rising
 	partial  [NumLogStreams][]byte
 	lost     [NumLogStreams]int64 // bytes the writer failed to persist
 	unsaid   [NumLogStreams]int64 // of those, not yet in a drop record
@@ -367,13 +368,24 @@ func (w *Writer) reserve() error {
 
 // release gives the reserve back to the file system.
 func (w *Writer) release() {
-	if w.reserved {
+	if w.reserved && !w.stoppedNow() {
 		w.dir.remove(reserveName)
 		w.reserved = false
 	}
 }
 
-func (w *Writer) stamp() { w.ts = appendTime(w.ts[:0], time.Now()) }
+// stamp takes the time for the records that follow, and their headers.
+func (w *Writer) stamp() {
+	w.ts = appendTime(w.ts[:0], time.Now())
+	for s := range LogStream(NumLogStreams) {
+		for i, tag := range []string{" F ", " P "} {
+			h := append(w.hdr[s][i][:0], w.ts...)
+			h = append(h, ' ')
+			h = append(h, logStreamNames[s]...)
+			w.hdr[s][i] = append(h, tag...)
+		}
+	}
+}
 
 // Sink is where the process's pumps push their chunks.
 func (w *Writer) Sink() *Sink { return w.sink }
@@ -462,6 +474,9 @@ func (w *Writer) loop() {
 		// Caught up: let what is held of unfinished lines be seen now.
 		w.flushPartials()
 		w.flush()
+		if w.failed {
+			w.pause()
+		}
 	}
 	w.finish()
 }
@@ -480,7 +495,14 @@ func (w *Writer) add(it Item) {
 		}
 		w.emitMeta(m)
 	case Data:
-		w.addData(s, it.Chunk.Data)
+		if w.failed && !w.recovered() {
+			// Nothing can be written: count the chunk, and what is held of
+			// its stream's line, without framing it.
+			w.lose(s, int64(len(it.Chunk.Data)+len(w.partial[s])))
+			w.partial[s] = w.partial[s][:0]
+		} else {
+			w.addData(s, it.Chunk.Data)
+		}
 		it.Chunk.Release()
 	}
 }
@@ -488,6 +510,10 @@ func (w *Writer) add(it Item) {
 // addData frames a chunk's bytes into records.
 func (w *Writer) addData(s LogStream, data []byte) {
 	for len(data) > 0 {
+		data = w.lines(s, data)
+		if len(data) == 0 {
+			return
+		}
 		i := bytes.IndexByte(data, '\n')
 		if i < 0 {
 			w.partial[s] = append(w.partial[s], data...)
@@ -515,6 +541,34 @@ func (w *Writer) addData(s LogStream, data []byte) {
 	}
 }
 
+// lines is addData's fast path for the common case: whole lines that fit a
+// record, nothing held, and room in the active file. The content and its
+// newline are copied as one. It returns what it left for the general path.
+func (w *Writer) lines(s LogStream, data []byte) []byte {
+	if len(w.partial[s]) > 0 || w.failed {
+		return data
+	}
+	h := w.hdr[s][0]
+	room := w.opt.MaxSize - w.size
+	for {
+		i := bytes.IndexByte(data, '\n')
+		if i < 0 || i > MaxContent || int64(len(w.out)+len(h)+i+1) > room {
+			return data
+		}
+		w.out = append(w.out, h...)
+		w.out = append(w.out, data[:i+1]...)
+		w.outBytes[s] += int64(i + 1)
+		data = data[i+1:]
+		if len(w.out) >= batchSize {
+			w.flush()
+			if w.failed {
+				return data
+			}
+			room = w.opt.MaxSize - w.size
+		}
+	}
+}
+
 // flushPartial writes what is held of s's unfinished line as a P record.
 func (w *Writer) flushPartial(s LogStream) {
 	if len(w.partial[s]) > 0 {
@@ -536,12 +590,12 @@ func (w *Writer) emit(s LogStream, partial bool, a, b []byte) {
 		w.lose(s, int64(n)+boolInt(!partial))
 		return
 	}
-	w.room(len(w.ts) + len(" stdout F ") + n + 1)
-	if len(b) == 0 {
-		w.out = appendRecord(w.out, w.ts, s, partial, a)
-	} else {
-		w.out = appendRecord(w.out, w.ts, s, partial, append(a[:len(a):len(a)], b...))
-	}
+	h := w.hdr[s][boolInt(partial)]
+	w.room(len(h) + n + 1)
+	w.out = append(w.out, h...)
+	w.out = append(w.out, a...)
+	w.out = append(w.out, b...)
+	w.out = append(w.out, '\n')
 	w.outBytes[s] += int64(n) + boolInt(!partial)
 	if len(w.out) >= batchSize {
 		w.flush()
@@ -587,6 +641,9 @@ func (w *Writer) headerSize() int64 {
 // next one active. The active name always holds a file: the archive is a
 // second link made first, and the new file replaces the name by rename.
 func (w *Writer) rotate() error {
+	if w.stoppedNow() {
+		return ErrStopped
+	}
 	if err := w.dir.link(ActiveName, archiveName(w.seq)); err != nil {
 		return err
 	}
@@ -680,6 +737,20 @@ func (w *Writer) sayLost() {
 	if w.unsaid != [NumLogStreams]int64{} {
 		w.emitMeta(Meta{Run: w.run, Event: eventDrop, Stdout: w.unsaid[LogStdout], Stderr: w.unsaid[LogStderr]})
 		w.unsaid = [NumLogStreams]int64{}
+	}
+}
+
+// pause waits, while the writer cannot write, until it is time to try
+// again or the run ends. Receiving every chunk only to count it would wake
+// this goroutine for each one and take CPU from the workload; meanwhile
+// the sink counts what does not fit in its queue, and the writer counts
+// the rest when it resumes, so the total stays exact.
+func (w *Writer) pause() {
+	t := time.NewTimer(time.Until(w.retryAt))
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-w.sink.closing:
 	}
 }
 
