@@ -18,16 +18,18 @@ func TestRun(t *testing.T) {
 	defer cancel()
 	var out bytes.Buffer
 	cfg := config{
-		size:       8 << 20,
-		reps:       1,
-		readers:    []int{1, 8, 64},
-		tombstones: 20,
-		running:    10,
-		out:        t.TempDir(),
-		sections:   map[string]bool{"throughput": true, "tombstone": true, "running": true},
-		cmdline:    "bench -size 8M -reps 1",
-		stdout:     &out,
-		progress:   io.Discard,
+		size:        8 << 20,
+		captureSize: 8 << 20,
+		captureDir:  t.TempDir(),
+		reps:        1,
+		readers:     []int{1, 8, 64},
+		tombstones:  20,
+		running:     10,
+		out:         t.TempDir(),
+		sections:    map[string]bool{"throughput": true, "capture": true, "tombstone": true, "running": true},
+		cmdline:     "bench -size 8M -reps 1",
+		stdout:      &out,
+		progress:    io.Discard,
 	}
 	if testing.Verbose() {
 		cfg.progress = os.Stderr
@@ -39,6 +41,8 @@ func TestRun(t *testing.T) {
 	for _, want := range []string{
 		"| raw | ", "| raw, 1 MiB pipe | ", "| engine, no reader | ", "| engine, 64 readers | ",
 		"throughput, engine, no reader / raw |", "workload time, 64 readers / no reader |",
+		"| child > file | ", "| engine + capture | ", "| engine, no capture | ",
+		"16 KiB chunks: engine + capture / child > file |",
 		"heap per tombstone", "heap per idle running process", "goroutine stacks per process",
 	} {
 		if !strings.Contains(report, want) {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"time"
 )
 
 // The writing child is this binary re-executed with these variables set, so
@@ -12,8 +13,35 @@ const (
 	childEnv   = "SANDKILN_BENCH_CHILD"
 	childWrite = "write"
 	bytesEnv   = "SANDKILN_BENCH_BYTES"
-	writeSize  = 64 << 10 // bytes per write call
+	writeEnv   = "SANDKILN_BENCH_WRITE" // bytes per write call (default writeSize)
+	lineEnv    = "SANDKILN_BENCH_LINE"  // bytes per line, newline included (default: no newlines)
+	stampEnv   = "SANDKILN_BENCH_STAMP" // a file to write the child's start time to (Unix ns)
+	writeSize  = 64 << 10
 )
+
+// shape is what the child writes: write-sized calls of line-sized lines.
+type shape struct {
+	name  string
+	write int // bytes per write call
+	line  int // bytes per line, newline included; 0: no newlines
+}
+
+// bytes is the child's total for a requested size: whole writes of whole
+// lines.
+func (s shape) bytes(size int64) int64 {
+	if s.line > 0 {
+		return size / int64(s.line) * int64(s.line)
+	}
+	return size
+}
+
+func (s shape) environ(size int64, stamp string) []string {
+	env := append(childEnviron(s.bytes(size)), writeEnv+"="+strconv.Itoa(s.write), lineEnv+"="+strconv.Itoa(s.line))
+	if stamp != "" {
+		env = append(env, stampEnv+"="+stamp)
+	}
+	return env
+}
 
 func isChild() bool { return os.Getenv(childEnv) != "" }
 
@@ -36,9 +64,32 @@ func childMain() int {
 		fmt.Fprintf(os.Stderr, "bench child: %s=%q: not a byte count\n", bytesEnv, os.Getenv(bytesEnv))
 		return 2
 	}
-	buf := make([]byte, writeSize)
+	write, line := writeSize, 0
+	if v := os.Getenv(writeEnv); v != "" {
+		write, err = strconv.Atoi(v)
+	}
+	if v := os.Getenv(lineEnv); v != "" && err == nil {
+		line, err = strconv.Atoi(v)
+	}
+	if err != nil || write < 1 || line < 0 || line > write {
+		fmt.Fprintf(os.Stderr, "bench child: %s=%q, %s=%q: want 1 ≤ line ≤ write\n", writeEnv, os.Getenv(writeEnv), lineEnv, os.Getenv(lineEnv))
+		return 2
+	}
+	if path := os.Getenv(stampEnv); path != "" {
+		if err := os.WriteFile(path, strconv.AppendInt(nil, time.Now().UnixNano(), 10), 0o600); err != nil {
+			fmt.Fprintf(os.Stderr, "bench child: %v\n", err)
+			return 1
+		}
+	}
+	if line > 0 {
+		write = write / line * line
+	}
+	buf := make([]byte, write)
 	for i := range buf {
 		buf[i] = byte('a' + i%26)
+		if line > 0 && i%line == line-1 {
+			buf[i] = '\n'
+		}
 	}
 	for size > 0 {
 		n := min(size, int64(len(buf)))

@@ -10,20 +10,22 @@ import (
 
 // config is one benchmark run's settings.
 type config struct {
-	size       int64 // bytes the child writes per throughput run
-	reps       int
-	readers    []int // reader counts of the engine cases
-	tombstones int
-	running    int
-	out        string // report directory; empty writes no file
-	sections   map[string]bool
-	cpuprofile string
-	cmdline    string    // as printed in the report
-	stdout     io.Writer // the report
-	progress   io.Writer // one line per measurement while it runs
+	size        int64  // bytes the child writes per throughput run
+	captureSize int64  // bytes the child writes per capture run
+	captureDir  string // where the capture cases write their logs
+	reps        int
+	readers     []int // reader counts of the engine cases
+	tombstones  int
+	running     int
+	out         string // report directory; empty writes no file
+	sections    map[string]bool
+	cpuprofile  string
+	cmdline     string    // as printed in the report
+	stdout      io.Writer // the report
+	progress    io.Writer // one line per measurement while it runs
 }
 
-var allSections = []string{"throughput", "tombstone", "running"}
+var allSections = []string{"throughput", "capture", "tombstone", "running"}
 
 func (c config) has(section string) bool { return c.sections[section] }
 
@@ -31,6 +33,8 @@ func (c config) validate() error {
 	switch {
 	case c.size <= 0:
 		return fmt.Errorf("size %d: must be positive", c.size)
+	case c.captureSize <= 0:
+		return fmt.Errorf("capture size %d: must be positive", c.captureSize)
 	case c.reps < 1:
 		return fmt.Errorf("reps %d: must be at least 1", c.reps)
 	case c.tombstones < 1:

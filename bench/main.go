@@ -41,12 +41,14 @@ func main() {
 func parseFlags(args []string) (config, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	size := fs.String("size", "2G", "bytes the child writes per throughput run (suffixes K, M, G, T: powers of 1024)")
+	captureSize := fs.String("capture-size", "1G", "bytes the child writes per capture run")
+	captureDir := fs.String("capture-dir", os.TempDir(), "directory on the file system to capture to")
 	reps := fs.Int("reps", 3, "repetitions of every throughput case, interleaved")
 	readers := fs.String("readers", "1,8,64", "comma-separated reader counts for the engine cases")
 	tombs := fs.Int("tombstones", 2000, "finished processes for the tombstone memory figure")
 	running := fs.Int("running", 200, "idle running processes for the per-process memory figure")
 	out := fs.String("out", "", "also write the report to DIR/<date>-engine.md")
-	only := fs.String("only", "", "comma-separated sections to run: throughput, tombstone, running (default all)")
+	only := fs.String("only", "", "comma-separated sections to run: "+strings.Join(allSections, ", ")+" (default all)")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of this process to FILE")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
@@ -60,12 +62,16 @@ func parseFlags(args []string) (config, error) {
 		running:    *running,
 		out:        *out,
 		cpuprofile: *cpuprofile,
+		captureDir: *captureDir,
 		cmdline:    strings.Join(append([]string{filepath.Base(os.Args[0])}, args...), " "),
 		stdout:     os.Stdout,
 		progress:   os.Stderr,
 	}
 	var err error
 	if cfg.size, err = parseSize(*size); err != nil {
+		return config{}, err
+	}
+	if cfg.captureSize, err = parseSize(*captureSize); err != nil {
 		return config{}, err
 	}
 	if cfg.readers, err = parseCounts(*readers); err != nil {

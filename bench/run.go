@@ -15,6 +15,7 @@ type results struct {
 	started    time.Time
 	elapsed    time.Duration
 	throughput *throughputResult
+	capture    *captureResult
 	tombstones *tombstoneResult
 	running    *runningResult
 }
@@ -44,6 +45,15 @@ func run(ctx context.Context, cfg config) (err error) {
 		}
 		if res.throughput, err = measureThroughput(ctx, cfg, exe); err != nil {
 			return fmt.Errorf("throughput: %w", err)
+		}
+	}
+	if cfg.has("capture") {
+		exe, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("find this binary to re-execute as the child: %w", err)
+		}
+		if res.capture, err = measureCapture(ctx, cfg, exe); err != nil {
+			return fmt.Errorf("capture: %w", err)
 		}
 	}
 	if cfg.has("tombstone") {
