@@ -145,7 +145,7 @@ func (r *Reader) Next(ctx context.Context) (Entry, error) {
 				next.f.Close()
 				continue
 			}
-			r.torn(false)
+			r.torn()
 			r.switchTo(next)
 			if gap != 0 {
 				if gap > 0 {
@@ -159,7 +159,7 @@ func (r *Reader) Next(ctx context.Context) (Entry, error) {
 			continue
 		}
 		if !r.opt.Follow {
-			r.torn(true)
+			r.torn()
 			return Entry{}, io.EOF
 		}
 		if err := r.wait(ctx); err != nil {
@@ -179,17 +179,14 @@ func (r *Reader) wait(ctx context.Context) error {
 	}
 }
 
-// torn counts a last line without its newline and drops it. At the end
-// of the log (final) that is the line a writer was cut off in, or is still
-// writing, and the run says so by having no end; inside the log it is
-// damage to the run.
-func (r *Reader) torn(final bool) {
+// torn counts a last line without its newline and drops it: the line a
+// writer was killed in (the writer never writes past it, it moves to a new
+// file), or at the end of the log one it is still writing. Either way the
+// run says so by having no end.
+func (r *Reader) torn() {
 	r.stats.Bytes += int64(r.w - r.r)
 	if r.w > r.r || r.skipEOL {
 		r.stats.Torn++
-		if !final {
-			r.runs.damaged()
-		}
 	}
 	r.r, r.w, r.skipEOL = 0, 0, false
 }
@@ -337,9 +334,11 @@ func (r *Reader) newer() (*logFile, int64, error) {
 		// An active file without a header, archived since: its name now
 		// says where it stands.
 		seq, err := r.archivedAs()
-		if err != nil || seq == 0 {
+		if err != nil {
 			return nil, 0, err
 		}
+		// Pruned already (seq 0): go on from the oldest file left, with a
+		// gap of unknown size.
 		r.seq = seq
 	}
 	return r.after(r.seq)
@@ -398,6 +397,9 @@ func (r *Reader) after(seq int64) (*logFile, int64, error) {
 		}
 		if lf == nil && err == nil {
 			lf, err = r.openFile(ActiveName)
+			if errors.Is(err, unix.ENOENT) {
+				return nil, 0, nil // between the steps of a rotation: look again later
+			}
 			if err == nil && lf.seq <= seq {
 				// Not rotated yet (or the rotation is half done).
 				lf.f.Close()

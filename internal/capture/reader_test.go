@@ -210,9 +210,37 @@ func TestBeginSyncedThenKilledBeforeStart(t *testing.T) {
 	}
 }
 
+// TestKilledDuringCapture: a writer killed mid-run leaves what it wrote,
+// and the run reads as interrupted, never as complete.
+func TestKilledDuringCapture(t *testing.T) {
+	_, path := testDir(t)
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), helperEnv+"="+path, helperOutputEnv+"=written before the kill\n")
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+		t.Fatalf("helper: %v, want killed by SIGKILL", err)
+	}
+	d, err := OpenDir(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	l := readLog(t, d)
+	if got := string(payload(l, LogStdout)); got != "written before the kill\n" {
+		t.Errorf("stdout %q", got)
+	}
+	if len(l.Runs) != 1 || l.Runs[0].State != Interrupted {
+		t.Fatalf("runs %+v, want one interrupted", l.Runs)
+	}
+}
+
 // helperEnv makes the test binary begin a run in the directory it names and
-// kill itself.
-const helperEnv = "SANDKILN_CAPTURE_BEGIN_AND_DIE"
+// kill itself; with helperOutputEnv, once that output is in the log.
+const (
+	helperEnv       = "SANDKILN_CAPTURE_BEGIN_AND_DIE"
+	helperOutputEnv = "SANDKILN_CAPTURE_OUTPUT"
+)
 
 func beginAndDie(path string) {
 	d, err := OpenDir(path)
@@ -220,15 +248,33 @@ func beginAndDie(path string) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
-	if _, err := Begin(d, newRunID(), Options{}); err != nil {
+	out := os.Getenv(helperOutputEnv)
+	w, err := Begin(d, newRunID(), Options{})
+	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
+	}
+	if out != "" {
+		newFeeder(w).write(ring.Stdout, []byte(out))
+		// Die once the writer has written it: wait for it in the file.
+		deadline := time.Now().Add(testTimeout)
+		for {
+			b, _ := os.ReadFile(filepath.Join(path, ActiveName))
+			if bytes.Contains(b, []byte(out)) {
+				break
+			}
+			if time.Now().After(deadline) {
+				fmt.Fprintln(os.Stderr, "the output never reached the log")
+				os.Exit(3)
+			}
+			time.Sleep(time.Millisecond)
+		}
 	}
 	syscall.Kill(os.Getpid(), syscall.SIGKILL)
 	select {}
 }
 
-func TestTornTailOfAKilledWriterIsSealed(t *testing.T) {
+func TestTornTailOfAKilledWriterIsSetAside(t *testing.T) {
 	d, path := testDir(t)
 	w := begin(t, d, Options{})
 	f := newFeeder(w)
@@ -250,7 +296,7 @@ func TestTornTailOfAKilledWriterIsSealed(t *testing.T) {
 	f3.write(ring.Stdout, []byte("third run\n"))
 	f3.end(t)
 	l := readLog(t, d)
-	want := []string{first + " lossless", w2.Run() + " corrupted", w3.Run() + " lossless"}
+	want := []string{first + " lossless", w2.Run() + " interrupted", w3.Run() + " lossless"}
 	var got []string
 	for _, r := range l.Runs {
 		got = append(got, r.ID+" "+r.State.String())
@@ -258,8 +304,12 @@ func TestTornTailOfAKilledWriterIsSealed(t *testing.T) {
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("runs (-want +got):\n%s", diff)
 	}
-	if l.Stats.Corrupt != 1 {
-		t.Errorf("corrupt lines %d, want 1", l.Stats.Corrupt)
+	if l.Stats.Corrupt != 0 || l.Stats.Torn != 1 {
+		t.Errorf("stats %+v, want one torn line and nothing corrupt", l.Stats)
+	}
+	// The torn line stays at the end of an archive, untouched.
+	if b, err := os.ReadFile(filepath.Join(path, archiveName(1))); err != nil || !bytes.HasSuffix(b, []byte("2026-01-01T00:00:0")) {
+		t.Errorf("archive 1 does not end with the torn line: %v", err)
 	}
 	if got := string(payload(l, LogStdout)); got != "first run\nthird run\n" {
 		t.Errorf("stdout %q", got)
@@ -319,6 +369,8 @@ func TestClassification(t *testing.T) {
 		{"interrupted", []string{begin(a), data}, []string{"interrupted"}},
 		{"retention loss", []string{data, end(a, 0, 0)}, []string{"retention-loss"}},
 		{"retention loss, drop seen", []string{data, drop(a, 3), data, end(a, 3, 0)}, []string{"retention-loss"}},
+		{"retention loss, drop first", []string{drop(a, 3), data, end(a, 3, 0)}, []string{"retention-loss"}},
+		{"retention loss, end first", []string{end(a, 0, 0), begin(b), end(b, 0, 0)}, []string{"retention-loss", "lossless"}},
 		{"unknown", []string{data, data}, []string{"unknown"}},
 		{"unknown then a run", []string{data, begin(a), end(a, 0, 0)}, []string{"unknown", "lossless"}},
 		{"two runs", []string{begin(a), end(a, 0, 0), begin(b), data, end(b, 0, 0)}, []string{"lossless", "lossless"}},

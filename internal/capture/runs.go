@@ -177,11 +177,8 @@ func (c *Classifier) meta(m Meta) {
 	case eventEnd:
 		r := c.claim(m.Run)
 		if r == nil {
-			if c.cur != nil || c.began || c.byID[m.Run] != nil {
-				c.misplaced(m, "an end record outside its run")
-				return
-			}
-			r = c.add(m.Run) // an end alone at the start of the log
+			c.misplaced(m, "an end record outside its run")
+			return
 		}
 		r.ended = true
 		r.Dropped = [NumLogStreams]int64{m.Dropped.Stdout, m.Dropped.Stderr}
@@ -220,6 +217,11 @@ func (c *Classifier) claim(id string) *Run {
 	case r == nil && !c.began && named != nil && named.Missed && named.begun && !named.ended:
 		c.cur = named
 		return named
+	case r == nil && !c.began && named == nil:
+		// Metadata of a run whose begin rotation removed, before any of
+		// its output: the start of that run.
+		c.cur = c.add(id)
+		return c.cur
 	}
 	return nil
 }

@@ -37,6 +37,7 @@ type Options struct {
 	// stall the writer.
 	beforeWrite func()
 	beforeLoop  func()
+	retry       time.Duration // retryEvery, for tests
 }
 
 // Defaults for Options.
@@ -214,7 +215,14 @@ func (w *Writer) openActive() error {
 	h, size, herr := readHeader(f)
 	if herr == nil && h.Seq > last {
 		w.f, w.seq, w.offset, w.size = f, h.Seq, h.Offset, size
-		return w.terminate()
+		torn, err := w.tornTail()
+		if err != nil || !torn {
+			return err
+		}
+		// A writer was killed inside a record. Leave that file as it is,
+		// an archive ending in a torn line the reader counts, and start
+		// the next: appending to it would make the torn record look whole.
+		return w.rotate()
 	}
 	f.Close()
 	if herr == nil && h.Seq == last {
@@ -230,22 +238,16 @@ func (w *Writer) openActive() error {
 	return w.create(last + 2)
 }
 
-// terminate ends a torn last line that a killed writer left behind, so the
-// records appended after it stay whole.
-func (w *Writer) terminate() error {
+// tornTail reports whether the active file ends inside a record.
+func (w *Writer) tornTail() (bool, error) {
 	if w.size == 0 {
-		return nil
+		return false, nil
 	}
 	var b [1]byte
 	if _, err := w.f.ReadAt(b[:], w.size-1); err != nil {
-		return err
+		return false, err
 	}
-	if b[0] == '\n' {
-		return nil
-	}
-	n, err := w.f.Write([]byte{'\n'})
-	w.size += int64(n)
-	return err
+	return b[0] != '\n', nil
 }
 
 // create makes file seq the active file: it is built under a temporary
@@ -261,6 +263,9 @@ func (w *Writer) create(seq int64) error {
 			return err
 		}
 	}
+	if w.stoppedNow() {
+		return ErrStopped
+	}
 	f, err := w.dir.openAs(tempName, ActiveName, unix.O_RDWR|unix.O_APPEND|unix.O_CREAT|unix.O_EXCL, 0o600)
 	if err != nil {
 		return err
@@ -271,6 +276,11 @@ func (w *Writer) create(seq int64) error {
 		f.Close()
 		w.dir.remove(tempName)
 		return err
+	}
+	if w.stoppedNow() {
+		f.Close()
+		w.dir.remove(tempName)
+		return ErrStopped
 	}
 	if err := w.dir.rename(tempName, ActiveName); err != nil {
 		f.Close()
@@ -338,6 +348,9 @@ func readHeader(f *os.File) (Meta, int64, error) {
 // prune removes the oldest archives beyond the count kept.
 func (w *Writer) prune() error {
 	for len(w.archives) > w.opt.MaxFiles-1 {
+		if w.stoppedNow() {
+			return ErrStopped
+		}
 		if err := w.dir.remove(archiveName(w.archives[0])); err != nil {
 			return err
 		}
@@ -591,7 +604,10 @@ func (w *Writer) emit(s LogStream, partial bool, a, b []byte) {
 		return
 	}
 	h := w.hdr[s][boolInt(partial)]
-	w.room(len(h) + n + 1)
+	if !w.room(len(h) + n + 1) {
+		w.lose(s, int64(n)+boolInt(!partial))
+		return
+	}
 	w.out = append(w.out, h...)
 	w.out = append(w.out, a...)
 	w.out = append(w.out, b...)
@@ -607,8 +623,9 @@ func (w *Writer) emitMeta(m Meta) {
 		return
 	}
 	rec := appendMeta(nil, w.ts, m)
-	w.room(len(rec))
-	w.out = append(w.out, rec...)
+	if w.room(len(rec)) {
+		w.out = append(w.out, rec...)
+	}
 }
 
 func boolInt(b bool) int64 {
@@ -619,18 +636,28 @@ func boolInt(b bool) int64 {
 }
 
 // room rotates first if a record of n bytes would take the active file
-// past its size. A file holds at least one record beyond its header.
-func (w *Writer) room(n int) {
-	if w.failed || w.size+int64(len(w.out)+n) <= w.opt.MaxSize {
-		return
+// past its size. A file holds at least one record beyond its header. It
+// reports false when the writer failed on the way: the record must then be
+// counted, not gathered.
+func (w *Writer) room(n int) bool {
+	if w.failed {
+		return false
+	}
+	if w.size+int64(len(w.out)+n) <= w.opt.MaxSize {
+		return true
 	}
 	w.flush()
-	if w.failed || w.size <= w.headerSize() {
-		return
+	if w.failed {
+		return false
+	}
+	if w.size <= w.headerSize() {
+		return true
 	}
 	if err := w.rotate(); err != nil {
 		w.failWrite(err)
+		return false
 	}
+	return true
 }
 
 func (w *Writer) headerSize() int64 {
@@ -644,13 +671,19 @@ func (w *Writer) rotate() error {
 	if w.stoppedNow() {
 		return ErrStopped
 	}
-	if err := w.dir.link(ActiveName, archiveName(w.seq)); err != nil {
+	seq := w.seq
+	if err := w.dir.link(ActiveName, archiveName(seq)); err != nil {
 		return err
 	}
-	w.archives = append(w.archives, w.seq)
-	if err := w.create(w.seq + 1); err != nil {
+	if err := w.create(seq + 1); err != nil {
+		// The active file stays active: take its second name back, so
+		// that a later rotation can make it again.
+		if !errors.Is(err, ErrStopped) {
+			w.dir.remove(archiveName(seq))
+		}
 		return err
 	}
+	w.archives = append(w.archives, seq)
 	return w.prune()
 }
 
@@ -680,7 +713,15 @@ func (w *Writer) writeOut() error {
 	if err != nil {
 		if n > 0 {
 			if terr := f.Truncate(w.size); terr != nil {
+				// The part that was written stays, cut inside a record:
+				// the reader will count that line as corrupt. Its payload
+				// is counted as lost with the rest of the batch, an
+				// overcount of at most this batch, and the size is taken
+				// from the file so later offsets stay right.
 				err = errors.Join(err, terr)
+				if st, serr := f.Stat(); serr == nil {
+					w.size = st.Size()
+				}
 			}
 		}
 		return err
@@ -696,7 +737,7 @@ func (w *Writer) writeOut() error {
 func (w *Writer) failWrite(err error) {
 	w.fail(err)
 	w.failed = true
-	w.retryAt = time.Now().Add(retryEvery)
+	w.retryAt = time.Now().Add(w.retryEvery())
 	w.discard()
 	w.release()
 }
@@ -723,7 +764,7 @@ func (w *Writer) recovered() bool {
 	if w.stoppedNow() || time.Now().Before(w.retryAt) {
 		return false
 	}
-	w.retryAt = time.Now().Add(retryEvery)
+	w.retryAt = time.Now().Add(w.retryEvery())
 	if w.reserve() != nil {
 		return false
 	}
@@ -738,6 +779,13 @@ func (w *Writer) sayLost() {
 		w.emitMeta(Meta{Run: w.run, Event: eventDrop, Stdout: w.unsaid[LogStdout], Stderr: w.unsaid[LogStderr]})
 		w.unsaid = [NumLogStreams]int64{}
 	}
+}
+
+func (w *Writer) retryEvery() time.Duration {
+	if w.opt.retry > 0 {
+		return w.opt.retry
+	}
+	return retryEvery
 }
 
 // pause waits, while the writer cannot write, until it is time to try
