@@ -10,3 +10,5 @@ require (
 	golang.org/x/sys v0.50.0
 	pgregory.net/rapid v1.3.0
 )
+
+require github.com/coder/websocket v1.8.15

@@ -68,6 +68,41 @@ func NewDir(f *os.File) (*Dir, error) {
 	return &Dir{f: f}, nil
 }
 
+// Sub makes (if needed) and opens the subdirectory name, one path
+// component, without following a symbolic link: each captured process of a
+// sandbox gets one under the sandbox's logs directory.
+func (d *Dir) Sub(name string) (*Dir, error) {
+	if err := checkName(name); err != nil {
+		return nil, err
+	}
+	err := unix.Mkdirat(d.fd(), name, 0o700)
+	runtime.KeepAlive(d)
+	if err != nil && !errors.Is(err, unix.EEXIST) {
+		return nil, d.wrap("mkdir", name, err)
+	}
+	return d.OpenSub(name)
+}
+
+func checkName(name string) error {
+	if name == "" || name == "." || name == ".." || strings.ContainsAny(name, "/\x00") {
+		return fmt.Errorf("capture: %q is not a directory name", name)
+	}
+	return nil
+}
+
+// OpenSub opens the existing subdirectory name, for reading.
+func (d *Dir) OpenSub(name string) (*Dir, error) {
+	if err := checkName(name); err != nil {
+		return nil, err
+	}
+	fd, err := unix.Openat(d.fd(), name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	runtime.KeepAlive(d)
+	if err != nil {
+		return nil, d.wrap("open", name, err)
+	}
+	return &Dir{f: os.NewFile(uintptr(fd), d.f.Name()+"/"+name)}, nil
+}
+
 // Close closes the directory handle. Writers and readers opened from the
 // directory keep working: they hold handles of their own.
 func (d *Dir) Close() error { return d.f.Close() }

@@ -76,6 +76,14 @@ type Spec struct {
 	// the end record, for at most CaptureTimeout. If the process fails to
 	// start, the run is ended at once.
 	Capture *capture.Writer
+	// Begin, when set (and Capture is not), is called with the process's
+	// id before anything runs, to begin its capture; an error fails the
+	// start.
+	Begin func(id string) (*capture.Writer, error)
+	// Isolate, when set, adjusts the start's process attributes after the
+	// engine set its own (process group, terminal): a sandbox adds its
+	// user namespace there.
+	Isolate func(*syscall.SysProcAttr)
 }
 
 // Exit is how a process ended, as observed by waiting for it: a code, or
@@ -108,7 +116,10 @@ type Status struct {
 	State  State
 	Exit   *Exit // set only once observed
 	Totals ring.Offsets
-	Ended  [ring.NumStreams]bool // which streams reached their end
+	// First is, per stream, the oldest offset still retained: a reader
+	// attaching from below it is told of a gap.
+	First ring.Offsets
+	Ended [ring.NumStreams]bool // which streams reached their end
 	// Dropped counts bytes the capture sink could not take, per stream.
 	Dropped ring.Offsets
 	// Capture is the log writer's outcome, once the drain has finished
@@ -170,6 +181,13 @@ func Start(id string, spec Spec) (*Process, error) {
 }
 
 func start(id string, spec Spec, drainFor time.Duration, onDone func()) (*Process, error) {
+	if spec.Begin != nil && spec.Capture == nil {
+		w, err := spec.Begin(id)
+		if err != nil {
+			return nil, fmt.Errorf("%w: capture: %v", ErrStart, err)
+		}
+		spec.Capture = w
+	}
 	p, err := startProcess(id, spec, drainFor, onDone)
 	if err != nil && spec.Capture != nil {
 		// Nothing ran: end the run, empty, so it does not read as cut.
@@ -264,6 +282,9 @@ func startProcess(id string, spec Spec, drainFor time.Duration, onDone func()) (
 		}
 	}
 	p.ring = ring.New(ring.Config{Capacity: spec.RingBytes, Streams: streams})
+	if spec.Isolate != nil {
+		spec.Isolate(cmd.SysProcAttr)
+	}
 
 	err = cmd.Start()
 	closeAll(childEnds)
@@ -594,6 +615,7 @@ func (p *Process) Status() Status {
 		PID:       p.cmd.Process.Pid,
 		State:     Running,
 		Totals:    totals,
+		First:     p.ring.First(),
 		Ended:     ended,
 		Streams:   p.ring.Streams(),
 		Terminal:  p.terminal,

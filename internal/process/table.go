@@ -120,7 +120,8 @@ func (t *Table) Start(spec Spec) (string, error) {
 func parseID(id string) (uuid.UUID, error) {
 	u, err := uuid.Parse(id)
 	if err != nil || len(id) != 36 {
-		return uuid.UUID{}, fmt.Errorf("%w: process id %q", ErrInvalid, id)
+		// No process can have this id: as not found as an unknown one.
+		return uuid.UUID{}, fmt.Errorf("%w: %q is not a process id", ErrNotFound, clip(id, 64))
 	}
 	return u, nil
 }
@@ -358,6 +359,7 @@ func (ts *tombstone) status() Status {
 		State:     Exited,
 		Exit:      &e,
 		Totals:    ts.totals,
+		First:     ts.totals,
 		Dropped:   ts.dropped,
 		Terminal:  ts.terminal,
 		StartedAt: time.Unix(0, ts.started),

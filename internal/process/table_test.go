@@ -120,8 +120,8 @@ func TestBadIDs(t *testing.T) {
 	tb := NewTable(TableConfig{})
 	defer tb.Shutdown(context.Background())
 	for _, id := range []string{"", "../../etc/passwd", "0192e4a0-0000-7000-8000-00000000000g", "{0192e4a0-0000-7000-8000-000000000000}"} {
-		if _, err := tb.Status(id); !errors.Is(err, ErrInvalid) {
-			t.Errorf("id %q: %v, want invalid", id, err)
+		if _, err := tb.Status(id); !errors.Is(err, ErrNotFound) {
+			t.Errorf("id %q: %v, want not found", id, err)
 		}
 	}
 	if _, err := tb.Status("0192e4a0-0000-7000-8000-000000000000"); !errors.Is(err, ErrNotFound) {

@@ -350,6 +350,14 @@ func (r *Ring) Totals() (Offsets, [NumStreams]bool) {
 	return r.written, r.closed
 }
 
+// First returns, per stream, the offset of the oldest byte still retained
+// (the total when nothing of the stream is).
+func (r *Ring) First() Offsets {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.evicted
+}
+
 // Retained is the number of bytes the ring holds now.
 func (r *Ring) Retained() int {
 	r.mu.RLock()

@@ -1,0 +1,303 @@
+// Package api holds the wire types that kilnd, the in-sandbox agent and clients share: JSON bodies, error codes and the kiln.v1 WebSocket frames.
+package api
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// ExecRequest starts a process: POST /exec (finite) or POST /exec-stream
+// (detached).
+type ExecRequest struct {
+	// Command is the program, looked up in the sandbox's PATH; Args follow
+	// it. No shell is involved unless Command is one.
+	Command string   `json:"command"`
+	Args    []string `json:"args,omitempty"`
+	// Env is added to the sandbox's default environment.
+	Env map[string]string `json:"env,omitempty"`
+	// Cwd is the working directory; empty is the sandbox's default.
+	Cwd string `json:"cwd,omitempty"`
+	// Stdin is "pipe" (write with POST …/stdin) or "closed" (the default).
+	Stdin string `json:"stdin,omitempty"`
+	// TTY runs the process on a terminal of that size: one combined output
+	// stream ("terminal"), input through the terminal.
+	TTY *TTY `json:"tty,omitempty"`
+	// Capture keeps the output durably in the sandbox's captured logs.
+	Capture bool `json:"capture,omitempty"`
+
+	// Finite exec only. MaxOutputBytes bounds the output kept, both streams
+	// together (default and ceiling DefaultMaxOutput); bytes beyond it are
+	// counted. TimeoutMS kills the process after that long (0: none).
+	MaxOutputBytes int64 `json:"max_output_bytes,omitempty"`
+	TimeoutMS      int64 `json:"timeout_ms,omitempty"`
+}
+
+// TTY is a terminal's size.
+type TTY struct {
+	Cols uint16 `json:"cols"`
+	Rows uint16 `json:"rows"`
+}
+
+// Stdin modes.
+const (
+	StdinPipe   = "pipe"
+	StdinClosed = "closed"
+)
+
+// DefaultMaxOutput is the default and the ceiling of ExecRequest.MaxOutputBytes.
+const DefaultMaxOutput = 1 << 20
+
+// Bounds on a request, enforced by the agent and by kilnd.
+const (
+	MaxBody     = 1 << 20   // bytes of a JSON request body
+	MaxArgs     = 4096      // command plus arguments
+	MaxEnv      = 1024      // environment entries
+	MaxArgvEnv  = 256 << 10 // bytes of command, arguments and environment together
+	MaxStdin    = 64 << 10  // bytes of one stdin write
+	MaxTTYSize  = 4096      // columns or rows
+	MaxWSClient = 64 << 10  // bytes of one WebSocket message from a client
+)
+
+// Started answers POST /exec-stream.
+type Started struct {
+	ID string `json:"id"`
+}
+
+// ExecResult answers POST /exec.
+type ExecResult struct {
+	Exit
+	// Stdout and Stderr are the output kept, as text; where it is not
+	// valid UTF-8, the exact bytes are in StdoutBase64 / StderrBase64 and
+	// the text has replacement characters.
+	Stdout       string `json:"stdout"`
+	Stderr       string `json:"stderr"`
+	StdoutBase64 string `json:"stdout_base64,omitempty"`
+	StderrBase64 string `json:"stderr_base64,omitempty"`
+	// Truncated is set when output beyond MaxOutputBytes was not kept, or
+	// was lost before it could be read; the totals say how much there was.
+	Truncated   bool  `json:"truncated"`
+	StdoutBytes int64 `json:"stdout_bytes"`
+	StderrBytes int64 `json:"stderr_bytes"`
+	// TimedOut is set when the process was killed at TimeoutMS.
+	TimedOut bool `json:"timed_out,omitempty"`
+}
+
+// Exit is how a process ended: an exit code, or the signal that killed it.
+// Neither is set while the exit is not known.
+type Exit struct {
+	ExitCode *int   `json:"exit_code,omitempty"`
+	Signal   string `json:"signal,omitempty"`
+}
+
+// String is the seed's closing line: "process exited with code N".
+func (e Exit) String() string {
+	switch {
+	case e.ExitCode != nil:
+		return fmt.Sprintf("process exited with code %d", *e.ExitCode)
+	case e.Signal != "":
+		return "process killed by signal " + e.Signal
+	}
+	return "process exit unknown"
+}
+
+// Process states.
+const (
+	StateRunning = "running"
+	StateExited  = "exited"
+)
+
+// Process describes one process without its output.
+type Process struct {
+	ID       string   `json:"id"`
+	Command  string   `json:"command"`
+	Args     []string `json:"args,omitempty"`
+	State    string   `json:"state"`
+	Exit              // once observed
+	PID      int      `json:"pid,omitempty"`
+	Terminal bool     `json:"terminal,omitempty"`
+	// Streams are the process's output streams with their totals.
+	Streams   map[string]StreamStatus `json:"streams"`
+	Stdin     *StdinStatus            `json:"stdin,omitempty"`
+	StartedAt time.Time               `json:"started_at"`
+	ExitedAt  *time.Time              `json:"exited_at,omitempty"`
+}
+
+// StreamStatus is one output stream's position.
+type StreamStatus struct {
+	// TotalBytes is how many bytes the stream has produced.
+	TotalBytes int64 `json:"total_bytes"`
+	// Ended is set once the stream reached its end.
+	Ended bool `json:"ended"`
+	// CaptureDropped counts bytes the durable log could not take.
+	CaptureDropped int64 `json:"capture_dropped,omitempty"`
+}
+
+// StdinStatus is a stdin pipe's position: bytes accepted (the offset the
+// next write must carry) and delivered to the process.
+type StdinStatus struct {
+	Accepted  int64 `json:"accepted"`
+	Delivered int64 `json:"delivered"`
+	Closed    bool  `json:"closed"`
+	Broken    bool  `json:"broken,omitempty"`
+}
+
+// StdinAccepted answers POST …/stdin: the stdin offset after the write.
+type StdinAccepted struct {
+	Accepted int64 `json:"accepted"`
+}
+
+// SignalRequest is the body of POST …/signal. Signal is a name ("TERM",
+// "SIGTERM") or a number ("15"). Group, by default true, signals the
+// process's whole group.
+type SignalRequest struct {
+	Signal string `json:"signal"`
+	Group  *bool  `json:"group,omitempty"`
+}
+
+// ResizeRequest is the body of POST …/resize.
+type ResizeRequest = TTY
+
+// Error is every error response's body.
+type Error struct {
+	Error ErrorBody `json:"error"`
+}
+
+// ErrorBody says what went wrong: a code from the list below and a message
+// for people.
+type ErrorBody struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// Error codes, each with one HTTP status.
+const (
+	CodeInvalid      = "invalid_argument"    // 400
+	CodeUnauthorized = "unauthenticated"     // 401
+	CodeForbidden    = "permission_denied"   // 403
+	CodeNotFound     = "not_found"           // 404
+	CodeMethod       = "method_not_allowed"  // 405
+	CodeConflict     = "already_exists"      // 409
+	CodeTooLarge     = "too_large"           // 413
+	CodeOutOfRange   = "out_of_range"        // 416
+	CodePrecondition = "failed_precondition" // 412
+	CodeUnavailable  = "unavailable"         // 503
+	CodeInternal     = "internal"            // 500
+)
+
+// WebSocket subprotocols of GET …/logs.
+const (
+	// ProtocolV1 frames every message (see Frame and the control types).
+	ProtocolV1 = "kiln.v1"
+	// ProtocolRaw is the plain shape: binary messages of raw output, then
+	// one text line with the exit. It is what a client offering no
+	// subprotocol gets too.
+	ProtocolRaw = "kiln.raw"
+	// TokenProtocolPrefix carries the bearer token for clients that cannot
+	// set headers: offer "kiln.token.<token>" beside the protocol wanted.
+	TokenProtocolPrefix = "kiln.token."
+)
+
+// Stream codes in kiln.v1 binary frames.
+const (
+	StreamStdout   byte = 1
+	StreamStderr   byte = 2
+	StreamTerminal byte = 3
+)
+
+// StreamNames name the streams in JSON and query parameters, by code.
+var StreamNames = map[byte]string{StreamStdout: "stdout", StreamStderr: "stderr", StreamTerminal: "terminal"}
+
+// FrameHeader is the size of a kiln.v1 binary frame's header: the stream
+// code, then the offset and the seq, each 8 bytes, unsigned big-endian.
+const FrameHeader = 17
+
+// Frame is one kiln.v1 binary message: output of one stream at an offset.
+type Frame struct {
+	Stream byte
+	Offset uint64
+	Seq    uint64
+	Data   []byte
+}
+
+// AppendFrame appends f in the kiln.v1 binary layout.
+func AppendFrame(dst []byte, f Frame) []byte {
+	dst = append(dst, f.Stream)
+	dst = binary.BigEndian.AppendUint64(dst, f.Offset)
+	dst = binary.BigEndian.AppendUint64(dst, f.Seq)
+	return append(dst, f.Data...)
+}
+
+// ErrFrame reports a binary message that is not a kiln.v1 frame.
+var ErrFrame = errors.New("api: malformed kiln.v1 frame")
+
+// ParseFrame reads a kiln.v1 binary message; Data aliases b.
+func ParseFrame(b []byte) (Frame, error) {
+	if len(b) < FrameHeader {
+		return Frame{}, fmt.Errorf("%w: %d bytes, shorter than the %d-byte header", ErrFrame, len(b), FrameHeader)
+	}
+	if _, ok := StreamNames[b[0]]; !ok {
+		return Frame{}, fmt.Errorf("%w: unknown stream %d", ErrFrame, b[0])
+	}
+	return Frame{
+		Stream: b[0],
+		Offset: binary.BigEndian.Uint64(b[1:9]),
+		Seq:    binary.BigEndian.Uint64(b[9:17]),
+		Data:   b[FrameHeader:],
+	}, nil
+}
+
+// Control message types: kiln.v1 text messages are JSON objects with one
+// of these in "type".
+const (
+	TypeHello      = "hello"
+	TypeGap        = "gap"
+	TypeEnd        = "end"
+	TypeExit       = "exit"
+	TypeStdinClose = "stdin_close" // client to server
+	TypeResize     = "resize"      // client to server
+)
+
+// Hello opens a kiln.v1 stream: per stream, the first offset still
+// retained and the total produced so far.
+type Hello struct {
+	Type    string               `json:"type"`
+	Streams map[string]HelloSpan `json:"streams"`
+}
+
+// HelloSpan is a stream's retained span at attach time.
+type HelloSpan struct {
+	First int64 `json:"first"`
+	Total int64 `json:"total"`
+}
+
+// Gap says bytes [From, To) of Stream were lost to this reader.
+type Gap struct {
+	Type      string `json:"type"`
+	Stream    string `json:"stream"`
+	From      int64  `json:"from"`
+	To        int64  `json:"to"`
+	LostBytes int64  `json:"lost_bytes"`
+}
+
+// End says Stream ended after TotalBytes.
+type End struct {
+	Type       string `json:"type"`
+	Stream     string `json:"stream"`
+	TotalBytes int64  `json:"total_bytes"`
+}
+
+// ExitMessage carries the observed exit, last.
+type ExitMessage struct {
+	Type string `json:"type"`
+	Exit
+}
+
+// ClientMessage is a kiln.v1 text message from the client: stdin_close, or
+// resize with Cols and Rows.
+type ClientMessage struct {
+	Type string `json:"type"`
+	Cols uint16 `json:"cols,omitempty"`
+	Rows uint16 `json:"rows,omitempty"`
+}

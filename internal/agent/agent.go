@@ -1,0 +1,469 @@
+// Package agent serves a sandbox's process API over HTTP: the engine's processes, their output as WebSocket or plain streams, stdin, signals and waits.
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+	"unicode/utf8"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/google/uuid"
+
+	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/internal/capture"
+	"github.com/sandkiln/sandkiln/internal/process"
+	"github.com/sandkiln/sandkiln/internal/ring"
+	"github.com/sandkiln/sandkiln/internal/stdin"
+)
+
+// Config sets up a Server.
+type Config struct {
+	// Table holds the sandbox's processes; the Server does not own it.
+	Table *process.Table
+	// Env is every process's base environment; a request's env is added
+	// to it, replacing entries with the same name.
+	Env []string
+	// Dir is the default working directory.
+	Dir string
+	// Logs is the directory under which captured processes get theirs
+	// (one per process id); nil refuses capture.
+	Logs *capture.Dir
+	// Capture sets up each captured run's writer.
+	Capture capture.Options
+	// Isolate, when set, adjusts every process's start (the sandbox's
+	// user namespace, for one).
+	Isolate func(*syscall.SysProcAttr)
+	Log     *slog.Logger
+}
+
+// Server is the HTTP face of a process table.
+type Server struct {
+	cfg Config
+	mux *http.ServeMux
+}
+
+// New makes a Server.
+func New(cfg Config) *Server {
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{cfg: cfg, mux: http.NewServeMux()}
+	s.routes()
+	return s
+}
+
+// ServeHTTP serves the process API.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+func (s *Server) routes() {
+	m := s.mux
+	m.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	m.HandleFunc("POST /exec", s.exec)
+	m.HandleFunc("POST /exec-stream", s.startStream)
+	m.HandleFunc("GET /exec-stream", s.list)
+	m.HandleFunc("GET /exec-stream/{pid}", s.status)
+	m.HandleFunc("DELETE /exec-stream/{pid}", s.terminate)
+	m.HandleFunc("GET /exec-stream/{pid}/wait", s.wait)
+	m.HandleFunc("POST /exec-stream/{pid}/signal", s.signal)
+	m.HandleFunc("POST /exec-stream/{pid}/stdin", s.stdin)
+	m.HandleFunc("POST /exec-stream/{pid}/stdin/close", s.closeStdin)
+	m.HandleFunc("POST /exec-stream/{pid}/resize", s.resize)
+	m.HandleFunc("GET /exec-stream/{pid}/logs", s.logs)
+	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, fmt.Errorf("%w: no route %s %s", errNoRoute, r.Method, r.URL.Path))
+	})
+}
+
+// Errors of this package's own, beside the engine's.
+var (
+	errNoRoute  = errors.New("not found")
+	errTooLarge = errors.New("too large")
+	errBadJSON  = errors.New("malformed request")
+)
+
+// writeError maps an error to its status and the JSON error body. This is
+// the one place where error classes become HTTP statuses.
+func writeError(w http.ResponseWriter, err error) {
+	status, code := http.StatusInternalServerError, api.CodeInternal
+	var maxErr *http.MaxBytesError
+	switch {
+	case errors.Is(err, errTooLarge), errors.As(err, &maxErr), errors.Is(err, stdin.ErrTooLarge):
+		status, code = http.StatusRequestEntityTooLarge, api.CodeTooLarge
+	case errors.Is(err, errBadJSON), errors.Is(err, process.ErrInvalid), errors.Is(err, process.ErrStart),
+		errors.Is(err, process.ErrNoStdin), errors.Is(err, process.ErrNotTerminal), errors.Is(err, process.ErrTerminalEOF),
+		errors.Is(err, stdin.ErrHole), errors.Is(err, stdin.ErrOffset):
+		status, code = http.StatusBadRequest, api.CodeInvalid
+	case errors.Is(err, process.ErrNotFound), errors.Is(err, errNoRoute):
+		status, code = http.StatusNotFound, api.CodeNotFound
+	case errors.Is(err, process.ErrOutOfRange):
+		status, code = http.StatusRequestedRangeNotSatisfiable, api.CodeOutOfRange
+	case errors.Is(err, process.ErrFinished), errors.Is(err, stdin.ErrClosed), errors.Is(err, stdin.ErrBroken),
+		errors.Is(err, stdin.ErrStopped):
+		status, code = http.StatusPreconditionFailed, api.CodePrecondition
+	case errors.Is(err, stdin.ErrFull), errors.Is(err, process.ErrClosed):
+		status, code = http.StatusServiceUnavailable, api.CodeUnavailable
+	}
+	writeJSON(w, status, api.Error{Error: api.ErrorBody{Code: code, Message: err.Error()}})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	enc.Encode(v)
+}
+
+// decode reads a bounded JSON body into v, refusing unknown fields and
+// trailing data.
+func decode(w http.ResponseWriter, r *http.Request, v any) error {
+	body := http.MaxBytesReader(w, r.Body, api.MaxBody)
+	dec := json.NewDecoder(body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		var maxErr *http.MaxBytesError
+		if errors.As(err, &maxErr) {
+			return fmt.Errorf("%w: body over %d bytes", errTooLarge, api.MaxBody)
+		}
+		return fmt.Errorf("%w: %v", errBadJSON, err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return fmt.Errorf("%w: data after the JSON object", errBadJSON)
+	}
+	return nil
+}
+
+// spec turns a request into a process spec, checking every bound.
+func (s *Server) spec(req api.ExecRequest, finite bool) (process.Spec, error) {
+	if req.Command == "" {
+		return process.Spec{}, fmt.Errorf("%w: command is required", process.ErrInvalid)
+	}
+	argv := append([]string{req.Command}, req.Args...)
+	if len(argv) > api.MaxArgs {
+		return process.Spec{}, fmt.Errorf("%w: %d arguments, at most %d", errTooLarge, len(argv), api.MaxArgs)
+	}
+	if len(req.Env) > api.MaxEnv {
+		return process.Spec{}, fmt.Errorf("%w: %d environment entries, at most %d", errTooLarge, len(req.Env), api.MaxEnv)
+	}
+	size := 0
+	for _, a := range argv {
+		if strings.IndexByte(a, 0) >= 0 {
+			return process.Spec{}, fmt.Errorf("%w: an argument contains a NUL byte", process.ErrInvalid)
+		}
+		size += len(a) + 1
+	}
+	env := slices.Clone(s.cfg.Env)
+	keys := make([]string, 0, len(req.Env))
+	for k := range req.Env {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		v := req.Env[k]
+		if k == "" || strings.ContainsAny(k, "=\x00") || strings.IndexByte(v, 0) >= 0 {
+			return process.Spec{}, fmt.Errorf("%w: environment name %q", process.ErrInvalid, clip(k))
+		}
+		size += len(k) + len(v) + 2
+		env = slices.DeleteFunc(env, func(e string) bool { return strings.HasPrefix(e, k+"=") })
+		env = append(env, k+"="+v)
+	}
+	if size > api.MaxArgvEnv {
+		return process.Spec{}, fmt.Errorf("%w: command, arguments and environment take %d bytes, at most %d", errTooLarge, size, api.MaxArgvEnv)
+	}
+	spec := process.Spec{Argv: argv, Env: env, Dir: req.Cwd, Isolate: s.cfg.Isolate}
+	if spec.Dir == "" {
+		spec.Dir = s.cfg.Dir
+	}
+	switch req.Stdin {
+	case "", api.StdinClosed:
+	case api.StdinPipe:
+		if finite {
+			return process.Spec{}, fmt.Errorf("%w: a finite exec has no stdin; use exec-stream", process.ErrInvalid)
+		}
+		spec.Stdin = process.StdinPipe
+	default:
+		return process.Spec{}, fmt.Errorf("%w: stdin %q: want %q or %q", process.ErrInvalid, clip(req.Stdin), api.StdinPipe, api.StdinClosed)
+	}
+	if t := req.TTY; t != nil {
+		if t.Cols == 0 || t.Rows == 0 || t.Cols > api.MaxTTYSize || t.Rows > api.MaxTTYSize {
+			return process.Spec{}, fmt.Errorf("%w: terminal size %dx%d", process.ErrInvalid, t.Cols, t.Rows)
+		}
+		spec.Terminal = &process.WindowSize{Cols: t.Cols, Rows: t.Rows}
+	}
+	if req.Capture {
+		if s.cfg.Logs == nil {
+			return process.Spec{}, fmt.Errorf("%w: this sandbox has no capture directory", process.ErrInvalid)
+		}
+		spec.Begin = s.begin
+	}
+	return spec, nil
+}
+
+// begin starts the capture of process id in its own directory.
+func (s *Server) begin(id string) (*capture.Writer, error) {
+	d, err := s.cfg.Logs.Sub(id)
+	if err != nil {
+		return nil, err
+	}
+	w, err := capture.Begin(d, uuid.Must(uuid.NewV7()).String(), s.cfg.Capture)
+	if err != nil {
+		d.Close()
+		return nil, err
+	}
+	// The writer uses the directory until its run ends.
+	go func() {
+		<-w.Done()
+		d.Close()
+	}()
+	return w, nil
+}
+
+func clip(s string) string {
+	if len(s) > 64 {
+		s = s[:64] + "…"
+	}
+	return strings.ToValidUTF8(s, "\uFFFD")
+}
+
+func (s *Server) startStream(w http.ResponseWriter, r *http.Request) {
+	var req api.ExecRequest
+	if err := decode(w, r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	if req.MaxOutputBytes != 0 || req.TimeoutMS != 0 {
+		writeError(w, fmt.Errorf("%w: max_output_bytes and timeout_ms belong to a finite exec", process.ErrInvalid))
+		return
+	}
+	spec, err := s.spec(req, false)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	id, err := s.cfg.Table.Start(spec)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, api.Started{ID: id})
+}
+
+func (s *Server) list(w http.ResponseWriter, r *http.Request) {
+	sts := s.cfg.Table.List()
+	out := make([]api.Process, len(sts))
+	for i, st := range sts {
+		out[i] = toAPI(st)
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) status(w http.ResponseWriter, r *http.Request) {
+	st, err := s.cfg.Table.Status(r.PathValue("pid"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, toAPI(st))
+}
+
+// streamName is a ring stream's name on the wire.
+func streamName(st ring.Stream) string {
+	return api.StreamNames[streamCode(st)]
+}
+
+func streamCode(st ring.Stream) byte {
+	switch st {
+	case ring.Stderr:
+		return api.StreamStderr
+	case ring.PTY:
+		return api.StreamTerminal
+	}
+	return api.StreamStdout
+}
+
+func toExit(e *process.Exit) api.Exit {
+	if e == nil {
+		return api.Exit{}
+	}
+	if e.Signal != 0 {
+		return api.Exit{Signal: strings.TrimPrefix(unix.SignalName(e.Signal), "SIG")}
+	}
+	code := e.Code
+	return api.Exit{ExitCode: &code}
+}
+
+func toAPI(st process.Status) api.Process {
+	p := api.Process{
+		ID:        st.ID,
+		State:     string(st.State),
+		Exit:      toExit(st.Exit),
+		PID:       st.PID,
+		Terminal:  st.Terminal,
+		Streams:   map[string]api.StreamStatus{},
+		StartedAt: st.StartedAt.UTC(),
+	}
+	if len(st.Argv) > 0 {
+		p.Command, p.Args = st.Argv[0], st.Argv[1:]
+	}
+	for _, s := range st.Streams {
+		p.Streams[streamName(s)] = api.StreamStatus{TotalBytes: st.Totals[s], Ended: st.Ended[s], CaptureDropped: st.Dropped[s]}
+	}
+	if st.Stdin != nil {
+		p.Stdin = &api.StdinStatus{Accepted: st.Stdin.Accepted, Delivered: st.Stdin.Delivered, Closed: st.Stdin.Closed, Broken: st.Stdin.Broken != nil}
+	}
+	if st.State == process.Exited {
+		t := st.ExitedAt.UTC()
+		p.ExitedAt = &t
+	}
+	return p
+}
+
+func (s *Server) terminate(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("pid")
+	if err := s.cfg.Table.Terminate(id); err != nil && !errors.Is(err, process.ErrFinished) {
+		writeError(w, err)
+		return
+	}
+	s.status(w, r)
+}
+
+// wait blocks until the exit is observed or the client goes away.
+func (s *Server) wait(w http.ResponseWriter, r *http.Request) {
+	e, err := s.cfg.Table.Wait(r.Context(), r.PathValue("pid"))
+	if err != nil {
+		if r.Context().Err() != nil {
+			return // the client left; nobody to answer
+		}
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, toExit(&e))
+}
+
+// parseSignal reads "TERM", "SIGTERM" or "15".
+func parseSignal(v string) (syscall.Signal, error) {
+	if n, err := strconv.Atoi(v); err == nil {
+		if n < 1 || n > 64 {
+			return 0, fmt.Errorf("%w: signal %d", process.ErrInvalid, n)
+		}
+		return syscall.Signal(n), nil
+	}
+	name := strings.ToUpper(v)
+	if !strings.HasPrefix(name, "SIG") {
+		name = "SIG" + name
+	}
+	if sig := unix.SignalNum(name); sig != 0 {
+		return sig, nil
+	}
+	return 0, fmt.Errorf("%w: unknown signal %q", process.ErrInvalid, clip(v))
+}
+
+func (s *Server) signal(w http.ResponseWriter, r *http.Request) {
+	var req api.SignalRequest
+	if err := decode(w, r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	sig, err := parseSignal(req.Signal)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	group := req.Group == nil || *req.Group
+	if err := s.cfg.Table.Signal(r.PathValue("pid"), sig, group); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// stdin writes the body at ?offset=N (default: where the input stands).
+func (s *Server) stdin(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("pid")
+	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, api.MaxStdin))
+	if err != nil {
+		writeError(w, fmt.Errorf("%w: stdin writes are at most %d bytes", errTooLarge, api.MaxStdin))
+		return
+	}
+	var offset int64
+	if v := r.URL.Query().Get("offset"); v != "" {
+		if offset, err = strconv.ParseInt(v, 10, 64); err != nil || offset < 0 {
+			writeError(w, fmt.Errorf("%w: offset %q", process.ErrInvalid, clip(v)))
+			return
+		}
+	} else {
+		st, err := s.cfg.Table.Status(id)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		if st.Stdin == nil {
+			writeError(w, process.ErrNoStdin)
+			return
+		}
+		offset = st.Stdin.Accepted
+	}
+	accepted, err := s.cfg.Table.Write(id, offset, data)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, api.StdinAccepted{Accepted: accepted})
+}
+
+func (s *Server) closeStdin(w http.ResponseWriter, r *http.Request) {
+	if err := s.cfg.Table.CloseStdin(r.PathValue("pid")); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) resize(w http.ResponseWriter, r *http.Request) {
+	var req api.ResizeRequest
+	if err := decode(w, r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	if req.Cols == 0 || req.Rows == 0 || req.Cols > api.MaxTTYSize || req.Rows > api.MaxTTYSize {
+		writeError(w, fmt.Errorf("%w: terminal size %dx%d", process.ErrInvalid, req.Cols, req.Rows))
+		return
+	}
+	if err := s.cfg.Table.Resize(r.PathValue("pid"), process.WindowSize{Cols: req.Cols, Rows: req.Rows}); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// text returns b as a JSON-safe string, and its exact bytes in base64 when
+// it is not valid UTF-8.
+func text(b []byte) (string, bool) {
+	if utf8.Valid(b) {
+		return string(b), true
+	}
+	return strings.ToValidUTF8(string(b), "\uFFFD"), false
+}
+
+// exitTimeout bounds how long a finite exec waits for a process it killed
+// (at its timeout, or because the client left) to be reaped.
+const exitTimeout = 10 * time.Second
+
+// background is a context for cleanup after the request's own ended.
+func background() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), exitTimeout)
+}

@@ -1,0 +1,455 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/google/go-cmp/cmp"
+	"go.uber.org/goleak"
+
+	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/internal/capture"
+	"github.com/sandkiln/sandkiln/internal/process"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// agent is a Server on a test HTTP server, over a fresh table.
+type agent struct {
+	t     *testing.T
+	srv   *httptest.Server
+	table *process.Table
+	logs  string // the capture directory
+}
+
+func newAgent(t *testing.T) *agent {
+	t.Helper()
+	table := process.NewTable(process.TableConfig{})
+	logs := t.TempDir()
+	d, err := capture.OpenDir(logs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := New(Config{Table: table, Env: os.Environ(), Logs: d})
+	srv := httptest.NewServer(s)
+	t.Cleanup(func() {
+		srv.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := table.Shutdown(ctx); err != nil {
+			t.Errorf("shutdown: %v", err)
+		}
+		d.Close()
+	})
+	return &agent{t: t, srv: srv, table: table, logs: logs}
+}
+
+// call makes a request and decodes a JSON answer into out (when not nil).
+func (a *agent) call(method, path string, body any, out any) int {
+	a.t.Helper()
+	var rd io.Reader
+	switch b := body.(type) {
+	case nil:
+	case string:
+		rd = strings.NewReader(b)
+	case []byte:
+		rd = bytes.NewReader(b)
+	default:
+		j, err := json.Marshal(b)
+		if err != nil {
+			a.t.Fatal(err)
+		}
+		rd = bytes.NewReader(j)
+	}
+	req, err := http.NewRequestWithContext(ctxT(a.t), method, a.srv.URL+path, rd)
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	if resp.StatusCode >= 400 {
+		var e api.Error
+		if err := json.Unmarshal(raw, &e); err != nil || e.Error.Code == "" || e.Error.Message == "" {
+			a.t.Fatalf("%s %s: status %d with a body that is not an error object: %q", method, path, resp.StatusCode, raw)
+		}
+	}
+	if out != nil && resp.StatusCode < 300 {
+		if err := json.Unmarshal(raw, out); err != nil {
+			a.t.Fatalf("%s %s: %v in %q", method, path, err, raw)
+		}
+	}
+	return resp.StatusCode
+}
+
+func (a *agent) start(req api.ExecRequest) string {
+	a.t.Helper()
+	var st api.Started
+	if code := a.call("POST", "/exec-stream", req, &st); code != 200 {
+		a.t.Fatalf("start %v: status %d", req, code)
+	}
+	return st.ID
+}
+
+func (a *agent) wait(id string) api.Exit {
+	a.t.Helper()
+	var e api.Exit
+	if code := a.call("GET", "/exec-stream/"+id+"/wait", nil, &e); code != 200 {
+		a.t.Fatalf("wait: status %d", code)
+	}
+	return e
+}
+
+func (a *agent) dial(path string, protocols ...string) *websocket.Conn {
+	a.t.Helper()
+	c, _, err := websocket.Dial(ctxT(a.t), "ws"+strings.TrimPrefix(a.srv.URL, "http")+path, &websocket.DialOptions{Subprotocols: protocols})
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	c.SetReadLimit(-1)
+	return c
+}
+
+// rawTranscript reads a raw-shape WebSocket to its close: binary payloads
+// and text lines, concatenated.
+func rawTranscript(t *testing.T, c *websocket.Conn) string {
+	t.Helper()
+	var b strings.Builder
+	for {
+		_, data, err := c.Read(ctxT(t))
+		if websocket.CloseStatus(err) == websocket.StatusNormalClosure {
+			return b.String()
+		}
+		if err != nil {
+			t.Fatalf("read: %v", err)
+		}
+		b.Write(data)
+	}
+}
+
+// TestSeedExample is the exec-stream document's example: attach mid-run and
+// after the end; both see the same complete transcript.
+func TestSeedExample(t *testing.T) {
+	a := newAgent(t)
+	id := a.start(api.ExecRequest{Command: "sh", Args: []string{"-c", "for i in 1 2 3; do echo line-$i; sleep 0.2; done"}})
+	first := a.dial("/exec-stream/" + id + "/logs")
+	mid := rawTranscript(t, first)
+	second := a.dial("/exec-stream/" + id + "/logs")
+	after := rawTranscript(t, second)
+	want := "line-1\nline-2\nline-3\n[process exited with code 0]\n"
+	if mid != want || after != want {
+		t.Errorf("first attach %q, second %q; want both %q", mid, after, want)
+	}
+	// The plain HTTP shape gives the same bytes.
+	resp, err := http.Get(a.srv.URL + "/exec-stream/" + id + "/logs?follow=0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if string(body) != want {
+		t.Errorf("plain HTTP %q", body)
+	}
+}
+
+func TestKilnV1Frames(t *testing.T) {
+	a := newAgent(t)
+	id := a.start(api.ExecRequest{Command: "sh", Args: []string{"-c", "printf 'out1\\n'; printf 'err1\\n' >&2; printf 'out2'; exit 7"}})
+	a.wait(id)
+	type msg struct {
+		Kind   string
+		Stream byte
+		Offset uint64
+		Data   string
+	}
+	read := func(path string) (msgs []msg, seqs []uint64, hello api.Hello) {
+		c := a.dial(path, api.ProtocolV1)
+		if c.Subprotocol() != api.ProtocolV1 {
+			t.Fatalf("subprotocol %q", c.Subprotocol())
+		}
+		for {
+			typ, data, err := c.Read(ctxT(t))
+			if websocket.CloseStatus(err) == websocket.StatusNormalClosure {
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if typ == websocket.MessageBinary {
+				f, err := api.ParseFrame(data)
+				if err != nil {
+					t.Fatal(err)
+				}
+				msgs = append(msgs, msg{"data", f.Stream, f.Offset, string(f.Data)})
+				seqs = append(seqs, f.Seq)
+				continue
+			}
+			var head struct{ Type string }
+			json.Unmarshal(data, &head)
+			switch head.Type {
+			case api.TypeHello:
+				json.Unmarshal(data, &hello)
+			case api.TypeEnd:
+				var e api.End
+				json.Unmarshal(data, &e)
+				msgs = append(msgs, msg{"end:" + e.Stream, 0, uint64(e.TotalBytes), ""})
+			case api.TypeExit:
+				var e api.ExitMessage
+				json.Unmarshal(data, &e)
+				msgs = append(msgs, msg{"exit", 0, 0, e.String()})
+			default:
+				msgs = append(msgs, msg{Kind: head.Type, Data: string(data)})
+			}
+		}
+	}
+	msgs, seqs, hello := read("/exec-stream/" + id + "/logs")
+	var out, errs string
+	for _, m := range msgs {
+		if m.Kind == "data" && m.Stream == api.StreamStdout {
+			out += m.Data
+		}
+		if m.Kind == "data" && m.Stream == api.StreamStderr {
+			errs += m.Data
+		}
+	}
+	if out != "out1\nout2" || errs != "err1\n" {
+		t.Errorf("stdout %q, stderr %q", out, errs)
+	}
+	for i := 1; i < len(seqs); i++ {
+		if seqs[i] <= seqs[i-1] {
+			t.Errorf("seqs not rising: %v", seqs)
+		}
+	}
+	if diff := cmp.Diff(map[string]api.HelloSpan{"stdout": {First: 0, Total: 9}, "stderr": {First: 0, Total: 5}}, hello.Streams); diff != "" {
+		t.Errorf("hello (-want +got):\n%s", diff)
+	}
+	ends := map[string]uint64{}
+	for _, m := range msgs {
+		if name, ok := strings.CutPrefix(m.Kind, "end:"); ok {
+			ends[name] = m.Offset
+		}
+	}
+	if diff := cmp.Diff(map[string]uint64{"stdout": 9, "stderr": 5}, ends); diff != "" {
+		t.Errorf("ends (-want +got):\n%s", diff)
+	}
+	if last := msgs[len(msgs)-1]; last != (msg{Kind: "exit", Data: "process exited with code 7"}) {
+		t.Errorf("last message %+v, want the exit", last)
+	}
+	// Resuming from offsets gives exactly what follows them.
+	msgs, _, _ = read("/exec-stream/" + id + "/logs?stdout=5&stderr=5")
+	var data []msg
+	for _, m := range msgs {
+		if m.Kind == "data" {
+			data = append(data, m)
+		}
+	}
+	if diff := cmp.Diff([]msg{{"data", api.StreamStdout, 5, "out2"}}, data); diff != "" {
+		t.Errorf("resumed from stdout=5&stderr=5 (-want +got):\n%s", diff)
+	}
+}
+
+func TestFiniteExec(t *testing.T) {
+	a := newAgent(t)
+	var res api.ExecResult
+	if code := a.call("POST", "/exec", api.ExecRequest{Command: "sh", Args: []string{"-c", "echo out; echo err >&2; exit 3"}}, &res); code != 200 {
+		t.Fatalf("status %d", code)
+	}
+	if res.ExitCode == nil || *res.ExitCode != 3 || res.Stdout != "out\n" || res.Stderr != "err\n" || res.Truncated {
+		t.Errorf("result %+v", res)
+	}
+	res = api.ExecResult{}
+	a.call("POST", "/exec", api.ExecRequest{Command: "head", Args: []string{"-c", "100000", "/dev/zero"}, MaxOutputBytes: 10}, &res)
+	if !res.Truncated || len(res.Stdout) != 10 || res.StdoutBytes != 100000 {
+		t.Errorf("truncated result: truncated %v, %d bytes kept, total %d", res.Truncated, len(res.Stdout), res.StdoutBytes)
+	}
+	res = api.ExecResult{}
+	a.call("POST", "/exec", api.ExecRequest{Command: "printf", Args: []string{"a\\377b"}}, &res)
+	if b, _ := base64.StdEncoding.DecodeString(res.StdoutBase64); string(b) != "a\xffb" {
+		t.Errorf("non-UTF-8 output: text %q, base64 %q", res.Stdout, res.StdoutBase64)
+	}
+	res = api.ExecResult{}
+	a.call("POST", "/exec", api.ExecRequest{Command: "sleep", Args: []string{"1000"}, TimeoutMS: 50}, &res)
+	if !res.TimedOut || res.Signal != "KILL" {
+		t.Errorf("timeout result %+v", res)
+	}
+}
+
+func TestStdinSignalAndWait(t *testing.T) {
+	a := newAgent(t)
+	id := a.start(api.ExecRequest{Command: "cat", Stdin: api.StdinPipe})
+	var acc api.StdinAccepted
+	if code := a.call("POST", "/exec-stream/"+id+"/stdin?offset=0", "hello ", &acc); code != 200 || acc.Accepted != 6 {
+		t.Fatalf("stdin: %d, %+v", code, acc)
+	}
+	// A retry of the same write is applied once.
+	a.call("POST", "/exec-stream/"+id+"/stdin?offset=0", "hello ", &acc)
+	a.call("POST", "/exec-stream/"+id+"/stdin", "world\n", &acc)
+	if acc.Accepted != 12 {
+		t.Errorf("accepted %d, want 12", acc.Accepted)
+	}
+	if code := a.call("POST", "/exec-stream/"+id+"/stdin/close", nil, nil); code != 204 {
+		t.Errorf("close: %d", code)
+	}
+	if e := a.wait(id); e.ExitCode == nil || *e.ExitCode != 0 {
+		t.Errorf("exit %+v", e)
+	}
+	resp, err := http.Get(a.srv.URL + "/exec-stream/" + id + "/logs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if string(body) != "hello world\n[process exited with code 0]\n" {
+		t.Errorf("logs %q", body)
+	}
+
+	id = a.start(api.ExecRequest{Command: "sleep", Args: []string{"1000"}})
+	if code := a.call("POST", "/exec-stream/"+id+"/signal", api.SignalRequest{Signal: "TERM"}, nil); code != 204 {
+		t.Fatalf("signal: %d", code)
+	}
+	if e := a.wait(id); e.Signal != "TERM" || e.ExitCode != nil {
+		t.Errorf("exit %+v, want TERM", e)
+	}
+	var p api.Process
+	a.call("GET", "/exec-stream/"+id, nil, &p)
+	if p.State != api.StateExited || p.Signal != "TERM" || p.Command != "sleep" {
+		t.Errorf("status %+v", p)
+	}
+	var list []api.Process
+	a.call("GET", "/exec-stream", nil, &list)
+	if len(list) != 2 {
+		t.Errorf("list has %d processes, want 2", len(list))
+	}
+}
+
+func TestWebSocketStdin(t *testing.T) {
+	a := newAgent(t)
+	id := a.start(api.ExecRequest{Command: "cat", Stdin: api.StdinPipe})
+	c := a.dial("/exec-stream/"+id+"/logs?stdin=1", api.ProtocolV1)
+	ctx := ctxT(t)
+	if err := c.Write(ctx, websocket.MessageBinary, []byte("over the socket\n")); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Write(ctx, websocket.MessageText, []byte(`{"type":"stdin_close"}`)); err != nil {
+		t.Fatal(err)
+	}
+	var got string
+	var exit api.ExitMessage
+	for {
+		typ, data, err := c.Read(ctx)
+		if err != nil {
+			break
+		}
+		if typ == websocket.MessageBinary {
+			f, _ := api.ParseFrame(data)
+			got += string(f.Data)
+		} else if strings.Contains(string(data), `"exit"`) {
+			json.Unmarshal(data, &exit)
+		}
+	}
+	if got != "over the socket\n" || exit.ExitCode == nil || *exit.ExitCode != 0 {
+		t.Errorf("echoed %q, exit %+v", got, exit)
+	}
+}
+
+func TestCaptureThroughTheAPI(t *testing.T) {
+	a := newAgent(t)
+	id := a.start(api.ExecRequest{Command: "sh", Args: []string{"-c", "echo kept; echo also >&2"}, Capture: true})
+	// The run's end record is written by the drain, which Done follows.
+	p, err := a.table.Process(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p.Done():
+	case <-ctxT(t).Done():
+		t.Fatal("the process did not finish")
+	}
+	d, err := capture.OpenDir(a.logs + "/" + id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	l, err := capture.ReadLog(ctxT(t), d, capture.Filter{Tail: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, e := range l.Entries {
+		got[e.Stream.String()] += string(e.Payload())
+	}
+	if diff := cmp.Diff(map[string]string{"stdout": "kept\n", "stderr": "also\n"}, got); diff != "" || l.Runs[0].State != capture.Lossless {
+		t.Errorf("captured (-want +got):\n%s\nruns %+v", diff, l.Runs)
+	}
+}
+
+func TestBadRequests(t *testing.T) {
+	a := newAgent(t)
+	id := a.start(api.ExecRequest{Command: "sleep", Args: []string{"1000"}})
+	defer a.call("DELETE", "/exec-stream/"+id, nil, nil)
+	big := strings.Repeat("x", api.MaxBody+1)
+	cases := []struct {
+		method, path string
+		body         any
+		want         int
+	}{
+		{"GET", "/exec-stream/01a22779-5cfd-7451-9354-2e19949d5c7f", nil, 404},
+		{"GET", "/exec-stream/not-an-id", nil, 404},
+		{"GET", "/exec-stream/..%2f..%2fetc", nil, 404},
+		{"GET", "/no/such/route", nil, 404},
+		{"POST", "/exec-stream", `{"command":`, 400},
+		{"POST", "/exec-stream", `{"command":"true"} trailing`, 400},
+		{"POST", "/exec-stream", `{"command":"true","unknown":1}`, 400},
+		{"POST", "/exec-stream", `{}`, 400},
+		{"POST", "/exec-stream", `{"command":"/no/such/program"}`, 400},
+		{"POST", "/exec-stream", `{"command":"true","stdin":"maybe"}`, 400},
+		{"POST", "/exec-stream", `{"command":"true","tty":{"cols":0,"rows":5}}`, 400},
+		{"POST", "/exec-stream", `{"command":"true","args":["a\u0000b"]}`, 400},
+		{"POST", "/exec-stream", `{"command":"true","env":{"A=B":"c"}}`, 400},
+		{"POST", "/exec-stream", `{"command":"` + big + `"}`, 413},
+		{"POST", "/exec-stream", api.ExecRequest{Command: "true", Args: make([]string, api.MaxArgs)}, 413},
+		{"POST", "/exec", `{"command":"true","max_output_bytes":99999999}`, 400},
+		{"POST", "/exec-stream/" + id + "/signal", `{"signal":"NOPE"}`, 400},
+		{"POST", "/exec-stream/" + id + "/signal", `{"signal":"99"}`, 400},
+		{"POST", "/exec-stream/" + id + "/stdin", "x", 400}, // no stdin pipe
+		{"POST", "/exec-stream/" + id + "/resize", `{"cols":80,"rows":24}`, 400},
+		{"GET", "/exec-stream/" + id + "/logs?stdout=99999", nil, 416},
+		{"GET", "/exec-stream/" + id + "/logs?stdout=-1", nil, 400},
+		{"GET", "/exec-stream/" + id + "/logs?follow=perhaps", nil, 400},
+	}
+	for _, tc := range cases {
+		if got := a.call(tc.method, tc.path, tc.body, nil); got != tc.want {
+			t.Errorf("%s %s: status %d, want %d", tc.method, tc.path, got, tc.want)
+		}
+	}
+	pipe := a.start(api.ExecRequest{Command: "sleep", Args: []string{"1000"}, Stdin: api.StdinPipe})
+	defer a.call("DELETE", "/exec-stream/"+pipe, nil, nil)
+	if got := a.call("POST", "/exec-stream/"+pipe+"/stdin", bytes.Repeat([]byte("y"), api.MaxStdin+1), nil); got != 413 {
+		t.Errorf("oversized stdin: %d", got)
+	}
+	if got := a.call("POST", "/exec-stream/"+pipe+"/stdin?offset=5", "hole", nil); got != 400 {
+		t.Errorf("stdin leaving a hole: %d", got)
+	}
+}

@@ -1,0 +1,309 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/internal/process"
+	"github.com/sandkiln/sandkiln/internal/ring"
+)
+
+// Timing of a WebSocket watcher.
+const (
+	// writeTimeout drops a watcher that has not taken a message for this
+	// long: a dead client costs nobody else anything, and not for long.
+	writeTimeout = 30 * time.Second
+	pingEvery    = 20 * time.Second
+)
+
+// parseFrom reads the per-stream offsets a reader resumes from.
+func parseFrom(q url.Values) (ring.Offsets, error) {
+	var from ring.Offsets
+	for name, st := range map[string]ring.Stream{"stdout": ring.Stdout, "stderr": ring.Stderr, "terminal": ring.PTY} {
+		v := q.Get(name)
+		if v == "" {
+			continue
+		}
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 {
+			return from, fmt.Errorf("%w: %s offset %q", process.ErrInvalid, name, clip(v))
+		}
+		from[st] = n
+	}
+	return from, nil
+}
+
+func parseBool(q url.Values, name string, def bool) (bool, error) {
+	v := q.Get(name)
+	if v == "" {
+		return def, nil
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		return def, fmt.Errorf("%w: %s=%q: want true or false", process.ErrInvalid, name, clip(v))
+	}
+	return b, nil
+}
+
+// logs attaches to a process's output: a WebSocket when asked for one,
+// else a plain HTTP stream (follow=0 stops at what is retained).
+func (s *Server) logs(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("pid")
+	q := r.URL.Query()
+	from, err := parseFrom(q)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	follow, err := parseBool(q, "follow", true)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	withStdin, err := parseBool(q, "stdin", false)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	st, err := s.cfg.Table.Status(id)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	a, err := s.cfg.Table.Attach(id, from)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	defer a.Close()
+	if strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
+		s.watch(w, r, id, st, a, withStdin)
+		return
+	}
+	if withStdin {
+		writeError(w, fmt.Errorf("%w: stdin=1 needs a WebSocket", process.ErrInvalid))
+		return
+	}
+	s.logsHTTP(w, r, st, a, follow)
+}
+
+// lostLine is how the plain shapes tell a reader about a gap.
+func lostLine(e ring.Event) string {
+	return fmt.Sprintf("[%d bytes of %s lost]\n", e.Lost(), streamName(e.Stream))
+}
+
+// logsHTTP streams raw output as produced, with the seed's closing line.
+// Without follow it stops where the output stood at the request.
+func (s *Server) logsHTTP(w http.ResponseWriter, r *http.Request, st process.Status, a *process.Attachment, follow bool) {
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	ctx := r.Context()
+	target := st.Totals
+	caughtUp := func(pos ring.Offsets) bool {
+		for _, s := range st.Streams {
+			if pos[s] < target[s] {
+				return false
+			}
+		}
+		return true
+	}
+	if !follow && st.State != process.Exited && caughtUp(a.Position()) {
+		return
+	}
+	for {
+		e, err := a.Next(ctx)
+		if err != nil {
+			return // EOF, or the client left
+		}
+		var werr error
+		switch e.Kind {
+		case ring.Data:
+			_, werr = w.Write(e.Data)
+		case ring.Gap:
+			_, werr = io.WriteString(w, lostLine(e.Event))
+		case ring.Exit:
+			_, werr = fmt.Fprintf(w, "[%s]\n", toExit(&e.Exit))
+		}
+		if werr != nil {
+			return
+		}
+		rc.Flush()
+		if !follow && st.State != process.Exited && e.Kind != ring.Exit && caughtUp(a.Position()) {
+			return
+		}
+	}
+}
+
+// watch serves one WebSocket watcher: kiln.v1 frames, or the raw shape.
+func (s *Server) watch(w http.ResponseWriter, r *http.Request, id string, st process.Status, a *process.Attachment, withStdin bool) {
+	// Origins were checked where the request came in (kilnd); the agent's
+	// socket is reachable from kilnd alone.
+	c, err := websocket.Accept(w, r, &websocket.AcceptOptions{
+		Subprotocols:       []string{api.ProtocolV1, api.ProtocolRaw},
+		InsecureSkipVerify: true,
+	})
+	if err != nil {
+		return // Accept has answered
+	}
+	defer c.CloseNow()
+	c.SetReadLimit(api.MaxWSClient)
+	v1 := c.Subprotocol() == api.ProtocolV1
+
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	if withStdin {
+		wg.Go(func() {
+			defer cancel()
+			s.readInput(ctx, c, id, st)
+		})
+	} else {
+		ctx = c.CloseRead(ctx)
+	}
+	wg.Go(func() { keepalive(ctx, c, cancel) })
+
+	send := func(typ websocket.MessageType, b []byte) bool {
+		wctx, wcancel := context.WithTimeout(ctx, writeTimeout)
+		defer wcancel()
+		if err := c.Write(wctx, typ, b); err != nil {
+			cancel()
+			return false
+		}
+		return true
+	}
+	sendJSON := func(v any) bool {
+		b, _ := json.Marshal(v)
+		return send(websocket.MessageText, b)
+	}
+	if v1 {
+		h := api.Hello{Type: api.TypeHello, Streams: map[string]api.HelloSpan{}}
+		for _, s := range st.Streams {
+			h.Streams[streamName(s)] = api.HelloSpan{First: st.First[s], Total: st.Totals[s]}
+		}
+		if !sendJSON(h) {
+			return
+		}
+	}
+	var frame []byte
+	for {
+		e, err := a.Next(ctx)
+		if errors.Is(err, io.EOF) {
+			c.Close(websocket.StatusNormalClosure, "")
+			return
+		}
+		if err != nil {
+			return
+		}
+		ok := true
+		switch e.Kind {
+		case ring.Data:
+			if v1 {
+				frame = api.AppendFrame(frame[:0], api.Frame{Stream: streamCode(e.Stream), Offset: uint64(e.Offset), Seq: e.Seq, Data: e.Data})
+				ok = send(websocket.MessageBinary, frame)
+			} else {
+				ok = send(websocket.MessageBinary, e.Data)
+			}
+		case ring.Gap:
+			if v1 {
+				ok = sendJSON(api.Gap{Type: api.TypeGap, Stream: streamName(e.Stream), From: e.Offset, To: e.To, LostBytes: e.Lost()})
+			} else {
+				ok = send(websocket.MessageText, []byte(lostLine(e.Event)))
+			}
+		case ring.End:
+			if v1 {
+				ok = sendJSON(api.End{Type: api.TypeEnd, Stream: streamName(e.Stream), TotalBytes: e.Offset})
+			}
+		case ring.Exit:
+			if v1 {
+				ok = sendJSON(api.ExitMessage{Type: api.TypeExit, Exit: toExit(&e.Exit)})
+			} else {
+				ok = send(websocket.MessageText, []byte("["+toExit(&e.Exit).String()+"]\n"))
+			}
+		}
+		if !ok {
+			return
+		}
+	}
+}
+
+// keepalive pings the client until ctx ends; a client that does not answer
+// within writeTimeout is dropped.
+func keepalive(ctx context.Context, c *websocket.Conn, drop context.CancelFunc) {
+	t := time.NewTicker(pingEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		pctx, cancel := context.WithTimeout(ctx, writeTimeout)
+		err := c.Ping(pctx)
+		cancel()
+		if err != nil {
+			drop()
+			return
+		}
+	}
+}
+
+// readInput takes a watcher's stdin: binary messages are input, in order;
+// text messages are control (stdin_close, resize).
+func (s *Server) readInput(ctx context.Context, c *websocket.Conn, id string, st process.Status) {
+	var offset int64
+	if st.Stdin != nil {
+		offset = st.Stdin.Accepted
+	}
+	for {
+		typ, data, err := c.Read(ctx)
+		if err != nil {
+			return
+		}
+		switch typ {
+		case websocket.MessageBinary:
+			accepted, err := s.cfg.Table.Write(id, offset, data)
+			if err != nil {
+				c.Close(websocket.StatusPolicyViolation, clip("stdin: "+err.Error()))
+				return
+			}
+			offset = accepted
+		case websocket.MessageText:
+			var m api.ClientMessage
+			if err := json.Unmarshal(data, &m); err != nil {
+				c.Close(websocket.StatusUnsupportedData, "malformed control message")
+				return
+			}
+			switch m.Type {
+			case api.TypeStdinClose:
+				err = s.cfg.Table.CloseStdin(id)
+			case api.TypeResize:
+				if m.Cols == 0 || m.Rows == 0 || m.Cols > api.MaxTTYSize || m.Rows > api.MaxTTYSize {
+					err = fmt.Errorf("terminal size %dx%d", m.Cols, m.Rows)
+				} else {
+					err = s.cfg.Table.Resize(id, process.WindowSize{Cols: m.Cols, Rows: m.Rows})
+				}
+			default:
+				err = fmt.Errorf("unknown message type %q", clip(m.Type))
+			}
+			if err != nil {
+				c.Close(websocket.StatusPolicyViolation, clip(err.Error()))
+				return
+			}
+		}
+	}
+}
