@@ -286,7 +286,12 @@ func startProcess(id string, spec Spec, drainFor time.Duration, onDone func()) (
 		spec.Isolate(cmd.SysProcAttr)
 	}
 
+	owned.Lock()
 	err = cmd.Start()
+	if err == nil {
+		owned.pids[cmd.Process.Pid] = true
+	}
+	owned.Unlock()
 	closeAll(childEnds)
 	if err != nil {
 		closeAll(p.outputs)
@@ -513,6 +518,9 @@ func (p *Process) reap() {
 	unix.Kill(-pid, unix.SIGKILL)
 	p.mu.Lock()
 	p.cmd.Wait() // the status is in ProcessState whatever the error says
+	owned.Lock()
+	delete(owned.pids, pid)
+	owned.Unlock()
 	p.exit = exitOf(p.cmd.ProcessState)
 	p.exitedAt = time.Now()
 	close(p.exited)

@@ -1,0 +1,66 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"os/signal"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sandkiln/sandkiln/internal/process"
+	"github.com/sandkiln/sandkiln/internal/sandbox"
+)
+
+// shutdownTimeout bounds the agent's own shutdown: every process killed,
+// drained, its capture ended.
+const shutdownTimeout = 20 * time.Second
+
+// Main runs this process as a sandbox's agent, its PID 1: it enters the
+// sandbox, serves the process API on the socket kilnd handed over, reaps
+// every orphan the sandbox's processes leave, and on SIGTERM shuts the
+// processes down in order. It returns the process's exit code.
+func Main() int {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "kiln agent:", err)
+		return 1
+	}
+	return 0
+}
+
+func run() error {
+	// Signals first: as PID 1, a signal without a handler is ignored, and
+	// a SIGCHLD missed now would leave a zombie.
+	sigs := make(chan os.Signal, 64)
+	signal.Notify(sigs, unix.SIGCHLD, unix.SIGTERM, unix.SIGINT)
+	in, err := sandbox.Enter()
+	if err != nil {
+		return err
+	}
+	table := process.NewTable(process.TableConfig{})
+	srv := New(Config{Table: table, Env: in.Config.Env, Dir: "/workspace", Logs: in.Logs, Isolate: in.Isolate})
+	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
+	served := make(chan error, 1)
+	go func() { served <- hs.Serve(in.Listener) }()
+	for {
+		select {
+		case sig := <-sigs:
+			if sig == unix.SIGCHLD {
+				process.ReapOrphans()
+				continue
+			}
+		case err := <-served:
+			if !errors.Is(err, http.ErrServerClosed) {
+				return err
+			}
+		}
+		break
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+	defer cancel()
+	hs.Shutdown(ctx)
+	return table.Shutdown(ctx)
+}

@@ -1,0 +1,246 @@
+package sandbox
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Limits bound a sandbox's resources; zero means no limit.
+type Limits struct {
+	MemoryBytes int64   `json:"memory_bytes,omitempty"`
+	Pids        int64   `json:"pids,omitempty"`
+	CPUs        float64 `json:"cpus,omitempty"` // in cores, e.g. 0.5
+}
+
+const cgroupRoot = "/sys/fs/cgroup"
+
+// Cgroups are a sandbox's control groups: a v2 group for its lifecycle
+// (the agent is born into it; cgroup.kill ends everything in it) and, on a
+// host whose controllers are on v1 hierarchies, one v1 group per limited
+// controller. Every group nests under kilnd's own, so the host's
+// accounting of kilnd keeps covering its sandboxes.
+type Cgroups struct {
+	V2 string            `json:"v2"`
+	V1 map[string]string `json:"v1,omitempty"` // controller → directory
+}
+
+// ownCgroups reads /proc/self/cgroup: the v2 path and each v1
+// controller's path.
+func ownCgroups() (v2 string, v1 map[string]string, err error) {
+	f, err := os.Open("/proc/self/cgroup")
+	if err != nil {
+		return "", nil, err
+	}
+	defer f.Close()
+	v1 = map[string]string{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		parts := strings.SplitN(sc.Text(), ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		if parts[0] == "0" && parts[1] == "" {
+			v2 = parts[2]
+			continue
+		}
+		for _, ctrl := range strings.Split(parts[1], ",") {
+			v1[ctrl] = parts[2]
+		}
+	}
+	return v2, v1, sc.Err()
+}
+
+// v2Mount is where the v2 hierarchy is mounted: the root on a pure v2
+// host, "unified" on a hybrid one.
+func v2Mount() (string, bool) {
+	for _, p := range []string{cgroupRoot, filepath.Join(cgroupRoot, "unified")} {
+		var st unix.Statfs_t
+		if unix.Statfs(p, &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC {
+			return p, p == cgroupRoot
+		}
+	}
+	return "", false
+}
+
+// newCgroups makes the groups of sandbox name with its limits.
+func newCgroups(name string, lim Limits) (*Cgroups, error) {
+	own2, own1, err := ownCgroups()
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: read own cgroups: %w", err)
+	}
+	mount, pure := v2Mount()
+	if mount == "" {
+		return nil, errors.New("sandbox: no cgroup v2 hierarchy is mounted (needed to kill a sandbox's every process at once)")
+	}
+	cg := &Cgroups{V2: filepath.Join(mount, own2, name), V1: map[string]string{}}
+	if err := os.Mkdir(cg.V2, 0o755); err != nil {
+		return nil, fmt.Errorf("sandbox: make cgroup: %w", err)
+	}
+	fail := func(err error) (*Cgroups, error) {
+		cg.Destroy()
+		return nil, err
+	}
+	if _, err := os.Stat(filepath.Join(cg.V2, "cgroup.kill")); err != nil {
+		return fail(fmt.Errorf("sandbox: this kernel's cgroup v2 has no cgroup.kill: %w", err))
+	}
+	set := func(dir, file, value string) error {
+		if err := os.WriteFile(filepath.Join(dir, file), []byte(value), 0); err != nil {
+			return fmt.Errorf("sandbox: set %s to %s: %w", file, value, err)
+		}
+		return nil
+	}
+	if pure {
+		// Limits through the v2 controllers the parent delegates.
+		if lim.MemoryBytes > 0 {
+			if err := set(cg.V2, "memory.max", strconv.FormatInt(lim.MemoryBytes, 10)); err != nil {
+				return fail(err)
+			}
+			set(cg.V2, "memory.swap.max", "0")
+		}
+		if lim.Pids > 0 {
+			if err := set(cg.V2, "pids.max", strconv.FormatInt(lim.Pids, 10)); err != nil {
+				return fail(err)
+			}
+		}
+		if lim.CPUs > 0 {
+			if err := set(cg.V2, "cpu.max", fmt.Sprintf("%d 100000", int64(lim.CPUs*100000))); err != nil {
+				return fail(err)
+			}
+		}
+		return cg, nil
+	}
+	v1 := func(ctrl string) (string, error) {
+		own, ok := own1[ctrl]
+		if !ok {
+			return "", fmt.Errorf("sandbox: no %s cgroup controller on this host", ctrl)
+		}
+		dir := filepath.Join(cgroupRoot, ctrl, own, name)
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			return "", fmt.Errorf("sandbox: make %s cgroup: %w", ctrl, err)
+		}
+		cg.V1[ctrl] = dir
+		return dir, nil
+	}
+	if lim.MemoryBytes > 0 {
+		dir, err := v1("memory")
+		if err != nil {
+			return fail(err)
+		}
+		if err := set(dir, "memory.limit_in_bytes", strconv.FormatInt(lim.MemoryBytes, 10)); err != nil {
+			return fail(err)
+		}
+		// Without swap the limit is the limit.
+		set(dir, "memory.memsw.limit_in_bytes", strconv.FormatInt(lim.MemoryBytes, 10))
+		set(dir, "memory.swappiness", "0")
+	}
+	if lim.Pids > 0 {
+		dir, err := v1("pids")
+		if err != nil {
+			return fail(err)
+		}
+		if err := set(dir, "pids.max", strconv.FormatInt(lim.Pids, 10)); err != nil {
+			return fail(err)
+		}
+	}
+	if lim.CPUs > 0 {
+		dir, err := v1("cpu")
+		if err != nil {
+			return fail(err)
+		}
+		if err := set(dir, "cpu.cfs_period_us", "100000"); err != nil {
+			return fail(err)
+		}
+		if err := set(dir, "cpu.cfs_quota_us", strconv.FormatInt(int64(lim.CPUs*100000), 10)); err != nil {
+			return fail(err)
+		}
+	}
+	return cg, nil
+}
+
+// open returns the v2 group's directory, for starting the agent inside it.
+func (c *Cgroups) open() (*os.File, error) {
+	return os.OpenFile(c.V2, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+}
+
+// add puts pid into the v1 groups (the v2 one it was born in).
+func (c *Cgroups) add(pid int) error {
+	for ctrl, dir := range c.V1 {
+		if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
+			return fmt.Errorf("sandbox: join %s cgroup: %w", ctrl, err)
+		}
+	}
+	return nil
+}
+
+// Populated reports whether any process is left in the sandbox.
+func (c *Cgroups) Populated() bool {
+	b, err := os.ReadFile(filepath.Join(c.V2, "cgroup.events"))
+	if err != nil {
+		return false
+	}
+	return strings.Contains(string(b), "populated 1")
+}
+
+// Kill ends every process in the sandbox and waits, bounded, until none
+// is left.
+func (c *Cgroups) Kill(timeout time.Duration) error {
+	if _, err := os.Stat(c.V2); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err := os.WriteFile(filepath.Join(c.V2, "cgroup.kill"), []byte("1"), 0); err != nil {
+		return fmt.Errorf("sandbox: kill cgroup: %w", err)
+	}
+	deadline := time.Now().Add(timeout)
+	for c.Populated() {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("sandbox: processes left in %s after %v", c.V2, timeout)
+		}
+		// cgroup.events can be watched with inotify; the kill takes a few
+		// milliseconds, so a short poll is as good and simpler.
+		time.Sleep(time.Millisecond)
+	}
+	return nil
+}
+
+// Destroy removes the groups. They must be empty.
+func (c *Cgroups) Destroy() error {
+	var errs []error
+	for _, dir := range c.V1 {
+		if err := unix.Rmdir(dir); err != nil && !errors.Is(err, unix.ENOENT) {
+			errs = append(errs, fmt.Errorf("sandbox: remove %s: %w", dir, err))
+		}
+	}
+	if err := unix.Rmdir(c.V2); err != nil && !errors.Is(err, unix.ENOENT) {
+		errs = append(errs, fmt.Errorf("sandbox: remove %s: %w", c.V2, err))
+	}
+	return errors.Join(errs...)
+}
+
+// ReadEvent reads a counter from a v1 or v2 events file (memory oom_kill,
+// pids max), for reporting why a sandbox's process died.
+func (c *Cgroups) ReadEvent(ctrl, file, key string) int64 {
+	dir := c.V1[ctrl]
+	if dir == "" {
+		dir = c.V2
+	}
+	b, err := os.ReadFile(filepath.Join(dir, file))
+	if err != nil {
+		return 0
+	}
+	for line := range strings.Lines(string(b)) {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), " ")
+		if ok && k == key {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			return n
+		}
+	}
+	return 0
+}

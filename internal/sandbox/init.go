@@ -1,0 +1,278 @@
+package sandbox
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sandkiln/sandkiln/internal/capture"
+)
+
+// AgentConfig is what the re-executed binary needs to become a sandbox's
+// agent. It travels in the environment variable AgentEnv, as JSON.
+type AgentConfig struct {
+	ID       string `json:"id"`
+	Hostname string `json:"hostname"`
+	// Root is an empty host directory the sandbox's root is built on (in
+	// the agent's own mount namespace; the host never sees the mounts).
+	Root string `json:"root"`
+	// Workspace is the host directory mounted writable at /workspace.
+	Workspace string `json:"workspace"`
+	// Rootfs, when set, is a root filesystem directory used (read-only,
+	// with a writable layer in Upper and Work) instead of the host's.
+	Rootfs string `json:"rootfs,omitempty"`
+	Upper  string `json:"upper,omitempty"`
+	Work   string `json:"work,omitempty"`
+	// UIDBase is the host uid (and gid) the sandbox's root maps to.
+	UIDBase int `json:"uid_base"`
+	// Env is the processes' base environment.
+	Env []string `json:"env"`
+}
+
+// AgentEnv names the environment variable that makes kilnd's binary run as
+// a sandbox's agent.
+const AgentEnv = "KILN_AGENT_CONFIG"
+
+// The agent's inherited descriptors, in order after stdio.
+const (
+	fdListener = 3 // the unix socket kilnd serves the agent's API through
+	fdLogs     = 4 // the sandbox's capture directory on the host
+)
+
+// hostDirs are bound read-only from the host when no rootfs is given.
+var hostDirs = []string{"usr", "etc", "bin", "lib", "lib64", "sbin", "opt"}
+
+// setupRoot builds the sandbox's filesystem and moves the agent into it:
+// a tmpfs root with the host's system directories (or the given rootfs
+// under a writable overlay) read-only, private /tmp, writable /workspace,
+// a minimal /dev, its own /proc; then pivot_root, and the old root
+// detached so nothing of the host stays reachable.
+func setupRoot(cfg AgentConfig) error {
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("make mounts private: %w", err)
+	}
+	root := cfg.Root
+	if cfg.Rootfs != "" {
+		opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", cfg.Rootfs, cfg.Upper, cfg.Work)
+		if err := unix.Mount("overlay", root, "overlay", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+			return fmt.Errorf("mount the rootfs overlay: %w", err)
+		}
+	} else {
+		if err := unix.Mount("tmpfs", root, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755,size=16m"); err != nil {
+			return fmt.Errorf("mount the root: %w", err)
+		}
+		for _, d := range hostDirs {
+			host := "/" + d
+			fi, err := os.Lstat(host)
+			if err != nil {
+				continue
+			}
+			target := filepath.Join(root, d)
+			if fi.Mode()&os.ModeSymlink != 0 {
+				link, err := os.Readlink(host)
+				if err != nil {
+					return err
+				}
+				if err := os.Symlink(link, target); err != nil {
+					return err
+				}
+				continue
+			}
+			if err := bindReadOnly(host, target); err != nil {
+				return err
+			}
+		}
+	}
+	for _, d := range []string{"tmp", "workspace", "dev", "proc", "root", ".old"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			return err
+		}
+	}
+	if err := unix.Mount("tmpfs", filepath.Join(root, "tmp"), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777"); err != nil {
+		return fmt.Errorf("mount /tmp: %w", err)
+	}
+	if err := unix.Mount(cfg.Workspace, filepath.Join(root, "workspace"), "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("mount /workspace: %w", err)
+	}
+	if err := unix.Mount("tmpfs", filepath.Join(root, "root"), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV,
+		fmt.Sprintf("mode=0700,uid=%d,gid=%d", cfg.UIDBase, cfg.UIDBase)); err != nil {
+		return fmt.Errorf("mount /root: %w", err)
+	}
+	if err := setupDev(filepath.Join(root, "dev")); err != nil {
+		return err
+	}
+	// In a new pid namespace, this proc shows the sandbox's processes only.
+	if err := unix.Mount("proc", filepath.Join(root, "proc"), "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return fmt.Errorf("mount /proc: %w", err)
+	}
+	if err := unix.PivotRoot(root, filepath.Join(root, ".old")); err != nil {
+		return fmt.Errorf("pivot_root: %w", err)
+	}
+	if err := unix.Chdir("/"); err != nil {
+		return err
+	}
+	if err := unix.Unmount("/.old", unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("detach the host's root: %w", err)
+	}
+	if err := os.Remove("/.old"); err != nil {
+		return err
+	}
+	// The root itself holds only mount points: read-only.
+	if err := unix.Mount("", "/", "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY, ""); err != nil && cfg.Rootfs == "" {
+		return fmt.Errorf("make the root read-only: %w", err)
+	}
+	return nil
+}
+
+func bindReadOnly(src, dst string) error {
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		return err
+	}
+	if err := unix.Mount(src, dst, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("bind %s: %w", src, err)
+	}
+	if err := unix.Mount("", dst, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
+		return fmt.Errorf("make %s read-only: %w", src, err)
+	}
+	return nil
+}
+
+// setupDev makes a minimal /dev: the harmless devices bound from the
+// host, a private devpts for terminals, shm, and the usual links.
+func setupDev(dev string) error {
+	if err := unix.Mount("tmpfs", dev, "tmpfs", unix.MS_NOSUID|unix.MS_NOEXEC, "mode=0755,size=64k"); err != nil {
+		return fmt.Errorf("mount /dev: %w", err)
+	}
+	for _, d := range []string{"null", "zero", "full", "random", "urandom", "tty"} {
+		target := filepath.Join(dev, d)
+		f, err := os.Create(target)
+		if err != nil {
+			return err
+		}
+		f.Close()
+		if err := unix.Mount("/dev/"+d, target, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("bind /dev/%s: %w", d, err)
+		}
+	}
+	for _, d := range []string{"pts", "shm"} {
+		if err := os.Mkdir(filepath.Join(dev, d), 0o755); err != nil {
+			return err
+		}
+	}
+	if err := unix.Mount("devpts", filepath.Join(dev, "pts"), "devpts", unix.MS_NOSUID|unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620"); err != nil {
+		return fmt.Errorf("mount /dev/pts: %w", err)
+	}
+	if err := unix.Mount("tmpfs", filepath.Join(dev, "shm"), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777,size=64m"); err != nil {
+		return fmt.Errorf("mount /dev/shm: %w", err)
+	}
+	for link, target := range map[string]string{
+		"ptmx": "pts/ptmx", "fd": "/proc/self/fd", "stdin": "/proc/self/fd/0",
+		"stdout": "/proc/self/fd/1", "stderr": "/proc/self/fd/2",
+	} {
+		if err := os.Symlink(target, filepath.Join(dev, link)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// loopbackUp brings lo up: the sandbox's only network.
+func loopbackUp() error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	var req [unix.IFNAMSIZ + 24]byte
+	copy(req[:], "lo")
+	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.SIOCGIFFLAGS, uintptr(unsafe.Pointer(&req[0]))); errno != 0 {
+		return fmt.Errorf("read lo's flags: %w", errno)
+	}
+	flags := (*uint16)(unsafe.Pointer(&req[unix.IFNAMSIZ]))
+	*flags |= unix.IFF_UP | unix.IFF_RUNNING
+	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.SIOCSIFFLAGS, uintptr(unsafe.Pointer(&req[0]))); errno != 0 {
+		return fmt.Errorf("bring lo up: %w", errno)
+	}
+	return nil
+}
+
+// isolate puts a sandboxed process in its own user namespace, where its
+// root is the unprivileged host range from base: it has no capability
+// over the agent, the mounts or the network, all owned by the parent
+// namespace.
+func isolate(base int) func(*syscall.SysProcAttr) {
+	return func(a *syscall.SysProcAttr) {
+		a.Cloneflags |= unix.CLONE_NEWUSER
+		a.UidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: base, Size: idRange}}
+		a.GidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: base, Size: idRange}}
+		a.GidMappingsEnableSetgroups = false
+		a.Credential = &syscall.Credential{Uid: 0, Gid: 0, NoSetGroups: true}
+	}
+}
+
+// idRange is how many uids a sandbox maps.
+const idRange = 65536
+
+var errNotAgent = errors.New("sandbox: not started as an agent")
+
+// Inside is what a process that Enter made into a sandbox's agent holds:
+// its configuration, the API listener, the capture directory, and the
+// isolation to apply to every process it starts.
+type Inside struct {
+	Config   AgentConfig
+	Listener net.Listener
+	Logs     *capture.Dir
+	Isolate  func(*syscall.SysProcAttr)
+}
+
+// IsAgent reports whether this process was started as a sandbox's agent.
+func IsAgent() bool { return os.Getenv(AgentEnv) != "" }
+
+// Enter turns this process, started by Create, into its sandbox's agent:
+// it builds the sandbox's filesystem and moves into it, names the host,
+// brings the loopback up, makes itself impossible to inspect from inside
+// (no core dumps, no ptrace, no /proc/1/fd for the sandbox's root), and
+// takes its inherited handles, which no child inherits.
+func Enter() (*Inside, error) {
+	raw := os.Getenv(AgentEnv)
+	if raw == "" {
+		return nil, errNotAgent
+	}
+	os.Unsetenv(AgentEnv)
+	var cfg AgentConfig
+	if err := json.Unmarshal([]byte(raw), &cfg); err != nil {
+		return nil, fmt.Errorf("sandbox: agent config: %w", err)
+	}
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	if err := setupRoot(cfg); err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	if err := unix.Sethostname([]byte(cfg.Hostname)); err != nil {
+		return nil, fmt.Errorf("sandbox: hostname: %w", err)
+	}
+	if err := loopbackUp(); err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	lf := os.NewFile(fdListener, "agent.sock")
+	l, err := net.FileListener(lf) // a close-on-exec duplicate
+	lf.Close()
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: agent socket: %w", err)
+	}
+	unix.CloseOnExec(fdLogs)
+	logs, err := capture.NewDir(os.NewFile(fdLogs, "logs"))
+	if err != nil {
+		l.Close()
+		return nil, err
+	}
+	return &Inside{Config: cfg, Listener: l, Logs: logs, Isolate: isolate(cfg.UIDBase)}, nil
+}

@@ -1,0 +1,320 @@
+// Package sandbox creates namespace sandboxes, each run by kilnd's own binary re-executed as its agent (PID 1), in a cgroup of its own.
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Options describe a sandbox to create.
+type Options struct {
+	// Dir is the sandbox's directory in kilnd's state directory; it must
+	// not exist yet. The sandbox's files (agent socket, captured logs,
+	// workspace) live there, outside anything the sandbox can see.
+	Dir string
+	// ID names the sandbox; Hostname defaults to "kiln-" and its start.
+	ID       string
+	Hostname string
+	// Exe is the binary to re-execute as the agent.
+	Exe string
+	// Rootfs, when set, is a root filesystem directory to use instead of
+	// the host's system directories.
+	Rootfs string
+	Limits Limits
+	// UIDBase is the first host uid of the range the sandbox's users map
+	// to (default DefaultUIDBase).
+	UIDBase int
+	// Env is the base environment of the sandbox's processes.
+	Env []string
+	// Ready bounds the wait for the agent to answer.
+	Ready time.Duration
+}
+
+// DefaultUIDBase is the host uid a sandbox's root maps to.
+const DefaultUIDBase = 100000
+
+// Names in a sandbox's directory.
+const (
+	SocketName    = "agent.sock"
+	LogsName      = "logs"
+	WorkspaceName = "workspace"
+	rootName      = "root"
+	agentLogName  = "agent.log"
+)
+
+// Sandbox is a running sandbox as kilnd knows it: enough to reach its
+// agent, kill it, and find it again after kilnd restarts.
+type Sandbox struct {
+	ID      string   `json:"id"`
+	Dir     string   `json:"dir"`
+	PID     int      `json:"pid"`     // the agent, in kilnd's pid namespace
+	Started uint64   `json:"started"` // the agent's start time in clock ticks, against pid reuse
+	Cgroups *Cgroups `json:"cgroups"`
+
+	// reaped is closed once this kilnd has waited for the agent it started;
+	// nil for an agent adopted after a restart.
+	reaped chan struct{}
+}
+
+// Socket is the path of the agent's API socket.
+func (s *Sandbox) Socket() string { return filepath.Join(s.Dir, SocketName) }
+
+// Create makes a sandbox and starts its agent, and returns once the agent
+// answers. On failure nothing of it is left running.
+func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
+	if o.UIDBase == 0 {
+		o.UIDBase = DefaultUIDBase
+	}
+	if o.Hostname == "" {
+		o.Hostname = "kiln-" + o.ID[:min(8, len(o.ID))]
+	}
+	if o.Ready == 0 {
+		o.Ready = 10 * time.Second
+	}
+	if err := os.Mkdir(o.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	cleanup := []func(){}
+	defer func() {
+		if err != nil {
+			for i := len(cleanup) - 1; i >= 0; i-- {
+				cleanup[i]()
+			}
+		}
+	}()
+	cfg := AgentConfig{
+		ID: o.ID, Hostname: o.Hostname, Root: filepath.Join(o.Dir, rootName),
+		Workspace: filepath.Join(o.Dir, WorkspaceName), UIDBase: o.UIDBase, Env: o.Env,
+	}
+	for _, d := range []string{rootName, LogsName, WorkspaceName} {
+		if err := os.Mkdir(filepath.Join(o.Dir, d), 0o700); err != nil {
+			return nil, fmt.Errorf("sandbox: %w", err)
+		}
+	}
+	// The sandbox's root owns its workspace.
+	if err := os.Chown(cfg.Workspace, o.UIDBase, o.UIDBase); err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	if err := os.Chmod(cfg.Workspace, 0o755); err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	if o.Rootfs != "" {
+		fi, err := os.Stat(o.Rootfs)
+		if err != nil || !fi.IsDir() {
+			return nil, fmt.Errorf("sandbox: rootfs %s is not a directory", o.Rootfs)
+		}
+		cfg.Rootfs, cfg.Upper, cfg.Work = o.Rootfs, filepath.Join(o.Dir, "upper"), filepath.Join(o.Dir, "work")
+		for _, d := range []string{cfg.Upper, cfg.Work} {
+			if err := os.Mkdir(d, 0o755); err != nil {
+				return nil, fmt.Errorf("sandbox: %w", err)
+			}
+		}
+	}
+	cg, err := newCgroups("kiln-"+o.ID, o.Limits)
+	if err != nil {
+		return nil, err
+	}
+	cleanup = append(cleanup, func() {
+		cg.Kill(5 * time.Second)
+		cg.Destroy()
+	})
+	sb = &Sandbox{ID: o.ID, Dir: o.Dir, Cgroups: cg}
+
+	l, err := net.Listen("unix", sb.Socket())
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: agent socket: %w", err)
+	}
+	ul := l.(*net.UnixListener)
+	ul.SetUnlinkOnClose(false) // the agent serves it after kilnd lets go
+	defer ul.Close()
+	if err := os.Chmod(sb.Socket(), 0o600); err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	lf, err := ul.File()
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	defer lf.Close()
+	logs, err := os.OpenFile(filepath.Join(o.Dir, LogsName), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	defer logs.Close()
+	cgf, err := cg.open()
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	defer cgf.Close()
+	agentLog, err := os.OpenFile(filepath.Join(o.Dir, agentLogName), os.O_WRONLY|os.O_CREATE|os.O_APPEND|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	defer agentLog.Close()
+	raw, err := json.Marshal(cfg)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(o.Exe)
+	cmd.Env = []string{AgentEnv + "=" + string(raw)}
+	cmd.Stdout, cmd.Stderr = agentLog, agentLog
+	cmd.ExtraFiles = []*os.File{lf, logs} // fdListener, fdLogs
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags:  unix.CLONE_NEWPID | unix.CLONE_NEWNS | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC | unix.CLONE_NEWNET,
+		Setsid:      true,
+		UseCgroupFD: true,
+		CgroupFD:    int(cgf.Fd()),
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("sandbox: start the agent: %w", err)
+	}
+	sb.PID = cmd.Process.Pid
+	// kilnd reaps the agent it started if it outlives it; an agent that
+	// outlives kilnd is adopted by the host.
+	sb.reaped = make(chan struct{})
+	go func() {
+		cmd.Wait()
+		close(sb.reaped)
+	}()
+	if err := cg.add(sb.PID); err != nil {
+		return nil, err
+	}
+	if sb.Started, err = startTime(sb.PID); err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, o.Ready)
+	defer cancel()
+	if err := sb.awaitReady(rctx); err != nil {
+		msg, _ := os.ReadFile(filepath.Join(o.Dir, agentLogName))
+		return nil, fmt.Errorf("sandbox: the agent did not start: %w: %s", err, strings.TrimSpace(string(msg)))
+	}
+	return sb, nil
+}
+
+// awaitReady polls the agent's health until it answers.
+func (s *Sandbox) awaitReady(ctx context.Context) error {
+	c := s.Client()
+	for {
+		req, _ := http.NewRequestWithContext(ctx, "GET", "http://agent/healthz", nil)
+		resp, err := c.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return nil
+			}
+		}
+		if !s.Alive() {
+			return errors.New("the agent exited")
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
+
+// Client is an HTTP client whose every request goes to the agent.
+func (s *Sandbox) Client() *http.Client {
+	return &http.Client{Transport: s.Transport()}
+}
+
+// Transport dials the agent's socket for any address.
+func (s *Sandbox) Transport() *http.Transport {
+	sock := s.Socket()
+	return &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", sock)
+		},
+		MaxIdleConnsPerHost: 16,
+		IdleConnTimeout:     time.Minute,
+	}
+}
+
+// Alive reports whether the agent still runs (and is the same process).
+func (s *Sandbox) Alive() bool {
+	t, err := startTime(s.PID)
+	return err == nil && t == s.Started && !zombie(s.PID)
+}
+
+// Destroy kills everything in the sandbox and removes its cgroups and
+// files; with keepLogs the captured logs (and the directory holding them)
+// stay.
+func (s *Sandbox) Destroy(keepLogs bool) error {
+	var errs []error
+	if s.Cgroups != nil {
+		if err := s.Cgroups.Kill(10 * time.Second); err != nil {
+			errs = append(errs, err)
+		}
+		if s.reaped != nil {
+			<-s.reaped
+		}
+		if err := s.Cgroups.Destroy(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	ents, err := os.ReadDir(s.Dir)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, err)
+	}
+	for _, e := range ents {
+		if keepLogs && (e.Name() == LogsName || strings.HasSuffix(e.Name(), ".json")) {
+			continue
+		}
+		if err := os.RemoveAll(filepath.Join(s.Dir, e.Name())); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if !keepLogs {
+		if err := os.Remove(s.Dir); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// startTime reads a process's start time (field 22 of its stat), which
+// with the pid identifies it across pid reuse.
+func startTime(pid int) (uint64, error) {
+	f, err := statFields(pid)
+	if err != nil {
+		return 0, err
+	}
+	if len(f) < 20 {
+		return 0, fmt.Errorf("short stat of %d", pid)
+	}
+	return strconv.ParseUint(f[19], 10, 64)
+}
+
+func zombie(pid int) bool {
+	f, err := statFields(pid)
+	return err != nil || len(f) < 1 || f[0] == "Z"
+}
+
+// statFields returns /proc/PID/stat's fields after the command name,
+// starting with the state (field 3).
+func statFields(pid int) ([]string, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return nil, err
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return nil, fmt.Errorf("malformed stat of %d", pid)
+	}
+	return strings.Fields(s[i+1:]), nil
+}

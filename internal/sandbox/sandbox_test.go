@@ -1,0 +1,120 @@
+package sandbox_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"go.uber.org/goleak"
+
+	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/internal/agent"
+	"github.com/sandkiln/sandkiln/internal/sandbox"
+)
+
+func TestMain(m *testing.M) {
+	if sandbox.IsAgent() {
+		os.Exit(agent.Main())
+	}
+	goleak.VerifyTestMain(m)
+}
+
+func newSandbox(t *testing.T, o sandbox.Options) *sandbox.Sandbox {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("the namespace backend needs root")
+	}
+	o.ID = uuid.Must(uuid.NewV7()).String()
+	o.Dir = filepath.Join(t.TempDir(), o.ID)
+	o.Exe = os.Args[0]
+	if o.Env == nil {
+		o.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME=/root", "LANG=C.UTF-8"}
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	sb, err := sandbox.Create(ctx, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := sb.Destroy(false); err != nil {
+			t.Errorf("destroy: %v", err)
+		}
+	})
+	return sb
+}
+
+// run is a finite exec of sh -c script in the sandbox.
+func run(t *testing.T, sb *sandbox.Sandbox, script string) api.ExecResult {
+	t.Helper()
+	body, _ := json.Marshal(api.ExecRequest{Command: "sh", Args: []string{"-c", script}})
+	resp, err := sb.Client().Post("http://agent/exec", "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var res api.ExecResult
+	if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&res) != nil {
+		t.Fatalf("exec %q: status %d", script, resp.StatusCode)
+	}
+	return res
+}
+
+func code(r api.ExecResult) int {
+	if r.ExitCode == nil {
+		return -1
+	}
+	return *r.ExitCode
+}
+
+func TestIsolation(t *testing.T) {
+	sb := newSandbox(t, sandbox.Options{})
+	cases := []struct {
+		name, script string
+		wantCode     int
+		wantOut      string // a substring of stdout, when set
+	}{
+		{"root inside", "id -u", 0, "0"},
+		{"own hostname", "hostname", 0, "kiln-" + sb.ID[:8]},
+		{"only its own processes", "ls /proc | grep -c '^[0-9]'", 0, ""},
+		{"host /usr is read-only", "touch /usr/kiln-probe", 1, ""},
+		{"host /etc is read-only", "touch /etc/kiln-probe", 1, ""},
+		{"root is read-only", "touch /kiln-probe", 1, ""},
+		{"workspace is writable", "echo hi > /workspace/f && cat /workspace/f", 0, "hi"},
+		{"tmp is writable", "echo hi > /tmp/f && cat /tmp/f", 0, "hi"},
+		{"shadow is unreadable", "head -c1 /etc/shadow", 1, ""},
+		{"the agent's descriptors are hidden", "ls /proc/1/fd", 2, ""},
+		{"the agent's environment is hidden", "cat /proc/1/environ", 1, ""},
+		{"no way back to the host's root", "ls /.old", 2, ""},
+		{"loopback only", "grep -c ':' /proc/net/dev", 0, "1"},
+		{"cannot mount", "mount -t tmpfs t /tmp", 1, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r := run(t, sb, tc.script)
+			if code(r) == 0 != (tc.wantCode == 0) || (tc.wantOut != "" && strings.TrimSpace(r.Stdout) != tc.wantOut) {
+				t.Errorf("%q: exit %d, stdout %q, stderr %q; want exit %d, stdout %q", tc.script, code(r), r.Stdout, r.Stderr, tc.wantCode, tc.wantOut)
+			}
+		})
+	}
+	// The sandbox's root is an unprivileged host user.
+	fi, err := os.Stat(filepath.Join(sb.Dir, sandbox.WorkspaceName, "f"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := fi.Sys().(*syscall.Stat_t); st.Uid != sandbox.DefaultUIDBase {
+		t.Errorf("a file the sandbox's root made belongs to host uid %d, want %d", st.Uid, sandbox.DefaultUIDBase)
+	}
+	// Few processes: the agent, the shell and ls/grep.
+	if n := strings.TrimSpace(run(t, sb, "ls /proc | grep -c '^[0-9]'").Stdout); n > "5" || len(n) > 1 {
+		t.Errorf("%s processes visible in the sandbox", n)
+	}
+}
