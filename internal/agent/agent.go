@@ -23,6 +23,7 @@ import (
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/capture"
 	"github.com/sandkiln/sandkiln/internal/process"
+	"github.com/sandkiln/sandkiln/internal/reply"
 	"github.com/sandkiln/sandkiln/internal/ring"
 	"github.com/sandkiln/sandkiln/internal/stdin"
 )
@@ -94,39 +95,32 @@ var (
 	errBadJSON  = errors.New("malformed request")
 )
 
-// writeError maps an error to its status and the JSON error body. This is
-// the one place where error classes become HTTP statuses.
+// writeError maps an error to its class and answers with it. This is the
+// one place where the engine's errors become HTTP statuses.
 func writeError(w http.ResponseWriter, err error) {
-	status, code := http.StatusInternalServerError, api.CodeInternal
+	code := api.CodeInternal
 	var maxErr *http.MaxBytesError
 	switch {
 	case errors.Is(err, errTooLarge), errors.As(err, &maxErr), errors.Is(err, stdin.ErrTooLarge):
-		status, code = http.StatusRequestEntityTooLarge, api.CodeTooLarge
+		code = api.CodeTooLarge
 	case errors.Is(err, errBadJSON), errors.Is(err, process.ErrInvalid), errors.Is(err, process.ErrStart),
 		errors.Is(err, process.ErrNoStdin), errors.Is(err, process.ErrNotTerminal), errors.Is(err, process.ErrTerminalEOF),
 		errors.Is(err, stdin.ErrHole), errors.Is(err, stdin.ErrOffset):
-		status, code = http.StatusBadRequest, api.CodeInvalid
+		code = api.CodeInvalid
 	case errors.Is(err, process.ErrNotFound), errors.Is(err, errNoRoute):
-		status, code = http.StatusNotFound, api.CodeNotFound
+		code = api.CodeNotFound
 	case errors.Is(err, process.ErrOutOfRange):
-		status, code = http.StatusRequestedRangeNotSatisfiable, api.CodeOutOfRange
+		code = api.CodeOutOfRange
 	case errors.Is(err, process.ErrFinished), errors.Is(err, stdin.ErrClosed), errors.Is(err, stdin.ErrBroken),
 		errors.Is(err, stdin.ErrStopped):
-		status, code = http.StatusPreconditionFailed, api.CodePrecondition
+		code = api.CodePrecondition
 	case errors.Is(err, stdin.ErrFull), errors.Is(err, process.ErrClosed):
-		status, code = http.StatusServiceUnavailable, api.CodeUnavailable
+		code = api.CodeUnavailable
 	}
-	writeJSON(w, status, api.Error{Error: api.ErrorBody{Code: code, Message: err.Error()}})
+	reply.Error(w, code, err.Error())
 }
 
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("X-Content-Type-Options", "nosniff")
-	w.WriteHeader(status)
-	enc := json.NewEncoder(w)
-	enc.SetEscapeHTML(false)
-	enc.Encode(v)
-}
+var writeJSON = reply.JSON
 
 // decode reads a bounded JSON body into v, refusing unknown fields and
 // trailing data.

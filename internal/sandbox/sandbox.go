@@ -255,6 +255,9 @@ func (s *Sandbox) Alive() bool {
 // stay.
 func (s *Sandbox) Destroy(keepLogs bool) error {
 	var errs []error
+	// Ask the agent first: it stops its processes in order, so their
+	// captured runs end with their end records. Then kill what is left.
+	s.stop(stopTimeout)
 	if s.Cgroups != nil {
 		if err := s.Cgroups.Kill(10 * time.Second); err != nil {
 			errs = append(errs, err)
@@ -284,6 +287,39 @@ func (s *Sandbox) Destroy(keepLogs bool) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// stopTimeout bounds the agent's own shutdown when a sandbox is deleted.
+const stopTimeout = 10 * time.Second
+
+// stop sends the agent SIGTERM and waits, bounded, for it to exit.
+func (s *Sandbox) stop(timeout time.Duration) {
+	if !s.Alive() {
+		return
+	}
+	fd, err := unix.PidfdOpen(s.PID, 0)
+	if err != nil {
+		return
+	}
+	defer unix.Close(fd)
+	if !s.Alive() { // the pid may have been reused before the pidfd was opened
+		return
+	}
+	if err := unix.PidfdSendSignal(fd, unix.SIGTERM, nil, 0); err != nil {
+		return
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return
+		}
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, err := unix.Poll(fds, int(left/time.Millisecond)+1)
+		if n > 0 || (err != nil && err != unix.EINTR) {
+			return
+		}
+	}
 }
 
 // startTime reads a process's start time (field 22 of its stat), which

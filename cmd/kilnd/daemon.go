@@ -1,0 +1,93 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/sandkiln/sandkiln/internal/daemon"
+)
+
+// Defaults: the state directory and the TCP address of the API.
+const (
+	defaultStateDir = "/var/lib/sandkiln"
+	defaultListen   = "127.0.0.1:7777"
+)
+
+// sandboxEnv is the base environment of every sandboxed process.
+var sandboxEnv = []string{
+	"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+	"HOME=/root",
+	"LANG=C.UTF-8",
+	"TERM=xterm-256color",
+}
+
+type origins []string
+
+func (o *origins) String() string     { return strings.Join(*o, ",") }
+func (o *origins) Set(v string) error { *o = append(*o, v); return nil }
+
+func daemonMain(args []string) int {
+	fs := flag.NewFlagSet("kilnd", flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), `Usage: kilnd [flags]
+
+kilnd runs sandboxes and serves their processes' API: on the unix socket
+STATE_DIR/%s (mode 0600, no token) and on TCP (a bearer token, read from
+STATE_DIR/%s, in "Authorization: Bearer TOKEN"). Sandboxes keep running
+when kilnd stops; a restarted kilnd adopts them. It needs root.
+
+Flags:
+`, daemon.SocketName, daemon.TokenName)
+		fs.PrintDefaults()
+	}
+	stateDir := fs.String("state-dir", envOr("KILN_STATE_DIR", defaultStateDir), "state `directory`: token, API socket, sandboxes and their captured logs (env KILN_STATE_DIR)")
+	listen := fs.String("listen", defaultListen, "TCP `address` of the API; empty for the unix socket only")
+	var allow origins
+	fs.Var(&allow, "allow-origin", "a browser `origin` allowed to call the API beside kilnd's own (repeatable)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "kilnd: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "kilnd: the namespace sandbox backend needs root (run it with sudo)")
+		return 1
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "kilnd: find this binary:", err)
+		return 1
+	}
+	d, err := daemon.New(daemon.Config{StateDir: *stateDir, Listen: *listen, AllowOrigins: allow, Exe: exe, Env: sandboxEnv, Log: log})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := d.Serve(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return 0
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}

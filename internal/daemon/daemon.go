@@ -1,0 +1,523 @@
+// Package daemon is kilnd: it creates and tracks sandboxes, keeps their records in the state directory, authenticates callers and routes each process call to the sandbox's agent.
+package daemon
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"golang.org/x/sys/unix"
+
+	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/internal/reply"
+	"github.com/sandkiln/sandkiln/internal/sandbox"
+)
+
+// Config sets up kilnd.
+type Config struct {
+	// StateDir holds the token, the API socket and every sandbox's
+	// directory.
+	StateDir string
+	// Listen is the TCP address of the API (bearer token required); empty
+	// serves the unix socket only.
+	Listen string
+	// AllowOrigins are browser origins allowed beside kilnd's own.
+	AllowOrigins []string
+	// Exe is the binary re-executed as each sandbox's agent.
+	Exe string
+	// Env is the base environment of sandboxed processes.
+	Env []string
+	Log *slog.Logger
+}
+
+// Names in the state directory.
+const (
+	SocketName   = "kilnd.sock"
+	TokenName    = "token"
+	sandboxesDir = "sandboxes"
+	recordName   = "sandbox.json"
+)
+
+// Sandbox states.
+const (
+	StateRunning = "running"
+	StateStopped = "stopped"
+	StateDeleted = "deleted"
+)
+
+// record is a sandbox's small JSON file, written atomically on every
+// change, from which a restarted kilnd finds it again.
+type record struct {
+	ID        string           `json:"id"`
+	State     string           `json:"state"`
+	CreatedAt time.Time        `json:"created_at"`
+	StoppedAt *time.Time       `json:"stopped_at,omitempty"`
+	Hostname  string           `json:"hostname"`
+	Rootfs    string           `json:"rootfs,omitempty"`
+	Limits    sandbox.Limits   `json:"limits"`
+	Reason    string           `json:"reason,omitempty"` // why it stopped
+	Sandbox   *sandbox.Sandbox `json:"sandbox,omitempty"`
+}
+
+// entry is a known sandbox and, while it runs, the route to its agent.
+type entry struct {
+	rec   record
+	proxy *httputil.ReverseProxy
+}
+
+// Daemon is kilnd.
+type Daemon struct {
+	cfg   Config
+	token string
+	log   *slog.Logger
+
+	// mu guards sandboxes. Creating and deleting a sandbox happen outside
+	// it; the entry is added once the sandbox runs.
+	mu        sync.Mutex
+	sandboxes map[string]*entry
+}
+
+// New opens the state directory (making it and the token on first start)
+// and finds the sandboxes of an earlier run: those whose agent still runs
+// are adopted as they are; the others are marked stopped, what is left of
+// them killed, their captured logs kept.
+func New(cfg Config) (*Daemon, error) {
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if err := os.MkdirAll(filepath.Join(cfg.StateDir, sandboxesDir), 0o700); err != nil {
+		return nil, fmt.Errorf("kilnd: state directory: %w", err)
+	}
+	fi, err := os.Lstat(cfg.StateDir)
+	if err != nil {
+		return nil, fmt.Errorf("kilnd: state directory: %w", err)
+	}
+	if !fi.IsDir() {
+		return nil, fmt.Errorf("kilnd: state directory %s is not a directory (a symbolic link is refused)", cfg.StateDir)
+	}
+	if err := os.Chmod(cfg.StateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("kilnd: state directory: %w", err)
+	}
+	d := &Daemon{cfg: cfg, log: cfg.Log, sandboxes: map[string]*entry{}}
+	if d.token, err = loadToken(filepath.Join(cfg.StateDir, TokenName)); err != nil {
+		return nil, err
+	}
+	if err := d.recover(); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// loadToken reads the API token, making it on first start.
+func loadToken(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err == nil {
+		if t := strings.TrimSpace(string(b)); len(t) >= 32 {
+			return t, nil
+		}
+		return "", fmt.Errorf("kilnd: token file %s is too short; remove it to make a new one", path)
+	}
+	if !errors.Is(err, os.ErrNotExist) {
+		return "", fmt.Errorf("kilnd: token: %w", err)
+	}
+	raw := make([]byte, 32)
+	rand.Read(raw)
+	t := hex.EncodeToString(raw)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return "", fmt.Errorf("kilnd: token: %w", err)
+	}
+	defer f.Close()
+	if _, err := f.WriteString(t + "\n"); err != nil {
+		return "", fmt.Errorf("kilnd: token: %w", err)
+	}
+	return t, f.Sync()
+}
+
+// Token is the bearer token TCP clients must present.
+func (d *Daemon) Token() string { return d.token }
+
+func (d *Daemon) sandboxDir(id string) string {
+	return filepath.Join(d.cfg.StateDir, sandboxesDir, id)
+}
+
+// save writes a record atomically: a temporary file, synced, renamed.
+func (d *Daemon) save(rec record) error {
+	b, err := json.MarshalIndent(rec, "", "  ")
+	if err != nil {
+		return err
+	}
+	dir := d.sandboxDir(rec.ID)
+	tmp := filepath.Join(dir, recordName+".tmp")
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return fmt.Errorf("kilnd: save %s: %w", rec.ID, err)
+	}
+	_, err = f.Write(append(b, '\n'))
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, filepath.Join(dir, recordName))
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("kilnd: save %s: %w", rec.ID, err)
+	}
+	if df, err := os.Open(dir); err == nil {
+		df.Sync()
+		df.Close()
+	}
+	return nil
+}
+
+// recover reads every record and reconciles it with what runs.
+func (d *Daemon) recover() error {
+	ents, err := os.ReadDir(filepath.Join(d.cfg.StateDir, sandboxesDir))
+	if err != nil {
+		return fmt.Errorf("kilnd: %w", err)
+	}
+	for _, e := range ents {
+		if _, err := uuid.Parse(e.Name()); err != nil || !e.IsDir() {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(d.sandboxDir(e.Name()), recordName))
+		if err != nil {
+			// Created but never recorded: a start that did not finish.
+			d.log.Warn("sandbox without a record; removing it", "id", e.Name(), "err", err)
+			os.RemoveAll(d.sandboxDir(e.Name()))
+			continue
+		}
+		var rec record
+		if err := json.Unmarshal(b, &rec); err != nil || rec.ID != e.Name() {
+			d.log.Error("unreadable sandbox record; left as it is", "id", e.Name(), "err", err)
+			continue
+		}
+		if rec.State == StateRunning {
+			if rec.Sandbox != nil && rec.Sandbox.Alive() {
+				d.sandboxes[rec.ID] = d.route(rec)
+				d.log.Info("sandbox adopted", "id", rec.ID, "agent", rec.Sandbox.PID)
+				continue
+			}
+			d.stopped(&rec, "the agent was gone when kilnd started (host reboot or agent killed); exit unknown")
+		}
+		d.sandboxes[rec.ID] = &entry{rec: rec}
+	}
+	return nil
+}
+
+// stopped records that a sandbox is no longer running and kills whatever
+// is left in its cgroup.
+func (d *Daemon) stopped(rec *record, reason string) {
+	if rec.Sandbox != nil && rec.Sandbox.Cgroups != nil {
+		rec.Sandbox.Cgroups.Kill(10 * time.Second)
+		rec.Sandbox.Cgroups.Destroy()
+	}
+	now := time.Now().UTC()
+	rec.State, rec.StoppedAt, rec.Reason = StateStopped, &now, reason
+	if err := d.save(*rec); err != nil {
+		d.log.Error("record a stopped sandbox", "id", rec.ID, "err", err)
+	}
+}
+
+// route makes the entry of a running sandbox, with its proxy to the
+// agent: /sandboxes/{id}/rest goes to the agent as /rest.
+func (d *Daemon) route(rec record) *entry {
+	prefix := "/sandboxes/" + rec.ID
+	p := &httputil.ReverseProxy{
+		Transport: rec.Sandbox.Transport(),
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out.URL.Scheme = "http"
+			pr.Out.URL.Host = "agent"
+			pr.Out.Host = "agent"
+			pr.Out.URL.Path = strings.TrimPrefix(pr.In.URL.Path, prefix)
+			pr.Out.URL.RawPath = ""
+			// The token never reaches the agent.
+			pr.Out.Header.Del("Authorization")
+			if protos := offeredProtocols(pr.In); len(protos) > 0 {
+				pr.Out.Header.Del("Sec-WebSocket-Protocol")
+				if kept := slices.DeleteFunc(protos, isTokenProtocol); len(kept) > 0 {
+					pr.Out.Header.Set("Sec-WebSocket-Protocol", strings.Join(kept, ", "))
+				}
+			}
+		},
+		FlushInterval: -1, // output goes out as it comes
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if !rec.Sandbox.Alive() {
+				reply.Error(w, api.CodeUnavailable, "kilnd: sandbox "+rec.ID+" is not running")
+				return
+			}
+			reply.Error(w, api.CodeUnavailable, "kilnd: sandbox "+rec.ID+": agent: "+err.Error())
+		},
+	}
+	return &entry{rec: rec, proxy: p}
+}
+
+// CreateRequest is the body of POST /sandboxes.
+type CreateRequest struct {
+	Hostname string         `json:"hostname,omitempty"`
+	Rootfs   string         `json:"rootfs,omitempty"`
+	Limits   sandbox.Limits `json:"limits,omitempty"`
+}
+
+// Info describes a sandbox in the API.
+type Info struct {
+	ID        string         `json:"id"`
+	State     string         `json:"state"`
+	CreatedAt time.Time      `json:"created_at"`
+	StoppedAt *time.Time     `json:"stopped_at,omitempty"`
+	Hostname  string         `json:"hostname"`
+	Rootfs    string         `json:"rootfs,omitempty"`
+	Limits    sandbox.Limits `json:"limits"`
+	Reason    string         `json:"reason,omitempty"`
+	AgentPID  int            `json:"agent_pid,omitempty"`
+}
+
+func (e *entry) info() Info {
+	i := Info{ID: e.rec.ID, State: e.rec.State, CreatedAt: e.rec.CreatedAt, StoppedAt: e.rec.StoppedAt,
+		Hostname: e.rec.Hostname, Rootfs: e.rec.Rootfs, Limits: e.rec.Limits, Reason: e.rec.Reason}
+	if e.rec.State == StateRunning && e.rec.Sandbox != nil {
+		i.AgentPID = e.rec.Sandbox.PID
+	}
+	return i
+}
+
+// Create makes a sandbox and records it.
+func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
+	if req.Limits.MemoryBytes < 0 || req.Limits.Pids < 0 || req.Limits.CPUs < 0 {
+		return Info{}, fmt.Errorf("%w: negative limit", errInvalid)
+	}
+	if req.Limits.MemoryBytes != 0 && req.Limits.MemoryBytes < 4<<20 {
+		return Info{}, fmt.Errorf("%w: memory limit %d: at least 4 MiB", errInvalid, req.Limits.MemoryBytes)
+	}
+	if req.Limits.Pids != 0 && req.Limits.Pids < 8 {
+		return Info{}, fmt.Errorf("%w: pids limit %d: at least 8", errInvalid, req.Limits.Pids)
+	}
+	if len(req.Hostname) > 63 || strings.ContainsFunc(req.Hostname, func(r rune) bool {
+		return !(r == '-' || r == '.' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z')
+	}) {
+		return Info{}, fmt.Errorf("%w: hostname %q", errInvalid, req.Hostname)
+	}
+	if req.Rootfs != "" && !filepath.IsAbs(req.Rootfs) {
+		return Info{}, fmt.Errorf("%w: rootfs %q must be an absolute path", errInvalid, req.Rootfs)
+	}
+	id := uuid.Must(uuid.NewV7()).String()
+	sb, err := sandbox.Create(ctx, sandbox.Options{
+		Dir: d.sandboxDir(id), ID: id, Hostname: req.Hostname, Exe: d.cfg.Exe,
+		Rootfs: req.Rootfs, Limits: req.Limits, Env: d.cfg.Env,
+	})
+	if err != nil {
+		os.RemoveAll(d.sandboxDir(id))
+		return Info{}, fmt.Errorf("%w: %v", errUnavailable, err)
+	}
+	rec := record{ID: id, State: StateRunning, CreatedAt: time.Now().UTC(), Hostname: req.Hostname,
+		Rootfs: req.Rootfs, Limits: req.Limits, Sandbox: sb}
+	if rec.Hostname == "" {
+		rec.Hostname = "kiln-" + id[:8]
+	}
+	if err := d.save(rec); err != nil {
+		sb.Destroy(false)
+		return Info{}, err
+	}
+	e := d.route(rec)
+	d.mu.Lock()
+	d.sandboxes[id] = e
+	d.mu.Unlock()
+	d.log.Info("sandbox created", "id", id, "agent", sb.PID)
+	return e.info(), nil
+}
+
+// Errors of kilnd, mapped to statuses in one place (api.go).
+var (
+	errInvalid     = errors.New("invalid argument")
+	errNotFound    = errors.New("not found")
+	errUnavailable = errors.New("unavailable")
+)
+
+func (d *Daemon) get(id string) (*entry, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	e, ok := d.sandboxes[id]
+	if !ok || e.rec.State == StateDeleted {
+		return nil, fmt.Errorf("%w: no sandbox %q", errNotFound, clip(id))
+	}
+	// A running sandbox whose agent died is stopped, as soon as anyone
+	// looks.
+	if e.rec.State == StateRunning && !e.rec.Sandbox.Alive() {
+		d.stopped(&e.rec, "the agent exited; exit unknown")
+		e.proxy = nil
+	}
+	return e, nil
+}
+
+// List returns every sandbox not deleted, oldest first.
+func (d *Daemon) List() []Info {
+	d.mu.Lock()
+	ids := make([]string, 0, len(d.sandboxes))
+	for id, e := range d.sandboxes {
+		if e.rec.State != StateDeleted {
+			ids = append(ids, id)
+		}
+	}
+	d.mu.Unlock()
+	slices.Sort(ids) // v7 ids sort by creation
+	out := make([]Info, 0, len(ids))
+	for _, id := range ids {
+		if e, err := d.get(id); err == nil {
+			out = append(out, e.info())
+		}
+	}
+	return out
+}
+
+// Delete kills everything in a sandbox and removes it; its captured logs
+// stay unless removeLogs.
+func (d *Daemon) Delete(id string, removeLogs bool) error {
+	e, err := d.get(id)
+	if err != nil {
+		return err
+	}
+	d.mu.Lock()
+	rec := e.rec
+	e.proxy = nil
+	d.mu.Unlock()
+	if rec.Sandbox != nil {
+		if err := rec.Sandbox.Destroy(!removeLogs); err != nil {
+			return fmt.Errorf("%w: delete %s: %v", errUnavailable, id, err)
+		}
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if removeLogs {
+		os.RemoveAll(d.sandboxDir(id))
+		delete(d.sandboxes, id)
+		return nil
+	}
+	now := time.Now().UTC()
+	e.rec.State, e.rec.StoppedAt = StateDeleted, &now
+	if e.rec.Reason == "" {
+		e.rec.Reason = "deleted"
+	}
+	return d.save(e.rec)
+}
+
+func clip(s string) string {
+	if len(s) > 64 {
+		s = s[:64] + "…"
+	}
+	return strings.ToValidUTF8(s, "\uFFFD")
+}
+
+// Serve serves the API on the unix socket (no token: its mode keeps
+// others out) and, when configured, on TCP with the bearer token, until
+// ctx ends. Sandboxes keep running after it returns.
+func (d *Daemon) Serve(ctx context.Context) error {
+	sock := filepath.Join(d.cfg.StateDir, SocketName)
+	if c, err := net.Dial("unix", sock); err == nil {
+		c.Close()
+		return fmt.Errorf("kilnd: another kilnd serves %s", sock)
+	}
+	os.Remove(sock)
+	ul, err := net.Listen("unix", sock)
+	if err != nil {
+		return fmt.Errorf("kilnd: %w", err)
+	}
+	if err := os.Chmod(sock, 0o600); err != nil {
+		ul.Close()
+		return fmt.Errorf("kilnd: %w", err)
+	}
+	servers := []*http.Server{{Handler: d.Handler(false), ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 64 << 10}}
+	listeners := []net.Listener{ul}
+	if d.cfg.Listen != "" {
+		tl, err := net.Listen("tcp", d.cfg.Listen)
+		if err != nil {
+			ul.Close()
+			return fmt.Errorf("kilnd: %w", err)
+		}
+		servers = append(servers, &http.Server{Handler: d.Handler(true), ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 64 << 10})
+		listeners = append(listeners, tl)
+	}
+	errs := make(chan error, len(servers))
+	for i, s := range servers {
+		go func() { errs <- s.Serve(listeners[i]) }()
+	}
+	d.mu.Lock()
+	n := len(d.sandboxes)
+	d.mu.Unlock()
+	d.log.Info("kilnd serving", "socket", sock, "listen", d.cfg.Listen, "sandboxes", n)
+	var serr error
+	select {
+	case <-ctx.Done():
+	case serr = <-errs:
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, s := range servers {
+		s.Shutdown(sctx)
+	}
+	if errors.Is(serr, http.ErrServerClosed) {
+		serr = nil
+	}
+	return serr
+}
+
+// authorized checks a TCP request's token: the Authorization header, or
+// a WebSocket subprotocol kiln.token.<token> for clients that cannot set
+// headers.
+func (d *Daemon) authorized(r *http.Request) bool {
+	want := []byte(d.token)
+	if t, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
+		return subtle.ConstantTimeCompare([]byte(strings.TrimSpace(t)), want) == 1
+	}
+	for _, p := range offeredProtocols(r) {
+		if t, ok := strings.CutPrefix(p, api.TokenProtocolPrefix); ok {
+			return subtle.ConstantTimeCompare([]byte(t), want) == 1
+		}
+	}
+	return false
+}
+
+func offeredProtocols(r *http.Request) []string {
+	var out []string
+	for _, h := range r.Header.Values("Sec-WebSocket-Protocol") {
+		for p := range strings.SplitSeq(h, ",") {
+			if p = strings.TrimSpace(p); p != "" {
+				out = append(out, p)
+			}
+		}
+	}
+	return out
+}
+
+func isTokenProtocol(p string) bool { return strings.HasPrefix(p, api.TokenProtocolPrefix) }
+
+// originAllowed refuses requests a web page makes behind a user's back:
+// a browser sends Origin, and only kilnd's own or a listed one may pass.
+func (d *Daemon) originAllowed(r *http.Request) bool {
+	o := r.Header.Get("Origin")
+	if o == "" {
+		return true
+	}
+	if o == "http://"+r.Host || o == "https://"+r.Host {
+		return true
+	}
+	return slices.Contains(d.cfg.AllowOrigins, o)
+}

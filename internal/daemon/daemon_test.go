@@ -1,0 +1,328 @@
+package daemon_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+	"go.uber.org/goleak"
+
+	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/internal/agent"
+	"github.com/sandkiln/sandkiln/internal/capture"
+	"github.com/sandkiln/sandkiln/internal/daemon"
+	"github.com/sandkiln/sandkiln/internal/sandbox"
+)
+
+func TestMain(m *testing.M) {
+	if sandbox.IsAgent() {
+		os.Exit(agent.Main())
+	}
+	goleak.VerifyTestMain(m)
+}
+
+var env = []string{"PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME=/root", "LANG=C.UTF-8"}
+
+// kilnd is a daemon serving on a free loopback port and its socket.
+type kilnd struct {
+	t     *testing.T
+	d     *daemon.Daemon
+	state string
+	addr  string
+	stop  func()
+}
+
+func freeAddr(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// start runs a kilnd on state (a new one when empty).
+func start(t *testing.T, state string) *kilnd {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("kilnd needs root")
+	}
+	if state == "" {
+		state = t.TempDir()
+	}
+	k := &kilnd{t: t, state: state, addr: freeAddr(t)}
+	d, err := daemon.New(daemon.Config{StateDir: state, Listen: k.addr, Exe: os.Args[0], Env: env})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k.d = d
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Serve(ctx) }()
+	k.stop = func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	}
+	// Serve has its listeners once the socket answers.
+	for {
+		c, err := net.Dial("unix", filepath.Join(state, daemon.SocketName))
+		if err == nil {
+			c.Close()
+			break
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("serve: %v", err)
+		case <-time.After(time.Millisecond):
+		}
+	}
+	return k
+}
+
+// cleanup deletes every sandbox and stops kilnd.
+func (k *kilnd) cleanup() {
+	for _, s := range k.d.List() {
+		if err := k.d.Delete(s.ID, true); err != nil {
+			k.t.Errorf("delete %s: %v", s.ID, err)
+		}
+	}
+	k.stop()
+}
+
+func (k *kilnd) do(method, path, token string, body any) (int, []byte) {
+	k.t.Helper()
+	var rd io.Reader
+	if s, ok := body.(string); ok {
+		rd = strings.NewReader(s)
+	} else if body != nil {
+		b, _ := json.Marshal(body)
+		rd = bytes.NewReader(b)
+	}
+	req, _ := http.NewRequest(method, "http://"+k.addr+path, rd)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
+func (k *kilnd) json(method, path string, body, out any) {
+	k.t.Helper()
+	code, b := k.do(method, path, k.d.Token(), body)
+	if code >= 300 {
+		k.t.Fatalf("%s %s: %d %s", method, path, code, b)
+	}
+	if out != nil {
+		if err := json.Unmarshal(b, out); err != nil {
+			k.t.Fatalf("%s %s: %v in %s", method, path, err, b)
+		}
+	}
+}
+
+func (k *kilnd) sandbox() string {
+	var info daemon.Info
+	k.json("POST", "/sandboxes", map[string]any{}, &info)
+	return info.ID
+}
+
+func (k *kilnd) logs(sb, pid string, protocols ...string) string {
+	k.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, _, err := websocket.Dial(ctx, "ws://"+k.addr+"/sandboxes/"+sb+"/exec-stream/"+pid+"/logs",
+		&websocket.DialOptions{Subprotocols: append(protocols, api.TokenProtocolPrefix+k.d.Token())})
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	defer c.CloseNow()
+	var out strings.Builder
+	for {
+		_, data, err := c.Read(ctx)
+		if websocket.CloseStatus(err) == websocket.StatusNormalClosure {
+			return out.String()
+		}
+		if err != nil {
+			k.t.Fatal(err)
+		}
+		out.Write(data)
+	}
+}
+
+// TestSeedCurlExample: the exec-stream document's example through kilnd
+// over TCP, the token in the WebSocket subprotocol as a browser sends it.
+func TestSeedCurlExample(t *testing.T) {
+	k := start(t, "")
+	defer k.cleanup()
+	sb := k.sandbox()
+	var st api.Started
+	k.json("POST", "/sandboxes/"+sb+"/exec-stream", `{"command":"sh","args":["-c","for i in 1 2 3; do echo line-$i; sleep 0.3; done"]}`, &st)
+	mid := k.logs(sb, st.ID)
+	after := k.logs(sb, st.ID)
+	want := "line-1\nline-2\nline-3\n[process exited with code 0]\n"
+	if mid != want || after != want {
+		t.Errorf("first attach %q, second %q; want %q", mid, after, want)
+	}
+}
+
+func TestAuthAndOrigin(t *testing.T) {
+	k := start(t, "")
+	defer k.cleanup()
+	if code, _ := k.do("GET", "/sandboxes", "", nil); code != 401 {
+		t.Errorf("no token: %d", code)
+	}
+	if code, _ := k.do("GET", "/sandboxes", "wrong", nil); code != 401 {
+		t.Errorf("wrong token: %d", code)
+	}
+	req, _ := http.NewRequest("GET", "http://"+k.addr+"/sandboxes", nil)
+	req.Header.Set("Authorization", "Bearer "+k.d.Token())
+	req.Header.Set("Origin", "https://evil.example")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 403 {
+		t.Errorf("foreign origin: %d", resp.StatusCode)
+	}
+	// The unix socket needs no token; its mode keeps others out.
+	fi, err := os.Stat(filepath.Join(k.state, daemon.SocketName))
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("socket mode %v, %v", fi.Mode(), err)
+	}
+	if fi, err := os.Stat(filepath.Join(k.state, daemon.TokenName)); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("token mode %v, %v", fi.Mode(), err)
+	}
+	c := http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return net.Dial("unix", filepath.Join(k.state, daemon.SocketName))
+	}}}
+	resp, err = c.Get("http://kilnd/sandboxes")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Errorf("unix socket: %d", resp.StatusCode)
+	}
+}
+
+// TestRestartWithoutLoss: kilnd goes away while a process streams; a new
+// kilnd on the same state directory adopts the sandbox, and a watcher
+// gets every byte and the real exit.
+func TestRestartWithoutLoss(t *testing.T) {
+	k := start(t, "")
+	sb := k.sandbox()
+	var st api.Started
+	k.json("POST", "/sandboxes/"+sb+"/exec-stream", `{"command":"sh","args":["-c","for i in 1 2 3 4 5; do echo tick-$i; sleep 0.1; done; exit 4"]}`, &st)
+	k.stop()
+	k2 := start(t, k.state)
+	defer k2.cleanup()
+	want := "tick-1\ntick-2\ntick-3\ntick-4\ntick-5\n[process exited with code 4]\n"
+	if got := k2.logs(sb, st.ID); got != want {
+		t.Errorf("after restart: %q, want %q", got, want)
+	}
+}
+
+// TestSandboxCannotReachKilnd: from inside, kilnd's port is another
+// network's, and its state directory does not exist.
+func TestSandboxCannotReachKilnd(t *testing.T) {
+	k := start(t, "")
+	defer k.cleanup()
+	sb := k.sandbox()
+	_, port, _ := net.SplitHostPort(k.addr)
+	script := fmt.Sprintf(`python3 -c "import socket; socket.create_connection(('127.0.0.1', %s), timeout=2)" 2>/dev/null && echo reached-port; test -e %s && echo sees-state; exit 0`,
+		port, filepath.Join(k.state, daemon.SocketName))
+	var res api.ExecResult
+	k.json("POST", "/sandboxes/"+sb+"/exec", api.ExecRequest{Command: "sh", Args: []string{"-c", script}}, &res)
+	if res.Stdout != "" || res.ExitCode == nil {
+		t.Errorf("from inside the sandbox: %q (stderr %q)", res.Stdout, res.Stderr)
+	}
+}
+
+// TestDeleteKeepsCapturedLogs: deleting a sandbox stops its processes in
+// order, so a captured run ends cleanly, and its log stays readable.
+func TestDeleteKeepsCapturedLogs(t *testing.T) {
+	k := start(t, "")
+	defer k.cleanup()
+	sb := k.sandbox()
+	var st api.Started
+	k.json("POST", "/sandboxes/"+sb+"/exec-stream", `{"command":"sh","args":["-c","echo captured; exec sleep 1000"],"capture":true}`, &st)
+	// Wait for the line to be in the engine before deleting.
+	for {
+		var p api.Process
+		k.json("GET", "/sandboxes/"+sb+"/exec-stream/"+st.ID, nil, &p)
+		if p.Streams["stdout"].TotalBytes > 0 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if code, b := k.do("DELETE", "/sandboxes/"+sb, k.d.Token(), nil); code != 204 {
+		t.Fatalf("delete: %d %s", code, b)
+	}
+	if code, _ := k.do("GET", "/sandboxes/"+sb, k.d.Token(), nil); code != 404 {
+		t.Errorf("deleted sandbox: %d", code)
+	}
+	d, err := capture.OpenDir(filepath.Join(k.state, "sandboxes", sb, sandbox.LogsName, st.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	l, err := capture.ReadLog(context.Background(), d, capture.Filter{Tail: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(l.Entries) != 1 || string(l.Entries[0].Payload()) != "captured\n" || len(l.Runs) != 1 || l.Runs[0].State != capture.Lossless {
+		t.Errorf("log %+v, runs %+v", l.Entries, l.Runs)
+	}
+}
+
+func TestBadRequests(t *testing.T) {
+	k := start(t, "")
+	defer k.cleanup()
+	tok := k.d.Token()
+	for _, tc := range []struct {
+		method, path string
+		body         any
+		want         int
+	}{
+		{"GET", "/sandboxes/01a22779-5cfd-7451-9354-2e19949d5c7f", nil, 404},
+		{"GET", "/sandboxes/nope/exec-stream", nil, 404},
+		{"POST", "/sandboxes", `{"limits":`, 400},
+		{"POST", "/sandboxes", `{"bogus":1}`, 400},
+		{"POST", "/sandboxes", `{"limits":{"memory_bytes":5}}`, 400},
+		{"POST", "/sandboxes", `{"hostname":"a b"}`, 400},
+		{"POST", "/sandboxes", `{"rootfs":"relative"}`, 400},
+		{"POST", "/sandboxes", `{"hostname":"` + strings.Repeat("x", api.MaxBody) + `"}`, 413},
+		{"DELETE", "/sandboxes/x?remove_logs=maybe", nil, 400},
+		{"GET", "/nothing", nil, 404},
+	} {
+		code, b := k.do(tc.method, tc.path, tok, tc.body)
+		var e api.Error
+		if code != tc.want || json.Unmarshal(b, &e) != nil || e.Error.Code == "" {
+			t.Errorf("%s %s: %d %s, want %d and an error body", tc.method, tc.path, code, clip(b), tc.want)
+		}
+	}
+}
+
+func clip(b []byte) []byte {
+	if len(b) > 200 {
+		return b[:200]
+	}
+	return b
+}
