@@ -45,7 +45,9 @@ type Config struct {
 	// Isolate, when set, adjusts every process's start (the sandbox's
 	// user namespace, for one).
 	Isolate func(*syscall.SysProcAttr)
-	Log     *slog.Logger
+	// Spawn, when set, runs every fork (see process.Spec.Spawn).
+	Spawn func(start func() error) error
+	Log   *slog.Logger
 }
 
 // Server is the HTTP face of a process table.
@@ -178,7 +180,7 @@ func (s *Server) spec(req api.ExecRequest, finite bool) (process.Spec, error) {
 	if size > api.MaxArgvEnv {
 		return process.Spec{}, fmt.Errorf("%w: command, arguments and environment take %d bytes, at most %d", errTooLarge, size, api.MaxArgvEnv)
 	}
-	spec := process.Spec{Argv: argv, Env: env, Dir: req.Cwd, Isolate: s.cfg.Isolate}
+	spec := process.Spec{Argv: argv, Env: env, Dir: req.Cwd, Isolate: s.cfg.Isolate, Spawn: s.cfg.Spawn}
 	if spec.Dir == "" {
 		spec.Dir = s.cfg.Dir
 	}

@@ -41,7 +41,7 @@ func run() error {
 		return err
 	}
 	table := process.NewTable(process.TableConfig{})
-	srv := New(Config{Table: table, Env: in.Config.Env, Dir: "/workspace", Logs: in.Logs, Isolate: in.Isolate})
+	srv := New(Config{Table: table, Env: in.Config.Env, Dir: "/workspace", Logs: in.Logs, Isolate: in.Isolate, Spawn: in.Spawn})
 	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
 	served := make(chan error, 1)
 	go func() { served <- hs.Serve(in.Listener) }()

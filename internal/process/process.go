@@ -84,6 +84,10 @@ type Spec struct {
 	// engine set its own (process group, terminal): a sandbox adds its
 	// user namespace there.
 	Isolate func(*syscall.SysProcAttr)
+	// Spawn, when set, runs the fork: a sandbox forks its processes from a
+	// thread that sits in the cgroup their limits apply to, so that they
+	// are born there.
+	Spawn func(start func() error) error
 }
 
 // Exit is how a process ended, as observed by waiting for it: a code, or
@@ -287,7 +291,11 @@ func startProcess(id string, spec Spec, drainFor time.Duration, onDone func()) (
 	}
 
 	owned.Lock()
-	err = cmd.Start()
+	if spec.Spawn != nil {
+		err = spec.Spawn(cmd.Start)
+	} else {
+		err = cmd.Start()
+	}
 	if err == nil {
 		owned.pids[cmd.Process.Pid] = true
 	}

@@ -30,6 +30,11 @@ const cgroupRoot = "/sys/fs/cgroup"
 type Cgroups struct {
 	V2 string            `json:"v2"`
 	V1 map[string]string `json:"v1,omitempty"` // controller → directory
+	// Procs is the v1 pids group, below V1["pids"], that the sandbox's
+	// processes are born in and whose limit they share. The agent stays
+	// above it: a fork bomb that uses every pid cannot stop the agent from
+	// making the thread it needs.
+	Procs string `json:"procs,omitempty"`
 }
 
 // ownCgroups reads /proc/self/cgroup: the v2 path and each v1
@@ -146,7 +151,11 @@ func newCgroups(name string, lim Limits) (*Cgroups, error) {
 		if err != nil {
 			return fail(err)
 		}
-		if err := set(dir, "pids.max", strconv.FormatInt(lim.Pids, 10)); err != nil {
+		cg.Procs = filepath.Join(dir, "procs")
+		if err := os.Mkdir(cg.Procs, 0o755); err != nil {
+			return fail(fmt.Errorf("sandbox: make pids cgroup: %w", err))
+		}
+		if err := set(cg.Procs, "pids.max", strconv.FormatInt(lim.Pids, 10)); err != nil {
 			return fail(err)
 		}
 	}
@@ -213,6 +222,11 @@ func (c *Cgroups) Kill(timeout time.Duration) error {
 // Destroy removes the groups. They must be empty.
 func (c *Cgroups) Destroy() error {
 	var errs []error
+	if c.Procs != "" {
+		if err := unix.Rmdir(c.Procs); err != nil && !errors.Is(err, unix.ENOENT) {
+			errs = append(errs, fmt.Errorf("sandbox: remove %s: %w", c.Procs, err))
+		}
+	}
 	for _, dir := range c.V1 {
 		if err := unix.Rmdir(dir); err != nil && !errors.Is(err, unix.ENOENT) {
 			errs = append(errs, fmt.Errorf("sandbox: remove %s: %w", dir, err))
@@ -228,6 +242,9 @@ func (c *Cgroups) Destroy() error {
 // pids max), for reporting why a sandbox's process died.
 func (c *Cgroups) ReadEvent(ctrl, file, key string) int64 {
 	dir := c.V1[ctrl]
+	if ctrl == "pids" && c.Procs != "" {
+		dir = c.Procs
+	}
 	if dir == "" {
 		dir = c.V2
 	}

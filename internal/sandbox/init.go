@@ -7,6 +7,8 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
+	"strconv"
 	"syscall"
 	"unsafe"
 
@@ -34,6 +36,8 @@ type AgentConfig struct {
 	UIDBase int `json:"uid_base"`
 	// Env is the processes' base environment.
 	Env []string `json:"env"`
+	// PidsLimited says fdTasks is passed: the processes' pids group.
+	PidsLimited bool `json:"pids_limited,omitempty"`
 }
 
 // AgentEnv names the environment variable that makes kilnd's binary run as
@@ -44,6 +48,7 @@ const AgentEnv = "KILN_AGENT_CONFIG"
 const (
 	fdListener = 3 // the unix socket kilnd serves the agent's API through
 	fdLogs     = 4 // the sandbox's capture directory on the host
+	fdTasks    = 5 // the v1 pids group's tasks file, when pids are limited
 )
 
 // hostDirs are bound read-only from the host when no rootfs is given.
@@ -230,6 +235,9 @@ type Inside struct {
 	Listener net.Listener
 	Logs     *capture.Dir
 	Isolate  func(*syscall.SysProcAttr)
+	// Spawn runs each fork on the thread that sits in the sandbox's
+	// limited pids group; nil without a pids limit.
+	Spawn func(start func() error) error
 }
 
 // IsAgent reports whether this process was started as a sandbox's agent.
@@ -274,5 +282,51 @@ func Enter() (*Inside, error) {
 		l.Close()
 		return nil, err
 	}
-	return &Inside{Config: cfg, Listener: l, Logs: logs, Isolate: isolate(cfg.UIDBase)}, nil
+	in := &Inside{Config: cfg, Listener: l, Logs: logs, Isolate: isolate(cfg.UIDBase)}
+	if cfg.PidsLimited {
+		unix.CloseOnExec(fdTasks)
+		if in.Spawn, err = spawner(os.NewFile(fdTasks, "tasks")); err != nil {
+			l.Close()
+			logs.Close()
+			return nil, err
+		}
+	}
+	return in, nil
+}
+
+// spawner starts the goroutine that does every fork of the sandbox, on an
+// OS thread of its own that it moves into the limited pids group (v1
+// groups hold threads): a child is born in the group of the thread that
+// forked it, so the sandbox's processes never run outside their limit,
+// not even for the moment between fork and a move, while the agent's other
+// threads stay outside it.
+func spawner(tasks *os.File) (func(start func() error) error, error) {
+	type req struct {
+		start func() error
+		done  chan error
+	}
+	reqs := make(chan req)
+	ready := make(chan error, 1)
+	go func() {
+		// Never unlocked: when this goroutine ends, its thread, the only
+		// one in the group, ends with it.
+		runtime.LockOSThread()
+		_, err := tasks.Write([]byte(strconv.Itoa(unix.Gettid())))
+		tasks.Close()
+		ready <- err
+		if err != nil {
+			return
+		}
+		for r := range reqs {
+			r.done <- r.start()
+		}
+	}()
+	if err := <-ready; err != nil {
+		return nil, fmt.Errorf("sandbox: join the pids group: %w", err)
+	}
+	return func(start func() error) error {
+		done := make(chan error, 1)
+		reqs <- req{start, done}
+		return <-done
+	}, nil
 }

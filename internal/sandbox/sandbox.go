@@ -163,6 +163,7 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
 	defer agentLog.Close()
+	cfg.PidsLimited = cg.Procs != ""
 	raw, err := json.Marshal(cfg)
 	if err != nil {
 		return nil, err
@@ -171,13 +172,28 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 	cmd.Env = []string{AgentEnv + "=" + string(raw)}
 	cmd.Stdout, cmd.Stderr = agentLog, agentLog
 	cmd.ExtraFiles = []*os.File{lf, logs} // fdListener, fdLogs
+	if cg.Procs != "" {
+		tasks, err := os.OpenFile(filepath.Join(cg.Procs, "tasks"), os.O_WRONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return nil, fmt.Errorf("sandbox: %w", err)
+		}
+		defer tasks.Close()
+		cmd.ExtraFiles = append(cmd.ExtraFiles, tasks) // fdTasks
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Cloneflags:  unix.CLONE_NEWPID | unix.CLONE_NEWNS | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC | unix.CLONE_NEWNET,
 		Setsid:      true,
 		UseCgroupFD: true,
 		CgroupFD:    int(cgf.Fd()),
 	}
-	if err := cmd.Start(); err != nil {
+	err = cmd.Start()
+	// The agent has its copies; kilnd's go now, so that a connection to
+	// the socket is answered by the agent or refused, never left waiting.
+	for _, f := range cmd.ExtraFiles {
+		f.Close()
+	}
+	ul.Close()
+	if err != nil {
 		return nil, fmt.Errorf("sandbox: start the agent: %w", err)
 	}
 	sb.PID = cmd.Process.Pid

@@ -118,3 +118,47 @@ func TestIsolation(t *testing.T) {
 		t.Errorf("%s processes visible in the sandbox", n)
 	}
 }
+
+// TestLimits: a fork bomb stops at the pids limit and memory over the
+// limit is killed; the agent survives both and keeps serving.
+func TestLimits(t *testing.T) {
+	sb := newSandbox(t, sandbox.Options{Limits: sandbox.Limits{Pids: 64, MemoryBytes: 64 << 20}})
+	bomb := run(t, sb, `bomb() { bomb | bomb & }; bomb; sleep 1; n=$(ls /proc | grep -c '^[0-9]'); echo $n`)
+	if n := strings.TrimSpace(bomb.Stdout); n == "" || len(n) > 2 {
+		t.Errorf("fork bomb: %q processes seen (stderr %q)", bomb.Stdout, clipS(bomb.Stderr))
+	}
+	if got := sb.Cgroups.ReadEvent("pids", "pids.events", "max"); got == 0 {
+		t.Errorf("the pids limit was never hit")
+	}
+	// The drain of the bomb's shell killed its group; what escaped into
+	// other groups is killed with the sandbox. The agent still answers.
+	mem := run(t, sb, `python3 -c "b = bytearray(256 << 20); print(len(b))"`)
+	if mem.Signal != "KILL" && code(mem) == 0 {
+		t.Errorf("256 MiB in a 64 MiB sandbox: exit %d, signal %q, stdout %q", code(mem), mem.Signal, mem.Stdout)
+	}
+	if r := run(t, sb, "echo alive"); strings.TrimSpace(r.Stdout) != "alive" {
+		t.Errorf("after the limits: %q", r.Stdout)
+	}
+}
+
+func clipS(s string) string {
+	if len(s) > 300 {
+		return s[:300]
+	}
+	return s
+}
+
+// TestBackgroundChildOrphan: a process that leaves a background child and
+// exits ends cleanly; the child, killed with its group, is reaped by the
+// agent, so no zombie is left behind.
+func TestBackgroundChildOrphan(t *testing.T) {
+	sb := newSandbox(t, sandbox.Options{})
+	r := run(t, sb, "sleep 1000 & echo started")
+	if strings.TrimSpace(r.Stdout) != "started" || code(r) != 0 {
+		t.Fatalf("got %+v", r)
+	}
+	zombies := run(t, sb, `for s in /proc/[0-9]*/stat; do read -r line < $s; case "$line" in *") Z "*) echo "$line";; esac; done; exit 0`)
+	if z := strings.TrimSpace(zombies.Stdout); z != "" {
+		t.Errorf("zombies left: %s", z)
+	}
+}
