@@ -56,6 +56,7 @@ type Reader struct {
 	buf     []byte
 	r, w    int  // buf[r:w] is read and not yet consumed
 	skipEOL bool // discarding an overlong line up to its newline
+	atEnd   bool // Next returned io.EOF, with buf holding a last line cut short
 
 	stats ReadStats
 }
@@ -97,7 +98,22 @@ func (r *Reader) Close() error {
 }
 
 // Stats reports what the reader skipped or missed so far.
-func (r *Reader) Stats() ReadStats { return r.stats }
+func (r *Reader) Stats() ReadStats {
+	st := r.stats
+	if r.atEnd && (r.w > r.r || r.skipEOL) {
+		st.Torn++
+		st.Bytes += int64(r.w - r.r)
+	}
+	return st
+}
+
+// SetFollow switches a reader that reached the end of the log into
+// following it from there, or back: a caller can read what is written
+// (to take its tail, say) and then follow what comes.
+func (r *Reader) SetFollow(follow bool) {
+	r.opt.Follow = follow
+	r.atEnd = false
+}
 
 // Runs classifies every run the reader has read so far. Call it at the
 // end of the log for the final picture.
@@ -159,7 +175,10 @@ func (r *Reader) Next(ctx context.Context) (Entry, error) {
 			continue
 		}
 		if !r.opt.Follow {
-			r.torn()
+			// A last line without its newline stays buffered: a writer may
+			// be finishing it, for a reader that goes on with SetFollow.
+			// Stats counts it as torn meanwhile.
+			r.atEnd = true
 			return Entry{}, io.EOF
 		}
 		if err := r.wait(ctx); err != nil {
@@ -405,6 +424,12 @@ func (r *Reader) after(seq int64) (*logFile, int64, error) {
 				lf.f.Close()
 				return nil, 0, nil
 			}
+			if err == nil && lf.seq > seq+1 && r.archivedBetween(seq, lf.seq) {
+				// Rotated again between the listing and this open: the
+				// files in between are archives now. Take them first.
+				lf.f.Close()
+				continue
+			}
 		}
 		if errors.Is(err, unix.ENOENT) {
 			continue // rotated or pruned meanwhile
@@ -414,6 +439,21 @@ func (r *Reader) after(seq int64) (*logFile, int64, error) {
 		}
 		return lf, r.gapTo(lf), nil
 	}
+}
+
+// archivedBetween reports whether an archive with a sequence number
+// between lo and hi (both excluded) exists.
+func (r *Reader) archivedBetween(lo, hi int64) bool {
+	seqs, err := r.dir.archives()
+	if err != nil {
+		return false
+	}
+	for _, s := range seqs {
+		if s > lo && s < hi {
+			return true
+		}
+	}
+	return false
 }
 
 // gapTo is how many log bytes lie between the end of the open file and the

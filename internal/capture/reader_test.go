@@ -693,3 +693,49 @@ func FuzzReadLog(f *testing.F) {
 		}
 	})
 }
+
+// TestReadThenFollow: a reader that reached the end of the log, with a
+// line still being written, follows on from there without losing it.
+func TestReadThenFollow(t *testing.T) {
+	d, path := testDir(t)
+	ts := "2026-11-29T10:00:00.000000000Z "
+	active := filepath.Join(path, ActiveName)
+	if err := os.WriteFile(active, []byte(ts+"kiln F {\"event\":\"file\",\"seq\":1}\n"+ts+"stdout F one\n"+ts+"stdout F tw"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := NewReader(d, ReadOptions{Poll: time.Millisecond})
+	defer r.Close()
+	ctx := ctxT(t)
+	var got []string
+	for {
+		e, err := r.Next(ctx)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, string(e.Content))
+	}
+	if st := r.Stats(); st.Torn != 1 {
+		t.Errorf("at the end: %+v, want the cut line counted as torn", st)
+	}
+	f, err := os.OpenFile(active, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteString("o\n")
+	f.Close()
+	r.SetFollow(true)
+	e, err := r.Next(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got = append(got, string(e.Content))
+	if diff := cmp.Diff([]string{`{"event":"file","seq":1}`, "one", "two"}, got); diff != "" {
+		t.Errorf("records (-want +got):\n%s", diff)
+	}
+	if st := r.Stats(); st.Torn != 0 || st.Corrupt != 0 {
+		t.Errorf("stats %+v", st)
+	}
+}
