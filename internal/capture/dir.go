@@ -184,6 +184,30 @@ func (d *Dir) sync() error {
 	return d.wrap("sync", ".", d.f.Sync())
 }
 
+// List returns the names of the directory's subdirectories (a sandbox's
+// logs directory holds one per captured process), sorted.
+func (d *Dir) List() ([]string, error) {
+	fd, err := unix.Openat(d.fd(), ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	runtime.KeepAlive(d)
+	if err != nil {
+		return nil, d.wrap("open", ".", err)
+	}
+	f := os.NewFile(uintptr(fd), d.f.Name())
+	defer f.Close()
+	ents, err := f.ReadDir(-1)
+	if err != nil {
+		return nil, fmt.Errorf("capture: list %s: %w", d.f.Name(), err)
+	}
+	var names []string
+	for _, e := range ents {
+		if e.IsDir() {
+			names = append(names, e.Name())
+		}
+	}
+	slices.Sort(names)
+	return names, nil
+}
+
 // archives lists the archives' sequence numbers in rising order.
 func (d *Dir) archives() ([]int64, error) {
 	fd, err := unix.Openat(d.fd(), ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)

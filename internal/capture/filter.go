@@ -81,17 +81,17 @@ func ReadLog(ctx context.Context, dir *Dir, f Filter) (Log, error) {
 		log.Entries = append(log.Entries, e)
 	}
 	if f.Tail >= 0 {
-		log.Entries = tail(log.Entries, f.Tail)
+		log.Entries = Tail(log.Entries, f.Tail)
 	}
 	log.Runs = r.Runs()
 	log.Stats = r.Stats()
 	return log, nil
 }
 
-// tail keeps the entries of the last n lines, and the gaps and metadata
+// Tail keeps the entries of the last n lines, and the gaps and metadata
 // among them. A line is a stream's P records with the F record that ends
 // it; a stream's trailing P records are an unfinished last line.
-func tail(es []Entry, n int) []Entry {
+func Tail(es []Entry, n int) []Entry {
 	if n == 0 {
 		return nil
 	}

@@ -43,6 +43,8 @@ func (d *Daemon) Handler(tcp bool) http.Handler {
 		}
 		w.WriteHeader(http.StatusNoContent)
 	})
+	m.HandleFunc("GET /sandboxes/{id}/logs", d.listLogs)
+	m.HandleFunc("GET /sandboxes/{id}/logs/{pid}", d.readLog)
 	for _, p := range []string{"/sandboxes/{id}/exec", "/sandboxes/{id}/exec-stream", "/sandboxes/{id}/exec-stream/"} {
 		m.HandleFunc(p, d.forward)
 	}

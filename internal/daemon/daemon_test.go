@@ -290,6 +290,74 @@ func TestDeleteKeepsCapturedLogs(t *testing.T) {
 	if len(l.Entries) != 1 || string(l.Entries[0].Payload()) != "captured\n" || len(l.Runs) != 1 || l.Runs[0].State != capture.Lossless {
 		t.Errorf("log %+v, runs %+v", l.Entries, l.Runs)
 	}
+	// The API serves them after the delete, with the run's completeness.
+	req, _ := http.NewRequest("GET", "http://"+k.addr+"/sandboxes/"+sb+"/logs/"+st.ID, nil)
+	req.Header.Set("Authorization", "Bearer "+k.d.Token())
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || string(body) != "captured\n" || resp.Header.Get("Kiln-Complete") != "true" ||
+		!strings.Contains(resp.Header.Get("Kiln-Runs"), `"state":"lossless"`) {
+		t.Errorf("GET logs: %d %q, runs %s, complete %s", resp.StatusCode, body, resp.Header.Get("Kiln-Runs"), resp.Header.Get("Kiln-Complete"))
+	}
+	var list []daemon.CapturedLog
+	k.json("GET", "/sandboxes/"+sb+"/logs", nil, &list)
+	if len(list) != 1 || list[0].Process != st.ID || !list[0].Complete {
+		t.Errorf("captured logs %+v", list)
+	}
+}
+
+// TestCapturedLogsFilterAndFollow: stream filter, tail, and a follower
+// that gets lines as they are captured.
+func TestCapturedLogsFilterAndFollow(t *testing.T) {
+	k := start(t, "")
+	defer k.cleanup()
+	sb := k.sandbox()
+	var st api.Started
+	k.json("POST", "/sandboxes/"+sb+"/exec-stream", `{"command":"sh","args":["-c","echo e1 >&2; for i in 1 2 3; do echo o$i; sleep 0.2; done"],"capture":true}`, &st)
+	get := func(query string) (int, string) {
+		code, b := k.do("GET", "/sandboxes/"+sb+"/logs/"+st.ID+query, k.d.Token(), nil)
+		return code, string(b)
+	}
+	// Follow until the third line arrives.
+	req, _ := http.NewRequest("GET", "http://"+k.addr+"/sandboxes/"+sb+"/logs/"+st.ID+"?follow=1&stream=stdout", nil)
+	req.Header.Set("Authorization", "Bearer "+k.d.Token())
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []byte
+	buf := make([]byte, 64)
+	for !bytes.Contains(got, []byte("o3\n")) {
+		n, err := resp.Body.Read(buf)
+		got = append(got, buf[:n]...)
+		if err != nil {
+			t.Fatalf("follow: %v after %q", err, got)
+		}
+	}
+	resp.Body.Close()
+	if string(got) != "o1\no2\no3\n" {
+		t.Errorf("followed %q", got)
+	}
+	var w api.Exit
+	k.json("GET", "/sandboxes/"+sb+"/exec-stream/"+st.ID+"/wait", nil, &w)
+	if code, body := get("?stream=stderr"); code != 200 || body != "e1\n" {
+		t.Errorf("stderr: %d %q", code, body)
+	}
+	if code, body := get("?stream=stdout&tail=2"); code != 200 || body != "o2\no3\n" {
+		t.Errorf("tail: %d %q", code, body)
+	}
+	for _, q := range []string{"?stream=both", "?tail=-1", "?since=yesterday", "?format=xml"} {
+		if code, _ := get(q); code != 400 {
+			t.Errorf("%s: %d, want 400", q, code)
+		}
+	}
+	if code, _ := k.do("GET", "/sandboxes/"+sb+"/logs/01a22779-5cfd-7451-9354-2e19949d5c7f", k.d.Token(), nil); code != 404 {
+		t.Errorf("unknown process: %d", code)
+	}
 }
 
 func TestBadRequests(t *testing.T) {

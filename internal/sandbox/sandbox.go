@@ -133,7 +133,12 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 	})
 	sb = &Sandbox{ID: o.ID, Dir: o.Dir, Cgroups: cg}
 
-	l, err := net.Listen("unix", sb.Socket())
+	var l net.Listener
+	err = withSocketPath(sb.Socket(), func(path string) error {
+		var err error
+		l, err = net.Listen("unix", path)
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("sandbox: agent socket: %w", err)
 	}
@@ -251,13 +256,36 @@ func (s *Sandbox) Client() *http.Client {
 func (s *Sandbox) Transport() *http.Transport {
 	sock := s.Socket()
 	return &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		DialContext: func(ctx context.Context, _, _ string) (c net.Conn, err error) {
 			var d net.Dialer
-			return d.DialContext(ctx, "unix", sock)
+			err = withSocketPath(sock, func(path string) error {
+				c, err = d.DialContext(ctx, "unix", path)
+				return err
+			})
+			return c, err
 		},
 		MaxIdleConnsPerHost: 16,
 		IdleConnTimeout:     time.Minute,
 	}
+}
+
+// maxSocketPath is the longest path a unix socket address holds.
+const maxSocketPath = 107
+
+// withSocketPath calls f with a path for the socket at path that fits in a
+// socket address: the path itself, or, for a state directory deep enough
+// to make it too long, the same file reached through a descriptor of its
+// directory.
+func withSocketPath(path string, f func(string) error) error {
+	if len(path) <= maxSocketPath {
+		return f(path)
+	}
+	dir, err := os.OpenFile(filepath.Dir(path), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer dir.Close()
+	return f(fmt.Sprintf("/proc/self/fd/%d/%s", dir.Fd(), filepath.Base(path)))
 }
 
 // Alive reports whether the agent still runs (and is the same process).

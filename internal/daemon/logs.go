@@ -1,0 +1,295 @@
+package daemon
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"time"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+
+	"github.com/sandkiln/sandkiln/internal/capture"
+	"github.com/sandkiln/sandkiln/internal/reply"
+	"github.com/sandkiln/sandkiln/internal/sandbox"
+)
+
+// RunInfo is one run of a captured log, as the API shows it.
+type RunInfo struct {
+	ID      string           `json:"id,omitempty"`
+	State   string           `json:"state"`
+	Dropped map[string]int64 `json:"dropped,omitempty"`
+	// Missed is set when this reader missed part of the run to rotation.
+	Missed   bool     `json:"missed,omitempty"`
+	Problems []string `json:"problems,omitempty"`
+}
+
+// CapturedLog describes one process's captured log.
+type CapturedLog struct {
+	Process string            `json:"process"`
+	Runs    []RunInfo         `json:"runs"`
+	Stats   capture.ReadStats `json:"stats"`
+	// Complete is set when every retained run is lossless.
+	Complete bool `json:"complete"`
+}
+
+// Record is one captured record in the JSON shape of GET …/logs/{pid}.
+type Record struct {
+	Time    time.Time `json:"time"`
+	Stream  string    `json:"stream"`
+	Partial bool      `json:"partial,omitempty"`
+	Text    string    `json:"text,omitempty"`
+	Base64  string    `json:"base64,omitempty"` // the content, when not valid UTF-8
+	Gap     int64     `json:"gap,omitempty"`
+}
+
+func runInfos(runs []capture.Run) ([]RunInfo, bool) {
+	out := make([]RunInfo, len(runs))
+	complete := len(runs) > 0
+	for i, r := range runs {
+		out[i] = RunInfo{ID: r.ID, State: r.State.String(), Missed: r.Missed, Problems: r.Problems}
+		if r.Dropped != [capture.NumLogStreams]int64{} {
+			out[i].Dropped = map[string]int64{"stdout": r.Dropped[capture.LogStdout], "stderr": r.Dropped[capture.LogStderr]}
+		}
+		complete = complete && r.State.Complete() && !r.Missed
+	}
+	return out, complete
+}
+
+// logsDir opens a sandbox's capture directory, running or not: logs stay
+// readable after the sandbox stopped or was deleted.
+func (d *Daemon) logsDir(id string) (*capture.Dir, error) {
+	if _, err := uuid.Parse(id); err != nil {
+		return nil, fmt.Errorf("%w: no sandbox %q", errNotFound, clip(id))
+	}
+	d.mu.Lock()
+	_, ok := d.sandboxes[id]
+	d.mu.Unlock()
+	if !ok {
+		return nil, fmt.Errorf("%w: no sandbox %q", errNotFound, clip(id))
+	}
+	dir, err := capture.OpenDir(filepath.Join(d.sandboxDir(id), sandbox.LogsName))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("%w: sandbox %s has no captured logs", errNotFound, id)
+	}
+	return dir, err
+}
+
+// listLogs answers GET /sandboxes/{id}/logs: every captured process with
+// its runs' completeness.
+func (d *Daemon) listLogs(w http.ResponseWriter, r *http.Request) {
+	dir, err := d.logsDir(r.PathValue("id"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	defer dir.Close()
+	names, err := dir.List()
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	out := []CapturedLog{}
+	for _, name := range names {
+		sub, err := dir.OpenSub(name)
+		if err != nil {
+			continue
+		}
+		l, err := capture.ReadLog(r.Context(), sub, capture.Filter{})
+		sub.Close()
+		if err != nil {
+			continue
+		}
+		runs, complete := runInfos(l.Runs)
+		out = append(out, CapturedLog{Process: name, Runs: runs, Stats: l.Stats, Complete: complete})
+	}
+	reply.JSON(w, http.StatusOK, out)
+}
+
+// logQuery is GET …/logs/{pid}'s parameters.
+type logQuery struct {
+	filter capture.Filter
+	follow bool
+	json   bool
+}
+
+func parseLogQuery(r *http.Request) (logQuery, error) {
+	q := r.URL.Query()
+	lq := logQuery{filter: capture.Filter{Tail: -1}}
+	switch q.Get("stream") {
+	case "":
+	case "stdout":
+		lq.filter.Stdout = true
+	case "stderr":
+		lq.filter.Stderr = true
+	default:
+		return lq, fmt.Errorf("%w: stream %q: want stdout or stderr", errInvalid, clip(q.Get("stream")))
+	}
+	if v := q.Get("tail"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return lq, fmt.Errorf("%w: tail %q: want a count of lines", errInvalid, clip(v))
+		}
+		lq.filter.Tail = n
+	}
+	for name, t := range map[string]*time.Time{"since": &lq.filter.Since, "until": &lq.filter.Until} {
+		v := q.Get(name)
+		if v == "" {
+			continue
+		}
+		if ts, err := time.Parse(time.RFC3339Nano, v); err == nil {
+			*t = ts
+		} else if dur, err := time.ParseDuration(v); err == nil && dur >= 0 {
+			*t = time.Now().Add(-dur)
+		} else {
+			return lq, fmt.Errorf("%w: %s %q: want an RFC 3339 time or a duration such as 10m", errInvalid, name, clip(v))
+		}
+	}
+	var err error
+	if lq.follow, err = boolParam(q.Get("follow")); err != nil {
+		return lq, err
+	}
+	switch q.Get("format") {
+	case "", "raw":
+	case "json":
+		lq.json = true
+	default:
+		return lq, fmt.Errorf("%w: format %q: want raw or json", errInvalid, clip(q.Get("format")))
+	}
+	return lq, nil
+}
+
+func boolParam(v string) (bool, error) {
+	if v == "" {
+		return false, nil
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		return false, fmt.Errorf("%w: %q is not true or false", errInvalid, clip(v))
+	}
+	return b, nil
+}
+
+// readLog answers GET /sandboxes/{id}/logs/{pid}: the captured output
+// (the payload as it was written, or records as JSON), filtered; each run's
+// completeness goes in the Kiln-Runs header (JSON) and Kiln-Complete.
+// With follow it then keeps streaming what is appended, across rotation.
+func (d *Daemon) readLog(w http.ResponseWriter, r *http.Request) {
+	lq, err := parseLogQuery(r)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	dir, err := d.logsDir(r.PathValue("id"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	defer dir.Close()
+	pid := r.PathValue("pid")
+	if _, err := uuid.Parse(pid); err != nil {
+		writeError(w, fmt.Errorf("%w: no process %q", errNotFound, clip(pid)))
+		return
+	}
+	sub, err := dir.OpenSub(pid)
+	if err != nil {
+		writeError(w, fmt.Errorf("%w: process %s has no captured log", errNotFound, pid))
+		return
+	}
+	defer sub.Close()
+	rd := capture.NewReader(sub, capture.ReadOptions{})
+	defer rd.Close()
+	ctx := r.Context()
+	var es []capture.Entry
+	for {
+		e, err := rd.Next(ctx)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			writeError(w, fmt.Errorf("%w: %v", errUnavailable, err))
+			return
+		}
+		if e.Gap != 0 || lq.filter.Selects(e.Record) {
+			e.Content = slices.Clone(e.Content)
+			es = append(es, e)
+		}
+	}
+	if lq.filter.Tail >= 0 {
+		es = capture.Tail(es, lq.filter.Tail)
+	}
+	runs, complete := runInfos(rd.Runs())
+	rj, _ := json.Marshal(runs)
+	w.Header().Set("Kiln-Runs", string(rj))
+	w.Header().Set("Kiln-Complete", strconv.FormatBool(complete))
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	if lq.json {
+		w.Header().Set("Content-Type", "application/x-ndjson")
+	} else {
+		w.Header().Set("Content-Type", "application/octet-stream")
+	}
+	w.WriteHeader(http.StatusOK)
+	enc := json.NewEncoder(w)
+	emit := func(e capture.Entry) error {
+		if lq.json {
+			return enc.Encode(toRecord(e))
+		}
+		if e.Gap != 0 {
+			_, err := fmt.Fprintf(w, "[%s of the log lost to rotation while reading]\n", gapText(e.Gap))
+			return err
+		}
+		_, err := w.Write(e.Payload())
+		return err
+	}
+	for _, e := range es {
+		if emit(e) != nil {
+			return
+		}
+	}
+	if !lq.follow {
+		return
+	}
+	rc := http.NewResponseController(w)
+	rc.Flush()
+	rd.SetFollow(true)
+	for {
+		e, err := rd.Next(ctx)
+		if err != nil {
+			return // the client left
+		}
+		if e.Gap == 0 && !lq.filter.Selects(e.Record) {
+			continue
+		}
+		if emit(e) != nil {
+			return
+		}
+		rc.Flush()
+	}
+}
+
+func gapText(n int64) string {
+	if n < 0 {
+		return "an unknown amount"
+	}
+	return strconv.FormatInt(n, 10) + " bytes"
+}
+
+func toRecord(e capture.Entry) Record {
+	if e.Gap != 0 {
+		return Record{Gap: e.Gap}
+	}
+	rec := Record{Time: e.Time, Stream: e.Stream.String(), Partial: e.Partial}
+	if utf8.Valid(e.Content) {
+		rec.Text = string(e.Content)
+	} else {
+		rec.Base64 = base64.StdEncoding.EncodeToString(e.Content)
+	}
+	return rec
+}
