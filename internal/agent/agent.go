@@ -235,6 +235,18 @@ func clip(s string) string {
 	return strings.ToValidUTF8(s, "\uFFFD")
 }
 
+// StartInit starts a sandbox's init command: like an exec-stream, always
+// captured, with stdin closed.
+func (s *Server) StartInit(req api.ExecRequest) (string, error) {
+	req.Capture = s.cfg.Logs != nil
+	req.Stdin = api.StdinClosed
+	spec, err := s.spec(req, false)
+	if err != nil {
+		return "", err
+	}
+	return s.cfg.Table.Start(spec)
+}
+
 func (s *Server) startStream(w http.ResponseWriter, r *http.Request) {
 	var req api.ExecRequest
 	if err := decode(w, r, &req); err != nil {

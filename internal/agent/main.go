@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -14,6 +15,22 @@ import (
 	"github.com/sandkiln/sandkiln/internal/process"
 	"github.com/sandkiln/sandkiln/internal/sandbox"
 )
+
+// recordInit waits for the init command and records its exit durably in
+// the capture directory, where kilnd reads it even after the sandbox is
+// gone.
+func recordInit(table *process.Table, in *sandbox.Inside, id string) error {
+	e, err := table.Wait(context.Background(), id)
+	if err != nil {
+		return err
+	}
+	rec := sandbox.InitExit{Process: id, ExitedAt: time.Now().UTC(), Exit: toExit(&e)}
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	return in.Logs.WriteFile(sandbox.InitExitName, b)
+}
 
 // shutdownTimeout bounds the agent's own shutdown: every process killed,
 // drained, its capture ended.
@@ -45,6 +62,14 @@ func run() error {
 	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
 	served := make(chan error, 1)
 	go func() { served <- hs.Serve(in.Listener) }()
+	initDone := make(chan error, 1)
+	if in.Config.Init != nil {
+		id, err := srv.StartInit(*in.Config.Init)
+		if err != nil {
+			return fmt.Errorf("init command: %w", err)
+		}
+		go func() { initDone <- recordInit(table, in, id) }()
+	}
 	for {
 		select {
 		case sig := <-sigs:
@@ -55,6 +80,11 @@ func run() error {
 		case err := <-served:
 			if !errors.Is(err, http.ErrServerClosed) {
 				return err
+			}
+		case err := <-initDone:
+			// The init command ended: so does the sandbox.
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "kiln agent: record the init command's exit:", err)
 			}
 		}
 		break

@@ -3,6 +3,7 @@ package capture
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"runtime"
 	"slices"
@@ -182,6 +183,50 @@ func (d *Dir) stat(name string) (unix.Stat_t, error) {
 
 func (d *Dir) sync() error {
 	return d.wrap("sync", ".", d.f.Sync())
+}
+
+// WriteFile replaces the file name with data atomically and durably: a
+// temporary file, synced, renamed over it, the directory synced.
+func (d *Dir) WriteFile(name string, data []byte) error {
+	if err := checkName(name); err != nil {
+		return err
+	}
+	tmp := "." + name + ".tmp"
+	if err := d.remove(tmp); err != nil {
+		return err
+	}
+	f, err := d.open(tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = d.rename(tmp, name)
+	}
+	if err != nil {
+		d.remove(tmp)
+		return err
+	}
+	return d.sync()
+}
+
+// ReadFile reads the file name of the directory, not through a link.
+func (d *Dir) ReadFile(name string) ([]byte, error) {
+	if err := checkName(name); err != nil {
+		return nil, err
+	}
+	f, err := d.open(name, unix.O_RDONLY, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return io.ReadAll(io.LimitReader(f, 1<<20))
 }
 
 // List returns the names of the directory's subdirectories (a sandbox's

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/reply"
@@ -29,7 +30,7 @@ func (d *Daemon) Handler(tcp bool) http.Handler {
 			writeError(w, err)
 			return
 		}
-		reply.JSON(w, http.StatusOK, e.info())
+		reply.JSON(w, http.StatusOK, d.infoOf(e))
 	})
 	m.HandleFunc("DELETE /sandboxes/{id}", func(w http.ResponseWriter, r *http.Request) {
 		removeLogs, err := strconv.ParseBool(defaultString(r.URL.Query().Get("remove_logs"), "false"))
@@ -119,10 +120,18 @@ func (d *Daemon) forward(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d.mu.Lock()
-	p := e.proxy
+	p, id, state := e.proxy, e.rec.ID, e.rec.State
+	e.inflight++
+	e.lastUsed = time.Now()
 	d.mu.Unlock()
+	defer func() {
+		d.mu.Lock()
+		e.inflight--
+		e.lastUsed = time.Now()
+		d.mu.Unlock()
+	}()
 	if p == nil {
-		writeError(w, fmt.Errorf("%w: sandbox %s is %s", errUnavailable, e.rec.ID, e.rec.State))
+		writeError(w, fmt.Errorf("%w: sandbox %s is %s", errUnavailable, id, state))
 		return
 	}
 	p.ServeHTTP(w, r)

@@ -63,21 +63,31 @@ const (
 // record is a sandbox's small JSON file, written atomically on every
 // change, from which a restarted kilnd finds it again.
 type record struct {
-	ID        string           `json:"id"`
-	State     string           `json:"state"`
-	CreatedAt time.Time        `json:"created_at"`
-	StoppedAt *time.Time       `json:"stopped_at,omitempty"`
-	Hostname  string           `json:"hostname"`
-	Rootfs    string           `json:"rootfs,omitempty"`
-	Limits    sandbox.Limits   `json:"limits"`
-	Reason    string           `json:"reason,omitempty"` // why it stopped
-	Sandbox   *sandbox.Sandbox `json:"sandbox,omitempty"`
+	ID        string         `json:"id"`
+	State     string         `json:"state"`
+	CreatedAt time.Time      `json:"created_at"`
+	StoppedAt *time.Time     `json:"stopped_at,omitempty"`
+	Hostname  string         `json:"hostname"`
+	Rootfs    string         `json:"rootfs,omitempty"`
+	Limits    sandbox.Limits `json:"limits"`
+	Reason    string         `json:"reason,omitempty"` // why it stopped
+	// Init is the command whose exit ends the sandbox; Exit is that exit,
+	// once the agent recorded it.
+	Init        *api.ExecRequest `json:"init,omitempty"`
+	Exit        *api.Exit        `json:"exit,omitempty"`
+	IdleTimeout int64            `json:"idle_timeout_seconds,omitempty"`
+	Sandbox     *sandbox.Sandbox `json:"sandbox,omitempty"`
 }
 
 // entry is a known sandbox and, while it runs, the route to its agent.
 type entry struct {
-	rec   record
-	proxy *httputil.ReverseProxy
+	rec      record
+	proxy    *httputil.ReverseProxy
+	deleting bool // Delete has it: the watcher leaves it alone
+	// Activity, for the idle timeout: requests in flight (a watcher's
+	// WebSocket counts for as long as it is open) and the last one's end.
+	inflight int
+	lastUsed time.Time
 }
 
 // Daemon is kilnd.
@@ -90,6 +100,11 @@ type Daemon struct {
 	// it; the entry is added once the sandbox runs.
 	mu        sync.Mutex
 	sandboxes map[string]*entry
+
+	// closing ends the watchers (one per running sandbox, waiting for its
+	// agent to exit) and the idle janitor; wg waits for them.
+	closing chan struct{}
+	wg      sync.WaitGroup
 }
 
 // New opens the state directory (making it and the token on first start)
@@ -113,14 +128,46 @@ func New(cfg Config) (*Daemon, error) {
 	if err := os.Chmod(cfg.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("kilnd: state directory: %w", err)
 	}
-	d := &Daemon{cfg: cfg, log: cfg.Log, sandboxes: map[string]*entry{}}
+	d := &Daemon{cfg: cfg, log: cfg.Log, sandboxes: map[string]*entry{}, closing: make(chan struct{})}
 	if d.token, err = loadToken(filepath.Join(cfg.StateDir, TokenName)); err != nil {
 		return nil, err
 	}
 	if err := d.recover(); err != nil {
 		return nil, err
 	}
+	d.wg.Go(d.janitor)
 	return d, nil
+}
+
+// janitor deletes, keeping their captured logs, the sandboxes idle for
+// longer than their idle timeout.
+func (d *Daemon) janitor() {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-d.closing:
+			return
+		case <-t.C:
+		}
+		var idle []string
+		d.mu.Lock()
+		for id, e := range d.sandboxes {
+			if e.rec.State == StateRunning && !e.deleting && e.rec.IdleTimeout > 0 && e.inflight == 0 &&
+				time.Since(e.lastUsed) > time.Duration(e.rec.IdleTimeout)*time.Second {
+				e.rec.Reason = fmt.Sprintf("idle for %ds", e.rec.IdleTimeout)
+				idle = append(idle, id)
+			}
+		}
+		d.mu.Unlock()
+		for _, id := range idle {
+			if err := d.Delete(id, false); err != nil {
+				d.log.Error("delete an idle sandbox", "id", id, "err", err)
+			} else {
+				d.log.Info("idle sandbox deleted", "id", id)
+			}
+		}
+	}
 }
 
 // loadToken reads the API token, making it on first start.
@@ -213,11 +260,14 @@ func (d *Daemon) recover() error {
 		}
 		if rec.State == StateRunning {
 			if rec.Sandbox != nil && rec.Sandbox.Alive() {
-				d.sandboxes[rec.ID] = d.route(rec)
+				e := d.route(rec)
+				e.lastUsed = time.Now()
+				d.sandboxes[rec.ID] = e
+				d.watch(e)
 				d.log.Info("sandbox adopted", "id", rec.ID, "agent", rec.Sandbox.PID)
 				continue
 			}
-			d.stopped(&rec, "the agent was gone when kilnd started (host reboot or agent killed); exit unknown")
+			d.stopped(&rec, "the agent was gone when kilnd started (host reboot or agent killed)")
 		}
 		d.sandboxes[rec.ID] = &entry{rec: rec}
 	}
@@ -225,17 +275,55 @@ func (d *Daemon) recover() error {
 }
 
 // stopped records that a sandbox is no longer running and kills whatever
-// is left in its cgroup.
+// is left in its cgroup. The init command's exit, if the agent recorded
+// one, becomes the sandbox's; otherwise its exit is unknown.
 func (d *Daemon) stopped(rec *record, reason string) {
 	if rec.Sandbox != nil && rec.Sandbox.Cgroups != nil {
 		rec.Sandbox.Cgroups.Kill(10 * time.Second)
 		rec.Sandbox.Cgroups.Destroy()
+	}
+	if rec.Sandbox != nil {
+		if ie := rec.Sandbox.InitExit(); ie != nil {
+			rec.Exit, reason = &ie.Exit, "the init command ended: "+ie.Exit.String()
+		}
+	}
+	if rec.Exit == nil {
+		reason += "; exit unknown"
 	}
 	now := time.Now().UTC()
 	rec.State, rec.StoppedAt, rec.Reason = StateStopped, &now, reason
 	if err := d.save(*rec); err != nil {
 		d.log.Error("record a stopped sandbox", "id", rec.ID, "err", err)
 	}
+}
+
+// watch waits, in a goroutine, for a running sandbox's agent to exit, and
+// then records the sandbox stopped (with its init command's exit).
+func (d *Daemon) watch(e *entry) {
+	sb := e.rec.Sandbox
+	d.wg.Go(func() {
+		sb.AwaitExit(d.closing)
+		select {
+		case <-d.closing:
+			return
+		default:
+		}
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		if e.deleting || e.rec.State != StateRunning {
+			return
+		}
+		d.stopped(&e.rec, "the agent exited")
+		e.proxy = nil
+		d.log.Info("sandbox stopped", "id", e.rec.ID, "reason", e.rec.Reason)
+	})
+}
+
+// Close stops kilnd's own goroutines (not the sandboxes). Call it after
+// Serve has returned.
+func (d *Daemon) Close() {
+	close(d.closing)
+	d.wg.Wait()
 }
 
 // route makes the entry of a running sandbox, with its proxy to the
@@ -276,6 +364,12 @@ type CreateRequest struct {
 	Hostname string         `json:"hostname,omitempty"`
 	Rootfs   string         `json:"rootfs,omitempty"`
 	Limits   sandbox.Limits `json:"limits,omitempty"`
+	// Init is a command whose exit ends the sandbox; its output is
+	// captured and its exit becomes the sandbox's.
+	Init *api.ExecRequest `json:"init,omitempty"`
+	// IdleTimeoutSeconds deletes the sandbox (keeping its captured logs)
+	// after this long without a request or an open watcher.
+	IdleTimeoutSeconds int64 `json:"idle_timeout_seconds,omitempty"`
 }
 
 // Info describes a sandbox in the API.
@@ -289,11 +383,22 @@ type Info struct {
 	Limits    sandbox.Limits `json:"limits"`
 	Reason    string         `json:"reason,omitempty"`
 	AgentPID  int            `json:"agent_pid,omitempty"`
+	// Exit is the init command's exit, once the sandbox ended with it.
+	Exit               *api.Exit `json:"exit,omitempty"`
+	IdleTimeoutSeconds int64     `json:"idle_timeout_seconds,omitempty"`
+}
+
+// infoOf describes e under the lock that guards its record.
+func (d *Daemon) infoOf(e *entry) Info {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return e.info()
 }
 
 func (e *entry) info() Info {
 	i := Info{ID: e.rec.ID, State: e.rec.State, CreatedAt: e.rec.CreatedAt, StoppedAt: e.rec.StoppedAt,
-		Hostname: e.rec.Hostname, Rootfs: e.rec.Rootfs, Limits: e.rec.Limits, Reason: e.rec.Reason}
+		Hostname: e.rec.Hostname, Rootfs: e.rec.Rootfs, Limits: e.rec.Limits, Reason: e.rec.Reason,
+		Exit: e.rec.Exit, IdleTimeoutSeconds: e.rec.IdleTimeout}
 	if e.rec.State == StateRunning && e.rec.Sandbox != nil {
 		i.AgentPID = e.rec.Sandbox.PID
 	}
@@ -316,20 +421,26 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	}) {
 		return Info{}, fmt.Errorf("%w: hostname %q", errInvalid, req.Hostname)
 	}
+	if req.IdleTimeoutSeconds < 0 {
+		return Info{}, fmt.Errorf("%w: idle_timeout_seconds %d", errInvalid, req.IdleTimeoutSeconds)
+	}
+	if req.Init != nil && req.Init.Command == "" {
+		return Info{}, fmt.Errorf("%w: init needs a command", errInvalid)
+	}
 	if req.Rootfs != "" && !filepath.IsAbs(req.Rootfs) {
 		return Info{}, fmt.Errorf("%w: rootfs %q must be an absolute path", errInvalid, req.Rootfs)
 	}
 	id := uuid.Must(uuid.NewV7()).String()
 	sb, err := sandbox.Create(ctx, sandbox.Options{
 		Dir: d.sandboxDir(id), ID: id, Hostname: req.Hostname, Exe: d.cfg.Exe,
-		Rootfs: req.Rootfs, Limits: req.Limits, Env: d.cfg.Env,
+		Rootfs: req.Rootfs, Limits: req.Limits, Env: d.cfg.Env, Init: req.Init,
 	})
 	if err != nil {
 		os.RemoveAll(d.sandboxDir(id))
 		return Info{}, fmt.Errorf("%w: %v", errUnavailable, err)
 	}
 	rec := record{ID: id, State: StateRunning, CreatedAt: time.Now().UTC(), Hostname: req.Hostname,
-		Rootfs: req.Rootfs, Limits: req.Limits, Sandbox: sb}
+		Rootfs: req.Rootfs, Limits: req.Limits, Init: req.Init, IdleTimeout: req.IdleTimeoutSeconds, Sandbox: sb}
 	if rec.Hostname == "" {
 		rec.Hostname = "kiln-" + id[:8]
 	}
@@ -338,11 +449,13 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		return Info{}, err
 	}
 	e := d.route(rec)
+	e.lastUsed = time.Now()
 	d.mu.Lock()
 	d.sandboxes[id] = e
+	d.watch(e)
 	d.mu.Unlock()
 	d.log.Info("sandbox created", "id", id, "agent", sb.PID)
-	return e.info(), nil
+	return d.infoOf(e), nil
 }
 
 // Errors of kilnd, mapped to statuses in one place (api.go).
@@ -382,7 +495,7 @@ func (d *Daemon) List() []Info {
 	out := make([]Info, 0, len(ids))
 	for _, id := range ids {
 		if e, err := d.get(id); err == nil {
-			out = append(out, e.info())
+			out = append(out, d.infoOf(e))
 		}
 	}
 	return out
@@ -398,6 +511,7 @@ func (d *Daemon) Delete(id string, removeLogs bool) error {
 	d.mu.Lock()
 	rec := e.rec
 	e.proxy = nil
+	e.deleting = true
 	d.mu.Unlock()
 	if rec.Sandbox != nil {
 		if err := rec.Sandbox.Destroy(!removeLogs); err != nil {

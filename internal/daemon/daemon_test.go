@@ -74,6 +74,7 @@ func start(t *testing.T, state string) *kilnd {
 		if err := <-done; err != nil {
 			t.Errorf("serve: %v", err)
 		}
+		d.Close()
 	}
 	// Serve has its listeners once the socket answers.
 	for {
@@ -393,4 +394,68 @@ func clip(b []byte) []byte {
 		return b[:200]
 	}
 	return b
+}
+
+// TestInitCommandEndsTheSandbox: an init command's exit ends the sandbox,
+// its exit code becomes the sandbox's, recorded durably, and its output
+// is captured. A background child it leaves does not keep the sandbox.
+func TestInitCommandEndsTheSandbox(t *testing.T) {
+	k := start(t, "")
+	var info daemon.Info
+	k.json("POST", "/sandboxes", `{"init":{"command":"sh","args":["-c","sleep 1000 & echo booted; exit 5"]}}`, &info)
+	for info.State == daemon.StateRunning {
+		k.json("GET", "/sandboxes/"+info.ID, nil, &info)
+		time.Sleep(5 * time.Millisecond)
+	}
+	if info.State != daemon.StateStopped || info.Exit == nil || info.Exit.ExitCode == nil || *info.Exit.ExitCode != 5 {
+		t.Fatalf("sandbox %+v, want stopped with exit code 5", info)
+	}
+	var logs []daemon.CapturedLog
+	k.json("GET", "/sandboxes/"+info.ID+"/logs", nil, &logs)
+	if len(logs) != 1 || !logs[0].Complete {
+		t.Fatalf("captured %+v", logs)
+	}
+	code, body := k.do("GET", "/sandboxes/"+info.ID+"/logs/"+logs[0].Process, k.d.Token(), nil)
+	if code != 200 || string(body) != "booted\n" {
+		t.Errorf("init output %d %q", code, body)
+	}
+	// A new kilnd finds it stopped with the same exit.
+	k.stop()
+	k2 := start(t, k.state)
+	defer k2.cleanup()
+	var again daemon.Info
+	k2.json("GET", "/sandboxes/"+info.ID, nil, &again)
+	if again.State != daemon.StateStopped || again.Exit == nil || *again.Exit.ExitCode != 5 {
+		t.Errorf("after restart %+v", again)
+	}
+}
+
+// TestIdleTimeout: a sandbox left alone past its idle timeout is deleted,
+// its captured logs kept; one with an open watcher is not idle.
+func TestIdleTimeout(t *testing.T) {
+	k := start(t, "")
+	defer k.cleanup()
+	var info daemon.Info
+	k.json("POST", "/sandboxes", `{"idle_timeout_seconds":1}`, &info)
+	var st api.Started
+	k.json("POST", "/sandboxes/"+info.ID+"/exec-stream", `{"command":"sh","args":["-c","echo kept; sleep 2.5; echo watched"],"capture":true}`, &st)
+	// Watching for 2.5 s keeps it in use past its 1 s timeout.
+	if got := k.logs(info.ID, st.ID); !strings.HasSuffix(got, "watched\n[process exited with code 0]\n") {
+		t.Fatalf("watched %q", got)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		code, _ := k.do("GET", "/sandboxes/"+info.ID, k.d.Token(), nil)
+		if code == 404 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the idle sandbox was not deleted")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	code, body := k.do("GET", "/sandboxes/"+info.ID+"/logs/"+st.ID, k.d.Token(), nil)
+	if code != 200 || string(body) != "kept\nwatched\n" {
+		t.Errorf("logs after the idle delete: %d %q", code, body)
+	}
 }

@@ -10,10 +10,12 @@ import (
 	"runtime"
 	"strconv"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/capture"
 )
 
@@ -38,6 +40,20 @@ type AgentConfig struct {
 	Env []string `json:"env"`
 	// PidsLimited says fdTasks is passed: the processes' pids group.
 	PidsLimited bool `json:"pids_limited,omitempty"`
+	// Init, when set, is the sandbox's init command: the agent starts it
+	// (captured) first, and its exit ends the sandbox.
+	Init *api.ExecRequest `json:"init,omitempty"`
+}
+
+// InitExitName is the file in a sandbox's logs directory where the agent
+// records its init command's exit, durably, before the sandbox ends.
+const InitExitName = "init.json"
+
+// InitExit is the content of InitExitName.
+type InitExit struct {
+	Process  string    `json:"process"`
+	ExitedAt time.Time `json:"exited_at"`
+	api.Exit
 }
 
 // AgentEnv names the environment variable that makes kilnd's binary run as

@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sandkiln/sandkiln/api"
 )
 
 // Options describe a sandbox to create.
@@ -41,6 +43,8 @@ type Options struct {
 	Env []string
 	// Ready bounds the wait for the agent to answer.
 	Ready time.Duration
+	// Init, when set, is the command whose exit ends the sandbox.
+	Init *api.ExecRequest
 }
 
 // DefaultUIDBase is the host uid a sandbox's root maps to.
@@ -97,7 +101,7 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 	}()
 	cfg := AgentConfig{
 		ID: o.ID, Hostname: o.Hostname, Root: filepath.Join(o.Dir, rootName),
-		Workspace: filepath.Join(o.Dir, WorkspaceName), UIDBase: o.UIDBase, Env: o.Env,
+		Workspace: filepath.Join(o.Dir, WorkspaceName), UIDBase: o.UIDBase, Env: o.Env, Init: o.Init,
 	}
 	for _, d := range []string{rootName, LogsName, WorkspaceName} {
 		if err := os.Mkdir(filepath.Join(o.Dir, d), 0o700); err != nil {
@@ -267,6 +271,53 @@ func (s *Sandbox) Transport() *http.Transport {
 		MaxIdleConnsPerHost: 16,
 		IdleConnTimeout:     time.Minute,
 	}
+}
+
+// InitExit reads the exit of the sandbox's init command, which the agent
+// recorded before ending the sandbox; nil when there is none.
+func (s *Sandbox) InitExit() *InitExit {
+	b, err := os.ReadFile(filepath.Join(s.Dir, LogsName, InitExitName))
+	if err != nil {
+		return nil
+	}
+	var e InitExit
+	if json.Unmarshal(b, &e) != nil {
+		return nil
+	}
+	return &e
+}
+
+// AwaitExit blocks until the agent has exited or stop is closed; it works
+// for an agent this kilnd started and for one it adopted.
+func (s *Sandbox) AwaitExit(stop <-chan struct{}) {
+	fd, err := unix.PidfdOpen(s.PID, unix.PIDFD_NONBLOCK)
+	if err != nil {
+		return // gone already
+	}
+	f := os.NewFile(uintptr(fd), "pidfd")
+	if !s.Alive() {
+		f.Close()
+		return
+	}
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-stop:
+			f.SetReadDeadline(time.Now())
+		case <-done:
+		}
+	}()
+	defer close(done)
+	defer f.Close()
+	sc, err := f.SyscallConn()
+	if err != nil {
+		return
+	}
+	sc.Read(func(fd uintptr) bool {
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, err := unix.Poll(fds, 0)
+		return err != nil || n > 0
+	})
 }
 
 // maxSocketPath is the longest path a unix socket address holds.
