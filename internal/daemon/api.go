@@ -7,58 +7,101 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/reply"
 )
 
-// Handler is kilnd's API. Over TCP (tcp set) every request needs the
-// token; on the unix socket the socket's mode keeps others out.
+// Route is one of kilnd's routes: a method (empty: any) and a pattern.
+// Routes lists them all; the OpenAPI document must describe each, and a
+// test holds the two together.
+type Route struct {
+	Method, Pattern string
+	// Open routes need no token on TCP.
+	Open bool
+}
+
+// Routes are kilnd's routes. The process routes are forwarded to the
+// sandbox's agent.
+var Routes = []Route{
+	{"GET", "/healthz", true},
+	{"GET", "/openapi.yaml", true},
+	{"GET", "/metrics", false},
+	{"POST", "/sandboxes", false},
+	{"GET", "/sandboxes", false},
+	{"GET", "/sandboxes/{id}", false},
+	{"DELETE", "/sandboxes/{id}", false},
+	{"GET", "/sandboxes/{id}/logs", false},
+	{"GET", "/sandboxes/{id}/logs/{pid}", false},
+	{"", "/sandboxes/{id}/exec", false},
+	{"", "/sandboxes/{id}/exec-stream", false},
+	{"", "/sandboxes/{id}/exec-stream/", false},
+}
+
+// Handler is kilnd's API. Over TCP (tcp set) every request but the open
+// ones needs the token; on the unix socket the socket's mode keeps others
+// out.
 func (d *Daemon) Handler(tcp bool) http.Handler {
+	handlers := map[string]http.HandlerFunc{
+		"GET /healthz": func(w http.ResponseWriter, r *http.Request) {
+			reply.JSON(w, http.StatusOK, map[string]string{"status": "ok"})
+		},
+		"GET /openapi.yaml": func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/yaml")
+			w.Write(api.OpenAPI)
+		},
+		"GET /metrics":    d.metrics.handler.ServeHTTP,
+		"POST /sandboxes": d.createHandler,
+		"GET /sandboxes": func(w http.ResponseWriter, r *http.Request) {
+			reply.JSON(w, http.StatusOK, d.List())
+		},
+		"GET /sandboxes/{id}": func(w http.ResponseWriter, r *http.Request) {
+			e, err := d.get(r.PathValue("id"))
+			if err != nil {
+				writeError(w, err)
+				return
+			}
+			reply.JSON(w, http.StatusOK, d.infoOf(e))
+		},
+		"DELETE /sandboxes/{id}": func(w http.ResponseWriter, r *http.Request) {
+			removeLogs, err := strconv.ParseBool(defaultString(r.URL.Query().Get("remove_logs"), "false"))
+			if err != nil {
+				writeError(w, fmt.Errorf("%w: remove_logs must be true or false", errInvalid))
+				return
+			}
+			if err := d.Delete(r.PathValue("id"), removeLogs); err != nil {
+				writeError(w, err)
+				return
+			}
+			w.WriteHeader(http.StatusNoContent)
+		},
+		"GET /sandboxes/{id}/logs":       d.listLogs,
+		"GET /sandboxes/{id}/logs/{pid}": d.readLog,
+		"/sandboxes/{id}/exec":           d.forward,
+		"/sandboxes/{id}/exec-stream":    d.forward,
+		"/sandboxes/{id}/exec-stream/":   d.forward,
+	}
 	m := http.NewServeMux()
-	m.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		reply.JSON(w, http.StatusOK, map[string]string{"status": "ok"})
-	})
-	m.HandleFunc("POST /sandboxes", d.createHandler)
-	m.HandleFunc("GET /sandboxes", func(w http.ResponseWriter, r *http.Request) {
-		reply.JSON(w, http.StatusOK, d.List())
-	})
-	m.HandleFunc("GET /sandboxes/{id}", func(w http.ResponseWriter, r *http.Request) {
-		e, err := d.get(r.PathValue("id"))
-		if err != nil {
-			writeError(w, err)
-			return
+	open := map[string]bool{}
+	for _, rt := range Routes {
+		key := strings.TrimSpace(rt.Method + " " + rt.Pattern)
+		m.Handle(key, handlers[key])
+		if rt.Open {
+			open[rt.Pattern] = true
 		}
-		reply.JSON(w, http.StatusOK, d.infoOf(e))
-	})
-	m.HandleFunc("DELETE /sandboxes/{id}", func(w http.ResponseWriter, r *http.Request) {
-		removeLogs, err := strconv.ParseBool(defaultString(r.URL.Query().Get("remove_logs"), "false"))
-		if err != nil {
-			writeError(w, fmt.Errorf("%w: remove_logs must be true or false", errInvalid))
-			return
-		}
-		if err := d.Delete(r.PathValue("id"), removeLogs); err != nil {
-			writeError(w, err)
-			return
-		}
-		w.WriteHeader(http.StatusNoContent)
-	})
-	m.HandleFunc("GET /sandboxes/{id}/logs", d.listLogs)
-	m.HandleFunc("GET /sandboxes/{id}/logs/{pid}", d.readLog)
-	for _, p := range []string{"/sandboxes/{id}/exec", "/sandboxes/{id}/exec-stream", "/sandboxes/{id}/exec-stream/"} {
-		m.HandleFunc(p, d.forward)
 	}
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		reply.Error(w, api.CodeNotFound, fmt.Sprintf("kilnd: no route %s %s", r.Method, r.URL.Path))
 	})
-	var h http.Handler = m
+	h := d.metrics.instrument(m)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !d.originAllowed(r) {
 			reply.Error(w, api.CodeForbidden, "kilnd: origin "+clip(r.Header.Get("Origin"))+" is not allowed (see --allow-origin)")
 			return
 		}
-		if tcp && !d.authorized(r) {
+		if tcp && !open[r.URL.Path] && !d.authorized(r) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="kilnd"`)
 			reply.Error(w, api.CodeUnauthorized, "kilnd: a bearer token is required (the token file in kilnd's state directory)")
 			return

@@ -105,6 +105,8 @@ type Daemon struct {
 	// agent to exit) and the idle janitor; wg waits for them.
 	closing chan struct{}
 	wg      sync.WaitGroup
+
+	metrics *metrics
 }
 
 // New opens the state directory (making it and the token on first start)
@@ -129,6 +131,7 @@ func New(cfg Config) (*Daemon, error) {
 		return nil, fmt.Errorf("kilnd: state directory: %w", err)
 	}
 	d := &Daemon{cfg: cfg, log: cfg.Log, sandboxes: map[string]*entry{}, closing: make(chan struct{})}
+	d.metrics = newMetrics(d)
 	if d.token, err = loadToken(filepath.Join(cfg.StateDir, TokenName)); err != nil {
 		return nil, err
 	}
@@ -315,6 +318,7 @@ func (d *Daemon) watch(e *entry) {
 		}
 		d.stopped(&e.rec, "the agent exited")
 		e.proxy = nil
+		d.metrics.stopped.WithLabelValues("stopped").Inc()
 		d.log.Info("sandbox stopped", "id", e.rec.ID, "reason", e.rec.Reason)
 	})
 }
@@ -431,6 +435,7 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		return Info{}, fmt.Errorf("%w: rootfs %q must be an absolute path", errInvalid, req.Rootfs)
 	}
 	id := uuid.Must(uuid.NewV7()).String()
+	began := time.Now()
 	sb, err := sandbox.Create(ctx, sandbox.Options{
 		Dir: d.sandboxDir(id), ID: id, Hostname: req.Hostname, Exe: d.cfg.Exe,
 		Rootfs: req.Rootfs, Limits: req.Limits, Env: d.cfg.Env, Init: req.Init,
@@ -448,6 +453,7 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		sb.Destroy(false)
 		return Info{}, err
 	}
+	d.metrics.creates.Observe(time.Since(began).Seconds())
 	e := d.route(rec)
 	e.lastUsed = time.Now()
 	d.mu.Lock()
@@ -525,6 +531,7 @@ func (d *Daemon) Delete(id string, removeLogs bool) error {
 		delete(d.sandboxes, id)
 		return nil
 	}
+	d.metrics.stopped.WithLabelValues("deleted").Inc()
 	now := time.Now().UTC()
 	e.rec.State, e.rec.StoppedAt = StateDeleted, &now
 	if e.rec.Reason == "" {

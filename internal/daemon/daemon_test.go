@@ -459,3 +459,76 @@ func TestIdleTimeout(t *testing.T) {
 		t.Errorf("logs after the idle delete: %d %q", code, body)
 	}
 }
+
+// TestOpenAPIMatchesRoutes holds the OpenAPI document against kilnd: every
+// documented operation is served (by kilnd or the agent, not a "no route"
+// answer), and every route kilnd has is documented.
+func TestOpenAPIMatchesRoutes(t *testing.T) {
+	k := start(t, "")
+	defer k.cleanup()
+	sb := k.sandbox()
+	type op struct{ method, path string }
+	var ops []op
+	var paths []string
+	path := ""
+	inPaths := false
+	for line := range strings.Lines(string(api.OpenAPI)) {
+		line = strings.TrimRight(line, "\n")
+		switch {
+		case line == "paths:":
+			inPaths = true
+		case inPaths && len(line) > 0 && line[0] != ' ':
+			inPaths = false
+		case inPaths && strings.HasPrefix(line, "  /") && strings.HasSuffix(line, ":"):
+			path = strings.TrimSuffix(strings.TrimSpace(line), ":")
+			paths = append(paths, path)
+		case inPaths && strings.HasPrefix(line, "    ") && !strings.HasPrefix(line, "     "):
+			m := strings.TrimSuffix(strings.TrimSpace(line), ":")
+			if m == "get" || m == "post" || m == "delete" || m == "put" {
+				ops = append(ops, op{strings.ToUpper(m), path})
+			}
+		}
+	}
+	if len(ops) < 15 {
+		t.Fatalf("found %d operations in the document", len(ops))
+	}
+	for _, o := range ops {
+		p := strings.ReplaceAll(o.path, "{id}", sb)
+		p = strings.ReplaceAll(p, "{pid}", "01a22779-5cfd-7451-9354-2e19949d5c7f")
+		if o.method == "DELETE" && o.path == "/sandboxes/{id}" {
+			continue // would end the sandbox the rest uses; TestDeleteKeepsCapturedLogs covers it
+		}
+		code, body := k.do(o.method, p, k.d.Token(), "{}")
+		if code == 405 || strings.Contains(string(body), "no route") {
+			t.Errorf("%s %s is documented but not served: %d %s", o.method, o.path, code, clip(body))
+		}
+	}
+	for _, rt := range daemon.Routes {
+		documented := false
+		for _, p := range paths {
+			if p == rt.Pattern || strings.HasSuffix(rt.Pattern, "/") && strings.HasPrefix(p, rt.Pattern) {
+				documented = true
+			}
+		}
+		if !documented {
+			t.Errorf("route %s %s is not in the OpenAPI document", rt.Method, rt.Pattern)
+		}
+	}
+	code, body := k.do("GET", "/metrics", k.d.Token(), nil)
+	if code != 200 || !strings.Contains(string(body), `kilnd_sandboxes{state="running"} 2`) || !strings.Contains(string(body), "kilnd_api_requests_total") {
+		t.Errorf("metrics: %d\n%s", code, grepLines(body, "kilnd_"))
+	}
+	if code, _ := k.do("GET", "/openapi.yaml", "", nil); code != 200 {
+		t.Errorf("openapi.yaml without a token: %d", code)
+	}
+}
+
+func grepLines(b []byte, sub string) string {
+	var out []string
+	for line := range strings.Lines(string(b)) {
+		if strings.Contains(line, sub) {
+			out = append(out, line)
+		}
+	}
+	return strings.Join(out, "")
+}
