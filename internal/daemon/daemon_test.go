@@ -9,8 +9,12 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -28,7 +32,31 @@ func TestMain(m *testing.M) {
 	if sandbox.IsAgent() {
 		os.Exit(agent.Main())
 	}
+	if state := os.Getenv(daemonEnv); state != "" {
+		os.Exit(serveForever(state, os.Getenv(daemonListenEnv)))
+	}
 	goleak.VerifyTestMain(m)
+}
+
+// daemonEnv makes the test binary a kilnd process serving the state
+// directory it names, for tests that kill kilnd with SIGKILL.
+const (
+	daemonEnv       = "SANDKILN_TEST_KILND_STATE"
+	daemonListenEnv = "SANDKILN_TEST_KILND_LISTEN"
+)
+
+func serveForever(state, listen string) int {
+	exe, _ := os.Executable()
+	d, err := daemon.New(daemon.Config{StateDir: state, Listen: listen, Exe: exe, Env: env})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if err := d.Serve(context.Background()); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return 0
 }
 
 var env = []string{"PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME=/root", "LANG=C.UTF-8"}
@@ -531,4 +559,182 @@ func grepLines(b []byte, sub string) string {
 		}
 	}
 	return strings.Join(out, "")
+}
+
+// external is a kilnd running as a process of its own.
+func external(t *testing.T, state, addr string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), daemonEnv+"="+state, daemonListenEnv+"="+addr)
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		c, err := net.Dial("unix", filepath.Join(state, daemon.SocketName))
+		if err == nil {
+			c.Close()
+			return cmd
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestKill9MidStream: kilnd killed with SIGKILL while a process streams
+// and a watcher reads; a new kilnd adopts the sandbox and a watcher that
+// resumes from the offsets it had gets the rest: nothing lost, nothing
+// repeated, the real exit code.
+func TestKill9MidStream(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("kilnd needs root")
+	}
+	state, addr := t.TempDir(), freeAddr(t)
+	first := external(t, state, addr)
+	token, err := os.ReadFile(filepath.Join(state, daemon.TokenName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := &kilnd{t: t, state: state, addr: addr}
+	tok := strings.TrimSpace(string(token))
+	call := func(method, path, body string, out any) {
+		t.Helper()
+		code, b := k.do(method, path, tok, body)
+		if code >= 300 {
+			t.Fatalf("%s %s: %d %s", method, path, code, b)
+		}
+		if out != nil {
+			json.Unmarshal(b, out)
+		}
+	}
+	var info daemon.Info
+	call("POST", "/sandboxes", "{}", &info)
+	var st api.Started
+	call("POST", "/sandboxes/"+info.ID+"/exec-stream", `{"command":"sh","args":["-c","i=0; while [ $i -lt 40 ]; do i=$((i+1)); echo n$i; sleep 0.02; done; exit 9"]}`, &st)
+	// Read the first lines through the first kilnd, as kiln.v1 frames.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	url := "ws://" + addr + "/sandboxes/" + info.ID + "/exec-stream/" + st.ID + "/logs"
+	c, _, err := websocket.Dial(ctx, url, &websocket.DialOptions{Subprotocols: []string{api.ProtocolV1, api.TokenProtocolPrefix + tok}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []byte
+	for len(got) < 12 {
+		typ, data, err := c.Read(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if typ == websocket.MessageBinary {
+			f, _ := api.ParseFrame(data)
+			if int(f.Offset) != len(got) {
+				t.Fatalf("frame at %d, expected %d", f.Offset, len(got))
+			}
+			got = append(got, f.Data...)
+		}
+	}
+	first.Process.Kill()
+	first.Wait()
+	c.CloseNow()
+	second := external(t, state, addr)
+	defer func() {
+		second.Process.Signal(syscall.SIGTERM)
+		second.Wait()
+	}()
+	defer call("DELETE", "/sandboxes/"+info.ID+"?remove_logs=true", "", nil)
+	c, _, err = websocket.Dial(ctx, url+"?stdout="+strconv.Itoa(len(got)), &websocket.DialOptions{Subprotocols: []string{api.ProtocolV1, api.TokenProtocolPrefix + tok}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.CloseNow()
+	var exit api.ExitMessage
+	for {
+		typ, data, err := c.Read(ctx)
+		if websocket.CloseStatus(err) == websocket.StatusNormalClosure {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if typ == websocket.MessageBinary {
+			f, _ := api.ParseFrame(data)
+			if int(f.Offset) != len(got) {
+				t.Fatalf("after the restart: frame at %d, expected %d", f.Offset, len(got))
+			}
+			got = append(got, f.Data...)
+		} else if strings.Contains(string(data), `"gap"`) {
+			t.Fatalf("gap after the restart: %s", data)
+		} else if strings.Contains(string(data), `"exit"`) {
+			json.Unmarshal(data, &exit)
+		}
+	}
+	var want strings.Builder
+	for i := 1; i <= 40; i++ {
+		fmt.Fprintf(&want, "n%d\n", i)
+	}
+	if string(got) != want.String() || exit.ExitCode == nil || *exit.ExitCode != 9 {
+		t.Errorf("got %q and exit %+v", got, exit)
+	}
+}
+
+// TestManyStreamsManyWatchers: 100 concurrent exec-streams in one sandbox,
+// each watched by 10 clients: every watcher gets every byte and the exit.
+func TestManyStreamsManyWatchers(t *testing.T) {
+	k := start(t, "")
+	defer k.cleanup()
+	sb := k.sandbox()
+	const streams, watchers = 100, 10
+	ids := make([]string, streams)
+	for i := range ids {
+		var st api.Started
+		k.json("POST", "/sandboxes/"+sb+"/exec-stream", fmt.Sprintf(`{"command":"sh","args":["-c","for j in 1 2 3 4 5; do echo s%d-$j; sleep 0.05; done"]}`, i), &st)
+		ids[i] = st.ID
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, streams*watchers)
+	for i, id := range ids {
+		want := ""
+		for j := 1; j <= 5; j++ {
+			want += fmt.Sprintf("s%d-%d\n", i, j)
+		}
+		want += "[process exited with code 0]\n"
+		for range watchers {
+			wg.Go(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+				defer cancel()
+				c, _, err := websocket.Dial(ctx, "ws://"+k.addr+"/sandboxes/"+sb+"/exec-stream/"+id+"/logs",
+					&websocket.DialOptions{Subprotocols: []string{api.TokenProtocolPrefix + k.d.Token()}})
+				if err != nil {
+					errs <- err
+					return
+				}
+				defer c.CloseNow()
+				var got strings.Builder
+				for {
+					_, data, err := c.Read(ctx)
+					if websocket.CloseStatus(err) == websocket.StatusNormalClosure {
+						break
+					}
+					if err != nil {
+						errs <- fmt.Errorf("stream %d: %w", i, err)
+						return
+					}
+					got.Write(data)
+				}
+				if got.String() != want {
+					errs <- fmt.Errorf("stream %d: got %q", i, got.String())
+				}
+			})
+		}
+	}
+	wg.Wait()
+	close(errs)
+	n := 0
+	for err := range errs {
+		if n++; n <= 5 {
+			t.Error(err)
+		}
+	}
+	if n > 0 {
+		t.Errorf("%d of %d watchers failed", n, streams*watchers)
+	}
 }
