@@ -21,12 +21,14 @@ func TestRun(t *testing.T) {
 		size:        8 << 20,
 		captureSize: 8 << 20,
 		captureDir:  t.TempDir(),
+		wsSize:      8 << 20,
+		kilndScale:  10,
 		reps:        1,
 		readers:     []int{1, 8, 64},
 		tombstones:  20,
 		running:     10,
 		out:         t.TempDir(),
-		sections:    map[string]bool{"throughput": true, "capture": true, "tombstone": true, "running": true},
+		sections:    map[string]bool{"throughput": true, "capture": true, "kilnd": true, "tombstone": true, "running": true},
 		cmdline:     "bench -size 8M -reps 1",
 		stdout:      &out,
 		progress:    io.Discard,
@@ -43,6 +45,7 @@ func TestRun(t *testing.T) {
 		"throughput, engine, no reader / raw |", "workload time, 64 readers / no reader |",
 		"| child > file | ", "| engine + capture | ", "| engine, no capture | ",
 		"16 KiB chunks: engine + capture / child > file |",
+		"batch exec of `true`", "kiln.v1 client / raw pipe |", "Memory per idle sandbox",
 		"heap per tombstone", "heap per idle running process", "goroutine stacks per process",
 	} {
 		if !strings.Contains(report, want) {

@@ -13,6 +13,8 @@ type config struct {
 	size        int64  // bytes the child writes per throughput run
 	captureSize int64  // bytes the child writes per capture run
 	captureDir  string // where the capture cases write their logs
+	wsSize      int64  // bytes of the kilnd WebSocket throughput runs
+	kilndScale  int    // divides the kilnd section's run counts (tests use fewer)
 	reps        int
 	readers     []int // reader counts of the engine cases
 	tombstones  int
@@ -25,7 +27,7 @@ type config struct {
 	progress    io.Writer // one line per measurement while it runs
 }
 
-var allSections = []string{"throughput", "capture", "tombstone", "running"}
+var allSections = []string{"throughput", "capture", "kilnd", "tombstone", "running"}
 
 func (c config) has(section string) bool { return c.sections[section] }
 
@@ -33,6 +35,8 @@ func (c config) validate() error {
 	switch {
 	case c.size <= 0:
 		return fmt.Errorf("size %d: must be positive", c.size)
+	case c.wsSize < 64<<10:
+		return fmt.Errorf("ws size %d: at least 64 KiB", c.wsSize)
 	case c.captureSize <= 0:
 		return fmt.Errorf("capture size %d: must be positive", c.captureSize)
 	case c.reps < 1:

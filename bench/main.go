@@ -14,12 +14,19 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+
+	"github.com/sandkiln/sandkiln/internal/agent"
+	"github.com/sandkiln/sandkiln/internal/sandbox"
 )
 
 func main() {
 	// The throughput cases re-execute this binary as the writing child.
 	if isChild() {
 		os.Exit(childMain())
+	}
+	// The kilnd cases re-execute this binary as each sandbox's agent.
+	if sandbox.IsAgent() {
+		os.Exit(agent.Main())
 	}
 	cfg, err := parseFlags(os.Args[1:])
 	if errors.Is(err, flag.ErrHelp) {
@@ -42,6 +49,7 @@ func parseFlags(args []string) (config, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	size := fs.String("size", "2G", "bytes the child writes per throughput run (suffixes K, M, G, T: powers of 1024)")
 	captureSize := fs.String("capture-size", "1G", "bytes the child writes per capture run")
+	wsSize := fs.String("ws-size", "1G", "bytes written to a kiln.v1 WebSocket client per kilnd throughput run")
 	captureDir := fs.String("capture-dir", os.TempDir(), "directory on the file system to capture to")
 	reps := fs.Int("reps", 3, "repetitions of every throughput case, interleaved")
 	readers := fs.String("readers", "1,8,64", "comma-separated reader counts for the engine cases")
@@ -72,6 +80,9 @@ func parseFlags(args []string) (config, error) {
 		return config{}, err
 	}
 	if cfg.captureSize, err = parseSize(*captureSize); err != nil {
+		return config{}, err
+	}
+	if cfg.wsSize, err = parseSize(*wsSize); err != nil {
 		return config{}, err
 	}
 	if cfg.readers, err = parseCounts(*readers); err != nil {

@@ -36,6 +36,9 @@ func renderReport(cfg config, res results) string {
 	if res.capture != nil {
 		writeCapture(&b, res.capture)
 	}
+	if res.kilnd != nil {
+		writeKilnd(&b, res.kilnd)
+	}
 	if res.tombstones != nil || res.running != nil {
 		writeMemory(&b, res.tombstones, res.running)
 	}

@@ -16,6 +16,7 @@ type results struct {
 	elapsed    time.Duration
 	throughput *throughputResult
 	capture    *captureResult
+	kilnd      *kilndResult
 	tombstones *tombstoneResult
 	running    *runningResult
 }
@@ -54,6 +55,15 @@ func run(ctx context.Context, cfg config) (err error) {
 		}
 		if res.capture, err = measureCapture(ctx, cfg, exe); err != nil {
 			return fmt.Errorf("capture: %w", err)
+		}
+	}
+	if cfg.has("kilnd") {
+		exe, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("find this binary to re-execute as the agent: %w", err)
+		}
+		if res.kilnd, err = measureKilnd(ctx, cfg, exe); err != nil {
+			return fmt.Errorf("kilnd: %w", err)
 		}
 	}
 	if cfg.has("tombstone") {

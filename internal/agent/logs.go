@@ -186,6 +186,25 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request, id string, st pro
 		}
 		return true
 	}
+	sendParts := func(head, body []byte) bool {
+		wctx, wcancel := context.WithTimeout(ctx, writeTimeout)
+		defer wcancel()
+		mw, err := c.Writer(wctx, websocket.MessageBinary)
+		if err == nil {
+			_, err = mw.Write(head)
+		}
+		if err == nil {
+			_, err = mw.Write(body)
+		}
+		if err == nil {
+			err = mw.Close()
+		}
+		if err != nil {
+			cancel()
+			return false
+		}
+		return true
+	}
 	sendJSON := func(v any) bool {
 		b, _ := json.Marshal(v)
 		return send(websocket.MessageText, b)
@@ -213,8 +232,10 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request, id string, st pro
 		switch e.Kind {
 		case ring.Data:
 			if v1 {
-				frame = api.AppendFrame(frame[:0], api.Frame{Stream: streamCode(e.Stream), Offset: uint64(e.Offset), Seq: e.Seq, Data: e.Data})
-				ok = send(websocket.MessageBinary, frame)
+				// The header, then the chunk as the ring holds it: one
+				// message, and no copy of the payload on the way.
+				frame = api.AppendFrame(frame[:0], api.Frame{Stream: streamCode(e.Stream), Offset: uint64(e.Offset), Seq: e.Seq})
+				ok = sendParts(frame, e.Data)
 			} else {
 				ok = send(websocket.MessageBinary, e.Data)
 			}

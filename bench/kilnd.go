@@ -1,0 +1,380 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/internal/daemon"
+)
+
+// The kilnd section's run counts (config.kilndScale divides them) and
+// targets.
+const (
+	kilndCreates         = 30
+	kilndExecs           = 200
+	kilndFirstBytes      = 50
+	kilndIdle            = 10
+	targetExecP50        = 5 * time.Millisecond
+	targetWSRatio        = 0.5
+	targetIdleSandboxMiB = 10
+)
+
+var kilndEnv = []string{"PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME=/root", "LANG=C.UTF-8"}
+
+type kilndResult struct {
+	creates    []time.Duration
+	execs      []time.Duration
+	firstBytes []time.Duration
+	wsBytes    int64
+	wsReps     []wsSample
+	idle       idleMemory
+	skipped    string
+}
+
+type wsSample struct {
+	raw, ws   time.Duration
+	delivered int64 // bytes the WebSocket client received (the rest was reported as gaps)
+}
+
+type idleMemory struct {
+	n             int
+	agentPSS      int64 // summed over the agents
+	kilndHeap     int64 // kilnd's heap growth
+	perSandboxMiB float64
+}
+
+// client talks to an in-process kilnd over its unix socket.
+type client struct {
+	http *http.Client
+	sock string
+}
+
+func (c client) call(ctx context.Context, method, path string, body, out any) error {
+	var rd io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, "http://kilnd"+path, rd)
+	if err != nil {
+		return err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode >= 300 {
+		return fmt.Errorf("%s %s: %d %s", method, path, resp.StatusCode, b)
+	}
+	if out != nil {
+		return json.Unmarshal(b, out)
+	}
+	return nil
+}
+
+// measureKilnd runs a kilnd in this process (its agents are this binary
+// re-executed) and measures it through its API.
+func measureKilnd(ctx context.Context, cfg config, exe string) (*kilndResult, error) {
+	res := &kilndResult{wsBytes: cfg.wsSize}
+	scale := max(1, cfg.kilndScale)
+	creates, execs, firstBytes, idle := kilndCreates/scale, kilndExecs/scale, kilndFirstBytes/scale, max(1, kilndIdle/scale)
+	if os.Geteuid() != 0 {
+		res.skipped = "kilnd needs root"
+		return res, nil
+	}
+	state, err := os.MkdirTemp("", "sandkiln-bench-kilnd-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(state)
+	d, err := daemon.New(daemon.Config{StateDir: state, Exe: exe, Env: kilndEnv})
+	if err != nil {
+		return nil, err
+	}
+	sctx, stop := context.WithCancel(ctx)
+	served := make(chan error, 1)
+	go func() { served <- d.Serve(sctx) }()
+	defer func() {
+		for _, s := range d.List() {
+			d.Delete(s.ID, true)
+		}
+		stop()
+		<-served
+		d.Close()
+	}()
+	sock := filepath.Join(state, daemon.SocketName)
+	tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var dl net.Dialer
+		return dl.DialContext(ctx, "unix", sock)
+	}, MaxIdleConnsPerHost: 4}
+	defer tr.CloseIdleConnections()
+	c := client{http: &http.Client{Transport: tr}, sock: sock}
+	for {
+		if conn, err := net.Dial("unix", sock); err == nil {
+			conn.Close()
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+
+	// Create to ready: the API answers once the agent does.
+	for i := range creates + 1 {
+		start := time.Now()
+		var info daemon.Info
+		if err := c.call(ctx, "POST", "/sandboxes", map[string]any{}, &info); err != nil {
+			return nil, err
+		}
+		if i > 0 { // the first is a warm-up
+			res.creates = append(res.creates, time.Since(start))
+		}
+		if err := c.call(ctx, "DELETE", "/sandboxes/"+info.ID+"?remove_logs=true", nil, nil); err != nil {
+			return nil, err
+		}
+	}
+	fmt.Fprintf(cfg.progress, "kilnd: create to ready, %d sandboxes: p50 %v\n", len(res.creates), pct(res.creates, 50))
+
+	var sb daemon.Info
+	if err := c.call(ctx, "POST", "/sandboxes", map[string]any{}, &sb); err != nil {
+		return nil, err
+	}
+	for i := range execs + 5 {
+		start := time.Now()
+		var r api.ExecResult
+		if err := c.call(ctx, "POST", "/sandboxes/"+sb.ID+"/exec", api.ExecRequest{Command: "true"}, &r); err != nil {
+			return nil, err
+		}
+		if r.ExitCode == nil || *r.ExitCode != 0 {
+			return nil, fmt.Errorf("exec true: %+v", r)
+		}
+		if i >= 5 {
+			res.execs = append(res.execs, time.Since(start))
+		}
+	}
+	fmt.Fprintf(cfg.progress, "kilnd: exec of true, %d runs: p50 %v\n", len(res.execs), pct(res.execs, 50))
+
+	wsURL := func(pid string) string {
+		return "ws://kilnd/sandboxes/" + sb.ID + "/exec-stream/" + pid + "/logs"
+	}
+	dialOpts := &websocket.DialOptions{HTTPClient: c.http, Subprotocols: []string{api.ProtocolV1}}
+	for i := range firstBytes + 5 {
+		start := time.Now()
+		var st api.Started
+		if err := c.call(ctx, "POST", "/sandboxes/"+sb.ID+"/exec-stream", api.ExecRequest{Command: "echo", Args: []string{"x"}}, &st); err != nil {
+			return nil, err
+		}
+		conn, _, err := websocket.Dial(ctx, wsURL(st.ID), dialOpts)
+		if err != nil {
+			return nil, err
+		}
+		for {
+			typ, _, err := conn.Read(ctx)
+			if err != nil {
+				conn.CloseNow()
+				return nil, fmt.Errorf("first byte: %w", err)
+			}
+			if typ == websocket.MessageBinary {
+				break
+			}
+		}
+		if i >= 5 {
+			res.firstBytes = append(res.firstBytes, time.Since(start))
+		}
+		conn.CloseNow()
+	}
+	fmt.Fprintf(cfg.progress, "kilnd: exec-stream start to first byte, %d runs: p50 %v\n", len(res.firstBytes), pct(res.firstBytes, 50))
+
+	// Throughput: the same dd writes cfg.wsSize bytes into a pipe read by
+	// a plain loop on the host, and inside the sandbox to a kiln.v1 client.
+	count := cfg.wsSize / (64 << 10)
+	dd := []string{"if=/dev/zero", "bs=64k", "count=" + strconv.FormatInt(count, 10), "status=none"}
+	buf := make([]byte, 256<<10)
+	for rep := range cfg.reps {
+		var s wsSample
+		if s.raw, err = rawDD(ctx, dd, count<<16); err != nil {
+			return nil, err
+		}
+		start := time.Now()
+		var st api.Started
+		if err := c.call(ctx, "POST", "/sandboxes/"+sb.ID+"/exec-stream", api.ExecRequest{Command: "dd", Args: dd}, &st); err != nil {
+			return nil, err
+		}
+		conn, _, err := websocket.Dial(ctx, wsURL(st.ID), dialOpts)
+		if err != nil {
+			return nil, err
+		}
+		conn.SetReadLimit(-1)
+		exited := false
+		head := make([]byte, api.FrameHeader)
+		for !exited {
+			typ, r, err := conn.Reader(ctx)
+			if err != nil {
+				conn.CloseNow()
+				return nil, fmt.Errorf("ws throughput: %w", err)
+			}
+			if typ == websocket.MessageBinary {
+				// Stream each frame through, as a client that writes
+				// the output somewhere would; nothing is kept.
+				if _, err := io.ReadFull(r, head); err != nil {
+					conn.CloseNow()
+					return nil, fmt.Errorf("ws throughput: frame header: %w", err)
+				}
+				n, err := io.CopyBuffer(io.Discard, r, buf)
+				if err != nil {
+					conn.CloseNow()
+					return nil, fmt.Errorf("ws throughput: %w", err)
+				}
+				s.delivered += n
+			} else {
+				data, err := io.ReadAll(r)
+				if err != nil {
+					conn.CloseNow()
+					return nil, err
+				}
+				exited = bytes.Contains(data, []byte(`"exit"`))
+			}
+		}
+		s.ws = time.Since(start)
+		conn.CloseNow()
+		res.wsReps = append(res.wsReps, s)
+		fmt.Fprintf(cfg.progress, "kilnd: rep %d/%d: raw pipe %v, kiln.v1 client %v (%.1f%% delivered)\n", rep+1, cfg.reps,
+			s.raw.Round(time.Millisecond), s.ws.Round(time.Millisecond), 100*float64(s.delivered)/float64(count<<16))
+	}
+
+	// Memory per idle sandbox: the agents' proportional set size, and
+	// kilnd's heap growth, over a few more sandboxes.
+	runtime.GC()
+	var before runtime.MemStats
+	runtime.ReadMemStats(&before)
+	var ids []string
+	for range idle {
+		var info daemon.Info
+		if err := c.call(ctx, "POST", "/sandboxes", map[string]any{}, &info); err != nil {
+			return nil, err
+		}
+		ids = append(ids, info.ID)
+	}
+	runtime.GC()
+	var after runtime.MemStats
+	runtime.ReadMemStats(&after)
+	res.idle.n = idle
+	res.idle.kilndHeap = int64(after.HeapAlloc) - int64(before.HeapAlloc)
+	for _, id := range ids {
+		var info daemon.Info
+		if err := c.call(ctx, "GET", "/sandboxes/"+id, nil, &info); err != nil {
+			return nil, err
+		}
+		pss, err := pssOf(info.AgentPID)
+		if err != nil {
+			return nil, err
+		}
+		res.idle.agentPSS += pss
+	}
+	res.idle.perSandboxMiB = float64(res.idle.agentPSS+max(0, res.idle.kilndHeap)) / float64(idle) / (1 << 20)
+	return res, nil
+}
+
+// rawDD runs dd on the host into a pipe read by a plain loop.
+func rawDD(ctx context.Context, args []string, want int64) (time.Duration, error) {
+	cmd := exec.CommandContext(ctx, "dd", args...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		return 0, err
+	}
+	n, err := io.CopyBuffer(io.Discard, out, make([]byte, 256<<10))
+	if werr := cmd.Wait(); err == nil {
+		err = werr
+	}
+	if err == nil && n != want {
+		err = fmt.Errorf("raw dd: %d bytes, want %d", n, want)
+	}
+	return time.Since(start), err
+}
+
+// pssOf reads a process's proportional set size.
+func pssOf(pid int) (int64, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/smaps_rollup")
+	if err != nil {
+		return 0, err
+	}
+	for line := range strings.Lines(string(b)) {
+		if rest, ok := strings.CutPrefix(line, "Pss:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
+			return kb << 10, err
+		}
+	}
+	return 0, errors.New("no Pss in smaps_rollup")
+}
+
+// pct is the p-th percentile (nearest rank).
+func pct(ds []time.Duration, p int) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Sorted(slices.Values(ds))
+	i := (p*len(s)+99)/100 - 1
+	return s[max(0, min(i, len(s)-1))]
+}
+
+func writeKilnd(b *strings.Builder, k *kilndResult) {
+	b.WriteString("## kilnd\n\n")
+	if k.skipped != "" {
+		fmt.Fprintf(b, "Not measured: %s.\n\n", k.skipped)
+		return
+	}
+	b.WriteString("A kilnd in this process, called over its unix socket; sandboxes are the namespace backend with\n" +
+		"the host's /usr and /etc, their agents this binary re-executed. Latencies are per operation,\n" +
+		"after a few unmeasured ones.\n\n")
+	b.WriteString("| figure | p50 | p99 | runs | target | result |\n|---|---:|---:|---:|---|---|\n")
+	fmt.Fprintf(b, "| sandbox create to ready (POST /sandboxes answered) | %s | %s | %d | | |\n", ms(pct(k.creates, 50)), ms(pct(k.creates, 99)), len(k.creates))
+	fmt.Fprintf(b, "| batch exec of `true` (POST …/exec) | %s | %s | %d | p50 < %s | %s |\n", ms(pct(k.execs, 50)), ms(pct(k.execs, 99)), len(k.execs),
+		ms(targetExecP50), verdict(pct(k.execs, 50) < targetExecP50))
+	fmt.Fprintf(b, "| exec-stream start to first byte at a kiln.v1 client | %s | %s | %d | | |\n", ms(pct(k.firstBytes, 50)), ms(pct(k.firstBytes, 99)), len(k.firstBytes))
+	b.WriteString("\n")
+	fmt.Fprintf(b, "Throughput: `dd bs=64k` writes %s; **raw pipe** is dd on the host into a pipe read by a plain\n"+
+		"loop (Start to Wait); **kiln.v1 client** is the same dd in the sandbox, started through the API and read\n"+
+		"by a WebSocket client through kilnd and the agent, from the start request to the exit message. dd is\n"+
+		"never slowed down by the client: what the client could not keep up with is reported to it as gaps, so\n"+
+		"its figure is the bytes it received per second.\n\n", bytesText(k.wsBytes))
+	b.WriteString("| rep | raw pipe GB/s | kiln.v1 client GB/s received | received of the whole |\n|---|---:|---:|---:|\n")
+	var raws, wss []float64
+	for i, s := range k.wsReps {
+		r, w := float64(k.wsBytes)/s.raw.Seconds()/1e9, float64(s.delivered)/s.ws.Seconds()/1e9
+		raws, wss = append(raws, r), append(wss, w)
+		fmt.Fprintf(b, "| %d | %.3f | %.3f | %.1f%% |\n", i+1, r, w, 100*float64(s.delivered)/float64(k.wsBytes))
+	}
+	ratio := median(wss) / median(raws)
+	fmt.Fprintf(b, "\n| ratio | of medians | paired | target | result |\n|---|---:|---:|---|---|\n")
+	fmt.Fprintf(b, "| kiln.v1 client / raw pipe | %.3f | %.3f | ≥ %.2f | %s |\n\n", ratio, pairedRatio(wss, raws), targetWSRatio, verdict(ratio >= targetWSRatio))
+	fmt.Fprintf(b, "Memory per idle sandbox, over %d sandboxes: agents' proportional set size %s each, kilnd's heap\n"+
+		"growth %s each: **%.2f MiB** per sandbox (target < %d MiB: %s).\n\n",
+		k.idle.n, bytesText(k.idle.agentPSS/int64(k.idle.n)), bytesText(max(0, k.idle.kilndHeap)/int64(k.idle.n)),
+		k.idle.perSandboxMiB, targetIdleSandboxMiB, verdict(k.idle.perSandboxMiB < targetIdleSandboxMiB))
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond)) }
