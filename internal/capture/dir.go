@@ -232,16 +232,9 @@ func (d *Dir) ReadFile(name string) ([]byte, error) {
 // List returns the names of the directory's subdirectories (a sandbox's
 // logs directory holds one per captured process), sorted.
 func (d *Dir) List() ([]string, error) {
-	fd, err := unix.Openat(d.fd(), ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	runtime.KeepAlive(d)
+	ents, err := d.entries()
 	if err != nil {
-		return nil, d.wrap("open", ".", err)
-	}
-	f := os.NewFile(uintptr(fd), d.f.Name())
-	defer f.Close()
-	ents, err := f.ReadDir(-1)
-	if err != nil {
-		return nil, fmt.Errorf("capture: list %s: %w", d.f.Name(), err)
+		return nil, err
 	}
 	var names []string
 	for _, e := range ents {
@@ -253,8 +246,9 @@ func (d *Dir) List() ([]string, error) {
 	return names, nil
 }
 
-// archives lists the archives' sequence numbers in rising order.
-func (d *Dir) archives() ([]int64, error) {
+// entries reads the directory through a descriptor of its own, so that
+// concurrent listings do not share a read position.
+func (d *Dir) entries() ([]os.DirEntry, error) {
 	fd, err := unix.Openat(d.fd(), ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	runtime.KeepAlive(d)
 	if err != nil {
@@ -262,13 +256,22 @@ func (d *Dir) archives() ([]int64, error) {
 	}
 	f := os.NewFile(uintptr(fd), d.f.Name())
 	defer f.Close()
-	names, err := f.Readdirnames(-1)
+	ents, err := f.ReadDir(-1)
 	if err != nil {
 		return nil, fmt.Errorf("capture: list %s: %w", d.f.Name(), err)
 	}
+	return ents, nil
+}
+
+// archives lists the archives' sequence numbers in rising order.
+func (d *Dir) archives() ([]int64, error) {
+	ents, err := d.entries()
+	if err != nil {
+		return nil, err
+	}
 	var seqs []int64
-	for _, n := range names {
-		if seq, ok := parseArchive(n); ok {
+	for _, e := range ents {
+		if seq, ok := parseArchive(e.Name()); ok {
 			seqs = append(seqs, seq)
 		}
 	}
