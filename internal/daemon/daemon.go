@@ -556,23 +556,31 @@ func (d *Daemon) Serve(ctx context.Context) error {
 		c.Close()
 		return fmt.Errorf("kilnd: another kilnd serves %s", sock)
 	}
+	// TCP first: once the socket answers, both do.
+	var tl net.Listener
+	if d.cfg.Listen != "" {
+		var err error
+		if tl, err = net.Listen("tcp", d.cfg.Listen); err != nil {
+			return fmt.Errorf("kilnd: %w", err)
+		}
+	}
 	os.Remove(sock)
 	ul, err := net.Listen("unix", sock)
-	if err != nil {
-		return fmt.Errorf("kilnd: %w", err)
+	if err == nil {
+		err = os.Chmod(sock, 0o600)
 	}
-	if err := os.Chmod(sock, 0o600); err != nil {
-		ul.Close()
+	if err != nil {
+		if ul != nil {
+			ul.Close()
+		}
+		if tl != nil {
+			tl.Close()
+		}
 		return fmt.Errorf("kilnd: %w", err)
 	}
 	servers := []*http.Server{{Handler: d.Handler(false), ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 64 << 10}}
 	listeners := []net.Listener{ul}
-	if d.cfg.Listen != "" {
-		tl, err := net.Listen("tcp", d.cfg.Listen)
-		if err != nil {
-			ul.Close()
-			return fmt.Errorf("kilnd: %w", err)
-		}
+	if tl != nil {
 		servers = append(servers, &http.Server{Handler: d.Handler(true), ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 64 << 10})
 		listeners = append(listeners, tl)
 	}

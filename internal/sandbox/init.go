@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -32,6 +33,7 @@ type AgentConfig struct {
 	// Rootfs, when set, is a root filesystem directory used (read-only,
 	// with a writable layer in Upper and Work) instead of the host's.
 	Rootfs string `json:"rootfs,omitempty"`
+	Lower  string `json:"lower,omitempty"` // where the id-mapped rootfs is mounted
 	Upper  string `json:"upper,omitempty"`
 	Work   string `json:"work,omitempty"`
 	// UIDBase is the host uid (and gid) the sandbox's root maps to.
@@ -65,6 +67,7 @@ const (
 	fdListener = 3 // the unix socket kilnd serves the agent's API through
 	fdLogs     = 4 // the sandbox's capture directory on the host
 	fdTasks    = 5 // the v1 pids group's tasks file, when pids are limited
+	fdRootfs   = 6 // the given rootfs as a detached, id-mapped mount
 )
 
 // hostDirs are bound read-only from the host when no rootfs is given.
@@ -81,7 +84,14 @@ func setupRoot(cfg AgentConfig) error {
 	}
 	root := cfg.Root
 	if cfg.Rootfs != "" {
-		opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", cfg.Rootfs, cfg.Upper, cfg.Work)
+		// The rootfs arrives as a detached mount whose owners are mapped
+		// into the sandbox's range (its root's files belong to the
+		// sandbox's root); it becomes the overlay's lower layer.
+		if err := unix.MoveMount(fdRootfs, "", unix.AT_FDCWD, cfg.Lower, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+			return fmt.Errorf("mount the rootfs: %w", err)
+		}
+		unix.Close(fdRootfs)
+		opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", cfg.Lower, cfg.Upper, cfg.Work)
 		if err := unix.Mount("overlay", root, "overlay", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
 			return fmt.Errorf("mount the rootfs overlay: %w", err)
 		}
@@ -145,9 +155,12 @@ func setupRoot(cfg AgentConfig) error {
 	if err := os.Remove("/.old"); err != nil {
 		return err
 	}
-	// The root itself holds only mount points: read-only.
-	if err := unix.Mount("", "/", "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY, ""); err != nil && cfg.Rootfs == "" {
-		return fmt.Errorf("make the root read-only: %w", err)
+	// The host-bind root holds only mount points: read-only. A given
+	// rootfs stays writable through its overlay.
+	if cfg.Rootfs == "" {
+		if err := unix.Mount("", "/", "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY, ""); err != nil {
+			return fmt.Errorf("make the root read-only: %w", err)
+		}
 	}
 	return nil
 }
@@ -257,7 +270,15 @@ type Inside struct {
 }
 
 // IsAgent reports whether this process was started as a sandbox's agent.
-func IsAgent() bool { return os.Getenv(AgentEnv) != "" }
+// It also serves the short-lived helper that holds a user namespace while
+// kilnd id-maps a rootfs: that one never returns.
+func IsAgent() bool {
+	if os.Getenv(holderEnv) != "" {
+		io.Copy(io.Discard, os.Stdin) // until kilnd closes the pipe
+		os.Exit(0)
+	}
+	return os.Getenv(AgentEnv) != ""
+}
 
 // Enter turns this process, started by Create, into its sandbox's agent:
 // it builds the sandbox's filesystem and moves into it, names the host,

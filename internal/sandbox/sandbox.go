@@ -120,11 +120,16 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 		if err != nil || !fi.IsDir() {
 			return nil, fmt.Errorf("sandbox: rootfs %s is not a directory", o.Rootfs)
 		}
-		cfg.Rootfs, cfg.Upper, cfg.Work = o.Rootfs, filepath.Join(o.Dir, "upper"), filepath.Join(o.Dir, "work")
-		for _, d := range []string{cfg.Upper, cfg.Work} {
+		cfg.Rootfs, cfg.Lower = o.Rootfs, filepath.Join(o.Dir, "lower")
+		cfg.Upper, cfg.Work = filepath.Join(o.Dir, "upper"), filepath.Join(o.Dir, "work")
+		for _, d := range []string{cfg.Lower, cfg.Upper, cfg.Work} {
 			if err := os.Mkdir(d, 0o755); err != nil {
 				return nil, fmt.Errorf("sandbox: %w", err)
 			}
+		}
+		// The merged root is the upper layer's: the sandbox's root owns it.
+		if err := os.Chown(cfg.Upper, o.UIDBase, o.UIDBase); err != nil {
+			return nil, fmt.Errorf("sandbox: %w", err)
 		}
 	}
 	cg, err := newCgroups("kiln-"+o.ID, o.Limits)
@@ -180,14 +185,22 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 	cmd := exec.Command(o.Exe)
 	cmd.Env = []string{AgentEnv + "=" + string(raw)}
 	cmd.Stdout, cmd.Stderr = agentLog, agentLog
-	cmd.ExtraFiles = []*os.File{lf, logs} // fdListener, fdLogs
+	cmd.ExtraFiles = []*os.File{lf, logs, nil, nil} // fdListener, fdLogs, fdTasks, fdRootfs
 	if cg.Procs != "" {
 		tasks, err := os.OpenFile(filepath.Join(cg.Procs, "tasks"), os.O_WRONLY|unix.O_CLOEXEC, 0)
 		if err != nil {
 			return nil, fmt.Errorf("sandbox: %w", err)
 		}
 		defer tasks.Close()
-		cmd.ExtraFiles = append(cmd.ExtraFiles, tasks) // fdTasks
+		cmd.ExtraFiles[fdTasks-3] = tasks
+	}
+	if o.Rootfs != "" {
+		tree, err := idmapped(o.Exe, o.Rootfs, o.UIDBase)
+		if err != nil {
+			return nil, fmt.Errorf("sandbox: rootfs %s: %w", o.Rootfs, err)
+		}
+		defer tree.Close()
+		cmd.ExtraFiles[fdRootfs-3] = tree
 	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Cloneflags:  unix.CLONE_NEWPID | unix.CLONE_NEWNS | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC | unix.CLONE_NEWNET,
@@ -199,7 +212,9 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 	// The agent has its copies; kilnd's go now, so that a connection to
 	// the socket is answered by the agent or refused, never left waiting.
 	for _, f := range cmd.ExtraFiles {
-		f.Close()
+		if f != nil {
+			f.Close()
+		}
 	}
 	ul.Close()
 	if err != nil {
@@ -271,6 +286,49 @@ func (s *Sandbox) Transport() *http.Transport {
 		MaxIdleConnsPerHost: 16,
 		IdleConnTimeout:     time.Minute,
 	}
+}
+
+// holderEnv makes kilnd's binary the user-namespace holder (see IsAgent).
+const holderEnv = "KILN_USERNS_HOLDER"
+
+// idmapped returns dir as a detached mount whose owners are shifted into
+// the sandbox's range, uid 0 becoming base: the sandbox's root owns what
+// the image's root owns. The mapping comes from a user namespace that a
+// short-lived helper (this binary) holds while the mount is set up.
+func idmapped(exe, dir string, base int) (*os.File, error) {
+	holder := exec.Command(exe)
+	holder.Env = []string{holderEnv + "=1"}
+	in, err := holder.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	holder.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags:  unix.CLONE_NEWUSER,
+		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: base, Size: idRange}},
+		GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: base, Size: idRange}},
+	}
+	if err := holder.Start(); err != nil {
+		return nil, fmt.Errorf("user namespace holder: %w", err)
+	}
+	defer func() {
+		in.Close()
+		holder.Wait()
+	}()
+	ns, err := os.Open(fmt.Sprintf("/proc/%d/ns/user", holder.Process.Pid))
+	if err != nil {
+		return nil, err
+	}
+	defer ns.Close()
+	fd, err := unix.OpenTree(unix.AT_FDCWD, dir, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
+	if err != nil {
+		return nil, fmt.Errorf("open_tree: %w", err)
+	}
+	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP, Userns_fd: uint64(ns.Fd())}
+	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, &attr); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("id-map the mount: %w", err)
+	}
+	return os.NewFile(uintptr(fd), "rootfs"), nil
 }
 
 // InitExit reads the exit of the sandbox's init command, which the agent

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -160,5 +161,40 @@ func TestBackgroundChildOrphan(t *testing.T) {
 	zombies := run(t, sb, `for s in /proc/[0-9]*/stat; do read -r line < $s; case "$line" in *") Z "*) echo "$line";; esac; done; exit 0`)
 	if z := strings.TrimSpace(zombies.Stdout); z != "" {
 		t.Errorf("zombies left: %s", z)
+	}
+}
+
+// TestRootfsOverlay: a given root filesystem (here busybox's) is the
+// sandbox's root, writable through an overlay while the directory itself
+// stays untouched.
+func TestRootfsOverlay(t *testing.T) {
+	busybox, err := os.ReadFile("/bin/busybox")
+	if err != nil {
+		t.Skip("needs /bin/busybox (Debian's busybox-static) to make a root filesystem")
+	}
+	rootfs := t.TempDir()
+	for _, d := range []string{"bin", "etc"} {
+		if err := os.Mkdir(filepath.Join(rootfs, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(rootfs, "bin", "busybox"), busybox, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, applet := range []string{"sh", "cat", "echo", "ls", "id"} {
+		if err := os.Symlink("busybox", filepath.Join(rootfs, "bin", applet)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(rootfs, "etc", "marker"), []byte("from the image\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sb := newSandbox(t, sandbox.Options{Rootfs: rootfs})
+	r := run(t, sb, "cat /etc/marker; echo written > /etc/added; cat /etc/added; ls /usr 2>&1 | head -c 0; test -e /usr/bin/python3 && echo host-usr-visible; exit 0")
+	if r.Stdout != "from the image\nwritten\n" {
+		t.Errorf("inside the rootfs: stdout %q, stderr %q", r.Stdout, r.Stderr)
+	}
+	if _, err := os.Stat(filepath.Join(rootfs, "etc", "added")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the image was written to: %v", err)
 	}
 }
