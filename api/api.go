@@ -301,3 +301,90 @@ type ClientMessage struct {
 	Cols uint16 `json:"cols,omitempty"`
 	Rows uint16 `json:"rows,omitempty"`
 }
+
+// Limits bound a sandbox's resources; zero means no limit.
+type Limits struct {
+	MemoryBytes int64   `json:"memory_bytes,omitempty"`
+	Pids        int64   `json:"pids,omitempty"`
+	CPUs        float64 `json:"cpus,omitempty"` // in cores, e.g. 0.5
+}
+
+// CreateSandbox is the body of POST /sandboxes.
+type CreateSandbox struct {
+	Hostname string `json:"hostname,omitempty"`
+	// Rootfs is the absolute path of a root filesystem directory on
+	// kilnd's host, used under a writable overlay; empty uses the host's
+	// /usr and /etc read-only.
+	Rootfs string `json:"rootfs,omitempty"`
+	Limits Limits `json:"limits,omitempty"`
+	// Init is a command whose exit ends the sandbox; its output is
+	// captured and its exit becomes the sandbox's.
+	Init *ExecRequest `json:"init,omitempty"`
+	// IdleTimeoutSeconds deletes the sandbox (keeping its captured logs)
+	// after this long without a request or an open watcher.
+	IdleTimeoutSeconds int64 `json:"idle_timeout_seconds,omitempty"`
+}
+
+// Sandbox states.
+const (
+	SandboxRunning = "running"
+	SandboxStopped = "stopped"
+	SandboxDeleted = "deleted"
+)
+
+// Sandbox describes a sandbox.
+type Sandbox struct {
+	ID        string     `json:"id"`
+	State     string     `json:"state"`
+	CreatedAt time.Time  `json:"created_at"`
+	StoppedAt *time.Time `json:"stopped_at,omitempty"`
+	Hostname  string     `json:"hostname"`
+	Rootfs    string     `json:"rootfs,omitempty"`
+	Limits    Limits     `json:"limits"`
+	Reason    string     `json:"reason,omitempty"`
+	AgentPID  int        `json:"agent_pid,omitempty"`
+	// Exit is the init command's exit, once the sandbox ended with it.
+	Exit               *Exit `json:"exit,omitempty"`
+	IdleTimeoutSeconds int64 `json:"idle_timeout_seconds,omitempty"`
+}
+
+// Run is one run of a captured log and what the log says of it:
+// lossless, lossy, interrupted, retention-loss, unknown or corrupted.
+type Run struct {
+	ID      string           `json:"id,omitempty"`
+	State   string           `json:"state"`
+	Dropped map[string]int64 `json:"dropped,omitempty"`
+	// Missed is set when the reader missed part of the run to rotation.
+	Missed   bool     `json:"missed,omitempty"`
+	Problems []string `json:"problems,omitempty"`
+}
+
+// LogStats count what reading a captured log could not return.
+type LogStats struct {
+	Before        int64 `json:"before,omitempty"`         // log bytes rotated away before the oldest file kept
+	Missed        int64 `json:"missed,omitempty"`         // log bytes rotated away while reading
+	MissedUnknown int   `json:"missed_unknown,omitempty"` // gaps of unknown size
+	Corrupt       int   `json:"corrupt,omitempty"`        // lines that were not records
+	Torn          int   `json:"torn,omitempty"`           // lines cut short
+	Bytes         int64 `json:"bytes"`                    // log bytes read
+}
+
+// CapturedLog describes one process's captured log.
+type CapturedLog struct {
+	Process string   `json:"process"`
+	Runs    []Run    `json:"runs"`
+	Stats   LogStats `json:"stats"`
+	// Complete is set when every retained run is lossless.
+	Complete bool `json:"complete"`
+}
+
+// LogRecord is one captured record in the NDJSON shape of
+// GET /sandboxes/{id}/logs/{pid}?format=json, or a gap.
+type LogRecord struct {
+	Time    time.Time `json:"time"`
+	Stream  string    `json:"stream,omitempty"`
+	Partial bool      `json:"partial,omitempty"`
+	Text    string    `json:"text,omitempty"`
+	Base64  string    `json:"base64,omitempty"` // the content, when not valid UTF-8
+	Gap     int64     `json:"gap,omitempty"`
+}

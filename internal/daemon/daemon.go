@@ -364,33 +364,10 @@ func (d *Daemon) route(rec record) *entry {
 }
 
 // CreateRequest is the body of POST /sandboxes.
-type CreateRequest struct {
-	Hostname string         `json:"hostname,omitempty"`
-	Rootfs   string         `json:"rootfs,omitempty"`
-	Limits   sandbox.Limits `json:"limits,omitempty"`
-	// Init is a command whose exit ends the sandbox; its output is
-	// captured and its exit becomes the sandbox's.
-	Init *api.ExecRequest `json:"init,omitempty"`
-	// IdleTimeoutSeconds deletes the sandbox (keeping its captured logs)
-	// after this long without a request or an open watcher.
-	IdleTimeoutSeconds int64 `json:"idle_timeout_seconds,omitempty"`
-}
+type CreateRequest = api.CreateSandbox
 
 // Info describes a sandbox in the API.
-type Info struct {
-	ID        string         `json:"id"`
-	State     string         `json:"state"`
-	CreatedAt time.Time      `json:"created_at"`
-	StoppedAt *time.Time     `json:"stopped_at,omitempty"`
-	Hostname  string         `json:"hostname"`
-	Rootfs    string         `json:"rootfs,omitempty"`
-	Limits    sandbox.Limits `json:"limits"`
-	Reason    string         `json:"reason,omitempty"`
-	AgentPID  int            `json:"agent_pid,omitempty"`
-	// Exit is the init command's exit, once the sandbox ended with it.
-	Exit               *api.Exit `json:"exit,omitempty"`
-	IdleTimeoutSeconds int64     `json:"idle_timeout_seconds,omitempty"`
-}
+type Info = api.Sandbox
 
 // infoOf describes e under the lock that guards its record.
 func (d *Daemon) infoOf(e *entry) Info {

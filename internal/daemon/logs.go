@@ -16,45 +16,20 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/capture"
 	"github.com/sandkiln/sandkiln/internal/reply"
 	"github.com/sandkiln/sandkiln/internal/sandbox"
 )
 
-// RunInfo is one run of a captured log, as the API shows it.
-type RunInfo struct {
-	ID      string           `json:"id,omitempty"`
-	State   string           `json:"state"`
-	Dropped map[string]int64 `json:"dropped,omitempty"`
-	// Missed is set when this reader missed part of the run to rotation.
-	Missed   bool     `json:"missed,omitempty"`
-	Problems []string `json:"problems,omitempty"`
-}
-
 // CapturedLog describes one process's captured log.
-type CapturedLog struct {
-	Process string            `json:"process"`
-	Runs    []RunInfo         `json:"runs"`
-	Stats   capture.ReadStats `json:"stats"`
-	// Complete is set when every retained run is lossless.
-	Complete bool `json:"complete"`
-}
+type CapturedLog = api.CapturedLog
 
-// Record is one captured record in the JSON shape of GET …/logs/{pid}.
-type Record struct {
-	Time    time.Time `json:"time"`
-	Stream  string    `json:"stream"`
-	Partial bool      `json:"partial,omitempty"`
-	Text    string    `json:"text,omitempty"`
-	Base64  string    `json:"base64,omitempty"` // the content, when not valid UTF-8
-	Gap     int64     `json:"gap,omitempty"`
-}
-
-func runInfos(runs []capture.Run) ([]RunInfo, bool) {
-	out := make([]RunInfo, len(runs))
+func runInfos(runs []capture.Run) ([]api.Run, bool) {
+	out := make([]api.Run, len(runs))
 	complete := len(runs) > 0
 	for i, r := range runs {
-		out[i] = RunInfo{ID: r.ID, State: r.State.String(), Missed: r.Missed, Problems: r.Problems}
+		out[i] = api.Run{ID: r.ID, State: r.State.String(), Missed: r.Missed, Problems: r.Problems}
 		if r.Dropped != [capture.NumLogStreams]int64{} {
 			out[i].Dropped = map[string]int64{"stdout": r.Dropped[capture.LogStdout], "stderr": r.Dropped[capture.LogStderr]}
 		}
@@ -108,7 +83,9 @@ func (d *Daemon) listLogs(w http.ResponseWriter, r *http.Request) {
 			continue
 		}
 		runs, complete := runInfos(l.Runs)
-		out = append(out, CapturedLog{Process: name, Runs: runs, Stats: l.Stats, Complete: complete})
+		st := l.Stats
+		out = append(out, CapturedLog{Process: name, Runs: runs, Complete: complete, Stats: api.LogStats{
+			Before: st.Before, Missed: st.Missed, MissedUnknown: st.MissedUnknown, Corrupt: st.Corrupt, Torn: st.Torn, Bytes: st.Bytes}})
 	}
 	reply.JSON(w, http.StatusOK, out)
 }
@@ -281,11 +258,11 @@ func gapText(n int64) string {
 	return strconv.FormatInt(n, 10) + " bytes"
 }
 
-func toRecord(e capture.Entry) Record {
+func toRecord(e capture.Entry) api.LogRecord {
 	if e.Gap != 0 {
-		return Record{Gap: e.Gap}
+		return api.LogRecord{Gap: e.Gap}
 	}
-	rec := Record{Time: e.Time, Stream: e.Stream.String(), Partial: e.Partial}
+	rec := api.LogRecord{Time: e.Time, Stream: e.Stream.String(), Partial: e.Partial}
 	if utf8.Valid(e.Content) {
 		rec.Text = string(e.Content)
 	} else {

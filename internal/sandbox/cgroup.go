@@ -11,14 +11,12 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sandkiln/sandkiln/api"
 )
 
 // Limits bound a sandbox's resources; zero means no limit.
-type Limits struct {
-	MemoryBytes int64   `json:"memory_bytes,omitempty"`
-	Pids        int64   `json:"pids,omitempty"`
-	CPUs        float64 `json:"cpus,omitempty"` // in cores, e.g. 0.5
-}
+type Limits = api.Limits
 
 const cgroupRoot = "/sys/fs/cgroup"
 
