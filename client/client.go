@@ -1,0 +1,273 @@
+// Package client is the Go SDK for kilnd: sandboxes, and processes whose output, input and exit are reported as they are known, never guessed.
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/sandkiln/sandkiln/api"
+)
+
+// Where kilnd is found when Options leave it open: the state directory of
+// $KILN_STATE_DIR, or DefaultStateDir.
+const (
+	DefaultStateDir = "/var/lib/sandkiln"
+	DefaultAddr     = "127.0.0.1:7777"
+	StateDirEnv     = "KILN_STATE_DIR"
+	AddrEnv         = "KILN_ADDR"
+	TokenEnv        = "KILN_TOKEN"
+)
+
+// Options say how to reach kilnd. The zero value uses the unix socket in
+// the default state directory.
+type Options struct {
+	// StateDir is kilnd's state directory: its socket and token are there.
+	StateDir string
+	// Addr, when set, is kilnd's TCP address (host:port); the token is
+	// then required: Token, $KILN_TOKEN, or the token file in StateDir.
+	Addr  string
+	Token string
+	// Timeout bounds each control request (not waits or output streams);
+	// default 30 s.
+	Timeout time.Duration
+}
+
+// Client talks to one kilnd. It is safe for concurrent use.
+type Client struct {
+	base    string // http://host
+	hc      *http.Client
+	stream  *http.Client // no timeout: waits and output streams
+	token   string
+	timeout time.Duration
+}
+
+// New makes a client. It does not contact kilnd.
+func New(o Options) (*Client, error) {
+	if o.StateDir == "" {
+		o.StateDir = os.Getenv(StateDirEnv)
+	}
+	if o.StateDir == "" {
+		o.StateDir = DefaultStateDir
+	}
+	if o.Addr == "" {
+		o.Addr = os.Getenv(AddrEnv)
+	}
+	if o.Timeout == 0 {
+		o.Timeout = 30 * time.Second
+	}
+	c := &Client{timeout: o.Timeout}
+	var tr *http.Transport
+	if o.Addr == "" {
+		sock := filepath.Join(o.StateDir, "kilnd.sock")
+		tr = &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", sock)
+		}}
+		c.base = "http://kilnd"
+	} else {
+		tr = &http.Transport{}
+		c.base = "http://" + o.Addr
+		c.token = o.Token
+		if c.token == "" {
+			c.token = os.Getenv(TokenEnv)
+		}
+		if c.token == "" {
+			b, err := os.ReadFile(filepath.Join(o.StateDir, "token"))
+			if err != nil {
+				return nil, fmt.Errorf("client: a token is needed for %s: %w", o.Addr, err)
+			}
+			c.token = strings.TrimSpace(string(b))
+		}
+	}
+	tr.MaxIdleConnsPerHost = 16
+	tr.IdleConnTimeout = time.Minute
+	c.hc = &http.Client{Transport: tr}
+	c.stream = &http.Client{Transport: tr}
+	return c, nil
+}
+
+// Close releases idle connections.
+func (c *Client) Close() error {
+	c.hc.CloseIdleConnections()
+	return nil
+}
+
+// Error is an error kilnd (or the sandbox's agent) answered with.
+type Error struct {
+	Status  int    // HTTP status
+	Code    string // one of api.Code…
+	Message string
+}
+
+func (e *Error) Error() string { return "kilnd: " + e.Message }
+
+// ErrOutcomeUnknown reports a request whose answer was lost: it may or may
+// not have taken effect. The client never retries such a request blindly.
+var ErrOutcomeUnknown = errors.New("client: outcome unknown: the request was sent and its answer lost")
+
+func hasCode(err error, code string) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Code == code
+}
+
+// IsNotFound reports an unknown (or evicted) sandbox or process.
+func IsNotFound(err error) bool { return hasCode(err, api.CodeNotFound) }
+
+// IsOutOfRange reports offsets beyond what a process has produced.
+func IsOutOfRange(err error) bool { return hasCode(err, api.CodeOutOfRange) }
+
+// IsInvalid reports a request kilnd refused as malformed.
+func IsInvalid(err error) bool {
+	return hasCode(err, api.CodeInvalid) || hasCode(err, api.CodeTooLarge)
+}
+
+// IsUnavailable reports kilnd or a sandbox unable to serve now.
+func IsUnavailable(err error) bool { return hasCode(err, api.CodeUnavailable) }
+
+// IsOutcomeUnknown reports a request that may or may not have taken effect.
+func IsOutcomeUnknown(err error) bool { return errors.Is(err, ErrOutcomeUnknown) }
+
+// request is one HTTP call. sent reports whether the request may have
+// reached kilnd: a failure after that is an unknown outcome.
+func (c *Client) request(ctx context.Context, hc *http.Client, method, path string, query url.Values, body io.Reader, ctype string) (*http.Response, bool, error) {
+	u := c.base + path
+	if len(query) > 0 {
+		u += "?" + query.Encode()
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u, body)
+	if err != nil {
+		return nil, false, err
+	}
+	if ctype != "" {
+		req.Header.Set("Content-Type", ctype)
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	var sent atomic.Bool
+	req = req.WithContext(httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteHeaders: func() { sent.Store(true) }}))
+	resp, err := hc.Do(req)
+	if err != nil {
+		return nil, sent.Load(), err
+	}
+	if resp.StatusCode >= 300 {
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		var e api.Error
+		if json.Unmarshal(b, &e) == nil && e.Error.Code != "" {
+			return nil, true, &Error{Status: resp.StatusCode, Code: e.Error.Code, Message: e.Error.Message}
+		}
+		return nil, true, &Error{Status: resp.StatusCode, Code: api.CodeInternal, Message: fmt.Sprintf("%s %s: %s", method, path, resp.Status)}
+	}
+	return resp, true, nil
+}
+
+// call makes a control request (bounded by the client's timeout) and
+// decodes the JSON answer into out. A failure after the request may have
+// been sent is ErrOutcomeUnknown when the request was not idempotent.
+func (c *Client) call(ctx context.Context, method, path string, query url.Values, in, out any, idempotent bool) error {
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	var body io.Reader
+	ctype := ""
+	switch b := in.(type) {
+	case nil:
+	case []byte:
+		body, ctype = bytes.NewReader(b), "application/octet-stream"
+	default:
+		j, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		body, ctype = bytes.NewReader(j), "application/json"
+	}
+	resp, sent, err := c.request(ctx, c.hc, method, path, query, body, ctype)
+	if err != nil {
+		var e *Error
+		if !errors.As(err, &e) && sent && !idempotent {
+			return fmt.Errorf("%w: %s %s: %v", ErrOutcomeUnknown, method, path, err)
+		}
+		return err
+	}
+	defer resp.Body.Close()
+	if out == nil {
+		return nil
+	}
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		if !idempotent {
+			return fmt.Errorf("%w: %s %s: reading the answer: %v", ErrOutcomeUnknown, method, path, err)
+		}
+		return fmt.Errorf("client: %s %s: %w", method, path, err)
+	}
+	return nil
+}
+
+// Sandbox is a handle on a sandbox.
+type Sandbox struct {
+	c  *Client
+	ID string
+}
+
+// SandboxOptions describe a sandbox to create.
+type SandboxOptions = api.CreateSandbox
+
+// CreateSandbox creates a sandbox and returns once it is ready. If the
+// answer is lost, the error is ErrOutcomeUnknown: list the sandboxes
+// before creating another.
+func (c *Client) CreateSandbox(ctx context.Context, o SandboxOptions) (*Sandbox, api.Sandbox, error) {
+	var info api.Sandbox
+	if err := c.call(ctx, "POST", "/sandboxes", nil, o, &info, false); err != nil {
+		return nil, info, err
+	}
+	return &Sandbox{c: c, ID: info.ID}, info, nil
+}
+
+// Sandbox returns a handle on the sandbox id, checking that it exists.
+func (c *Client) Sandbox(ctx context.Context, id string) (*Sandbox, error) {
+	s := &Sandbox{c: c, ID: id}
+	if _, err := s.Info(ctx); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Handle returns a handle on sandbox id without asking kilnd whether it
+// exists (the first call through it will).
+func (c *Client) Handle(id string) *Sandbox { return &Sandbox{c: c, ID: id} }
+
+// Sandboxes lists the sandboxes not deleted.
+func (c *Client) Sandboxes(ctx context.Context) ([]api.Sandbox, error) {
+	var out []api.Sandbox
+	return out, c.call(ctx, "GET", "/sandboxes", nil, nil, &out, true)
+}
+
+// Info describes the sandbox now.
+func (s *Sandbox) Info(ctx context.Context) (api.Sandbox, error) {
+	var info api.Sandbox
+	return info, s.c.call(ctx, "GET", "/sandboxes/"+url.PathEscape(s.ID), nil, nil, &info, true)
+}
+
+// Delete kills everything in the sandbox and removes it; its captured
+// logs stay unless removeLogs.
+func (s *Sandbox) Delete(ctx context.Context, removeLogs bool) error {
+	q := url.Values{}
+	if removeLogs {
+		q.Set("remove_logs", "true")
+	}
+	return s.c.call(ctx, "DELETE", "/sandboxes/"+url.PathEscape(s.ID), q, nil, nil, true)
+}
+
+func (s *Sandbox) path(rest string) string { return "/sandboxes/" + url.PathEscape(s.ID) + rest }

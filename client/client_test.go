@@ -1,0 +1,312 @@
+package client_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/client"
+	"github.com/sandkiln/sandkiln/internal/agent"
+	"github.com/sandkiln/sandkiln/internal/daemon"
+	"github.com/sandkiln/sandkiln/internal/sandbox"
+)
+
+func TestMain(m *testing.M) {
+	if sandbox.IsAgent() {
+		os.Exit(agent.Main())
+	}
+	goleak.VerifyTestMain(m)
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// kilnd starts a kilnd on a fresh state directory and returns a client of
+// it and a sandbox.
+func kilnd(t *testing.T) (*client.Client, *client.Sandbox) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("kilnd needs root")
+	}
+	state := t.TempDir()
+	d, err := daemon.New(daemon.Config{StateDir: state, Exe: os.Args[0],
+		Env: []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/root", "LANG=C.UTF-8"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- d.Serve(ctx) }()
+	for {
+		if c, err := net.Dial("unix", filepath.Join(state, daemon.SocketName)); err == nil {
+			c.Close()
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	c, err := client.New(client.Options{StateDir: state})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb, _, err := c.CreateSandbox(ctxT(t), client.SandboxOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := sb.Delete(context.Background(), true); err != nil {
+			t.Errorf("delete: %v", err)
+		}
+		c.Close()
+		cancel()
+		<-served
+		d.Close()
+	})
+	return c, sb
+}
+
+// collect reads a process's output to its end, per stream.
+func collect(t *testing.T, p *client.Process) (map[string]string, int64) {
+	t.Helper()
+	out := map[string]string{}
+	var lost int64
+	for ch, err := range p.Output(ctxT(t)) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		lost += ch.Lost
+		out[ch.Stream] += ch.Text + string(ch.Bytes)
+	}
+	return out, lost
+}
+
+func TestStartOutputWait(t *testing.T) {
+	_, sb := kilnd(t)
+	ctx := ctxT(t)
+	// é split across two writes, on stdout; a lone invalid byte on stderr.
+	p, err := sb.Start(ctx, client.StartOptions{Command: "sh", Args: []string{"-c", `printf 'caf\303'; sleep 0.1; printf '\251\n'; printf 'bad\377\n' >&2; exit 3`}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, lost := collect(t, p)
+	if out["stdout"] != "café\n" || out["stderr"] != "bad\uFFFD\n" || lost != 0 {
+		t.Errorf("output %q, lost %d", out, lost)
+	}
+	r, err := p.Wait(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.ExitCode == nil || *r.ExitCode != 3 || !r.OutputComplete {
+		t.Errorf("result %+v", r)
+	}
+	// Bytes keep what text replaced.
+	q, err := sb.Start(ctx, client.StartOptions{Command: "printf", Args: []string{`a\377\000b`}, Format: client.Bytes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, _ := collect(t, q); out["stdout"] != "a\xff\x00b" {
+		t.Errorf("bytes %q", out["stdout"])
+	}
+}
+
+func TestInputInOrderThenEOF(t *testing.T) {
+	_, sb := kilnd(t)
+	ctx := ctxT(t)
+	p, err := sb.Start(ctx, client.StartOptions{Command: "cat", Stdin: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"one ", "two ", "three\n"} {
+		if err := p.Write(ctx, []byte(s)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.Write(ctx, make([]byte, api.MaxStdin+1)); !errors.Is(err, client.ErrWriteTooLarge) {
+		t.Errorf("oversized write: %v", err)
+	}
+	if err := p.CloseStdin(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.CloseStdin(ctx); err != nil {
+		t.Errorf("second close: %v", err)
+	}
+	if err := p.Write(ctx, []byte("late")); !errors.Is(err, client.ErrStdinClosed) {
+		t.Errorf("write after close: %v", err)
+	}
+	if out, _ := collect(t, p); out["stdout"] != "one two three\n" {
+		t.Errorf("echoed %q", out["stdout"])
+	}
+}
+
+// TestDisconnectThenReopen: a handle disconnected mid-output and reopened
+// from its reference resumes where it stood: nothing repeated, nothing
+// lost, and the output is complete.
+func TestDisconnectThenReopen(t *testing.T) {
+	c, sb := kilnd(t)
+	ctx := ctxT(t)
+	p, err := sb.Start(ctx, client.StartOptions{Command: "sh", Args: []string{"-c", "for i in $(seq 1 30); do echo line-$i; sleep 0.01; done"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got string
+	for ch, err := range p.Output(ctx) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		got += ch.Text
+		if strings.Count(got, "\n") >= 5 {
+			break
+		}
+	}
+	ref, err := p.Disconnect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Status(ctx); !errors.Is(err, client.ErrDetached) {
+		t.Errorf("status after disconnect: %v", err)
+	}
+	raw, _ := json.Marshal(ref)
+	var back client.Reference
+	if err := json.Unmarshal(raw, &back); err != nil {
+		t.Fatal(err)
+	}
+	again, err := c.Sandbox(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := again.Reopen(ctx, back)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, lost := collect(t, q)
+	got += out["stdout"]
+	var want strings.Builder
+	for i := 1; i <= 30; i++ {
+		want.WriteString("line-" + strconv.Itoa(i) + "\n")
+	}
+	if got != want.String() || lost != 0 {
+		t.Errorf("got %q (lost %d)", got, lost)
+	}
+	if r, err := q.Wait(ctx); err != nil || !r.OutputComplete || *r.ExitCode != 0 {
+		t.Errorf("wait %+v, %v", r, err)
+	}
+}
+
+func TestTerminateStatusAndErrors(t *testing.T) {
+	c, sb := kilnd(t)
+	ctx := ctxT(t)
+	p, err := sb.Start(ctx, client.StartOptions{Command: "sleep", Args: []string{"1000"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := p.Status(ctx); err != nil || st.State != client.Running {
+		t.Errorf("status %+v, %v", st, err)
+	}
+	if got, err := p.Terminate(ctx); err != nil || got != client.TerminateRequested {
+		t.Errorf("terminate %q, %v", got, err)
+	}
+	r, err := p.Wait(ctx)
+	if err != nil || r.Signal != "KILL" {
+		t.Errorf("wait %+v, %v", r, err)
+	}
+	if st, _ := p.Status(ctx); st.State != client.Exited {
+		t.Errorf("status after exit %+v", st)
+	}
+	if _, err := c.Sandbox(ctx, "01a22779-5cfd-7451-9354-2e19949d5c7f"); !client.IsNotFound(err) {
+		t.Errorf("unknown sandbox: %v", err)
+	}
+	if _, err := sb.Process(ctx, "01a22779-5cfd-7451-9354-2e19949d5c7f", client.Text); !client.IsNotFound(err) {
+		t.Errorf("unknown process: %v", err)
+	}
+	if _, err := sb.Start(ctx, client.StartOptions{Command: "/no/such/program"}); !client.IsInvalid(err) {
+		t.Errorf("bad program: %v", err)
+	}
+}
+
+func TestExec(t *testing.T) {
+	_, sb := kilnd(t)
+	ctx := ctxT(t)
+	r, err := sb.Exec(ctx, client.ExecOptions{Command: "sh", Args: []string{"-c", "echo out; echo err >&2; exit 2"}})
+	if err != nil || string(r.Stdout) != "out\n" || string(r.Stderr) != "err\n" || *r.ExitCode != 2 {
+		t.Errorf("exec %+v, %v", r, err)
+	}
+	var seen []string
+	r, err = sb.Exec(ctx, client.ExecOptions{Command: "sh", Args: []string{"-c", "echo a; sleep 0.05; echo b"}, MaxOutputBytes: 3,
+		OnOutput: func(ch client.Chunk) error { seen = append(seen, ch.Text); return nil }})
+	if err != nil || string(r.Stdout) != "a\nb" || !r.Truncated || strings.Join(seen, "") != "a\nb\n" {
+		t.Errorf("exec with callback %+v (seen %q), %v", r, seen, err)
+	}
+}
+
+// TestLostAnswerIsUnknown: a write whose answer never comes is reported as
+// an unknown outcome, and input stays stopped until resynced; a lost
+// terminate answer is kept and returned again without a second request.
+func TestLostAnswerIsUnknown(t *testing.T) {
+	var mu sync.Mutex
+	requests := map[string]int{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		requests[r.Method+" "+r.URL.Path]++
+		mu.Unlock()
+		switch {
+		case r.URL.Path == "/sandboxes/sb/exec-stream" && r.Method == "POST":
+			w.Write([]byte(`{"id":"p"}`))
+		case r.URL.Path == "/sandboxes/sb/exec-stream/p" && r.Method == "GET":
+			w.Write([]byte(`{"id":"p","state":"running","stdin":{"accepted":2}}`))
+		default:
+			// The request arrived; the answer is lost.
+			conn, _, _ := w.(http.Hijacker).Hijack()
+			conn.Close()
+		}
+	}))
+	defer srv.Close()
+	c, err := client.New(client.Options{Addr: strings.TrimPrefix(srv.URL, "http://"), Token: "t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := ctxT(t)
+	s := c.Handle("sb")
+	p, err := s.Start(ctx, client.StartOptions{Command: "cat", Stdin: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Write(ctx, []byte("hi")); !client.IsOutcomeUnknown(err) {
+		t.Fatalf("write with a lost answer: %v", err)
+	}
+	if err := p.Write(ctx, []byte("more")); !errors.Is(err, client.ErrInputUncertain) {
+		t.Errorf("write after an unknown outcome: %v", err)
+	}
+	if _, err := p.Disconnect(); !errors.Is(err, client.ErrInputUncertain) {
+		t.Errorf("disconnect with input uncertain: %v", err)
+	}
+	if acc, err := p.ResyncInput(ctx); err != nil || acc != 2 {
+		t.Errorf("resync: %d, %v", acc, err)
+	}
+	if _, err := p.Terminate(ctx); !client.IsOutcomeUnknown(err) {
+		t.Errorf("terminate with a lost answer: %v", err)
+	}
+	if _, err := p.Terminate(ctx); !client.IsOutcomeUnknown(err) {
+		t.Errorf("second terminate: %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if n := requests["DELETE /sandboxes/sb/exec-stream/p"]; n != 1 {
+		t.Errorf("terminate sent %d times, want once", n)
+	}
+}

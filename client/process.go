@@ -1,0 +1,657 @@
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"iter"
+	"net/url"
+	"strconv"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/coder/websocket"
+
+	"github.com/sandkiln/sandkiln/api"
+)
+
+// Format is how Output delivers bytes.
+type Format int
+
+const (
+	// Text decodes UTF-8, correctly across chunk boundaries; invalid bytes
+	// become U+FFFD.
+	Text Format = iota
+	// Bytes delivers the exact bytes.
+	Bytes
+)
+
+// StartOptions describe a process to start.
+type StartOptions struct {
+	Command string
+	Args    []string
+	Env     map[string]string
+	Cwd     string
+	// Stdin opens a pipe for Write and CloseStdin; without it stdin is
+	// closed.
+	Stdin bool
+	// Terminal runs the process on a terminal of that size: one combined
+	// stream, input through the terminal.
+	Terminal *api.TTY
+	// Capture keeps the output durably in the sandbox's captured logs.
+	Capture bool
+	Format  Format
+}
+
+// Chunk is a piece of output, or a gap.
+type Chunk struct {
+	Stream string // "stdout", "stderr" or "terminal"
+	Offset int64  // of the first byte, in the stream
+	Seq    uint64 // one counter across the process's streams
+	// Bytes (Format Bytes) or Text (Format Text) is the output. A chunk
+	// owns its bytes.
+	Bytes []byte
+	Text  string
+	// Lost, when non-zero, makes this chunk a gap: that many bytes of
+	// Stream, before Offset, were lost to this reader (evicted before it
+	// read them). It carries no output.
+	Lost int64
+}
+
+// Errors of a process handle.
+var (
+	ErrDetached       = errors.New("client: the process handle was detached or disconnected")
+	ErrOutputInUse    = errors.New("client: the process's output has a reader already")
+	ErrInputUncertain = errors.New("client: an earlier write's outcome is unknown; call ResyncInput first")
+	ErrStdinClosed    = errors.New("client: stdin is closed")
+	ErrNoStdin        = errors.New("client: the process has no stdin pipe")
+	ErrWriteTooLarge  = fmt.Errorf("client: a write carries at most %d bytes", api.MaxStdin)
+)
+
+// Process is a handle on a process. Its methods are safe for concurrent
+// use; its output has one reader at a time.
+type Process struct {
+	s        *Sandbox
+	ID       string
+	format   Format
+	terminal bool
+	stdin    bool
+
+	// mu guards the fields below.
+	mu        sync.Mutex
+	offsets   map[string]int64 // the next offset Output expects, per stream
+	ended     map[string]bool
+	lost      int64 // bytes reported lost to this handle
+	exit      *api.Exit
+	stdinOff  int64 // the stdin offset of the next write
+	uncertain bool  // a write's or the close's outcome is unknown
+	closed    bool  // stdin closed
+	gone      bool  // detached or disconnected
+	reading   bool
+	conn      *websocket.Conn
+	termErr   error // a terminate whose outcome is unknown, returned again
+}
+
+func newProcess(s *Sandbox, id string, format Format, terminal, stdin bool) *Process {
+	return &Process{s: s, ID: id, format: format, terminal: terminal, stdin: stdin,
+		offsets: map[string]int64{}, ended: map[string]bool{}}
+}
+
+// Start starts a process and returns its handle at once. If the answer is
+// lost the error is ErrOutcomeUnknown: the process may be running; list
+// the sandbox's processes rather than starting it again.
+func (s *Sandbox) Start(ctx context.Context, o StartOptions) (*Process, error) {
+	req := api.ExecRequest{Command: o.Command, Args: o.Args, Env: o.Env, Cwd: o.Cwd, TTY: o.Terminal, Capture: o.Capture}
+	if o.Stdin {
+		req.Stdin = api.StdinPipe
+	}
+	var st api.Started
+	if err := s.c.call(ctx, "POST", s.path("/exec-stream"), nil, req, &st, false); err != nil {
+		return nil, err
+	}
+	return newProcess(s, st.ID, o.Format, o.Terminal != nil, o.Stdin), nil
+}
+
+func (p *Process) path(rest string) string {
+	return p.s.path("/exec-stream/" + url.PathEscape(p.ID) + rest)
+}
+
+// streams a process has.
+func (p *Process) streams() []string {
+	if p.terminal {
+		return []string{"terminal"}
+	}
+	return []string{"stdout", "stderr"}
+}
+
+// Output reads the process's output from where this handle stands (the
+// beginning, or where a reopened handle's reference stood), replay then
+// live, until every stream ended and the exit arrived. A gap is a Chunk
+// with Lost set. If the connection breaks, the error says so, and calling
+// Output again resumes from the last byte delivered, with nothing repeated.
+// Leaving the loop early closes the connection; nothing else changes.
+func (p *Process) Output(ctx context.Context) iter.Seq2[Chunk, error] {
+	return func(yield func(Chunk, error) bool) {
+		p.mu.Lock()
+		switch {
+		case p.gone:
+			p.mu.Unlock()
+			yield(Chunk{}, ErrDetached)
+			return
+		case p.reading:
+			p.mu.Unlock()
+			yield(Chunk{}, ErrOutputInUse)
+			return
+		}
+		p.reading = true
+		q := url.Values{}
+		for s, off := range p.offsets {
+			q.Set(s, strconv.FormatInt(off, 10))
+		}
+		p.mu.Unlock()
+		defer func() {
+			p.mu.Lock()
+			p.reading, p.conn = false, nil
+			p.mu.Unlock()
+		}()
+		c, err := p.s.c.dialOutput(ctx, p.path("/logs"), q)
+		if err != nil {
+			yield(Chunk{}, err)
+			return
+		}
+		defer c.CloseNow()
+		c.SetReadLimit(-1)
+		p.mu.Lock()
+		if p.gone {
+			p.mu.Unlock()
+			yield(Chunk{}, ErrDetached)
+			return
+		}
+		p.conn = c
+		p.mu.Unlock()
+		var dec decoders
+		for {
+			typ, data, err := c.Read(ctx)
+			if websocket.CloseStatus(err) == websocket.StatusNormalClosure {
+				for _, ch := range dec.flushAll() {
+					if !yield(ch, nil) {
+						return
+					}
+				}
+				return
+			}
+			if err != nil {
+				p.mu.Lock()
+				gone := p.gone
+				p.mu.Unlock()
+				if gone {
+					err = ErrDetached
+				} else if ctx.Err() == nil {
+					err = fmt.Errorf("client: output of %s interrupted (call Output again to resume): %w", p.ID, err)
+				}
+				yield(Chunk{}, err)
+				return
+			}
+			for _, ch := range p.handle(typ, data, &dec) {
+				if !yield(ch, nil) {
+					return
+				}
+			}
+		}
+	}
+}
+
+// handle turns one message into the chunks it stands for, updating the
+// handle's position.
+func (p *Process) handle(typ websocket.MessageType, data []byte, dec *decoders) []Chunk {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if typ == websocket.MessageBinary {
+		f, err := api.ParseFrame(data)
+		if err != nil {
+			return nil
+		}
+		name := api.StreamNames[f.Stream]
+		var out []Chunk
+		if want := p.offsets[name]; int64(f.Offset) > want {
+			// The server reports gaps itself; a jump it did not explain
+			// is reported all the same.
+			out = append(out, p.gap(name, want, int64(f.Offset), dec)...)
+		}
+		ch := Chunk{Stream: name, Offset: int64(f.Offset), Seq: f.Seq}
+		if p.format == Bytes {
+			ch.Bytes = bytes.Clone(f.Data)
+		} else {
+			ch.Text = dec.decode(name, f.Data)
+		}
+		p.offsets[name] = int64(f.Offset) + int64(len(f.Data))
+		return append(out, ch)
+	}
+	var head struct {
+		Type string `json:"type"`
+	}
+	if json.Unmarshal(data, &head) != nil {
+		return nil
+	}
+	switch head.Type {
+	case api.TypeGap:
+		var g api.Gap
+		json.Unmarshal(data, &g)
+		return p.gap(g.Stream, g.From, g.To, dec)
+	case api.TypeEnd:
+		var e api.End
+		json.Unmarshal(data, &e)
+		var out []Chunk
+		if e.TotalBytes > p.offsets[e.Stream] {
+			out = p.gap(e.Stream, p.offsets[e.Stream], e.TotalBytes, dec)
+		}
+		p.ended[e.Stream] = true
+		if t := dec.flush(e.Stream); t != "" {
+			out = append(out, Chunk{Stream: e.Stream, Offset: e.TotalBytes, Text: t})
+		}
+		return out
+	case api.TypeExit:
+		var e api.ExitMessage
+		json.Unmarshal(data, &e)
+		exit := e.Exit
+		p.exit = &exit
+	}
+	return nil
+}
+
+// gap records and returns a gap of stream from..to. Called under mu.
+func (p *Process) gap(stream string, from, to int64, dec *decoders) []Chunk {
+	var out []Chunk
+	if t := dec.flush(stream); t != "" {
+		out = append(out, Chunk{Stream: stream, Offset: from, Text: t})
+	}
+	p.lost += to - from
+	p.offsets[stream] = to
+	return append(out, Chunk{Stream: stream, Offset: to, Lost: to - from})
+}
+
+// decoders hold, per stream, the bytes of a UTF-8 sequence split across
+// chunks.
+type decoders struct {
+	carry map[string][]byte
+}
+
+func (d *decoders) decode(stream string, b []byte) string {
+	if d.carry == nil {
+		d.carry = map[string][]byte{}
+	}
+	buf := append(d.carry[stream], b...)
+	// Keep an incomplete sequence at the end for the next chunk.
+	cut := len(buf)
+	for i := len(buf) - 1; i >= 0 && i >= len(buf)-3; i-- {
+		if utf8.RuneStart(buf[i]) {
+			if !utf8.FullRune(buf[i:]) {
+				cut = i
+			}
+			break
+		}
+	}
+	d.carry[stream] = bytes.Clone(buf[cut:])
+	return string(bytes.ToValidUTF8(buf[:cut], []byte("\uFFFD")))
+}
+
+// flush ends a stream's pending sequence (at a gap or the end): it can
+// never complete, so it is one replacement character.
+func (d *decoders) flush(stream string) string {
+	if len(d.carry[stream]) == 0 {
+		return ""
+	}
+	delete(d.carry, stream)
+	return "\uFFFD"
+}
+
+func (d *decoders) flushAll() []Chunk {
+	var out []Chunk
+	for s := range d.carry {
+		if t := d.flush(s); t != "" {
+			out = append(out, Chunk{Stream: s, Text: t})
+		}
+	}
+	return out
+}
+
+// dialOutput opens a kiln.v1 WebSocket on path.
+func (c *Client) dialOutput(ctx context.Context, path string, q url.Values) (*websocket.Conn, error) {
+	u := "ws" + c.base[len("http"):] + path
+	if len(q) > 0 {
+		u += "?" + q.Encode()
+	}
+	protos := []string{api.ProtocolV1}
+	if c.token != "" {
+		protos = append(protos, api.TokenProtocolPrefix+c.token)
+	}
+	conn, resp, err := websocket.Dial(ctx, u, &websocket.DialOptions{HTTPClient: c.stream, Subprotocols: protos})
+	if err != nil {
+		if resp != nil && resp.StatusCode >= 300 {
+			var e api.Error
+			if resp.Body != nil {
+				json.NewDecoder(resp.Body).Decode(&e)
+			}
+			if e.Error.Code != "" {
+				return nil, &Error{Status: resp.StatusCode, Code: e.Error.Code, Message: e.Error.Message}
+			}
+		}
+		return nil, fmt.Errorf("client: output: %w", err)
+	}
+	return conn, nil
+}
+
+// Result is a confirmed exit.
+type Result struct {
+	api.Exit
+	// OutputComplete is true only when this handle's output reached the
+	// end of every stream with no gap. A wait that returns before the
+	// output drained says false; a later one can say true.
+	OutputComplete bool
+}
+
+// Wait blocks until the exit is confirmed, or ctx ends. It never guesses:
+// a connection that breaks is an error, not an exit code.
+func (p *Process) Wait(ctx context.Context) (Result, error) {
+	if err := p.live(); err != nil {
+		return Result{}, err
+	}
+	resp, _, err := p.s.c.request(ctx, p.s.c.stream, "GET", p.path("/wait"), nil, nil, "")
+	if err != nil {
+		return Result{}, err
+	}
+	defer resp.Body.Close()
+	var e api.Exit
+	if err := json.NewDecoder(resp.Body).Decode(&e); err != nil {
+		return Result{}, fmt.Errorf("client: wait for %s: %w", p.ID, err)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.exit = &e
+	return Result{Exit: e, OutputComplete: p.completeLocked()}, nil
+}
+
+func (p *Process) completeLocked() bool {
+	if p.lost > 0 {
+		return false
+	}
+	for _, s := range p.streams() {
+		if !p.ended[s] {
+			return false
+		}
+	}
+	return true
+}
+
+// Status states.
+const (
+	Running = "running"
+	Exited  = "exited"
+	Unknown = "unknown"
+)
+
+// Status is what is known of a process now.
+type Status struct {
+	State      string // Running, Exited, or Unknown when it cannot be told
+	Exit       *api.Exit
+	ObservedAt time.Time
+	Process    *api.Process // kilnd's description, when it answered
+}
+
+// Status asks kilnd. When it cannot answer, State is Unknown (and the
+// error says why), except that an exit already confirmed stays.
+func (p *Process) Status(ctx context.Context) (Status, error) {
+	if err := p.live(); err != nil {
+		return Status{State: Unknown}, err
+	}
+	var st api.Process
+	err := p.s.c.call(ctx, "GET", p.path(""), nil, nil, &st, true)
+	now := time.Now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err != nil {
+		if p.exit != nil {
+			return Status{State: Exited, Exit: p.exit, ObservedAt: now}, err
+		}
+		return Status{State: Unknown, ObservedAt: now}, err
+	}
+	s := Status{State: st.State, ObservedAt: now, Process: &st}
+	if st.State == api.StateExited {
+		e := st.Exit
+		s.Exit, p.exit = &e, &e
+	}
+	return s, nil
+}
+
+func (p *Process) live() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.gone {
+		return ErrDetached
+	}
+	return nil
+}
+
+// Write sends data (at most 64 KiB) to stdin, after every earlier write.
+// Success means kilnd accepted it, not that the program read it. Each
+// write carries its stdin offset, so kilnd applies it once even if sent
+// twice; but if an answer is lost the error is ErrOutcomeUnknown and
+// further writes wait for ResyncInput, which learns from kilnd where the
+// input stands.
+func (p *Process) Write(ctx context.Context, data []byte) error {
+	if len(data) > api.MaxStdin {
+		return ErrWriteTooLarge
+	}
+	p.mu.Lock()
+	switch {
+	case p.gone:
+		p.mu.Unlock()
+		return ErrDetached
+	case !p.stdin:
+		p.mu.Unlock()
+		return ErrNoStdin
+	case p.closed:
+		p.mu.Unlock()
+		return ErrStdinClosed
+	case p.uncertain:
+		p.mu.Unlock()
+		return ErrInputUncertain
+	}
+	off := p.stdinOff
+	p.mu.Unlock()
+	var acc api.StdinAccepted
+	err := p.s.c.call(ctx, "POST", p.path("/stdin"), url.Values{"offset": {strconv.FormatInt(off, 10)}}, data, &acc, false)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err != nil {
+		if IsOutcomeUnknown(err) {
+			p.uncertain = true
+		}
+		return err
+	}
+	p.stdinOff = max(p.stdinOff, acc.Accepted)
+	return nil
+}
+
+// ResyncInput asks kilnd where stdin stands after an unknown outcome, so
+// that writing can go on: what kilnd accepted is not sent again.
+func (p *Process) ResyncInput(ctx context.Context) (accepted int64, err error) {
+	st, err := p.Status(ctx)
+	if err != nil {
+		return 0, err
+	}
+	if st.Process == nil || st.Process.Stdin == nil {
+		return 0, ErrNoStdin
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.stdinOff, p.uncertain = st.Process.Stdin.Accepted, false
+	p.closed = st.Process.Stdin.Closed
+	return p.stdinOff, nil
+}
+
+// CloseStdin sends end-of-input once every earlier write is delivered.
+// Closing again does nothing.
+func (p *Process) CloseStdin(ctx context.Context) error {
+	p.mu.Lock()
+	switch {
+	case p.gone:
+		p.mu.Unlock()
+		return ErrDetached
+	case !p.stdin:
+		p.mu.Unlock()
+		return ErrNoStdin
+	case p.closed:
+		p.mu.Unlock()
+		return nil
+	case p.uncertain:
+		p.mu.Unlock()
+		return ErrInputUncertain
+	}
+	p.mu.Unlock()
+	err := p.s.c.call(ctx, "POST", p.path("/stdin/close"), nil, nil, nil, false)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case err == nil:
+		p.closed = true
+	case IsOutcomeUnknown(err):
+		p.uncertain = true
+	}
+	return err
+}
+
+// Signal sends sig ("TERM", "SIGINT", "9") to the process's group.
+func (p *Process) Signal(ctx context.Context, sig string) error {
+	if err := p.live(); err != nil {
+		return err
+	}
+	return p.s.c.call(ctx, "POST", p.path("/signal"), nil, api.SignalRequest{Signal: sig}, nil, false)
+}
+
+// Resize changes a terminal's size.
+func (p *Process) Resize(ctx context.Context, size api.TTY) error {
+	if err := p.live(); err != nil {
+		return err
+	}
+	return p.s.c.call(ctx, "POST", p.path("/resize"), nil, size, nil, true)
+}
+
+// Terminate outcomes.
+const (
+	TerminateRequested = "requested"
+	TerminateExited    = "exited"
+	TerminateNotFound  = "not-found"
+)
+
+// Terminate asks for the process group to be killed. Success does not
+// prove the exit: call Wait. If the answer is lost, this and every later
+// call return the same ErrOutcomeUnknown without asking again.
+func (p *Process) Terminate(ctx context.Context) (string, error) {
+	p.mu.Lock()
+	if p.gone {
+		p.mu.Unlock()
+		return "", ErrDetached
+	}
+	if p.termErr != nil {
+		err := p.termErr
+		p.mu.Unlock()
+		return "", err
+	}
+	p.mu.Unlock()
+	var st api.Process
+	err := p.s.c.call(ctx, "DELETE", p.path(""), nil, nil, &st, false)
+	switch {
+	case err == nil && st.State == api.StateExited:
+		return TerminateExited, nil
+	case err == nil:
+		return TerminateRequested, nil
+	case IsNotFound(err):
+		return TerminateNotFound, nil
+	case IsOutcomeUnknown(err):
+		p.mu.Lock()
+		p.termErr = err
+		p.mu.Unlock()
+	}
+	return "", err
+}
+
+// Detach releases this handle's connections. It never kills the process
+// or closes its stdin. Calling it again is safe.
+func (p *Process) Detach() {
+	p.mu.Lock()
+	p.gone = true
+	c := p.conn
+	p.mu.Unlock()
+	if c != nil {
+		c.CloseNow()
+	}
+}
+
+// Reference is what Reopen needs to return to a process: serialise it as
+// JSON and keep it private.
+type Reference struct {
+	Sandbox  string           `json:"sandbox"`
+	Process  string           `json:"process"`
+	Offsets  map[string]int64 `json:"offsets"`
+	Stdin    int64            `json:"stdin"`
+	HasStdin bool             `json:"has_stdin"`
+	Closed   bool             `json:"stdin_closed"`
+	Terminal bool             `json:"terminal"`
+	Format   Format           `json:"format"`
+	Lost     int64            `json:"lost"`
+}
+
+// Disconnect releases the handle as Detach does and returns a reference
+// from which Reopen resumes the output where this handle stood. It refuses
+// while an input outcome is unknown.
+func (p *Process) Disconnect() (Reference, error) {
+	p.mu.Lock()
+	if p.uncertain {
+		p.mu.Unlock()
+		return Reference{}, ErrInputUncertain
+	}
+	ref := Reference{Sandbox: p.s.ID, Process: p.ID, Offsets: map[string]int64{}, Stdin: p.stdinOff, HasStdin: p.stdin,
+		Closed: p.closed, Terminal: p.terminal, Format: p.format, Lost: p.lost}
+	for s, o := range p.offsets {
+		ref.Offsets[s] = o
+	}
+	p.mu.Unlock()
+	p.Detach()
+	return ref, nil
+}
+
+// Reopen returns a handle on the process of ref, whose output resumes at
+// ref's offsets: it reports a gap only for bytes evicted since, and says
+// how many. It never starts a process.
+func (s *Sandbox) Reopen(ctx context.Context, ref Reference) (*Process, error) {
+	if ref.Sandbox != s.ID {
+		return nil, fmt.Errorf("client: the reference is of sandbox %s, not %s", ref.Sandbox, s.ID)
+	}
+	p := newProcess(s, ref.Process, ref.Format, ref.Terminal, ref.HasStdin)
+	if _, err := p.Status(ctx); err != nil {
+		return nil, err
+	}
+	for st, o := range ref.Offsets {
+		p.offsets[st] = o
+	}
+	p.stdinOff, p.closed, p.lost = ref.Stdin, ref.Closed, ref.Lost
+	return p, nil
+}
+
+// Process returns a handle on an existing process, reading its output from
+// the beginning.
+func (s *Sandbox) Process(ctx context.Context, id string, format Format) (*Process, error) {
+	var st api.Process
+	if err := s.c.call(ctx, "GET", s.path("/exec-stream/"+url.PathEscape(id)), nil, nil, &st, true); err != nil {
+		return nil, err
+	}
+	p := newProcess(s, id, format, st.Terminal, st.Stdin != nil)
+	if st.Stdin != nil {
+		p.stdinOff, p.closed = st.Stdin.Accepted, st.Stdin.Closed
+	}
+	return p, nil
+}
