@@ -11,7 +11,16 @@ require (
 	pgregory.net/rapid v1.3.0
 )
 
-require github.com/coder/websocket v1.8.15
+require (
+	github.com/coder/websocket v1.8.15
+	github.com/spf13/cobra v1.10.2
+	golang.org/x/term v0.48.0
+)
+
+require (
+	github.com/inconshreveable/mousetrap v1.1.0 // indirect
+	github.com/spf13/pflag v1.0.9 // indirect
+)
 
 require (
 	github.com/beorn7/perks v1.0.1 // indirect

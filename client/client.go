@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -271,3 +272,52 @@ func (s *Sandbox) Delete(ctx context.Context, removeLogs bool) error {
 }
 
 func (s *Sandbox) path(rest string) string { return "/sandboxes/" + url.PathEscape(s.ID) + rest }
+
+// Processes lists the sandbox's processes, running and finished.
+func (s *Sandbox) Processes(ctx context.Context) ([]api.Process, error) {
+	var out []api.Process
+	return out, s.c.call(ctx, "GET", s.path("/exec-stream"), nil, nil, &out, true)
+}
+
+// CapturedLogs lists the sandbox's captured logs and their runs.
+func (s *Sandbox) CapturedLogs(ctx context.Context) ([]api.CapturedLog, error) {
+	var out []api.CapturedLog
+	return out, s.c.call(ctx, "GET", s.path("/logs"), nil, nil, &out, true)
+}
+
+// LogOptions select a captured log's output.
+type LogOptions struct {
+	Stream       string // "stdout", "stderr" or "" for both
+	Tail         int    // the last N lines; negative for all
+	Since, Until time.Time
+	Follow       bool
+}
+
+// CapturedLog reads a process's captured output as it was written (what
+// remains of it after rotation), with what the log says of each run. The
+// caller closes the reader; with Follow it goes on until ctx ends.
+func (s *Sandbox) CapturedLog(ctx context.Context, pid string, o LogOptions) (io.ReadCloser, []api.Run, error) {
+	q := url.Values{}
+	if o.Stream != "" {
+		q.Set("stream", o.Stream)
+	}
+	if o.Tail >= 0 {
+		q.Set("tail", strconv.Itoa(o.Tail))
+	}
+	if !o.Since.IsZero() {
+		q.Set("since", o.Since.Format(time.RFC3339Nano))
+	}
+	if !o.Until.IsZero() {
+		q.Set("until", o.Until.Format(time.RFC3339Nano))
+	}
+	if o.Follow {
+		q.Set("follow", "true")
+	}
+	resp, _, err := s.c.request(ctx, s.c.stream, "GET", s.path("/logs/"+url.PathEscape(pid)), q, nil, "")
+	if err != nil {
+		return nil, nil, err
+	}
+	var runs []api.Run
+	json.Unmarshal([]byte(resp.Header.Get("Kiln-Runs")), &runs)
+	return resp.Body, runs, nil
+}

@@ -1,0 +1,150 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/internal/agent"
+	"github.com/sandkiln/sandkiln/internal/daemon"
+	"github.com/sandkiln/sandkiln/internal/sandbox"
+)
+
+func TestMain(m *testing.M) {
+	if sandbox.IsAgent() {
+		os.Exit(agent.Main())
+	}
+	goleak.VerifyTestMain(m)
+}
+
+// kilnd serves a fresh state directory for the test.
+func kilnd(t *testing.T) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("kilnd needs root")
+	}
+	state := t.TempDir()
+	d, err := daemon.New(daemon.Config{StateDir: state, Exe: os.Args[0], Env: []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/root"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- d.Serve(ctx) }()
+	for {
+		if c, err := net.Dial("unix", filepath.Join(state, daemon.SocketName)); err == nil {
+			c.Close()
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t.Cleanup(func() {
+		for _, s := range d.List() {
+			d.Delete(s.ID, true)
+		}
+		cancel()
+		<-served
+		d.Close()
+	})
+	return state
+}
+
+// kiln runs the command line and returns its exit code and output.
+func kiln(t *testing.T, state string, stdin string, args ...string) (int, string, string) {
+	t.Helper()
+	var out, errs bytes.Buffer
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	code := run(ctx, append([]string{"--state-dir", state}, args...), strings.NewReader(stdin), &out, &errs)
+	return code, out.String(), errs.String()
+}
+
+func TestRunExitsWithTheProcessCode(t *testing.T) {
+	state := kilnd(t)
+	code, out, errs := kiln(t, state, "", "run", "--rm", "--", "sh", "-c", "echo hello; echo oops >&2; exit 7")
+	if code != 7 || out != "hello\n" || errs != "oops\n" {
+		t.Errorf("run: code %d, stdout %q, stderr %q", code, out, errs)
+	}
+	code, out, _ = kiln(t, state, "", "run", "--rm", "--", "sh", "-c", "kill -TERM $$")
+	if code != 128+15 {
+		t.Errorf("killed by TERM: code %d (%q)", code, out)
+	}
+}
+
+func TestSandboxLifecycleAndLogs(t *testing.T) {
+	state := kilnd(t)
+	code, out, errs := kiln(t, state, "", "sandbox", "create")
+	sb := strings.TrimSpace(out)
+	if code != 0 || len(sb) != 36 {
+		t.Fatalf("create: %d %q %q", code, out, errs)
+	}
+	code, out, _ = kiln(t, state, "", "sandbox", "exec-stream", "--capture", sb, "--", "sh", "-c", "echo one; echo two >&2; exit 4")
+	p := strings.TrimSpace(out)
+	if code != 0 || len(p) != 36 {
+		t.Fatalf("exec-stream: %d %q", code, out)
+	}
+	if code, out, errs := kiln(t, state, "", "logs", "-f", sb, p); code != 4 || out != "one\n" || errs != "two\n" {
+		t.Errorf("logs -f: %d %q %q", code, out, errs)
+	}
+	if code, _, _ := kiln(t, state, "", "wait", sb, p); code != 4 {
+		t.Errorf("wait: %d", code)
+	}
+	code, out, _ = kiln(t, state, "", "--json", "ps", sb)
+	var procs []api.Process
+	if code != 0 || json.Unmarshal([]byte(out), &procs) != nil || len(procs) != 1 || procs[0].ID != p {
+		t.Errorf("ps --json: %d %q", code, out)
+	}
+	code, out, _ = kiln(t, state, "", "sandbox", "ls")
+	if code != 0 || !strings.HasPrefix(out, "ID ") || !strings.Contains(out, sb) || !strings.Contains(out, "running") {
+		t.Errorf("ls: %d %q", code, out)
+	}
+	if code, out, _ := kiln(t, state, "", "exec", sb, "--", "sh", "-c", "cat; exit 5"); code != 5 || out != "" {
+		t.Errorf("exec: %d %q", code, out)
+	}
+	// Once the sandbox is gone, logs come from the captured log.
+	if code, _, errs := kiln(t, state, "", "sandbox", "rm", sb); code != 0 {
+		t.Fatalf("rm: %d %q", code, errs)
+	}
+	if code, out, errs := kiln(t, state, "", "logs", "--stdout", sb, p); code != 0 || out != "one\n" || errs != "" {
+		t.Errorf("logs after rm: %d %q %q", code, out, errs)
+	}
+}
+
+func TestAttachWithStdin(t *testing.T) {
+	state := kilnd(t)
+	_, out, _ := kiln(t, state, "", "sandbox", "create")
+	sb := strings.TrimSpace(out)
+	_, out, _ = kiln(t, state, "", "sandbox", "exec-stream", "-i", sb, "--", "cat")
+	p := strings.TrimSpace(out)
+	if code, out, errs := kiln(t, state, "typed\nlines\n", "attach", "-i", sb, p); code != 0 || out != "typed\nlines\n" {
+		t.Errorf("attach -i: %d %q %q", code, out, errs)
+	}
+}
+
+func TestHelpAndErrors(t *testing.T) {
+	for _, args := range [][]string{{"--help"}, {"run", "--help"}, {"logs", "--help"}, {"sandbox", "create", "--help"}} {
+		var out, errs bytes.Buffer
+		if code := run(context.Background(), args, strings.NewReader(""), &out, &errs); code != 0 || !strings.Contains(out.String(), "Usage:") {
+			t.Errorf("%v: %d %q", args, code, errs.String())
+		}
+	}
+	var out, errs bytes.Buffer
+	code := run(context.Background(), []string{"--state-dir", t.TempDir(), "sandbox", "ls"}, strings.NewReader(""), &out, &errs)
+	if code != 1 || !strings.Contains(errs.String(), "is kilnd running?") {
+		t.Errorf("no kilnd: %d %q", code, errs.String())
+	}
+	out.Reset()
+	errs.Reset()
+	if code := run(context.Background(), []string{"exec"}, strings.NewReader(""), &out, &errs); code != 2 {
+		t.Errorf("missing arguments: %d %q", code, errs.String())
+	}
+}
