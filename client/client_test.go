@@ -268,6 +268,12 @@ func TestLostAnswerIsUnknown(t *testing.T) {
 			w.Write([]byte(`{"id":"p"}`))
 		case r.URL.Path == "/sandboxes/sb/exec-stream/p" && r.Method == "GET":
 			w.Write([]byte(`{"id":"p","state":"running","stdin":{"accepted":2}}`))
+		case r.URL.Path == "/sandboxes/sb/exec-stream/p/wait":
+			// The connection breaks while waiting.
+			w.WriteHeader(200)
+			w.(http.Flusher).Flush()
+			conn, _, _ := http.NewResponseController(w).Hijack()
+			conn.Close()
 		default:
 			// The request arrived; the answer is lost.
 			conn, _, _ := w.(http.Hijacker).Hijack()
@@ -295,6 +301,9 @@ func TestLostAnswerIsUnknown(t *testing.T) {
 	if _, err := p.Disconnect(); !errors.Is(err, client.ErrInputUncertain) {
 		t.Errorf("disconnect with input uncertain: %v", err)
 	}
+	if r, err := p.Wait(ctx); err == nil {
+		t.Errorf("a wait whose connection broke reported %+v", r)
+	}
 	if acc, err := p.ResyncInput(ctx); err != nil || acc != 2 {
 		t.Errorf("resync: %d, %v", acc, err)
 	}
@@ -308,5 +317,61 @@ func TestLostAnswerIsUnknown(t *testing.T) {
 	defer mu.Unlock()
 	if n := requests["DELETE /sandboxes/sb/exec-stream/p"]; n != 1 {
 		t.Errorf("terminate sent %d times, want once", n)
+	}
+}
+
+// TestBytesExact: 256 KiB of every byte value on stdout and invalid UTF-8
+// with NUL on stderr arrive byte for byte.
+func TestBytesExact(t *testing.T) {
+	_, sb := kilnd(t)
+	ctx := ctxT(t)
+	script := `python3 -c "
+import sys
+sys.stdout.buffer.write(bytes(range(256)) * 1024)
+sys.stderr.buffer.write(b'\x00\xff\xfe\xc3(\x00end')
+"`
+	p, err := sb.Start(ctx, client.StartOptions{Command: "sh", Args: []string{"-c", script}, Format: client.Bytes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, lost := collect(t, p)
+	var want strings.Builder
+	for range 1024 {
+		for i := range 256 {
+			want.WriteByte(byte(i))
+		}
+	}
+	if out["stdout"] != want.String() || out["stderr"] != "\x00\xff\xfe\xc3(\x00end" || lost != 0 {
+		t.Errorf("stdout %d bytes (equal %v), stderr %q, lost %d", len(out["stdout"]), out["stdout"] == want.String(), out["stderr"], lost)
+	}
+}
+
+// TestReopenAfterEviction: a handle reopened after its position was
+// evicted reports a gap of exactly the evicted bytes, then the rest.
+func TestReopenAfterEviction(t *testing.T) {
+	_, sb := kilnd(t)
+	ctx := ctxT(t)
+	const total = 3 << 20 // three times the ring
+	p, err := sb.Start(ctx, client.StartOptions{Command: "head", Args: []string{"-c", strconv.Itoa(total), "/dev/zero"}, Format: client.Bytes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, err := p.Disconnect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := sb.Reopen(ctx, ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	out, lost := collect(t, q)
+	if int64(len(out["stdout"]))+lost != total || lost == 0 {
+		t.Errorf("delivered %d + lost %d != %d", len(out["stdout"]), lost, total)
+	}
+	if r, err := q.Wait(ctx); err != nil || r.OutputComplete {
+		t.Errorf("after a gap: %+v, %v (want OutputComplete false)", r, err)
 	}
 }
