@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -28,7 +29,15 @@ func TestMain(m *testing.M) {
 	if sandbox.IsAgent() {
 		os.Exit(agent.Main())
 	}
-	goleak.VerifyTestMain(m)
+	code := m.Run()
+	stopExampleKilnd()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
 }
 
 func ctxT(t *testing.T) context.Context {

@@ -1,0 +1,199 @@
+package client_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sandkiln/sandkiln/client"
+	"github.com/sandkiln/sandkiln/internal/daemon"
+)
+
+// The examples run against a kilnd this test binary starts (as root); a
+// program would use client.New(client.Options{}) to reach the system's.
+var example struct {
+	once  sync.Once
+	state string
+	stop  func()
+}
+
+func exampleClient() *client.Client {
+	example.once.Do(func() {
+		state, err := os.MkdirTemp("", "kiln-example-")
+		if err != nil {
+			panic(err)
+		}
+		d, err := daemon.New(daemon.Config{StateDir: state, Exe: os.Args[0], Env: []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/root"}})
+		if err != nil {
+			panic(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		served := make(chan error, 1)
+		go func() { served <- d.Serve(ctx) }()
+		for {
+			if c, err := net.Dial("unix", filepath.Join(state, daemon.SocketName)); err == nil {
+				c.Close()
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
+		example.state = state
+		example.stop = func() {
+			for _, s := range d.List() {
+				d.Delete(s.ID, true)
+			}
+			cancel()
+			<-served
+			d.Close()
+			os.RemoveAll(state)
+		}
+	})
+	c, err := client.New(client.Options{StateDir: example.state})
+	if err != nil {
+		panic(err)
+	}
+	return c
+}
+
+func stopExampleKilnd() {
+	if example.stop != nil {
+		example.stop()
+	}
+}
+
+// A build whose progress is shown as it happens, then its exit code.
+func Example_buildWithProgress() {
+	ctx := context.Background()
+	c := exampleClient()
+	defer c.Close()
+	sb, _, err := c.CreateSandbox(ctx, client.SandboxOptions{})
+	if err != nil {
+		panic(err)
+	}
+	defer sb.Delete(ctx, true)
+
+	p, err := sb.Start(ctx, client.StartOptions{Command: "sh", Args: []string{"-c",
+		"for step in compile link test; do echo \"[$step] done\"; sleep 0.05; done; echo 'warning: 1 flaky test' >&2"}})
+	if err != nil {
+		panic(err)
+	}
+	defer p.Detach()
+	for line, err := range client.ReadLines(p.Output(ctx), 16<<10) {
+		if err != nil {
+			panic(err)
+		}
+		fmt.Printf("%s: %s\n", line.Stream, line.Text)
+	}
+	r, err := p.Wait(ctx)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println(r.Exit, "- output complete:", r.OutputComplete)
+	// Output:
+	// stdout: [compile] done
+	// stdout: [link] done
+	// stdout: [test] done
+	// stderr: warning: 1 flaky test
+	// process exited with code 0 - output complete: true
+}
+
+// A worker fed requests over stdin while its answers are read.
+func Example_interactiveWorker() {
+	ctx := context.Background()
+	c := exampleClient()
+	defer c.Close()
+	sb, _, err := c.CreateSandbox(ctx, client.SandboxOptions{})
+	if err != nil {
+		panic(err)
+	}
+	defer sb.Delete(ctx, true)
+
+	// A worker that answers each request line.
+	p, err := sb.Start(ctx, client.StartOptions{Command: "sh", Args: []string{"-c",
+		`while read -r req; do echo "handled $req"; done; echo "worker: end of input"`}, Stdin: true})
+	if err != nil {
+		panic(err)
+	}
+	defer p.Detach()
+	for _, req := range []string{"first request", "second request"} {
+		if err := p.Write(ctx, []byte(req+"\n")); err != nil {
+			panic(err)
+		}
+	}
+	if err := p.CloseStdin(ctx); err != nil {
+		panic(err)
+	}
+	for line, err := range client.ReadLines(p.Output(ctx), 0) {
+		if err != nil {
+			panic(err)
+		}
+		fmt.Println(line.Text)
+	}
+	r, _ := p.Wait(ctx)
+	fmt.Println(r.Exit)
+	// Output:
+	// handled first request
+	// handled second request
+	// worker: end of input
+	// process exited with code 0
+}
+
+// A server whose logs are read until it says it is ready, then stopped.
+func Example_serverWorkspace() {
+	ctx := context.Background()
+	c := exampleClient()
+	defer c.Close()
+	sb, _, err := c.CreateSandbox(ctx, client.SandboxOptions{})
+	if err != nil {
+		panic(err)
+	}
+	defer sb.Delete(ctx, true)
+
+	p, err := sb.Start(ctx, client.StartOptions{Command: "python3", Args: []string{"-u", "-c", `
+import http.server, socketserver
+srv = socketserver.TCPServer(("127.0.0.1", 8000), http.server.SimpleHTTPRequestHandler)
+print("serving on port 8000")
+srv.serve_forever()
+`}})
+	if err != nil {
+		panic(err)
+	}
+	defer p.Detach()
+	ready, cancel := context.WithTimeout(ctx, 15*time.Second)
+	for line, err := range client.ReadLines(p.Output(ready), 0) {
+		if err != nil {
+			panic(err)
+		}
+		if strings.Contains(line.Text, "serving") {
+			fmt.Println("ready:", line.Text)
+			break
+		}
+	}
+	cancel()
+	// The sandbox's own network reaches it.
+	r, err := sb.Exec(ctx, client.ExecOptions{Command: "python3", Args: []string{"-c",
+		"import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8000/').status)"}})
+	if err != nil {
+		panic(err)
+	}
+	fmt.Print("status from inside: ", string(r.Stdout))
+	cleanup, done := context.WithTimeout(ctx, 10*time.Second)
+	defer done()
+	if _, err := p.Terminate(cleanup); err != nil {
+		panic(err)
+	}
+	res, err := p.Wait(cleanup)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println(res.Exit)
+	// Output:
+	// ready: serving on port 8000
+	// status from inside: 200
+	// process killed by signal KILL
+}
