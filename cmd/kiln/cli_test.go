@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -23,8 +25,14 @@ func TestMain(m *testing.M) {
 	if sandbox.IsAgent() {
 		os.Exit(agent.Main())
 	}
+	// The terminal test runs this binary as kiln itself, under tmux.
+	if os.Getenv(asCLIEnv) != "" {
+		os.Exit(run(context.Background(), os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+	}
 	goleak.VerifyTestMain(m)
 }
+
+const asCLIEnv = "KILN_TEST_AS_CLI"
 
 // kilnd serves a fresh state directory for the test.
 func kilnd(t *testing.T) string {
@@ -146,5 +154,65 @@ func TestHelpAndErrors(t *testing.T) {
 	errs.Reset()
 	if code := run(context.Background(), []string{"exec"}, strings.NewReader(""), &out, &errs); code != 2 {
 		t.Errorf("missing arguments: %d %q", code, errs.String())
+	}
+}
+
+// TestShellInATerminal drives kiln shell in a real terminal (tmux): the
+// sandbox's shell gets the window's size and follows its changes, runs
+// what is typed, and its exit code is kiln's.
+func TestShellInATerminal(t *testing.T) {
+	if _, err := exec.LookPath("tmux"); err != nil {
+		t.Skip("needs tmux")
+	}
+	state := kilnd(t)
+	_, out, _ := kiln(t, state, "", "sandbox", "create")
+	sb := strings.TrimSpace(out)
+	dir := t.TempDir()
+	sock, rcFile := filepath.Join(dir, "tmux.sock"), filepath.Join(dir, "rc")
+	tmux := func(args ...string) string {
+		t.Helper()
+		out, err := exec.Command("tmux", append([]string{"-S", sock}, args...)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("tmux %v: %v %s", args, err, out)
+		}
+		return string(out)
+	}
+	line := fmt.Sprintf("%s=1 %s --state-dir %s shell %s; echo $? > %s; sleep 30", asCLIEnv, os.Args[0], state, sb, rcFile)
+	tmux("new-session", "-d", "-x", "100", "-y", "30", "sh", "-c", line)
+	defer exec.Command("tmux", "-S", sock, "kill-server").Run()
+	screen := func(want string) {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			got := tmux("capture-pane", "-p")
+			if strings.Contains(got, want) {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the screen never showed %q:\n%q", want, got)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	screen("#")
+	tmux("send-keys", "echo $((6*7)); stty size", "Enter")
+	screen("42")
+	screen("30 100")
+	tmux("resize-window", "-x", "120", "-y", "40")
+	tmux("send-keys", "clear; stty size", "Enter")
+	screen("40 120")
+	tmux("send-keys", "exit 3", "Enter")
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if b, err := os.ReadFile(rcFile); err == nil && strings.TrimSpace(string(b)) != "" {
+			if rc := strings.TrimSpace(string(b)); rc != "3" {
+				t.Errorf("kiln shell exited %s, want 3", rc)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("kiln shell did not exit")
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
