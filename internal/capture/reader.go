@@ -325,6 +325,12 @@ func (r *Reader) openFirst() (bool, error) {
 		if err != nil {
 			return false, err
 		}
+		if name == ActiveName && lf.seq > 1 && r.archivedBetween(0, lf.seq) {
+			// Rotated between the listing and this open: the older files
+			// are archives now; start with the oldest.
+			lf.f.Close()
+			continue
+		}
 		r.switchTo(lf)
 		if lf.start > 0 {
 			r.stats.Before = lf.start
