@@ -291,6 +291,9 @@ type LogOptions struct {
 	Tail         int    // the last N lines; negative for all
 	Since, Until time.Time
 	Follow       bool
+	// Records asks for NDJSON api.LogRecord values (with each record's
+	// time) instead of the output as it was written.
+	Records bool
 }
 
 // CapturedLog reads a process's captured output as it was written (what
@@ -312,6 +315,9 @@ func (s *Sandbox) CapturedLog(ctx context.Context, pid string, o LogOptions) (io
 	}
 	if o.Follow {
 		q.Set("follow", "true")
+	}
+	if o.Records {
+		q.Set("format", "json")
 	}
 	resp, _, err := s.c.request(ctx, s.c.stream, "GET", s.path("/logs/"+url.PathEscape(pid)), q, nil, "")
 	if err != nil {

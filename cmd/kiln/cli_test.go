@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"net"
 	"os"
@@ -13,9 +14,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"go.uber.org/goleak"
 
 	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/client"
 	"github.com/sandkiln/sandkiln/internal/agent"
 	"github.com/sandkiln/sandkiln/internal/daemon"
 	"github.com/sandkiln/sandkiln/internal/sandbox"
@@ -125,6 +128,11 @@ func TestSandboxLifecycleAndLogs(t *testing.T) {
 	if code, out, errs := kiln(t, state, "", "logs", "--stdout", sb, p); code != 0 || out != "one\n" || errs != "" {
 		t.Errorf("logs after rm: %d %q %q", code, out, errs)
 	}
+	code, out, errs = kiln(t, state, "", "logs", "--timestamps", sb, p)
+	stamp, text, _ := strings.Cut(strings.TrimSpace(out), " ")
+	if _, err := time.Parse(time.RFC3339Nano, stamp); code != 0 || err != nil || text != "one" || !strings.HasSuffix(errs, " two\n") {
+		t.Errorf("logs --timestamps: %d %q %q", code, out, errs)
+	}
 }
 
 func TestAttachWithStdin(t *testing.T) {
@@ -214,5 +222,44 @@ func TestShellInATerminal(t *testing.T) {
 			t.Fatal("kiln shell did not exit")
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
+
+// TestHelpGolden holds kiln's help texts to testdata/*.golden; after a
+// deliberate change, refresh them with go test ./cmd/kiln -run Golden -update.
+func TestHelpGolden(t *testing.T) {
+	for name, args := range map[string][]string{
+		"kiln":           {"--help"},
+		"run":            {"run", "--help"},
+		"logs":           {"logs", "--help"},
+		"sandbox":        {"sandbox", "--help"},
+		"sandbox-create": {"sandbox", "create", "--help"},
+		"exec":           {"exec", "--help"},
+		"shell":          {"shell", "--help"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			var out, errs bytes.Buffer
+			t.Setenv(client.StateDirEnv, "")
+			t.Setenv(client.AddrEnv, "")
+			if code := run(context.Background(), args, strings.NewReader(""), &out, &errs); code != 0 {
+				t.Fatalf("%v: exit %d, %s", args, code, errs.String())
+			}
+			path := filepath.Join("testdata", name+".golden")
+			if *update {
+				if err := os.WriteFile(path, out.Bytes(), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			want, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatalf("%v (run with -update to make it)", err)
+			}
+			if diff := cmp.Diff(string(want), out.String()); diff != "" {
+				t.Errorf("%v (-golden +got):\n%s", args, diff)
+			}
+		})
 	}
 }

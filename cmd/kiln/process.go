@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -129,7 +131,7 @@ instead, if the process was started with --capture, and each run's completeness 
 						return err
 					}
 				}
-				o := client.LogOptions{Tail: tail, Follow: follow}
+				o := client.LogOptions{Tail: tail, Follow: follow, Records: timestamps}
 				if stdout {
 					o.Stream = "stdout"
 				} else if stderr {
@@ -150,7 +152,11 @@ instead, if the process was started with --capture, and each run's completeness 
 					return err
 				}
 				defer body.Close()
-				_, err = io.Copy(c.stdout, body)
+				if timestamps {
+					err = c.printRecords(body)
+				} else {
+					_, err = io.Copy(c.stdout, body)
+				}
 				for _, r := range runs {
 					if r.State != "lossless" || r.Missed {
 						fmt.Fprintf(c.stderr, "kiln: captured run %s is %s%s\n", shortID(r.ID), r.State, droppedText(r))
@@ -166,10 +172,57 @@ instead, if the process was started with --capture, and each run's completeness 
 	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "follow the output until the process exits")
 	cmd.Flags().IntVar(&tail, "tail", -1, "only the last `N` lines (from the captured log)")
 	cmd.Flags().StringVar(&since, "since", "", "only output after `T` (RFC 3339, or a duration such as 10m; from the captured log)")
-	cmd.Flags().BoolVar(&timestamps, "timestamps", false, "read the captured log (whose records carry their times)")
+	cmd.Flags().BoolVarP(&timestamps, "timestamps", "t", false, "show when each line was written (from the captured log)")
 	cmd.Flags().BoolVar(&stdout, "stdout", false, "stdout only (from the captured log)")
 	cmd.Flags().BoolVar(&stderr, "stderr", false, "stderr only (from the captured log)")
 	return cmd
+}
+
+// printRecords prints captured records, each line prefixed with the time
+// its first record was written.
+func (c *cli) printRecords(body io.Reader) error {
+	dec := json.NewDecoder(body)
+	midLine := map[string]bool{}
+	for {
+		var r api.LogRecord
+		if err := dec.Decode(&r); err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		}
+		if r.Gap != 0 {
+			fmt.Fprintf(c.stderr, "kiln: %s of the captured log lost to rotation while reading\n", gapBytes(r.Gap))
+			continue
+		}
+		w := c.stdout
+		if r.Stream == "stderr" {
+			w = c.stderr
+		}
+		content := []byte(r.Text)
+		if r.Base64 != "" {
+			b, err := base64.StdEncoding.DecodeString(r.Base64)
+			if err != nil {
+				return err
+			}
+			content = b
+		}
+		if !midLine[r.Stream] {
+			fmt.Fprint(w, r.Time.Format(time.RFC3339Nano), " ")
+		}
+		w.Write(content)
+		if !r.Partial {
+			w.Write([]byte{'\n'})
+		}
+		midLine[r.Stream] = r.Partial
+	}
+}
+
+func gapBytes(n int64) string {
+	if n < 0 {
+		return "an unknown amount"
+	}
+	return fmt.Sprintf("%d bytes", n)
 }
 
 // retained prints what the sandbox holds of the output now, without
