@@ -250,7 +250,7 @@ func TestTerminateStatusAndErrors(t *testing.T) {
 func TestExec(t *testing.T) {
 	_, sb := kilnd(t)
 	ctx := ctxT(t)
-	r, err := sb.Exec(ctx, client.ExecOptions{Command: "sh", Args: []string{"-c", "echo out; echo err >&2; exit 2"}})
+	r, err := sb.Exec(ctx, client.ExecOptions{Shell: "echo out; echo err >&2; exit 2"})
 	if err != nil || string(r.Stdout) != "out\n" || string(r.Stderr) != "err\n" || *r.ExitCode != 2 {
 		t.Errorf("exec %+v, %v", r, err)
 	}

@@ -13,8 +13,11 @@ import (
 
 // ExecOptions describe a command to run to its end.
 type ExecOptions struct {
+	// Command and Args run a program directly; Shell runs a command line
+	// with /bin/sh -c instead.
 	Command string
 	Args    []string
+	Shell   string
 	Env     map[string]string
 	Cwd     string
 	// MaxOutputBytes bounds the output kept, both streams together: 1 to
@@ -40,6 +43,12 @@ type ExecResult struct {
 // client that goes away kills the command); with it, the command runs as
 // an exec-stream whose output is read as it comes.
 func (s *Sandbox) Exec(ctx context.Context, o ExecOptions) (ExecResult, error) {
+	if o.Shell != "" {
+		if o.Command != "" || len(o.Args) > 0 {
+			return ExecResult{}, fmt.Errorf("client: ExecOptions: Shell or Command, not both")
+		}
+		o.Command, o.Args = "/bin/sh", []string{"-c", o.Shell}
+	}
 	if o.MaxOutputBytes < 0 || o.MaxOutputBytes > api.DefaultMaxOutput {
 		return ExecResult{}, fmt.Errorf("client: MaxOutputBytes %d: want 1 to %d", o.MaxOutputBytes, api.DefaultMaxOutput)
 	}

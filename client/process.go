@@ -31,8 +31,11 @@ const (
 
 // StartOptions describe a process to start.
 type StartOptions struct {
+	// Command and Args run a program directly (no shell); Shell, instead,
+	// runs a command line with /bin/sh -c.
 	Command string
 	Args    []string
+	Shell   string
 	Env     map[string]string
 	Cwd     string
 	// Stdin opens a pipe for Write and CloseStdin; without it stdin is
@@ -104,6 +107,12 @@ func newProcess(s *Sandbox, id string, format Format, terminal, stdin bool) *Pro
 // lost the error is ErrOutcomeUnknown: the process may be running; list
 // the sandbox's processes rather than starting it again.
 func (s *Sandbox) Start(ctx context.Context, o StartOptions) (*Process, error) {
+	if o.Shell != "" {
+		if o.Command != "" || len(o.Args) > 0 {
+			return nil, errors.New("client: StartOptions: Shell or Command, not both")
+		}
+		o.Command, o.Args = "/bin/sh", []string{"-c", o.Shell}
+	}
 	req := api.ExecRequest{Command: o.Command, Args: o.Args, Env: o.Env, Cwd: o.Cwd, TTY: o.Terminal, Capture: o.Capture}
 	if o.Stdin {
 		req.Stdin = api.StdinPipe

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -261,5 +262,35 @@ func TestHelpGolden(t *testing.T) {
 				t.Errorf("%v (-golden +got):\n%s", args, diff)
 			}
 		})
+	}
+}
+
+// TestTablesGolden holds the tables people read to testdata, with ids and
+// times made stable.
+func TestTablesGolden(t *testing.T) {
+	state := kilnd(t)
+	_, out, _ := kiln(t, state, "", "sandbox", "create", "--hostname", "golden")
+	sb := strings.TrimSpace(out)
+	_, out, _ = kiln(t, state, "", "sandbox", "exec-stream", sb, "--", "sh", "-c", "exit 3")
+	p := strings.TrimSpace(out)
+	kiln(t, state, "", "wait", sb, p)
+	_, ls, _ := kiln(t, state, "", "sandbox", "ls")
+	_, ps, _ := kiln(t, state, "", "ps", sb)
+	stable := strings.NewReplacer(sb, "SANDBOX-ID", p, "PROCESS-ID")
+	got := stable.Replace(ls + "\n" + ps)
+	got = regexp.MustCompile(`\d{4}-\d\d-\d\d \d\d:\d\d:\d\d|\d\d:\d\d:\d\d`).ReplaceAllString(got, "TIME")
+	path := filepath.Join("testdata", "tables.golden")
+	if *update {
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run with -update to make it)", err)
+	}
+	if diff := cmp.Diff(string(want), got); diff != "" {
+		t.Errorf("tables (-golden +got):\n%s", diff)
 	}
 }
