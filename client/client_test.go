@@ -5,11 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,7 +19,7 @@ import (
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/client"
 	"github.com/sandkiln/sandkiln/internal/agent"
-	"github.com/sandkiln/sandkiln/internal/daemon"
+	"github.com/sandkiln/sandkiln/internal/daemon/daemontest"
 	"github.com/sandkiln/sandkiln/internal/sandbox"
 )
 
@@ -53,23 +51,11 @@ func kilnd(t *testing.T) (*client.Client, *client.Sandbox) {
 	if os.Geteuid() != 0 {
 		t.Skip("kilnd needs root")
 	}
-	state := t.TempDir()
-	d, err := daemon.New(daemon.Config{StateDir: state, Exe: os.Args[0],
-		Env: []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/root", "LANG=C.UTF-8"}})
+	k, err := daemontest.Start(t.TempDir(), "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- d.Serve(ctx) }()
-	for {
-		if c, err := net.Dial("unix", filepath.Join(state, daemon.SocketName)); err == nil {
-			c.Close()
-			break
-		}
-		time.Sleep(time.Millisecond)
-	}
-	c, err := client.New(client.Options{StateDir: state})
+	c, err := client.New(client.Options{StateDir: k.State})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,13 +64,10 @@ func kilnd(t *testing.T) (*client.Client, *client.Sandbox) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if err := sb.Delete(context.Background(), true); err != nil {
-			t.Errorf("delete: %v", err)
-		}
 		c.Close()
-		cancel()
-		<-served
-		d.Close()
+		if err := k.Close(); err != nil {
+			t.Errorf("kilnd: %v", err)
+		}
 	})
 	return c, sb
 }

@@ -3,23 +3,20 @@ package client_test
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/sandkiln/sandkiln/client"
-	"github.com/sandkiln/sandkiln/internal/daemon"
+	"github.com/sandkiln/sandkiln/internal/daemon/daemontest"
 )
 
 // The examples run against a kilnd this test binary starts (as root); a
 // program would use client.New(client.Options{}) to reach the system's.
 var example struct {
-	once  sync.Once
-	state string
-	stop  func()
+	once sync.Once
+	k    *daemontest.Kilnd
 }
 
 func exampleClient() *client.Client {
@@ -28,32 +25,11 @@ func exampleClient() *client.Client {
 		if err != nil {
 			panic(err)
 		}
-		d, err := daemon.New(daemon.Config{StateDir: state, Exe: os.Args[0], Env: []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/root"}})
-		if err != nil {
+		if example.k, err = daemontest.Start(state, ""); err != nil {
 			panic(err)
 		}
-		ctx, cancel := context.WithCancel(context.Background())
-		served := make(chan error, 1)
-		go func() { served <- d.Serve(ctx) }()
-		for {
-			if c, err := net.Dial("unix", filepath.Join(state, daemon.SocketName)); err == nil {
-				c.Close()
-				break
-			}
-			time.Sleep(time.Millisecond)
-		}
-		example.state = state
-		example.stop = func() {
-			for _, s := range d.List() {
-				d.Delete(s.ID, true)
-			}
-			cancel()
-			<-served
-			d.Close()
-			os.RemoveAll(state)
-		}
 	})
-	c, err := client.New(client.Options{StateDir: example.state})
+	c, err := client.New(client.Options{StateDir: example.k.State})
 	if err != nil {
 		panic(err)
 	}
@@ -61,8 +37,9 @@ func exampleClient() *client.Client {
 }
 
 func stopExampleKilnd() {
-	if example.stop != nil {
-		example.stop()
+	if example.k != nil {
+		example.k.Close()
+		os.RemoveAll(example.k.State)
 	}
 }
 

@@ -455,24 +455,17 @@ func (p *Process) Write(ctx context.Context, data []byte) error {
 		return ErrWriteTooLarge
 	}
 	p.mu.Lock()
-	switch {
-	case p.gone:
-		p.mu.Unlock()
-		return ErrDetached
-	case !p.stdin:
-		p.mu.Unlock()
-		return ErrNoStdin
-	case p.closed:
-		p.mu.Unlock()
-		return ErrStdinClosed
-	case p.uncertain:
-		p.mu.Unlock()
-		return ErrInputUncertain
+	err := p.inputLocked()
+	if err == nil && p.closed {
+		err = ErrStdinClosed
 	}
 	off := p.stdinOff
 	p.mu.Unlock()
+	if err != nil {
+		return err
+	}
 	var acc api.StdinAccepted
-	err := p.s.c.call(ctx, "POST", p.path("/stdin"), url.Values{"offset": {strconv.FormatInt(off, 10)}}, data, &acc, false)
+	err = p.s.c.call(ctx, "POST", p.path("/stdin"), url.Values{"offset": {strconv.FormatInt(off, 10)}}, data, &acc, false)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if err != nil {
@@ -482,6 +475,20 @@ func (p *Process) Write(ctx context.Context, data []byte) error {
 		return err
 	}
 	p.stdinOff = max(p.stdinOff, acc.Accepted)
+	return nil
+}
+
+// inputLocked says why input cannot be sent now, if it cannot. Called
+// under mu.
+func (p *Process) inputLocked() error {
+	switch {
+	case p.gone:
+		return ErrDetached
+	case !p.stdin:
+		return ErrNoStdin
+	case p.uncertain:
+		return ErrInputUncertain
+	}
 	return nil
 }
 
@@ -506,22 +513,12 @@ func (p *Process) ResyncInput(ctx context.Context) (accepted int64, err error) {
 // Closing again does nothing.
 func (p *Process) CloseStdin(ctx context.Context) error {
 	p.mu.Lock()
-	switch {
-	case p.gone:
-		p.mu.Unlock()
-		return ErrDetached
-	case !p.stdin:
-		p.mu.Unlock()
-		return ErrNoStdin
-	case p.closed:
-		p.mu.Unlock()
-		return nil
-	case p.uncertain:
-		p.mu.Unlock()
-		return ErrInputUncertain
-	}
+	err, closed := p.inputLocked(), p.closed
 	p.mu.Unlock()
-	err := p.s.c.call(ctx, "POST", p.path("/stdin/close"), nil, nil, nil, false)
+	if err != nil || closed {
+		return err
+	}
+	err = p.s.c.call(ctx, "POST", p.path("/stdin/close"), nil, nil, nil, false)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	switch {

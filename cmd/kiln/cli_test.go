@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,7 +20,7 @@ import (
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/client"
 	"github.com/sandkiln/sandkiln/internal/agent"
-	"github.com/sandkiln/sandkiln/internal/daemon"
+	"github.com/sandkiln/sandkiln/internal/daemon/daemontest"
 	"github.com/sandkiln/sandkiln/internal/sandbox"
 )
 
@@ -44,30 +43,16 @@ func kilnd(t *testing.T) string {
 	if os.Geteuid() != 0 {
 		t.Skip("kilnd needs root")
 	}
-	state := t.TempDir()
-	d, err := daemon.New(daemon.Config{StateDir: state, Exe: os.Args[0], Env: []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/root"}})
+	k, err := daemontest.Start(t.TempDir(), "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- d.Serve(ctx) }()
-	for {
-		if c, err := net.Dial("unix", filepath.Join(state, daemon.SocketName)); err == nil {
-			c.Close()
-			break
-		}
-		time.Sleep(time.Millisecond)
-	}
 	t.Cleanup(func() {
-		for _, s := range d.List() {
-			d.Delete(s.ID, true)
+		if err := k.Close(); err != nil {
+			t.Errorf("kilnd: %v", err)
 		}
-		cancel()
-		<-served
-		d.Close()
 	})
-	return state
+	return k.State
 }
 
 // kiln runs the command line and returns its exit code and output.

@@ -25,6 +25,7 @@ import (
 	"github.com/sandkiln/sandkiln/internal/agent"
 	"github.com/sandkiln/sandkiln/internal/capture"
 	"github.com/sandkiln/sandkiln/internal/daemon"
+	"github.com/sandkiln/sandkiln/internal/daemon/daemontest"
 	"github.com/sandkiln/sandkiln/internal/sandbox"
 )
 
@@ -89,32 +90,14 @@ func start(t *testing.T, state string) *kilnd {
 		state = t.TempDir()
 	}
 	k := &kilnd{t: t, state: state, addr: freeAddr(t)}
-	d, err := daemon.New(daemon.Config{StateDir: state, Listen: k.addr, Exe: os.Args[0], Env: env})
+	dk, err := daemontest.Start(state, k.addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	k.d = d
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Serve(ctx) }()
+	k.d = dk.Daemon
 	k.stop = func() {
-		cancel()
-		if err := <-done; err != nil {
+		if err := dk.Stop(); err != nil {
 			t.Errorf("serve: %v", err)
-		}
-		d.Close()
-	}
-	// Serve has its listeners once the socket answers.
-	for {
-		c, err := net.Dial("unix", filepath.Join(state, daemon.SocketName))
-		if err == nil {
-			c.Close()
-			break
-		}
-		select {
-		case err := <-done:
-			t.Fatalf("serve: %v", err)
-		case <-time.After(time.Millisecond):
 		}
 	}
 	return k

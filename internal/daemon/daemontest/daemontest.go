@@ -1,0 +1,77 @@
+// Package daemontest runs a kilnd in a test process, on a state directory of its own, its sandboxes' agents the test binary re-executed.
+package daemontest
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/sandkiln/sandkiln/internal/daemon"
+)
+
+// Env is the sandboxes' base environment in tests.
+var Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME=/root", "LANG=C.UTF-8"}
+
+// Kilnd is a running kilnd. The test binary's TestMain must run
+// agent.Main when sandbox.IsAgent reports true.
+type Kilnd struct {
+	State  string
+	Daemon *daemon.Daemon
+	stop   func() error
+}
+
+// Start serves state (made if missing) on its unix socket and, when
+// listen is set, on TCP, and returns once the socket answers.
+func Start(state, listen string) (*Kilnd, error) {
+	if os.Geteuid() != 0 {
+		return nil, errors.New("kilnd needs root")
+	}
+	d, err := daemon.New(daemon.Config{StateDir: state, Listen: listen, Exe: os.Args[0], Env: Env})
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- d.Serve(ctx) }()
+	k := &Kilnd{State: state, Daemon: d, stop: func() error {
+		cancel()
+		err := <-served
+		d.Close()
+		return err
+	}}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		if c, err := net.Dial("unix", filepath.Join(state, daemon.SocketName)); err == nil {
+			c.Close()
+			return k, nil
+		}
+		select {
+		case err := <-served:
+			served <- err
+			k.stop()
+			return nil, err
+		default:
+		}
+		if time.Now().After(deadline) {
+			k.stop()
+			return nil, errors.New("kilnd did not start serving")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// Stop stops serving; sandboxes keep running, as with a real kilnd.
+func (k *Kilnd) Stop() error { return k.stop() }
+
+// Close deletes every sandbox, their logs too, and stops serving.
+func (k *Kilnd) Close() error {
+	var errs []error
+	for _, s := range k.Daemon.List() {
+		errs = append(errs, k.Daemon.Delete(s.ID, true))
+	}
+	errs = append(errs, k.stop())
+	return errors.Join(errs...)
+}
