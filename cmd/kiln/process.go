@@ -157,10 +157,10 @@ instead, if the process was started with --capture, and each run's completeness 
 				} else {
 					_, err = io.Copy(c.stdout, body)
 				}
+				// What the log says of each run it holds, last: lossless,
+				// or how it is not.
 				for _, r := range runs {
-					if r.State != "lossless" || r.Missed {
-						fmt.Fprintf(c.stderr, "kiln: captured run %s is %s%s\n", shortID(r.ID), r.State, droppedText(r))
-					}
+					fmt.Fprintf(c.stderr, "kiln: captured run %s: %s%s\n", shortID(r.ID), r.State, droppedText(r))
 				}
 				if err != nil && ctx.Err() == nil {
 					return err
