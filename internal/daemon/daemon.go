@@ -270,6 +270,7 @@ func (d *Daemon) recover() error {
 				d.log.Info("sandbox adopted", "id", rec.ID, "agent", rec.Sandbox.PID)
 				continue
 			}
+			endCgroups(rec.Sandbox)
 			d.stopped(&rec, "the agent was gone when kilnd started (host reboot or agent killed)")
 		}
 		d.sandboxes[rec.ID] = &entry{rec: rec}
@@ -277,14 +278,11 @@ func (d *Daemon) recover() error {
 	return nil
 }
 
-// stopped records that a sandbox is no longer running and kills whatever
-// is left in its cgroup. The init command's exit, if the agent recorded
-// one, becomes the sandbox's; otherwise its exit is unknown.
+// stopped records that a sandbox is no longer running. The init
+// command's exit, if the agent recorded one, becomes the sandbox's;
+// otherwise its exit is unknown. Whatever is left in its cgroups is the
+// caller's to end (endCgroups), outside d.mu: that can take a while.
 func (d *Daemon) stopped(rec *record, reason string) {
-	if rec.Sandbox != nil && rec.Sandbox.Cgroups != nil {
-		rec.Sandbox.Cgroups.Kill(10 * time.Second)
-		rec.Sandbox.Cgroups.Destroy()
-	}
 	if rec.Sandbox != nil {
 		if ie := rec.Sandbox.InitExit(); ie != nil {
 			rec.Exit, reason = &ie.Exit, "the init command ended: "+ie.Exit.String()
@@ -300,6 +298,16 @@ func (d *Daemon) stopped(rec *record, reason string) {
 	}
 }
 
+// endCgroups kills what is left of a sandbox whose agent is gone (the
+// kernel ends a pid namespace with its init, so normally nothing) and
+// removes its cgroups.
+func endCgroups(sb *sandbox.Sandbox) {
+	if sb != nil && sb.Cgroups != nil {
+		sb.Cgroups.Kill(10 * time.Second)
+		sb.Cgroups.Destroy()
+	}
+}
+
 // watch waits, in a goroutine, for a running sandbox's agent to exit, and
 // then records the sandbox stopped (with its init command's exit).
 func (d *Daemon) watch(e *entry) {
@@ -311,6 +319,13 @@ func (d *Daemon) watch(e *entry) {
 			return
 		default:
 		}
+		d.mu.Lock()
+		deleting := e.deleting
+		d.mu.Unlock()
+		if deleting {
+			return
+		}
+		endCgroups(sb)
 		d.mu.Lock()
 		defer d.mu.Unlock()
 		if e.deleting || e.rec.State != StateRunning {
@@ -456,9 +471,9 @@ func (d *Daemon) get(id string) (*entry, error) {
 		return nil, fmt.Errorf("%w: no sandbox %q", errNotFound, clip(id))
 	}
 	// A running sandbox whose agent died is stopped, as soon as anyone
-	// looks.
-	if e.rec.State == StateRunning && !e.rec.Sandbox.Alive() {
-		d.stopped(&e.rec, "the agent exited; exit unknown")
+	// looks; its watcher, woken by the same exit, ends its cgroups.
+	if e.rec.State == StateRunning && !e.rec.Sandbox.Alive() && !e.deleting {
+		d.stopped(&e.rec, "the agent exited")
 		e.proxy = nil
 	}
 	return e, nil

@@ -721,3 +721,50 @@ func TestManyStreamsManyWatchers(t *testing.T) {
 		t.Errorf("%d of %d watchers failed", n, streams*watchers)
 	}
 }
+
+// TestAgentKilled: a sandbox whose agent is killed is reported stopped with
+// an unknown exit, its cgroups gone; kilnd and other sandboxes go on.
+func TestAgentKilled(t *testing.T) {
+	k := start(t, "")
+	defer k.cleanup()
+	var victim, other daemon.Info
+	k.json("POST", "/sandboxes", "{}", &victim)
+	k.json("POST", "/sandboxes", "{}", &other)
+	if err := syscall.Kill(victim.AgentPID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	var info daemon.Info
+	for {
+		k.json("GET", "/sandboxes/"+victim.ID, nil, &info)
+		if info.State == daemon.StateStopped {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("still %s", info.State)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if info.Exit != nil || !strings.Contains(info.Reason, "exit unknown") || strings.Count(info.Reason, "exit unknown") != 1 {
+		t.Errorf("stopped sandbox %+v", info)
+	}
+	var res api.ExecResult
+	k.json("POST", "/sandboxes/"+other.ID+"/exec", api.ExecRequest{Command: "echo", Args: []string{"fine"}}, &res)
+	if res.Stdout != "fine\n" {
+		t.Errorf("the other sandbox: %+v", res)
+	}
+	if code, _ := k.do("POST", "/sandboxes/"+victim.ID+"/exec", k.d.Token(), `{"command":"true"}`); code != 503 {
+		t.Errorf("exec in the stopped sandbox: %d", code)
+	}
+	for {
+		matches, _ := filepath.Glob("/sys/fs/cgroup/unified/*/kiln-" + victim.ID)
+		direct, _ := filepath.Glob("/sys/fs/cgroup/unified/kiln-" + victim.ID)
+		if len(matches)+len(direct) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("cgroups left: %v %v", matches, direct)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
