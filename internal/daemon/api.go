@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -177,5 +179,63 @@ func (d *Daemon) forward(w http.ResponseWriter, r *http.Request) {
 		writeError(w, fmt.Errorf("%w: sandbox %s is %s", errUnavailable, id, state))
 		return
 	}
+	if strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
+		d.relay(w, r, e)
+		return
+	}
 	p.ServeHTTP(w, r)
+}
+
+// relay serves a WebSocket by joining the client's connection to one to
+// the agent: the request goes over (the token taken out), then bytes flow
+// both ways untouched. Output, the heavy direction, is copied by the
+// kernel (splice) when the client came over TCP.
+func (d *Daemon) relay(w http.ResponseWriter, r *http.Request, e *entry) {
+	d.mu.Lock()
+	sb, id := e.rec.Sandbox, e.rec.ID
+	d.mu.Unlock()
+	agentConn, err := sb.Dial(r.Context())
+	if err != nil {
+		writeError(w, fmt.Errorf("%w: sandbox %s: agent: %v", errUnavailable, id, err))
+		return
+	}
+	defer agentConn.Close()
+	out := r.Clone(r.Context())
+	out.URL = &url.URL{Path: strings.TrimPrefix(r.URL.Path, "/sandboxes/"+id), RawQuery: r.URL.RawQuery}
+	out.Host, out.RequestURI = "agent", ""
+	stripCredentials(r, out.Header)
+	if err := out.Write(agentConn); err != nil {
+		writeError(w, fmt.Errorf("%w: sandbox %s: agent: %v", errUnavailable, id, err))
+		return
+	}
+	conn, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		writeError(w, fmt.Errorf("%w: %v", errUnavailable, err))
+		return
+	}
+	defer conn.Close()
+	toAgent := make(chan struct{})
+	go func() {
+		defer close(toAgent)
+		io.Copy(agentConn, brw) // the client's messages (and anything it sent early)
+		if cw, ok := agentConn.(interface{ CloseWrite() error }); ok {
+			cw.CloseWrite()
+		}
+	}()
+	io.Copy(conn, agentConn) // the agent's answer, then the output
+	conn.Close()
+	agentConn.Close()
+	<-toAgent
+}
+
+// stripCredentials removes kilnd's token from headers bound for an agent:
+// the Authorization header and a kiln.token.* WebSocket subprotocol.
+func stripCredentials(in *http.Request, h http.Header) {
+	h.Del("Authorization")
+	if protos := offeredProtocols(in); len(protos) > 0 {
+		h.Del("Sec-WebSocket-Protocol")
+		if kept := slices.DeleteFunc(protos, isTokenProtocol); len(kept) > 0 {
+			h.Set("Sec-WebSocket-Protocol", strings.Join(kept, ", "))
+		}
+	}
 }

@@ -358,13 +358,7 @@ func (d *Daemon) route(rec record) *entry {
 			pr.Out.URL.Path = strings.TrimPrefix(pr.In.URL.Path, prefix)
 			pr.Out.URL.RawPath = ""
 			// The token never reaches the agent.
-			pr.Out.Header.Del("Authorization")
-			if protos := offeredProtocols(pr.In); len(protos) > 0 {
-				pr.Out.Header.Del("Sec-WebSocket-Protocol")
-				if kept := slices.DeleteFunc(protos, isTokenProtocol); len(kept) > 0 {
-					pr.Out.Header.Set("Sec-WebSocket-Protocol", strings.Join(kept, ", "))
-				}
-			}
+			stripCredentials(pr.In, pr.Out.Header)
 		},
 		FlushInterval: -1, // output goes out as it comes
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {

@@ -271,17 +271,21 @@ func (s *Sandbox) Client() *http.Client {
 	return &http.Client{Transport: s.Transport()}
 }
 
+// Dial connects to the agent's socket.
+func (s *Sandbox) Dial(ctx context.Context) (c net.Conn, err error) {
+	var d net.Dialer
+	err = withSocketPath(s.Socket(), func(path string) error {
+		c, err = d.DialContext(ctx, "unix", path)
+		return err
+	})
+	return c, err
+}
+
 // Transport dials the agent's socket for any address.
 func (s *Sandbox) Transport() *http.Transport {
-	sock := s.Socket()
 	return &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (c net.Conn, err error) {
-			var d net.Dialer
-			err = withSocketPath(sock, func(path string) error {
-				c, err = d.DialContext(ctx, "unix", path)
-				return err
-			})
-			return c, err
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return s.Dial(ctx)
 		},
 		MaxIdleConnsPerHost: 16,
 		IdleConnTimeout:     time.Minute,
