@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -387,4 +388,73 @@ type LogRecord struct {
 	Text    string    `json:"text,omitempty"`
 	Base64  string    `json:"base64,omitempty"` // the content, when not valid UTF-8
 	Gap     int64     `json:"gap,omitempty"`
+}
+
+// Errors of Check, for servers to map to their statuses.
+var (
+	ErrInvalid  = errors.New("invalid request")
+	ErrTooLarge = errors.New("request too large")
+)
+
+// Check validates an exec request against the API's bounds: a command, at
+// most MaxArgs words and MaxEnv variables, MaxArgvEnv bytes of them, no NUL
+// anywhere, environment names without '=', a known stdin mode (none for a
+// finite exec), a terminal size within MaxTTYSize, and the finite-only
+// fields only on a finite exec.
+func (r ExecRequest) Check(finite bool) error {
+	if r.Command == "" {
+		return fmt.Errorf("%w: command is required", ErrInvalid)
+	}
+	if n := 1 + len(r.Args); n > MaxArgs {
+		return fmt.Errorf("%w: %d arguments, at most %d", ErrTooLarge, n, MaxArgs)
+	}
+	if len(r.Env) > MaxEnv {
+		return fmt.Errorf("%w: %d environment entries, at most %d", ErrTooLarge, len(r.Env), MaxEnv)
+	}
+	size := 0
+	for _, a := range append([]string{r.Command, r.Cwd}, r.Args...) {
+		if strings.IndexByte(a, 0) >= 0 {
+			return fmt.Errorf("%w: a NUL byte in the command, an argument or the working directory", ErrInvalid)
+		}
+		size += len(a) + 1
+	}
+	for k, v := range r.Env {
+		if k == "" || strings.ContainsAny(k, "=\x00") || strings.IndexByte(v, 0) >= 0 {
+			return fmt.Errorf("%w: environment variable %q", ErrInvalid, clipText(k))
+		}
+		size += len(k) + len(v) + 2
+	}
+	if size > MaxArgvEnv {
+		return fmt.Errorf("%w: command, arguments and environment take %d bytes, at most %d", ErrTooLarge, size, MaxArgvEnv)
+	}
+	switch r.Stdin {
+	case "", StdinClosed:
+	case StdinPipe:
+		if finite {
+			return fmt.Errorf("%w: a finite exec has no stdin; use exec-stream", ErrInvalid)
+		}
+	default:
+		return fmt.Errorf("%w: stdin %q: want %q or %q", ErrInvalid, clipText(r.Stdin), StdinPipe, StdinClosed)
+	}
+	if t := r.TTY; t != nil && (t.Cols == 0 || t.Rows == 0 || t.Cols > MaxTTYSize || t.Rows > MaxTTYSize) {
+		return fmt.Errorf("%w: terminal size %dx%d", ErrInvalid, t.Cols, t.Rows)
+	}
+	if finite {
+		if r.MaxOutputBytes < 0 || r.MaxOutputBytes > DefaultMaxOutput {
+			return fmt.Errorf("%w: max_output_bytes %d: want 1 to %d", ErrInvalid, r.MaxOutputBytes, DefaultMaxOutput)
+		}
+		if r.TimeoutMS < 0 {
+			return fmt.Errorf("%w: timeout_ms %d", ErrInvalid, r.TimeoutMS)
+		}
+	} else if r.MaxOutputBytes != 0 || r.TimeoutMS != 0 {
+		return fmt.Errorf("%w: max_output_bytes and timeout_ms belong to a finite exec", ErrInvalid)
+	}
+	return nil
+}
+
+func clipText(s string) string {
+	if len(s) > 64 {
+		s = s[:64] + "…"
+	}
+	return strings.ToValidUTF8(s, "\uFFFD")
 }

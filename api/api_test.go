@@ -2,6 +2,7 @@ package api
 
 import (
 	"bytes"
+	"encoding/json"
 	"testing"
 )
 
@@ -47,4 +48,36 @@ func TestExitString(t *testing.T) {
 			t.Errorf("%+v: %q, want %q", *e, got, want)
 		}
 	}
+}
+
+// FuzzExecRequestCheck decodes arbitrary JSON as an exec request and checks
+// it: never a panic, and what passes keeps the bounds.
+func FuzzExecRequestCheck(f *testing.F) {
+	f.Add([]byte(`{"command":"sh","args":["-c","echo hi"],"env":{"A":"b"},"stdin":"pipe","tty":{"cols":80,"rows":24}}`), false)
+	f.Add([]byte(`{"command":"true","max_output_bytes":10,"timeout_ms":5}`), true)
+	f.Fuzz(func(t *testing.T, body []byte, finite bool) {
+		var r ExecRequest
+		if json.Unmarshal(body, &r) != nil {
+			return
+		}
+		if r.Check(finite) != nil {
+			return
+		}
+		if r.Command == "" || 1+len(r.Args) > MaxArgs || len(r.Env) > MaxEnv {
+			t.Fatalf("accepted %+v", r)
+		}
+		for _, a := range append([]string{r.Command}, r.Args...) {
+			if bytes.IndexByte([]byte(a), 0) >= 0 {
+				t.Fatalf("accepted a NUL in %q", a)
+			}
+		}
+		for k := range r.Env {
+			if k == "" || bytes.ContainsAny([]byte(k), "=\x00") {
+				t.Fatalf("accepted environment name %q", k)
+			}
+		}
+		if finite && r.Stdin == StdinPipe {
+			t.Fatal("accepted stdin on a finite exec")
+		}
+	})
 }

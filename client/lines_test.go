@@ -5,6 +5,7 @@ import (
 	"iter"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -132,4 +133,38 @@ func TestTail(t *testing.T) {
 	if _, trunc := gap.Snapshot(); !trunc {
 		t.Error("a gap does not mark the window truncated")
 	}
+}
+
+// FuzzDecoderSplit: however output is cut into chunks, the decoded text is
+// the same, and valid UTF-8.
+func FuzzDecoderSplit(f *testing.F) {
+	f.Add([]byte("aé€𝄞\xff\xc3"), 2, 5)
+	f.Fuzz(func(t *testing.T, b []byte, i, j int) {
+		if len(b) == 0 {
+			return
+		}
+		i, j = abs(i)%(len(b)+1), abs(j)%(len(b)+1)
+		if i > j {
+			i, j = j, i
+		}
+		var whole, split decoders
+		one := whole.decode("s", b) + whole.flush("s")
+		parts := split.decode("s", b[:i]) + split.decode("s", b[i:j]) + split.decode("s", b[j:]) + split.flush("s")
+		if one != parts {
+			t.Fatalf("%q cut at %d,%d: %q, whole %q", b, i, j, parts, one)
+		}
+		if !utf8.ValidString(one) {
+			t.Fatalf("invalid UTF-8 out: %q", one)
+		}
+	})
+}
+
+func abs(i int) int {
+	if i < 0 {
+		if i == -i { // the smallest int
+			return 0
+		}
+		return -i
+	}
+	return i
 }

@@ -304,7 +304,27 @@ func (d *decoders) decode(stream string, b []byte) string {
 		}
 	}
 	d.carry[stream] = bytes.Clone(buf[cut:])
-	return string(bytes.ToValidUTF8(buf[:cut], []byte("\uFFFD")))
+	return validUTF8(buf[:cut])
+}
+
+// validUTF8 replaces each invalid byte with U+FFFD. (bytes.ToValidUTF8
+// merges a run of them into one, which would make the text depend on
+// where the output was cut into chunks.)
+func validUTF8(b []byte) string {
+	if utf8.Valid(b) {
+		return string(b)
+	}
+	out := make([]byte, 0, len(b)+8)
+	for len(b) > 0 {
+		r, n := utf8.DecodeRune(b)
+		if r == utf8.RuneError && n == 1 {
+			out = append(out, "\uFFFD"...)
+		} else {
+			out = append(out, b[:n]...)
+		}
+		b = b[n:]
+	}
+	return string(out)
 }
 
 // flush ends a stream's pending sequence (at a gap or the end): it can

@@ -103,9 +103,9 @@ func writeError(w http.ResponseWriter, err error) {
 	code := api.CodeInternal
 	var maxErr *http.MaxBytesError
 	switch {
-	case errors.Is(err, errTooLarge), errors.As(err, &maxErr), errors.Is(err, stdin.ErrTooLarge):
+	case errors.Is(err, errTooLarge), errors.As(err, &maxErr), errors.Is(err, stdin.ErrTooLarge), errors.Is(err, api.ErrTooLarge):
 		code = api.CodeTooLarge
-	case errors.Is(err, errBadJSON), errors.Is(err, process.ErrInvalid), errors.Is(err, process.ErrStart),
+	case errors.Is(err, errBadJSON), errors.Is(err, process.ErrInvalid), errors.Is(err, process.ErrStart), errors.Is(err, api.ErrInvalid),
 		errors.Is(err, process.ErrNoStdin), errors.Is(err, process.ErrNotTerminal), errors.Is(err, process.ErrTerminalEOF),
 		errors.Is(err, stdin.ErrHole), errors.Is(err, stdin.ErrOffset):
 		code = api.CodeInvalid
@@ -145,23 +145,10 @@ func decode(w http.ResponseWriter, r *http.Request, v any) error {
 
 // spec turns a request into a process spec, checking every bound.
 func (s *Server) spec(req api.ExecRequest, finite bool) (process.Spec, error) {
-	if req.Command == "" {
-		return process.Spec{}, fmt.Errorf("%w: command is required", process.ErrInvalid)
+	if err := req.Check(finite); err != nil {
+		return process.Spec{}, err
 	}
 	argv := append([]string{req.Command}, req.Args...)
-	if len(argv) > api.MaxArgs {
-		return process.Spec{}, fmt.Errorf("%w: %d arguments, at most %d", errTooLarge, len(argv), api.MaxArgs)
-	}
-	if len(req.Env) > api.MaxEnv {
-		return process.Spec{}, fmt.Errorf("%w: %d environment entries, at most %d", errTooLarge, len(req.Env), api.MaxEnv)
-	}
-	size := 0
-	for _, a := range argv {
-		if strings.IndexByte(a, 0) >= 0 {
-			return process.Spec{}, fmt.Errorf("%w: an argument contains a NUL byte", process.ErrInvalid)
-		}
-		size += len(a) + 1
-	}
 	env := slices.Clone(s.cfg.Env)
 	keys := make([]string, 0, len(req.Env))
 	for k := range req.Env {
@@ -169,35 +156,17 @@ func (s *Server) spec(req api.ExecRequest, finite bool) (process.Spec, error) {
 	}
 	slices.Sort(keys)
 	for _, k := range keys {
-		v := req.Env[k]
-		if k == "" || strings.ContainsAny(k, "=\x00") || strings.IndexByte(v, 0) >= 0 {
-			return process.Spec{}, fmt.Errorf("%w: environment name %q", process.ErrInvalid, clip(k))
-		}
-		size += len(k) + len(v) + 2
 		env = slices.DeleteFunc(env, func(e string) bool { return strings.HasPrefix(e, k+"=") })
-		env = append(env, k+"="+v)
-	}
-	if size > api.MaxArgvEnv {
-		return process.Spec{}, fmt.Errorf("%w: command, arguments and environment take %d bytes, at most %d", errTooLarge, size, api.MaxArgvEnv)
+		env = append(env, k+"="+req.Env[k])
 	}
 	spec := process.Spec{Argv: argv, Env: env, Dir: req.Cwd, Isolate: s.cfg.Isolate, Spawn: s.cfg.Spawn}
 	if spec.Dir == "" {
 		spec.Dir = s.cfg.Dir
 	}
-	switch req.Stdin {
-	case "", api.StdinClosed:
-	case api.StdinPipe:
-		if finite {
-			return process.Spec{}, fmt.Errorf("%w: a finite exec has no stdin; use exec-stream", process.ErrInvalid)
-		}
+	if req.Stdin == api.StdinPipe {
 		spec.Stdin = process.StdinPipe
-	default:
-		return process.Spec{}, fmt.Errorf("%w: stdin %q: want %q or %q", process.ErrInvalid, clip(req.Stdin), api.StdinPipe, api.StdinClosed)
 	}
 	if t := req.TTY; t != nil {
-		if t.Cols == 0 || t.Rows == 0 || t.Cols > api.MaxTTYSize || t.Rows > api.MaxTTYSize {
-			return process.Spec{}, fmt.Errorf("%w: terminal size %dx%d", process.ErrInvalid, t.Cols, t.Rows)
-		}
 		spec.Terminal = &process.WindowSize{Cols: t.Cols, Rows: t.Rows}
 	}
 	if req.Capture {
@@ -251,10 +220,6 @@ func (s *Server) startStream(w http.ResponseWriter, r *http.Request) {
 	var req api.ExecRequest
 	if err := decode(w, r, &req); err != nil {
 		writeError(w, err)
-		return
-	}
-	if req.MaxOutputBytes != 0 || req.TimeoutMS != 0 {
-		writeError(w, fmt.Errorf("%w: max_output_bytes and timeout_ms belong to a finite exec", process.ErrInvalid))
 		return
 	}
 	spec, err := s.spec(req, false)

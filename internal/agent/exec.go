@@ -3,14 +3,12 @@ package agent
 import (
 	"encoding/base64"
 	"errors"
-	"fmt"
 	"io"
 	"net/http"
 	"sync/atomic"
 	"time"
 
 	"github.com/sandkiln/sandkiln/api"
-	"github.com/sandkiln/sandkiln/internal/process"
 	"github.com/sandkiln/sandkiln/internal/ring"
 )
 
@@ -23,22 +21,14 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	limit := req.MaxOutputBytes
-	switch {
-	case limit == 0:
-		limit = api.DefaultMaxOutput
-	case limit < 0 || limit > api.DefaultMaxOutput:
-		writeError(w, fmt.Errorf("%w: max_output_bytes %d: want 1 to %d", process.ErrInvalid, limit, api.DefaultMaxOutput))
-		return
-	}
-	if req.TimeoutMS < 0 {
-		writeError(w, fmt.Errorf("%w: timeout_ms %d", process.ErrInvalid, req.TimeoutMS))
-		return
-	}
 	spec, err := s.spec(req, true)
 	if err != nil {
 		writeError(w, err)
 		return
+	}
+	limit := req.MaxOutputBytes
+	if limit == 0 {
+		limit = api.DefaultMaxOutput
 	}
 	id, err := s.cfg.Table.Start(spec)
 	if err != nil {

@@ -397,28 +397,8 @@ func (e *entry) info() Info {
 
 // Create makes a sandbox and records it.
 func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
-	if req.Limits.MemoryBytes < 0 || req.Limits.Pids < 0 || req.Limits.CPUs < 0 {
-		return Info{}, fmt.Errorf("%w: negative limit", errInvalid)
-	}
-	if req.Limits.MemoryBytes != 0 && req.Limits.MemoryBytes < 4<<20 {
-		return Info{}, fmt.Errorf("%w: memory limit %d: at least 4 MiB", errInvalid, req.Limits.MemoryBytes)
-	}
-	if req.Limits.Pids != 0 && req.Limits.Pids < 8 {
-		return Info{}, fmt.Errorf("%w: pids limit %d: at least 8", errInvalid, req.Limits.Pids)
-	}
-	if len(req.Hostname) > 63 || strings.ContainsFunc(req.Hostname, func(r rune) bool {
-		return !(r == '-' || r == '.' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z')
-	}) {
-		return Info{}, fmt.Errorf("%w: hostname %q", errInvalid, req.Hostname)
-	}
-	if req.IdleTimeoutSeconds < 0 {
-		return Info{}, fmt.Errorf("%w: idle_timeout_seconds %d", errInvalid, req.IdleTimeoutSeconds)
-	}
-	if req.Init != nil && req.Init.Command == "" {
-		return Info{}, fmt.Errorf("%w: init needs a command", errInvalid)
-	}
-	if req.Rootfs != "" && !filepath.IsAbs(req.Rootfs) {
-		return Info{}, fmt.Errorf("%w: rootfs %q must be an absolute path", errInvalid, req.Rootfs)
+	if err := validateCreate(req); err != nil {
+		return Info{}, err
 	}
 	id := uuid.Must(uuid.NewV7()).String()
 	began := time.Now()
@@ -449,6 +429,50 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	d.log.Info("sandbox created", "id", id, "agent", sb.PID)
 	return d.infoOf(e), nil
 }
+
+// validateCreate checks a create request before anything is made.
+func validateCreate(req CreateRequest) error {
+	if req.Limits.MemoryBytes < 0 || req.Limits.Pids < 0 || req.Limits.CPUs < 0 {
+		return fmt.Errorf("%w: negative limit", errInvalid)
+	}
+	if req.Limits.MemoryBytes != 0 && req.Limits.MemoryBytes < 4<<20 {
+		return fmt.Errorf("%w: memory limit %d: at least 4 MiB", errInvalid, req.Limits.MemoryBytes)
+	}
+	if req.Limits.Pids != 0 && req.Limits.Pids < 8 {
+		return fmt.Errorf("%w: pids limit %d: at least 8", errInvalid, req.Limits.Pids)
+	}
+	if len(req.Hostname) > 63 || strings.ContainsFunc(req.Hostname, func(r rune) bool {
+		return !(r == '-' || r == '.' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z')
+	}) {
+		return fmt.Errorf("%w: hostname %q", errInvalid, clip(req.Hostname))
+	}
+	if req.Limits.CPUs > maxCPUs {
+		return fmt.Errorf("%w: cpus %g: at most %d", errInvalid, req.Limits.CPUs, maxCPUs)
+	}
+	if req.IdleTimeoutSeconds < 0 || req.IdleTimeoutSeconds > maxIdleTimeout {
+		return fmt.Errorf("%w: idle_timeout_seconds %d: 0 (none) to %d", errInvalid, req.IdleTimeoutSeconds, maxIdleTimeout)
+	}
+	if req.Init != nil {
+		if err := req.Init.Check(false); err != nil {
+			return fmt.Errorf("%w: init: %v", errInvalid, err)
+		}
+	}
+	if req.Rootfs != "" {
+		if !filepath.IsAbs(req.Rootfs) {
+			return fmt.Errorf("%w: rootfs %q must be an absolute path", errInvalid, clip(req.Rootfs))
+		}
+		if fi, err := os.Stat(req.Rootfs); err != nil || !fi.IsDir() {
+			return fmt.Errorf("%w: rootfs %q is not a directory on kilnd's host", errInvalid, clip(req.Rootfs))
+		}
+	}
+	return nil
+}
+
+// Bounds of a create request.
+const (
+	maxCPUs        = 1024
+	maxIdleTimeout = 365 * 24 * 3600 // a year, in seconds
+)
 
 // Errors of kilnd, mapped to statuses in one place (api.go).
 var (
