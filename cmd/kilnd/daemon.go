@@ -49,6 +49,7 @@ Flags:
 	}
 	stateDir := fs.String("state-dir", envOr("KILN_STATE_DIR", defaultStateDir), "state `directory`: token, API socket, sandboxes and their captured logs (env KILN_STATE_DIR)")
 	listen := fs.String("listen", defaultListen, "TCP `address` of the API; empty for the unix socket only")
+	images := fs.String("images", "", "`directory` of root filesystems sandboxes may use (default STATE_DIR/images)")
 	var allow origins
 	fs.Var(&allow, "allow-origin", "a browser `origin` allowed to call the API beside kilnd's own (repeatable)")
 	if err := fs.Parse(args); err != nil {
@@ -71,7 +72,7 @@ Flags:
 		fmt.Fprintln(os.Stderr, "kilnd: find this binary:", err)
 		return 1
 	}
-	d, err := daemon.New(daemon.Config{StateDir: *stateDir, Listen: *listen, AllowOrigins: allow, Exe: exe, Env: sandboxEnv, Log: log})
+	d, err := daemon.New(daemon.Config{StateDir: *stateDir, Listen: *listen, AllowOrigins: allow, Exe: exe, Env: sandboxEnv, Images: *images, Log: log})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

@@ -214,6 +214,9 @@ func (d *Daemon) relay(w http.ResponseWriter, r *http.Request, e *entry) {
 		return
 	}
 	defer conn.Close()
+	// The server's request deadlines no longer apply: a watcher stays as
+	// long as it reads. (Writes get their own deadline below.)
+	conn.SetDeadline(time.Time{})
 	toAgent := make(chan struct{})
 	go func() {
 		defer close(toAgent)

@@ -42,7 +42,11 @@ type Config struct {
 	Exe string
 	// Env is the base environment of sandboxed processes.
 	Env []string
-	Log *slog.Logger
+	// Images is the only directory a sandbox's rootfs may come from
+	// (default STATE_DIR/images): any other host directory could hand a
+	// sandbox files it must not see, kilnd's own state among them.
+	Images string
+	Log    *slog.Logger
 }
 
 // Names in the state directory.
@@ -129,6 +133,12 @@ func New(cfg Config) (*Daemon, error) {
 	}
 	if err := os.Chmod(cfg.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("kilnd: state directory: %w", err)
+	}
+	if cfg.Images == "" {
+		cfg.Images = filepath.Join(cfg.StateDir, "images")
+	}
+	if err := os.MkdirAll(cfg.Images, 0o700); err != nil {
+		return nil, fmt.Errorf("kilnd: images directory: %w", err)
 	}
 	d := &Daemon{cfg: cfg, log: cfg.Log, sandboxes: map[string]*entry{}, closing: make(chan struct{})}
 	d.metrics = newMetrics(d)
@@ -400,6 +410,11 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	if err := validateCreate(req); err != nil {
 		return Info{}, err
 	}
+	rootfs, err := d.resolveRootfs(req.Rootfs)
+	if err != nil {
+		return Info{}, err
+	}
+	req.Rootfs = rootfs
 	id := uuid.Must(uuid.NewV7()).String()
 	began := time.Now()
 	sb, err := sandbox.Create(ctx, sandbox.Options{
@@ -457,15 +472,38 @@ func validateCreate(req CreateRequest) error {
 			return fmt.Errorf("%w: init: %v", errInvalid, err)
 		}
 	}
-	if req.Rootfs != "" {
-		if !filepath.IsAbs(req.Rootfs) {
-			return fmt.Errorf("%w: rootfs %q must be an absolute path", errInvalid, clip(req.Rootfs))
-		}
-		if fi, err := os.Stat(req.Rootfs); err != nil || !fi.IsDir() {
-			return fmt.Errorf("%w: rootfs %q is not a directory on kilnd's host", errInvalid, clip(req.Rootfs))
+	return nil
+}
+
+// resolveRootfs finds a requested rootfs in the images directory: a name
+// in it, or an absolute path that (symbolic links resolved) lies inside
+// it. Nothing else is accepted.
+func (d *Daemon) resolveRootfs(p string) (string, error) {
+	if p == "" {
+		return "", nil
+	}
+	images, err := filepath.EvalSymlinks(d.cfg.Images)
+	if err != nil {
+		return "", fmt.Errorf("%w: images directory: %v", errUnavailable, err)
+	}
+	if !filepath.IsAbs(p) {
+		p = filepath.Join(images, p)
+	}
+	real, err := filepath.EvalSymlinks(p)
+	if err == nil {
+		if rel, rerr := filepath.Rel(images, real); rerr != nil || rel == "." || rel == ".." || strings.HasPrefix(rel, "../") {
+			err = fmt.Errorf("outside %s", images)
 		}
 	}
-	return nil
+	if err == nil {
+		if fi, serr := os.Stat(real); serr != nil || !fi.IsDir() {
+			err = fmt.Errorf("not a directory")
+		}
+	}
+	if err != nil {
+		return "", fmt.Errorf("%w: rootfs %q: a root filesystem must be a directory in kilnd's images directory %s (%v)", errInvalid, clip(p), images, err)
+	}
+	return real, nil
 }
 
 // Bounds of a create request.
@@ -588,10 +626,10 @@ func (d *Daemon) Serve(ctx context.Context) error {
 		}
 		return fmt.Errorf("kilnd: %w", err)
 	}
-	servers := []*http.Server{{Handler: d.Handler(false), ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 64 << 10}}
+	servers := []*http.Server{newServer(d.Handler(false))}
 	listeners := []net.Listener{ul}
 	if tl != nil {
-		servers = append(servers, &http.Server{Handler: d.Handler(true), ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 64 << 10})
+		servers = append(servers, newServer(d.Handler(true)))
 		listeners = append(listeners, tl)
 	}
 	errs := make(chan error, len(servers))
@@ -616,6 +654,18 @@ func (d *Daemon) Serve(ctx context.Context) error {
 		serr = nil
 	}
 	return serr
+}
+
+// newServer bounds what a client can hold: a request's headers and body
+// must arrive in time, and an idle connection is closed.
+func newServer(h http.Handler) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       time.Minute, // bodies are at most 1 MiB
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+	}
 }
 
 // authorized checks a TCP request's token: the Authorization header, or

@@ -71,7 +71,7 @@ const (
 )
 
 // hostDirs are bound read-only from the host when no rootfs is given.
-var hostDirs = []string{"usr", "etc", "bin", "lib", "lib64", "sbin", "opt"}
+var hostDirs = []string{"usr", "etc", "bin", "lib", "lib64", "sbin"}
 
 // setupRoot builds the sandbox's filesystem and moves the agent into it:
 // a tmpfs root with the host's system directories (or the given rootfs
@@ -172,7 +172,10 @@ func bindReadOnly(src, dst string) error {
 	if err := unix.Mount(src, dst, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
 		return fmt.Errorf("bind %s: %w", src, err)
 	}
-	if err := unix.Mount("", dst, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
+	// Read-only all the way down: a mount below src must not stay
+	// writable.
+	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV}
+	if err := unix.MountSetattr(unix.AT_FDCWD, dst, unix.AT_RECURSIVE, &attr); err != nil {
 		return fmt.Errorf("make %s read-only: %w", src, err)
 	}
 	return nil
