@@ -184,7 +184,10 @@ const (
 	CodeOutOfRange   = "out_of_range"        // 416
 	CodePrecondition = "failed_precondition" // 412
 	CodeUnavailable  = "unavailable"         // 503
-	CodeInternal     = "internal"            // 500
+	// CodeUnknown: the request reached the sandbox's agent and no answer
+	// came back: it may or may not have taken effect.
+	CodeUnknown  = "outcome_unknown" // 502
+	CodeInternal = "internal"        // 500
 )
 
 // WebSocket subprotocols of GET …/logs.

@@ -198,7 +198,7 @@ func (c *Client) call(ctx context.Context, method, path string, query url.Values
 	resp, sent, err := c.request(ctx, c.hc, method, path, query, body, ctype)
 	if err != nil {
 		var e *Error
-		if !errors.As(err, &e) && sent && !idempotent {
+		if !idempotent && ((!errors.As(err, &e) && sent) || (e != nil && e.Code == api.CodeUnknown)) {
 			return fmt.Errorf("%w: %s %s: %v", ErrOutcomeUnknown, method, path, err)
 		}
 		return err

@@ -367,3 +367,39 @@ func TestReopenAfterEviction(t *testing.T) {
 		t.Errorf("after a gap: %+v, %v (want OutputComplete false)", r, err)
 	}
 }
+
+// TestResumeInsideACharacter: a handle disconnected while a character is
+// half received resumes before it, so the character arrives whole, once.
+func TestResumeInsideACharacter(t *testing.T) {
+	_, sb := kilnd(t)
+	ctx := ctxT(t)
+	p, err := sb.Start(ctx, client.StartOptions{Command: "sh", Args: []string{"-c", `printf 'caf\303'; sleep 0.3; printf '\251\n'`}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got string
+	for ch, err := range p.Output(ctx) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		got += ch.Text
+		if got == "caf" {
+			break
+		}
+	}
+	ref, err := p.Disconnect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ref.Offsets["stdout"] != 3 {
+		t.Errorf("reference at %d, want 3: the half character is not delivered", ref.Offsets["stdout"])
+	}
+	q, err := sb.Reopen(ctx, ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, lost := collect(t, q)
+	if got+out["stdout"] != "café\n" || lost != 0 {
+		t.Errorf("got %q + %q (lost %d)", got, out["stdout"], lost)
+	}
+}

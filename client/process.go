@@ -62,7 +62,13 @@ type Chunk struct {
 	// Stream, before Offset, were lost to this reader (evicted before it
 	// read them). It carries no output.
 	Lost int64
+
+	next int64 // where the stream stands once this chunk is delivered
+	end  bool  // the stream's end
 }
+
+// maxFrame bounds one message from kilnd.
+const maxFrame = api.FrameHeader + 1<<20
 
 // Errors of a process handle.
 var (
@@ -82,6 +88,10 @@ type Process struct {
 	format   Format
 	terminal bool
 	stdin    bool
+
+	// writing serialises Write and CloseStdin: each carries the offset the
+	// previous one left, so two at once would overlap.
+	writing sync.Mutex
 
 	// mu guards the fields below.
 	mu        sync.Mutex
@@ -172,7 +182,9 @@ func (p *Process) Output(ctx context.Context) iter.Seq2[Chunk, error] {
 			return
 		}
 		defer c.CloseNow()
-		c.SetReadLimit(-1)
+		// A frame carries at most a ring block (256 KiB); control
+		// messages are small.
+		c.SetReadLimit(maxFrame)
 		p.mu.Lock()
 		if p.gone {
 			p.mu.Unlock()
@@ -185,11 +197,6 @@ func (p *Process) Output(ctx context.Context) iter.Seq2[Chunk, error] {
 		for {
 			typ, data, err := c.Read(ctx)
 			if websocket.CloseStatus(err) == websocket.StatusNormalClosure {
-				for _, ch := range dec.flushAll() {
-					if !yield(ch, nil) {
-						return
-					}
-				}
 				return
 			}
 			if err != nil {
@@ -205,6 +212,12 @@ func (p *Process) Output(ctx context.Context) iter.Seq2[Chunk, error] {
 				return
 			}
 			for _, ch := range p.handle(typ, data, &dec) {
+				if ch.end && ch.Text == "" {
+					p.delivered(ch) // nothing to show, only the end to record
+					continue
+				}
+				// Given out is delivered, even if the reader stops after it.
+				p.delivered(ch)
 				if !yield(ch, nil) {
 					return
 				}
@@ -213,11 +226,18 @@ func (p *Process) Output(ctx context.Context) iter.Seq2[Chunk, error] {
 	}
 }
 
-// handle turns one message into the chunks it stands for, updating the
-// handle's position.
+// handle turns one message into the chunks it stands for. Each chunk says
+// where its stream stands once it is delivered (next) and what it reports
+// lost; the handle's position moves only as chunks are delivered, so a
+// reader that stops early, or a connection that breaks, resumes exactly
+// after the last chunk given out. Bytes of a character not yet complete
+// are not counted as delivered: on resume they come again.
 func (p *Process) handle(typ websocket.MessageType, data []byte, dec *decoders) []Chunk {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	// pos is where each stream stands once every chunk so far is out,
+	// held bytes included.
+	pos := func(stream string) int64 { return p.offsets[stream] + int64(len(dec.carry[stream])) }
 	if typ == websocket.MessageBinary {
 		f, err := api.ParseFrame(data)
 		if err != nil {
@@ -225,18 +245,19 @@ func (p *Process) handle(typ websocket.MessageType, data []byte, dec *decoders) 
 		}
 		name := api.StreamNames[f.Stream]
 		var out []Chunk
-		if want := p.offsets[name]; int64(f.Offset) > want {
+		if at := pos(name); int64(f.Offset) > at {
 			// The server reports gaps itself; a jump it did not explain
 			// is reported all the same.
-			out = append(out, p.gap(name, want, int64(f.Offset), dec)...)
+			out = append(out, gapChunks(name, at, int64(f.Offset), dec)...)
 		}
 		ch := Chunk{Stream: name, Offset: int64(f.Offset), Seq: f.Seq}
+		end := int64(f.Offset) + int64(len(f.Data))
 		if p.format == Bytes {
 			ch.Bytes = bytes.Clone(f.Data)
 		} else {
 			ch.Text = dec.decode(name, f.Data)
 		}
-		p.offsets[name] = int64(f.Offset) + int64(len(f.Data))
+		ch.next = end - int64(len(dec.carry[name]))
 		return append(out, ch)
 	}
 	var head struct {
@@ -249,18 +270,18 @@ func (p *Process) handle(typ websocket.MessageType, data []byte, dec *decoders) 
 	case api.TypeGap:
 		var g api.Gap
 		json.Unmarshal(data, &g)
-		return p.gap(g.Stream, g.From, g.To, dec)
+		return gapChunks(g.Stream, max(g.From, pos(g.Stream)), g.To, dec)
 	case api.TypeEnd:
 		var e api.End
 		json.Unmarshal(data, &e)
 		var out []Chunk
-		if e.TotalBytes > p.offsets[e.Stream] {
-			out = p.gap(e.Stream, p.offsets[e.Stream], e.TotalBytes, dec)
+		if at := pos(e.Stream); e.TotalBytes > at {
+			out = gapChunks(e.Stream, at, e.TotalBytes, dec)
 		}
-		p.ended[e.Stream] = true
-		if t := dec.flush(e.Stream); t != "" {
-			out = append(out, Chunk{Stream: e.Stream, Offset: e.TotalBytes, Text: t})
-		}
+		// Bytes of a character the stream ended inside can never
+		// complete: one replacement character.
+		t := dec.flush(e.Stream)
+		out = append(out, Chunk{Stream: e.Stream, Offset: e.TotalBytes, Text: t, next: e.TotalBytes, end: true})
 		return out
 	case api.TypeExit:
 		var e api.ExitMessage
@@ -271,15 +292,25 @@ func (p *Process) handle(typ websocket.MessageType, data []byte, dec *decoders) 
 	return nil
 }
 
-// gap records and returns a gap of stream from..to. Called under mu.
-func (p *Process) gap(stream string, from, to int64, dec *decoders) []Chunk {
+// gapChunks reports bytes from..to of stream as lost: what the decoder
+// held of a cut character first (one replacement), then the gap.
+func gapChunks(stream string, from, to int64, dec *decoders) []Chunk {
 	var out []Chunk
 	if t := dec.flush(stream); t != "" {
-		out = append(out, Chunk{Stream: stream, Offset: from, Text: t})
+		out = append(out, Chunk{Stream: stream, Offset: from, Text: t, next: from})
 	}
-	p.lost += to - from
-	p.offsets[stream] = to
-	return append(out, Chunk{Stream: stream, Offset: to, Lost: to - from})
+	return append(out, Chunk{Stream: stream, Offset: to, Lost: to - from, next: to})
+}
+
+// delivered moves the handle past a chunk given out.
+func (p *Process) delivered(ch Chunk) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.offsets[ch.Stream] = max(p.offsets[ch.Stream], ch.next)
+	p.lost += ch.Lost
+	if ch.end {
+		p.ended[ch.Stream] = true
+	}
 }
 
 // decoders hold, per stream, the bytes of a UTF-8 sequence split across
@@ -335,16 +366,6 @@ func (d *decoders) flush(stream string) string {
 	}
 	delete(d.carry, stream)
 	return "\uFFFD"
-}
-
-func (d *decoders) flushAll() []Chunk {
-	var out []Chunk
-	for s := range d.carry {
-		if t := d.flush(s); t != "" {
-			out = append(out, Chunk{Stream: s, Text: t})
-		}
-	}
-	return out
 }
 
 // dialOutput opens a kiln.v1 WebSocket on path.
@@ -474,6 +495,8 @@ func (p *Process) Write(ctx context.Context, data []byte) error {
 	if len(data) > api.MaxStdin {
 		return ErrWriteTooLarge
 	}
+	p.writing.Lock()
+	defer p.writing.Unlock()
 	p.mu.Lock()
 	err := p.inputLocked()
 	if err == nil && p.closed {
@@ -532,6 +555,8 @@ func (p *Process) ResyncInput(ctx context.Context) (accepted int64, err error) {
 // CloseStdin sends end-of-input once every earlier write is delivered.
 // Closing again does nothing.
 func (p *Process) CloseStdin(ctx context.Context) error {
+	p.writing.Lock()
+	defer p.writing.Unlock()
 	p.mu.Lock()
 	err, closed := p.inputLocked(), p.closed
 	p.mu.Unlock()

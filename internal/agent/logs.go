@@ -130,6 +130,7 @@ func (s *Server) logsHTTP(w http.ResponseWriter, r *http.Request, st process.Sta
 			return // EOF, or the client left
 		}
 		var werr error
+		rc.SetWriteDeadline(time.Now().Add(writeTimeout))
 		switch e.Kind {
 		case ring.Data:
 			_, werr = w.Write(e.Data)
@@ -297,6 +298,12 @@ func (s *Server) readInput(ctx context.Context, c *websocket.Conn, id string, st
 		}
 		switch typ {
 		case websocket.MessageBinary:
+			// Append where the input stands now: another writer (an HTTP
+			// client) may have moved it, and a stale offset would make
+			// this write look like a retry of theirs.
+			if st, err := s.cfg.Table.Status(id); err == nil && st.Stdin != nil {
+				offset = max(offset, st.Stdin.Accepted)
+			}
 			accepted, err := s.cfg.Table.Write(id, offset, data)
 			if err != nil {
 				c.Close(websocket.StatusPolicyViolation, clip("stdin: "+err.Error()))

@@ -34,7 +34,7 @@ func recordInit(table *process.Table, in *sandbox.Inside, id string) error {
 
 // shutdownTimeout bounds the agent's own shutdown: every process killed,
 // drained, its capture ended.
-const shutdownTimeout = 20 * time.Second
+const shutdownTimeout = 15 * time.Second
 
 // Main runs this process as a sandbox's agent, its PID 1: it enters the
 // sandbox, serves the process API on the socket kilnd handed over, reaps
@@ -89,8 +89,16 @@ func run() error {
 		}
 		break
 	}
+	// The processes first: their drain ends their captured runs, and the
+	// requests waiting on them (waits, follows) end with them. Then the
+	// server, whatever is left of it.
 	ctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
 	defer cancel()
-	hs.Shutdown(ctx)
-	return table.Shutdown(ctx)
+	err = table.Shutdown(ctx)
+	sctx, scancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer scancel()
+	if hs.Shutdown(sctx) != nil {
+		hs.Close()
+	}
+	return err
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"slices"
@@ -225,10 +226,32 @@ func (d *Daemon) relay(w http.ResponseWriter, r *http.Request, e *entry) {
 			cw.CloseWrite()
 		}
 	}()
-	io.Copy(conn, agentConn) // the agent's answer, then the output
+	copyWithDeadline(conn, agentConn) // the agent's answer, then the output
 	conn.Close()
 	agentConn.Close()
 	<-toAgent
+}
+
+// relayWriteTimeout drops a watcher that has taken nothing for this long,
+// as the agent does with its own watchers.
+const relayWriteTimeout = 30 * time.Second
+
+// copyWithDeadline copies src to dst, each write bounded by
+// relayWriteTimeout, until either side fails.
+func copyWithDeadline(dst net.Conn, src io.Reader) {
+	buf := make([]byte, 256<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			dst.SetWriteDeadline(time.Now().Add(relayWriteTimeout))
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
 }
 
 // stripCredentials removes kilnd's token from headers bound for an agent:

@@ -168,13 +168,16 @@ func (d *Daemon) janitor() {
 		for id, e := range d.sandboxes {
 			if e.rec.State == StateRunning && !e.deleting && e.rec.IdleTimeout > 0 && e.inflight == 0 &&
 				time.Since(e.lastUsed) > time.Duration(e.rec.IdleTimeout)*time.Second {
+				// Decided and taken under one lock: a request arriving now
+				// finds it being deleted, not half gone.
 				e.rec.Reason = fmt.Sprintf("idle for %ds", e.rec.IdleTimeout)
+				e.deleting, e.proxy = true, nil
 				idle = append(idle, id)
 			}
 		}
 		d.mu.Unlock()
 		for _, id := range idle {
-			if err := d.Delete(id, false); err != nil {
+			if err := d.delete(id, false, true); err != nil {
 				d.log.Error("delete an idle sandbox", "id", id, "err", err)
 			} else {
 				d.log.Info("idle sandbox deleted", "id", id)
@@ -376,7 +379,9 @@ func (d *Daemon) route(rec record) *entry {
 				reply.Error(w, api.CodeUnavailable, "kilnd: sandbox "+rec.ID+" is not running")
 				return
 			}
-			reply.Error(w, api.CodeUnavailable, "kilnd: sandbox "+rec.ID+": agent: "+err.Error())
+			// The request may have reached the agent: nobody can say
+			// whether it took effect.
+			reply.Error(w, api.CodeUnknown, "kilnd: sandbox "+rec.ID+": no answer from the agent: "+err.Error())
 		},
 	}
 	return &entry{rec: rec, proxy: p}
@@ -558,17 +563,29 @@ func (d *Daemon) List() []Info {
 // Delete kills everything in a sandbox and removes it; its captured logs
 // stay unless removeLogs.
 func (d *Daemon) Delete(id string, removeLogs bool) error {
-	e, err := d.get(id)
-	if err != nil {
-		return err
-	}
+	return d.delete(id, removeLogs, false)
+}
+
+// delete is Delete; claimed says the caller already marked the entry
+// deleting.
+func (d *Daemon) delete(id string, removeLogs, claimed bool) error {
 	d.mu.Lock()
+	e, ok := d.sandboxes[id]
+	if !ok || e.rec.State == StateDeleted || (e.deleting && !claimed) {
+		d.mu.Unlock()
+		return fmt.Errorf("%w: no sandbox %q", errNotFound, clip(id))
+	}
 	rec := e.rec
+	proxy := e.proxy
 	e.proxy = nil
 	e.deleting = true
 	d.mu.Unlock()
 	if rec.Sandbox != nil {
 		if err := rec.Sandbox.Destroy(!removeLogs); err != nil {
+			// Still there: give it back to the watcher and to requests.
+			d.mu.Lock()
+			e.deleting, e.proxy = false, proxy
+			d.mu.Unlock()
 			return fmt.Errorf("%w: delete %s: %v", errUnavailable, id, err)
 		}
 	}

@@ -244,6 +244,7 @@ func (d *Daemon) readLog(w http.ResponseWriter, r *http.Request) {
 		if e.Gap == 0 && !lq.filter.Selects(e.Record) {
 			continue
 		}
+		rc.SetWriteDeadline(time.Now().Add(relayWriteTimeout))
 		if emit(e) != nil {
 			return
 		}

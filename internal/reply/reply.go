@@ -30,6 +30,7 @@ var Status = map[string]int{
 	api.CodeTooLarge:     http.StatusRequestEntityTooLarge,
 	api.CodeOutOfRange:   http.StatusRequestedRangeNotSatisfiable,
 	api.CodeUnavailable:  http.StatusServiceUnavailable,
+	api.CodeUnknown:      http.StatusBadGateway,
 	api.CodeInternal:     http.StatusInternalServerError,
 }
 

@@ -420,7 +420,11 @@ func (s *Sandbox) Destroy(keepLogs bool) error {
 			errs = append(errs, err)
 		}
 		if s.reaped != nil {
-			<-s.reaped
+			select {
+			case <-s.reaped:
+			case <-time.After(10 * time.Second):
+				errs = append(errs, fmt.Errorf("sandbox: the agent %d was not reaped", s.PID))
+			}
 		}
 		if err := s.Cgroups.Destroy(); err != nil {
 			errs = append(errs, err)
@@ -447,7 +451,7 @@ func (s *Sandbox) Destroy(keepLogs bool) error {
 }
 
 // stopTimeout bounds the agent's own shutdown when a sandbox is deleted.
-const stopTimeout = 10 * time.Second
+const stopTimeout = 20 * time.Second // beyond the agent's own shutdown bound
 
 // stop sends the agent SIGTERM and waits, bounded, for it to exit.
 func (s *Sandbox) stop(timeout time.Duration) {
