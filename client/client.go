@@ -297,9 +297,10 @@ type LogOptions struct {
 }
 
 // CapturedLog reads a process's captured output as it was written (what
-// remains of it after rotation), with what the log says of each run. The
-// caller closes the reader; with Follow it goes on until ctx ends.
-func (s *Sandbox) CapturedLog(ctx context.Context, pid string, o LogOptions) (io.ReadCloser, []api.Run, error) {
+// remains of it after rotation). Read it to the end, then Runs says what
+// the log holds of each run; with Follow it goes on until ctx ends. The
+// caller closes it.
+func (s *Sandbox) CapturedLog(ctx context.Context, pid string, o LogOptions) (*CapturedOutput, error) {
 	q := url.Values{}
 	if o.Stream != "" {
 		q.Set("stream", o.Stream)
@@ -321,9 +322,23 @@ func (s *Sandbox) CapturedLog(ctx context.Context, pid string, o LogOptions) (io
 	}
 	resp, _, err := s.c.request(ctx, s.c.stream, "GET", s.path("/logs/"+url.PathEscape(pid)), q, nil, "")
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
+	return &CapturedOutput{ReadCloser: resp.Body, resp: resp}, nil
+}
+
+// CapturedOutput is a captured log being read.
+type CapturedOutput struct {
+	io.ReadCloser
+	resp *http.Response
+}
+
+// Runs is what the log holds of each run, known once the output was read
+// to its end; nil before, or if the read did not finish.
+func (o *CapturedOutput) Runs() []api.Run {
 	var runs []api.Run
-	json.Unmarshal([]byte(resp.Header.Get("Kiln-Runs")), &runs)
-	return resp.Body, runs, nil
+	if t := o.resp.Trailer.Get("Kiln-Runs"); t != "" {
+		json.Unmarshal([]byte(t), &runs)
+	}
+	return runs
 }

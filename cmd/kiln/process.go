@@ -144,7 +144,7 @@ instead, if the process was started with --capture, and each run's completeness 
 					}
 					o.Since = t
 				}
-				body, runs, err := sb.CapturedLog(ctx, args[1], o)
+				body, err := sb.CapturedLog(ctx, args[1], o)
 				if err != nil {
 					if client.IsNotFound(err) {
 						return fmt.Errorf("no output of %s: the process is gone and was not captured (start it with --capture to keep its output)", args[1])
@@ -159,7 +159,7 @@ instead, if the process was started with --capture, and each run's completeness 
 				}
 				// What the log says of each run it holds, last: lossless,
 				// or how it is not.
-				for _, r := range runs {
+				for _, r := range body.Runs() {
 					fmt.Fprintf(c.stderr, "kiln: captured run %s: %s%s\n", shortID(r.ID), r.State, droppedText(r))
 				}
 				if err != nil && ctx.Err() == nil {

@@ -88,6 +88,22 @@ func ReadLog(ctx context.Context, dir *Dir, f Filter) (Log, error) {
 	return log, nil
 }
 
+// Summarize reads dir to the end of what is written, keeping nothing of
+// the output, and returns every run classified with the reader's counts.
+func Summarize(ctx context.Context, dir *Dir) ([]Run, ReadStats, error) {
+	r := NewReader(dir, ReadOptions{})
+	defer r.Close()
+	for {
+		_, err := r.Next(ctx)
+		if errors.Is(err, io.EOF) {
+			return r.Runs(), r.Stats(), nil
+		}
+		if err != nil {
+			return nil, ReadStats{}, err
+		}
+	}
+}
+
 // Tail keeps the entries of the last n lines, and the gaps and metadata
 // among them. A line is a stream's P records with the F record that ends
 // it; a stream's trailing P records are an unfinished last line.

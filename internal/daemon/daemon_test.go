@@ -311,9 +311,9 @@ func TestDeleteKeepsCapturedLogs(t *testing.T) {
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != 200 || string(body) != "captured\n" || resp.Header.Get("Kiln-Complete") != "true" ||
-		!strings.Contains(resp.Header.Get("Kiln-Runs"), `"state":"lossless"`) {
-		t.Errorf("GET logs: %d %q, runs %s, complete %s", resp.StatusCode, body, resp.Header.Get("Kiln-Runs"), resp.Header.Get("Kiln-Complete"))
+	if resp.StatusCode != 200 || string(body) != "captured\n" || resp.Trailer.Get("Kiln-Complete") != "true" ||
+		!strings.Contains(resp.Trailer.Get("Kiln-Runs"), `"state":"lossless"`) {
+		t.Errorf("GET logs: %d %q, runs %s, complete %s", resp.StatusCode, body, resp.Trailer.Get("Kiln-Runs"), resp.Trailer.Get("Kiln-Complete"))
 	}
 	var list []daemon.CapturedLog
 	k.json("GET", "/sandboxes/"+sb+"/logs", nil, &list)

@@ -77,13 +77,12 @@ func (d *Daemon) listLogs(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			continue
 		}
-		l, err := capture.ReadLog(r.Context(), sub, capture.Filter{})
+		cruns, st, err := capture.Summarize(r.Context(), sub)
 		sub.Close()
 		if err != nil {
 			continue
 		}
-		runs, complete := runInfos(l.Runs)
-		st := l.Stats
+		runs, complete := runInfos(cruns)
 		out = append(out, CapturedLog{Process: name, Runs: runs, Complete: complete, Stats: api.LogStats{
 			Before: st.Before, Missed: st.Missed, MissedUnknown: st.MissedUnknown, Corrupt: st.Corrupt, Torn: st.Torn, Bytes: st.Bytes}})
 	}
@@ -156,7 +155,7 @@ func boolParam(v string) (bool, error) {
 
 // readLog answers GET /sandboxes/{id}/logs/{pid}: the captured output
 // (the payload as it was written, or records as JSON), filtered; each run's
-// completeness goes in the Kiln-Runs header (JSON) and Kiln-Complete.
+// completeness goes in the Kiln-Runs trailer (JSON) and Kiln-Complete.
 // With follow it then keeps streaming what is appended, across rotation.
 func (d *Daemon) readLog(w http.ResponseWriter, r *http.Request) {
 	lq, err := parseLogQuery(r)
@@ -184,28 +183,8 @@ func (d *Daemon) readLog(w http.ResponseWriter, r *http.Request) {
 	rd := capture.NewReader(sub, capture.ReadOptions{})
 	defer rd.Close()
 	ctx := r.Context()
-	var es []capture.Entry
-	for {
-		e, err := rd.Next(ctx)
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			writeError(w, fmt.Errorf("%w: %v", errUnavailable, err))
-			return
-		}
-		if e.Gap != 0 || lq.filter.Selects(e.Record) {
-			e.Content = slices.Clone(e.Content)
-			es = append(es, e)
-		}
-	}
-	if lq.filter.Tail >= 0 {
-		es = capture.Tail(es, lq.filter.Tail)
-	}
-	runs, complete := runInfos(rd.Runs())
-	rj, _ := json.Marshal(runs)
-	w.Header().Set("Kiln-Runs", string(rj))
-	w.Header().Set("Kiln-Complete", strconv.FormatBool(complete))
+	// The runs are known once the log is read: they come as trailers.
+	w.Header().Set("Trailer", "Kiln-Runs, Kiln-Complete")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	if lq.json {
 		w.Header().Set("Content-Type", "application/x-ndjson")
@@ -225,11 +204,43 @@ func (d *Daemon) readLog(w http.ResponseWriter, r *http.Request) {
 		_, err := w.Write(e.Payload())
 		return err
 	}
-	for _, e := range es {
-		if emit(e) != nil {
-			return
+	// Without tail the output streams as it is read; with it, only the
+	// entries of the last lines are kept, trimmed as the reading goes.
+	var es []capture.Entry
+	for {
+		e, err := rd.Next(ctx)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return // the status is sent; the missing trailers say the read did not finish
+		}
+		if e.Gap == 0 && !lq.filter.Selects(e.Record) {
+			continue
+		}
+		if lq.filter.Tail < 0 {
+			if emit(e) != nil {
+				return
+			}
+			continue
+		}
+		e.Content = slices.Clone(e.Content)
+		es = append(es, e)
+		if len(es) > 2*lq.filter.Tail+4096 {
+			es = slices.Clone(capture.Tail(es, lq.filter.Tail))
 		}
 	}
+	if lq.filter.Tail >= 0 {
+		for _, e := range capture.Tail(es, lq.filter.Tail) {
+			if emit(e) != nil {
+				return
+			}
+		}
+	}
+	runs, complete := runInfos(rd.Runs())
+	rj, _ := json.Marshal(runs)
+	w.Header().Set("Kiln-Runs", string(rj))
+	w.Header().Set("Kiln-Complete", strconv.FormatBool(complete))
 	if !lq.follow {
 		return
 	}
