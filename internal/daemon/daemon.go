@@ -264,8 +264,12 @@ func (d *Daemon) recover() error {
 		}
 		b, err := os.ReadFile(filepath.Join(d.sandboxDir(e.Name()), recordName))
 		if err != nil {
-			// Created but never recorded: a start that did not finish.
+			// Created but never recorded: kilnd died during the create.
+			// Its agent may run on: end it by its cgroups, then remove it.
 			d.log.Warn("sandbox without a record; removing it", "id", e.Name(), "err", err)
+			if err := sandbox.EndLeftover(e.Name()); err != nil {
+				d.log.Error("end a sandbox left without a record", "id", e.Name(), "err", err)
+			}
 			os.RemoveAll(d.sandboxDir(e.Name()))
 			continue
 		}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -764,6 +765,35 @@ func TestAgentKilled(t *testing.T) {
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("cgroups left: %v %v", matches, direct)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestUnrecordedSandboxIsEnded: a sandbox whose record was never written
+// (kilnd died during the create) is ended by the next kilnd, not left
+// running unreachable.
+func TestUnrecordedSandboxIsEnded(t *testing.T) {
+	k := start(t, "")
+	var info daemon.Info
+	k.json("POST", "/sandboxes", "{}", &info)
+	k.stop()
+	if err := os.Remove(filepath.Join(k.state, "sandboxes", info.ID, "sandbox.json")); err != nil {
+		t.Fatal(err)
+	}
+	k2 := start(t, k.state)
+	defer k2.cleanup()
+	if _, err := os.Stat(filepath.Join(k.state, "sandboxes", info.ID)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the unrecorded sandbox's directory is still there: %v", err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for syscall.Kill(info.AgentPID, 0) == nil {
+		// A zombie until its parent (this test process) reaps it.
+		if b, err := os.ReadFile("/proc/" + strconv.Itoa(info.AgentPID) + "/stat"); err != nil || strings.Contains(string(b), ") Z ") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the agent %d of the unrecorded sandbox still runs", info.AgentPID)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}

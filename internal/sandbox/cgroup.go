@@ -259,3 +259,36 @@ func (c *Cgroups) ReadEvent(ctrl, file, key string) int64 {
 	}
 	return 0
 }
+
+// EndLeftover kills and removes the cgroups of sandbox name ("kiln-" and
+// its id) if a crash left them behind without a record: where they would
+// be, below this process's own groups.
+func EndLeftover(id string) error {
+	own2, own1, err := ownCgroups()
+	if err != nil {
+		return err
+	}
+	mount, _ := v2Mount()
+	if mount == "" {
+		return nil
+	}
+	name := "kiln-" + id
+	cg := &Cgroups{V2: filepath.Join(mount, own2, name), V1: map[string]string{}}
+	if _, err := os.Stat(cg.V2); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	for _, ctrl := range []string{"memory", "pids", "cpu"} {
+		if own, ok := own1[ctrl]; ok {
+			dir := filepath.Join(cgroupRoot, ctrl, own, name)
+			if _, err := os.Stat(dir); err == nil {
+				cg.V1[ctrl] = dir
+				if ctrl == "pids" {
+					if _, err := os.Stat(filepath.Join(dir, "procs")); err == nil {
+						cg.Procs = filepath.Join(dir, "procs")
+					}
+				}
+			}
+		}
+	}
+	return errors.Join(cg.Kill(10*time.Second), cg.Destroy())
+}
