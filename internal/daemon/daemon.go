@@ -655,7 +655,7 @@ func (d *Daemon) Serve(ctx context.Context) error {
 	}
 	errs := make(chan error, len(servers))
 	for i, s := range servers {
-		go func() { errs <- s.Serve(listeners[i]) }()
+		go func() { errs <- s.Serve(limitListener(listeners[i], maxConns)) }()
 	}
 	d.mu.Lock()
 	n := len(d.sandboxes)
@@ -675,6 +675,42 @@ func (d *Daemon) Serve(ctx context.Context) error {
 		serr = nil
 	}
 	return serr
+}
+
+// maxConns bounds the connections each listener serves at once; more wait
+// to be accepted.
+const maxConns = 4096
+
+// limitListener accepts at most n connections at a time.
+func limitListener(l net.Listener, n int) net.Listener {
+	return &limited{Listener: l, slots: make(chan struct{}, n)}
+}
+
+type limited struct {
+	net.Listener
+	slots chan struct{}
+}
+
+func (l *limited) Accept() (net.Conn, error) {
+	l.slots <- struct{}{}
+	c, err := l.Listener.Accept()
+	if err != nil {
+		<-l.slots
+		return nil, err
+	}
+	return &slotConn{Conn: c, free: func() { <-l.slots }}, nil
+}
+
+type slotConn struct {
+	net.Conn
+	once sync.Once
+	free func()
+}
+
+func (c *slotConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(c.free)
+	return err
 }
 
 // newServer bounds what a client can hold: a request's headers and body

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"encoding/json"
+	"net"
 	"strings"
 	"testing"
 )
@@ -28,4 +29,45 @@ func FuzzValidateCreate(f *testing.F) {
 			t.Fatalf("accepted %+v", req)
 		}
 	})
+}
+
+func TestLimitListener(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ll := limitListener(l, 2)
+	defer ll.Close()
+	for range 3 {
+		c, err := net.Dial("tcp", l.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+	}
+	a, err := ll.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := ll.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Every slot is taken: a third Accept waits for one.
+	if lim := ll.(*limited); len(lim.slots) != cap(lim.slots) {
+		t.Fatalf("%d of %d slots taken after two accepts", len(lim.slots), cap(lim.slots))
+	}
+	third := make(chan net.Conn)
+	go func() {
+		c, _ := ll.Accept()
+		third <- c
+	}()
+	a.Close()
+	a.Close() // frees its slot once
+	c := <-third
+	if c == nil {
+		t.Fatal("no third connection after one closed")
+	}
+	c.Close()
+	b.Close()
 }
