@@ -104,6 +104,7 @@ type Daemon struct {
 	// it; the entry is added once the sandbox runs.
 	mu        sync.Mutex
 	sandboxes map[string]*entry
+	creating  map[string]int // uid ranges claimed by creates in progress
 
 	// closing ends the watchers (one per running sandbox, waiting for its
 	// agent to exit) and the idle janitor; wg waits for them.
@@ -425,9 +426,11 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	}
 	req.Rootfs = rootfs
 	id := uuid.Must(uuid.NewV7()).String()
+	base := d.claimIDRange(id)
+	defer d.releaseIDRange(id)
 	began := time.Now()
 	sb, err := sandbox.Create(ctx, sandbox.Options{
-		Dir: d.sandboxDir(id), ID: id, Hostname: req.Hostname, Exe: d.cfg.Exe,
+		Dir: d.sandboxDir(id), ID: id, Hostname: req.Hostname, Exe: d.cfg.Exe, UIDBase: base,
 		Rootfs: req.Rootfs, Limits: req.Limits, Env: d.cfg.Env, Init: req.Init,
 	})
 	if err != nil {
@@ -452,6 +455,39 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	d.mu.Unlock()
 	d.log.Info("sandbox created", "id", id, "agent", sb.PID)
 	return d.infoOf(e), nil
+}
+
+// claimIDRange picks the lowest uid range no known sandbox uses, so that
+// the users of two sandboxes are never the same host users: files,
+// signals and the kernel's per-user limits stay apart. The claim holds
+// while the sandbox is being created; its record holds it afterwards.
+func (d *Daemon) claimIDRange(id string) int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	used := map[int]bool{}
+	for _, base := range d.creating {
+		used[base] = true
+	}
+	for _, e := range d.sandboxes {
+		if e.rec.State != StateDeleted && e.rec.Sandbox != nil {
+			used[e.rec.Sandbox.UIDBase] = true
+		}
+	}
+	base := sandbox.DefaultUIDBase
+	for used[base] {
+		base += sandbox.IDRange
+	}
+	if d.creating == nil {
+		d.creating = map[string]int{}
+	}
+	d.creating[id] = base
+	return base
+}
+
+func (d *Daemon) releaseIDRange(id string) {
+	d.mu.Lock()
+	delete(d.creating, id)
+	d.mu.Unlock()
 }
 
 // validateCreate checks a create request before anything is made.

@@ -798,3 +798,25 @@ func TestUnrecordedSandboxIsEnded(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// TestSandboxesHaveTheirOwnUsers: two sandboxes' roots are different host
+// users, so neither can touch the other's files even given a path.
+func TestSandboxesHaveTheirOwnUsers(t *testing.T) {
+	k := start(t, "")
+	defer k.cleanup()
+	owner := func() uint32 {
+		var info daemon.Info
+		k.json("POST", "/sandboxes", "{}", &info)
+		var res api.ExecResult
+		k.json("POST", "/sandboxes/"+info.ID+"/exec", api.ExecRequest{Command: "touch", Args: []string{"/workspace/mine"}}, &res)
+		fi, err := os.Stat(filepath.Join(k.state, "sandboxes", info.ID, "workspace", "mine"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fi.Sys().(*syscall.Stat_t).Uid
+	}
+	a, b := owner(), owner()
+	if a == b || a < 100000 || b < 100000 {
+		t.Errorf("the sandboxes' roots are host users %d and %d", a, b)
+	}
+}

@@ -47,8 +47,12 @@ type Options struct {
 	Init *api.ExecRequest
 }
 
-// DefaultUIDBase is the host uid a sandbox's root maps to.
+// DefaultUIDBase is the host uid a sandbox's root maps to unless told
+// otherwise; kilnd gives each sandbox a range of its own from there.
 const DefaultUIDBase = 100000
+
+// IDRange is how many uids (and gids) a sandbox maps.
+const IDRange = idRange
 
 // Names in a sandbox's directory.
 const (
@@ -64,8 +68,9 @@ const (
 type Sandbox struct {
 	ID      string   `json:"id"`
 	Dir     string   `json:"dir"`
-	PID     int      `json:"pid"`     // the agent, in kilnd's pid namespace
-	Started uint64   `json:"started"` // the agent's start time in clock ticks, against pid reuse
+	PID     int      `json:"pid"`      // the agent, in kilnd's pid namespace
+	Started uint64   `json:"started"`  // the agent's start time in clock ticks, against pid reuse
+	UIDBase int      `json:"uid_base"` // the host uid the sandbox's root is
 	Cgroups *Cgroups `json:"cgroups"`
 
 	// reaped is closed once this kilnd has waited for the agent it started;
@@ -140,7 +145,7 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 		cg.Kill(5 * time.Second)
 		cg.Destroy()
 	})
-	sb = &Sandbox{ID: o.ID, Dir: o.Dir, Cgroups: cg}
+	sb = &Sandbox{ID: o.ID, Dir: o.Dir, Cgroups: cg, UIDBase: o.UIDBase}
 
 	var l net.Listener
 	err = withSocketPath(sb.Socket(), func(path string) error {
