@@ -22,6 +22,7 @@ import (
 
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/daemon"
+	"github.com/sandkiln/sandkiln/internal/daemon/daemontest"
 )
 
 // The kilnd section's run counts (config.kilndScale divides them) and
@@ -35,8 +36,6 @@ const (
 	targetWSRatio        = 0.5
 	targetIdleSandboxMiB = 10
 )
-
-var kilndEnv = []string{"PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME=/root", "LANG=C.UTF-8"}
 
 type kilndResult struct {
 	creates    []time.Duration
@@ -96,7 +95,7 @@ func (c client) call(ctx context.Context, method, path string, body, out any) er
 
 // measureKilnd runs a kilnd in this process (its agents are this binary
 // re-executed) and measures it through its API.
-func measureKilnd(ctx context.Context, cfg config, exe string) (*kilndResult, error) {
+func measureKilnd(ctx context.Context, cfg config) (*kilndResult, error) {
 	res := &kilndResult{wsBytes: cfg.wsSize}
 	scale := max(1, cfg.kilndScale)
 	creates, execs, firstBytes, idle := kilndCreates/scale, kilndExecs/scale, kilndFirstBytes/scale, max(1, kilndIdle/scale)
@@ -109,21 +108,11 @@ func measureKilnd(ctx context.Context, cfg config, exe string) (*kilndResult, er
 		return nil, err
 	}
 	defer os.RemoveAll(state)
-	d, err := daemon.New(daemon.Config{StateDir: state, Exe: exe, Env: kilndEnv})
+	k, err := daemontest.Start(state, "")
 	if err != nil {
 		return nil, err
 	}
-	sctx, stop := context.WithCancel(ctx)
-	served := make(chan error, 1)
-	go func() { served <- d.Serve(sctx) }()
-	defer func() {
-		for _, s := range d.List() {
-			d.Delete(s.ID, true)
-		}
-		stop()
-		<-served
-		d.Close()
-	}()
+	defer k.Close()
 	sock := filepath.Join(state, daemon.SocketName)
 	tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 		var dl net.Dialer
@@ -131,13 +120,6 @@ func measureKilnd(ctx context.Context, cfg config, exe string) (*kilndResult, er
 	}, MaxIdleConnsPerHost: 4}
 	defer tr.CloseIdleConnections()
 	c := client{http: &http.Client{Transport: tr}, sock: sock}
-	for {
-		if conn, err := net.Dial("unix", sock); err == nil {
-			conn.Close()
-			break
-		}
-		time.Sleep(time.Millisecond)
-	}
 
 	// Create to ready: the API answers once the agent does.
 	for i := range creates + 1 {

@@ -58,11 +58,8 @@ func run(ctx context.Context, cfg config) (err error) {
 		}
 	}
 	if cfg.has("kilnd") {
-		exe, err := os.Executable()
-		if err != nil {
-			return fmt.Errorf("find this binary to re-execute as the agent: %w", err)
-		}
-		if res.kilnd, err = measureKilnd(ctx, cfg, exe); err != nil {
+		var err error
+		if res.kilnd, err = measureKilnd(ctx, cfg); err != nil {
 			return fmt.Errorf("kilnd: %w", err)
 		}
 	}

@@ -188,12 +188,17 @@ func TestCutAtEveryOffset(t *testing.T) {
 	}
 }
 
-// TestBeginSyncedThenKilledBeforeStart: a process that synced begin and was
-// killed before it could start anything leaves an interrupted run.
-func TestBeginSyncedThenKilledBeforeStart(t *testing.T) {
+// beginAndBeKilled runs the helper (this binary) that begins a run in a
+// fresh directory, writes output if any, and kills itself; it returns the
+// log it left.
+func beginAndBeKilled(t *testing.T, output string) Log {
+	t.Helper()
 	_, path := testDir(t)
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), helperEnv+"="+path)
+	if output != "" {
+		cmd.Env = append(cmd.Env, helperOutputEnv+"="+output)
+	}
 	err := cmd.Run()
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
@@ -204,7 +209,13 @@ func TestBeginSyncedThenKilledBeforeStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Close()
-	l := readLog(t, d)
+	return readLog(t, d)
+}
+
+// TestBeginSyncedThenKilledBeforeStart: a process that synced begin and was
+// killed before it could start anything leaves an interrupted run.
+func TestBeginSyncedThenKilledBeforeStart(t *testing.T) {
+	l := beginAndBeKilled(t, "")
 	if len(l.Runs) != 1 || l.Runs[0].State != Interrupted {
 		t.Fatalf("runs %+v, want one interrupted", l.Runs)
 	}
@@ -213,20 +224,7 @@ func TestBeginSyncedThenKilledBeforeStart(t *testing.T) {
 // TestKilledDuringCapture: a writer killed mid-run leaves what it wrote,
 // and the run reads as interrupted, never as complete.
 func TestKilledDuringCapture(t *testing.T) {
-	_, path := testDir(t)
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), helperEnv+"="+path, helperOutputEnv+"=written before the kill\n")
-	err := cmd.Run()
-	var ee *exec.ExitError
-	if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
-		t.Fatalf("helper: %v, want killed by SIGKILL", err)
-	}
-	d, err := OpenDir(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
-	l := readLog(t, d)
+	l := beginAndBeKilled(t, "written before the kill\n")
 	if got := string(payload(l, LogStdout)); got != "written before the kill\n" {
 		t.Errorf("stdout %q", got)
 	}
