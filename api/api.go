@@ -316,9 +316,9 @@ type Limits struct {
 // CreateSandbox is the body of POST /sandboxes.
 type CreateSandbox struct {
 	Hostname string `json:"hostname,omitempty"`
-	// Rootfs is the absolute path of a root filesystem directory on
-	// kilnd's host, used under a writable overlay; empty uses the host's
-	// /usr and /etc read-only.
+	// Rootfs is a root filesystem directory in kilnd's images directory (a
+	// name, or a path inside it), used under a writable overlay; empty uses
+	// the host's /usr and /etc read-only.
 	Rootfs string `json:"rootfs,omitempty"`
 	Limits Limits `json:"limits,omitempty"`
 	// Init is a command whose exit ends the sandbox; its output is

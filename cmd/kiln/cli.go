@@ -150,7 +150,7 @@ func (c *cli) sandboxCmd() *cobra.Command {
 		},
 	}
 	create.Flags().StringVar(&o.Hostname, "hostname", "", "the sandbox's hostname")
-	create.Flags().StringVar(&o.Rootfs, "rootfs", "", "a root filesystem `directory` (on kilnd's host) instead of the host's /usr and /etc")
+	create.Flags().StringVar(&o.Rootfs, "rootfs", "", "a root filesystem: a `directory` in kilnd's images directory, instead of the host's /usr and /etc")
 	create.Flags().String("memory", "", "memory limit (e.g. 512M)")
 	create.Flags().Int64Var(&o.Limits.Pids, "pids", 0, "process limit")
 	create.Flags().Float64Var(&o.Limits.CPUs, "cpus", 0, "CPU limit in cores")

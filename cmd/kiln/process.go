@@ -530,6 +530,6 @@ func (c *cli) runCmd() *cobra.Command {
 	sf.add(cmd, true)
 	cmd.Flags().BoolVar(&rm, "rm", false, "remove the sandbox afterwards (its captured logs kept)")
 	cmd.Flags().BoolVarP(&tty, "tty", "t", false, "run on a terminal, interactively")
-	cmd.Flags().StringVar(&opts.Rootfs, "rootfs", "", "a root filesystem `directory` instead of the host's /usr and /etc")
+	cmd.Flags().StringVar(&opts.Rootfs, "rootfs", "", "a root filesystem: a `directory` in kilnd's images directory, instead of the host's /usr and /etc")
 	return cmd
 }
