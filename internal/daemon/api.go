@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"slices"
@@ -189,8 +188,8 @@ func (d *Daemon) forward(w http.ResponseWriter, r *http.Request) {
 
 // relay serves a WebSocket by joining the client's connection to one to
 // the agent: the request goes over (the token taken out), then bytes flow
-// both ways untouched. Output, the heavy direction, is copied by the
-// kernel (splice) when the client came over TCP.
+// both ways untouched. Output, the heavy direction, is moved by the kernel
+// (splice) and never copied through kilnd.
 func (d *Daemon) relay(w http.ResponseWriter, r *http.Request, e *entry) {
 	d.mu.Lock()
 	sb, id := e.rec.Sandbox, e.rec.ID
@@ -226,32 +225,10 @@ func (d *Daemon) relay(w http.ResponseWriter, r *http.Request, e *entry) {
 			cw.CloseWrite()
 		}
 	}()
-	copyWithDeadline(conn, agentConn) // the agent's answer, then the output
+	copyOut(conn, agentConn) // the agent's answer, then the output
 	conn.Close()
 	agentConn.Close()
 	<-toAgent
-}
-
-// relayWriteTimeout drops a watcher that has taken nothing for this long,
-// as the agent does with its own watchers.
-const relayWriteTimeout = 30 * time.Second
-
-// copyWithDeadline copies src to dst, each write bounded by
-// relayWriteTimeout, until either side fails.
-func copyWithDeadline(dst net.Conn, src io.Reader) {
-	buf := make([]byte, 256<<10)
-	for {
-		n, err := src.Read(buf)
-		if n > 0 {
-			dst.SetWriteDeadline(time.Now().Add(relayWriteTimeout))
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				return
-			}
-		}
-		if err != nil {
-			return
-		}
-	}
 }
 
 // stripCredentials removes kilnd's token from headers bound for an agent:

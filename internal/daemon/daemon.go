@@ -18,6 +18,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/google/uuid"
@@ -741,6 +742,14 @@ type slotConn struct {
 	net.Conn
 	once sync.Once
 	free func()
+}
+
+// SyscallConn lets the WebSocket relay splice to the connection.
+func (c *slotConn) SyscallConn() (syscall.RawConn, error) {
+	if sc, ok := c.Conn.(syscall.Conn); ok {
+		return sc.SyscallConn()
+	}
+	return nil, errors.ErrUnsupported
 }
 
 func (c *slotConn) Close() error {
