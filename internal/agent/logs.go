@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -27,6 +28,22 @@ const (
 	writeTimeout = 30 * time.Second
 	pingEvery    = 20 * time.Second
 )
+
+// watcherSendBuffer is the socket send buffer of a WebSocket watcher's
+// connection (the kernel's default is about 200 KiB). Output is bursty and
+// the watcher's side is two hops away (kilnd, then the client): a deeper
+// buffer lets a watcher that keeps up on average ride out a moment of not
+// being scheduled instead of falling behind the ring. It is memory only a
+// watcher that does not read holds, and the write deadline bounds how long.
+const watcherSendBuffer = 4 << 20
+
+type connKey struct{}
+
+// withConn keeps a request's connection in its context, for the handlers
+// that tune it.
+func withConn(ctx context.Context, c net.Conn) context.Context {
+	return context.WithValue(ctx, connKey{}, c)
+}
 
 // parseFrom reads the per-stream offsets a reader resumes from.
 func parseFrom(q url.Values) (ring.Offsets, error) {
@@ -153,6 +170,9 @@ func (s *Server) logsHTTP(w http.ResponseWriter, r *http.Request, st process.Sta
 func (s *Server) watch(w http.ResponseWriter, r *http.Request, id string, st process.Status, a *process.Attachment, withStdin bool) {
 	// Origins were checked where the request came in (kilnd); the agent's
 	// socket is reachable from kilnd alone.
+	if uc, ok := r.Context().Value(connKey{}).(*net.UnixConn); ok {
+		uc.SetWriteBuffer(watcherSendBuffer)
+	}
 	c, err := websocket.Accept(w, r, &websocket.AcceptOptions{
 		Subprotocols:       []string{api.ProtocolV1, api.ProtocolRaw},
 		InsecureSkipVerify: true,
