@@ -2,7 +2,7 @@
 GO ?= go
 STATICCHECK = $(GO) tool -modfile=tools/go.mod staticcheck
 
-.PHONY: test check bench fuzz
+.PHONY: test check bench compare fuzz
 
 # The whole test suite: formatting, vet, staticcheck, every test under the
 # race detector, and each benchmark once so it keeps working.
@@ -19,6 +19,20 @@ check:
 # The engine's figures beside their baselines, written to bench/results/.
 bench:
 	$(GO) run ./bench -out bench/results
+
+# sandkiln beside cmd > file, a pipe, supervisord, s6-log, tmux, dtach,
+# runc and runsc on the same input, written to bench/results/<date>-compare.md.
+# The other tools come from Debian's archive; missing ones are installed
+# when apt-get can, else left out of the table and named in it.
+COMPARE_TOOLS = supervisord:supervisor s6-log:s6 dtach:dtach tmux:tmux runc:runc runsc:runsc busybox:busybox-static
+compare:
+	@missing=""; for t in $(COMPARE_TOOLS); do \
+		command -v $${t%%:*} >/dev/null 2>&1 || missing="$$missing $${t#*:}"; \
+	done; \
+	if [ -n "$$missing" ] && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+		echo "installing:$$missing"; apt-get install -y -qq $$missing >/dev/null || true; \
+	fi
+	$(GO) run ./bench -only compare -out bench/results
 
 # A short run of every fuzz target.
 fuzz:

@@ -5,6 +5,7 @@ import (
 	"context"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -22,6 +23,7 @@ func TestRun(t *testing.T) {
 		captureSize: 8 << 20,
 		captureDir:  t.TempDir(),
 		wsSize:      8 << 20,
+		ttySize:     1 << 20,
 		kilndScale:  10,
 		reps:        1,
 		readers:     []int{1, 8, 64},
@@ -58,6 +60,59 @@ func TestRun(t *testing.T) {
 	}
 	if written, err := os.ReadFile(files[0]); err != nil || string(written) != report {
 		t.Errorf("written report differs from the printed one (read error %v)", err)
+	}
+}
+
+// TestCompare runs the comparison at a tiny size with whichever of the
+// other tools are installed; those missing are named in the report.
+func TestCompare(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the comparison needs root")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var out bytes.Buffer
+	cfg := config{
+		captureSize: 4 << 20,
+		ttySize:     256 << 10,
+		captureDir:  t.TempDir(),
+		kilndScale:  10,
+		reps:        1,
+		tombstones:  20,
+		out:         t.TempDir(),
+		sections:    map[string]bool{"compare": true},
+		cmdline:     "bench -only compare",
+		stdout:      &out,
+		progress:    io.Discard,
+	}
+	if testing.Verbose() {
+		cfg.progress = os.Stderr
+	}
+	if err := run(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	report := out.String()
+	for _, want := range []string{
+		"# Comparison, ", "| **sandkiln** | ", "| child > file | ", "| child \\| reader | ", "| **sandkiln, terminal** | ",
+		"64 watchers of one child", "| child \\| tee, 64 pipes | ", "Sandbox start", "| sandkiln | ",
+		"Memory per idle sandbox", "B** of heap each",
+	} {
+		if !strings.Contains(report, want) {
+			t.Errorf("report lacks %q:\n%s", want, report)
+		}
+	}
+	for _, tool := range []string{"supervisord", "s6-log", "dtach", "tmux", "runc", "runsc"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			if !strings.Contains(report, "Not run: "+tool+": not installed") {
+				t.Errorf("%s is missing and the report does not say so", tool)
+			}
+		} else if !strings.Contains(report, "| "+tool) && !strings.Contains(report, "| **"+tool) {
+			t.Errorf("%s is installed and has no row in the report:\n%s", tool, report)
+		}
+	}
+	files, err := filepath.Glob(filepath.Join(cfg.out, "*.md"))
+	if err != nil || len(files) != 1 || !strings.HasSuffix(files[0], "-compare.md") {
+		t.Fatalf("report files in -out: %v, %v; want one, -compare.md", files, err)
 	}
 }
 

@@ -14,6 +14,7 @@ type config struct {
 	captureSize int64  // bytes the child writes per capture run
 	captureDir  string // where the capture cases write their logs
 	wsSize      int64  // bytes of the kilnd WebSocket throughput runs
+	ttySize     int64  // bytes the child writes per terminal run of the comparison
 	kilndScale  int    // divides the kilnd section's run counts (tests use fewer)
 	reps        int
 	readers     []int // reader counts of the engine cases
@@ -27,7 +28,13 @@ type config struct {
 	progress    io.Writer // one line per measurement while it runs
 }
 
-var allSections = []string{"throughput", "capture", "kilnd", "tombstone", "running"}
+// allSections run by default; the comparison runs only when asked for
+// (`-only compare`): it needs tools of other projects and writes a report
+// of its own.
+var (
+	allSections   = []string{"throughput", "capture", "kilnd", "tombstone", "running"}
+	extraSections = []string{"compare"}
+)
 
 func (c config) has(section string) bool { return c.sections[section] }
 
@@ -37,6 +44,8 @@ func (c config) validate() error {
 		return fmt.Errorf("size %d: must be positive", c.size)
 	case c.wsSize < 64<<10:
 		return fmt.Errorf("ws size %d: at least 64 KiB", c.wsSize)
+	case c.ttySize <= 0:
+		return fmt.Errorf("tty size %d: must be positive", c.ttySize)
 	case c.captureSize <= 0:
 		return fmt.Errorf("capture size %d: must be positive", c.captureSize)
 	case c.reps < 1:
@@ -110,8 +119,8 @@ func parseSections(s string) (map[string]bool, error) {
 	}
 	for f := range strings.SplitSeq(s, ",") {
 		f = strings.TrimSpace(f)
-		if !slices.Contains(allSections, f) {
-			return nil, fmt.Errorf("only %q: unknown section %q (want %s)", s, f, strings.Join(allSections, ", "))
+		if !slices.Contains(allSections, f) && !slices.Contains(extraSections, f) {
+			return nil, fmt.Errorf("only %q: unknown section %q (want %s)", s, f, strings.Join(append(allSections, extraSections...), ", "))
 		}
 		out[f] = true
 	}

@@ -50,13 +50,14 @@ func parseFlags(args []string) (config, error) {
 	size := fs.String("size", "2G", "bytes the child writes per throughput run (suffixes K, M, G, T: powers of 1024)")
 	captureSize := fs.String("capture-size", "1G", "bytes the child writes per capture run")
 	wsSize := fs.String("ws-size", "1G", "bytes written to a kiln.v1 WebSocket client per kilnd throughput run")
+	ttySize := fs.String("tty-size", "64M", "bytes the child writes per terminal run of the comparison")
 	captureDir := fs.String("capture-dir", os.TempDir(), "directory on the file system to capture to")
 	reps := fs.Int("reps", 3, "repetitions of every throughput case, interleaved")
 	readers := fs.String("readers", "1,8,64", "comma-separated reader counts for the engine cases")
 	tombs := fs.Int("tombstones", 2000, "finished processes for the tombstone memory figure")
 	running := fs.Int("running", 200, "idle running processes for the per-process memory figure")
 	out := fs.String("out", "", "also write the report to DIR/<date>-engine.md")
-	only := fs.String("only", "", "comma-separated sections to run: "+strings.Join(allSections, ", ")+" (default all)")
+	only := fs.String("only", "", "comma-separated sections to run: "+strings.Join(allSections, ", ")+" (default all), or "+strings.Join(extraSections, ", "))
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of this process to FILE")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
@@ -80,6 +81,9 @@ func parseFlags(args []string) (config, error) {
 		return config{}, err
 	}
 	if cfg.captureSize, err = parseSize(*captureSize); err != nil {
+		return config{}, err
+	}
+	if cfg.ttySize, err = parseSize(*ttySize); err != nil {
 		return config{}, err
 	}
 	if cfg.wsSize, err = parseSize(*wsSize); err != nil {

@@ -17,19 +17,7 @@ const (
 
 func renderReport(cfg config, res results) string {
 	var b strings.Builder
-	m := res.machine
-	fmt.Fprintf(&b, "# Benchmark, %s\n\n", res.started.Format("2006-01-02"))
-	fmt.Fprintf(&b, "| | |\n|---|---|\n")
-	fmt.Fprintf(&b, "| date | %s (took %s) |\n", res.started.Format("2006-01-02 15:04:05 MST"), res.elapsed.Round(time.Second))
-	fmt.Fprintf(&b, "| CPU | %s, %d cores (GOMAXPROCS %d) |\n", m.cpu, m.cores, m.gomaxprocs)
-	fmt.Fprintf(&b, "| memory | %s |\n", m.memory)
-	fmt.Fprintf(&b, "| kernel | %s |\n", m.kernel)
-	fmt.Fprintf(&b, "| Go | %s |\n", m.goVersion)
-	fmt.Fprintf(&b, "| command | `%s` |\n", cfg.cmdline)
-	fmt.Fprintf(&b, "| settings | size %s, capture size %s, %d %s, readers %s, %d tombstones, %d running |\n\n",
-		bytesText(cfg.size), bytesText(cfg.captureSize), cfg.reps, plural(cfg.reps, "rep"), countsText(cfg.readers), cfg.tombstones, cfg.running)
-	b.WriteString("The machine is shared: absolute figures drift between runs, so every baseline runs in the same\n" +
-		"process as the engine with the repetitions interleaved, and the ratios are what to compare.\n\n")
+	writeHeader(&b, cfg, res, "Benchmark")
 	if res.throughput != nil {
 		writeThroughput(&b, res.throughput)
 	}
@@ -43,6 +31,35 @@ func renderReport(cfg config, res results) string {
 		writeMemory(&b, res.tombstones, res.running)
 	}
 	return b.String()
+}
+
+func renderCompare(cfg config, res results) string {
+	var b strings.Builder
+	writeHeader(&b, cfg, res, "Comparison")
+	writeCompare(&b, res.compare)
+	return b.String()
+}
+
+// writeHeader names the run: the date, the machine, the command.
+func writeHeader(b *strings.Builder, cfg config, res results, title string) {
+	m := res.machine
+	fmt.Fprintf(b, "# %s, %s\n\n", title, res.started.Format("2006-01-02"))
+	fmt.Fprintf(b, "| | |\n|---|---|\n")
+	fmt.Fprintf(b, "| date | %s (took %s) |\n", res.started.Format("2006-01-02 15:04:05 MST"), res.elapsed.Round(time.Second))
+	fmt.Fprintf(b, "| CPU | %s, %d cores (GOMAXPROCS %d) |\n", m.cpu, m.cores, m.gomaxprocs)
+	fmt.Fprintf(b, "| memory | %s |\n", m.memory)
+	fmt.Fprintf(b, "| kernel | %s |\n", m.kernel)
+	fmt.Fprintf(b, "| Go | %s |\n", m.goVersion)
+	fmt.Fprintf(b, "| command | `%s` |\n", cfg.cmdline)
+	if res.compare != nil && title == "Comparison" {
+		fmt.Fprintf(b, "| settings | capture size %s, terminal size %s, %d %s, %d tombstones |\n\n",
+			bytesText(cfg.captureSize), bytesText(cfg.ttySize), cfg.reps, plural(cfg.reps, "rep"), cfg.tombstones)
+	} else {
+		fmt.Fprintf(b, "| settings | size %s, capture size %s, %d %s, readers %s, %d tombstones, %d running |\n\n",
+			bytesText(cfg.size), bytesText(cfg.captureSize), cfg.reps, plural(cfg.reps, "rep"), countsText(cfg.readers), cfg.tombstones, cfg.running)
+	}
+	b.WriteString("The machine is shared: absolute figures drift between runs, so every baseline runs in the same\n" +
+		"process as the engine with the repetitions interleaved, and the ratios are what to compare.\n\n")
 }
 
 func writeThroughput(b *strings.Builder, t *throughputResult) {

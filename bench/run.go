@@ -19,6 +19,7 @@ type results struct {
 	kilnd      *kilndResult
 	tombstones *tombstoneResult
 	running    *runningResult
+	compare    *compareResult
 }
 
 func run(ctx context.Context, cfg config) (err error) {
@@ -77,19 +78,41 @@ func run(ctx context.Context, cfg config) (err error) {
 		}
 		res.running = &r
 	}
+	if cfg.has("compare") {
+		exe, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("find this binary to re-execute as the child: %w", err)
+		}
+		if res.compare, err = measureCompare(ctx, cfg, exe); err != nil {
+			return fmt.Errorf("compare: %w", err)
+		}
+	}
 	res.elapsed = time.Since(res.started)
 
-	text := renderReport(cfg, res)
-	if _, err := fmt.Fprint(cfg.stdout, text); err != nil {
-		return err
+	// The comparison has a report of its own; the engine's has the rest.
+	reports := map[string]string{}
+	if res.compare != nil {
+		reports["compare"] = renderCompare(cfg, res)
 	}
-	if cfg.out == "" {
-		return nil
+	if res.throughput != nil || res.capture != nil || res.kilnd != nil || res.tombstones != nil || res.running != nil {
+		reports["engine"] = renderReport(cfg, res)
 	}
-	path := filepath.Join(cfg.out, res.started.Format("2006-01-02")+"-engine.md")
-	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
-		return fmt.Errorf("write report: %w", err)
+	for _, name := range []string{"engine", "compare"} {
+		text, ok := reports[name]
+		if !ok {
+			continue
+		}
+		if _, err := fmt.Fprint(cfg.stdout, text); err != nil {
+			return err
+		}
+		if cfg.out == "" {
+			continue
+		}
+		path := filepath.Join(cfg.out, res.started.Format("2006-01-02")+"-"+name+".md")
+		if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+			return fmt.Errorf("write report: %w", err)
+		}
+		fmt.Fprintf(cfg.progress, "report written to %s\n", path)
 	}
-	fmt.Fprintf(cfg.progress, "report written to %s\n", path)
 	return nil
 }
