@@ -33,6 +33,21 @@ type Cgroups struct {
 	// above it: a fork bomb that uses every pid cannot stop the agent from
 	// making the thread it needs.
 	Procs string `json:"procs,omitempty"`
+	// MemoryProcs is the same for memory, below V1["memory"]: the limit
+	// holds the processes, and the agent, outside it, is never the one the
+	// out-of-memory killer picks.
+	MemoryProcs string `json:"memory_procs,omitempty"`
+}
+
+// procsDir is the group below V1[ctrl] that holds the processes, if any.
+func (c *Cgroups) procsDir(ctrl string) string {
+	switch ctrl {
+	case "pids":
+		return c.Procs
+	case "memory":
+		return c.MemoryProcs
+	}
+	return ""
 }
 
 // ownCgroups reads /proc/self/cgroup: the v2 path and each v1
@@ -137,12 +152,16 @@ func newCgroups(name string, lim Limits) (*Cgroups, error) {
 		if err != nil {
 			return fail(err)
 		}
-		if err := set(dir, "memory.limit_in_bytes", strconv.FormatInt(lim.MemoryBytes, 10)); err != nil {
+		cg.MemoryProcs = filepath.Join(dir, "procs")
+		if err := os.Mkdir(cg.MemoryProcs, 0o755); err != nil {
+			return fail(fmt.Errorf("sandbox: make memory cgroup: %w", err))
+		}
+		if err := set(cg.MemoryProcs, "memory.limit_in_bytes", strconv.FormatInt(lim.MemoryBytes, 10)); err != nil {
 			return fail(err)
 		}
 		// Without swap the limit is the limit.
-		set(dir, "memory.memsw.limit_in_bytes", strconv.FormatInt(lim.MemoryBytes, 10))
-		set(dir, "memory.swappiness", "0")
+		set(cg.MemoryProcs, "memory.memsw.limit_in_bytes", strconv.FormatInt(lim.MemoryBytes, 10))
+		set(cg.MemoryProcs, "memory.swappiness", "0")
 	}
 	if lim.Pids > 0 {
 		dir, err := v1("pids")
@@ -220,9 +239,12 @@ func (c *Cgroups) Kill(timeout time.Duration) error {
 // Destroy removes the groups. They must be empty.
 func (c *Cgroups) Destroy() error {
 	var errs []error
-	if c.Procs != "" {
-		if err := unix.Rmdir(c.Procs); err != nil && !errors.Is(err, unix.ENOENT) {
-			errs = append(errs, fmt.Errorf("sandbox: remove %s: %w", c.Procs, err))
+	for _, dir := range []string{c.Procs, c.MemoryProcs} {
+		if dir == "" {
+			continue
+		}
+		if err := unix.Rmdir(dir); err != nil && !errors.Is(err, unix.ENOENT) {
+			errs = append(errs, fmt.Errorf("sandbox: remove %s: %w", dir, err))
 		}
 	}
 	for _, dir := range c.V1 {
@@ -240,8 +262,8 @@ func (c *Cgroups) Destroy() error {
 // pids max), for reporting why a sandbox's process died.
 func (c *Cgroups) ReadEvent(ctrl, file, key string) int64 {
 	dir := c.V1[ctrl]
-	if ctrl == "pids" && c.Procs != "" {
-		dir = c.Procs
+	if p := c.procsDir(ctrl); p != "" {
+		dir = p
 	}
 	if dir == "" {
 		dir = c.V2
@@ -282,9 +304,12 @@ func EndLeftover(id string) error {
 			dir := filepath.Join(cgroupRoot, ctrl, own, name)
 			if _, err := os.Stat(dir); err == nil {
 				cg.V1[ctrl] = dir
-				if ctrl == "pids" {
-					if _, err := os.Stat(filepath.Join(dir, "procs")); err == nil {
+				if _, err := os.Stat(filepath.Join(dir, "procs")); err == nil {
+					switch ctrl {
+					case "pids":
 						cg.Procs = filepath.Join(dir, "procs")
+					case "memory":
+						cg.MemoryProcs = filepath.Join(dir, "procs")
 					}
 				}
 			}

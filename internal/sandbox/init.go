@@ -42,6 +42,8 @@ type AgentConfig struct {
 	Env []string `json:"env"`
 	// PidsLimited says fdTasks is passed: the processes' pids group.
 	PidsLimited bool `json:"pids_limited,omitempty"`
+	// MemoryLimited says fdMemoryTasks is passed: their memory group.
+	MemoryLimited bool `json:"memory_limited,omitempty"`
 	// Init, when set, is the sandbox's init command: the agent starts it
 	// (captured) first, and its exit ends the sandbox.
 	Init *api.ExecRequest `json:"init,omitempty"`
@@ -68,6 +70,12 @@ const (
 	fdLogs     = 4 // the sandbox's capture directory on the host
 	fdTasks    = 5 // the v1 pids group's tasks file, when pids are limited
 	fdRootfs   = 6 // the given rootfs as a detached, id-mapped mount
+	// fdMemoryTasks is the v1 memory group's tasks file, when memory is
+	// limited.
+	fdMemoryTasks = 7
+	// fdJoined is a pipe on which kilnd writes one byte once the agent is
+	// in its v1 groups.
+	fdJoined = 8
 )
 
 // hostDirs are bound read-only from the host when no rootfs is given.
@@ -323,9 +331,22 @@ func Enter() (*Inside, error) {
 		return nil, err
 	}
 	in := &Inside{Config: cfg, Listener: l, Logs: logs, Isolate: isolate(cfg.UIDBase)}
+	if err := awaitJoined(os.NewFile(fdJoined, "joined")); err != nil {
+		l.Close()
+		logs.Close()
+		return nil, err
+	}
+	var groups []*os.File
 	if cfg.PidsLimited {
 		unix.CloseOnExec(fdTasks)
-		if in.Spawn, err = spawner(os.NewFile(fdTasks, "tasks")); err != nil {
+		groups = append(groups, os.NewFile(fdTasks, "pids tasks"))
+	}
+	if cfg.MemoryLimited {
+		unix.CloseOnExec(fdMemoryTasks)
+		groups = append(groups, os.NewFile(fdMemoryTasks, "memory tasks"))
+	}
+	if len(groups) > 0 {
+		if in.Spawn, err = spawner(groups); err != nil {
 			l.Close()
 			logs.Close()
 			return nil, err
@@ -334,13 +355,25 @@ func Enter() (*Inside, error) {
 	return in, nil
 }
 
+// awaitJoined waits until kilnd has put the agent into its v1 groups,
+// which moves every thread the agent has, so that the spawning thread's
+// own move into the processes' groups comes after and stays.
+func awaitJoined(f *os.File) error {
+	defer f.Close()
+	var b [1]byte
+	if n, err := f.Read(b[:]); n != 1 {
+		return fmt.Errorf("sandbox: kilnd did not finish setting up the cgroups: %v", err)
+	}
+	return nil
+}
+
 // spawner starts the goroutine that does every fork of the sandbox, on an
-// OS thread of its own that it moves into the limited pids group (v1
-// groups hold threads): a child is born in the group of the thread that
-// forked it, so the sandbox's processes never run outside their limit,
-// not even for the moment between fork and a move, while the agent's other
-// threads stay outside it.
-func spawner(tasks *os.File) (func(start func() error) error, error) {
+// OS thread of its own that it moves into the limited groups (v1 groups
+// hold threads; tasks are their tasks files): a child is born in the
+// groups of the thread that forked it, so the sandbox's processes never
+// run outside their limits, not even for the moment between fork and a
+// move, while the agent's other threads stay outside them.
+func spawner(tasks []*os.File) (func(start func() error) error, error) {
 	type req struct {
 		start func() error
 		done  chan error
@@ -351,8 +384,13 @@ func spawner(tasks *os.File) (func(start func() error) error, error) {
 		// Never unlocked: when this goroutine ends, its thread, the only
 		// one in the group, ends with it.
 		runtime.LockOSThread()
-		_, err := tasks.Write([]byte(strconv.Itoa(unix.Gettid())))
-		tasks.Close()
+		var err error
+		for _, f := range tasks {
+			if _, werr := f.Write([]byte(strconv.Itoa(unix.Gettid()))); werr != nil && err == nil {
+				err = fmt.Errorf("%s: %w", f.Name(), werr)
+			}
+			f.Close()
+		}
 		ready <- err
 		if err != nil {
 			return
@@ -362,7 +400,7 @@ func spawner(tasks *os.File) (func(start func() error) error, error) {
 		}
 	}()
 	if err := <-ready; err != nil {
-		return nil, fmt.Errorf("sandbox: join the pids group: %w", err)
+		return nil, fmt.Errorf("sandbox: join the processes' groups: %w", err)
 	}
 	return func(start func() error) error {
 		done := make(chan error, 1)

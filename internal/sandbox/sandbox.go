@@ -182,7 +182,7 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
 	defer agentLog.Close()
-	cfg.PidsLimited = cg.Procs != ""
+	cfg.PidsLimited, cfg.MemoryLimited = cg.Procs != "", cg.MemoryProcs != ""
 	raw, err := json.Marshal(cfg)
 	if err != nil {
 		return nil, err
@@ -190,14 +190,23 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 	cmd := exec.Command(o.Exe)
 	cmd.Env = []string{AgentEnv + "=" + string(raw)}
 	cmd.Stdout, cmd.Stderr = agentLog, agentLog
-	cmd.ExtraFiles = []*os.File{lf, logs, nil, nil} // fdListener, fdLogs, fdTasks, fdRootfs
-	if cg.Procs != "" {
-		tasks, err := os.OpenFile(filepath.Join(cg.Procs, "tasks"), os.O_WRONLY|unix.O_CLOEXEC, 0)
+	cmd.ExtraFiles = []*os.File{lf, logs, nil, nil, nil, nil} // fdListener, fdLogs, fdTasks, fdRootfs, fdMemoryTasks, fdJoined
+	joinedR, joinedW, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	defer joinedW.Close()
+	cmd.ExtraFiles[fdJoined-3] = joinedR
+	for fd, dir := range map[int]string{fdTasks: cg.Procs, fdMemoryTasks: cg.MemoryProcs} {
+		if dir == "" {
+			continue
+		}
+		tasks, err := os.OpenFile(filepath.Join(dir, "tasks"), os.O_WRONLY|unix.O_CLOEXEC, 0)
 		if err != nil {
 			return nil, fmt.Errorf("sandbox: %w", err)
 		}
 		defer tasks.Close()
-		cmd.ExtraFiles[fdTasks-3] = tasks
+		cmd.ExtraFiles[fd-3] = tasks
 	}
 	if o.Rootfs != "" {
 		tree, err := idmapped(o.Exe, o.Rootfs, o.UIDBase)
@@ -235,6 +244,11 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 	}()
 	if err := cg.add(sb.PID); err != nil {
 		return nil, err
+	}
+	// Only now may the agent move its spawning thread into the processes'
+	// groups: moving the agent into its groups moves all its threads.
+	if _, err := joinedW.Write([]byte{1}); err != nil {
+		return nil, fmt.Errorf("sandbox: tell the agent its groups are set: %w", err)
 	}
 	if sb.Started, err = startTime(sb.PID); err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)

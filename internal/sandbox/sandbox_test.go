@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/google/uuid"
 	"go.uber.org/goleak"
+	"golang.org/x/sys/unix"
 
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/agent"
@@ -124,9 +126,24 @@ func TestIsolation(t *testing.T) {
 // limit is killed; the agent survives both and keeps serving.
 func TestLimits(t *testing.T) {
 	sb := newSandbox(t, sandbox.Options{Limits: sandbox.Limits{Pids: 64, MemoryBytes: 64 << 20}})
-	bomb := run(t, sb, `bomb() { bomb | bomb & }; bomb; sleep 1; n=$(ls /proc | grep -c '^[0-9]'); echo $n`)
-	if n := strings.TrimSpace(bomb.Stdout); n == "" || len(n) > 2 {
-		t.Errorf("fork bomb: %q processes seen (stderr %q)", bomb.Stdout, clipS(bomb.Stderr))
+	// A bomb that keeps every child it made: it spawns until the kernel
+	// refuses, says how far it got, and leaves its children to the drain.
+	// (posix_spawn shares the parent's memory until the exec: the memory
+	// limit stays out of it.)
+	bomb := run(t, sb, `python3 -c '
+import errno, os
+n = 0
+try:
+    while True:
+        os.posix_spawnp("sleep", ["sleep", "1000"], os.environ)
+        n += 1
+except OSError as e:
+    print(n, errno.errorcode[e.errno])
+'`)
+	var forked int
+	var why string
+	if _, err := fmt.Sscan(bomb.Stdout, &forked, &why); err != nil || forked >= 64 || forked < 8 || why != "EAGAIN" {
+		t.Errorf("fork bomb: stdout %q, stderr %q: want fewer than 64 forks, then EAGAIN", bomb.Stdout, clipS(bomb.Stderr))
 	}
 	if got := sb.Cgroups.ReadEvent("pids", "pids.events", "max"); got == 0 {
 		t.Errorf("the pids limit was never hit")
@@ -139,6 +156,33 @@ func TestLimits(t *testing.T) {
 	}
 	if r := run(t, sb, "echo alive"); strings.TrimSpace(r.Stdout) != "alive" {
 		t.Errorf("after the limits: %q", r.Stdout)
+	}
+}
+
+// TestOutOfMemoryNeverKillsTheAgent fills the memory limit with what no
+// process holds (a file on the sandbox's own tmpfs), so the out-of-memory
+// killer's choice falls on the biggest process it may pick. The agent is
+// outside the limited group: it is never that process, and it answers
+// after.
+func TestOutOfMemoryNeverKillsTheAgent(t *testing.T) {
+	sb := newSandbox(t, sandbox.Options{Limits: sandbox.Limits{MemoryBytes: 32 << 20}})
+	fill := run(t, sb, "exec dd if=/dev/zero of=/tmp/fill bs=1M count=64")
+	if fill.Signal != "KILL" {
+		t.Errorf("64 MiB to a tmpfs in a 32 MiB sandbox: exit %d, signal %q, stderr %q", code(fill), fill.Signal, clipS(fill.Stderr))
+	}
+	if got := sb.Cgroups.ReadEvent("memory", "memory.oom_control", "oom_kill"); got == 0 {
+		t.Errorf("no out-of-memory kill was counted")
+	}
+	if err := unix.Kill(sb.PID, 0); err != nil {
+		t.Fatalf("the agent is gone: %v", err)
+	}
+	resp, err := sb.Client().Get("http://agent/exec-stream")
+	if err != nil {
+		t.Fatalf("the agent does not answer: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("the agent answers %d", resp.StatusCode)
 	}
 }
 
