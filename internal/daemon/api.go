@@ -149,6 +149,10 @@ func (d *Daemon) createHandler(w http.ResponseWriter, r *http.Request) {
 		writeError(w, fmt.Errorf("%w: %v", errInvalid, err))
 		return
 	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		writeError(w, fmt.Errorf("%w: data after the JSON object", errInvalid))
+		return
+	}
 	info, err := d.Create(r.Context(), req)
 	if err != nil {
 		writeError(w, err)
@@ -187,9 +191,11 @@ func (d *Daemon) forward(w http.ResponseWriter, r *http.Request) {
 }
 
 // relay serves a WebSocket by joining the client's connection to one to
-// the agent: the request goes over (the token taken out), then bytes flow
-// both ways untouched. Output, the heavy direction, is moved by the kernel
-// (splice) and never copied through kilnd.
+// the agent: the request goes over (the token taken out), and once the
+// agent has switched protocols, bytes flow both ways untouched; any other
+// answer is an ordinary response (see readAnswer). Output, the heavy
+// direction, is moved by the kernel (splice) and never copied through
+// kilnd.
 func (d *Daemon) relay(w http.ResponseWriter, r *http.Request, e *entry) {
 	d.mu.Lock()
 	sb, id := e.rec.Sandbox, e.rec.ID
@@ -201,12 +207,21 @@ func (d *Daemon) relay(w http.ResponseWriter, r *http.Request, e *entry) {
 	}
 	defer agentConn.Close()
 	out := r.Clone(r.Context())
-	out.URL = &url.URL{Path: strings.TrimPrefix(r.URL.Path, "/sandboxes/"+id), RawQuery: r.URL.RawQuery}
+	path, rawPath := agentPath(r.URL)
+	out.URL = &url.URL{Path: path, RawPath: rawPath, RawQuery: r.URL.RawQuery}
 	out.Host, out.RequestURI = "agent", ""
 	stripCredentials(r, out.Header)
 	if err := out.Write(agentConn); err != nil {
 		writeError(w, fmt.Errorf("%w: sandbox %s: agent: %v", errUnavailable, id, err))
 		return
+	}
+	sent, upgraded, err := readAnswer(w, out, agentConn)
+	if err != nil {
+		writeError(w, fmt.Errorf("%w: sandbox %s: agent: %v", errUnavailable, id, err))
+		return
+	}
+	if !upgraded {
+		return // answered, and the connection is still the server's
 	}
 	conn, brw, err := http.NewResponseController(w).Hijack()
 	if err != nil {
@@ -217,6 +232,10 @@ func (d *Daemon) relay(w http.ResponseWriter, r *http.Request, e *entry) {
 	// The server's request deadlines no longer apply: a watcher stays as
 	// long as it reads. (Writes get their own deadline below.)
 	conn.SetDeadline(time.Time{})
+	conn.SetWriteDeadline(time.Now().Add(relayWriteTimeout))
+	if _, err := conn.Write(sent); err != nil {
+		return
+	}
 	toAgent := make(chan struct{})
 	go func() {
 		defer close(toAgent)
@@ -225,7 +244,7 @@ func (d *Daemon) relay(w http.ResponseWriter, r *http.Request, e *entry) {
 			cw.CloseWrite()
 		}
 	}()
-	copyOut(conn, agentConn) // the agent's answer, then the output
+	copyOut(conn, agentConn) // the output
 	conn.Close()
 	agentConn.Close()
 	<-toAgent

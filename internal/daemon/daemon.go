@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -367,15 +368,13 @@ func (d *Daemon) Close() {
 // route makes the entry of a running sandbox, with its proxy to the
 // agent: /sandboxes/{id}/rest goes to the agent as /rest.
 func (d *Daemon) route(rec record) *entry {
-	prefix := "/sandboxes/" + rec.ID
 	p := &httputil.ReverseProxy{
 		Transport: rec.Sandbox.Transport(),
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme = "http"
 			pr.Out.URL.Host = "agent"
 			pr.Out.Host = "agent"
-			pr.Out.URL.Path = strings.TrimPrefix(pr.In.URL.Path, prefix)
-			pr.Out.URL.RawPath = ""
+			pr.Out.URL.Path, pr.Out.URL.RawPath = agentPath(pr.In.URL)
 			// The token never reaches the agent.
 			stripCredentials(pr.In, pr.Out.Header)
 		},
@@ -391,6 +390,26 @@ func (d *Daemon) route(rec record) *entry {
 		},
 	}
 	return &entry{rec: rec, proxy: p}
+}
+
+// agentPath is a process call's path at the agent: what follows
+// /sandboxes/{id}, as the client escaped it. An escaped slash or dot stays
+// inside its segment, a process id the agent does not know, instead of
+// becoming a separator or a dot-dot the agent would clean and redirect.
+func agentPath(u *url.URL) (path, rawPath string) {
+	rest := u.EscapedPath()
+	for range 2 { // "sandboxes", then the id
+		_, after, ok := strings.Cut(strings.TrimPrefix(rest, "/"), "/")
+		if !ok {
+			return "/", ""
+		}
+		rest = "/" + after
+	}
+	path, err := url.PathUnescape(rest)
+	if err != nil { // not from a parsed URL
+		return "/", ""
+	}
+	return path, rest
 }
 
 // CreateRequest is the body of POST /sandboxes.
@@ -750,6 +769,16 @@ func (c *slotConn) SyscallConn() (syscall.RawConn, error) {
 		return sc.SyscallConn()
 	}
 	return nil, errors.ErrUnsupported
+}
+
+// CloseWrite lets the HTTP server end an answer it gives before closing
+// (headers too large, a malformed request) with a FIN: without it the
+// client gets a reset instead of the answer.
+func (c *slotConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return errors.ErrUnsupported
 }
 
 func (c *slotConn) Close() error {

@@ -15,6 +15,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/google/uuid"
+	"golang.org/x/sys/unix"
 
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/capture"
@@ -51,8 +52,12 @@ func (d *Daemon) logsDir(id string) (*capture.Dir, error) {
 		return nil, fmt.Errorf("%w: no sandbox %q", errNotFound, clip(id))
 	}
 	dir, err := capture.OpenDir(filepath.Join(d.sandboxDir(id), sandbox.LogsName))
-	if errors.Is(err, os.ErrNotExist) {
+	switch {
+	case errors.Is(err, os.ErrNotExist):
 		return nil, fmt.Errorf("%w: sandbox %s has no captured logs", errNotFound, id)
+	case errors.Is(err, unix.ELOOP), errors.Is(err, unix.ENOTDIR):
+		// Someone on the host replaced it; kilnd does not follow links.
+		return nil, fmt.Errorf("%w: sandbox %s: its capture directory is no longer a directory", errUnavailable, id)
 	}
 	return dir, err
 }
@@ -226,7 +231,9 @@ func (d *Daemon) readLog(w http.ResponseWriter, r *http.Request) {
 		}
 		e.Content = slices.Clone(e.Content)
 		es = append(es, e)
-		if len(es) > 2*lq.filter.Tail+4096 {
+		// Written so that no tail overflows it: 2*tail could, and then
+		// every entry would cost a copy of all those before it.
+		if (len(es)-4096)/2 > lq.filter.Tail {
 			es = slices.Clone(capture.Tail(es, lq.filter.Tail))
 		}
 	}

@@ -1,9 +1,12 @@
 package daemon
 
 import (
+	"bufio"
+	"bytes"
 	"errors"
 	"io"
 	"net"
+	"net/http"
 	"syscall"
 	"time"
 
@@ -18,7 +21,47 @@ const relayWriteTimeout = 30 * time.Second
 // messages at a time.
 const relayPipeSize = 256 << 10
 
-// copyOut moves the agent's answer and output to the client until either
+// maxAnswerHead bounds the head of the agent's answer to a WebSocket
+// request, which kilnd reads before it decides what the client's
+// connection becomes.
+const maxAnswerHead = 64 << 10
+
+// readAnswer reads the agent's answer to the WebSocket request out. Only a
+// switch of protocols (101) may make the client's connection a tunnel to
+// the agent: then it returns what the agent has sent so far (the answer's
+// head as the agent wrote it, and what followed it), for the relay to
+// send on. Any other answer (an unknown process, an offset out of range)
+// it relays as an ordinary response and returns upgraded false: the
+// client's connection stays kilnd's, so a client that reuses it for its
+// next request reaches kilnd again, not this agent.
+func readAnswer(w http.ResponseWriter, out *http.Request, agentConn net.Conn) (sent []byte, upgraded bool, err error) {
+	// The agent answers at once; one that does not within the relay's
+	// timeout is as good as gone.
+	agentConn.SetReadDeadline(time.Now().Add(relayWriteTimeout))
+	defer agentConn.SetReadDeadline(time.Time{})
+	lr := &io.LimitedReader{R: agentConn, N: maxAnswerHead}
+	var seen bytes.Buffer
+	br := bufio.NewReader(io.TeeReader(lr, &seen))
+	resp, err := http.ReadResponse(br, out)
+	if err != nil {
+		return nil, false, err
+	}
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		return seen.Bytes(), true, nil
+	}
+	defer resp.Body.Close()
+	lr.N = maxAnswerHead // for the body: an error's, small
+	for k, v := range resp.Header {
+		if k != "Connection" && k != "Keep-Alive" {
+			w.Header()[k] = v
+		}
+	}
+	w.WriteHeader(resp.StatusCode)
+	io.Copy(w, resp.Body)
+	return nil, false, nil
+}
+
+// copyOut moves the agent's output to the client until either
 // side fails, each write bounded by relayWriteTimeout. Between two sockets
 // the bytes go through a pipe by splice, so kilnd never copies them: the
 // kernel hands the agent's pages on to the client's socket.
