@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -368,17 +369,22 @@ func (s *Server) signal(w http.ResponseWriter, r *http.Request) {
 func (s *Server) stdin(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("pid")
 	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, api.MaxStdin))
-	if err != nil {
+	var tooLarge *http.MaxBytesError
+	if errors.As(err, &tooLarge) {
 		writeError(w, fmt.Errorf("%w: stdin writes are at most %d bytes", errTooLarge, api.MaxStdin))
 		return
 	}
-	var offset int64
-	if v := r.URL.Query().Get("offset"); v != "" {
-		if offset, err = strconv.ParseInt(v, 10, 64); err != nil || offset < 0 {
-			writeError(w, fmt.Errorf("%w: offset %q", process.ErrInvalid, clip(v)))
-			return
-		}
-	} else {
+	if err != nil {
+		// A body cut short: nothing of it is written.
+		writeError(w, fmt.Errorf("%w: reading the body: %v", process.ErrInvalid, err))
+		return
+	}
+	offset, given, err := stdinOffset(r.URL.Query())
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if !given {
 		st, err := s.cfg.Table.Status(id)
 		if err != nil {
 			writeError(w, err)
@@ -396,6 +402,19 @@ func (s *Server) stdin(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, api.StdinAccepted{Accepted: accepted})
+}
+
+// stdinOffset reads a stdin write's ?offset=N; given is false without
+// one (the write goes where the input stands).
+func stdinOffset(q url.Values) (offset int64, given bool, err error) {
+	v := q.Get("offset")
+	if v == "" {
+		return 0, false, nil
+	}
+	if offset, err = strconv.ParseInt(v, 10, 64); err != nil || offset < 0 {
+		return 0, false, fmt.Errorf("%w: offset %q", process.ErrInvalid, clip(v))
+	}
+	return offset, true, nil
 }
 
 func (s *Server) closeStdin(w http.ResponseWriter, r *http.Request) {

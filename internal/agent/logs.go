@@ -331,22 +331,18 @@ func (s *Server) readInput(ctx context.Context, c *websocket.Conn, id string, st
 			}
 			offset = accepted
 		case websocket.MessageText:
-			var m api.ClientMessage
-			if err := json.Unmarshal(data, &m); err != nil {
+			m, err := controlMessage(data)
+			if errors.Is(err, errBadJSON) {
 				c.Close(websocket.StatusUnsupportedData, "malformed control message")
 				return
 			}
-			switch m.Type {
-			case api.TypeStdinClose:
-				err = s.cfg.Table.CloseStdin(id)
-			case api.TypeResize:
-				if m.Cols == 0 || m.Rows == 0 || m.Cols > api.MaxTTYSize || m.Rows > api.MaxTTYSize {
-					err = fmt.Errorf("terminal size %dx%d", m.Cols, m.Rows)
-				} else {
+			if err == nil {
+				switch m.Type {
+				case api.TypeStdinClose:
+					err = s.cfg.Table.CloseStdin(id)
+				case api.TypeResize:
 					err = s.cfg.Table.Resize(id, process.WindowSize{Cols: m.Cols, Rows: m.Rows})
 				}
-			default:
-				err = fmt.Errorf("unknown message type %q", clip(m.Type))
 			}
 			if err != nil {
 				c.Close(websocket.StatusPolicyViolation, clip(err.Error()))
@@ -354,4 +350,24 @@ func (s *Server) readInput(ctx context.Context, c *websocket.Conn, id string, st
 			}
 		}
 	}
+}
+
+// controlMessage decodes a watcher's text message: stdin_close, or resize
+// to a size within MaxTTYSize. What is not JSON wraps errBadJSON; any other
+// type, or a size out of bounds, is refused with the reason.
+func controlMessage(data []byte) (api.ClientMessage, error) {
+	var m api.ClientMessage
+	if err := json.Unmarshal(data, &m); err != nil {
+		return m, fmt.Errorf("%w: %v", errBadJSON, err)
+	}
+	switch m.Type {
+	case api.TypeStdinClose:
+	case api.TypeResize:
+		if m.Cols == 0 || m.Rows == 0 || m.Cols > api.MaxTTYSize || m.Rows > api.MaxTTYSize {
+			return m, fmt.Errorf("terminal size %dx%d", m.Cols, m.Rows)
+		}
+	default:
+		return m, fmt.Errorf("unknown message type %q", clip(m.Type))
+	}
+	return m, nil
 }
