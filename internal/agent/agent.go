@@ -117,7 +117,7 @@ func writeError(w http.ResponseWriter, err error) {
 	case errors.Is(err, process.ErrFinished), errors.Is(err, stdin.ErrClosed), errors.Is(err, stdin.ErrBroken),
 		errors.Is(err, stdin.ErrStopped):
 		code = api.CodePrecondition
-	case errors.Is(err, stdin.ErrFull), errors.Is(err, process.ErrClosed):
+	case errors.Is(err, stdin.ErrFull), errors.Is(err, process.ErrClosed), errors.Is(err, process.ErrCapture):
 		code = api.CodeUnavailable
 	}
 	reply.Error(w, code, err.Error())
@@ -294,7 +294,17 @@ func toAPI(st process.Status) api.Process {
 		p.Command, p.Args = st.Argv[0], st.Argv[1:]
 	}
 	for _, s := range st.Streams {
-		p.Streams[streamName(s)] = api.StreamStatus{TotalBytes: st.Totals[s], Ended: st.Ended[s], CaptureDropped: st.Dropped[s]}
+		dropped := st.Dropped[s]
+		if st.Capture != nil {
+			// The run has ended: its whole loss, the writer's failed
+			// writes (a full disk) as well as what the queue dropped.
+			ls := capture.LogStdout
+			if s == ring.Stderr {
+				ls = capture.LogStderr
+			}
+			dropped = max(dropped, st.Capture.Dropped[ls])
+		}
+		p.Streams[streamName(s)] = api.StreamStatus{TotalBytes: st.Totals[s], Ended: st.Ended[s], CaptureDropped: dropped}
 	}
 	if st.Stdin != nil {
 		p.Stdin = &api.StdinStatus{Accepted: st.Stdin.Accepted, Delivered: st.Stdin.Delivered, Closed: st.Stdin.Closed, Broken: st.Stdin.Broken != nil}

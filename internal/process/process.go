@@ -34,6 +34,10 @@ var (
 	ErrNotTerminal = errors.New("process has no terminal")
 	ErrTerminalEOF = errors.New("a terminal has no end-of-input; send Ctrl-D as input")
 	ErrOutOfRange  = ring.ErrOutOfRange
+	// ErrCapture: the capture the process asked for could not begin (its
+	// directory cannot be written), so it was not started. The request
+	// was good; the host's storage is not.
+	ErrCapture = errors.New("process not started: its capture could not begin")
 )
 
 // StdinMode says whether a process gets a stdin pipe.
@@ -188,7 +192,7 @@ func start(id string, spec Spec, drainFor time.Duration, onDone func()) (*Proces
 	if spec.Begin != nil && spec.Capture == nil {
 		w, err := spec.Begin(id)
 		if err != nil {
-			return nil, fmt.Errorf("%w: capture: %v", ErrStart, err)
+			return nil, fmt.Errorf("%w: %w", ErrCapture, err)
 		}
 		spec.Capture = w
 	}
