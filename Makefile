@@ -2,7 +2,7 @@
 GO ?= go
 STATICCHECK = $(GO) tool -modfile=tools/go.mod staticcheck
 
-.PHONY: test check bench compare fuzz
+.PHONY: test check bench compare fuzz faults soak
 
 # The whole test suite: formatting, vet, staticcheck, every test under the
 # race detector, and each benchmark once so it keeps working.
@@ -33,6 +33,21 @@ compare:
 		echo "installing:$$missing"; apt-get install -y -qq $$missing >/dev/null || true; \
 	fi
 	$(GO) run ./bench -only compare -out bench/results
+
+# The fault suite alone (it is also part of `make test`): kilnd killed
+# mid-stream, an agent killed, the capture directory full, read-only or a
+# link, limits hit, stalled watchers, clients gone mid-write, and more.
+faults:
+	$(GO) test -race -count=1 -run '^(TestKill9MidStream|TestRestartWithoutLoss|TestAgentKilled|TestCaptureDirectory(Full|ReadOnly|ReplacedByLink)|TestWatcherStallsMidReplay|TestStdinRetryAfterDisconnect|TestStdoutClosedWhileRunning|TestLimitsSpareOtherSandboxes)$$' ./internal/daemon/
+	$(GO) test -race -count=1 -run '^(TestLimits|TestOutOfMemoryNeverKillsTheAgent)$$' ./internal/sandbox/
+	$(GO) test -race -count=1 -run '^(TestOutputClosedButStillRunning|TestStalledReaderBesideFastOne)$$' ./internal/process/
+	$(GO) test -race -count=1 -run '^(TestFullDiskEndIsExactAndLossy|TestStartRefused|TestKilledDuringCapture|TestStuckWriterNeverBlocksTheWorkload)$$' ./internal/capture/
+
+# The soak's long form: ten minutes of sandboxes, processes and watchers
+# attaching and detaching at random (`make test` runs five seconds of it).
+SOAK ?= 10m
+soak:
+	$(GO) test -race -count=1 -run '^TestSoak$$' -timeout=0 ./internal/daemon/ -soak=$(SOAK) -v
 
 # A short run of every fuzz target.
 fuzz:

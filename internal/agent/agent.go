@@ -296,8 +296,8 @@ func toAPI(st process.Status) api.Process {
 	for _, s := range st.Streams {
 		dropped := st.Dropped[s]
 		if st.Capture != nil {
-			// The run has ended: its whole loss, the writer's failed
-			// writes (a full disk) as well as what the queue dropped.
+			// The run's whole loss so far: the writer's failed writes
+			// (a full disk) as well as what its queue dropped.
 			ls := capture.LogStdout
 			if s == ring.Stderr {
 				ls = capture.LogStderr
