@@ -724,13 +724,20 @@ func TestManyStreamsManyWatchers(t *testing.T) {
 }
 
 // TestAgentKilled: a sandbox whose agent is killed is reported stopped with
-// an unknown exit, its cgroups gone; kilnd and other sandboxes go on.
+// an unknown exit, its cgroups gone, what it captured readable and marked
+// interrupted; kilnd and other sandboxes go on.
 func TestAgentKilled(t *testing.T) {
 	k := start(t, "")
 	defer k.cleanup()
 	var victim, other daemon.Info
 	k.json("POST", "/sandboxes", "{}", &victim)
 	k.json("POST", "/sandboxes", "{}", &other)
+	// A captured process runs in the victim, its first line in the log.
+	pid := k.faultStart(victim.ID, api.ExecRequest{Command: "sh", Args: []string{"-c", "echo before; exec sleep 1000"}, Capture: true})
+	faultAwait(t, "the first line in the captured log", func() bool {
+		_, body, _ := k.faultCapturedLog(victim.ID, pid, "")
+		return string(body) == "before\n"
+	})
 	if err := syscall.Kill(victim.AgentPID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -756,6 +763,11 @@ func TestAgentKilled(t *testing.T) {
 	}
 	if code, _ := k.do("POST", "/sandboxes/"+victim.ID+"/exec", k.d.Token(), `{"command":"true"}`); code != 503 {
 		t.Errorf("exec in the stopped sandbox: %d", code)
+	}
+	// What it captured stays readable, and says how it ended: cut short.
+	if code, body, runs := k.faultCapturedLog(victim.ID, pid, ""); code != 200 || string(body) != "before\n" ||
+		len(runs) != 1 || runs[0].State != "interrupted" {
+		t.Errorf("the killed sandbox's captured log: %d %q, runs %+v; want its line and one interrupted run", code, body, runs)
 	}
 	for {
 		matches, _ := filepath.Glob("/sys/fs/cgroup/unified/*/kiln-" + victim.ID)
