@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,7 +17,6 @@ import (
 
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/daemon"
-	"github.com/sandkiln/sandkiln/internal/daemon/daemontest"
 	"github.com/sandkiln/sandkiln/internal/process"
 	"github.com/sandkiln/sandkiln/internal/ring"
 )
@@ -428,19 +425,12 @@ func runTerminal(ctx context.Context, exe string, sh shape, size int64) (time.Du
 // compareSandboxes measures a sandbox's start (create, exec true, remove)
 // and its memory while idle, in sandkiln and in the OCI runtimes.
 func compareSandboxes(ctx context.Context, cfg config, res *compareResult, base string, hasRunc, hasRunsc bool) error {
-	state := filepath.Join(base, "kilnd")
-	k, err := daemontest.Start(state, "")
+	k, c, err := startKilnd(filepath.Join(base, "kilnd"))
 	if err != nil {
 		return err
 	}
 	defer k.Close()
-	sock := filepath.Join(state, daemon.SocketName)
-	tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		var dl net.Dialer
-		return dl.DialContext(ctx, "unix", sock)
-	}, MaxIdleConnsPerHost: 4}
-	defer tr.CloseIdleConnections()
-	c := client{http: &http.Client{Transport: tr}, sock: sock}
+	defer c.http.CloseIdleConnections()
 
 	kiln := &timedCase{name: caseSandkiln, note: "POST /sandboxes, POST …/exec `true`, DELETE, over kilnd's socket"}
 	res.starts = append(res.starts, kiln)
@@ -504,39 +494,16 @@ func compareSandboxes(ctx context.Context, cfg config, res *compareResult, base 
 
 	// Idle: sandkiln's agents and kilnd's heap growth; an OCI container
 	// running `sleep` with everything its runtime leaves behind.
-	runtime.GC()
-	var before runtime.MemStats
-	runtime.ReadMemStats(&before)
-	var pss int64
-	var ids []string
-	for range compareIdle {
-		var info daemon.Info
-		if err := c.call(ctx, "POST", "/sandboxes", map[string]any{}, &info); err != nil {
-			return err
-		}
-		ids = append(ids, info.ID)
-	}
-	runtime.GC()
-	var after runtime.MemStats
-	runtime.ReadMemStats(&after)
+	m, ids, err := idleSandboxes(ctx, c, compareIdle)
 	for _, id := range ids {
-		var info daemon.Info
-		if err := c.call(ctx, "GET", "/sandboxes/"+id, nil, &info); err != nil {
-			return err
-		}
-		p, err := pssOf(info.AgentPID)
-		if err != nil {
-			return err
-		}
-		pss += p
-	}
-	for _, id := range ids {
-		if err := c.call(ctx, "DELETE", "/sandboxes/"+id+"?remove_logs=true", nil, nil); err != nil {
-			return err
+		if derr := c.call(ctx, "DELETE", "/sandboxes/"+id+"?remove_logs=true", nil, nil); err == nil {
+			err = derr
 		}
 	}
-	heap := max(0, int64(after.HeapAlloc)-int64(before.HeapAlloc))
-	res.idle = append(res.idle, idleCase{name: caseSandkiln, bytes: float64(pss+heap) / compareIdle, note: "the agent's PSS and kilnd's heap growth"})
+	if err != nil {
+		return err
+	}
+	res.idle = append(res.idle, idleCase{name: caseSandkiln, bytes: m.perSandboxMiB * (1 << 20), note: "the agent's PSS and kilnd's heap growth"})
 	if hasRunc {
 		b, err := ociIdle(ctx, "runc", []string{"--root", filepath.Join(base, "runc-idle")}, bundle)
 		if err != nil {

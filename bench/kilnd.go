@@ -108,18 +108,12 @@ func measureKilnd(ctx context.Context, cfg config) (*kilndResult, error) {
 		return nil, err
 	}
 	defer os.RemoveAll(state)
-	k, err := daemontest.Start(state, "")
+	k, c, err := startKilnd(state)
 	if err != nil {
 		return nil, err
 	}
 	defer k.Close()
-	sock := filepath.Join(state, daemon.SocketName)
-	tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		var dl net.Dialer
-		return dl.DialContext(ctx, "unix", sock)
-	}, MaxIdleConnsPerHost: 4}
-	defer tr.CloseIdleConnections()
-	c := client{http: &http.Client{Transport: tr}, sock: sock}
+	defer c.http.CloseIdleConnections()
 
 	// Create to ready: the API answers once the agent does.
 	for i := range creates + 1 {
@@ -246,34 +240,9 @@ func measureKilnd(ctx context.Context, cfg config) (*kilndResult, error) {
 
 	// Memory per idle sandbox: the agents' proportional set size, and
 	// kilnd's heap growth, over a few more sandboxes.
-	runtime.GC()
-	var before runtime.MemStats
-	runtime.ReadMemStats(&before)
-	var ids []string
-	for range idle {
-		var info daemon.Info
-		if err := c.call(ctx, "POST", "/sandboxes", map[string]any{}, &info); err != nil {
-			return nil, err
-		}
-		ids = append(ids, info.ID)
+	if res.idle, _, err = idleSandboxes(ctx, c, idle); err != nil {
+		return nil, err
 	}
-	runtime.GC()
-	var after runtime.MemStats
-	runtime.ReadMemStats(&after)
-	res.idle.n = idle
-	res.idle.kilndHeap = int64(after.HeapAlloc) - int64(before.HeapAlloc)
-	for _, id := range ids {
-		var info daemon.Info
-		if err := c.call(ctx, "GET", "/sandboxes/"+id, nil, &info); err != nil {
-			return nil, err
-		}
-		pss, err := pssOf(info.AgentPID)
-		if err != nil {
-			return nil, err
-		}
-		res.idle.agentPSS += pss
-	}
-	res.idle.perSandboxMiB = float64(res.idle.agentPSS+max(0, res.idle.kilndHeap)) / float64(idle) / (1 << 20)
 	return res, nil
 }
 
@@ -296,6 +265,55 @@ func rawDD(ctx context.Context, args []string, want int64) (time.Duration, error
 		err = fmt.Errorf("raw dd: %d bytes, want %d", n, want)
 	}
 	return time.Since(start), err
+}
+
+// startKilnd runs a kilnd in this process on state, and a client of its
+// unix socket.
+func startKilnd(state string) (*daemontest.Kilnd, client, error) {
+	k, err := daemontest.Start(state, "")
+	if err != nil {
+		return nil, client{}, err
+	}
+	sock := filepath.Join(state, daemon.SocketName)
+	tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var dl net.Dialer
+		return dl.DialContext(ctx, "unix", sock)
+	}, MaxIdleConnsPerHost: 4}
+	return k, client{http: &http.Client{Transport: tr}, sock: sock}, nil
+}
+
+// idleSandboxes creates n sandboxes and measures what they cost idle: the
+// agents' proportional set size, and kilnd's heap growth. It leaves them
+// running and returns their ids.
+func idleSandboxes(ctx context.Context, c client, n int) (idleMemory, []string, error) {
+	runtime.GC()
+	var before runtime.MemStats
+	runtime.ReadMemStats(&before)
+	var ids []string
+	for range n {
+		var info daemon.Info
+		if err := c.call(ctx, "POST", "/sandboxes", map[string]any{}, &info); err != nil {
+			return idleMemory{}, ids, err
+		}
+		ids = append(ids, info.ID)
+	}
+	runtime.GC()
+	var after runtime.MemStats
+	runtime.ReadMemStats(&after)
+	m := idleMemory{n: n, kilndHeap: int64(after.HeapAlloc) - int64(before.HeapAlloc)}
+	for _, id := range ids {
+		var info daemon.Info
+		if err := c.call(ctx, "GET", "/sandboxes/"+id, nil, &info); err != nil {
+			return m, ids, err
+		}
+		pss, err := pssOf(info.AgentPID)
+		if err != nil {
+			return m, ids, err
+		}
+		m.agentPSS += pss
+	}
+	m.perSandboxMiB = float64(m.agentPSS+max(0, m.kilndHeap)) / float64(n) / (1 << 20)
+	return m, ids, nil
 }
 
 // pssOf reads a process's proportional set size.
