@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -116,7 +117,22 @@ func newCgroups(name string, lim Limits) (*Cgroups, error) {
 		return nil
 	}
 	if pure {
-		// Limits through the v2 controllers the parent delegates.
+		// Limits through the v2 controllers the parent delegates. Without
+		// them the limit files do not exist: say which are missing.
+		var want []string
+		if lim.MemoryBytes > 0 {
+			want = append(want, "memory")
+		}
+		if lim.Pids > 0 {
+			want = append(want, "pids")
+		}
+		if lim.CPUs > 0 {
+			want = append(want, "cpu")
+		}
+		if missing := missingControllers(cg.V2, want); len(missing) > 0 {
+			return fail(fmt.Errorf("sandbox: limits need the %s controller(s), which kilnd's cgroup %s does not delegate (cgroup.subtree_control)",
+				strings.Join(missing, ", "), filepath.Dir(cg.V2)))
+		}
 		if lim.MemoryBytes > 0 {
 			if err := set(cg.V2, "memory.max", strconv.FormatInt(lim.MemoryBytes, 10)); err != nil {
 				return fail(err)
@@ -189,6 +205,21 @@ func newCgroups(name string, lim Limits) (*Cgroups, error) {
 		}
 	}
 	return cg, nil
+}
+
+// missingControllers lists those of want that the v2 group dir cannot
+// use: not in its cgroup.controllers, which its parent's subtree_control
+// fills.
+func missingControllers(dir string, want []string) []string {
+	b, _ := os.ReadFile(filepath.Join(dir, "cgroup.controllers"))
+	have := strings.Fields(string(b))
+	var missing []string
+	for _, c := range want {
+		if !slices.Contains(have, c) {
+			missing = append(missing, c)
+		}
+	}
+	return missing
 }
 
 // open returns the v2 group's directory, for starting the agent inside it.

@@ -1,0 +1,31 @@
+package sandbox
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+)
+
+// TestMissingControllers: on a pure cgroup v2 host, limits need the
+// controllers kilnd's group delegates; those it does not are named, so the
+// create fails saying what to enable instead of with a missing file.
+func TestMissingControllers(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.controllers"), []byte("cpuset cpu io pids\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ want, missing []string }{
+		{nil, nil},
+		{[]string{"pids", "cpu"}, nil},
+		{[]string{"memory", "pids"}, []string{"memory"}},
+		{[]string{"memory", "hugetlb"}, []string{"memory", "hugetlb"}},
+	} {
+		if got := missingControllers(dir, c.want); !slices.Equal(got, c.missing) {
+			t.Errorf("missingControllers(%v) = %v, want %v", c.want, got, c.missing)
+		}
+	}
+	if got := missingControllers(filepath.Join(dir, "gone"), []string{"pids"}); !slices.Equal(got, []string{"pids"}) {
+		t.Errorf("no cgroup.controllers: missing %v, want [pids]", got)
+	}
+}
