@@ -695,3 +695,54 @@ func TestHostileBodies(t *testing.T) {
 	}
 	c.alive(sb)
 }
+
+// TestHostileFromInside: sandboxed code, root inside its sandbox, tries
+// every way out to kilnd: its port, its socket and state directory by
+// path, the agent's API socket and capture directory through the agent's
+// descriptors, the agent itself with ptrace, the host's processes in
+// /proc, and the cgroups that would let it kill or free itself. Each probe
+// says BLOCKED and why, or REACHED; a probe that says neither is broken,
+// and fails too.
+func TestHostileFromInside(t *testing.T) {
+	k := start(t, "")
+	defer k.cleanup()
+	c := newHostileClient(t, k)
+	sb := k.sandbox()
+	_, port, _ := strings.Cut(k.addr, ":")
+	// probe runs Python that raises OSError when blocked.
+	probe := func(code string) string {
+		return "import errno, os, socket, ctypes\ntry:\n" +
+			"    " + strings.ReplaceAll(code, "\n", "\n    ") + "\n    print('REACHED')\n" +
+			"except OSError as e:\n    print('BLOCKED', errno.errorcode.get(e.errno, e.errno))\n"
+	}
+	unixConnect := func(path string) string {
+		return fmt.Sprintf("s = socket.socket(socket.AF_UNIX)\ns.connect(%q)", path)
+	}
+	self := strconv.Itoa(os.Getpid())
+	cases := []struct{ name, code string }{
+		{"kilnd's port", fmt.Sprintf("socket.create_connection(('127.0.0.1', %s), timeout=2)", port)},
+		{"kilnd's socket by path", unixConnect(filepath.Join(k.state, "kilnd.sock"))},
+		{"kilnd's state directory", fmt.Sprintf("os.listdir(%q)", k.state)},
+		{"the agent's API socket", "os.listdir('/proc/1/fd')"},
+		{"the agent's listener by descriptor", unixConnect("/proc/1/fd/3")},
+		{"the capture directory by descriptor", "os.listdir('/proc/1/fd/4')"},
+		{"the agent's root", "os.listdir('/proc/1/root/')[0:0] or open('/proc/1/mem', 'rb').read(1)"},
+		{"ptrace of the agent", "libc = ctypes.CDLL(None, use_errno=True)\n" +
+			"if libc.ptrace(16, 1, 0, 0) != 0:\n    raise OSError(ctypes.get_errno(), 'ptrace')"},
+		{"the test process (kilnd) in /proc", fmt.Sprintf("b = open('/proc/%s/cmdline', 'rb').read()\n"+
+			"if b'daemon.test' not in b:\n    raise OSError(errno.ESRCH, 'another process')", self)},
+		{"the cgroup file system", "open('/sys/fs/cgroup/cgroup.procs', 'w').write('1')"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var res api.ExecResult
+			k.json("POST", "/sandboxes/"+sb+"/exec", api.ExecRequest{Command: "python3", Args: []string{"-c", probe(tc.code)}}, &res)
+			out := strings.TrimSpace(res.Stdout)
+			t.Log(out)
+			if !strings.HasPrefix(out, "BLOCKED ") {
+				t.Errorf("%s: stdout %q, stderr %q: want BLOCKED", tc.name, out, res.Stderr)
+			}
+		})
+	}
+	c.alive(sb)
+}
