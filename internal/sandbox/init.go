@@ -44,6 +44,9 @@ type AgentConfig struct {
 	PidsLimited bool `json:"pids_limited,omitempty"`
 	// MemoryLimited says fdMemoryTasks is passed: their memory group.
 	MemoryLimited bool `json:"memory_limited,omitempty"`
+	// Joined says fdJoined is passed. (A kilnd that predates it, still
+	// running while its binary is replaced, starts agents without it.)
+	Joined bool `json:"joined,omitempty"`
 	// Init, when set, is the sandbox's init command: the agent starts it
 	// (captured) first, and its exit ends the sandbox.
 	Init *api.ExecRequest `json:"init,omitempty"`
@@ -331,10 +334,12 @@ func Enter() (*Inside, error) {
 		return nil, err
 	}
 	in := &Inside{Config: cfg, Listener: l, Logs: logs, Isolate: isolate(cfg.UIDBase)}
-	if err := awaitJoined(os.NewFile(fdJoined, "joined")); err != nil {
-		l.Close()
-		logs.Close()
-		return nil, err
+	if cfg.Joined {
+		if err := awaitJoined(os.NewFile(fdJoined, "joined")); err != nil {
+			l.Close()
+			logs.Close()
+			return nil, err
+		}
 	}
 	var groups []*os.File
 	if cfg.PidsLimited {
@@ -351,6 +356,13 @@ func Enter() (*Inside, error) {
 			logs.Close()
 			return nil, err
 		}
+	}
+	// Nothing kilnd inherited without close-on-exec (from whatever
+	// started it) may reach the sandbox's processes.
+	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
+		l.Close()
+		logs.Close()
+		return nil, fmt.Errorf("sandbox: close-on-exec for inherited descriptors: %w", err)
 	}
 	return in, nil
 }

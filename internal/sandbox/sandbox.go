@@ -182,7 +182,7 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
 	defer agentLog.Close()
-	cfg.PidsLimited, cfg.MemoryLimited = cg.Procs != "", cg.MemoryProcs != ""
+	cfg.PidsLimited, cfg.MemoryLimited, cfg.Joined = cg.Procs != "", cg.MemoryProcs != "", true
 	raw, err := json.Marshal(cfg)
 	if err != nil {
 		return nil, err
@@ -195,6 +195,7 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
+	defer joinedR.Close() // closed below too, once the agent has it
 	defer joinedW.Close()
 	cmd.ExtraFiles[fdJoined-3] = joinedR
 	for fd, dir := range map[int]string{fdTasks: cg.Procs, fdMemoryTasks: cg.MemoryProcs} {
