@@ -296,8 +296,10 @@ func toAPI(st process.Status) api.Process {
 	for _, s := range st.Streams {
 		dropped := st.Dropped[s]
 		if st.Capture != nil {
-			// The run's whole loss so far: the writer's failed writes
-			// (a full disk) as well as what its queue dropped.
+			// Once the output has drained, the run's whole loss: the
+			// writer's failed writes (a full disk) as well as what its
+			// queue dropped. (While it runs, only the queue's drops are
+			// known here.)
 			ls := capture.LogStdout
 			if s == ring.Stderr {
 				ls = capture.LogStderr

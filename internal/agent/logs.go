@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"golang.org/x/sys/unix"
 
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/process"
@@ -35,7 +36,24 @@ const (
 // buffer lets a watcher that keeps up on average ride out a moment of not
 // being scheduled instead of falling behind the ring. It is memory only a
 // watcher that does not read holds, and the write deadline bounds how long.
+// The kernel reserves twice what is asked, for its bookkeeping, and caps
+// what is asked at net.core.wmem_max unless forced (SO_SNDBUFFORCE, which
+// the agent, root on the host, may do).
 const watcherSendBuffer = 4 << 20
+
+// setSendBuffer asks for a send buffer of n bytes on c, past the system's
+// cap when allowed, and otherwise up to it.
+func setSendBuffer(c *net.UnixConn, n int) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return
+	}
+	rc.Control(func(fd uintptr) {
+		if unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, n) != nil {
+			unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF, n)
+		}
+	})
+}
 
 type connKey struct{}
 
@@ -171,7 +189,7 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request, id string, st pro
 	// Origins were checked where the request came in (kilnd); the agent's
 	// socket is reachable from kilnd alone.
 	if uc, ok := r.Context().Value(connKey{}).(*net.UnixConn); ok {
-		uc.SetWriteBuffer(watcherSendBuffer)
+		setSendBuffer(uc, watcherSendBuffer)
 	}
 	c, err := websocket.Accept(w, r, &websocket.AcceptOptions{
 		Subprotocols:       []string{api.ProtocolV1, api.ProtocolRaw},
