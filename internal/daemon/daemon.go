@@ -59,11 +59,11 @@ const (
 	recordName   = "sandbox.json"
 )
 
-// Sandbox states.
+// Sandbox states, as the API names them.
 const (
-	StateRunning = "running"
-	StateStopped = "stopped"
-	StateDeleted = "deleted"
+	StateRunning = api.SandboxRunning
+	StateStopped = api.SandboxStopped
+	StateDeleted = api.SandboxDeleted
 )
 
 // record is a sandbox's small JSON file, written atomically on every
