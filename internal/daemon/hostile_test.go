@@ -383,6 +383,7 @@ func TestHostileNonUTF8(t *testing.T) {
 	k.json("POST", inSB+"/exec-stream/"+st.ID+"/stdin/close", nil, nil)
 	var exit api.Exit
 	k.json("GET", inSB+"/exec-stream/"+st.ID+"/wait", nil, &exit)
+	k.faultCaptureEnded(sb, st.ID) // the exit comes before the capture's end
 	if r := c.as("GET", inSB+"/exec-stream/"+st.ID+"/logs?follow=0", ""); r.code != 200 || string(r.body) != raw+"[process exited with code 0]\n" {
 		t.Errorf("non-UTF-8 stdin came back as %d %q", r.code, r.body)
 	}
@@ -638,6 +639,7 @@ func TestHostileLogQueries(t *testing.T) {
 	k.json("POST", "/sandboxes/"+sb+"/exec-stream", fmt.Sprintf(`{"command":"seq","args":["%d"],"capture":true}`, lines), &st)
 	var exit api.Exit
 	k.json("GET", "/sandboxes/"+sb+"/exec-stream/"+st.ID+"/wait", nil, &exit)
+	k.faultCaptureEnded(sb, st.ID) // the exit comes before the capture's end
 	var want strings.Builder
 	for i := 1; i <= lines; i++ {
 		fmt.Fprintf(&want, "%d\n", i)
