@@ -81,6 +81,17 @@ const (
 	fdJoined = 8
 )
 
+// The agent's main goroutine keeps the process's main thread for good, so
+// that the spawning thread, which moves into the processes' groups, is
+// never that thread: a v1 group holding the main thread holds the whole
+// process for memory accounting and the out-of-memory killer, and the
+// agent would be charged for, and killed with, the sandbox's processes.
+func init() {
+	if os.Getenv(AgentEnv) != "" {
+		runtime.LockOSThread()
+	}
+}
+
 // hostDirs are bound read-only from the host when no rootfs is given.
 var hostDirs = []string{"usr", "etc", "bin", "lib", "lib64", "sbin"}
 
@@ -396,6 +407,13 @@ func spawner(tasks []*os.File) (func(start func() error) error, error) {
 		// Never unlocked: when this goroutine ends, its thread, the only
 		// one in the group, ends with it.
 		runtime.LockOSThread()
+		if unix.Gettid() == unix.Getpid() {
+			for _, f := range tasks {
+				f.Close()
+			}
+			ready <- errors.New("the spawning thread is the agent's main thread")
+			return
+		}
 		var err error
 		for _, f := range tasks {
 			if _, werr := f.Write([]byte(strconv.Itoa(unix.Gettid()))); werr != nil && err == nil {
