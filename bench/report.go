@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// The engine's targets, as the issue states them.
+// The engine's targets.
 const (
 	targetThroughputRatio = 0.85 // engine without reader over raw, at least
 	targetReaderSlowdown  = 1.25 // workload time with 64 readers over none, at most
@@ -240,7 +240,7 @@ func bytesText(n int64) string {
 	return fmt.Sprintf("%.2f %s (%d B)", v, units[i], n)
 }
 
-// The capture targets, as the issue states them.
+// The capture targets.
 const (
 	targetCaptureChunks   = 0.8  // engine + capture over child > file, 16 KiB chunks, at least
 	targetCaptureLines    = 1.5  // engine + capture over the faster of supervisord and s6-log, 100-byte lines, at least
