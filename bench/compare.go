@@ -263,22 +263,7 @@ func runPipe(ctx context.Context, exe string, sh shape, size int64) (time.Durati
 	cmd := exec.CommandContext(ctx, exe)
 	cmd.Env = sh.environ(size, "")
 	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		return 0, err
-	}
-	start := time.Now()
-	if err := cmd.Start(); err != nil {
-		return 0, err
-	}
-	n, err := io.CopyBuffer(io.Discard, out, make([]byte, 256<<10))
-	if werr := cmd.Wait(); err == nil {
-		err = werr
-	}
-	if err == nil && n != sh.bytes(size) {
-		err = fmt.Errorf("read %d bytes, child wrote %d", n, sh.bytes(size))
-	}
-	return time.Since(start), err
+	return drainCommand(cmd, sh.bytes(size))
 }
 
 // runTee is `child | tee /dev/fd/3 … /dev/fd/N`, every pipe drained by a

@@ -248,7 +248,16 @@ func measureKilnd(ctx context.Context, cfg config) (*kilndResult, error) {
 
 // rawDD runs dd on the host into a pipe read by a plain loop.
 func rawDD(ctx context.Context, args []string, want int64) (time.Duration, error) {
-	cmd := exec.CommandContext(ctx, "dd", args...)
+	d, err := drainCommand(exec.CommandContext(ctx, "dd", args...), want)
+	if err != nil {
+		err = fmt.Errorf("raw dd: %w", err)
+	}
+	return d, err
+}
+
+// drainCommand runs cmd with its stdout into a pipe read by a plain loop
+// into nothing, and checks it wrote want bytes; the time is Start to Wait.
+func drainCommand(cmd *exec.Cmd, want int64) (time.Duration, error) {
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return 0, err
@@ -262,7 +271,7 @@ func rawDD(ctx context.Context, args []string, want int64) (time.Duration, error
 		err = werr
 	}
 	if err == nil && n != want {
-		err = fmt.Errorf("raw dd: %d bytes, want %d", n, want)
+		err = fmt.Errorf("read %d bytes, want %d", n, want)
 	}
 	return time.Since(start), err
 }
