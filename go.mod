@@ -13,6 +13,7 @@ require (
 
 require (
 	github.com/coder/websocket v1.8.15
+	github.com/docker/go-units v0.5.0
 	github.com/spf13/cobra v1.10.2
 	golang.org/x/term v0.48.0
 )

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/docker/go-units"
+
 	"github.com/sandkiln/sandkiln/internal/daemon"
 )
 
@@ -52,6 +54,7 @@ Flags:
 	images := fs.String("images", "", "`directory` of root filesystems sandboxes may use (default STATE_DIR/images)")
 	var allow origins
 	fs.Var(&allow, "allow-origin", "a browser `origin` allowed to call the API beside kilnd's own (repeatable)")
+	captureBuffer := fs.String("capture-buffer", "8MiB", "per captured process, the `size` of output held for its log writer while it catches up\n(64KiB to 1GiB): a burst beyond it, faster than the disk, is dropped and counted")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -60,6 +63,11 @@ Flags:
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "kilnd: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	queue, err := units.RAMInBytes(*captureBuffer)
+	if err != nil || queue < 64<<10 || queue > 1<<30 {
+		fmt.Fprintf(os.Stderr, "kilnd: --capture-buffer %q: want a size from 64KiB to 1GiB, such as 8MiB\n", *captureBuffer)
 		return 2
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
@@ -72,7 +80,8 @@ Flags:
 		fmt.Fprintln(os.Stderr, "kilnd: find this binary:", err)
 		return 1
 	}
-	d, err := daemon.New(daemon.Config{StateDir: *stateDir, Listen: *listen, AllowOrigins: allow, Exe: exe, Env: sandboxEnv, Images: *images, Log: log})
+	d, err := daemon.New(daemon.Config{StateDir: *stateDir, Listen: *listen, AllowOrigins: allow, Exe: exe, Env: sandboxEnv, Images: *images,
+		CaptureQueue: queue, Log: log})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

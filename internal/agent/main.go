@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sandkiln/sandkiln/internal/capture"
 	"github.com/sandkiln/sandkiln/internal/process"
 	"github.com/sandkiln/sandkiln/internal/sandbox"
 )
@@ -58,7 +59,8 @@ func run() error {
 		return err
 	}
 	table := process.NewTable(process.TableConfig{})
-	srv := New(Config{Table: table, Env: in.Config.Env, Dir: "/workspace", Logs: in.Logs, Isolate: in.Isolate, Spawn: in.Spawn})
+	srv := New(Config{Table: table, Env: in.Config.Env, Dir: "/workspace", Logs: in.Logs, Isolate: in.Isolate, Spawn: in.Spawn,
+		Capture: capture.Options{QueueBytes: in.Config.CaptureQueue}})
 	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, ConnContext: withConn}
 	served := make(chan error, 1)
 	go func() { served <- hs.Serve(in.Listener) }()

@@ -1,8 +1,11 @@
 package capture_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"os/exec"
 	"testing"
 	"time"
 
@@ -61,10 +64,16 @@ func read(t *testing.T, d *capture.Dir) (capture.Log, map[capture.LogStream]stri
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := map[capture.LogStream]string{}
+	var b [capture.NumLogStreams][]byte
 	for _, e := range l.Entries {
 		if e.Gap == 0 && e.Stream != capture.LogMeta {
-			out[e.Stream] += string(e.Payload())
+			b[e.Stream] = append(b[e.Stream], e.Payload()...)
+		}
+	}
+	out := map[capture.LogStream]string{}
+	for s := range b {
+		if len(b[s]) > 0 {
+			out[capture.LogStream(s)] = string(b[s])
 		}
 	}
 	return l, out
@@ -157,5 +166,72 @@ func TestStartFailureEndsTheRunEmpty(t *testing.T) {
 	l, out := read(t, d)
 	if len(out) != 0 || len(l.Runs) != 1 || l.Runs[0].State != capture.Lossless {
 		t.Fatalf("runs %+v, output %q", l.Runs, out)
+	}
+}
+
+// TestOrdinaryWorkloadsAreLossless: what a build prints — a shell loop of
+// short lines, a listing of a tree, a program flushing every line — is
+// captured whole, with the other core kept busy meanwhile: bursts that
+// reach the writer between its wake-ups wait in the queue, they are not
+// dropped.
+func TestOrdinaryWorkloadsAreLossless(t *testing.T) {
+	hog := exec.Command("sh", "-c", "while :; do :; done")
+	if err := hog.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { hog.Process.Kill(); hog.Wait() })
+	loop := func(n int) string {
+		return fmt.Sprintf(`i=0; while [ $i -lt %d ]; do echo "line $i of a build that prints one short line at a time"; i=$((i+1)); done`, n)
+	}
+	tests := []struct {
+		name string
+		argv []string
+		want func(got []byte) error // checks the bytes captured
+	}{
+		{"shell loop of 20,000 lines", []string{"sh", "-c", loop(20000)}, linesOfLoop(20000)},
+		{"shell loop of 200,000 lines", []string{"sh", "-c", loop(200000)}, linesOfLoop(200000)},
+		{"find /usr -ls", []string{"find", "/usr", "-ls"}, nil},
+		{"python printing 200,000 lines with flush", []string{"python3", "-c",
+			"for i in range(200000): print(f'line {i} of a build that prints one short line at a time', flush=True)"}, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			d := captureDir(t)
+			p, _ := run(t, d, capture.Options{MaxSize: 64 << 20}, process.Spec{Argv: tc.argv})
+			st := done(t, p)
+			if st.Exit == nil || st.Exit.Code != 0 {
+				t.Fatalf("exit %v", st.Exit)
+			}
+			if st.Capture == nil || !st.Capture.Ended || st.Capture.Dropped != [capture.NumLogStreams]int64{} {
+				t.Fatalf("capture %+v of %d stdout bytes: want ended with nothing dropped", st.Capture, st.Totals[0])
+			}
+			l, out := read(t, d)
+			if len(l.Runs) != 1 || l.Runs[0].State != capture.Lossless {
+				t.Fatalf("runs %+v", l.Runs)
+			}
+			got := []byte(out[capture.LogStdout])
+			if int64(len(got)) != st.Totals[0] || st.Totals[0] == 0 {
+				t.Fatalf("captured %d stdout bytes of %d", len(got), st.Totals[0])
+			}
+			if tc.want != nil {
+				if err := tc.want(got); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+	}
+}
+
+// linesOfLoop checks the output of the shell loop of n lines.
+func linesOfLoop(n int) func([]byte) error {
+	return func(got []byte) error {
+		var want bytes.Buffer
+		for i := range n {
+			fmt.Fprintf(&want, "line %d of a build that prints one short line at a time\n", i)
+		}
+		if !bytes.Equal(got, want.Bytes()) {
+			return fmt.Errorf("captured %d bytes differ from the %d the loop printed", len(got), want.Len())
+		}
+		return nil
 	}
 }

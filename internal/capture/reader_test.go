@@ -150,7 +150,8 @@ func TestRunsStayDistinctWhenRotationRemovesAnOldBegin(t *testing.T) {
 func TestCutAtEveryOffset(t *testing.T) {
 	d, path := testDir(t)
 	gate := make(chan struct{})
-	w := begin(t, d, Options{Queue: 3, beforeLoop: func() { <-gate }})
+	// Room for the first three chunks, not the fourth.
+	w := begin(t, d, Options{QueueBytes: 3*itemCost + 30, beforeLoop: func() { <-gate }})
 	f := newFeeder(w)
 	f.write(ring.Stdout, []byte("one\ntwo "))
 	f.write(ring.Stderr, []byte("err\n"))

@@ -2,7 +2,9 @@ package capture
 
 import (
 	"fmt"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/sandkiln/sandkiln/internal/ring"
 )
@@ -11,7 +13,7 @@ import (
 type ItemKind uint8
 
 const (
-	// Data carries one committed chunk of a stream.
+	// Data carries committed bytes of a stream.
 	Data ItemKind = iota + 1
 	// Drop says Dropped bytes of Stream were lost right before the stream's
 	// next Data item.
@@ -37,71 +39,97 @@ type Item struct {
 	Kind   ItemKind
 	Stream ring.Stream
 	// Chunk is a Data item's bytes; its Offset says where they belong. It
-	// holds a reference of its own, taken for the item: the consumer must
-	// call Chunk.Release for every Data item it receives, once it is done
-	// with Chunk.Data, or the ring never reuses that memory.
+	// holds a reference of its own, taken for the item, which Done gives
+	// back: the ring never reuses that memory before.
 	Chunk ring.Chunk
 	// Dropped is a Drop item's count of lost bytes.
 	Dropped int64
+	// At is when a Data item's first bytes were handed over, in Unix
+	// nanoseconds: the time its records carry.
+	At int64
+
+	cost int64 // what the item takes of the budget, given back by Done
 }
 
+// itemCost is what every queued item costs the budget beside its bytes: an
+// Item and its slot in the queue, so that a budget bounds the memory the
+// queue holds however small its chunks are.
+const itemCost = 128
+
+// MinQueueBytes is the smallest budget a sink takes: one item of a byte.
+// With so little, a stream that has lost data can only ever queue its Drop
+// item, since the Drop takes the room its next chunk needs (the seed's
+// capacity-one case); a writer that is to resume receiving data after a
+// loss needs room for two items and the chunk.
+const MinQueueBytes = itemCost + 1
+
 // Sink hands the chunks a process's pumps commit to one log-writer
-// goroutine through a bounded channel, without ever making a pump wait:
-// when the channel is full the chunk is counted as lost instead, and the
-// writer is told how many bytes it missed before the stream's next data.
+// goroutine without ever making a pump wait. It queues up to a budget of
+// bytes; a chunk that does not fit is counted as lost instead, and the
+// writer is told how many bytes it missed before the stream's next data. A
+// chunk that continues the last queued one (the same stream, the next
+// bytes of the same ring block) joins it, so output written a line at a
+// time costs the queue one item, not one per line. The budget is a
+// ceiling, not an allocation: an idle sink holds nothing.
 //
 // Ownership and order:
 //   - Each stream has exactly one pump, and only that pump calls Push with
 //     the stream's chunks. The pumps of different streams call Push
 //     concurrently.
-//   - The consumer (the log writer) receives from Items until it is closed.
+//   - The consumer (the log writer) calls Take, which waits for items and
+//     returns all that are queued, and Done for each item once it is
+//     through with it, until Take reports the end.
 //   - Close is called once every pump has returned (joined), by whoever owns
 //     the pumps. Push after Close panics.
-//   - The consumer reads the final loss per stream from Dropped after Items
-//     is closed. The final totals never travel through the channel: the
-//     channel can be full exactly when they would be sent.
+//   - The consumer reads the final loss per stream from Dropped after Take
+//     reported the end. The final totals never travel through the queue:
+//     it can be full exactly when they would be sent.
 type Sink struct {
-	items chan Item
-	// closing is closed by Close, before items: a consumer that is not
-	// receiving (a writer waiting out a failed disk) learns of the end
-	// from it.
-	closing chan struct{}
+	budget int64
+
+	// used is what the queued items, and those taken but not yet Done,
+	// cost. Pumps add to it under mu; the consumer takes away without.
+	used atomic.Int64
+
+	// mu guards the fields below it. A pump holds it only to append to
+	// the queue; Take holds it only to swap the queue out.
+	mu      sync.Mutex
+	queue   []Item
+	waiting bool // the consumer is parked in Take, waiting for wake
+	ended   bool // Close was called
 
 	// pending[s] counts the bytes of s lost since the last Drop item of s
-	// was enqueued. Only s's pump reads or writes it, so it needs no lock;
-	// a second goroutine pushing s would be a data race the race detector
-	// reports.
+	// was enqueued. Only s's pump writes it.
 	pending [ring.NumStreams]int64
 
 	// total[s] counts every byte of s lost in the whole run. It only grows,
 	// and only s's pump adds to it; it is atomic so that anyone may read it
-	// at any time, and the writer reads the final value after Close.
+	// at any time, and the writer reads the final value after the end.
 	total [ring.NumStreams]atomic.Int64
 
-	// closed is set by Close. It turns a Push after Close into a clear
-	// panic rather than a send on a closed channel.
+	// wake carries one token to a consumer parked in Take.
+	wake chan struct{}
+	// closing is closed by Close: a consumer that is not taking (a writer
+	// waiting out a failed disk) learns of the end from it.
+	closing chan struct{}
+	// closed turns a Push after Close into a clear panic.
 	closed atomic.Bool
 }
 
-// NewSink makes a sink whose channel holds capacity items. Capacity must be
-// at least 1. With capacity 1, a stream that has lost data can only ever
-// enqueue its Drop item, because that item fills the slot its next chunk
-// needs; use at least 2 for the writer to resume receiving data after a loss.
-func NewSink(capacity int) *Sink {
-	if capacity < 1 {
-		panic(fmt.Sprintf("capture: sink capacity %d, want at least 1", capacity))
+// NewSink makes a sink that queues up to budget bytes (each item costing
+// itemCost on top of its bytes); budget must be at least MinQueueBytes.
+func NewSink(budget int64) *Sink {
+	if budget < MinQueueBytes {
+		panic(fmt.Sprintf("capture: sink budget %d bytes, want at least %d", budget, MinQueueBytes))
 	}
-	return &Sink{items: make(chan Item, capacity), closing: make(chan struct{})}
+	return &Sink{budget: budget, wake: make(chan struct{}, 1), closing: make(chan struct{})}
 }
 
-// Items is the channel the log writer receives from. It is closed by Close,
-// after the last item.
-func (s *Sink) Items() <-chan Item { return s.items }
-
 // Push offers a committed chunk to the writer, or counts it as lost; it
-// never waits. Only the pump of c.Stream may call it, and never after Close.
+// never waits for the writer. Only the pump of c.Stream may call it, and
+// never after Close.
 //
-// Push takes its own reference to c for the item it enqueues; the caller's
+// Push takes its own reference to c for what it queues; the caller's
 // reference stays the caller's, to Release after Push returns. An empty
 // chunk (a zero-byte Commit) is ignored.
 func (s *Sink) Push(c ring.Chunk) {
@@ -113,26 +141,57 @@ func (s *Sink) Push(c ring.Chunk) {
 	}
 	st := c.Stream
 	n := int64(len(c.Data))
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	// Describe earlier losses first. If that does not fit, this chunk cannot
-	// be sent either: it would reach the writer after a loss it was never
+	// be queued either: it would reach the writer after a loss it was never
 	// told about.
 	if p := s.pending[st]; p > 0 {
-		select {
-		case s.items <- Item{Kind: Drop, Stream: st, Dropped: p}:
-			s.pending[st] = 0
-		default:
+		if !s.fits(itemCost) {
 			s.recordDrop(st, n)
 			return
 		}
+		s.enqueue(Item{Kind: Drop, Stream: st, Dropped: p, cost: itemCost})
+		s.pending[st] = 0
 	}
-	it := Item{Kind: Data, Stream: st, Chunk: c.Retain()}
-	select {
-	case s.items <- it:
-	default:
-		// The caller's reference keeps the block alive, so this cannot
-		// recycle memory still in use.
-		it.Chunk.Release()
+	if k := len(s.queue); k > 0 && s.queue[k-1].Kind == Data {
+		if grown, ok := s.queue[k-1].Chunk.Grow(c); ok {
+			if !s.fits(n) {
+				s.recordDrop(st, n)
+				return
+			}
+			// The queued item's reference already holds the block.
+			s.queue[k-1].Chunk = grown
+			s.queue[k-1].cost += n
+			s.used.Add(n)
+			return
+		}
+	}
+	if !s.fits(n + itemCost) {
 		s.recordDrop(st, n)
+		return
+	}
+	s.enqueue(Item{Kind: Data, Stream: st, Chunk: c.Retain(), At: time.Now().UnixNano(), cost: n + itemCost})
+}
+
+// fits reports whether cost more bytes fit the budget. Caller holds mu.
+func (s *Sink) fits(cost int64) bool { return s.used.Load()+cost <= s.budget }
+
+// enqueue appends it and wakes a parked consumer. Caller holds mu.
+func (s *Sink) enqueue(it Item) {
+	s.queue = append(s.queue, it)
+	s.used.Add(it.cost)
+	s.signal()
+}
+
+// signal hands the parked consumer its token. Caller holds mu.
+func (s *Sink) signal() {
+	if s.waiting {
+		s.waiting = false
+		select {
+		case s.wake <- struct{}{}:
+		default:
+		}
 	}
 }
 
@@ -142,16 +201,67 @@ func (s *Sink) recordDrop(st ring.Stream, n int64) {
 	s.total[st].Add(n)
 }
 
-// Close ends the channel: the writer receives what is still queued, then
-// sees Items closed. Call it once every pump has returned; it is the only
-// place the channel is closed. Closing again does nothing.
+// Take waits until items are queued or the sink is closed, and appends
+// every queued item to dst, oldest first. more is false once the sink is
+// closed and these are the last items: nothing follows. The consumer calls
+// Done for each item it got.
+func (s *Sink) Take(dst []Item) (items []Item, more bool) {
+	s.mu.Lock()
+	for len(s.queue) == 0 && !s.ended {
+		s.waiting = true
+		s.mu.Unlock()
+		<-s.wake
+		s.mu.Lock()
+	}
+	s.waiting = false
+	dst = append(dst, s.queue...)
+	clear(s.queue)
+	if cap(s.queue) > 1024 {
+		s.queue = nil // a burst's slice is not kept for a quiet process
+	} else {
+		s.queue = s.queue[:0]
+	}
+	more = !s.ended
+	s.mu.Unlock()
+	return dst, more
+}
+
+// Done gives back what a taken item holds: its place in the budget and its
+// chunk's reference. Its Chunk.Data must not be used afterwards.
+func (s *Sink) Done(it Item) {
+	if it.Kind == Data {
+		it.Chunk.Release()
+	}
+	s.used.Add(-it.cost)
+}
+
+// Queued reports how many items and bytes of budget are taken now: queued,
+// or taken and not yet Done.
+func (s *Sink) Queued() (items int, bytes int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.queue), s.used.Load()
+}
+
+// Budget is how many bytes the sink queues at most.
+func (s *Sink) Budget() int64 { return s.budget }
+
+// Close ends the sink: the consumer takes what is still queued, with the
+// end reported. Call it once every pump has returned. Closing again does
+// nothing.
 func (s *Sink) Close() {
 	if s.closed.Swap(true) {
 		return
 	}
 	close(s.closing)
-	close(s.items)
+	s.mu.Lock()
+	s.ended = true
+	s.signal()
+	s.mu.Unlock()
 }
+
+// Closing is closed once Close has been called.
+func (s *Sink) Closing() <-chan struct{} { return s.closing }
 
 // Dropped returns, per stream, every byte lost so far in the run, whether or
 // not a Drop item has described it yet. Safe to call at any time; after the

@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 
 	"github.com/google/go-cmp/cmp"
 	"pgregory.net/rapid"
@@ -69,7 +71,8 @@ type replay struct {
 	errs     []string
 }
 
-func (l *replay) apply(it Item) {
+func (l *replay) apply(s *Sink, it Item) {
+	defer s.Done(it)
 	st := it.Stream
 	switch it.Kind {
 	case Data:
@@ -82,7 +85,6 @@ func (l *replay) apply(it Item) {
 		}
 		l.pos[st] = c.Offset + int64(len(c.Data))
 		l.received[st] += int64(len(c.Data))
-		c.Release()
 	case Drop:
 		if it.Dropped <= 0 {
 			l.errs = append(l.errs, fmt.Sprintf("%v drop of %d bytes", st, it.Dropped))
@@ -117,39 +119,44 @@ func accountingDiff(s *Sink, produced ring.Offsets, l *replay) string {
 }
 
 // consumer is a stand-in log writer that takes items only when the test
-// grants them, so the test decides when the channel overflows. The test
+// grants it, so the test decides when the budget overflows. The test
 // starts it and stops it with finish, which waits for it.
 type consumer struct {
 	s     *Sink
-	grant chan int      // take this many items, then signal took; closed: drain to the end
+	grant chan struct{} // take what is queued, then signal took; closed: drain to the end
 	took  chan struct{} // one signal per grant
-	done  chan struct{} // closed once Items is closed and drained
+	done  chan struct{} // closed once the sink reported its end
 	log   replay        // the goroutine's until done is closed
 	// lastDropped checks, while pumps run, that Dropped never decreases.
 	lastDropped ring.Offsets
 }
 
 func startConsumer(s *Sink) *consumer {
-	c := &consumer{s: s, grant: make(chan int), took: make(chan struct{}), done: make(chan struct{})}
+	c := &consumer{s: s, grant: make(chan struct{}), took: make(chan struct{}), done: make(chan struct{})}
 	go c.run()
 	return c
 }
 
 func (c *consumer) run() {
 	defer close(c.done)
-	for k := range c.grant {
-		for range k {
-			c.receive(<-c.s.Items())
+	var batch []Item
+	for range c.grant {
+		if items, _ := c.s.Queued(); items > 0 {
+			batch, _ = c.s.Take(batch[:0])
+			c.receive(batch)
 		}
 		c.took <- struct{}{}
 	}
-	for it := range c.s.Items() {
-		c.receive(it)
+	for more := true; more; {
+		batch, more = c.s.Take(batch[:0])
+		c.receive(batch)
 	}
 }
 
-func (c *consumer) receive(it Item) {
-	c.log.apply(it)
+func (c *consumer) receive(batch []Item) {
+	for _, it := range batch {
+		c.log.apply(c.s, it)
+	}
 	d := c.s.Dropped()
 	for st := range d {
 		if d[st] < c.lastDropped[st] {
@@ -159,10 +166,9 @@ func (c *consumer) receive(it Item) {
 	c.lastDropped = d
 }
 
-// take lets the consumer receive k items and waits until it has. The caller
-// must know that k items are queued.
-func (c *consumer) take(k int) {
-	c.grant <- k
+// take lets the consumer take what is queued and waits until it has.
+func (c *consumer) take() {
+	c.grant <- struct{}{}
 	<-c.took
 }
 
@@ -185,14 +191,15 @@ type summary struct {
 
 // observed is the sink's visible state after one step.
 type observed struct {
-	Took    summary // the item taken; zero when the step pushed or nothing was queued
-	Queued  int
+	Took    []summary // the items taken; none when the step pushed
+	Items   int       // queued
+	Used    int64     // of the budget
 	Pending ring.Offsets
 	Dropped ring.Offsets
 }
 
-// step either pushes push bytes of stream or, when take is set, receives
-// one item if any is queued.
+// step either pushes push bytes of stream or, when take is set, takes
+// everything queued, if anything is.
 type step struct {
 	stream ring.Stream
 	push   int
@@ -200,27 +207,29 @@ type step struct {
 	want   observed
 }
 
-func runSteps(t *testing.T, capacity int, steps []step) {
+func runSteps(t *testing.T, budget int64, steps []step) {
 	t.Helper()
-	s := NewSink(capacity)
+	s := NewSink(budget)
 	p := newProducer(s, 64<<10, ring.Stdout, ring.Stderr)
 	var l replay
 	for i, st := range steps {
 		var got observed
 		if st.take {
-			select {
-			case it := <-s.Items():
-				got.Took = summary{Kind: it.Kind, Stream: it.Stream, Dropped: it.Dropped}
-				if it.Kind == Data {
-					got.Took.Offset, got.Took.Len = it.Chunk.Offset, len(it.Chunk.Data)
+			if n, _ := s.Queued(); n > 0 {
+				batch, _ := s.Take(nil)
+				for _, it := range batch {
+					sum := summary{Kind: it.Kind, Stream: it.Stream, Dropped: it.Dropped}
+					if it.Kind == Data {
+						sum.Offset, sum.Len = it.Chunk.Offset, len(it.Chunk.Data)
+					}
+					got.Took = append(got.Took, sum)
+					l.apply(s, it)
 				}
-				l.apply(it)
-			default:
 			}
 		} else if n := p.push(st.stream, st.push); n != st.push {
 			t.Fatalf("step %d: ring took %d bytes, want %d", i, n, st.push)
 		}
-		got.Queued = len(s.Items())
+		got.Items, got.Used = s.Queued()
 		got.Pending = ring.Offsets{s.Pending(ring.Stdout), s.Pending(ring.Stderr)}
 		got.Dropped = s.Dropped()
 		if diff := cmp.Diff(st.want, got); diff != "" {
@@ -228,14 +237,21 @@ func runSteps(t *testing.T, capacity int, steps []step) {
 		}
 	}
 	s.Close()
-	for it := range s.Items() {
-		l.apply(it)
+	for more := true; more; {
+		var batch []Item
+		batch, more = s.Take(nil)
+		for _, it := range batch {
+			l.apply(s, it)
+		}
 	}
 	if len(l.errs) > 0 {
 		t.Errorf("log inconsistent:\n%s", strings.Join(l.errs, "\n"))
 	}
 	if diff := accountingDiff(s, p.produced, &l); diff != "" {
 		t.Errorf("accounting (-want +got):\n%s", diff)
+	}
+	if _, used := s.Queued(); used != 0 {
+		t.Errorf("%d bytes of budget still taken after every item was done", used)
 	}
 }
 
@@ -247,20 +263,21 @@ func drop(st ring.Stream, n int64) summary { return summary{Kind: Drop, Stream: 
 
 func stdout(n int64) ring.Offsets { return ring.Offsets{ring.Stdout: n} }
 
-// TestCapacityOneDropRefillsTheSlot: with one slot, a successful Drop takes
-// the slot the following Data needs, so that data is lost too and counted
-// again, in pending and in total.
+// TestCapacityOneDropRefillsTheSlot is the seed's capacity-one case in
+// bytes: a budget with room for one item. A successful Drop takes the room
+// the following Data needs, so that data is lost too and counted again,
+// in pending and in total.
 func TestCapacityOneDropRefillsTheSlot(t *testing.T) {
 	out := ring.Stdout
-	runSteps(t, 1, []step{
-		{stream: out, push: 3, want: observed{Queued: 1}},
-		{stream: out, push: 2, want: observed{Queued: 1, Pending: stdout(2), Dropped: stdout(2)}},
-		{take: true, want: observed{Took: data(out, 0, 3), Pending: stdout(2), Dropped: stdout(2)}},
-		// The Drop of 2 fills the slot; the 4 bytes are lost behind it.
-		{stream: out, push: 4, want: observed{Queued: 1, Pending: stdout(4), Dropped: stdout(6)}},
-		{take: true, want: observed{Took: drop(out, 2), Pending: stdout(4), Dropped: stdout(6)}},
-		{stream: out, push: 1, want: observed{Queued: 1, Pending: stdout(1), Dropped: stdout(7)}},
-		{take: true, want: observed{Took: drop(out, 4), Pending: stdout(1), Dropped: stdout(7)}},
+	runSteps(t, itemCost+3, []step{
+		{stream: out, push: 3, want: observed{Items: 1, Used: itemCost + 3}},
+		{stream: out, push: 2, want: observed{Items: 1, Used: itemCost + 3, Pending: stdout(2), Dropped: stdout(2)}},
+		{take: true, want: observed{Took: []summary{data(out, 0, 3)}, Pending: stdout(2), Dropped: stdout(2)}},
+		// The Drop of 2 takes the room; the 4 bytes are lost behind it.
+		{stream: out, push: 4, want: observed{Items: 1, Used: itemCost, Pending: stdout(4), Dropped: stdout(6)}},
+		{take: true, want: observed{Took: []summary{drop(out, 2)}, Pending: stdout(4), Dropped: stdout(6)}},
+		{stream: out, push: 1, want: observed{Items: 1, Used: itemCost, Pending: stdout(1), Dropped: stdout(7)}},
+		{take: true, want: observed{Took: []summary{drop(out, 4)}, Pending: stdout(1), Dropped: stdout(7)}},
 		{take: true, want: observed{Pending: stdout(1), Dropped: stdout(7)}},
 	})
 }
@@ -268,58 +285,74 @@ func TestCapacityOneDropRefillsTheSlot(t *testing.T) {
 func TestPushSteps(t *testing.T) {
 	out, errs := ring.Stdout, ring.Stderr
 	tests := []struct {
-		name     string
-		capacity int
-		steps    []step
+		name   string
+		budget int64
+		steps  []step
 	}{
 		{
-			name:     "data follows its Drop once two slots are free",
-			capacity: 2,
+			name:   "a chunk that continues the last item joins it",
+			budget: 1 << 10,
 			steps: []step{
-				{stream: out, push: 1, want: observed{Queued: 1}},
-				{stream: out, push: 2, want: observed{Queued: 2}},
-				{stream: out, push: 3, want: observed{Queued: 2, Pending: stdout(3), Dropped: stdout(3)}},
-				{take: true, want: observed{Took: data(out, 0, 1), Queued: 1, Pending: stdout(3), Dropped: stdout(3)}},
-				// One slot: the Drop fits, the data does not.
-				{stream: out, push: 4, want: observed{Queued: 2, Pending: stdout(4), Dropped: stdout(7)}},
-				{take: true, want: observed{Took: data(out, 1, 2), Queued: 1, Pending: stdout(4), Dropped: stdout(7)}},
-				{take: true, want: observed{Took: drop(out, 3), Pending: stdout(4), Dropped: stdout(7)}},
-				{stream: out, push: 5, want: observed{Queued: 2, Dropped: stdout(7)}},
-				{take: true, want: observed{Took: drop(out, 4), Queued: 1, Dropped: stdout(7)}},
-				{take: true, want: observed{Took: data(out, 10, 5), Dropped: stdout(7)}},
+				{stream: out, push: 10, want: observed{Items: 1, Used: itemCost + 10}},
+				{stream: out, push: 20, want: observed{Items: 1, Used: itemCost + 30}},
+				{stream: out, push: 30, want: observed{Items: 1, Used: itemCost + 60}},
+				{take: true, want: observed{Took: []summary{data(out, 0, 60)}}},
+				// Taken items are never joined: the writer owns them.
+				{stream: out, push: 5, want: observed{Items: 1, Used: itemCost + 5}},
 			},
 		},
 		{
-			name:     "streams are counted apart",
-			capacity: 2,
+			name:   "the other stream's chunk starts an item of its own",
+			budget: 1 << 10,
 			steps: []step{
-				{stream: out, push: 1, want: observed{Queued: 1}},
-				{stream: errs, push: 2, want: observed{Queued: 2}},
-				{stream: errs, push: 3, want: observed{Queued: 2, Pending: ring.Offsets{ring.Stderr: 3}, Dropped: ring.Offsets{ring.Stderr: 3}}},
-				{stream: out, push: 4, want: observed{Queued: 2, Pending: ring.Offsets{4, 3}, Dropped: ring.Offsets{4, 3}}},
-				{take: true, want: observed{Took: data(out, 0, 1), Queued: 1, Pending: ring.Offsets{4, 3}, Dropped: ring.Offsets{4, 3}}},
-				// stderr's Drop takes the free slot; stdout's pending is untouched.
-				{stream: errs, push: 5, want: observed{Queued: 2, Pending: ring.Offsets{4, 5}, Dropped: ring.Offsets{4, 8}}},
-				{take: true, want: observed{Took: data(errs, 0, 2), Queued: 1, Pending: ring.Offsets{4, 5}, Dropped: ring.Offsets{4, 8}}},
-				{take: true, want: observed{Took: drop(errs, 3), Pending: ring.Offsets{4, 5}, Dropped: ring.Offsets{4, 8}}},
-				{stream: out, push: 6, want: observed{Queued: 2, Pending: ring.Offsets{0, 5}, Dropped: ring.Offsets{4, 8}}},
-				{take: true, want: observed{Took: drop(out, 4), Queued: 1, Pending: ring.Offsets{0, 5}, Dropped: ring.Offsets{4, 8}}},
-				{take: true, want: observed{Took: data(out, 5, 6), Pending: ring.Offsets{0, 5}, Dropped: ring.Offsets{4, 8}}},
+				{stream: out, push: 1, want: observed{Items: 1, Used: itemCost + 1}},
+				{stream: errs, push: 2, want: observed{Items: 2, Used: 2*itemCost + 3}},
+				{stream: out, push: 3, want: observed{Items: 3, Used: 3*itemCost + 6}},
+				{stream: out, push: 4, want: observed{Items: 3, Used: 3*itemCost + 10}},
+				{take: true, want: observed{Took: []summary{data(out, 0, 1), data(errs, 0, 2), data(out, 1, 7)}}},
 			},
 		},
 		{
-			name:     "an empty chunk is neither sent nor counted",
-			capacity: 1,
+			name:   "bytes count against the budget, joined or not",
+			budget: itemCost + 100,
 			steps: []step{
-				{stream: out, push: 1, want: observed{Queued: 1}},
-				{stream: out, push: 0, want: observed{Queued: 1}},
-				{take: true, want: observed{Took: data(out, 0, 1)}},
+				{stream: out, push: 60, want: observed{Items: 1, Used: itemCost + 60}},
+				{stream: out, push: 40, want: observed{Items: 1, Used: itemCost + 100}},
+				{stream: out, push: 1, want: observed{Items: 1, Used: itemCost + 100, Pending: stdout(1), Dropped: stdout(1)}},
+				{take: true, want: observed{Took: []summary{data(out, 0, 100)}, Pending: stdout(1), Dropped: stdout(1)}},
+				{stream: out, push: 99, want: observed{Items: 1, Used: itemCost, Pending: stdout(99), Dropped: stdout(100)}},
+				{take: true, want: observed{Took: []summary{drop(out, 1)}, Pending: stdout(99), Dropped: stdout(100)}},
+				// A Drop and a new item: room for both now.
+				{stream: out, push: 0, want: observed{Pending: stdout(99), Dropped: stdout(100)}},
+			},
+		},
+		{
+			name:   "data follows its Drop once there is room for both",
+			budget: 2*itemCost + 10,
+			steps: []step{
+				{stream: out, push: 10, want: observed{Items: 1, Used: itemCost + 10}},
+				{stream: errs, push: 10, want: observed{Items: 1, Used: itemCost + 10, Pending: ring.Offsets{ring.Stderr: 10}, Dropped: ring.Offsets{ring.Stderr: 10}}},
+				{take: true, want: observed{Took: []summary{data(out, 0, 10)}, Pending: ring.Offsets{ring.Stderr: 10}, Dropped: ring.Offsets{ring.Stderr: 10}}},
+				// stdout's loss is not stderr's: stdout queues as before.
+				{stream: out, push: 5, want: observed{Items: 1, Used: itemCost + 5, Pending: ring.Offsets{ring.Stderr: 10}, Dropped: ring.Offsets{ring.Stderr: 10}}},
+				{take: true, want: observed{Took: []summary{data(out, 10, 5)}, Pending: ring.Offsets{ring.Stderr: 10}, Dropped: ring.Offsets{ring.Stderr: 10}}},
+				{stream: errs, push: 10, want: observed{Items: 2, Used: 2*itemCost + 10, Dropped: ring.Offsets{ring.Stderr: 10}}},
+				{take: true, want: observed{Took: []summary{drop(errs, 10), data(errs, 10, 10)}, Dropped: ring.Offsets{ring.Stderr: 10}}},
+			},
+		},
+		{
+			name:   "an empty chunk is neither queued nor counted",
+			budget: MinQueueBytes,
+			steps: []step{
+				{stream: out, push: 1, want: observed{Items: 1, Used: itemCost + 1}},
+				{stream: out, push: 0, want: observed{Items: 1, Used: itemCost + 1}},
+				{take: true, want: observed{Took: []summary{data(out, 0, 1)}}},
 				{stream: out, push: 0, want: observed{}},
 			},
 		},
 	}
 	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) { runSteps(t, tc.capacity, tc.steps) })
+		t.Run(tc.name, func(t *testing.T) { runSteps(t, tc.budget, tc.steps) })
 	}
 }
 
@@ -329,15 +362,15 @@ func TestMisuseIsReported(t *testing.T) {
 		f    func()
 		want string // start of the panic message; empty: must not panic
 	}{
-		{"capacity zero", func() { NewSink(0) }, "capture: sink capacity 0"},
+		{"budget too small", func() { NewSink(MinQueueBytes - 1) }, "capture: sink budget"},
 		{"push after close", func() {
-			s := NewSink(1)
+			s := NewSink(MinQueueBytes)
 			p := newProducer(s, 4<<10, ring.Stdout)
 			s.Close()
 			p.push(ring.Stdout, 1)
 		}, "capture: Push of 1 bytes of stdout after Close"},
 		{"close twice", func() {
-			s := NewSink(1)
+			s := NewSink(MinQueueBytes)
 			s.Close()
 			s.Close()
 		}, ""},
@@ -360,23 +393,25 @@ func TestMisuseIsReported(t *testing.T) {
 	}
 }
 
-// TestFailedSendReleasesItsReference checks the reference a Data item takes
-// is given back when the item cannot be sent. A leaked reference is not
+// TestFailedPushReleasesItsReference checks that a chunk the sink could
+// not queue holds no reference of the sink's. A leaked reference is not
 // visible through the ring's API, but it keeps its block from ever being
 // reused, so the ring has to allocate fresh blocks: pushing then costs
 // allocations where it otherwise costs none.
-func TestFailedSendReleasesItsReference(t *testing.T) {
-	s := NewSink(1)
+func TestFailedPushReleasesItsReference(t *testing.T) {
+	s := NewSink(itemCost + 1000)
 	p := newProducer(s, 16<<10, ring.Stdout)
 	p.push(ring.Stdout, 1000)
-	p.push(ring.Stdout, 1000) // lost: from now on every Drop refills the slot
-	// Each round enqueues a Drop, retains the chunk, fails to send it, and
-	// must release it again; the writer takes the Drop.
+	p.push(ring.Stdout, 1000) // lost: from now on every Drop takes the room
+	// Each round queues a Drop and fails to queue the chunk behind it; the
+	// writer takes the Drop.
+	var batch []Item
 	round := func() {
 		for range 100 {
 			p.push(ring.Stdout, 1000)
-			if it := <-s.Items(); it.Kind == Data {
-				it.Chunk.Release()
+			batch, _ = s.Take(batch[:0])
+			for _, it := range batch {
+				s.Done(it)
 			}
 		}
 	}
@@ -391,26 +426,23 @@ func TestFailedSendReleasesItsReference(t *testing.T) {
 }
 
 // TestOverflowCountsTheWholeRunsLoss stalls the writer while a pump overflows
-// the channel many times, and checks that Dropped is the loss of the whole
+// the budget many times, and checks that Dropped is the loss of the whole
 // run, not only the last undescribed part, and that what did arrive is the
 // right bytes at the right offsets. The ring is small, so its blocks are
 // reused constantly: a chunk whose memory the sink failed to hold would
 // show up as wrong content.
 func TestOverflowCountsTheWholeRunsLoss(t *testing.T) {
-	s := NewSink(8)
-	p := newProducer(s, 16<<10, ring.Stdout)
+	s := NewSink(8 << 10)
+	p := newProducer(s, 16<<10, ring.Stdout, ring.Stderr)
 	c := startConsumer(s)
 	rng := rand.New(rand.NewPCG(1, 2))
 	for round := range 60 {
 		for range 1 + rng.IntN(30) {
-			p.push(ring.Stdout, 1+rng.IntN(1000))
+			p.push(ring.Stream(rng.IntN(2)), 1+rng.IntN(1000))
 		}
-		// Vary how far the writer catches up: not at all, partly, fully.
-		switch q := len(s.Items()); round % 3 {
-		case 1:
-			c.take(q / 2)
-		case 2:
-			c.take(q)
+		// Vary how often the writer catches up.
+		if round%3 != 0 {
+			c.take()
 		}
 	}
 	c.finish()
@@ -422,7 +454,7 @@ func TestOverflowCountsTheWholeRunsLoss(t *testing.T) {
 		t.Errorf("accounting (-want +got):\n%s", diff)
 	}
 	// The scenario must actually lose data repeatedly, and deliver some.
-	if d := c.log.drops[ring.Stdout]; d < 2 {
+	if d := c.log.drops[ring.Stdout] + c.log.drops[ring.Stderr]; d < 2 {
 		t.Errorf("%d Drop items, want several", d)
 	}
 	if c.log.received[ring.Stdout] == 0 {
@@ -435,7 +467,7 @@ func TestOverflowCountsTheWholeRunsLoss(t *testing.T) {
 // with -race: it also checks the per-stream state is not shared unsafely.
 func TestConcurrentPumps(t *testing.T) {
 	streams := []ring.Stream{ring.Stdout, ring.Stderr}
-	s := NewSink(16)
+	s := NewSink(64 << 10)
 	p := newProducer(s, 64<<10, streams...)
 	c := startConsumer(s)
 	warm := make(chan struct{}, len(streams))
@@ -452,7 +484,8 @@ func TestConcurrentPumps(t *testing.T) {
 			p.r.CloseStream(st)
 		})
 	}
-	// 400 chunks have met 16 slots: each stream has lost at least 184.
+	// 400 chunks, 100 KiB or so, have met 64 KiB of budget: each stream
+	// has lost some.
 	for range streams {
 		<-warm
 	}
@@ -474,52 +507,150 @@ func TestConcurrentPumps(t *testing.T) {
 	}
 }
 
-// TestPushProperty drives one sink with random capacities, chunk sizes and
-// writer stalls, checking after every push exactly what the rules say
-// happens, and the accounting identities at the end.
+// TestShortLinesAreOneItem: a shell loop's output, a line per write and
+// the writer asleep meanwhile, costs the queue one item per ring block,
+// not one per line, so 20,000 lines fit where 16 chunks used to.
+func TestShortLinesAreOneItem(t *testing.T) {
+	s := NewSink(DefaultQueueBytes)
+	p := newProducer(s, 1<<20, ring.Stdout)
+	for range 20000 {
+		p.push(ring.Stdout, 59)
+	}
+	items, used := s.Queued()
+	if s.Dropped() != (ring.Offsets{}) {
+		t.Fatalf("dropped %v of 20,000 short lines", s.Dropped())
+	}
+	// 1.18 MB in ring blocks that start at 4 KiB and double up to 256 KiB:
+	// a dozen blocks, an item each.
+	if items > 16 || used != int64(items)*itemCost+20000*59 {
+		t.Errorf("%d items using %d bytes for 20,000 lines of 59 bytes", items, used)
+	}
+	s.Close()
+	var l replay
+	for more := true; more; {
+		var batch []Item
+		batch, more = s.Take(nil)
+		for _, it := range batch {
+			l.apply(s, it)
+		}
+	}
+	if len(l.errs) > 0 || l.received[ring.Stdout] != 20000*59 {
+		t.Errorf("received %d bytes: %v", l.received[ring.Stdout], l.errs)
+	}
+}
+
+// TestTakeWaitsForPushOrClose: Take parks until a pump hands something
+// over, and Close wakes it with the end.
+func TestTakeWaitsForPushOrClose(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := NewSink(MinQueueBytes)
+		p := newProducer(s, 4<<10, ring.Stdout)
+		got := make(chan []Item)
+		more := make(chan bool)
+		go func() {
+			for {
+				b, m := s.Take(nil)
+				for _, it := range b {
+					s.Done(it)
+				}
+				got <- b
+				more <- m
+				if !m {
+					return
+				}
+			}
+		}()
+		synctest.Wait()
+		select {
+		case <-got:
+			t.Fatal("Take returned with nothing queued")
+		default:
+		}
+		p.push(ring.Stdout, 1)
+		if b := <-got; len(b) != 1 || !<-more {
+			t.Fatalf("Take after a push: %d items", len(b))
+		}
+		synctest.Wait()
+		s.Close()
+		if b := <-got; len(b) != 0 || <-more {
+			t.Fatalf("Take after Close: %d items, want none and the end", len(b))
+		}
+	})
+}
+
+// TestPushProperty drives one sink with random budgets, chunk sizes and
+// writer stalls, checking after every push that exactly one of the rules'
+// outcomes happened, and the accounting identities at the end.
 func TestPushProperty(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
-		capacity := rapid.IntRange(1, 6).Draw(t, "capacity")
-		s := NewSink(capacity)
+		budget := rapid.Int64Range(MinQueueBytes, 8*itemCost+8000).Draw(t, "budget")
+		s := NewSink(budget)
 		ringCap := rapid.SampledFrom([]int{4 << 10, 16 << 10, 64 << 10}).Draw(t, "ring")
 		p := newProducer(s, ringCap, ring.Stdout, ring.Stderr)
 		var l replay
+		var batch []Item
 		for range rapid.IntRange(1, 300).Draw(t, "steps") {
 			op := rapid.IntRange(0, 2).Draw(t, "op")
 			if op == 2 {
-				for range rapid.IntRange(0, len(s.Items())).Draw(t, "take") {
-					l.apply(<-s.Items())
+				if n, _ := s.Queued(); n > 0 {
+					batch, _ = s.Take(batch[:0])
+					for _, it := range batch {
+						l.apply(s, it)
+					}
 				}
 				continue
 			}
 			st := ring.Stream(op)
-			queued, pending, dropped := len(s.Items()), s.Pending(st), s.Dropped()
+			items0, used0 := s.Queued()
+			pending0, dropped0 := s.Pending(st), s.Dropped()
 			n := int64(p.push(st, rapid.IntRange(1, 2000).Draw(t, "size")))
+			items, used := s.Queued()
+			lost := dropped0
+			lost[st] += n
 
 			type after struct {
-				Queued  int
+				Items   int
+				Used    int64
 				Pending int64
 				Dropped ring.Offsets
 			}
-			want := after{Queued: queued + 1, Dropped: dropped}
-			switch {
-			case queued == capacity: // nothing fits: lost, on top of earlier losses
-				want = after{Queued: queued, Pending: pending + n, Dropped: dropped}
-				want.Dropped[st] += n
-			case pending > 0 && queued+1 == capacity: // the Drop fits, the data not
-				want = after{Queued: capacity, Pending: n, Dropped: dropped}
-				want.Dropped[st] += n
-			case pending > 0: // Drop and data both fit
-				want.Queued = queued + 2
+			got := after{items, used, s.Pending(st), s.Dropped()}
+			var outcomes []after
+			if pending0 > 0 {
+				if used0+itemCost > budget { // not even the Drop fits
+					outcomes = append(outcomes, after{items0, used0, pending0 + n, lost})
+				} else if used0+2*itemCost+n > budget { // the Drop fits, the data not
+					outcomes = append(outcomes, after{items0 + 1, used0 + itemCost, n, lost})
+				} else {
+					outcomes = append(outcomes, after{items0 + 2, used0 + 2*itemCost + n, 0, dropped0})
+				}
+			} else {
+				// Joined to the last item, queued as a new one, or lost for
+				// want of room to do what it needed.
+				if used0+n <= budget {
+					outcomes = append(outcomes, after{items0, used0 + n, 0, dropped0})
+				}
+				if used0+itemCost+n <= budget {
+					outcomes = append(outcomes, after{items0 + 1, used0 + itemCost + n, 0, dropped0})
+				}
+				if used0+itemCost+n > budget {
+					outcomes = append(outcomes, after{items0, used0, n, lost})
+				}
 			}
-			got := after{Queued: len(s.Items()), Pending: s.Pending(st), Dropped: s.Dropped()}
-			if diff := cmp.Diff(want, got); diff != "" {
-				t.Fatalf("push of %d bytes of %v, capacity %d (-want +got):\n%s", n, st, capacity, diff)
+			if !slices.Contains(outcomes, got) {
+				t.Fatalf("push of %d bytes of %v, budget %d, from %d items using %d: got %+v, want one of %+v",
+					n, st, budget, items0, used0, got, outcomes)
+			}
+			if used > budget {
+				t.Fatalf("%d bytes used of a budget of %d", used, budget)
 			}
 		}
 		s.Close()
-		for it := range s.Items() {
-			l.apply(it)
+		for more := true; more; {
+			batch, more = s.Take(batch[:0])
+			for _, it := range batch {
+				l.apply(s, it)
+			}
 		}
 		if len(l.errs) > 0 {
 			t.Fatalf("log inconsistent:\n%s", strings.Join(l.errs, "\n"))

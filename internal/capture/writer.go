@@ -25,9 +25,11 @@ type Options struct {
 	// (default 5, at least 2). Disk use per process is bounded by
 	// MaxSize × MaxFiles.
 	MaxFiles int
-	// Queue is the capacity, in chunks, of the channel between the pumps
-	// and the writer (default 16, at least 2).
-	Queue int
+	// QueueBytes bounds the output queued between the pumps and the
+	// writer (default 8 MiB, at least MinQueueBytes): a burst up to this
+	// size is captured whole however briefly the writer falls behind.
+	// It is a ceiling, not an allocation.
+	QueueBytes int64
 	// Reserve is disk space set aside beside the log so that the run's last
 	// records still fit when the file system fills up (default 64 KiB).
 	Reserve int64
@@ -42,10 +44,10 @@ type Options struct {
 
 // Defaults for Options.
 const (
-	DefaultMaxSize  = 10 << 20
-	DefaultMaxFiles = 5
-	DefaultQueue    = 16
-	DefaultReserve  = 64 << 10
+	DefaultMaxSize    = 10 << 20
+	DefaultMaxFiles   = 5
+	DefaultQueueBytes = 8 << 20
+	DefaultReserve    = 64 << 10
 )
 
 func (o Options) withDefaults() (Options, error) {
@@ -55,8 +57,8 @@ func (o Options) withDefaults() (Options, error) {
 	if o.MaxFiles == 0 {
 		o.MaxFiles = DefaultMaxFiles
 	}
-	if o.Queue == 0 {
-		o.Queue = DefaultQueue
+	if o.QueueBytes == 0 {
+		o.QueueBytes = DefaultQueueBytes
 	}
 	if o.Reserve == 0 {
 		o.Reserve = DefaultReserve
@@ -66,8 +68,8 @@ func (o Options) withDefaults() (Options, error) {
 		return o, fmt.Errorf("capture: max file size %d, want at least 1 KiB", o.MaxSize)
 	case o.MaxFiles < 2:
 		return o, fmt.Errorf("capture: max files %d, want at least 2 (the active file and one archive)", o.MaxFiles)
-	case o.Queue < 2:
-		return o, fmt.Errorf("capture: queue of %d chunks, want at least 2", o.Queue)
+	case o.QueueBytes < MinQueueBytes:
+		return o, fmt.Errorf("capture: queue of %d bytes, want at least %d", o.QueueBytes, MinQueueBytes)
 	case o.Reserve < 4096:
 		return o, fmt.Errorf("capture: reserve of %d bytes, want at least 4 KiB", o.Reserve)
 	}
@@ -104,7 +106,8 @@ type Writer struct {
 	// Owned by the writer goroutine (and by Begin before it starts).
 	out      []byte
 	outBytes [NumLogStreams]int64     // payload bytes in out, per stream
-	ts       []byte                   // the batch's timestamp
+	ts       []byte                   // the records' timestamp
+	stamped  int64                    // ts in Unix nanoseconds
 	hdr      [NumLogStreams][2][]byte // record headers with ts: F, then P
 	size     int64                    // bytes in the active file
 	seq      int64                    // the active file's sequence number
@@ -162,7 +165,7 @@ func Begin(dir *Dir, run string, opt Options) (*Writer, error) {
 		}
 		return nil, fmt.Errorf("capture: begin run %s in %s: %w", run, dir.Name(), err)
 	}
-	w.sink = NewSink(opt.Queue)
+	w.sink = NewSink(opt.QueueBytes)
 	go w.loop()
 	return w, nil
 }
@@ -388,8 +391,15 @@ func (w *Writer) release() {
 }
 
 // stamp takes the time for the records that follow, and their headers.
-func (w *Writer) stamp() {
-	w.ts = appendTime(w.ts[:0], time.Now())
+func (w *Writer) stamp() { w.stampAt(time.Now().UnixNano()) }
+
+// stampAt makes at (Unix nanoseconds) the time of the records that follow.
+func (w *Writer) stampAt(at int64) {
+	if at == w.stamped && w.ts != nil {
+		return
+	}
+	w.stamped = at
+	w.ts = appendTime(w.ts[:0], time.Unix(0, at))
 	for s := range LogStream(NumLogStreams) {
 		for i, tag := range []string{" F ", " P "} {
 			h := append(w.hdr[s][i][:0], w.ts...)
@@ -460,28 +470,18 @@ func (w *Writer) loop() {
 	if w.opt.beforeLoop != nil {
 		w.opt.beforeLoop()
 	}
-	items := w.sink.Items()
+	var batch []Item
 	for {
-		it, ok := <-items
-		if !ok {
-			break
+		// Everything queued at once: one wake-up for however many chunks
+		// the pumps handed over meanwhile.
+		var more bool
+		batch, more = w.sink.Take(batch[:0])
+		for _, it := range batch {
+			w.add(it)
+			w.sink.Done(it)
 		}
-		w.stamp()
-		w.add(it)
-		open := true
-	gather:
-		for len(w.out) < batchSize {
-			select {
-			case it, open = <-items:
-				if !open {
-					break gather
-				}
-				w.add(it)
-			default:
-				break gather
-			}
-		}
-		if !open {
+		clear(batch)
+		if !more {
 			break
 		}
 		// Caught up: let what is held of unfinished lines be seen now.
@@ -494,7 +494,8 @@ func (w *Writer) loop() {
 	w.finish()
 }
 
-// add encodes one item.
+// add encodes one item. The caller gives the item back (Sink.Done)
+// afterwards.
 func (w *Writer) add(it Item) {
 	s := logStream(it.Stream)
 	switch it.Kind {
@@ -508,6 +509,7 @@ func (w *Writer) add(it Item) {
 		}
 		w.emitMeta(m)
 	case Data:
+		w.stampAt(it.At)
 		if w.failed && !w.recovered() {
 			// Nothing can be written: count the chunk, and what is held of
 			// its stream's line, without framing it.
@@ -516,7 +518,6 @@ func (w *Writer) add(it Item) {
 		} else {
 			w.addData(s, it.Chunk.Data)
 		}
-		it.Chunk.Release()
 	}
 }
 
@@ -798,7 +799,7 @@ func (w *Writer) pause() {
 	defer t.Stop()
 	select {
 	case <-t.C:
-	case <-w.sink.closing:
+	case <-w.sink.Closing():
 	}
 }
 

@@ -65,7 +65,10 @@ func (f *feeder) write(s ring.Stream, data []byte) {
 		buf := f.r.Buffer(s)
 		n := copy(buf, data)
 		c := f.r.Commit(s, n, false)
-		for f.paced && len(f.w.sink.items) == cap(f.w.sink.items) {
+		for f.paced {
+			if _, used := f.w.sink.Queued(); used+int64(n)+2*itemCost <= f.w.sink.Budget() {
+				break
+			}
 			runtime.Gosched()
 		}
 		f.w.Sink().Push(c)
@@ -235,13 +238,13 @@ func TestFraming(t *testing.T) {
 	}
 }
 
-func TestChannelOverflowEndCountsTheWholeRun(t *testing.T) {
+func TestQueueOverflowEndCountsTheWholeRun(t *testing.T) {
 	d, _ := testDir(t)
 	gate := make(chan struct{})
-	w := begin(t, d, Options{Queue: 4, beforeLoop: func() { <-gate }})
+	// Room for one item of four lines.
+	w := begin(t, d, Options{QueueBytes: itemCost + 4*int64(len("line 0\n")), beforeLoop: func() { <-gate }})
 	f := newFeeder(w)
-	// The writer is held: four chunks fit, the rest are dropped. Then it
-	// runs, and a second overflow happens after it has caught up.
+	// The writer is held: four lines fit, the rest are dropped.
 	for i := range 10 {
 		f.write(ring.Stdout, fmt.Appendf(nil, "line %d\n", i))
 	}
@@ -270,7 +273,7 @@ func TestStuckWriterDropsExactly(t *testing.T) {
 	d, _ := testDir(t)
 	stuck := make(chan struct{})
 	first := true
-	w := begin(t, d, Options{Queue: 8, beforeWrite: func() {
+	w := begin(t, d, Options{QueueBytes: 4 << 10, beforeWrite: func() {
 		if first { // begin's own write goes through
 			first = false
 			return

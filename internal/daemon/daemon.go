@@ -48,7 +48,10 @@ type Config struct {
 	// (default STATE_DIR/images): any other host directory could hand a
 	// sandbox files it must not see, kilnd's own state among them.
 	Images string
-	Log    *slog.Logger
+	// CaptureQueue bounds, per captured process, the output queued for
+	// its log writer, in bytes (zero: capture.DefaultQueueBytes).
+	CaptureQueue int64
+	Log          *slog.Logger
 }
 
 // Names in the state directory.
@@ -451,7 +454,7 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	began := time.Now()
 	sb, err := sandbox.Create(ctx, sandbox.Options{
 		Dir: d.sandboxDir(id), ID: id, Hostname: req.Hostname, Exe: d.cfg.Exe, UIDBase: base,
-		Rootfs: req.Rootfs, Limits: req.Limits, Env: d.cfg.Env, Init: req.Init,
+		Rootfs: req.Rootfs, Limits: req.Limits, Env: d.cfg.Env, Init: req.Init, CaptureQueue: d.cfg.CaptureQueue,
 	})
 	if err != nil {
 		os.RemoveAll(d.sandboxDir(id))

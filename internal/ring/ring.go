@@ -79,13 +79,24 @@ func (c Chunk) Retain() Chunk {
 // next's reference: the caller then holds one reference, to the result.
 // Otherwise it returns c unchanged and false.
 func (c Chunk) Extend(next Chunk) (Chunk, bool) {
+	grown, ok := c.Grow(next)
+	if ok {
+		next.Release()
+	}
+	return grown, ok
+}
+
+// Grow is Extend without the references: the result covers next's bytes
+// too, and each reference the caller holds stays where it was. The result's
+// reference, if c had one, is c's: it keeps the whole block alive, so a
+// holder of c that drops next's reference may go on using the result.
+func (c Chunk) Grow(next Chunk) (Chunk, bool) {
 	n := len(c.Data)
 	if c.blk == nil || next.blk != c.blk || next.Stream != c.Stream || next.Offset != c.Offset+int64(n) || next.at != c.at+n {
 		return c, false
 	}
 	end := next.at + len(next.Data)
 	c.Data = c.blk.buf[c.at:end:end]
-	next.Release()
 	return c, true
 }
 

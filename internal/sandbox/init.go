@@ -50,6 +50,9 @@ type AgentConfig struct {
 	// Init, when set, is the sandbox's init command: the agent starts it
 	// (captured) first, and its exit ends the sandbox.
 	Init *api.ExecRequest `json:"init,omitempty"`
+	// CaptureQueue bounds each captured process's queue to its log writer,
+	// in bytes (zero: the default).
+	CaptureQueue int64 `json:"capture_queue,omitempty"`
 }
 
 // InitExitName is the file in a sandbox's logs directory where the agent

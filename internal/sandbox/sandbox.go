@@ -45,6 +45,9 @@ type Options struct {
 	Ready time.Duration
 	// Init, when set, is the command whose exit ends the sandbox.
 	Init *api.ExecRequest
+	// CaptureQueue bounds, per captured process, the output queued for
+	// its log writer (zero: capture.DefaultQueueBytes).
+	CaptureQueue int64
 }
 
 // DefaultUIDBase is the host uid a sandbox's root maps to unless told
@@ -107,6 +110,7 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 	cfg := AgentConfig{
 		ID: o.ID, Hostname: o.Hostname, Root: filepath.Join(o.Dir, rootName),
 		Workspace: filepath.Join(o.Dir, WorkspaceName), UIDBase: o.UIDBase, Env: o.Env, Init: o.Init,
+		CaptureQueue: o.CaptureQueue,
 	}
 	for _, d := range []string{rootName, LogsName, WorkspaceName} {
 		if err := os.Mkdir(filepath.Join(o.Dir, d), 0o700); err != nil {
