@@ -3,6 +3,7 @@ package capture
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -33,6 +34,12 @@ type Entry struct {
 	// removed files before the reader got to them, and Gap log bytes were
 	// missed (-1: how many is unknown, the files had no headers).
 	Gap int64
+	// Offset is, for a stdout or stderr record, its stream offset: how
+	// many bytes the stream had produced before the record's payload (the
+	// engine's offsets, the ones watchers resume from). -1 when the log
+	// does not say: a file of the earlier format whose run began in a file
+	// no longer there.
+	Offset int64
 }
 
 // Reader reads a capture directory's records in order: the archives from
@@ -52,6 +59,20 @@ type Reader struct {
 	pos   int64 // bytes of the open file consumed
 	fresh bool  // at the open file's first record (its header)
 	drain bool  // a newer file exists; read the open one to its end once more
+
+	// The open file's header, as last read (it changes once, when the
+	// run ends): ended says the end it records was given to the
+	// classifier, ending that the reader saw it and reads to the end of
+	// the file once more, for what was written before it.
+	head   Meta
+	headAt time.Time
+	ended  bool
+	ending bool
+
+	// at is where each stream stands: the stream offset of its next
+	// record, when known.
+	at   [NumLogStreams]int64
+	atOK bool
 
 	buf     []byte
 	r, w    int  // buf[r:w] is read and not yet consumed
@@ -148,7 +169,13 @@ func (r *Reader) Next(ctx context.Context) (Entry, error) {
 		if n > 0 {
 			continue
 		}
-		// At the end of the open file.
+		// At the end of the open file. A run that ended there ends after
+		// everything written before its header said so: read once more.
+		if again, end, ok := r.endOf(); again {
+			continue
+		} else if ok {
+			return end, nil
+		}
 		next, gap, err := r.newer()
 		if err != nil {
 			return Entry{}, err
@@ -163,6 +190,7 @@ func (r *Reader) Next(ctx context.Context) (Entry, error) {
 			}
 			r.torn()
 			r.switchTo(next)
+			r.atOK = r.atOK && gap == 0
 			if gap != 0 {
 				if gap > 0 {
 					r.stats.Missed += gap
@@ -243,21 +271,76 @@ func (r *Reader) line() (Entry, bool) {
 			r.runs.damaged()
 			continue
 		}
+		e := Entry{Record: rec, Offset: -1}
 		if rec.Stream == LogMeta {
-			m, err := parseMeta(rec.Content)
-			switch {
-			case err != nil:
-				r.runs.invalid(err)
-			case m.Event == eventFile && !fresh:
-				r.runs.invalid(fmt.Errorf("%w: file record inside a file", errMeta))
-			default:
-				r.runs.meta(m)
-			}
+			r.metaRecord(rec, fresh)
 		} else {
+			if r.atOK {
+				e.Offset = r.at[rec.Stream]
+				r.at[rec.Stream] += int64(rec.PayloadLen())
+			}
 			r.runs.data(rec)
 		}
-		return Entry{Record: rec}, true
+		return e, true
 	}
+}
+
+// metaRecord applies what a metadata record says to the runs and to where
+// the streams stand.
+func (r *Reader) metaRecord(rec Record, fresh bool) {
+	m, err := parseMeta(rec.Content)
+	switch {
+	case err != nil:
+		r.runs.invalid(err)
+		return
+	case m.Event == eventFile && !fresh:
+		r.runs.invalid(fmt.Errorf("%w: file record inside a file", errMeta))
+		return
+	}
+	switch m.Event {
+	case eventFile:
+		if m.Run != "" {
+			r.head, r.headAt, r.ended, r.ending = m, rec.Time, false, false
+			r.at, r.atOK = [NumLogStreams]int64{m.At.Stdout, m.At.Stderr}, true
+			r.runs.header(m, rec.Time)
+		}
+		return
+	case eventBegin:
+		r.at, r.atOK = [NumLogStreams]int64{}, true
+	case eventDrop:
+		r.at[LogStdout] += m.Stdout
+		r.at[LogStderr] += m.Stderr
+	}
+	r.runs.meta(m, rec.Time)
+}
+
+// endOf is called at the end of the open file: it re-reads the file's
+// header, and once it says the run ended, the reader goes through what is
+// left of the file (written before the end was; again is true) and then
+// gives the end to the classifier and returns it as an entry of its own,
+// an end record as the earlier format wrote them (ok is true).
+func (r *Reader) endOf() (again bool, end Entry, ok bool) {
+	if r.head.Run == "" || r.ended {
+		return false, Entry{}, false
+	}
+	if !r.ending {
+		h, _, err := readHeader(r.f)
+		if err != nil || h.Run != r.head.Run || h.Seq != r.head.Seq || h.Ended == nil {
+			return false, Entry{}, false
+		}
+		r.head, r.ending = h, true
+		return true, Entry{}, false
+	}
+	r.ended = true
+	if r.pos != r.head.Size || r.w > r.r || r.skipEOL {
+		// Not the file the run ended with: cut, or written to since.
+		r.runs.invalid(fmt.Errorf("%w: the run ended with %d bytes in the file, which holds %d", errMeta, r.head.Size, r.pos+int64(r.w-r.r)))
+		return false, Entry{}, false
+	}
+	m := Meta{Event: eventEnd, Run: r.head.Run, Dropped: r.head.Dropped}
+	r.runs.meta(m, *r.head.Ended)
+	content, _ := json.Marshal(m)
+	return false, Entry{Record: Record{Time: *r.head.Ended, Stream: LogMeta, Content: content}, Offset: -1}, true
 }
 
 // fill reads more of the open file into the buffer.
@@ -346,6 +429,7 @@ func (r *Reader) switchTo(lf *logFile) {
 	r.f, r.seq, r.start = lf.f, lf.seq, lf.start
 	r.pos, r.fresh, r.drain = 0, true, false
 	r.r, r.w, r.skipEOL = 0, 0, false
+	r.head, r.ended, r.ending = Meta{}, false, false
 }
 
 // newer opens the file that follows the open one, if the writer has moved

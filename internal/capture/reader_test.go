@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -136,9 +137,9 @@ func TestRunsStayDistinctWhenRotationRemovesAnOldBegin(t *testing.T) {
 	for _, r := range l.Runs {
 		got = append(got, r.ID[:8]+" "+r.State.String())
 	}
-	// 4 runs of ~3.2 KB in 3 files of 4 KiB: the first is gone, the
-	// second lost its begin.
-	want := []string{ids[1][:8] + " retention-loss", ids[2][:8] + " lossless", ids[3][:8] + " lossless"}
+	// 4 runs of ~4.2 KB, each in two files of its own, and 3 files kept:
+	// the first two runs are gone, the third lost its begin.
+	want := []string{ids[2][:8] + " retention-loss", ids[3][:8] + " lossless"}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("runs (-want +got):\n%s", diff)
 	}
@@ -306,9 +307,10 @@ func TestTornTailOfAKilledWriterIsSetAside(t *testing.T) {
 	if l.Stats.Corrupt != 0 || l.Stats.Torn != 1 {
 		t.Errorf("stats %+v, want one torn line and nothing corrupt", l.Stats)
 	}
-	// The torn line stays at the end of an archive, untouched.
-	if b, err := os.ReadFile(filepath.Join(path, archiveName(1))); err != nil || !bytes.HasSuffix(b, []byte("2026-01-01T00:00:0")) {
-		t.Errorf("archive 1 does not end with the torn line: %v", err)
+	// The torn line stays at the end of the second run's file, an archive
+	// now, untouched: every run has files of its own.
+	if b, err := os.ReadFile(filepath.Join(path, archiveName(2))); err != nil || !bytes.HasSuffix(b, []byte("2026-01-01T00:00:0")) {
+		t.Errorf("archive 2 does not end with the torn line: %v", err)
 	}
 	if got := string(payload(l, LogStdout)); got != "first run\nthird run\n" {
 		t.Errorf("stdout %q", got)
@@ -458,7 +460,8 @@ func TestFilter(t *testing.T) {
 		{Filter{Since: time.Now().Add(time.Hour), Tail: -1}, ""},
 		{Filter{Until: time.Now().Add(-time.Hour), Tail: -1}, ""},
 		{Filter{Since: time.Now().Add(-time.Hour), Until: time.Now().Add(time.Hour), Stderr: true, Tail: -1}, "e1\ne2 unfinished"},
-		{All, "[meta][meta]o1\no2\ne1\nLLL…\nL\ne2 unfinished[meta]"},
+		// The file's header, then the run's end, which the header says.
+		{All, "[meta]o1\no2\ne1\nLLL…\nL\ne2 unfinished[meta]"},
 	}
 	for _, tc := range cases {
 		if got := text(tc.f); got != tc.want {
@@ -527,11 +530,9 @@ func TestRotationOnEveryRecordWithASlowFollower(t *testing.T) {
 	r := NewReader(d, ReadOptions{Follow: true, Poll: time.Millisecond})
 	defer r.Close()
 	ctx := ctxT(t)
-	// The follower opens the first file and reads its header and begin.
-	for range 2 {
-		if _, err := r.Next(ctx); err != nil {
-			t.Fatal(err)
-		}
+	// The follower opens the first file and reads its header.
+	if _, err := r.Next(ctx); err != nil {
+		t.Fatal(err)
 	}
 	f := newFeeder(w)
 	f.paced = true
@@ -736,5 +737,112 @@ func TestReadThenFollow(t *testing.T) {
 	}
 	if st := r.Stats(); st.Torn != 0 || st.Corrupt != 0 {
 		t.Errorf("stats %+v", st)
+	}
+}
+
+// TestClassificationOfHeaders: the runs of files whose headers say where
+// each began and ended, as this package writes them.
+func TestClassificationOfHeaders(t *testing.T) {
+	const a = "0190b0a4-7d2e-7a91-8c55-0e6f2ab41d90"
+	ts := []byte("2026-11-29T10:00:00.000000000Z")
+	ended := time.Date(2026, 11, 29, 10, 0, 1, 0, time.UTC)
+	data := string(ts) + " stdout F hello\n"
+	drop := string(appendMeta(nil, ts, LogStdout, Meta{Event: eventDrop, Stdout: 5}))
+	// file makes a file: its header (ending, when end is set, with the
+	// size the lines make, plus extra) and its lines.
+	file := func(began bool, end *Dropped, extra int64, lines ...string) []byte {
+		body := strings.Join(lines, "")
+		h := Meta{Event: eventFile, Seq: 1, Run: a, Began: began, At: &Positions{}}
+		if end != nil {
+			h.Ended, h.Dropped, h.Size = &ended, end, HeaderSize+int64(len(body))+extra
+		}
+		return append(appendHeader(nil, ts, LogStdout, h), body...)
+	}
+	none := &Dropped{}
+	cases := []struct {
+		name string
+		log  []byte
+		want []string
+	}{
+		{"lossless", file(true, none, 0, data), []string{"lossless"}},
+		{"lossless, nothing written", file(true, none, 0), []string{"lossless"}},
+		{"lossy", file(true, &Dropped{Stdout: 5, Stderr: 2}, 0, drop, data), []string{"lossy"}},
+		{"interrupted", file(true, nil, 0, data), []string{"interrupted"}},
+		{"retention loss", file(false, none, 0, data), []string{"retention-loss"}},
+		{"unknown: began elsewhere, not ended", file(false, nil, 0, data), []string{"unknown"}},
+		{"cut after its end", file(true, none, 10, data), []string{"corrupted"}},
+		{"written to after its end", file(true, none, -int64(len(data)), data), []string{"corrupted"}},
+		{"drops beyond the end's", file(true, &Dropped{Stdout: 4}, 0, drop, data), []string{"corrupted"}},
+		{"a header inside the file", file(true, none, 0, data, string(file(true, none, 0))), []string{"corrupted"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			d, path := testDir(t)
+			if err := os.WriteFile(filepath.Join(path, ActiveName), tc.log, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.want, states(readLog(t, d).Runs)); diff != "" {
+				t.Errorf("states (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// TestRecordsKnowTheirStreamOffsets: whatever the queue dropped, the
+// writer lost or rotation cut, every record the reader returns says where
+// in its stream it stands, and holds the bytes the stream had there.
+func TestRecordsKnowTheirStreamOffsets(t *testing.T) {
+	d, _ := testDir(t)
+	gate := make(chan struct{})
+	w := begin(t, d, Options{MaxSize: 4096, MaxFiles: 1000, QueueBytes: 4 << 10, beforeLoop: func() { <-gate }})
+	f := newFeeder(w)
+	var off ring.Offsets
+	line := func(s ring.Stream, n int) {
+		b := pattern(s, off[s], n)
+		for i := range b {
+			if b[i] == '\n' {
+				b[i] = 'x'
+			}
+		}
+		if n%3 != 0 {
+			b[n-1] = '\n'
+		}
+		// The pattern with newlines where the lines end: what the record
+		// at an offset holds is known from the offset alone, save the
+		// newlines.
+		f.write(s, b)
+		off[s] += int64(n)
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	for i := range 3000 {
+		if i == 300 {
+			close(gate) // the first 300 lines overflow the queue
+		}
+		line(ring.Stream(rng.IntN(2)), 1+rng.IntN(200))
+	}
+	f.end(t)
+	l := readLog(t, d)
+	if len(l.Runs) != 1 || l.Runs[0].State != Lossy {
+		t.Fatalf("runs %+v: want one lossy run", l.Runs)
+	}
+	var seen ring.Offsets
+	for _, e := range l.Entries {
+		if e.Gap != 0 || e.Stream == LogMeta {
+			continue
+		}
+		s := ring.Stream(e.Stream)
+		if e.Offset < seen[s] {
+			t.Fatalf("%v record at offset %d, after offset %d", s, e.Offset, seen[s])
+		}
+		want := pattern(s, e.Offset, len(e.Content))
+		for i, c := range e.Content {
+			if c != want[i] && !(want[i] == '\n' && c == 'x') {
+				t.Fatalf("%v record at offset %d: byte %d is %#x, the stream had %#x", s, e.Offset, i, c, want[i])
+			}
+		}
+		seen[s] = e.Offset + int64(e.PayloadLen())
+	}
+	if seen[ring.Stdout] == 0 || seen[ring.Stderr] == 0 {
+		t.Fatalf("read up to %v", seen)
 	}
 }

@@ -19,12 +19,26 @@ const (
 	LogStdout LogStream = iota
 	// LogStderr holds the process's standard error.
 	LogStderr
-	// LogMeta is the private metadata stream. Its records are written by
-	// the writer alone: application output cannot produce them, because
-	// every record's header is the writer's and content never holds a
-	// newline.
+	// LogMeta is what the writer says of the log itself: each file's
+	// header, and drop records. Only the writer can produce these records,
+	// because it alone writes every record's header (time, stream, tag),
+	// application output is only ever a record's content, and content never
+	// holds a newline. The records are ordinary CRI lines of stdout or
+	// stderr whose tag is metaTag and whose content is empty: a CRI reader
+	// (kubelet's, a log shipper's) sees an empty partial line and prints
+	// nothing for it. Logs of an earlier format kept them in a stream of
+	// their own, named "kiln", which the reader still understands.
 	LogMeta
 )
+
+// metaTag opens the tag of a metadata record: the CRI partial tag, then
+// more tags (which CRI readers ignore) holding the metadata as JSON.
+const metaTag = "P:kiln:"
+
+// HeaderSize is the length of every file's first record, its header. The
+// header is rewritten in place when the file's run ends, so it has one
+// size whatever it says; at 512 bytes it is one disk sector.
+const HeaderSize = 512
 
 // NumLogStreams counts the application streams in the log (stdout, stderr).
 const NumLogStreams = 2
@@ -64,9 +78,12 @@ type Record struct {
 	// follows is a final line that had no newline.
 	Partial bool
 	// Content is the record's payload bytes, exactly as the process wrote
-	// them, without the newline that ends an F record. A reader's Content
-	// is only valid until its next call.
+	// them, without the newline that ends an F record; for metadata, its
+	// JSON. A reader's Content is only valid until its next call.
 	Content []byte
+	// On is, for metadata, the stream the record is written on: a drop
+	// record's is the stream that lost the bytes.
+	On LogStream
 }
 
 // Payload returns the bytes the record stands for in its stream: the
@@ -141,6 +158,16 @@ func parseRecord(line []byte) (Record, error) {
 		return r, fmt.Errorf("%w: unknown stream %q", errRecord, clip(name))
 	}
 	tags, content, _ := bytes.Cut(rest, []byte{' '})
+	if r.Stream != LogMeta {
+		if m, ok := bytes.CutPrefix(tags, []byte(metaTag)); ok {
+			if len(content) != 0 {
+				return r, fmt.Errorf("%w: metadata record with content", errRecord)
+			}
+			r.On, r.Stream, r.Partial = r.Stream, LogMeta, false
+			r.Content = bytes.TrimRight(m, ":")
+			return r, nil
+		}
+	}
 	tag, _, _ := bytes.Cut(tags, []byte{':'})
 	switch string(tag) {
 	case "P":
@@ -163,29 +190,47 @@ func clip(b []byte) []byte {
 	return b
 }
 
-// Metadata events on the kiln stream.
+// Metadata events.
 const (
-	eventBegin = "begin"
-	eventDrop  = "drop"
-	eventEnd   = "end"
-	// eventFile opens every log file: its sequence number and how many log
-	// bytes all earlier files held, so a reader that finds files missing
-	// knows exactly how much it missed.
+	// eventFile opens every log file: its sequence number, how many log
+	// bytes all earlier files held (so a reader that finds files missing
+	// knows exactly how much it missed), the run it holds, whether the run
+	// began in it, and where each stream stands at its start. When the run
+	// ends, its last file's header is rewritten to say so, with the run's
+	// loss: the end is known from the start of the file, and no record
+	// follows the run's last line (a reader's "last N lines" are the
+	// output's).
 	eventFile = "file"
+	// eventDrop says how many bytes of the record's stream were lost right
+	// before the stream's next record.
+	eventDrop = "drop"
+	// The earlier format's begin and end records.
+	eventBegin = "begin"
+	eventEnd   = "end"
 )
 
-// Meta is the content of a kiln record.
+// Meta is the content of a metadata record.
 type Meta struct {
-	Run   string `json:"run,omitempty"`
 	Event string `json:"event"`
+	// A file record's sequence number and starting log offset.
+	Seq    int64  `json:"seq,omitempty"`
+	Offset int64  `json:"offset,omitempty"`
+	Run    string `json:"run,omitempty"`
+	// A header's: the run began in this file; each stream's offset at the
+	// file's start.
+	Began bool       `json:"began,omitempty"`
+	At    *Positions `json:"at,omitempty"`
 	// A drop record's per-stream bytes lost since the previous drop record.
 	Stdout int64 `json:"stdout,omitempty"`
 	Stderr int64 `json:"stderr,omitempty"`
-	// An end record's per-stream bytes lost in the whole run.
+	// A header's, once its run ended: when, and the file's size then.
+	// What the file holds beyond it, or short of it, was not written by
+	// the run.
+	Ended *time.Time `json:"ended,omitempty"`
+	Size  int64      `json:"size,omitempty"`
+	// An end record's per-stream bytes lost in the whole run; in a header,
+	// set once the run has ended.
 	Dropped *Dropped `json:"dropped,omitempty"`
-	// A file record's sequence number and starting log offset.
-	Seq    int64 `json:"seq,omitempty"`
-	Offset int64 `json:"offset,omitempty"`
 }
 
 // Dropped is an end record's loss per stream.
@@ -194,35 +239,62 @@ type Dropped struct {
 	Stderr int64 `json:"stderr"`
 }
 
+// Positions are per-stream offsets: how many bytes each stream had
+// produced before a point of the log.
+type Positions struct {
+	Stdout int64 `json:"stdout"`
+	Stderr int64 `json:"stderr"`
+}
+
 var errMeta = errors.New("invalid metadata")
 
-// parseMeta decodes and checks a kiln record's content.
+// parseMeta decodes and checks a metadata record's content: a kiln
+// record of the earlier format, or (header set) a header or drop record.
 func parseMeta(content []byte) (Meta, error) {
 	var m Meta
 	if err := json.Unmarshal(content, &m); err != nil {
 		return m, fmt.Errorf("%w: %v", errMeta, err)
 	}
-	if m.Stdout < 0 || m.Stderr < 0 || m.Seq < 0 || m.Offset < 0 {
+	if m.Stdout < 0 || m.Stderr < 0 || m.Seq < 0 || m.Offset < 0 || m.Size < 0 {
+		return m, fmt.Errorf("%w: negative count", errMeta)
+	}
+	if m.Dropped != nil && (m.Dropped.Stdout < 0 || m.Dropped.Stderr < 0) || m.At != nil && (m.At.Stdout < 0 || m.At.Stderr < 0) {
 		return m, fmt.Errorf("%w: negative count", errMeta)
 	}
 	switch m.Event {
 	case eventFile:
-		if m.Run != "" || m.Seq == 0 {
-			return m, fmt.Errorf("%w: file record needs a sequence number and no run", errMeta)
+		if m.Seq == 0 {
+			return m, fmt.Errorf("%w: file record needs a sequence number", errMeta)
+		}
+		if m.Run == "" { // the earlier format's: nothing but where it stands
+			if m.Began || m.At != nil || m.Ended != nil || m.Dropped != nil || m.Size != 0 {
+				return m, fmt.Errorf("%w: a file record without a run says nothing of one", errMeta)
+			}
+			return m, nil
+		}
+		if err := checkRunID(m.Run); err != nil {
+			return m, fmt.Errorf("%w: %v", errMeta, err)
+		}
+		if m.At == nil || (m.Ended == nil) != (m.Dropped == nil) || (m.Ended == nil) != (m.Size == 0) || m.Stdout != 0 || m.Stderr != 0 {
+			return m, fmt.Errorf("%w: a header needs the streams' offsets, and an end with its loss", errMeta)
 		}
 		return m, nil
-	case eventBegin, eventDrop, eventEnd:
+	case eventDrop:
+		if m.Run == "" { // a drop record of a header's run
+			if m.Stdout+m.Stderr == 0 || m.Stdout != 0 && m.Stderr != 0 {
+				return m, fmt.Errorf("%w: a drop record counts the bytes of one stream", errMeta)
+			}
+			return m, nil
+		}
+	case eventBegin, eventEnd:
 	default:
 		return m, fmt.Errorf("%w: unknown event %q", errMeta, m.Event)
 	}
 	if err := checkRunID(m.Run); err != nil {
 		return m, fmt.Errorf("%w: %v", errMeta, err)
 	}
-	if (m.Event == eventEnd) != (m.Dropped != nil) {
+	if (m.Event == eventEnd) != (m.Dropped != nil) || m.Began || m.At != nil || m.Ended != nil || m.Size != 0 {
 		return m, fmt.Errorf("%w: only an end record carries dropped, and it must", errMeta)
-	}
-	if m.Dropped != nil && (m.Dropped.Stdout < 0 || m.Dropped.Stderr < 0) {
-		return m, fmt.Errorf("%w: negative count", errMeta)
 	}
 	if m.Event != eventDrop && (m.Stdout != 0 || m.Stderr != 0) {
 		return m, fmt.Errorf("%w: per-stream counts on a %s record", errMeta, m.Event)
@@ -240,10 +312,44 @@ func checkRunID(id string) error {
 	return nil
 }
 
-func appendMeta(dst, ts []byte, m Meta) []byte {
+// appendMeta appends a metadata record on stream on: an empty partial
+// line whose tag holds m.
+func appendMeta(dst, ts []byte, on LogStream, m Meta) []byte {
+	dst = append(dst, ts...)
+	dst = append(dst, ' ')
+	dst = append(dst, logStreamNames[on]...)
+	dst = append(dst, ' ')
+	dst = append(dst, metaTag...)
+	dst = appendJSON(dst, m)
+	return append(dst, " \n"...)
+}
+
+// appendHeader appends a file's header: a metadata record padded, with
+// empty tags, to HeaderSize.
+func appendHeader(dst, ts []byte, on LogStream, m Meta) []byte {
+	start := len(dst)
+	dst = append(dst, ts...)
+	dst = append(dst, ' ')
+	dst = append(dst, logStreamNames[on]...)
+	dst = append(dst, ' ')
+	dst = append(dst, metaTag...)
+	dst = appendJSON(dst, m)
+	pad := HeaderSize - 2 - (len(dst) - start)
+	if pad < 0 {
+		panic(fmt.Sprintf("capture: a header of %d bytes, more than %d", len(dst)-start+2, HeaderSize))
+	}
+	for range pad {
+		dst = append(dst, ':')
+	}
+	return append(dst, " \n"...)
+}
+
+func appendJSON(dst []byte, m Meta) []byte {
 	b, err := json.Marshal(m)
 	if err != nil {
-		panic(err) // a struct of strings and integers always encodes
+		panic(err) // a struct of strings, integers and a time always encodes
 	}
-	return appendRecord(dst, ts, LogMeta, false, b)
+	// No space may appear in a tag; JSON of these fields has none (the run
+	// id is checked, times are RFC 3339).
+	return append(dst, b...)
 }

@@ -152,7 +152,29 @@ func (c *Classifier) data(rec Record) {
 	c.current().Bytes[rec.Stream] += int64(rec.PayloadLen())
 }
 
-func (c *Classifier) meta(m Meta) {
+// header applies a file's header: the file holds run m.Run, which began
+// in it or in an earlier file.
+func (c *Classifier) header(m Meta, at time.Time) {
+	if m.Began {
+		c.meta(Meta{Event: eventBegin, Run: m.Run}, at)
+		return
+	}
+	c.began = true
+	switch r := c.byID[m.Run]; {
+	case c.cur != nil && c.cur.ID == m.Run:
+	case r != nil && r.begun && !r.ended && (r.Missed || c.cur == nil):
+		// Going on after files the reader missed.
+		c.cur = r
+	case r != nil:
+		r.problem("a file of the run after its end or after another run")
+		c.cur = r
+	default:
+		// The run's first files, and its begin, are gone.
+		c.cur = c.add(m.Run)
+	}
+}
+
+func (c *Classifier) meta(m Meta, at time.Time) {
 	switch m.Event {
 	case eventFile:
 	case eventBegin:
@@ -164,9 +186,12 @@ func (c *Classifier) meta(m Meta) {
 			return
 		}
 		r := c.add(m.Run)
-		r.begun = true
+		r.begun, r.Began = true, at
 		c.cur = r
 	case eventDrop:
+		if m.Run == "" { // a drop record of the header's run
+			m.Run = c.current().ID
+		}
 		r := c.claim(m.Run)
 		if r == nil {
 			c.misplaced(m, "a drop record outside its run")
@@ -180,7 +205,7 @@ func (c *Classifier) meta(m Meta) {
 			c.misplaced(m, "an end record outside its run")
 			return
 		}
-		r.ended = true
+		r.ended, r.Ended = true, at
 		r.Dropped = [NumLogStreams]int64{m.Dropped.Stdout, m.Dropped.Stderr}
 		for s := range r.Described {
 			if r.Described[s] > r.Dropped[s] {

@@ -471,6 +471,7 @@ func TestConcurrentPumps(t *testing.T) {
 	p := newProducer(s, 64<<10, streams...)
 	c := startConsumer(s)
 	warm := make(chan struct{}, len(streams))
+	drain := make(chan struct{})
 	var pumps sync.WaitGroup
 	for _, st := range streams {
 		pumps.Go(func() {
@@ -478,6 +479,7 @@ func TestConcurrentPumps(t *testing.T) {
 			for i := range 3000 {
 				if i == 200 {
 					warm <- struct{}{}
+					<-drain
 				}
 				p.push(st, 1+rng.IntN(1000))
 			}
@@ -490,6 +492,7 @@ func TestConcurrentPumps(t *testing.T) {
 		<-warm
 	}
 	close(c.grant) // from here on the writer drains as fast as it can
+	close(drain)
 	pumps.Wait()
 	s.Close()
 	<-c.done

@@ -90,12 +90,13 @@ var ErrStopped = errors.New("capture: writer stopped before the end of the run")
 // directory. It receives chunks only through its Sink, from the process's
 // pumps, and is the only writer of the directory.
 //
-// A run begins with Begin, which makes the begin record durable before it
-// returns: start the process only after that. The process's owner closes
-// the Sink once every pump has returned; the writer then writes what is
-// queued, the trailing fragments, and the end record with the run's exact
-// loss, and finishes. Finish waits for that, bounded, and on timeout stops
-// the writer, leaving the run without an end record: "interrupted".
+// A run begins with Begin, which starts a new file whose header says so and
+// makes it durable before it returns: start the process only after that.
+// The process's owner closes the Sink once every pump has returned; the
+// writer then writes what is queued and the trailing fragments, rewrites
+// the last file's header to say the run ended with its exact loss, and
+// finishes. Finish waits for that, bounded, and on timeout stops the
+// writer, leaving the run without its end: "interrupted".
 type Writer struct {
 	dir  *Dir
 	run  string
@@ -106,17 +107,31 @@ type Writer struct {
 	// Owned by the writer goroutine (and by Begin before it starts).
 	out      []byte
 	outBytes [NumLogStreams]int64     // payload bytes in out, per stream
+	outDrops [NumLogStreams]int64     // bytes the drop records in out describe
 	ts       []byte                   // the records' timestamp
 	stamped  int64                    // ts in Unix nanoseconds
 	hdr      [NumLogStreams][2][]byte // record headers with ts: F, then P
 	size     int64                    // bytes in the active file
 	seq      int64                    // the active file's sequence number
 	offset   int64                    // log bytes in every file before the active one
-	archives []int64                  // the archives' sequence numbers, rising
-	partial  [NumLogStreams][]byte
-	lost     [NumLogStreams]int64 // bytes the writer failed to persist
-	unsaid   [NumLogStreams]int64 // of those, not yet in a drop record
-	failed   bool                 // the file system failed; data is counted, not written
+	head     Meta                     // the active file's header
+	headTS   []byte                   // and its timestamp
+	headOn   LogStream                // and the stream it is written on
+	// unlabelled says the active file's header was written before the
+	// stream of the record after it was known: the run's first file.
+	unlabelled bool
+	archives   []int64 // the archives' sequence numbers, rising
+	partial    [NumLogStreams][]byte
+	// pos is where each stream stands in what the files hold: its payload
+	// bytes and the bytes drop records describe. A header records it, so
+	// a reader knows every record's stream offset.
+	pos [NumLogStreams]int64
+	// lost counts the bytes the writer failed to persist; unsaid, the
+	// bytes lost (by the queue or the writer) that no drop record has
+	// described yet. A stream's next record waits for its drop record.
+	lost     [NumLogStreams]int64
+	unsaid   [NumLogStreams]int64
+	failed   bool // the file system failed; data is counted, not written
 	retryAt  time.Time
 	reserved bool // the reserve file holds its space
 
@@ -128,7 +143,7 @@ type Writer struct {
 
 // Result is what a finished (or stopped) writer reports.
 type Result struct {
-	// Ended is set once the end record was written and synced.
+	// Ended is set once the end was written into the header and synced.
 	Ended bool
 	// Dropped is, per log stream, every byte of the run that is not in the
 	// log: lost in the queue or by a failed write. Final once Ended.
@@ -145,11 +160,12 @@ func logStream(s ring.Stream) LogStream {
 	return LogStdout
 }
 
-// Begin starts a run in dir: it opens or creates the active file (never
-// through a symbolic link), cleans up after an interrupted rotation, writes
-// the begin record for run and syncs it, and only then returns a writer
-// whose goroutine is waiting on its sink. Any failure fails Begin, and
-// nothing is started.
+// Begin starts a run in dir: it sets the active file of an earlier run
+// aside as an archive (cleaning up after an interrupted rotation), makes
+// a new active file (never through a symbolic link) whose header names
+// run and says it began, syncs it, and only then returns a writer whose
+// goroutine is waiting on its sink. Any failure fails Begin, and nothing
+// is started.
 func Begin(dir *Dir, run string, opt Options) (*Writer, error) {
 	if err := checkRunID(run); err != nil {
 		return nil, fmt.Errorf("capture: %w", err)
@@ -189,75 +205,57 @@ func (w *Writer) open() error {
 	if err := w.reserve(); err != nil {
 		return err
 	}
-	w.stamp()
-	w.out = appendMeta(w.out, w.ts, Meta{Run: w.run, Event: eventBegin})
-	if err := w.writeOut(); err != nil {
-		return err
-	}
 	if err := w.f.Sync(); err != nil {
 		return err
 	}
 	return d.sync()
 }
 
-// openActive opens the active file for appending, or makes a new one when
-// there is none, when it has no valid header, or when a rotation was
-// interrupted after the active file was linked as an archive.
+// openActive makes the run's first file the active one. Every run has
+// files of its own, so that each file's header can say all there is to
+// say of what it holds. The active file of an earlier run is kept as its
+// archive (a writer killed inside a record left it torn: the reader
+// counts that line). A rotation interrupted after linking the active file
+// as its archive leaves nothing to keep; a file this package did not
+// write is kept as an archive, untouched.
 func (w *Writer) openActive() error {
 	last := int64(0)
 	if n := len(w.archives); n > 0 {
 		last = w.archives[n-1]
 	}
-	f, err := w.dir.open(ActiveName, unix.O_RDWR|unix.O_APPEND, 0)
+	f, err := w.dir.open(ActiveName, unix.O_RDONLY, 0)
 	if errors.Is(err, unix.ENOENT) {
-		return w.create(last + 1)
+		return w.create(last+1, LogStdout, true)
 	}
 	if err != nil {
 		return err
 	}
-	h, size, herr := readHeader(f)
-	if herr == nil && h.Seq > last {
-		w.f, w.seq, w.offset, w.size = f, h.Seq, h.Offset, size
-		torn, err := w.tornTail()
-		if err != nil || !torn {
+	h, _, herr := readHeader(f)
+	f.Close()
+	switch {
+	case herr == nil && h.Seq == last:
+		return w.create(last+1, LogStdout, true)
+	case herr == nil && h.Seq > last:
+		if err := w.dir.link(ActiveName, archiveName(h.Seq)); err != nil {
 			return err
 		}
-		// A writer was killed inside a record. Leave that file as it is,
-		// an archive ending in a torn line the reader counts, and start
-		// the next: appending to it would make the torn record look whole.
-		return w.rotate()
+		w.archives = append(w.archives, h.Seq)
+		return w.create(h.Seq+1, LogStdout, true)
 	}
-	f.Close()
-	if herr == nil && h.Seq == last {
-		// Interrupted after linking the active file as its archive: the
-		// archive has it all; start the next file.
-		return w.create(last + 1)
-	}
-	// Not a file this package wrote: keep it as an archive, untouched.
 	if err := w.dir.rename(ActiveName, archiveName(last+1)); err != nil {
 		return err
 	}
 	w.archives = append(w.archives, last+1)
-	return w.create(last + 2)
-}
-
-// tornTail reports whether the active file ends inside a record.
-func (w *Writer) tornTail() (bool, error) {
-	if w.size == 0 {
-		return false, nil
-	}
-	var b [1]byte
-	if _, err := w.f.ReadAt(b[:], w.size-1); err != nil {
-		return false, err
-	}
-	return b[0] != '\n', nil
+	return w.create(last+2, LogStdout, true)
 }
 
 // create makes file seq the active file: it is built under a temporary
 // name with its header and renamed over the active name, so the active
 // name always holds a file with a header. The old active file, if any, must
-// already be linked as its archive.
-func (w *Writer) create(seq int64) error {
+// already be linked as its archive. The header is written on stream on,
+// the stream of the record that follows it if known: a CRI reader that
+// joins partial lines joins the header's empty line to that record.
+func (w *Writer) create(seq int64, on LogStream, began bool) error {
 	offset := w.offset + w.size
 	if w.f == nil && len(w.archives) > 0 {
 		// The first file of this writer: continue from the newest archive.
@@ -273,8 +271,13 @@ func (w *Writer) create(seq int64) error {
 	if err != nil {
 		return err
 	}
-	w.stamp()
-	hdr := appendMeta(nil, w.ts, Meta{Event: eventFile, Seq: seq, Offset: offset})
+	head := Meta{Event: eventFile, Seq: seq, Offset: offset, Run: w.run, Began: began,
+		At: &Positions{Stdout: w.pos[LogStdout], Stderr: w.pos[LogStderr]}}
+	ts := appendTime(nil, time.Now())
+	hdr := appendHeader(nil, ts, on, head)
+	if w.opt.beforeWrite != nil {
+		w.opt.beforeWrite()
+	}
 	if _, err := f.Write(hdr); err != nil {
 		f.Close()
 		w.dir.remove(tempName)
@@ -302,7 +305,27 @@ func (w *Writer) create(seq int64) error {
 		return ErrStopped
 	}
 	w.seq, w.offset, w.size = seq, offset, int64(len(hdr))
+	w.head, w.headTS, w.headOn, w.unlabelled = head, ts, on, began
 	return nil
+}
+
+// label is called before the first record of s is gathered: the header of
+// the run's first file, written before anything was known of the output,
+// is written on s now, so that a reader joining the header's empty line
+// to the next record's gives the record its own stream. Failing costs only
+// that.
+func (w *Writer) label(s LogStream) {
+	if !w.unlabelled {
+		return
+	}
+	w.unlabelled = false
+	if s == w.headOn || w.size > HeaderSize || len(w.out) > 0 {
+		return
+	}
+	hdr := appendHeader(nil, w.headTS, s, w.head)
+	if w.pwrite(hdr) == nil {
+		w.headOn = s
+	}
 }
 
 // endOf returns the log offset at which archive seq ends, or 0 when its
@@ -328,7 +351,7 @@ func readHeader(f *os.File) (Meta, int64, error) {
 	if err != nil {
 		return Meta{}, 0, err
 	}
-	buf := make([]byte, 512)
+	buf := make([]byte, HeaderSize)
 	n, err := f.ReadAt(buf, 0)
 	if err != nil && !errors.Is(err, io.EOF) {
 		return Meta{}, 0, err
@@ -500,14 +523,11 @@ func (w *Writer) add(it Item) {
 	s := logStream(it.Stream)
 	switch it.Kind {
 	case Drop:
+		// What is held of the line the loss cut goes out first; the drop
+		// record itself waits for the stream's next record, so that it
+		// stands right before it.
 		w.flushPartial(s)
-		m := Meta{Run: w.run, Event: eventDrop}
-		if s == LogStderr {
-			m.Stderr = it.Dropped
-		} else {
-			m.Stdout = it.Dropped
-		}
-		w.emitMeta(m)
+		w.unsaid[s] += it.Dropped
 	case Data:
 		w.stampAt(it.At)
 		if w.failed && !w.recovered() {
@@ -556,12 +576,14 @@ func (w *Writer) addData(s LogStream, data []byte) {
 }
 
 // lines is addData's fast path for the common case: whole lines that fit a
-// record, nothing held, and room in the active file. The content and its
-// newline are copied as one. It returns what it left for the general path.
+// record, nothing held, no loss to describe first, and room in the active
+// file. The content and its newline are copied as one. It returns what it
+// left for the general path.
 func (w *Writer) lines(s LogStream, data []byte) []byte {
-	if len(w.partial[s]) > 0 || w.failed {
+	if len(w.partial[s]) > 0 || w.failed || w.unsaid[s] > 0 {
 		return data
 	}
+	w.label(s)
 	h := w.hdr[s][0]
 	room := w.opt.MaxSize - w.size
 	for {
@@ -597,36 +619,53 @@ func (w *Writer) flushPartials() {
 	}
 }
 
-// emit encodes a data record whose content is a followed by b.
+// emit encodes a data record whose content is a followed by b, after the
+// drop record its stream owes, if any.
 func (w *Writer) emit(s LogStream, partial bool, a, b []byte) {
-	n := len(a) + len(b)
+	n := int64(len(a)+len(b)) + boolInt(!partial)
 	if w.failed && !w.recovered() {
-		w.lose(s, int64(n)+boolInt(!partial))
+		w.lose(s, n)
 		return
 	}
+	w.label(s)
 	h := w.hdr[s][boolInt(partial)]
-	if !w.room(len(h) + n + 1) {
-		w.lose(s, int64(n)+boolInt(!partial))
+	if !w.describe(s) || !w.room(s, len(h)+len(a)+len(b)+1) {
+		// A record after a loss it does not describe would stand at the
+		// wrong offset: it is lost too.
+		w.lose(s, n)
 		return
 	}
 	w.out = append(w.out, h...)
 	w.out = append(w.out, a...)
 	w.out = append(w.out, b...)
 	w.out = append(w.out, '\n')
-	w.outBytes[s] += int64(n) + boolInt(!partial)
+	w.outBytes[s] += n
 	if len(w.out) >= batchSize {
 		w.flush()
 	}
 }
 
-func (w *Writer) emitMeta(m Meta) {
-	if w.failed && !w.recovered() {
-		return
+// describe writes the drop record s owes, if any. It reports false when
+// it could not: nothing of s may be written then.
+func (w *Writer) describe(s LogStream) bool {
+	n := w.unsaid[s]
+	if n == 0 {
+		return true
 	}
-	rec := appendMeta(nil, w.ts, m)
-	if w.room(len(rec)) {
-		w.out = append(w.out, rec...)
+	m := Meta{Event: eventDrop}
+	if s == LogStderr {
+		m.Stderr = n
+	} else {
+		m.Stdout = n
 	}
+	rec := appendMeta(nil, w.ts, s, m)
+	if !w.room(s, len(rec)) || w.failed {
+		return false
+	}
+	w.out = append(w.out, rec...)
+	w.outDrops[s] += n
+	w.unsaid[s] = 0
+	return true
 }
 
 func boolInt(b bool) int64 {
@@ -637,10 +676,11 @@ func boolInt(b bool) int64 {
 }
 
 // room rotates first if a record of n bytes would take the active file
-// past its size. A file holds at least one record beyond its header. It
-// reports false when the writer failed on the way: the record must then be
+// past its size; the new file's header is written on s, the stream of the
+// record. A file holds at least one record beyond its header. It reports
+// false when the writer failed on the way: the record must then be
 // counted, not gathered.
-func (w *Writer) room(n int) bool {
+func (w *Writer) room(s LogStream, n int) bool {
 	if w.failed {
 		return false
 	}
@@ -651,24 +691,20 @@ func (w *Writer) room(n int) bool {
 	if w.failed {
 		return false
 	}
-	if w.size <= w.headerSize() {
+	if w.size <= HeaderSize {
 		return true
 	}
-	if err := w.rotate(); err != nil {
+	if err := w.rotate(s); err != nil {
 		w.failWrite(err)
 		return false
 	}
 	return true
 }
 
-func (w *Writer) headerSize() int64 {
-	return int64(len(appendMeta(nil, w.ts, Meta{Event: eventFile, Seq: w.seq, Offset: w.offset})))
-}
-
 // rotate archives the active file under its sequence number and makes the
 // next one active. The active name always holds a file: the archive is a
 // second link made first, and the new file replaces the name by rename.
-func (w *Writer) rotate() error {
+func (w *Writer) rotate(on LogStream) error {
 	if w.stoppedNow() {
 		return ErrStopped
 	}
@@ -676,7 +712,7 @@ func (w *Writer) rotate() error {
 	if err := w.dir.link(ActiveName, archiveName(seq)); err != nil {
 		return err
 	}
-	if err := w.create(seq + 1); err != nil {
+	if err := w.create(seq+1, on, false); err != nil {
 		// The active file stays active: take its second name back, so
 		// that a later rotation can make it again.
 		if !errors.Is(err, ErrStopped) {
@@ -698,8 +734,10 @@ func (w *Writer) flush() {
 	}
 }
 
-// writeOut writes w.out to the active file. On a short write it cuts the
-// file back to its last whole record, so the records after stay readable.
+// writeOut writes w.out to the active file. On a short write (a full
+// disk) it keeps the whole records that were written, cuts the file back
+// to the last of them, and leaves the rest in w.out for the caller to
+// count as lost.
 func (w *Writer) writeOut() error {
 	if w.opt.beforeWrite != nil {
 		w.opt.beforeWrite()
@@ -711,30 +749,59 @@ func (w *Writer) writeOut() error {
 		return ErrStopped
 	}
 	n, err := f.Write(w.out)
-	if err != nil {
-		if n > 0 {
-			if terr := f.Truncate(w.size); terr != nil {
-				// The part that was written stays, cut inside a record:
-				// the reader will count that line as corrupt. Its payload
-				// is counted as lost with the rest of the batch, an
-				// overcount of at most this batch, and the size is taken
-				// from the file so later offsets stay right.
-				err = errors.Join(err, terr)
-				if st, serr := f.Stat(); serr == nil {
-					w.size = st.Size()
-				}
+	if err == nil {
+		w.size += int64(n)
+		w.out = w.out[:0]
+		for s := range w.pos {
+			w.pos[s] += w.outBytes[s] + w.outDrops[s]
+		}
+		w.outBytes, w.outDrops = [NumLogStreams]int64{}, [NumLogStreams]int64{}
+		return nil
+	}
+	keep := bytes.LastIndexByte(w.out[:max(n, 0)], '\n') + 1
+	if n > keep {
+		if terr := f.Truncate(w.size + int64(keep)); terr != nil {
+			// The part that was written stays, cut inside a record: the
+			// reader will count that line as corrupt. Its payload is
+			// counted as lost with the rest of the batch, an overcount of
+			// at most that record, and the size is taken from the file so
+			// later offsets stay right.
+			err = errors.Join(err, terr)
+			if st, serr := f.Stat(); serr == nil {
+				w.size = st.Size() - int64(keep)
 			}
 		}
-		return err
 	}
-	w.size += int64(n)
-	w.out = w.out[:0]
-	w.outBytes = [NumLogStreams]int64{}
-	return nil
+	w.size += int64(keep)
+	w.kept(w.out[:keep])
+	w.out = w.out[:copy(w.out, w.out[keep:])]
+	return err
+}
+
+// kept moves the records of out, which the file now holds, from what w.out
+// holds to where the streams stand.
+func (w *Writer) kept(out []byte) {
+	for line := range bytes.Lines(out) {
+		r, err := parseRecord(line[:len(line)-1])
+		if err != nil {
+			continue // the writer's own records always parse
+		}
+		if r.Stream == LogMeta {
+			if m, err := parseMeta(r.Content); err == nil && m.Event == eventDrop {
+				n := m.Stdout + m.Stderr
+				w.outDrops[r.On] -= n
+				w.pos[r.On] += n
+			}
+			continue
+		}
+		n := int64(r.PayloadLen())
+		w.outBytes[r.Stream] -= n
+		w.pos[r.Stream] += n
+	}
 }
 
 // failWrite enters the failed state: what was gathered is lost, and the
-// reserve is freed so that the end record fits.
+// reserve is freed for the run's last records.
 func (w *Writer) failWrite(err error) {
 	w.fail(err)
 	w.failed = true
@@ -743,13 +810,15 @@ func (w *Writer) failWrite(err error) {
 	w.release()
 }
 
-// discard counts the gathered payload as lost and drops the records.
+// discard counts the gathered payload as lost and drops the records: the
+// losses their drop records described are to be described again.
 func (w *Writer) discard() {
 	for s, n := range w.outBytes {
 		w.lose(LogStream(s), n)
+		w.unsaid[s] += w.outDrops[s]
 	}
 	w.out = w.out[:0]
-	w.outBytes = [NumLogStreams]int64{}
+	w.outBytes, w.outDrops = [NumLogStreams]int64{}, [NumLogStreams]int64{}
 }
 
 func (w *Writer) lose(s LogStream, n int64) {
@@ -759,8 +828,9 @@ func (w *Writer) lose(s LogStream, n int64) {
 
 // recovered reports whether a failed writer may write again: at most once
 // every retryEvery it tries to take the reserve back, and if there is the
-// space for that, it writes again, telling the log first how much was lost
-// meanwhile. A failed writer gathers nothing, so w.out is empty here.
+// space for that, it writes again; each stream's next record is preceded
+// by a drop record for what it lost meanwhile. A failed writer gathers
+// nothing, so w.out is empty here.
 func (w *Writer) recovered() bool {
 	if w.stoppedNow() || time.Now().Before(w.retryAt) {
 		return false
@@ -770,16 +840,7 @@ func (w *Writer) recovered() bool {
 		return false
 	}
 	w.failed = false
-	w.sayLost()
 	return true
-}
-
-// sayLost writes a drop record for the bytes the writer itself lost.
-func (w *Writer) sayLost() {
-	if w.unsaid != [NumLogStreams]int64{} {
-		w.emitMeta(Meta{Run: w.run, Event: eventDrop, Stdout: w.unsaid[LogStdout], Stderr: w.unsaid[LogStderr]})
-		w.unsaid = [NumLogStreams]int64{}
-	}
 }
 
 func (w *Writer) retryEvery() time.Duration {
@@ -790,8 +851,8 @@ func (w *Writer) retryEvery() time.Duration {
 }
 
 // pause waits, while the writer cannot write, until it is time to try
-// again or the run ends. Receiving every chunk only to count it would wake
-// this goroutine for each one and take CPU from the workload; meanwhile
+// again or the run ends. Taking every chunk only to count it would wake
+// this goroutine for each burst and take CPU from the workload; meanwhile
 // the sink counts what does not fit in its queue, and the writer counts
 // the rest when it resumes, so the total stays exact.
 func (w *Writer) pause() {
@@ -809,8 +870,9 @@ func (w *Writer) stoppedNow() bool {
 	return w.stopped
 }
 
-// finish ends the run: trailing fragments, the end record with the run's
-// whole loss, a sync.
+// finish ends the run: the trailing fragments, then the end with the
+// run's whole loss, written into the active file's header in place, and a
+// sync.
 func (w *Writer) finish() {
 	w.stamp()
 	w.flushPartials()
@@ -823,17 +885,16 @@ func (w *Writer) finish() {
 	for s, n := range w.lost {
 		dropped[s] += n
 	}
-	// Write the end record even after a failure: the freed reserve is
-	// there for it.
-	w.failed = false
-	w.out = w.out[:0]
-	w.emitMeta(Meta{Run: w.run, Event: eventEnd, Dropped: &Dropped{Stdout: dropped[LogStdout], Stderr: dropped[LogStderr]}})
-	err := w.writeOut()
-	w.mu.Lock()
-	f := w.f
-	w.mu.Unlock()
+	// The records first, durably, then the end that vouches for them: a
+	// crash in between leaves a run without its end, never an end whose
+	// records are missing.
+	err := w.sync()
 	if err == nil {
-		err = f.Sync()
+		ended := time.Now().UTC()
+		head := w.head
+		head.Ended, head.Size = &ended, w.size
+		head.Dropped = &Dropped{Stdout: dropped[LogStdout], Stderr: dropped[LogStderr]}
+		err = w.rewriteHeader(appendHeader(nil, w.headTS, w.headOn, head))
 	}
 	w.release()
 	w.mu.Lock()
@@ -847,7 +908,75 @@ func (w *Writer) finish() {
 		w.result.Ended = true
 	}
 	if !w.stopped {
-		f.Close()
+		w.f.Close()
 		w.stopped = true
 	}
+}
+
+// sync makes what the active file holds durable.
+func (w *Writer) sync() error {
+	w.mu.Lock()
+	f, stopped := w.f, w.stopped
+	w.mu.Unlock()
+	if stopped {
+		return ErrStopped
+	}
+	return f.Sync()
+}
+
+// rewriteHeader replaces the active file's header with hdr, of the same
+// size, and syncs the file.
+func (w *Writer) rewriteHeader(hdr []byte) error {
+	if w.opt.beforeWrite != nil {
+		w.opt.beforeWrite()
+	}
+	w.mu.Lock()
+	f, stopped := w.f, w.stopped
+	w.mu.Unlock()
+	if stopped {
+		return ErrStopped
+	}
+	if err := w.pwrite(hdr); err != nil {
+		return err
+	}
+	return f.Sync()
+}
+
+// pwrite writes hdr over the active file's header. A write at offset 0 of
+// an O_APPEND file would land at its end: the file stops being append-only
+// for the write.
+func (w *Writer) pwrite(hdr []byte) error {
+	w.mu.Lock()
+	f, stopped := w.f, w.stopped
+	w.mu.Unlock()
+	if stopped {
+		return ErrStopped
+	}
+	// As in writeOut, Stop may close f meanwhile: the write then fails.
+	sc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var werr error
+	if err := sc.Control(func(fd uintptr) {
+		var fl, n int
+		if fl, werr = unix.FcntlInt(fd, unix.F_GETFL, 0); werr != nil {
+			return
+		}
+		if _, werr = unix.FcntlInt(fd, unix.F_SETFL, fl&^unix.O_APPEND); werr != nil {
+			return
+		}
+		if n, werr = unix.Pwrite(int(fd), hdr, 0); werr == nil && n < len(hdr) {
+			werr = io.ErrShortWrite
+		}
+		if _, err := unix.FcntlInt(fd, unix.F_SETFL, fl); werr == nil {
+			werr = err
+		}
+	}); err != nil {
+		return err
+	}
+	if werr != nil {
+		return fmt.Errorf("capture: rewrite the header of %s: %w", f.Name(), werr)
+	}
+	return nil
 }

@@ -151,7 +151,8 @@ func TestShortRunBeginOutputLosslessEnd(t *testing.T) {
 	if len(l.Runs) != 1 || l.Runs[0].State != Lossless || l.Runs[0].ID != w.Run() {
 		t.Fatalf("runs %+v, want one lossless run %s", l.Runs, w.Run())
 	}
-	// The first record is the file's header, then begin; end is last.
+	// The first record is the file's header, which says the run began
+	// there and, rewritten, that it ended; the reader gives the end last.
 	var events []string
 	for _, e := range l.Entries {
 		if e.Stream == LogMeta {
@@ -159,10 +160,10 @@ func TestShortRunBeginOutputLosslessEnd(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			events = append(events, m.Event)
+			events = append(events, fmt.Sprintf("%s began=%t ended=%t", m.Event, m.Began, m.Ended != nil))
 		}
 	}
-	if diff := cmp.Diff([]string{"file", "begin", "end"}, events); diff != "" {
+	if diff := cmp.Diff([]string{"file began=true ended=true", "end began=false ended=false"}, events); diff != "" {
 		t.Errorf("metadata events (-want +got):\n%s", diff)
 	}
 }
@@ -485,6 +486,17 @@ func TestFullDiskEndIsExactAndLossy(t *testing.T) {
 	if l.Stats.Corrupt != 0 || l.Stats.Torn != 0 {
 		t.Errorf("the full disk left broken lines: %+v", l.Stats)
 	}
+	// The lines after the loss stand at their own offsets: line n at n
+	// lines of 68 bytes.
+	for _, e := range l.Entries {
+		if e.Stream != LogStdout {
+			continue
+		}
+		var n int64
+		if _, err := fmt.Sscanf(string(e.Content), "%06d", &n); err != nil || e.Offset != n*68 {
+			t.Fatalf("record %q at offset %d, want %d", clip(e.Content), e.Offset, n*68)
+		}
+	}
 }
 
 // TestFailedRotationRecovers: a rotation that fails after linking the
@@ -514,7 +526,19 @@ func TestFailedRotationRecovers(t *testing.T) {
 	if err := os.Remove(blocker); err != nil {
 		t.Fatal(err)
 	}
+	// Lines go on until the writer has retried and rotated past the
+	// files kept: the lines it took while it still failed are lost.
 	for range 400 {
+		line()
+	}
+	for n := 0; n < 1e6; n++ {
+		// Names only: the writer prunes files meanwhile.
+		if names, _ := filepath.Glob(filepath.Join(path, ActiveName+"*")); len(names) == opt.MaxFiles {
+			break
+		}
+		line()
+	}
+	for range 100 {
 		line()
 	}
 	w.Sink().Close()
