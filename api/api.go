@@ -27,6 +27,14 @@ type ExecRequest struct {
 	TTY *TTY `json:"tty,omitempty"`
 	// Capture keeps the output durably in the sandbox's captured logs.
 	Capture bool `json:"capture,omitempty"`
+	// Flow is "drop" (the default: a watcher that falls behind is told
+	// exactly what it missed, and the process never waits for one) or
+	// "block": a watcher attaching with flow=block is given every byte,
+	// the process waiting for it if need be, as a foreground command's
+	// output waits for its terminal. The output is held for that watcher
+	// from the start, and for the grace period after it goes (kilnd's
+	// --flow-grace, 30 s), for it to come back to; then it drops again.
+	Flow string `json:"flow,omitempty"`
 
 	// Finite exec only. MaxOutputBytes bounds the output kept, both streams
 	// together (default and ceiling DefaultMaxOutput); bytes beyond it are
@@ -45,6 +53,12 @@ type TTY struct {
 const (
 	StdinPipe   = "pipe"
 	StdinClosed = "closed"
+)
+
+// Flows of a process's output.
+const (
+	FlowDrop  = "drop"
+	FlowBlock = "block"
 )
 
 // DefaultMaxOutput is the default and the ceiling of ExecRequest.MaxOutputBytes.
@@ -118,6 +132,10 @@ type Process struct {
 	Exit              // once observed
 	PID      int      `json:"pid,omitempty"`
 	Terminal bool     `json:"terminal,omitempty"`
+	// Flow is the process's ("drop" or "block"); Held says its output
+	// waits now for a watcher holding it to read on.
+	Flow string `json:"flow"`
+	Held bool   `json:"held,omitempty"`
 	// Streams are the process's output streams with their totals.
 	Streams   map[string]StreamStatus `json:"streams"`
 	Stdin     *StdinStatus            `json:"stdin,omitempty"`
@@ -261,6 +279,14 @@ const (
 	TypeExit       = "exit"
 	TypeStdinClose = "stdin_close" // client to server
 	TypeResize     = "resize"      // client to server
+	// TypeAck (client to server) says, in Offsets, where a watcher that
+	// holds the output (flow=block&ack=true) has got to: the output stays
+	// held from there, not from what was sent, so a watcher whose
+	// connection breaks with output on its way comes back, from the
+	// offsets it had, to find it still there (within the grace period). A
+	// watcher that acks acks at least every 256 KiB it takes, or the
+	// process stays held.
+	TypeAck = "ack"
 )
 
 // Hello opens a kiln.v1 stream: per stream, the first offset still
@@ -298,12 +324,13 @@ type ExitMessage struct {
 	Exit
 }
 
-// ClientMessage is a kiln.v1 text message from the client: stdin_close, or
-// resize with Cols and Rows.
+// ClientMessage is a kiln.v1 text message from the client: stdin_close,
+// resize with Cols and Rows, or ack with Offsets per stream name.
 type ClientMessage struct {
-	Type string `json:"type"`
-	Cols uint16 `json:"cols,omitempty"`
-	Rows uint16 `json:"rows,omitempty"`
+	Type    string           `json:"type"`
+	Cols    uint16           `json:"cols,omitempty"`
+	Rows    uint16           `json:"rows,omitempty"`
+	Offsets map[string]int64 `json:"offsets,omitempty"`
 }
 
 // Limits bound a sandbox's resources; zero means no limit.
@@ -438,6 +465,11 @@ func (r ExecRequest) Check(finite bool) error {
 		}
 	default:
 		return fmt.Errorf("%w: stdin %q: want %q or %q", ErrInvalid, clipText(r.Stdin), StdinPipe, StdinClosed)
+	}
+	switch r.Flow {
+	case "", FlowDrop, FlowBlock:
+	default:
+		return fmt.Errorf("%w: flow %q: want %q or %q", ErrInvalid, clipText(r.Flow), FlowDrop, FlowBlock)
 	}
 	if t := r.TTY; t != nil && (t.Cols == 0 || t.Rows == 0 || t.Cols > MaxTTYSize || t.Rows > MaxTTYSize) {
 		return fmt.Errorf("%w: terminal size %dx%d", ErrInvalid, t.Cols, t.Rows)

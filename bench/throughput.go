@@ -194,7 +194,7 @@ func runEngine(ctx context.Context, exe string, size int64, readers int) (sample
 	results := make([]readerResult, readers)
 	var wg sync.WaitGroup
 	for i := range readers {
-		a, err := p.Attach(ring.Offsets{})
+		a, err := p.Attach(ring.Offsets{}, process.AttachOptions{})
 		if err != nil {
 			cancelRun(p, &wg)
 			return sample{}, fmt.Errorf("attach reader %d: %w", i+1, err)

@@ -2,6 +2,7 @@ package client_test
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -401,5 +402,71 @@ func TestResumeInsideACharacter(t *testing.T) {
 	out, lost := collect(t, q)
 	if got+out["stdout"] != "café\n" || lost != 0 {
 		t.Errorf("got %q + %q (lost %d)", got, out["stdout"], lost)
+	}
+}
+
+// TestFlowBlockResumesWithoutLoss: a handle holding a flow block process's
+// output goes away mid-stream; the process waits for it, and the handle
+// reopened from its reference, within the grace period, gets the rest:
+// every byte of 32 MiB, with no gap, and the process's own exit.
+func TestFlowBlockResumesWithoutLoss(t *testing.T) {
+	_, sb := kilnd(t)
+	ctx := ctxT(t)
+	const size = 32 << 20
+	p, err := sb.Start(ctx, client.StartOptions{Command: "sh", Args: []string{"-c", "head -c 33554432 /dev/urandom | tee /workspace/r; exit 6"},
+		Flow: api.FlowBlock, Format: client.Bytes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []byte
+	for ch, err := range p.Output(ctx) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ch.Lost > 0 {
+			t.Fatalf("lost %d bytes of %s", ch.Lost, ch.Stream)
+		}
+		got = append(got, ch.Bytes...)
+		if len(got) >= 4<<20 {
+			break // the reader goes away mid-stream
+		}
+	}
+	ref, err := p.Disconnect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := sb.Process(ctx, p.ID, client.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s, err := st.Status(ctx); err != nil || s.Process == nil || s.Process.Flow != api.FlowBlock || s.State != client.Running {
+		t.Fatalf("status %+v, %v: want a running flow block process", s.Process, err)
+	}
+	q, err := sb.Reopen(ctx, ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for ch, err := range q.Output(ctx) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ch.Lost > 0 {
+			t.Fatalf("after reopening: lost %d bytes of %s", ch.Lost, ch.Stream)
+		}
+		got = append(got, ch.Bytes...)
+	}
+	r, err := q.Wait(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.ExitCode == nil || *r.ExitCode != 6 || !r.OutputComplete || r.Streams["stdout"] != (client.StreamCount{Bytes: size, Ended: true}) {
+		t.Fatalf("result %+v", r)
+	}
+	res, err := sb.Exec(ctx, client.ExecOptions{Shell: "sha256sum < /workspace/r"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want, _, _ := strings.Cut(string(res.Stdout), " "); fmt.Sprintf("%x", sha256.Sum256(got)) != want || len(got) != size {
+		t.Fatalf("got %d bytes of %d, not the bytes written", len(got), size)
 	}
 }

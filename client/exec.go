@@ -80,7 +80,9 @@ func (s *Sandbox) Exec(ctx context.Context, o ExecOptions) (ExecResult, error) {
 	if limit == 0 {
 		limit = api.DefaultMaxOutput
 	}
-	p, err := s.Start(ctx, StartOptions{Command: o.Command, Args: o.Args, Env: o.Env, Cwd: o.Cwd, Format: Bytes})
+	// This handle's Output is the command's one reader: held, nothing of
+	// it is lost, only cut at MaxOutputBytes.
+	p, err := s.Start(ctx, StartOptions{Command: o.Command, Args: o.Args, Env: o.Env, Cwd: o.Cwd, Format: Bytes, Flow: api.FlowBlock})
 	if err != nil {
 		return ExecResult{}, err
 	}

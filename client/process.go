@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"iter"
+	"maps"
 	"net/url"
 	"strconv"
 	"sync"
@@ -46,7 +47,14 @@ type StartOptions struct {
 	Terminal *api.TTY
 	// Capture keeps the output durably in the sandbox's captured logs.
 	Capture bool
-	Format  Format
+	// Flow is api.FlowDrop (the zero value's) or api.FlowBlock: this
+	// handle's Output is then given every byte, the process waiting for
+	// it if need be, as a command's output waits for its terminal; other
+	// readers still lose what they fall behind on, exactly counted. If the
+	// handle goes away, the output stays held for kilnd's grace period
+	// (30 s) for Reopen to come back to, then drops.
+	Flow   string
+	Format Format
 }
 
 // Chunk is a piece of output, or a gap.
@@ -88,6 +96,7 @@ type Process struct {
 	format   Format
 	terminal bool
 	stdin    bool
+	hold     bool // Output asks to hold the output (a flow block process's)
 
 	// writing serialises Write and CloseStdin: each carries the offset the
 	// previous one left, so two at once would overlap.
@@ -97,7 +106,8 @@ type Process struct {
 	mu        sync.Mutex
 	offsets   map[string]int64 // the next offset Output expects, per stream
 	ended     map[string]bool
-	lost      int64 // bytes reported lost to this handle
+	lost      int64            // bytes reported lost to this handle
+	lostBy    map[string]int64 // the same, per stream
 	exit      *api.Exit
 	stdinOff  int64 // the stdin offset of the next write
 	uncertain bool  // a write's or the close's outcome is unknown
@@ -110,7 +120,7 @@ type Process struct {
 
 func newProcess(s *Sandbox, id string, format Format, terminal, stdin bool) *Process {
 	return &Process{s: s, ID: id, format: format, terminal: terminal, stdin: stdin,
-		offsets: map[string]int64{}, ended: map[string]bool{}}
+		offsets: map[string]int64{}, ended: map[string]bool{}, lostBy: map[string]int64{}}
 }
 
 // Start starts a process and returns its handle at once. If the answer is
@@ -123,7 +133,7 @@ func (s *Sandbox) Start(ctx context.Context, o StartOptions) (*Process, error) {
 		}
 		o.Command, o.Args = "/bin/sh", []string{"-c", o.Shell}
 	}
-	req := api.ExecRequest{Command: o.Command, Args: o.Args, Env: o.Env, Cwd: o.Cwd, TTY: o.Terminal, Capture: o.Capture}
+	req := api.ExecRequest{Command: o.Command, Args: o.Args, Env: o.Env, Cwd: o.Cwd, TTY: o.Terminal, Capture: o.Capture, Flow: o.Flow}
 	if o.Stdin {
 		req.Stdin = api.StdinPipe
 	}
@@ -131,7 +141,9 @@ func (s *Sandbox) Start(ctx context.Context, o StartOptions) (*Process, error) {
 	if err := s.c.call(ctx, "POST", s.path("/exec-stream"), nil, req, &st, false); err != nil {
 		return nil, err
 	}
-	return newProcess(s, st.ID, o.Format, o.Terminal != nil, o.Stdin), nil
+	p := newProcess(s, st.ID, o.Format, o.Terminal != nil, o.Stdin)
+	p.hold = o.Flow == api.FlowBlock
+	return p, nil
 }
 
 func (p *Process) path(rest string) string {
@@ -170,6 +182,10 @@ func (p *Process) Output(ctx context.Context) iter.Seq2[Chunk, error] {
 		for s, off := range p.offsets {
 			q.Set(s, strconv.FormatInt(off, 10))
 		}
+		if p.hold {
+			q.Set("flow", api.FlowBlock)
+			q.Set("ack", "true")
+		}
 		p.mu.Unlock()
 		defer func() {
 			p.mu.Lock()
@@ -194,6 +210,7 @@ func (p *Process) Output(ctx context.Context) iter.Seq2[Chunk, error] {
 		p.conn = c
 		p.mu.Unlock()
 		var dec decoders
+		var unacked int64 // bytes given out since the last ack
 		for {
 			typ, data, err := c.Read(ctx)
 			if websocket.CloseStatus(err) == websocket.StatusNormalClosure {
@@ -221,9 +238,31 @@ func (p *Process) Output(ctx context.Context) iter.Seq2[Chunk, error] {
 				if !yield(ch, nil) {
 					return
 				}
+				if unacked += int64(len(ch.Bytes) + len(ch.Text)); p.hold && unacked >= ackEvery {
+					// What the reader has taken need not be kept for it.
+					unacked = 0
+					if err := p.ack(ctx, c); err != nil {
+						yield(Chunk{}, fmt.Errorf("client: output of %s interrupted (call Output again to resume): %w", p.ID, err))
+						return
+					}
+				}
 			}
 		}
 	}
+}
+
+// ackEvery is how much output a holding handle takes between acks: a
+// quarter of the agent's ring, the room at which its pumps read on.
+const ackEvery = 256 << 10
+
+// ack tells kilnd where this handle's output stands, so that it keeps no
+// more of it than what may still be on its way.
+func (p *Process) ack(ctx context.Context, c *websocket.Conn) error {
+	p.mu.Lock()
+	m := api.ClientMessage{Type: api.TypeAck, Offsets: maps.Clone(p.offsets)}
+	p.mu.Unlock()
+	b, _ := json.Marshal(m)
+	return c.Write(ctx, websocket.MessageText, b)
 }
 
 // handle turns one message into the chunks it stands for. Each chunk says
@@ -308,6 +347,7 @@ func (p *Process) delivered(ch Chunk) {
 	defer p.mu.Unlock()
 	p.offsets[ch.Stream] = max(p.offsets[ch.Stream], ch.next)
 	p.lost += ch.Lost
+	p.lostBy[ch.Stream] += ch.Lost
 	if ch.end {
 		p.ended[ch.Stream] = true
 	}
@@ -401,6 +441,18 @@ type Result struct {
 	// end of every stream with no gap. A wait that returns before the
 	// output drained says false; a later one can say true.
 	OutputComplete bool
+	// Streams say, per stream, how far this handle's output has come and
+	// how much of that it was told was lost.
+	Streams map[string]StreamCount
+}
+
+// StreamCount is what a handle's output accounted for of a stream: Bytes
+// up to where it stands (delivered or lost), Lost of them lost to it, and
+// whether the stream's end was reached.
+type StreamCount struct {
+	Bytes int64 `json:"bytes"`
+	Lost  int64 `json:"lost_bytes"`
+	Ended bool  `json:"ended"`
 }
 
 // Wait blocks until the exit is confirmed, or ctx ends. It never guesses:
@@ -421,7 +473,11 @@ func (p *Process) Wait(ctx context.Context) (Result, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.exit = &e
-	return Result{Exit: e, OutputComplete: p.completeLocked()}, nil
+	r := Result{Exit: e, OutputComplete: p.completeLocked(), Streams: map[string]StreamCount{}}
+	for _, s := range p.streams() {
+		r.Streams[s] = StreamCount{Bytes: p.offsets[s], Lost: p.lostBy[s], Ended: p.ended[s]}
+	}
+	return r, nil
 }
 
 func (p *Process) completeLocked() bool {
@@ -654,6 +710,10 @@ type Reference struct {
 	Terminal bool             `json:"terminal"`
 	Format   Format           `json:"format"`
 	Lost     int64            `json:"lost"`
+	LostBy   map[string]int64 `json:"lost_by_stream,omitempty"`
+	// Hold: the handle held the output (a flow block process's), and the
+	// reopened one does too.
+	Hold bool `json:"hold,omitempty"`
 }
 
 // Disconnect releases the handle as Detach does and returns a reference
@@ -666,7 +726,7 @@ func (p *Process) Disconnect() (Reference, error) {
 		return Reference{}, ErrInputUncertain
 	}
 	ref := Reference{Sandbox: p.s.ID, Process: p.ID, Offsets: map[string]int64{}, Stdin: p.stdinOff, HasStdin: p.stdin,
-		Closed: p.closed, Terminal: p.terminal, Format: p.format, Lost: p.lost}
+		Closed: p.closed, Terminal: p.terminal, Format: p.format, Lost: p.lost, LostBy: maps.Clone(p.lostBy), Hold: p.hold}
 	for s, o := range p.offsets {
 		ref.Offsets[s] = o
 	}
@@ -689,7 +749,8 @@ func (s *Sandbox) Reopen(ctx context.Context, ref Reference) (*Process, error) {
 	for st, o := range ref.Offsets {
 		p.offsets[st] = o
 	}
-	p.stdinOff, p.closed, p.lost = ref.Stdin, ref.Closed, ref.Lost
+	p.stdinOff, p.closed, p.lost, p.hold = ref.Stdin, ref.Closed, ref.Lost, ref.Hold
+	maps.Copy(p.lostBy, ref.LostBy)
 	return p, nil
 }
 

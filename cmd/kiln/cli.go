@@ -247,23 +247,32 @@ func (c *cli) sandboxCmd() *cobra.Command {
 
 // startFlags are a process's options on the command line.
 type startFlags struct {
-	env     []string
-	cwd     string
-	stdin   bool
-	capture bool
+	env        []string
+	cwd        string
+	stdin      bool
+	capture    bool
+	foreground bool // kiln reads its output to the end: held, bytes
 }
 
+// add adds the flags: of a detached process (kiln sandbox exec-stream) or
+// of one run in the foreground (kiln exec, kiln run).
 func (f *startFlags) add(cmd *cobra.Command, detached bool) {
 	cmd.Flags().StringArrayVarP(&f.env, "env", "e", nil, "set an environment variable (`NAME=VALUE`, repeatable)")
 	cmd.Flags().StringVarP(&f.cwd, "workdir", "w", "", "working directory (default /workspace)")
+	cmd.Flags().BoolVar(&f.capture, "capture", false, "keep the output durably in the sandbox's captured logs")
+	f.foreground = !detached
 	if detached {
 		cmd.Flags().BoolVarP(&f.stdin, "stdin", "i", false, "open a stdin pipe (write with kiln attach --stdin)")
-		cmd.Flags().BoolVar(&f.capture, "capture", false, "keep the output durably in the sandbox's captured logs")
+	} else {
+		cmd.Flags().BoolVarP(&f.stdin, "interactive", "i", false, "send kiln's stdin to the command (end of input closes its stdin; without -i it is closed)")
 	}
 }
 
 func (f *startFlags) options(argv []string) (client.StartOptions, error) {
 	o := client.StartOptions{Command: argv[0], Args: argv[1:], Cwd: f.cwd, Stdin: f.stdin, Capture: f.capture}
+	if f.foreground {
+		o.Flow, o.Format = api.FlowBlock, client.Bytes
+	}
 	for _, kv := range f.env {
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok || k == "" {

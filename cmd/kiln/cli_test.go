@@ -3,7 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -278,5 +280,76 @@ func TestTablesGolden(t *testing.T) {
 	}
 	if diff := cmp.Diff(string(want), got); diff != "" {
 		t.Errorf("tables (-golden +got):\n%s", diff)
+	}
+}
+
+// TestExecIsLossless: a foreground command's output reaches kiln's stdout
+// byte for byte, however much faster the command writes than kiln reads;
+// with -i, kiln's stdin reaches the command, and without, its stdin is
+// closed.
+func TestExecIsLossless(t *testing.T) {
+	state := kilnd(t)
+	_, out, _ := kiln(t, state, "", "sandbox", "create")
+	sb := strings.TrimSpace(out)
+	const size = 64 << 20
+	code, out, errs := kiln(t, state, "", "exec", sb, "--", "sh", "-c", "head -c 67108864 /dev/urandom > /workspace/r && sha256sum < /workspace/r")
+	want, _, _ := strings.Cut(out, " ")
+	if code != 0 || len(want) != 64 {
+		t.Fatalf("make the file: %d %q %q", code, out, errs)
+	}
+	for i := range 2 {
+		code, out, errs := kiln(t, state, "", "exec", sb, "--", "cat", "/workspace/r")
+		if got := fmt.Sprintf("%x", sha256.Sum256([]byte(out))); code != 0 || len(out) != size || got != want || errs != "" {
+			t.Errorf("cat, run %d: exit %d, %d bytes of %d, sha256 %s, want %s; stderr %q", i, code, len(out), size, got, want, errs)
+		}
+	}
+	if code, out, errs := kiln(t, state, "1\n2\n3\n4\n5\n", "exec", "-i", sb, "--", "wc", "-l"); code != 0 || strings.TrimSpace(out) != "5" {
+		t.Errorf("exec -i wc -l: %d %q %q", code, out, errs)
+	}
+	if code, out, errs := kiln(t, state, "1\n2\n3\n", "exec", sb, "--", "wc", "-l"); code != 0 || strings.TrimSpace(out) != "0" {
+		t.Errorf("exec without -i, stdin closed: %d %q %q", code, out, errs)
+	}
+	if code, out, _ := kiln(t, state, "in\n", "run", "--rm", "-i", "--", "cat"); code != 0 || out != "in\n" {
+		t.Errorf("run -i cat: %d %q", code, out)
+	}
+}
+
+// TestForegroundOutcome: what kiln exec says and exits with once the
+// command has ended, for output complete or not.
+func TestForegroundOutcome(t *testing.T) {
+	seven := 7
+	complete := client.Result{Exit: api.Exit{ExitCode: &seven}, OutputComplete: true,
+		Streams: map[string]client.StreamCount{"stdout": {Bytes: 10, Ended: true}, "stderr": {Ended: true}}}
+	cut := complete
+	cut.OutputComplete = false
+	cut.Streams = map[string]client.StreamCount{"stdout": {Bytes: 10, Lost: 4, Ended: true}, "stderr": {Ended: true}}
+	tests := []struct {
+		name       string
+		r          client.Result
+		foreground bool
+		json       bool
+		code       int
+		stderr     string
+	}{
+		{"complete", complete, true, false, 7, ""},
+		{"incomplete", cut, true, false, exitIncomplete, "kiln: the output shown is incomplete\n"},
+		{"incomplete, watched", cut, false, false, 7, "kiln: the output shown is incomplete\n"},
+		{"incomplete, json", cut, true, true, exitIncomplete, "kiln: the output shown is incomplete\n" +
+			`{"exit_code":7,"output_complete":false,"streams":{"stderr":{"bytes":0,"lost_bytes":0,"ended":true},"stdout":{"bytes":10,"lost_bytes":4,"ended":true}}}` + "\n"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var errs bytes.Buffer
+			c := &cli{stderr: &errs, json: tc.json}
+			err := c.outcome(tc.r, tc.foreground)
+			code := 0
+			var ee exitError
+			if errors.As(err, &ee) {
+				code = ee.code
+			}
+			if code != tc.code || errs.String() != tc.stderr {
+				t.Errorf("exit %d, stderr %q; want %d, %q", code, errs.String(), tc.code, tc.stderr)
+			}
+		})
 	}
 }

@@ -21,6 +21,15 @@ import (
 	"github.com/sandkiln/sandkiln/client"
 )
 
+// foreground follows a command started in the foreground (held output,
+// bytes), sending it kiln's stdin when asked to.
+func (c *cli) foreground(ctx context.Context, p *client.Process, input bool) error {
+	if input {
+		go c.pumpInput(ctx, p, false)
+	}
+	return c.follow(ctx, p, true)
+}
+
 // copyOutput writes a process's output as it comes, stdout and terminal
 // output to stdout and stderr to stderr, and says what was lost.
 func (c *cli) copyOutput(ctx context.Context, p *client.Process) error {
@@ -43,8 +52,23 @@ func (c *cli) copyOutput(ctx context.Context, p *client.Process) error {
 	return nil
 }
 
+// exitIncomplete is kiln's exit code for a foreground command whose
+// output could not all be delivered: never 0, never the command's own.
+const exitIncomplete = 123
+
+// foregroundExit is the exit status help of the commands that run a
+// command in the foreground.
+const foregroundExit = `
+kiln exits with the command's exit code (128+N when a signal N killed it), or with 123 when
+the command's output could not all be delivered to kiln (a line on stderr says how much was
+lost; with --json, a summary with the counts goes to stderr). The command's output is held
+for kiln as it is for a terminal: when kiln reads slowly, the command waits, and nothing is
+dropped.`
+
 // follow copies the output to its end and exits with the process's code.
-func (c *cli) follow(ctx context.Context, p *client.Process) error {
+// A foreground command's whose output was not all delivered exits with
+// exitIncomplete instead.
+func (c *cli) follow(ctx context.Context, p *client.Process, foreground bool) error {
 	if err := c.copyOutput(ctx, p); err != nil {
 		return err
 	}
@@ -52,8 +76,25 @@ func (c *cli) follow(ctx context.Context, p *client.Process) error {
 	if err != nil {
 		return err
 	}
+	return c.outcome(r, foreground)
+}
+
+// outcome says what follow found: the line about output that is not
+// complete, a foreground command's summary with --json, and the exit.
+func (c *cli) outcome(r client.Result, foreground bool) error {
 	if !r.OutputComplete {
 		fmt.Fprintln(c.stderr, "kiln: the output shown is incomplete")
+	}
+	if foreground && c.json {
+		enc := json.NewEncoder(c.stderr)
+		enc.Encode(struct {
+			api.Exit
+			OutputComplete bool                          `json:"output_complete"`
+			Streams        map[string]client.StreamCount `json:"streams"`
+		}{r.Exit, r.OutputComplete, r.Streams})
+	}
+	if foreground && !r.OutputComplete {
+		return exitError{exitIncomplete}
 	}
 	if code := exitCode(r.Exit); code != 0 {
 		return exitError{code}
@@ -73,22 +114,26 @@ func (c *cli) withClient(f func(cl *client.Client) error) error {
 func (c *cli) execCmd() *cobra.Command {
 	var sf startFlags
 	cmd := &cobra.Command{
-		Use:     "exec SANDBOX -- CMD [ARG...]",
-		Short:   "Run a command in a sandbox: its stdout to stdout, stderr to stderr, its exit code as kiln's",
-		Example: `  kiln exec $SB -- make test`,
-		Args:    cobra.MinimumNArgs(2),
+		Use:   "exec SANDBOX -- CMD [ARG...]",
+		Short: "Run a command in a sandbox: its stdout to stdout, stderr to stderr, its exit code as kiln's",
+		Long: `Runs a command in a sandbox in the foreground: its stdout to kiln's stdout, its stderr to
+kiln's stderr. Its stdin is closed unless -i sends kiln's stdin to it (end of input closes it).
+` + foregroundExit,
+		Example: `  kiln exec $SB -- make test
+  kiln exec $SB -- cat out.tar > out.tar
+  seq 5 | kiln exec -i $SB -- wc -l`,
+		Args: cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return c.withClient(func(cl *client.Client) error {
 				o, err := sf.options(args[1:])
 				if err != nil {
 					return err
 				}
-				o.Format = client.Bytes
 				p, err := cl.Handle(args[0]).Start(cmd.Context(), o)
 				if err != nil {
 					return err
 				}
-				return c.follow(cmd.Context(), p)
+				return c.foreground(cmd.Context(), p, sf.stdin)
 			})
 		},
 	}
@@ -123,7 +168,7 @@ instead, if the process was started with --capture, and each run's completeness 
 					p, err := sb.Process(ctx, args[1], client.Bytes)
 					if err == nil {
 						if follow {
-							return c.follow(ctx, p)
+							return c.follow(ctx, p, false)
 						}
 						return c.retained(ctx, sb, p)
 					}
@@ -323,7 +368,7 @@ func (c *cli) attachCmd() *cobra.Command {
 				if withStdin {
 					go c.pumpInput(ctx, p, false)
 				}
-				return c.follow(ctx, p)
+				return c.follow(ctx, p, false)
 			})
 		},
 	}
@@ -458,7 +503,7 @@ func (c *cli) terminal(ctx context.Context, sb *client.Sandbox, argv []string) e
 		}
 	}
 	p, err := sb.Start(ctx, client.StartOptions{Command: argv[0], Args: argv[1:], Terminal: &size, Stdin: true,
-		Env: map[string]string{"TERM": envOr("TERM", "xterm-256color")}, Format: client.Bytes})
+		Env: map[string]string{"TERM": envOr("TERM", "xterm-256color")}, Format: client.Bytes, Flow: api.FlowBlock})
 	if err != nil {
 		return err
 	}
@@ -480,7 +525,7 @@ func (c *cli) terminal(ctx context.Context, sb *client.Sandbox, argv []string) e
 		}()
 	}
 	go c.pumpInput(ctx, p, true)
-	return c.follow(ctx, p)
+	return c.follow(ctx, p, true)
 }
 
 func (c *cli) runCmd() *cobra.Command {
@@ -491,8 +536,12 @@ func (c *cli) runCmd() *cobra.Command {
 		opts api.CreateSandbox
 	)
 	cmd := &cobra.Command{
-		Use:   "run [--rm] [-t] -- CMD [ARG...]",
+		Use:   "run [--rm] [-i] [-t] -- CMD [ARG...]",
 		Short: "Create a sandbox, run a command in it attached, exit with its code",
+		Long: `Creates a sandbox and runs a command in it in the foreground, as kiln exec does: its stdout to
+kiln's stdout, its stderr to kiln's stderr, its stdin closed unless -i sends kiln's stdin to it.
+With -t it runs on a terminal instead, interactively.
+` + foregroundExit,
 		Example: `  kiln run --rm -- sh -c 'echo hello; exit 7'; echo $?   # hello, then 7
   kiln run -t -- python3                                  # interactive`,
 		Args: cobra.MinimumNArgs(1),
@@ -515,19 +564,15 @@ func (c *cli) runCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				o.Format = client.Bytes
 				p, err := sb.Start(ctx, o)
 				if err != nil {
 					return err
 				}
-				if sf.stdin {
-					go c.pumpInput(ctx, p, false)
-				}
-				return c.follow(ctx, p)
+				return c.foreground(ctx, p, sf.stdin)
 			})
 		},
 	}
-	sf.add(cmd, true)
+	sf.add(cmd, false)
 	cmd.Flags().BoolVar(&rm, "rm", false, "remove the sandbox afterwards (its captured logs kept)")
 	cmd.Flags().BoolVarP(&tty, "tty", "t", false, "run on a terminal, interactively")
 	cmd.Flags().StringVar(&opts.Rootfs, "rootfs", "", "a root filesystem: a `directory` in kilnd's images directory, instead of the host's /usr and /etc")

@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/docker/go-units"
 
@@ -54,6 +55,7 @@ Flags:
 	images := fs.String("images", "", "`directory` of root filesystems sandboxes may use (default STATE_DIR/images)")
 	var allow origins
 	fs.Var(&allow, "allow-origin", "a browser `origin` allowed to call the API beside kilnd's own (repeatable)")
+	flowGrace := fs.Duration("flow-grace", 30*time.Second, "how long the output of a process started with flow block waits for the watcher holding it:\nto come after the start, and to come back after it went (1s to 1h); then it drops")
 	captureBuffer := fs.String("capture-buffer", "8MiB", "per captured process, the `size` of output held for its log writer while it catches up\n(64KiB to 1GiB): a burst beyond it, faster than the disk, is dropped and counted")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -70,6 +72,10 @@ Flags:
 		fmt.Fprintf(os.Stderr, "kilnd: --capture-buffer %q: want a size from 64KiB to 1GiB, such as 8MiB\n", *captureBuffer)
 		return 2
 	}
+	if *flowGrace < time.Second || *flowGrace > time.Hour {
+		fmt.Fprintf(os.Stderr, "kilnd: --flow-grace %v: want 1s to 1h\n", *flowGrace)
+		return 2
+	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	if os.Geteuid() != 0 {
 		fmt.Fprintln(os.Stderr, "kilnd: the namespace sandbox backend needs root (run it with sudo)")
@@ -81,7 +87,7 @@ Flags:
 		return 1
 	}
 	d, err := daemon.New(daemon.Config{StateDir: *stateDir, Listen: *listen, AllowOrigins: allow, Exe: exe, Env: sandboxEnv, Images: *images,
-		CaptureQueue: queue, Log: log})
+		CaptureQueue: queue, FlowGrace: *flowGrace, Log: log})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

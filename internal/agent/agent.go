@@ -48,7 +48,10 @@ type Config struct {
 	Isolate func(*syscall.SysProcAttr)
 	// Spawn, when set, runs every fork (see process.Spec.Spawn).
 	Spawn func(start func() error) error
-	Log   *slog.Logger
+	// FlowGrace is how long the output of a process started with flow
+	// block waits for its holding watcher (zero: process.DefaultFlowGrace).
+	FlowGrace time.Duration
+	Log       *slog.Logger
 }
 
 // Server is the HTTP face of a process table.
@@ -160,7 +163,10 @@ func (s *Server) spec(req api.ExecRequest, finite bool) (process.Spec, error) {
 		env = slices.DeleteFunc(env, func(e string) bool { return strings.HasPrefix(e, k+"=") })
 		env = append(env, k+"="+req.Env[k])
 	}
-	spec := process.Spec{Argv: argv, Env: env, Dir: req.Cwd, Isolate: s.cfg.Isolate, Spawn: s.cfg.Spawn}
+	spec := process.Spec{Argv: argv, Env: env, Dir: req.Cwd, Isolate: s.cfg.Isolate, Spawn: s.cfg.Spawn, FlowGrace: s.cfg.FlowGrace}
+	if req.Flow == api.FlowBlock {
+		spec.Flow = process.FlowBlock
+	}
 	if spec.Dir == "" {
 		spec.Dir = s.cfg.Dir
 	}
@@ -287,8 +293,13 @@ func toAPI(st process.Status) api.Process {
 		Exit:      toExit(st.Exit),
 		PID:       st.PID,
 		Terminal:  st.Terminal,
+		Flow:      api.FlowDrop,
+		Held:      st.Held,
 		Streams:   map[string]api.StreamStatus{},
 		StartedAt: st.StartedAt.UTC(),
+	}
+	if st.Flow == process.FlowBlock {
+		p.Flow = api.FlowBlock
 	}
 	if len(st.Argv) > 0 {
 		p.Command, p.Args = st.Argv[0], st.Argv[1:]

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/internal/process"
 	"github.com/sandkiln/sandkiln/internal/ring"
 )
 
@@ -26,6 +27,9 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	// This handler is the process's one reader, and it keeps up: held, the
+	// output is only ever cut by max_output_bytes, never lost.
+	spec.Flow = process.FlowBlock
 	limit := req.MaxOutputBytes
 	if limit == 0 {
 		limit = api.DefaultMaxOutput
@@ -35,7 +39,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	a, err := s.cfg.Table.Attach(id, ring.Offsets{})
+	a, err := s.cfg.Table.Attach(id, ring.Offsets{}, process.AttachOptions{Hold: true})
 	if err != nil {
 		s.cfg.Table.Terminate(id)
 		writeError(w, err)
@@ -60,7 +64,9 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 			break
 		}
 		if err != nil {
-			// The client left: kill the process and let it be reaped.
+			// The client left: kill the process and let it be reaped,
+			// its output held for nobody.
+			a.Abandon()
 			s.cfg.Table.Terminate(id)
 			bg, cancel := background()
 			s.cfg.Table.Wait(bg, id)

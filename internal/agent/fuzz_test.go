@@ -12,6 +12,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 	"golang.org/x/sys/unix"
 
 	"github.com/sandkiln/sandkiln/api"
@@ -193,12 +194,14 @@ func FuzzDecodeBody(f *testing.F) {
 
 // FuzzControlMessage decodes a WebSocket watcher's text messages: what is
 // not JSON is malformed (the watcher is closed with 1003), any other refusal
-// is a policy violation (1008); what is accepted is stdin_close or a resize
-// within bounds, and reads back the same once encoded.
+// is a policy violation (1008); what is accepted is stdin_close, a resize
+// within bounds, or an ack of known streams, and reads back the same once
+// encoded.
 func FuzzControlMessage(f *testing.F) {
 	for _, m := range []string{`{"type":"stdin_close"}`, `{"type":"resize","cols":80,"rows":24}`, `{"type":"resize","cols":0,"rows":24}`,
 		`{"type":"resize","cols":4097,"rows":1}`, `{"type":"resize","cols":-1}`, `{"type":"nope"}`, `{"type":"stdin_close","cols":3}`,
-		`not json`, `{"type":"` + "\xff" + `"}`, `{"Type":"STDIN_CLOSE"}`, `[]`} {
+		`not json`, `{"type":"` + "\xff" + `"}`, `{"Type":"STDIN_CLOSE"}`, `[]`,
+		`{"type":"ack","offsets":{"stdout":5,"stderr":0}}`, `{"type":"ack","offsets":{"stdin":5}}`, `{"type":"ack","offsets":{"stdout":-1}}`} {
 		f.Add([]byte(m))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
@@ -220,11 +223,17 @@ func FuzzControlMessage(f *testing.F) {
 			if m.Cols == 0 || m.Rows == 0 || m.Cols > api.MaxTTYSize || m.Rows > api.MaxTTYSize {
 				t.Fatalf("%q: accepted a %dx%d terminal", data, m.Cols, m.Rows)
 			}
+		case api.TypeAck:
+			for name, off := range m.Offsets {
+				if _, ok := streamOf[name]; !ok || off < 0 {
+					t.Fatalf("%q: accepted an ack of %q at %d", data, name, off)
+				}
+			}
 		default:
 			t.Fatalf("%q: accepted type %q", data, m.Type)
 		}
 		enc, _ := json.Marshal(m)
-		if again, err := controlMessage(enc); err != nil || again != m {
+		if again, err := controlMessage(enc); err != nil || !cmp.Equal(again, m, cmpopts.EquateEmpty()) {
 			t.Fatalf("%q: %+v read back as %+v, %v", data, m, again, err)
 		}
 	})

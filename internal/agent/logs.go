@@ -66,7 +66,7 @@ func withConn(ctx context.Context, c net.Conn) context.Context {
 // parseFrom reads the per-stream offsets a reader resumes from.
 func parseFrom(q url.Values) (ring.Offsets, error) {
 	var from ring.Offsets
-	for name, st := range map[string]ring.Stream{"stdout": ring.Stdout, "stderr": ring.Stderr, "terminal": ring.PTY} {
+	for name, st := range streamOf {
 		v := q.Get(name)
 		if v == "" {
 			continue
@@ -112,19 +112,32 @@ func (s *Server) logs(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	var ao process.AttachOptions
+	switch v := q.Get("flow"); v {
+	case "", api.FlowDrop:
+	case api.FlowBlock:
+		ao.Hold = true
+	default:
+		writeError(w, fmt.Errorf("%w: flow %q: want %s or %s", process.ErrInvalid, clip(v), api.FlowDrop, api.FlowBlock))
+		return
+	}
+	if ao.Acked, err = parseBool(q, "ack", false); err != nil {
+		writeError(w, err)
+		return
+	}
 	st, err := s.cfg.Table.Status(id)
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	a, err := s.cfg.Table.Attach(id, from)
+	a, err := s.cfg.Table.Attach(id, from, ao)
 	if err != nil {
 		writeError(w, err)
 		return
 	}
 	defer a.Close()
 	if strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
-		s.watch(w, r, id, st, a, withStdin)
+		s.watch(w, r, id, st, a, withStdin, ao.Hold)
 		return
 	}
 	if withStdin {
@@ -184,8 +197,9 @@ func (s *Server) logsHTTP(w http.ResponseWriter, r *http.Request, st process.Sta
 	}
 }
 
-// watch serves one WebSocket watcher: kiln.v1 frames, or the raw shape.
-func (s *Server) watch(w http.ResponseWriter, r *http.Request, id string, st process.Status, a *process.Attachment, withStdin bool) {
+// watch serves one WebSocket watcher: kiln.v1 frames, or the raw shape. A
+// watcher that sends input or holds the output (and acks it) is read from.
+func (s *Server) watch(w http.ResponseWriter, r *http.Request, id string, st process.Status, a *process.Attachment, withStdin, hold bool) {
 	// Origins were checked where the request came in (kilnd); the agent's
 	// socket is reachable from kilnd alone.
 	if uc, ok := r.Context().Value(connKey{}).(*net.UnixConn); ok {
@@ -206,10 +220,10 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request, id string, st pro
 	defer cancel()
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	if withStdin {
+	if withStdin || hold {
 		wg.Go(func() {
 			defer cancel()
-			s.readInput(ctx, c, id, st)
+			s.readInput(ctx, c, id, st, a, withStdin)
 		})
 	} else {
 		ctx = c.CloseRead(ctx)
@@ -322,9 +336,10 @@ func keepalive(ctx context.Context, c *websocket.Conn, drop context.CancelFunc) 
 	}
 }
 
-// readInput takes a watcher's stdin: binary messages are input, in order;
-// text messages are control (stdin_close, resize).
-func (s *Server) readInput(ctx context.Context, c *websocket.Conn, id string, st process.Status) {
+// readInput takes a watcher's messages: binary messages are input, in
+// order (when the watcher asked for stdin); text messages are control
+// (stdin_close, resize, ack).
+func (s *Server) readInput(ctx context.Context, c *websocket.Conn, id string, st process.Status, a *process.Attachment, withStdin bool) {
 	var offset int64
 	if st.Stdin != nil {
 		offset = st.Stdin.Accepted
@@ -336,6 +351,10 @@ func (s *Server) readInput(ctx context.Context, c *websocket.Conn, id string, st
 		}
 		switch typ {
 		case websocket.MessageBinary:
+			if !withStdin {
+				c.Close(websocket.StatusPolicyViolation, "input without stdin=1")
+				return
+			}
 			// Append where the input stands now: another writer (an HTTP
 			// client) may have moved it, and a stale offset would make
 			// this write look like a retry of theirs.
@@ -360,6 +379,12 @@ func (s *Server) readInput(ctx context.Context, c *websocket.Conn, id string, st
 					err = s.cfg.Table.CloseStdin(id)
 				case api.TypeResize:
 					err = s.cfg.Table.Resize(id, process.WindowSize{Cols: m.Cols, Rows: m.Rows})
+				case api.TypeAck:
+					var at ring.Offsets
+					for name, off := range m.Offsets {
+						at[streamOf[name]] = off
+					}
+					a.Ack(at)
 				}
 			}
 			if err != nil {
@@ -370,9 +395,13 @@ func (s *Server) readInput(ctx context.Context, c *websocket.Conn, id string, st
 	}
 }
 
-// controlMessage decodes a watcher's text message: stdin_close, or resize
-// to a size within MaxTTYSize. What is not JSON wraps errBadJSON; any other
-// type, or a size out of bounds, is refused with the reason.
+// streamOf names the streams in query parameters and acks.
+var streamOf = map[string]ring.Stream{"stdout": ring.Stdout, "stderr": ring.Stderr, "terminal": ring.PTY}
+
+// controlMessage decodes a watcher's text message: stdin_close, resize to a
+// size within MaxTTYSize, or ack of offsets of known streams. What is not
+// JSON wraps errBadJSON; any other type, or a value out of bounds, is
+// refused with the reason.
 func controlMessage(data []byte) (api.ClientMessage, error) {
 	var m api.ClientMessage
 	if err := json.Unmarshal(data, &m); err != nil {
@@ -383,6 +412,12 @@ func controlMessage(data []byte) (api.ClientMessage, error) {
 	case api.TypeResize:
 		if m.Cols == 0 || m.Rows == 0 || m.Cols > api.MaxTTYSize || m.Rows > api.MaxTTYSize {
 			return m, fmt.Errorf("terminal size %dx%d", m.Cols, m.Rows)
+		}
+	case api.TypeAck:
+		for name, off := range m.Offsets {
+			if _, ok := streamOf[name]; !ok || off < 0 {
+				return m, fmt.Errorf("ack of %s offset %d", clip(name), off)
+			}
 		}
 	default:
 		return m, fmt.Errorf("unknown message type %q", clip(m.Type))

@@ -60,7 +60,7 @@ func run() error {
 	}
 	table := process.NewTable(process.TableConfig{})
 	srv := New(Config{Table: table, Env: in.Config.Env, Dir: "/workspace", Logs: in.Logs, Isolate: in.Isolate, Spawn: in.Spawn,
-		Capture: capture.Options{QueueBytes: in.Config.CaptureQueue}})
+		Capture: capture.Options{QueueBytes: in.Config.CaptureQueue}, FlowGrace: in.Config.FlowGrace})
 	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, ConnContext: withConn}
 	served := make(chan error, 1)
 	go func() { served <- hs.Serve(in.Listener) }()

@@ -51,7 +51,10 @@ type Config struct {
 	// CaptureQueue bounds, per captured process, the output queued for
 	// its log writer, in bytes (zero: capture.DefaultQueueBytes).
 	CaptureQueue int64
-	Log          *slog.Logger
+	// FlowGrace is how long a flow block process's output waits for its
+	// holding watcher: to come, and to come back (zero: 30 s).
+	FlowGrace time.Duration
+	Log       *slog.Logger
 }
 
 // Names in the state directory.
@@ -455,6 +458,7 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	sb, err := sandbox.Create(ctx, sandbox.Options{
 		Dir: d.sandboxDir(id), ID: id, Hostname: req.Hostname, Exe: d.cfg.Exe, UIDBase: base,
 		Rootfs: req.Rootfs, Limits: req.Limits, Env: d.cfg.Env, Init: req.Init, CaptureQueue: d.cfg.CaptureQueue,
+		FlowGrace: d.cfg.FlowGrace,
 	})
 	if err != nil {
 		os.RemoveAll(d.sandboxDir(id))

@@ -66,6 +66,15 @@ func (a *Attachment) Next(ctx context.Context) (Event, error) {
 	return Event{Event: ring.Event{Kind: ring.Exit}, Exit: a.exit}, nil
 }
 
+// Ack tells a holding attachment where its reader has got to: the output
+// from there on stays held for it (see ring.Cursor.Ack). Safe to call
+// while another goroutine calls Next.
+func (a *Attachment) Ack(at ring.Offsets) {
+	if a.cur != nil {
+		a.cur.Ack(at)
+	}
+}
+
 // Position returns the per-stream offsets a client that consumed every
 // event so far would resume from.
 func (a *Attachment) Position() ring.Offsets {
@@ -82,13 +91,25 @@ func (a *Attachment) Position() ring.Offsets {
 }
 
 // Close releases the attachment; the process may then become a tombstone.
-func (a *Attachment) Close() {
+// The output a holding attachment had not read stays held for the
+// process's grace period, for its reader to come back to.
+func (a *Attachment) Close() { a.close(false) }
+
+// Abandon is Close for a reader that will not come back: the output it
+// held is not held any more.
+func (a *Attachment) Abandon() { a.close(true) }
+
+func (a *Attachment) close(abandon bool) {
 	if a.closed {
 		return
 	}
 	a.closed = true
 	if a.cur != nil {
-		a.cur.Close()
+		if abandon {
+			a.cur.Abandon()
+		} else {
+			a.cur.Close()
+		}
 	}
 	if a.onClose != nil {
 		a.onClose()

@@ -3,6 +3,7 @@
 package process
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -50,6 +51,25 @@ const (
 	StdinPipe
 )
 
+// Flow says what a process's output does when a reader falls behind.
+type Flow uint8
+
+const (
+	// FlowDrop: the ring drops its oldest bytes and the reader is told
+	// exactly what it missed; the workload never waits for a reader.
+	FlowDrop Flow = iota
+	// FlowBlock: a reader that attaches with a hold (a foreground client)
+	// is given every byte: when the ring is full of what it has not read,
+	// the pumps stop reading and the kernel pipe holds the process back.
+	// The output is held from the start, for the reader to come, and for
+	// a while after a holding reader goes; then it drops again.
+	FlowBlock
+)
+
+// DefaultFlowGrace is how long a FlowBlock process's output waits for its
+// holding reader: to come after the start, and to come back after it went.
+const DefaultFlowGrace = 30 * time.Second
+
 // WindowSize is a terminal's size in character cells.
 type WindowSize struct {
 	Cols, Rows uint16
@@ -73,6 +93,11 @@ type Spec struct {
 	Terminal *WindowSize
 	// RingBytes bounds the retained output; zero means ring.DefaultCapacity.
 	RingBytes int
+	// Flow is what the output does for a reader that falls behind;
+	// FlowGrace bounds a FlowBlock process's wait for its holding reader
+	// (zero means DefaultFlowGrace).
+	Flow      Flow
+	FlowGrace time.Duration
 	// Capture, when set, is the durable log writer for this run, begun
 	// (its begin record synced) before Start is called. The process owns
 	// it from then on: its pumps push to its sink, and once they have
@@ -132,7 +157,11 @@ type Status struct {
 	Dropped ring.Offsets
 	// Capture is the log writer's outcome, once the drain has finished
 	// with it; nil without capture or before.
-	Capture   *capture.Result
+	Capture *capture.Result
+	// Flow is the process's; Held says its pumps wait now for a holding
+	// reader to take what the ring holds.
+	Flow      Flow
+	Held      bool
 	Streams   []ring.Stream
 	Terminal  bool
 	Stdin     *stdin.State // nil without a stdin pipe
@@ -161,6 +190,8 @@ type Process struct {
 	capture  *capture.Writer
 	stdin    *stdin.Queue // nil for StdinClosed
 	terminal bool
+	flow     Flow
+	grace    time.Duration // a FlowBlock process's wait for its holder
 	started  time.Time
 	drainFor time.Duration
 	onDone   func() // called by the reaper once the drain has finished
@@ -224,6 +255,8 @@ func startProcess(id string, spec Spec, drainFor time.Duration, onDone func()) (
 		cmd:      cmd,
 		capture:  spec.Capture,
 		terminal: spec.Terminal != nil,
+		flow:     spec.Flow,
+		grace:    cmp.Or(spec.FlowGrace, DefaultFlowGrace),
 		drainFor: drainFor,
 		onDone:   onDone,
 		exited:   make(chan struct{}),
@@ -290,6 +323,9 @@ func startProcess(id string, spec Spec, drainFor time.Duration, onDone func()) (
 		}
 	}
 	p.ring = ring.New(ring.Config{Capacity: spec.RingBytes, Streams: streams})
+	if p.flow == FlowBlock {
+		p.ring.Hold(p.grace) // until the holding reader comes
+	}
 	if spec.Isolate != nil {
 		spec.Isolate(cmd.SysProcAttr)
 	}
@@ -544,16 +580,27 @@ func (p *Process) reap() {
 		close(pumped)
 	}()
 	t := time.NewTimer(p.drainFor)
-	select {
-	case <-pumped:
-	case <-t.C:
-		// Something outside the group (it called setsid) still holds a
-		// write end. End the streams where they are; what it writes later
-		// was never emitted as far as anyone can tell.
-		for _, f := range p.outputs {
-			f.SetReadDeadline(time.Now())
+	for drained := false; !drained; {
+		select {
+		case <-pumped:
+			drained = true
+		case <-t.C:
+			if p.ring.Held() {
+				// A pump waits for a holding reader to take what the ring
+				// holds: the output is not stuck, it is being read (or
+				// waits out the reader's grace).
+				t.Reset(p.drainFor)
+				continue
+			}
+			// Something outside the group (it called setsid) still holds
+			// a write end. End the streams where they are; what it writes
+			// later was never emitted as far as anyone can tell.
+			for _, f := range p.outputs {
+				f.SetReadDeadline(time.Now())
+			}
+			<-pumped
+			drained = true
 		}
-		<-pumped
 	}
 	t.Stop()
 	if p.stdin != nil {
@@ -640,6 +687,8 @@ func (p *Process) Status() Status {
 		Streams:   p.ring.Streams(),
 		Terminal:  p.terminal,
 		StartedAt: p.started,
+		Flow:      p.flow,
+		Held:      p.ring.Held(),
 	}
 	if p.sink != nil {
 		st.Dropped = p.sink.Dropped()
@@ -730,18 +779,39 @@ func (p *Process) Resize(ws WindowSize) error {
 	return pty.Setsize(p.master, &pty.Winsize{Cols: ws.Cols, Rows: ws.Rows})
 }
 
+// AttachOptions say how a reader attaches.
+type AttachOptions struct {
+	// Hold makes the reader hold the output of a FlowBlock process: it is
+	// given every byte, the process waiting for it if need be. A reader
+	// that goes away leaves the hold for the process's grace period, for
+	// it to come back to. Refused for a FlowDrop process.
+	Hold bool
+	// Acked says a holding reader acknowledges what it got (Attachment.Ack)
+	// from its start: the output is held from there, not from what was
+	// sent, so that what was on its way when the reader went is kept too.
+	Acked bool
+}
+
 // Attach opens a reader at the given per-stream offsets; see Attachment.
-func (p *Process) Attach(from ring.Offsets) (*Attachment, error) {
+func (p *Process) Attach(from ring.Offsets, o AttachOptions) (*Attachment, error) {
+	if o.Hold && p.flow != FlowBlock {
+		return nil, fmt.Errorf("%w: %s was started with flow drop: no reader may hold its output", ErrInvalid, p.id)
+	}
 	c, err := p.ring.Cursor(from)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", p.id, err)
+	}
+	if o.Hold {
+		c.Hold(p.grace, o.Acked) // false once the process is shut down: then it drops
 	}
 	return &Attachment{cur: c, p: p}, nil
 }
 
 // Kill kills the whole process group and waits, bounded by ctx, until the
-// drain has finished.
+// drain has finished. Its output is held for nobody any more: the drain
+// does not wait on a reader.
 func (p *Process) Kill(ctx context.Context) error {
+	p.ring.Unhold()
 	p.Terminate()
 	select {
 	case <-p.done:

@@ -102,7 +102,7 @@ func waitDone(t *testing.T, p *Process) {
 // waitPumped waits until n bytes of stream s have reached the ring.
 func waitPumped(t *testing.T, p *Process, s ring.Stream, n int64) {
 	t.Helper()
-	w, err := p.Attach(ring.Offsets{})
+	w, err := p.Attach(ring.Offsets{}, AttachOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,7 +133,7 @@ func TestMoreThanPipeBufferWithNoReaderThenExit23(t *testing.T) {
 	if st.State != Exited || st.Totals[ring.Stdout] != n || !st.Ended[ring.Stdout] || !st.Ended[ring.Stderr] {
 		t.Fatalf("status %+v", st)
 	}
-	a, err := p.Attach(ring.Offsets{})
+	a, err := p.Attach(ring.Offsets{}, AttachOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,7 +160,7 @@ func TestAttachAfterRingWraps(t *testing.T) {
 	waitPumped(t, p, ring.Stdout, n)
 	p.Write(0, []byte("\n"))
 	waitDone(t, p)
-	a, _ := p.Attach(ring.Offsets{})
+	a, _ := p.Attach(ring.Offsets{}, AttachOptions{})
 	defer a.Close()
 	tr := read(t, a, ring.Offsets{})
 	if string(tr.data[ring.Stderr]) != "done\n" || tr.lost[ring.Stderr] != 0 {
@@ -181,7 +181,7 @@ func TestStreamFullyEvictedBeforeAttach(t *testing.T) {
 	waitPumped(t, p, ring.Stderr, 6)
 	p.Write(0, []byte("\n"))
 	waitDone(t, p)
-	a, _ := p.Attach(ring.Offsets{})
+	a, _ := p.Attach(ring.Offsets{}, AttachOptions{})
 	defer a.Close()
 	tr := read(t, a, ring.Offsets{})
 	if len(tr.data[ring.Stderr]) != 0 || tr.lost[ring.Stderr] != 6 || tr.totals[ring.Stderr] != 6 {
@@ -204,7 +204,7 @@ func TestBackgroundChildDoesNotHoldThePumps(t *testing.T) {
 func TestEscapedChildCannotHoldTheDrain(t *testing.T) {
 	p := startT(t, sh("setsid sleep 1000 & echo $!; exit 0"))
 	waitDone(t, p)
-	a, _ := p.Attach(ring.Offsets{})
+	a, _ := p.Attach(ring.Offsets{}, AttachOptions{})
 	defer a.Close()
 	tr := read(t, a, ring.Offsets{})
 	pid, err := strconv.Atoi(strings.TrimSpace(string(tr.data[ring.Stdout])))
@@ -314,7 +314,7 @@ func TestStdinPipe(t *testing.T) {
 		t.Fatalf("cat exit %v", ex)
 	}
 	waitDone(t, p)
-	a, _ := p.Attach(ring.Offsets{})
+	a, _ := p.Attach(ring.Offsets{}, AttachOptions{})
 	defer a.Close()
 	if tr := read(t, a, ring.Offsets{}); string(tr.data[ring.Stdout]) != "hello world" {
 		t.Fatalf("cat echoed %q", tr.data[ring.Stdout])
@@ -337,7 +337,7 @@ func TestTerminal(t *testing.T) {
 		Shell:    true,
 		Terminal: &WindowSize{Cols: 80, Rows: 24},
 	})
-	a, _ := p.Attach(ring.Offsets{})
+	a, _ := p.Attach(ring.Offsets{}, AttachOptions{})
 	defer a.Close()
 	ctx := ctxT(t)
 	var out []byte
@@ -382,7 +382,7 @@ func TestTerminal(t *testing.T) {
 // exit is not invented, and it arrives once observed.
 func TestOutputClosedButStillRunning(t *testing.T) {
 	p := startT(t, Spec{Argv: []string{"sh", "-c", "exec >&- 2>&-; read x"}, Stdin: StdinPipe})
-	a, _ := p.Attach(ring.Offsets{})
+	a, _ := p.Attach(ring.Offsets{}, AttachOptions{})
 	defer a.Close()
 	ctx := ctxT(t)
 	for ends := 0; ends < 2; {
@@ -416,7 +416,7 @@ func TestOutputClosedButStillRunning(t *testing.T) {
 func TestStalledReaderBesideFastOne(t *testing.T) {
 	const n = 32 << 20
 	p := startT(t, Spec{Argv: []string{"sh", "-c", "head -c " + strconv.Itoa(n) + " /dev/zero"}, RingBytes: 256 << 10})
-	stalled, _ := p.Attach(ring.Offsets{})
+	stalled, _ := p.Attach(ring.Offsets{}, AttachOptions{})
 	defer stalled.Close()
 	var first Event
 	for first.Kind != ring.Data { // the workload may already have outrun the ring
@@ -426,7 +426,7 @@ func TestStalledReaderBesideFastOne(t *testing.T) {
 		}
 	}
 	held := first.Data
-	fast, _ := p.Attach(ring.Offsets{})
+	fast, _ := p.Attach(ring.Offsets{}, AttachOptions{})
 	defer fast.Close()
 	tr := read(t, fast, ring.Offsets{})
 	if tr.totals[ring.Stdout] != n || tr.exit == nil {
@@ -455,7 +455,7 @@ func ExampleProcess_Attach() {
 		fmt.Println(err)
 		return
 	}
-	a, _ := p.Attach(ring.Offsets{})
+	a, _ := p.Attach(ring.Offsets{}, AttachOptions{})
 	defer a.Close()
 	for {
 		e, err := a.Next(context.Background())

@@ -67,6 +67,7 @@ type tombstone struct {
 	exit       Exit
 	streams    uint8 // bit s set when the process had stream s
 	terminal   bool
+	flow       Flow
 	totals     ring.Offsets
 	dropped    ring.Offsets
 	started    int64 // unix nanoseconds
@@ -208,7 +209,7 @@ func (t *Table) Wait(ctx context.Context, id string) (Exit, error) {
 
 // Attach opens a reader at the given offsets. For a tombstone the reader gets
 // each stream's loss and end, then the exit.
-func (t *Table) Attach(id string, from ring.Offsets) (*Attachment, error) {
+func (t *Table) Attach(id string, from ring.Offsets, o AttachOptions) (*Attachment, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	e, ts, err := t.lookupLocked(id)
@@ -231,7 +232,7 @@ func (t *Table) Attach(id string, from ring.Offsets) (*Attachment, error) {
 		}
 		return &Attachment{pending: tombstoneEvents(streams, ts.totals, from), totals: ts.totals, exit: ts.exit, exitOK: true}, nil
 	}
-	a, err := e.p.Attach(from)
+	a, err := e.p.Attach(from, o)
 	if err != nil {
 		return nil, err
 	}
@@ -302,6 +303,7 @@ func (t *Table) graceOver(id uuid.UUID, e *entry, gen int) {
 		id:       id,
 		exit:     *st.Exit,
 		terminal: st.Terminal,
+		flow:     st.Flow,
 		totals:   st.Totals,
 		dropped:  st.Dropped,
 		started:  st.StartedAt.UnixNano(),
@@ -362,6 +364,7 @@ func (ts *tombstone) status() Status {
 		First:     ts.totals,
 		Dropped:   ts.dropped,
 		Terminal:  ts.terminal,
+		Flow:      ts.flow,
 		StartedAt: time.Unix(0, ts.started),
 		ExitedAt:  time.Unix(0, ts.exited),
 	}

@@ -38,7 +38,7 @@ func TestTombstoneBeforeAndAfterEviction(t *testing.T) {
 		id := runDrained(t, tb, sh("printf hello; printf oops >&2; exit 7"))
 
 		// Within the grace period the ring is still there: a full replay.
-		a, err := tb.Attach(id, ring.Offsets{})
+		a, err := tb.Attach(id, ring.Offsets{}, AttachOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -59,7 +59,7 @@ func TestTombstoneBeforeAndAfterEviction(t *testing.T) {
 		}
 
 		// A tombstone: exact loss per stream, then the exit.
-		a, err = tb.Attach(id, ring.Offsets{ring.Stdout: 2})
+		a, err = tb.Attach(id, ring.Offsets{ring.Stdout: 2}, AttachOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -80,13 +80,13 @@ func TestTombstoneBeforeAndAfterEviction(t *testing.T) {
 		if _, err := tb.Write(id, 0, []byte("x")); !errors.Is(err, ErrFinished) {
 			t.Fatalf("write to tombstone: %v", err)
 		}
-		if _, err := tb.Attach(id, ring.Offsets{ring.Stdout: 6}); !errors.Is(err, ErrOutOfRange) {
+		if _, err := tb.Attach(id, ring.Offsets{ring.Stdout: 6}, AttachOptions{}); !errors.Is(err, ErrOutOfRange) {
 			t.Fatalf("attach past the total: %v", err)
 		}
 
 		// After the TTL: not found.
 		time.Sleep(time.Minute + time.Second)
-		if _, err := tb.Attach(id, ring.Offsets{}); !errors.Is(err, ErrNotFound) {
+		if _, err := tb.Attach(id, ring.Offsets{}, AttachOptions{}); !errors.Is(err, ErrNotFound) {
 			t.Fatalf("attach after eviction: %v", err)
 		}
 		if _, err := tb.Wait(context.Background(), id); !errors.Is(err, ErrNotFound) {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"sync/atomic"
+	"time"
 )
 
 // batchSize bounds how many events a cursor takes per visit to the ring, so
@@ -27,6 +29,30 @@ type Cursor struct {
 	blocks []*block // the reference behind each Data event in batch
 	next   int
 	held   *block // reference behind the event last returned
+
+	// A holding cursor's: delivered is, per stream, where what it has
+	// returned ends; acked, where its reader says it has got to (see Ack),
+	// once acking is set. The ring keeps every byte from the lower of the
+	// two on. holder is its entry among the ring's holds. They are atomic:
+	// a reader's acks come from another goroutine, and the pumps read them.
+	delivered [NumStreams]atomic.Int64
+	acked     [NumStreams]atomic.Int64
+	acking    atomic.Bool
+	holder    *hold
+	grace     time.Duration
+}
+
+// kept is where a holding cursor's hold keeps each stream from.
+func (c *Cursor) kept() Offsets {
+	var o Offsets
+	acking := c.acking.Load()
+	for s := range o {
+		o[s] = c.delivered[s].Load()
+		if acking {
+			o[s] = min(o[s], c.acked[s].Load())
+		}
+	}
+	return o
 }
 
 // Cursor opens a cursor at the given offsets (the zero value is "from the
@@ -82,7 +108,121 @@ func (c *Cursor) Next(ctx context.Context) (Event, error) {
 	c.held = c.blocks[c.next]
 	c.batch[c.next], c.blocks[c.next] = Event{}, nil
 	c.next++
+	if c.holder != nil {
+		switch e.Kind {
+		case Data:
+			c.deliver(e.Stream, e.Offset+int64(len(e.Data)))
+		case Gap:
+			c.deliver(e.Stream, e.To)
+		}
+	}
 	return e, nil
+}
+
+// deliver moves where a holding cursor has delivered s to on, to end,
+// waking the pumps that wait for room.
+func (c *Cursor) deliver(s Stream, end int64) {
+	c.delivered[s].Store(end)
+	if !c.acking.Load() {
+		c.wakePumps()
+	}
+}
+
+// Ack tells a holding cursor where its reader has got to, per stream
+// (beyond what was delivered counts as what was). From the first ack on,
+// the hold keeps what was delivered past the acked offsets too: a reader
+// whose connection breaks with bytes in flight, and which comes back from
+// the offsets it had, finds them still there. Safe to call from another
+// goroutine than Next's.
+func (c *Cursor) Ack(at Offsets) {
+	if c.holder == nil {
+		return
+	}
+	for s := range at {
+		v := min(at[s], c.delivered[s].Load())
+		for old := c.acked[s].Load(); v > old && !c.acked[s].CompareAndSwap(old, v); old = c.acked[s].Load() {
+		}
+	}
+	c.acking.Store(true)
+	c.wakePumps()
+}
+
+func (c *Cursor) wakePumps() {
+	if c.r.roomWaiters.Load() > 0 {
+		c.r.mu.Lock()
+		c.r.wakePumpsLocked()
+		c.r.mu.Unlock()
+	}
+}
+
+// Hold makes c a holding cursor: the ring keeps what c has not returned
+// yet, and when that fills it, the pumps wait for c (see Ring.Buffer)
+// instead of evicting. Holds the ring had without a cursor (Ring.Hold, or
+// left by a holding cursor that closed) are taken over by c. When c is
+// closed before every stream ended, the ring keeps what c had not returned
+// for grace longer, for a reader that comes back to it; then it drops its
+// oldest bytes again. With acked, c's reader will Ack what it has got:
+// the hold keeps what was delivered and not acked from the start. Hold
+// reports false when the ring takes no holds (it was unheld, or
+// discarded).
+func (c *Cursor) Hold(grace time.Duration, acked bool) bool {
+	r := c.r
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.unheld || r.dropped {
+		return false
+	}
+	if c.holder != nil {
+		return true
+	}
+	kept := r.holds[:0]
+	for _, h := range r.holds {
+		if h.cur != nil {
+			kept = append(kept, h)
+		}
+	}
+	clear(r.holds[len(kept):])
+	r.holds = kept
+	// What lies below where c starts, its reader has had.
+	for s, o := range c.expected {
+		c.delivered[s].Store(o)
+		c.acked[s].Store(o)
+	}
+	c.acking.Store(acked)
+	c.holder, c.grace = &hold{cur: c}, grace
+	r.addHoldLocked(c.holder)
+	r.wakePumpsLocked()
+	return true
+}
+
+// Abandon closes c as Close does, and a holding cursor's hold goes with
+// it: its reader is not coming back.
+func (c *Cursor) Abandon() {
+	if c.holder != nil {
+		c.grace = 0
+	}
+	c.Close()
+}
+
+// unhold ends c's hold: for good if every stream ended or it has no
+// grace, else for grace more, at the index c stands at.
+func (c *Cursor) unhold() {
+	r := c.r
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	h := c.holder
+	c.holder = nil
+	h.at, h.until, h.cur = c.kept(), time.Now().Add(c.grace), nil
+	if c.left == 0 || c.grace == 0 {
+		for i, x := range r.holds {
+			if x == h {
+				r.holds = append(r.holds[:i], r.holds[i+1:]...)
+				r.holding.Store(int32(len(r.holds)))
+				break
+			}
+		}
+	}
+	r.wakePumpsLocked()
 }
 
 // drop releases the reference behind the event returned last.
@@ -96,6 +236,9 @@ func (c *Cursor) drop() {
 // Close releases everything the cursor holds. The cursor cannot be used
 // afterwards.
 func (c *Cursor) Close() {
+	if c.holder != nil {
+		c.unhold()
+	}
 	c.drop()
 	for i := c.next; i < len(c.batch); i++ {
 		if c.blocks[i] != nil {
@@ -139,8 +282,8 @@ func (c *Cursor) fill(ctx context.Context) error {
 // Caller holds r.mu for reading.
 func (c *Cursor) collectLocked() {
 	r := c.r
-	if c.pos < r.firstSeq {
-		c.pos = r.firstSeq // what lay between was evicted; the gaps say how much
+	if c.pos < r.firstIdx {
+		c.pos = r.firstIdx // what lay between was evicted; the gaps say how much
 	}
 	for s := range Stream(NumStreams) {
 		if c.wanted[s] && !c.ended[s] && c.expected[s] < r.evicted[s] {
@@ -149,7 +292,7 @@ func (c *Cursor) collectLocked() {
 	}
 	for len(c.batch) < batchSize {
 		c.endsLocked()
-		i := r.head + int(c.pos-r.firstSeq)
+		i := r.head + int(c.pos-r.firstIdx)
 		if i >= len(r.chunks) {
 			break
 		}
@@ -164,7 +307,7 @@ func (c *Cursor) collectLocked() {
 		}
 		skip := c.expected[ch.stream] - ch.offset
 		ch.blk.refs.Add(1)
-		c.batch = append(c.batch, Event{Kind: Data, Stream: ch.stream, Offset: ch.offset + skip, Seq: ch.seq, Data: ch.data[skip:]})
+		c.batch = append(c.batch, Event{Kind: Data, Stream: ch.stream, Offset: ch.offset + skip, Seq: ch.seq + uint64(skip), Data: ch.data[skip:]})
 		c.blocks = append(c.blocks, ch.blk)
 		c.expected[ch.stream] = end
 	}
@@ -177,7 +320,7 @@ func (c *Cursor) collectLocked() {
 func (c *Cursor) endsLocked() {
 	r := c.r
 	for s := range Stream(NumStreams) {
-		if !c.wanted[s] || c.ended[s] || !r.closed[s] || c.pos < r.closeSeq[s] {
+		if !c.wanted[s] || c.ended[s] || !r.closed[s] || c.pos < r.closeIdx[s] {
 			continue
 		}
 		if c.expected[s] < r.written[s] {

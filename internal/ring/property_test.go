@@ -2,7 +2,9 @@ package ring
 
 import (
 	"bytes"
+	"context"
 	"testing"
+	"time"
 
 	"pgregory.net/rapid"
 )
@@ -113,6 +115,96 @@ func TestPropertyEveryByteAccounted(t *testing.T) {
 		}
 		if got := r.Retained(); got > capacity {
 			t.Fatalf("ring retains %d bytes, capacity %d", got, capacity)
+		}
+	})
+}
+
+// For any capacity and writes, on one or two streams, a holding cursor
+// gets every byte once, in order, with no gap and rising seq, while the
+// ring never retains more than its capacity; a cursor that does not hold,
+// read only at the end, accounts for every byte as received or lost.
+func TestPropertyHolderLosesNothing(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		capacity := rapid.IntRange(1, 5000).Draw(t, "capacity")
+		streams := []Stream{Stdout, Stderr}
+		if rapid.Bool().Draw(t, "pty") {
+			streams = []Stream{PTY}
+		}
+		type op struct {
+			s Stream
+			n int
+		}
+		var ops []op
+		var written Offsets
+		for range rapid.IntRange(0, 40).Draw(t, "writes") {
+			s := rapid.SampledFrom(streams).Draw(t, "stream")
+			n := rapid.IntRange(1, 3*capacity).Draw(t, "n")
+			ops = append(ops, op{s, n})
+			written[s] += int64(n)
+		}
+		// A holder that acks does so once it has taken ackEvery bytes more:
+		// the hold stays where it last acked, and the pumps wait on that.
+		// Up to a quarter of the ring, a reader that has taken all there is
+		// has acked enough for the pumps to go on.
+		acked := rapid.Bool().Draw(t, "acked")
+		ackEvery := int64(rapid.IntRange(1, max(1, capacity/4)).Draw(t, "ackEvery"))
+		var lastAck int64
+		r := New(Config{Capacity: capacity, Streams: streams})
+		holder, _ := r.Cursor(Offsets{})
+		holder.Hold(time.Hour, acked)
+		late, _ := r.Cursor(Offsets{})
+		m := &cursorModel{c: holder, lastSeq: -1}
+		wrote := make(chan struct{})
+		go func() {
+			defer close(wrote)
+			var off Offsets
+			for _, o := range ops {
+				write(r, o.s, patterned(o.s, off[o.s], o.n))
+				off[o.s] += int64(o.n)
+			}
+			for _, s := range streams {
+				r.CloseStream(s)
+			}
+		}()
+		for {
+			e, err := holder.Next(context.Background())
+			if err != nil {
+				break
+			}
+			if n := r.Retained(); n > capacity {
+				t.Fatalf("the ring retains %d bytes, capacity %d", n, capacity)
+			}
+			pos := holder.Position()
+			if taken := pos[Stdout] + pos[Stderr] + pos[PTY]; acked && taken-lastAck >= ackEvery {
+				holder.Ack(pos)
+				lastAck = taken
+			}
+			switch e.Kind {
+			case Gap:
+				t.Fatalf("a holder was told of a gap: %+v", e)
+			case Data:
+				if e.Offset != m.expected[e.Stream] || !bytes.Equal(e.Data, patterned(e.Stream, e.Offset, len(e.Data))) {
+					t.Fatalf("%v data at %d, expected %d", e.Stream, e.Offset, m.expected[e.Stream])
+				}
+				if int64(e.Seq) <= m.lastSeq {
+					t.Fatalf("seq %d after %d", e.Seq, m.lastSeq)
+				}
+				m.lastSeq = int64(e.Seq)
+				m.expected[e.Stream] += int64(len(e.Data))
+			}
+		}
+		<-wrote
+		holder.Close()
+		if m.expected != written {
+			t.Fatalf("the holder got %v of %v", m.expected, written)
+		}
+		lm := &cursorModel{c: late, lastSeq: -1}
+		lm.read(t, 1<<30)
+		late.Close()
+		for _, s := range streams {
+			if !lm.ended[s] || lm.expected[s] != written[s] {
+				t.Fatalf("the late cursor: %v ended=%v at %d of %d", s, lm.ended[s], lm.expected[s], written[s])
+			}
 		}
 	})
 }

@@ -5,8 +5,10 @@ package ring
 import (
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // DefaultCapacity is the ring size of a process unless configured otherwise.
@@ -56,8 +58,9 @@ func (r *Ring) releaseLocked(b *block) {
 }
 
 // Chunk is one committed read: Data holds bytes [Offset, Offset+len(Data)) of
-// Stream. A Chunk obtained from Commit or Retain holds a reference that keeps
-// Data intact until Release.
+// Stream, and Seq is its first byte's place in the process's output: how
+// many bytes all its streams had committed before it. A Chunk obtained from
+// Commit or Retain holds a reference that keeps Data intact until Release.
 type Chunk struct {
 	Stream Stream
 	Offset int64
@@ -118,9 +121,10 @@ type Config struct {
 
 // Ring is the bounded, offset-addressed output of one process. Each stream
 // has exactly one writer (its pump), which calls Buffer, then Commit, and
-// finally CloseStream; any number of cursors read concurrently. Nothing in
-// here ever waits for a reader: a reader that falls behind loses the
-// evicted bytes and is told how many.
+// finally CloseStream; any number of cursors read concurrently. Unless a
+// holding cursor asks it to (see Cursor.Hold), nothing in here ever waits
+// for a reader: a reader that falls behind loses the evicted bytes and is
+// told how many.
 type Ring struct {
 	capacity  int
 	blockSize int
@@ -132,15 +136,16 @@ type Ring struct {
 	// A stream's active block and its used count are written only by that
 	// stream's pump, which may therefore read them without mu.
 	mu       sync.RWMutex
-	chunks   []chunk // retained chunks in seq order, from head
+	chunks   []chunk // retained chunks in index order, from head
 	head     int
-	firstSeq uint64 // seq of chunks[head], or nextSeq when none is retained
-	nextSeq  uint64
+	firstIdx uint64 // index of chunks[head], or nextIdx when none is retained
+	nextIdx  uint64 // chunks are numbered densely in commit order
 	retained int
+	total    uint64  // bytes committed on all streams: the next chunk's seq
 	written  Offsets // bytes committed per stream: the next chunk's offset
 	evicted  Offsets // per stream, every byte below this is gone
 	closed   [NumStreams]bool
-	closeSeq [NumStreams]uint64 // nextSeq when the stream closed
+	closeIdx [NumStreams]uint64 // nextIdx when the stream closed
 	active   [NumStreams]*block
 	grown    [NumStreams]int // size of the stream's next block
 	free     []*block
@@ -148,14 +153,62 @@ type Ring struct {
 	waiters  atomic.Int32  // cursors waiting on wake; changed under a read lock
 	unwoken  int           // bytes committed since the last wake
 	dropped  bool          // Discard was called: nothing is retained any more
+
+	// The holds: while any is in place, no byte at or past its offset in
+	// its stream is evicted, and a pump whose next read would need the
+	// room waits (see Buffer). holding counts them, so that a ring without
+	// holds never takes the lock for that; roomWaiters counts the waiting
+	// pumps, which room wakes, closed and replaced, when a hold moves or
+	// goes. Every chunk before index keptFrom is known to be evictable
+	// under the holds as they are (they only move on, but for a hold
+	// added, which resets it): finding the held bytes costs a scan only of
+	// what was taken since.
+	holds       []*hold
+	holding     atomic.Int32
+	unheld      bool // Unhold was called: no hold is taken any more
+	room        chan struct{}
+	roomWaiters atomic.Int32
+	keptFrom    uint64
 }
 
 type chunk struct {
 	stream Stream
 	offset int64
+	idx    uint64
 	seq    uint64
 	data   []byte
 	blk    *block
+}
+
+// hold keeps the ring from evicting what a reader has not had yet: per
+// stream, every byte from its offset on. A cursor's hold moves with what
+// its reader has had; one its cursor left on closing (or the one a ring is
+// made with, before any cursor) stays where it is until its deadline.
+type hold struct {
+	cur   *Cursor
+	at    Offsets
+	until time.Time
+}
+
+// from is where the hold keeps each stream from.
+func (h *hold) from() Offsets {
+	if h.cur != nil {
+		return h.cur.kept()
+	}
+	return h.at
+}
+
+// heldFromLocked is, per stream, the lowest offset a hold keeps; beyond
+// every offset without holds. Caller holds mu.
+func (r *Ring) heldFromLocked() Offsets {
+	o := Offsets{math.MaxInt64, math.MaxInt64, math.MaxInt64}
+	for _, h := range r.holds {
+		f := h.from()
+		for s := range o {
+			o[s] = min(o[s], f[s])
+		}
+	}
+	return o
 }
 
 // New makes an empty ring.
@@ -171,6 +224,7 @@ func New(cfg Config) *Ring {
 		minTail:   min(bs/4, c),
 		streams:   append([]Stream(nil), cfg.Streams...),
 		wake:      make(chan struct{}),
+		room:      make(chan struct{}),
 	}
 }
 
@@ -182,20 +236,147 @@ func (r *Ring) Streams() []Stream { return r.streams }
 
 // Buffer returns memory for stream s's pump to read into; the next Commit
 // for s publishes a prefix of it. Only s's pump may call it.
+//
+// While a hold is in place, the buffer is no larger than the room the ring
+// has without evicting held bytes, and when that room is less than a
+// quarter of the ring, Buffer waits for a holder to take more (or for the
+// holds to go): the pump then does not read, and the kernel pipe holds the
+// process back.
 func (r *Ring) Buffer(s Stream) []byte {
 	b := r.active[s]
-	if b != nil && len(b.buf)-b.used >= min(r.minTail, len(b.buf)/4) {
+	if r.holding.Load() == 0 && b != nil && len(b.buf)-b.used >= min(r.minTail, len(b.buf)/4) {
 		return b.buf[b.used:min(len(b.buf), b.used+r.capacity)]
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if b != nil {
-		r.releaseLocked(b) // the active reference; chunks keep it alive
+	room := r.awaitRoomLocked()
+	if b == nil || len(b.buf)-b.used < min(r.minTail, len(b.buf)/4) {
+		if b != nil {
+			r.releaseLocked(b) // the active reference; chunks keep it alive
+		}
+		b = r.newBlock(s)
+		r.active[s] = b
 	}
-	b = r.newBlock(s)
-	r.active[s] = b
-	return b.buf[b.used:min(len(b.buf), b.used+r.capacity)]
+	return b.buf[b.used:min(len(b.buf), b.used+room)]
 }
+
+// awaitRoomLocked returns how many bytes may be committed without evicting
+// held ones, waiting first while that is less than a quarter of the ring.
+// Caller holds mu, which is released while it waits.
+func (r *Ring) awaitRoomLocked() int {
+	for {
+		room, until := r.roomLocked()
+		if room >= max(1, r.capacity/4) {
+			return room
+		}
+		wait := r.room
+		r.roomWaiters.Add(1)
+		r.mu.Unlock()
+		var expired <-chan time.Time
+		var t *time.Timer
+		if !until.IsZero() {
+			t = time.NewTimer(time.Until(until))
+			expired = t.C
+		}
+		select {
+		case <-wait:
+		case <-expired:
+		}
+		if t != nil {
+			t.Stop()
+		}
+		r.roomWaiters.Add(-1)
+		r.mu.Lock()
+	}
+}
+
+// roomLocked is how many bytes may be committed without evicting a byte a
+// hold keeps, and the earliest deadline of a hold left by a cursor, zero
+// if none. Holds past their deadline go. Caller holds mu.
+func (r *Ring) roomLocked() (int, time.Time) {
+	if len(r.holds) == 0 {
+		return r.capacity, time.Time{}
+	}
+	now := time.Now()
+	var until time.Time
+	live := r.holds[:0]
+	for _, h := range r.holds {
+		if h.cur == nil && !now.Before(h.until) {
+			continue
+		}
+		live = append(live, h)
+		if h.cur == nil && (until.IsZero() || h.until.Before(until)) {
+			until = h.until
+		}
+	}
+	clear(r.holds[len(live):])
+	r.holds = live
+	r.holding.Store(int32(len(live)))
+	if len(live) == 0 {
+		return r.capacity, time.Time{}
+	}
+	// Eviction goes in index order: the bytes held are those from the
+	// first chunk that is not wholly evictable on, less the part of it
+	// that is; seq, which counts every stream's bytes, measures them.
+	from := r.heldFromLocked()
+	i := max(r.keptFrom, r.firstIdx)
+	for ; i < r.nextIdx; i++ {
+		c := r.chunks[r.head+int(i-r.firstIdx)]
+		if c.offset+int64(len(c.data)) > from[c.stream] {
+			break
+		}
+	}
+	r.keptFrom = i
+	held := 0
+	if i < r.nextIdx {
+		c := r.chunks[r.head+int(i-r.firstIdx)]
+		held = int(r.total-c.seq) - int(max(0, from[c.stream]-c.offset))
+	}
+	return max(0, r.capacity-held), until
+}
+
+// addHoldLocked puts h among the holds. It may keep what the others did
+// not: the evictable prefix is found anew. Caller holds mu.
+func (r *Ring) addHoldLocked(h *hold) {
+	r.holds = append(r.holds, h)
+	r.holding.Store(int32(len(r.holds)))
+	r.keptFrom = 0
+}
+
+// Hold makes the ring keep everything committed from now on for up to
+// grace, until a holding cursor takes over (see Cursor.Hold): output a
+// reader is about to ask to hold is not lost before it arrives.
+func (r *Ring) Hold(grace time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.unheld || r.dropped {
+		return
+	}
+	r.addHoldLocked(&hold{at: r.written, until: time.Now().Add(grace)})
+}
+
+// Unhold drops every hold, now and for good: the ring drops its oldest
+// bytes again, and a pump waiting for room goes on. A process being shut
+// down does this, so that its drain cannot wait on a reader.
+func (r *Ring) Unhold() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.unheld = true
+	clear(r.holds)
+	r.holds = r.holds[:0]
+	r.holding.Store(0)
+	r.wakePumpsLocked()
+}
+
+// wakePumpsLocked wakes the pumps waiting for room. Caller holds mu.
+func (r *Ring) wakePumpsLocked() {
+	close(r.room)
+	r.room = make(chan struct{})
+}
+
+// Held reports whether a pump waits for a holder to take what the ring
+// holds: the process is being held back.
+func (r *Ring) Held() bool { return r.roomWaiters.Load() > 0 }
 
 // newBlock returns a block for s holding one (active) reference. A
 // stream's first blocks are small and double up to blockSize, so a process
@@ -246,14 +427,15 @@ func (r *Ring) Commit(s Stream, n int, more bool) Chunk {
 		r.mu.Unlock()
 		panic(fmt.Sprintf("ring: commit of %d bytes to %v without a matching Buffer", n, s))
 	}
-	c := chunk{stream: s, offset: r.written[s], seq: r.nextSeq, data: b.buf[b.used : b.used+n : b.used+n], blk: b}
+	c := chunk{stream: s, offset: r.written[s], idx: r.nextIdx, seq: r.total, data: b.buf[b.used : b.used+n : b.used+n], blk: b}
 	b.used += n
 	b.refs.Add(2) // one for the ring's copy, one for the caller
 	r.written[s] += int64(n)
-	r.nextSeq++
+	r.total += uint64(n)
+	r.nextIdx++
 	if r.dropped {
 		r.evicted[s] = r.written[s]
-		r.firstSeq = r.nextSeq
+		r.firstIdx = r.nextIdx
 		b.refs.Add(-1) // the active reference still holds it above zero
 	} else {
 		r.chunks = append(r.chunks, c)
@@ -269,24 +451,30 @@ func (r *Ring) Commit(s Stream, n int, more bool) Chunk {
 }
 
 func (r *Ring) evictLocked() {
-	for r.retained > r.capacity {
-		if excess := r.retained - r.capacity; excess < len(r.chunks[r.head].data) {
+	held := r.heldFromLocked()
+	for r.retained > r.capacity && r.head < len(r.chunks) {
+		c := &r.chunks[r.head]
+		// What of the oldest chunk is not held may go.
+		free := int(min(int64(len(c.data)), max(0, held[c.stream]-c.offset)))
+		if excess := r.retained - r.capacity; excess < len(c.data) || free < len(c.data) {
 			// Trim the oldest chunk rather than drop it whole, so the ring
-			// keeps exactly its capacity.
-			c := &r.chunks[r.head]
-			c.data = c.data[excess:]
-			c.offset += int64(excess)
-			r.retained -= excess
+			// keeps exactly its capacity, or what is held of it. Its seq
+			// moves with its start.
+			n := min(excess, free)
+			c.data = c.data[n:]
+			c.offset += int64(n)
+			c.seq += uint64(n)
+			r.retained -= n
 			r.evicted[c.stream] = c.offset
 			break
 		}
-		c := r.chunks[r.head]
-		r.chunks[r.head] = chunk{}
+		gone := *c
+		*c = chunk{}
 		r.head++
-		r.retained -= len(c.data)
-		r.evicted[c.stream] = c.offset + int64(len(c.data))
-		r.firstSeq = c.seq + 1
-		r.releaseLocked(c.blk)
+		r.retained -= len(gone.data)
+		r.evicted[gone.stream] = gone.offset + int64(len(gone.data))
+		r.firstIdx = gone.idx + 1
+		r.releaseLocked(gone.blk)
 	}
 	// Compact once the dead prefix dominates, so the slice stays bounded.
 	if r.head > 64 && r.head > len(r.chunks)/2 {
@@ -296,7 +484,7 @@ func (r *Ring) evictLocked() {
 		r.head = 0
 	}
 	if r.head == len(r.chunks) {
-		r.firstSeq = r.nextSeq
+		r.firstIdx = r.nextIdx
 	}
 }
 
@@ -327,7 +515,7 @@ func (r *Ring) CloseStream(s Stream) {
 		return
 	}
 	r.closed[s] = true
-	r.closeSeq[s] = r.nextSeq
+	r.closeIdx[s] = r.nextIdx
 	if b := r.active[s]; b != nil {
 		r.active[s] = nil
 		r.releaseLocked(b)
@@ -347,8 +535,11 @@ func (r *Ring) Discard() {
 		r.releaseLocked(c.blk)
 	}
 	r.chunks, r.head = nil, 0
-	r.firstSeq = r.nextSeq
+	r.firstIdx = r.nextIdx
 	r.evicted = r.written
+	clear(r.holds)
+	r.holds = r.holds[:0]
+	r.holding.Store(0)
 	r.free = nil
 	r.wakeLocked()
 }

@@ -68,7 +68,8 @@ func TestReplayThenLive(t *testing.T) {
 	got := drain(t, c)
 	want := []Event{
 		{Kind: Data, Stream: Stdout, Offset: 0, Seq: 0, Data: []byte("out1 ")},
-		{Kind: Data, Stream: Stderr, Offset: 0, Seq: 1, Data: []byte("err1 ")},
+		// seq counts the bytes of every stream before the event's first.
+		{Kind: Data, Stream: Stderr, Offset: 0, Seq: 5, Data: []byte("err1 ")},
 	}
 	if d := cmp.Diff(want, got); d != "" {
 		t.Fatalf("replay (-want +got):\n%s", d)
@@ -86,7 +87,7 @@ func TestReplayThenLive(t *testing.T) {
 	}()
 	write(r, Stdout, []byte("out2"))
 	e := <-done
-	if d := cmp.Diff(Event{Kind: Data, Stream: Stdout, Offset: 5, Seq: 2, Data: []byte("out2")}, e); d != "" {
+	if d := cmp.Diff(Event{Kind: Data, Stream: Stdout, Offset: 5, Seq: 10, Data: []byte("out2")}, e); d != "" {
 		t.Fatalf("live (-want +got):\n%s", d)
 	}
 	r.CloseStream(Stdout)
@@ -164,8 +165,9 @@ func TestResumeFromOffsets(t *testing.T) {
 	defer c.Close()
 	got := drain(t, c)
 	want := []Event{
-		{Kind: Data, Stream: Stdout, Offset: 3, Seq: 0, Data: []byte("lo ")},
-		{Kind: Data, Stream: Stdout, Offset: 6, Seq: 2, Data: []byte("world")},
+		// A cursor that starts inside a chunk starts its seq there too.
+		{Kind: Data, Stream: Stdout, Offset: 3, Seq: 3, Data: []byte("lo ")},
+		{Kind: Data, Stream: Stdout, Offset: 6, Seq: 10, Data: []byte("world")},
 	}
 	if d := cmp.Diff(want, got); d != "" {
 		t.Fatalf("(-want +got):\n%s", d)

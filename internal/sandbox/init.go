@@ -53,6 +53,9 @@ type AgentConfig struct {
 	// CaptureQueue bounds each captured process's queue to its log writer,
 	// in bytes (zero: the default).
 	CaptureQueue int64 `json:"capture_queue,omitempty"`
+	// FlowGrace is how long a flow block process's output waits for its
+	// holding watcher (zero: the default).
+	FlowGrace time.Duration `json:"flow_grace,omitempty"`
 }
 
 // InitExitName is the file in a sandbox's logs directory where the agent

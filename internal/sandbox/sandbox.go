@@ -48,6 +48,9 @@ type Options struct {
 	// CaptureQueue bounds, per captured process, the output queued for
 	// its log writer (zero: capture.DefaultQueueBytes).
 	CaptureQueue int64
+	// FlowGrace is how long a flow block process's output waits for its
+	// holding watcher (zero: process.DefaultFlowGrace).
+	FlowGrace time.Duration
 }
 
 // DefaultUIDBase is the host uid a sandbox's root maps to unless told
@@ -110,7 +113,7 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 	cfg := AgentConfig{
 		ID: o.ID, Hostname: o.Hostname, Root: filepath.Join(o.Dir, rootName),
 		Workspace: filepath.Join(o.Dir, WorkspaceName), UIDBase: o.UIDBase, Env: o.Env, Init: o.Init,
-		CaptureQueue: o.CaptureQueue,
+		CaptureQueue: o.CaptureQueue, FlowGrace: o.FlowGrace,
 	}
 	for _, d := range []string{rootName, LogsName, WorkspaceName} {
 		if err := os.Mkdir(filepath.Join(o.Dir, d), 0o700); err != nil {

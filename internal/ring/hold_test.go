@@ -1,0 +1,259 @@
+package ring
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// pumpInto writes n bytes of the pattern to s from a goroutine of its own,
+// as a pump does, and closes the stream; done is closed once it has.
+func pumpInto(r *Ring, s Stream, n int) (done chan struct{}) {
+	done = make(chan struct{})
+	go func() {
+		defer close(done)
+		write(r, s, patterned(s, 0, n))
+		r.CloseStream(s)
+	}()
+	return done
+}
+
+// readAll reads c to its end, checking every byte against the pattern,
+// and returns how many bytes it got and how many it was told were lost.
+func readAll(t *testing.T, c *Cursor, each func(Event)) (got, lost Offsets) {
+	t.Helper()
+	got = c.Position() // where c stands counts as got: it was read before
+	for {
+		e, err := c.Next(context.Background())
+		if errors.Is(err, io.EOF) {
+			return got, lost
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch e.Kind {
+		case Data:
+			if e.Offset != got[e.Stream]+lost[e.Stream] || !bytes.Equal(e.Data, patterned(e.Stream, e.Offset, len(e.Data))) {
+				t.Fatalf("%v data at %d: wrong place or bytes", e.Stream, e.Offset)
+			}
+			got[e.Stream] += int64(len(e.Data))
+		case Gap:
+			lost[e.Stream] += e.Lost()
+		}
+		if each != nil {
+			each(e)
+		}
+	}
+}
+
+// TestHolderGetsEveryByte: 1 MiB through a ring of 4 KiB, read by a holder
+// that pauses after every event: it gets every byte, the ring never holds
+// more than its capacity, and a reader that does not hold, reading only at
+// the end, is told what it lost.
+func TestHolderGetsEveryByte(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := New(Config{Capacity: 4 << 10, Streams: []Stream{Stdout}})
+		h, _ := r.Cursor(Offsets{})
+		defer h.Close()
+		if !h.Hold(time.Minute, false) {
+			t.Fatal("the ring took no hold")
+		}
+		late, _ := r.Cursor(Offsets{})
+		defer late.Close()
+		const size = 1 << 20
+		done := pumpInto(r, Stdout, size)
+		got, lost := readAll(t, h, func(Event) {
+			if n := r.Retained(); n > r.Capacity() {
+				t.Fatalf("the ring holds %d bytes, more than its %d", n, r.Capacity())
+			}
+			time.Sleep(time.Millisecond) // a slow reader: the pump waits for it
+		})
+		<-done
+		if got[Stdout] != size || lost[Stdout] != 0 {
+			t.Fatalf("the holder got %d bytes and lost %d of %d", got[Stdout], lost[Stdout], size)
+		}
+		got, lost = readAll(t, late, nil)
+		if got[Stdout]+lost[Stdout] != size || lost[Stdout] == 0 {
+			t.Fatalf("the late reader got %d and lost %d of %d", got[Stdout], lost[Stdout], size)
+		}
+	})
+}
+
+// TestPumpWaitsForTheHolder: a holder that does not read stops the pump
+// once the ring is full of what it has not taken; one read lets it on.
+func TestPumpWaitsForTheHolder(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := New(Config{Capacity: 4 << 10, Streams: []Stream{Stdout}})
+		h, _ := r.Cursor(Offsets{})
+		defer h.Close()
+		h.Hold(time.Minute, false)
+		done := pumpInto(r, Stdout, 64<<10)
+		synctest.Wait()
+		if !r.Held() {
+			t.Fatal("the pump did not wait for the holder")
+		}
+		totals, _ := r.Totals()
+		if totals[Stdout] > int64(r.Capacity()) {
+			t.Fatalf("%d bytes committed before the holder took any, more than the ring's %d", totals[Stdout], r.Capacity())
+		}
+		for range 3 {
+			if _, err := h.Next(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		synctest.Wait()
+		if after, _ := r.Totals(); after[Stdout] <= totals[Stdout] {
+			t.Fatalf("after the holder read, %d bytes committed, as before", after[Stdout])
+		}
+		readAll(t, h, nil)
+		<-done
+	})
+}
+
+// TestClosedHolderKeepsItsPlaceForGrace: a holder that goes away mid-stream
+// leaves its hold for the grace period, so a reader that comes back in
+// time gets every byte; past it, the ring drops its oldest bytes again and
+// the pump runs on.
+func TestClosedHolderKeepsItsPlaceForGrace(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := New(Config{Capacity: 4 << 10, Streams: []Stream{Stdout}})
+		h, _ := r.Cursor(Offsets{})
+		h.Hold(10*time.Second, false)
+		const size = 64 << 10
+		done := pumpInto(r, Stdout, size)
+		var pos Offsets
+		for range 2 {
+			e, err := h.Next(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			pos[e.Stream] = e.Offset + int64(len(e.Data))
+		}
+		h.Close()
+		synctest.Wait()
+		time.Sleep(5 * time.Second)
+		synctest.Wait()
+		if !r.Held() {
+			t.Fatal("within the grace period, the pump does not wait")
+		}
+		// Back in time: a new holder from where the last one stood.
+		back, err := r.Cursor(pos)
+		if err != nil {
+			t.Fatal(err)
+		}
+		back.Hold(10*time.Second, false)
+		got, lost := readAll(t, back, nil)
+		back.Close()
+		<-done
+		if lost[Stdout] != 0 || got[Stdout] != size || pos[Stdout] == 0 {
+			t.Fatalf("back at %d: got %d, lost %d of %d", pos[Stdout], got[Stdout], lost[Stdout], size)
+		}
+
+		// The same, with nobody coming back.
+		r = New(Config{Capacity: 4 << 10, Streams: []Stream{Stdout}})
+		h, _ = r.Cursor(Offsets{})
+		h.Hold(10*time.Second, false)
+		done = pumpInto(r, Stdout, size)
+		synctest.Wait()
+		h.Close()
+		synctest.Wait()
+		if !r.Held() {
+			t.Fatal("the pump does not wait for the closed holder's grace")
+		}
+		time.Sleep(10 * time.Second)
+		<-done // the grace is over: the pump runs on, dropping what nobody reads
+		if first := r.First(); first[Stdout] == 0 {
+			t.Fatal("nothing was evicted after the grace period")
+		}
+	})
+}
+
+// TestHoldBeforeAnyCursor: a ring held from its start keeps everything for
+// the reader that comes to hold it, within the grace.
+func TestHoldBeforeAnyCursor(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := New(Config{Capacity: 4 << 10, Streams: []Stream{Stdout, Stderr}})
+		r.Hold(time.Second)
+		const size = 32 << 10
+		done := pumpInto(r, Stdout, size)
+		errs := pumpInto(r, Stderr, size)
+		synctest.Wait()
+		if !r.Held() {
+			t.Fatal("the pumps do not wait for the reader to come")
+		}
+		time.Sleep(500 * time.Millisecond)
+		c, _ := r.Cursor(Offsets{})
+		defer c.Close()
+		c.Hold(time.Second, false)
+		got, lost := readAll(t, c, nil)
+		<-done
+		<-errs
+		if got != (Offsets{Stdout: size, Stderr: size}) || lost != (Offsets{}) {
+			t.Fatalf("got %v, lost %v", got, lost)
+		}
+	})
+}
+
+// TestUnholdFreesThePump: Unhold drops the holds for good; the waiting
+// pump runs on, and later holds are refused.
+func TestUnholdFreesThePump(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := New(Config{Capacity: 4 << 10, Streams: []Stream{Stdout}})
+		h, _ := r.Cursor(Offsets{})
+		defer h.Close()
+		h.Hold(time.Hour, false)
+		done := pumpInto(r, Stdout, 64<<10)
+		synctest.Wait()
+		if !r.Held() {
+			t.Fatal("the pump does not wait")
+		}
+		r.Unhold()
+		<-done
+		c, _ := r.Cursor(Offsets{})
+		defer c.Close()
+		if c.Hold(time.Hour, false) {
+			t.Error("a hold taken after Unhold")
+		}
+		_, lost := readAll(t, h, nil)
+		if lost[Stdout] == 0 {
+			t.Error("nothing lost to the unheld reader: the ring kept everything")
+		}
+	})
+}
+
+// TestAckKeepsWhatWasInFlight: a holder's reader acknowledges less than
+// the cursor delivered (the rest was on its way when the connection
+// broke); coming back from where it had got to, within the grace, it finds
+// those bytes still kept, and loses nothing.
+func TestAckKeepsWhatWasInFlight(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := New(Config{Capacity: 64 << 10, Streams: []Stream{Stdout}})
+		h, _ := r.Cursor(Offsets{})
+		h.Hold(10*time.Second, true)
+		const size = 1 << 20
+		done := pumpInto(r, Stdout, size)
+		for h.Position()[Stdout] < 48<<10 {
+			if _, err := h.Next(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		h.Ack(Offsets{Stdout: 16 << 10})
+		h.Close()
+		synctest.Wait()
+		back, err := r.Cursor(Offsets{Stdout: 16 << 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer back.Close()
+		back.Hold(10*time.Second, false)
+		got, lost := readAll(t, back, nil)
+		<-done
+		if lost != (Offsets{}) || got[Stdout] != size {
+			t.Fatalf("back from 16 KiB: got to %d of %d, lost %d", got[Stdout], size, lost[Stdout])
+		}
+	})
+}
