@@ -289,8 +289,9 @@ const (
 	TypeAck = "ack"
 )
 
-// Hello opens a kiln.v1 stream: per stream, the first offset still
-// retained and the total produced so far.
+// Hello opens a kiln.v1 stream: per stream, the oldest offset a watcher is
+// given bytes from (the ring's, or a captured process's log's) and the
+// total produced so far.
 type Hello struct {
 	Type    string               `json:"type"`
 	Streams map[string]HelloSpan `json:"streams"`

@@ -353,3 +353,28 @@ func TestForegroundOutcome(t *testing.T) {
 		})
 	}
 }
+
+// TestLogsOfABuildThatOutranTheRing: kiln logs of a captured shell loop of
+// 20,000 lines (more than a process's ring holds) prints every line: what
+// the ring dropped comes from the captured log.
+func TestLogsOfABuildThatOutranTheRing(t *testing.T) {
+	state := kilnd(t)
+	_, out, _ := kiln(t, state, "", "sandbox", "create")
+	sb := strings.TrimSpace(out)
+	loop := `i=0; while [ $i -lt 20000 ]; do echo "line $i of a build that prints one short line at a time"; i=$((i+1)); done`
+	_, out, _ = kiln(t, state, "", "sandbox", "exec-stream", "--capture", sb, "--", "sh", "-c", loop)
+	p := strings.TrimSpace(out)
+	if code, _, errs := kiln(t, state, "", "wait", sb, p); code != 0 {
+		t.Fatalf("wait: %d %q", code, errs)
+	}
+	var want strings.Builder
+	for i := range 20000 {
+		fmt.Fprintf(&want, "line %d of a build that prints one short line at a time\n", i)
+	}
+	for _, args := range [][]string{{"logs", sb, p}, {"logs", "-f", sb, p}, {"logs", "--stdout", sb, p}} {
+		code, out, errs := kiln(t, state, "", args...)
+		if code != 0 || out != want.String() || strings.Contains(errs, "lost") || strings.Contains(errs, "incomplete") {
+			t.Errorf("%v: exit %d, %d bytes of %d, equal %v; stderr %q", args, code, len(out), want.Len(), out == want.String(), errs)
+		}
+	}
+}

@@ -264,8 +264,12 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request, id string, st pro
 	}
 	if v1 {
 		h := api.Hello{Type: api.TypeHello, Streams: map[string]api.HelloSpan{}}
+		first, err := s.cfg.Table.Retained(id)
+		if err != nil {
+			first = st.First
+		}
 		for _, s := range st.Streams {
-			h.Streams[streamName(s)] = api.HelloSpan{First: st.First[s], Total: st.Totals[s]}
+			h.Streams[streamName(s)] = api.HelloSpan{First: first[s], Total: st.Totals[s]}
 		}
 		if !sendJSON(h) {
 			return

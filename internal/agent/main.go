@@ -58,7 +58,9 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	table := process.NewTable(process.TableConfig{})
+	// Readers of a captured process take what its ring no longer holds
+	// from its log, which the agent writes and may read.
+	table := process.NewTable(process.TableConfig{Logs: in.Logs.OpenSub})
 	srv := New(Config{Table: table, Env: in.Config.Env, Dir: "/workspace", Logs: in.Logs, Isolate: in.Isolate, Spawn: in.Spawn,
 		Capture: capture.Options{QueueBytes: in.Config.CaptureQueue}, FlowGrace: in.Config.FlowGrace})
 	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, ConnContext: withConn}

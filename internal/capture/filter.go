@@ -88,6 +88,22 @@ func ReadLog(ctx context.Context, dir *Dir, f Filter) (Log, error) {
 	return log, nil
 }
 
+// First returns where each stream stands at the start of the oldest file
+// of dir's log: the oldest offsets a reader finds there. It is false when
+// the log does not say (no file yet, or one of the earlier format).
+func First(dir *Dir) (Positions, bool) {
+	r := NewReader(dir, ReadOptions{})
+	defer r.Close()
+	if ok, err := r.openFirst(); !ok || err != nil {
+		return Positions{}, false
+	}
+	h, _, err := readHeader(r.f)
+	if err != nil || h.At == nil {
+		return Positions{}, false
+	}
+	return *h.At, true
+}
+
 // Summarize reads dir to the end of what is written, keeping nothing of
 // the output, and returns every run classified with the reader's counts.
 func Summarize(ctx context.Context, dir *Dir) ([]Run, ReadStats, error) {

@@ -22,6 +22,11 @@ type ReadOptions struct {
 	// Poll is how often a follower looks for new bytes at the end of the
 	// log (default 100 ms).
 	Poll time.Duration
+	// From, when set, starts the reader at the newest file whose header
+	// says each stream stood at or before these offsets there, instead of
+	// at the oldest file: a reader after a span of output need not read
+	// the whole log. It then sees the runs from that file on only.
+	From *Positions
 }
 
 // DefaultPoll is how often a follower checks the end of the log.
@@ -389,6 +394,11 @@ func (r *Reader) openFile(name string) (*logFile, error) {
 // openFirst opens the oldest retained file. It reports false when the
 // directory has no log yet.
 func (r *Reader) openFirst() (bool, error) {
+	if r.opt.From != nil {
+		if ok, err := r.openAt(*r.opt.From); ok || err != nil {
+			return ok, err
+		}
+	}
 	for {
 		seqs, err := r.dir.archives()
 		if err != nil {
@@ -420,6 +430,39 @@ func (r *Reader) openFirst() (bool, error) {
 		}
 		return true, nil
 	}
+}
+
+// openAt opens the newest file whose header puts each stream at or before
+// from. It reports false when none does (or the files changed meanwhile):
+// the caller starts at the oldest.
+func (r *Reader) openAt(from Positions) (bool, error) {
+	seqs, err := r.dir.archives()
+	if err != nil {
+		return false, err
+	}
+	names := []string{ActiveName}
+	for i := len(seqs) - 1; i >= 0; i-- {
+		names = append(names, archiveName(seqs[i]))
+	}
+	for _, name := range names {
+		lf, err := r.openFile(name)
+		if errors.Is(err, unix.ENOENT) {
+			return false, nil // rotated or pruned meanwhile
+		}
+		if err != nil {
+			return false, err
+		}
+		h, _, herr := readHeader(lf.f)
+		if herr == nil && h.At != nil && h.At.Stdout <= from.Stdout && h.At.Stderr <= from.Stderr {
+			r.switchTo(lf)
+			if lf.start > 0 {
+				r.stats.Before = lf.start
+			}
+			return true, nil
+		}
+		lf.f.Close()
+	}
+	return false, nil
 }
 
 func (r *Reader) switchTo(lf *logFile) {

@@ -1,6 +1,7 @@
 package capture
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -97,6 +98,12 @@ type Sink struct {
 	queue   []Item
 	waiting bool // the consumer is parked in Take, waiting for wake
 	ended   bool // Close was called
+	// pushes counts the calls to Push; taken is what it was at the last
+	// Take, and written what it was at the Take before the consumer's last
+	// Written: every push up to written is in the log or counted lost.
+	pushes, taken, written uint64
+	// progress is closed and replaced on every Written.
+	progress chan struct{}
 
 	// pending[s] counts the bytes of s lost since the last Drop item of s
 	// was enqueued. Only s's pump writes it.
@@ -143,6 +150,7 @@ func (s *Sink) Push(c ring.Chunk) {
 	n := int64(len(c.Data))
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.pushes++
 	// Describe earlier losses first. If that does not fit, this chunk cannot
 	// be queued either: it would reach the writer after a loss it was never
 	// told about.
@@ -214,6 +222,7 @@ func (s *Sink) Take(dst []Item) (items []Item, more bool) {
 		s.mu.Lock()
 	}
 	s.waiting = false
+	s.taken = s.pushes
 	dst = append(dst, s.queue...)
 	clear(s.queue)
 	if cap(s.queue) > 1024 {
@@ -224,6 +233,42 @@ func (s *Sink) Take(dst []Item) (items []Item, more bool) {
 	more = !s.ended
 	s.mu.Unlock()
 	return dst, more
+}
+
+// Written is called by the consumer once what it took last is in the log,
+// or counted lost.
+func (s *Sink) Written() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.written = s.taken
+	if s.progress != nil {
+		close(s.progress)
+		s.progress = nil
+	}
+}
+
+// Caught waits until every chunk pushed before the call is in the log (or
+// counted lost), or until done is closed (the consumer ended) or ctx ends.
+func (s *Sink) Caught(ctx context.Context, done <-chan struct{}) error {
+	s.mu.Lock()
+	target := s.pushes
+	for s.written < target {
+		if s.progress == nil {
+			s.progress = make(chan struct{})
+		}
+		progress := s.progress
+		s.mu.Unlock()
+		select {
+		case <-progress:
+		case <-done:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		s.mu.Lock()
+	}
+	s.mu.Unlock()
+	return nil
 }
 
 // Done gives back what a taken item holds: its place in the budget and its

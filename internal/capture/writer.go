@@ -442,6 +442,12 @@ func (w *Writer) Run() string { return w.run }
 // Done is closed when the writer has finished or been stopped.
 func (w *Writer) Done() <-chan struct{} { return w.done }
 
+// Caught waits, bounded by ctx, until everything the pumps pushed before
+// the call is in the log or counted lost: a reader of the log then finds
+// there what the engine no longer holds. It returns at once once the
+// writer has finished.
+func (w *Writer) Caught(ctx context.Context) error { return w.sink.Caught(ctx, w.done) }
+
 // Result reports the run's outcome; it is final once Done is closed.
 func (w *Writer) Result() Result {
 	w.mu.Lock()
@@ -510,6 +516,7 @@ func (w *Writer) loop() {
 		// Caught up: let what is held of unfinished lines be seen now.
 		w.flushPartials()
 		w.flush()
+		w.sink.Written()
 		if w.failed {
 			w.pause()
 		}

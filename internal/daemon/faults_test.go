@@ -288,7 +288,7 @@ func TestCaptureDirectoryFull(t *testing.T) {
 	// The exit is observed before the drain: the output is all in once
 	// the capture has ended.
 	k.faultCaptureEnded(sb, pid)
-	code, persisted, runs := k.faultCapturedLog(sb, pid, "?stream=stdout")
+	code, persisted, runs := k.faultCapturedLog(sb, pid, "?stream=stdout&source=log")
 	if code != 200 || len(runs) != 1 {
 		t.Fatalf("GET logs: %d, runs %+v", code, runs)
 	}
@@ -299,6 +299,12 @@ func TestCaptureDirectoryFull(t *testing.T) {
 	}
 	if runs[0].State != "lossy" || dropped != int64(written-len(persisted)) || runs[0].Dropped["stderr"] != 0 {
 		t.Errorf("run %+v: want lossy with stdout %d dropped (written %d - persisted %d)", runs[0], written-len(persisted), written, len(persisted))
+	}
+	// Read as the output, it has what the ring still held beside the log:
+	// more than the log alone, the pattern at every offset, and what
+	// neither held is no more than what the log dropped.
+	if code, best, _ := k.faultCapturedLog(sb, pid, "?stream=stdout"); code != 200 || len(best) <= len(persisted) || len(best) > written {
+		t.Errorf("the output read from the log and the ring: %d, %d bytes (the log alone has %d)", code, len(best), len(persisted))
 	}
 	// The process's status says the same.
 	if st := k.faultStatus(sb, pid).Streams["stdout"]; st.TotalBytes != written || !st.Ended || st.CaptureDropped != dropped {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -14,6 +15,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/coder/websocket"
 	"github.com/google/uuid"
 	"golang.org/x/sys/unix"
 
@@ -99,6 +101,9 @@ type logQuery struct {
 	filter capture.Filter
 	follow bool
 	json   bool
+	// fromLog reads the captured log only, even while the process's
+	// sandbox runs (source=log).
+	fromLog bool
 }
 
 func parseLogQuery(r *http.Request) (logQuery, error) {
@@ -144,7 +149,22 @@ func parseLogQuery(r *http.Request) (logQuery, error) {
 	default:
 		return lq, fmt.Errorf("%w: format %q: want raw or json", errInvalid, clip(q.Get("format")))
 	}
+	switch q.Get("source") {
+	case "", "best":
+	case "log":
+		lq.fromLog = true
+	default:
+		return lq, fmt.Errorf("%w: source %q: want best or log", errInvalid, clip(q.Get("source")))
+	}
 	return lq, nil
+}
+
+// whole says the query asks for the output itself: raw, every line of it
+// at any time. That is served best by the sandbox's agent while it runs:
+// from the captured log where the process's ring no longer holds the
+// bytes, then from the ring, then live, as one sequence.
+func (lq logQuery) whole() bool {
+	return !lq.json && !lq.fromLog && lq.filter.Tail < 0 && lq.filter.Since.IsZero() && lq.filter.Until.IsZero()
 }
 
 func boolParam(v string) (bool, error) {
@@ -185,6 +205,9 @@ func (d *Daemon) readLog(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer sub.Close()
+	if lq.whole() && d.readFromAgent(w, r, pid, sub, lq) {
+		return
+	}
 	rd := capture.NewReader(sub, capture.ReadOptions{})
 	defer rd.Close()
 	ctx := r.Context()
@@ -268,6 +291,116 @@ func (d *Daemon) readLog(w http.ResponseWriter, r *http.Request) {
 		}
 		rc.Flush()
 	}
+}
+
+// readFromAgent serves the output of process pid as its sandbox's agent
+// has it: the captured log where the ring lost bytes, the ring, then live.
+// It reports false, having written nothing, when the agent cannot serve
+// it (the sandbox does not run, or no longer knows the process): the
+// caller reads the log then. The runs of the log come as trailers, with
+// Kiln-Lost: per stream, the bytes of the output neither held.
+func (d *Daemon) readFromAgent(w http.ResponseWriter, r *http.Request, pid string, logs *capture.Dir, lq logQuery) bool {
+	e, err := d.get(r.PathValue("id"))
+	if err != nil {
+		return false
+	}
+	d.mu.Lock()
+	running, sb := e.proxy != nil, e.rec.Sandbox
+	if running {
+		e.inflight++ // a reader, as a watcher is, for the idle timeout
+	}
+	d.mu.Unlock()
+	if !running {
+		return false
+	}
+	defer func() {
+		d.mu.Lock()
+		e.inflight--
+		e.lastUsed = time.Now()
+		d.mu.Unlock()
+	}()
+	ctx := r.Context()
+	c, _, err := websocket.Dial(ctx, "ws://agent/exec-stream/"+url.PathEscape(pid)+"/logs",
+		&websocket.DialOptions{HTTPClient: &http.Client{Transport: sb.Transport()}, Subprotocols: []string{api.ProtocolV1}})
+	if err != nil {
+		return false
+	}
+	defer c.CloseNow()
+	c.SetReadLimit(api.FrameHeader + 1<<20)
+	w.Header().Set("Trailer", "Kiln-Runs, Kiln-Complete, Kiln-Lost")
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	selects := func(stream string) bool {
+		switch stream {
+		case "stderr":
+			return lq.filter.Stderr || !lq.filter.Stdout
+		}
+		return lq.filter.Stdout || !lq.filter.Stderr
+	}
+	pos, lost, target := map[string]int64{}, map[string]int64{}, map[string]int64{}
+	caughtUp := func() bool {
+		for s, t := range target {
+			if pos[s] < t {
+				return false
+			}
+		}
+		return true
+	}
+	complete := false
+	for {
+		typ, data, err := c.Read(ctx)
+		if err != nil {
+			break // the exit's normal close, the client gone, or the agent
+		}
+		if typ == websocket.MessageBinary {
+			f, err := api.ParseFrame(data)
+			if err != nil {
+				break
+			}
+			stream := api.StreamNames[f.Stream]
+			pos[stream] = int64(f.Offset) + int64(len(f.Data))
+			if selects(stream) {
+				rc.SetWriteDeadline(time.Now().Add(relayWriteTimeout))
+				if _, err := w.Write(f.Data); err != nil {
+					return true
+				}
+				rc.Flush()
+			}
+		} else {
+			var m struct {
+				Type    string                   `json:"type"`
+				Streams map[string]api.HelloSpan `json:"streams"`
+				api.Gap
+			}
+			if json.Unmarshal(data, &m) != nil {
+				break
+			}
+			switch m.Type {
+			case api.TypeHello:
+				for s, span := range m.Streams {
+					target[s] = span.Total
+				}
+			case api.TypeGap:
+				pos[m.Stream], lost[m.Stream] = m.To, lost[m.Stream]+m.LostBytes
+			case api.TypeExit:
+				complete = true
+			}
+		}
+		if complete || !lq.follow && caughtUp() {
+			break
+		}
+	}
+	if cruns, _, err := capture.Summarize(ctx, logs); err == nil {
+		runs, ok := runInfos(cruns)
+		rj, _ := json.Marshal(runs)
+		w.Header().Set("Kiln-Runs", string(rj))
+		w.Header().Set("Kiln-Complete", strconv.FormatBool(ok))
+	}
+	lj, _ := json.Marshal(lost)
+	w.Header().Set("Kiln-Lost", string(lj))
+	return true
 }
 
 func gapText(n int64) string {

@@ -3,7 +3,10 @@ package process
 import (
 	"context"
 	"io"
+	"slices"
+	"time"
 
+	"github.com/sandkiln/sandkiln/internal/capture"
 	"github.com/sandkiln/sandkiln/internal/ring"
 )
 
@@ -18,6 +21,10 @@ type Event struct {
 // offsets, then the live tail, each stream's end, and the exit, as one
 // sequence. It belongs to one goroutine. A reader that stops calling Next
 // costs only itself; when it resumes it is told exactly what it missed.
+//
+// For a captured process, what the ring no longer holds is read from the
+// captured log instead (see replay): a gap is reported only for bytes
+// neither holds, exactly counted.
 type Attachment struct {
 	cur     *ring.Cursor // nil for a tombstone
 	p       *Process     // nil for a tombstone
@@ -28,13 +35,77 @@ type Attachment struct {
 	sent    bool // the exit event was returned
 	onClose func()
 	closed  bool
+
+	// pos is where each stream stands in what Next returned; lastSeq is
+	// the seq of the last Data returned, -1 before any.
+	pos     ring.Offsets
+	lastSeq int64
+
+	// log opens the process's captured log; nil if it has none. caught,
+	// for a process still running, waits until what its pumps pushed is
+	// in the log. rep is the replay under way; held, an event taken from
+	// the ring (or the tombstone) while looking past a gap, returned after
+	// the replay.
+	log      func() (*capture.Dir, error)
+	caught   func(context.Context) error
+	terminal bool
+	rep      *replay
+	held     *Event
 }
+
+// catchUp bounds how long a reader waits for the log writer to write what
+// the ring has dropped before reading it from the log. A writer that is
+// slower still (a stalled disk) costs the reader only a reported gap.
+const catchUp = 5 * time.Second
 
 // Next returns the next event; io.EOF after the exit event. The Data of the
 // previous event is invalid once Next is called again.
 func (a *Attachment) Next(ctx context.Context) (Event, error) {
 	if a.closed {
 		return Event{}, io.ErrClosedPipe
+	}
+	for {
+		if a.rep != nil {
+			e, ok, err := a.rep.next(ctx)
+			if err != nil {
+				return Event{}, err
+			}
+			if ok {
+				return a.returned(Event{Event: e}), nil
+			}
+			a.rep.close()
+			a.rep = nil
+		}
+		e, err := a.source(ctx)
+		if err != nil {
+			return Event{}, err
+		}
+		if e.Kind == ring.Gap && a.log != nil && a.replay(ctx, e) {
+			continue
+		}
+		return a.returned(e), nil
+	}
+}
+
+// returned notes what Next returns.
+func (a *Attachment) returned(e Event) Event {
+	switch e.Kind {
+	case ring.Data:
+		a.pos[e.Stream] = e.Offset + int64(len(e.Data))
+		a.lastSeq = int64(e.Seq)
+	case ring.Gap:
+		a.pos[e.Stream] = e.To
+	}
+	return e
+}
+
+// source returns the next event of the ring (or of the tombstone), then
+// the exit.
+func (a *Attachment) source(ctx context.Context) (Event, error) {
+	if a.held != nil {
+		e := *a.held
+		a.held = nil
+		return e, nil
 	}
 	if len(a.pending) > 0 {
 		e := a.pending[0]
@@ -66,6 +137,60 @@ func (a *Attachment) Next(ctx context.Context) (Event, error) {
 	return Event{Event: ring.Event{Kind: ring.Exit}, Exit: a.exit}, nil
 }
 
+// ready reports how many events source returns without waiting.
+func (a *Attachment) ready() int {
+	n := len(a.pending)
+	if a.held != nil {
+		n++
+	}
+	if a.cur != nil {
+		n += a.cur.Pending()
+	}
+	return n
+}
+
+// replay starts filling gap, and the other streams' gaps that come with
+// it, from the captured log. It reports false when the log cannot be read:
+// the gap is then returned as it is.
+func (a *Attachment) replay(ctx context.Context, gap Event) bool {
+	gaps := []ring.Event{gap.Event}
+	// The ring reports the streams' gaps together: fill them together, in
+	// the log's order. What follows them is kept for after.
+	for a.ready() > 0 {
+		e, err := a.source(ctx)
+		if err != nil {
+			break
+		}
+		if e.Kind != ring.Gap || slices.ContainsFunc(gaps, func(g ring.Event) bool { return g.Stream == e.Stream }) {
+			a.held = &e
+			break
+		}
+		gaps = append(gaps, e.Event)
+	}
+	if a.caught != nil {
+		cctx, cancel := context.WithTimeout(ctx, catchUp)
+		a.caught(cctx)
+		cancel()
+	}
+	dir, err := a.log()
+	if err != nil {
+		// The gaps are returned as they are, in their order; what was
+		// taken after them comes next, before anything newer.
+		back := make([]Event, 0, len(gaps))
+		for _, g := range gaps[1:] {
+			back = append(back, Event{Event: g})
+		}
+		if a.held != nil {
+			back = append(back, *a.held)
+			a.held = nil
+		}
+		a.pending = append(back, a.pending...)
+		return false
+	}
+	a.rep = newReplay(dir, gaps, a.pos, a.terminal, &a.lastSeq)
+	return true
+}
+
 // Ack tells a holding attachment where its reader has got to: the output
 // from there on stays held for it (see ring.Cursor.Ack). Safe to call
 // while another goroutine calls Next.
@@ -77,18 +202,7 @@ func (a *Attachment) Ack(at ring.Offsets) {
 
 // Position returns the per-stream offsets a client that consumed every
 // event so far would resume from.
-func (a *Attachment) Position() ring.Offsets {
-	if a.cur == nil {
-		p := a.totals
-		for _, e := range a.pending {
-			if e.Kind == ring.Gap {
-				p[e.Stream] = e.Offset
-			}
-		}
-		return p
-	}
-	return a.cur.Position()
-}
+func (a *Attachment) Position() ring.Offsets { return a.pos }
 
 // Close releases the attachment; the process may then become a tombstone.
 // The output a holding attachment had not read stays held for the
@@ -110,6 +224,10 @@ func (a *Attachment) close(abandon bool) {
 		} else {
 			a.cur.Close()
 		}
+	}
+	if a.rep != nil {
+		a.rep.close()
+		a.rep = nil
 	}
 	if a.onClose != nil {
 		a.onClose()

@@ -190,6 +190,7 @@ type Process struct {
 	capture  *capture.Writer
 	stdin    *stdin.Queue // nil for StdinClosed
 	terminal bool
+	openLog  func() (*capture.Dir, error) // a captured process's log, for readers; set before it is shared
 	flow     Flow
 	grace    time.Duration // a FlowBlock process's wait for its holder
 	started  time.Time
@@ -804,7 +805,11 @@ func (p *Process) Attach(from ring.Offsets, o AttachOptions) (*Attachment, error
 	if o.Hold {
 		c.Hold(p.grace, o.Acked) // false once the process is shut down: then it drops
 	}
-	return &Attachment{cur: c, p: p}, nil
+	a := &Attachment{cur: c, p: p, pos: from, lastSeq: -1, terminal: p.terminal}
+	if p.openLog != nil {
+		a.log, a.caught = p.openLog, p.capture.Caught
+	}
+	return a, nil
 }
 
 // Kill kills the whole process group and waits, bounded by ctx, until the

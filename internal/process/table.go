@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/sandkiln/sandkiln/internal/capture"
 	"github.com/sandkiln/sandkiln/internal/ring"
 )
 
@@ -35,6 +36,9 @@ type TableConfig struct {
 	MaxTombstones int
 	// DrainTimeout bounds each process's drain; zero means DefaultDrainTimeout.
 	DrainTimeout time.Duration
+	// Logs opens the captured log of process id, for its readers to take
+	// from it what the ring no longer holds; nil: no log is read.
+	Logs func(id string) (*capture.Dir, error)
 }
 
 // Table is the set of processes of one sandbox: live ones, and tombstones
@@ -67,6 +71,7 @@ type tombstone struct {
 	exit       Exit
 	streams    uint8 // bit s set when the process had stream s
 	terminal   bool
+	captured   bool
 	flow       Flow
 	totals     ring.Offsets
 	dropped    ring.Offsets
@@ -113,6 +118,9 @@ func (t *Table) Start(spec Spec) (string, error) {
 	p, err := start(id.String(), spec, t.cfg.DrainTimeout, func() { t.drained(id) })
 	if err != nil {
 		return "", err
+	}
+	if p.capture != nil && t.cfg.Logs != nil {
+		p.openLog = t.opener(id.String())
 	}
 	t.live[id] = &entry{p: p}
 	return id.String(), nil
@@ -193,6 +201,42 @@ func (t *Table) List() []Status {
 	return out
 }
 
+// Retained returns, per stream, the oldest offset a reader attaching now
+// is given bytes from: the ring's, or its captured log's when that holds
+// older ones.
+func (t *Table) Retained(id string) (ring.Offsets, error) {
+	t.mu.Lock()
+	e, ts, err := t.lookupLocked(id)
+	t.mu.Unlock()
+	if err != nil {
+		return ring.Offsets{}, err
+	}
+	var first ring.Offsets
+	var terminal, captured bool
+	if ts != nil {
+		first, terminal, captured = ts.totals, ts.terminal, ts.captured
+	} else {
+		first, terminal, captured = e.p.ring.First(), e.p.terminal, e.p.capture != nil
+	}
+	if !captured || t.cfg.Logs == nil {
+		return first, nil
+	}
+	dir, err := t.cfg.Logs(id)
+	if err != nil {
+		return first, nil // the log cannot be read: the ring is what there is
+	}
+	defer dir.Close()
+	if at, ok := capture.First(dir); ok {
+		out := ring.Stdout
+		if terminal {
+			out = ring.PTY
+		}
+		first[out] = min(first[out], at.Stdout)
+		first[ring.Stderr] = min(first[ring.Stderr], at.Stderr)
+	}
+	return first, nil
+}
+
 // Wait returns a process's exit once observed, or a tombstone's at once.
 func (t *Table) Wait(ctx context.Context, id string) (Exit, error) {
 	t.mu.Lock()
@@ -230,7 +274,12 @@ func (t *Table) Attach(id string, from ring.Offsets, o AttachOptions) (*Attachme
 				return nil, fmt.Errorf("%s: %w: %v offset %d, produced %d", id, ErrOutOfRange, s, from[s], ts.totals[s])
 			}
 		}
-		return &Attachment{pending: tombstoneEvents(streams, ts.totals, from), totals: ts.totals, exit: ts.exit, exitOK: true}, nil
+		a := &Attachment{pending: tombstoneEvents(streams, ts.totals, from), totals: ts.totals, exit: ts.exit, exitOK: true,
+			pos: from, lastSeq: -1, terminal: ts.terminal}
+		if ts.captured && t.cfg.Logs != nil {
+			a.log = t.opener(id)
+		}
+		return a, nil
 	}
 	a, err := e.p.Attach(from, o)
 	if err != nil {
@@ -246,6 +295,11 @@ func (t *Table) Attach(id string, from ring.Offsets, o AttachOptions) (*Attachme
 	var once sync.Once
 	a.onClose = func() { once.Do(func() { t.detach(u) }) }
 	return a, nil
+}
+
+// opener returns what opens process id's captured log.
+func (t *Table) opener(id string) func() (*capture.Dir, error) {
+	return func() (*capture.Dir, error) { return t.cfg.Logs(id) }
 }
 
 // detach ends one reader; the last one to leave a drained process restarts
@@ -303,6 +357,7 @@ func (t *Table) graceOver(id uuid.UUID, e *entry, gen int) {
 		id:       id,
 		exit:     *st.Exit,
 		terminal: st.Terminal,
+		captured: e.p.capture != nil,
 		flow:     st.Flow,
 		totals:   st.Totals,
 		dropped:  st.Dropped,

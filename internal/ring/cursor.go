@@ -76,6 +76,10 @@ func (r *Ring) Cursor(from Offsets) (*Cursor, error) {
 	return c, nil
 }
 
+// Pending is how many events the cursor has taken from the ring and not yet
+// returned: Next returns that many without waiting.
+func (c *Cursor) Pending() int { return len(c.batch) - c.next }
+
 // Position returns the offsets the cursor has delivered up to: the offsets
 // a client that has consumed every event so far would resume from.
 func (c *Cursor) Position() Offsets {

@@ -1,0 +1,252 @@
+package process
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/sandkiln/sandkiln/internal/capture"
+	"github.com/sandkiln/sandkiln/internal/ring"
+)
+
+// capturedTable is a table whose processes may be captured into a fresh
+// directory, their readers taking from the log what the ring lost.
+func capturedTable(t *testing.T, cfg TableConfig, opt capture.Options) (*Table, func(string) (*capture.Writer, error)) {
+	t.Helper()
+	logs, err := capture.OpenDir(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { logs.Close() })
+	cfg.Logs = logs.OpenSub
+	tb := NewTable(cfg)
+	t.Cleanup(func() { tb.Shutdown(context.Background()) })
+	begin := func(id string) (*capture.Writer, error) {
+		d, err := logs.Sub(id)
+		if err != nil {
+			return nil, err
+		}
+		w, err := capture.Begin(d, uuid.Must(uuid.NewV7()).String(), opt)
+		if err != nil {
+			d.Close()
+			return nil, err
+		}
+		go func() { <-w.Done(); d.Close() }()
+		return w, nil
+	}
+	return tb, begin
+}
+
+// lines is the output of the script lines makes: n numbered lines on
+// stdout, and every tenth one on stderr too.
+func lines(n int) (script string, stdout, stderr string) {
+	var o, e strings.Builder
+	for i := range n {
+		fmt.Fprintf(&o, "line %d of a build that prints one short line at a time\n", i)
+		if i%10 == 0 {
+			fmt.Fprintf(&e, "warning %d\n", i)
+		}
+	}
+	script = fmt.Sprintf(`i=0; while [ $i -lt %d ]; do echo "line $i of a build that prints one short line at a time"; `+
+		`[ $((i %% 10)) -eq 0 ] && echo "warning $i" >&2; i=$((i+1)); done; exit 0`, n)
+	return script, o.String(), e.String()
+}
+
+// readChecked reads a to its end like read, and also checks that seq rises
+// across every Data event.
+func readChecked(t *testing.T, a *Attachment, from ring.Offsets) transcript {
+	t.Helper()
+	ctx := ctxT(t)
+	var tr transcript
+	next, last := from, int64(-1)
+	for {
+		e, err := a.Next(ctx)
+		if errors.Is(err, io.EOF) {
+			return tr
+		}
+		if err != nil {
+			t.Fatalf("attachment: %v", err)
+		}
+		s := e.Stream
+		switch e.Kind {
+		case ring.Data:
+			if e.Offset != next[s] {
+				t.Fatalf("%v data at %d, expected %d", s, e.Offset, next[s])
+			}
+			if int64(e.Seq) <= last {
+				t.Fatalf("%v data at %d with seq %d, after seq %d", s, e.Offset, e.Seq, last)
+			}
+			last = int64(e.Seq)
+			tr.data[s] = append(tr.data[s], e.Data...)
+			next[s] += int64(len(e.Data))
+		case ring.Gap:
+			if e.Offset != next[s] || e.To <= e.Offset {
+				t.Fatalf("%v gap [%d,%d), expected it from %d", s, e.Offset, e.To, next[s])
+			}
+			tr.lost[s] += e.Lost()
+			next[s] = e.To
+		case ring.End:
+			if e.Offset != next[s] {
+				t.Fatalf("%v ends at %d, accounted %d", s, e.Offset, next[s])
+			}
+			tr.totals[s], tr.ended[s] = e.Offset, true
+		case ring.Exit:
+			x := e.Exit
+			tr.exit = &x
+		}
+		if e.Kind != ring.Exit && a.Position() != next {
+			t.Fatalf("position %v, the events say %v", a.Position(), next)
+		}
+	}
+}
+
+func attach(t *testing.T, tb *Table, id string, from ring.Offsets) *Attachment {
+	t.Helper()
+	a, err := tb.Attach(id, from, AttachOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(a.Close)
+	return a
+}
+
+// TestWrappedRingIsFilledFromTheLog: a captured process prints 200,000
+// short lines, 11 MiB, through a 1 MiB ring nobody reads; a reader from
+// the start gets every byte, from the log and then the ring, with no gap,
+// the streams interleaved as in the log; and so does one that resumes in
+// the middle of the lines.
+func TestWrappedRingIsFilledFromTheLog(t *testing.T) {
+	tb, begin := capturedTable(t, TableConfig{}, capture.Options{MaxSize: 64 << 20})
+	script, stdout, stderr := lines(200000)
+	id := runDrained(t, tb, Spec{Argv: []string{"sh", "-c", script}, Begin: begin})
+	st, err := tb.Status(id)
+	if err != nil || st.First[ring.Stdout] == 0 {
+		t.Fatalf("status %+v, %v: the ring did not wrap", st, err)
+	}
+	tr := readChecked(t, attach(t, tb, id, ring.Offsets{}), ring.Offsets{})
+	if tr.lost != (ring.Offsets{}) || string(tr.data[ring.Stdout]) != stdout || string(tr.data[ring.Stderr]) != stderr {
+		t.Fatalf("lost %v; stdout %d bytes of %d, stderr %d of %d, equal: %v %v", tr.lost, len(tr.data[ring.Stdout]), len(stdout),
+			len(tr.data[ring.Stderr]), len(stderr), string(tr.data[ring.Stdout]) == stdout, string(tr.data[ring.Stderr]) == stderr)
+	}
+	if tr.exit == nil || *tr.exit != (Exit{}) {
+		t.Fatalf("exit %v", tr.exit)
+	}
+	from := ring.Offsets{ring.Stdout: int64(len(stdout) / 3), ring.Stderr: int64(len(stderr) / 2)}
+	tr = readChecked(t, attach(t, tb, id, from), from)
+	if tr.lost != (ring.Offsets{}) || string(tr.data[ring.Stdout]) != stdout[from[ring.Stdout]:] || string(tr.data[ring.Stderr]) != stderr[from[ring.Stderr]:] {
+		t.Fatalf("resumed at %v: lost %v, %d and %d bytes", from, tr.lost, len(tr.data[ring.Stdout]), len(tr.data[ring.Stderr]))
+	}
+}
+
+// TestTombstoneIsFilledFromTheLog: once a captured process is a tombstone,
+// its ring gone, a late reader gets its whole output from the log.
+func TestTombstoneIsFilledFromTheLog(t *testing.T) {
+	tb, begin := capturedTable(t, TableConfig{Grace: time.Millisecond}, capture.Options{})
+	script, stdout, stderr := lines(3000)
+	id := runDrained(t, tb, Spec{Argv: []string{"sh", "-c", script}, Begin: begin})
+	ctx := ctxT(t)
+	for {
+		if _, err := tb.Process(id); errors.Is(err, ErrFinished) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("never a tombstone")
+		case <-time.After(time.Millisecond):
+		}
+	}
+	tr := readChecked(t, attach(t, tb, id, ring.Offsets{}), ring.Offsets{})
+	if tr.lost != (ring.Offsets{}) || string(tr.data[ring.Stdout]) != stdout || string(tr.data[ring.Stderr]) != stderr || tr.exit == nil {
+		t.Fatalf("lost %v, stdout %d of %d bytes, stderr %d of %d, exit %v", tr.lost, len(tr.data[ring.Stdout]), len(stdout), len(tr.data[ring.Stderr]), len(stderr), tr.exit)
+	}
+}
+
+// TestStalledReaderResumesFromTheLog: a reader of a running captured
+// process stalls while the ring wraps; when it reads on, what it missed
+// comes from the log, nothing lost, and then the live tail.
+func TestStalledReaderResumesFromTheLog(t *testing.T) {
+	tb, begin := capturedTable(t, TableConfig{}, capture.Options{MaxSize: 64 << 20})
+	id, err := tb.Start(Spec{Argv: []string{"sh", "-c", "head -c 8388608 /dev/zero | tr '\\0' x; echo; read line; echo after $line"},
+		Stdin: StdinPipe, Begin: begin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := attach(t, tb, id, ring.Offsets{})
+	e, err := a.Next(ctxT(t))
+	if err != nil || e.Kind != ring.Data {
+		t.Fatalf("first event %+v, %v", e, err)
+	}
+	// The stalled reader holds one event while the 8 MiB go by.
+	waitPumped(t, mustProcess(t, tb, id), ring.Stdout, 8<<20+1)
+	if _, err := tb.Write(id, 0, []byte("go\n")); err != nil {
+		t.Fatal(err)
+	}
+	tr := readChecked(t, a, a.Position())
+	got := append(bytes.Clone(e.Data), tr.data[ring.Stdout]...)
+	want := strings.Repeat("x", 8<<20) + "\nafter go\n"
+	if tr.lost != (ring.Offsets{}) || string(got) != want {
+		t.Fatalf("lost %v, got %d bytes of %d, equal %v", tr.lost, len(got), len(want), string(got) == want)
+	}
+}
+
+func mustProcess(t *testing.T, tb *Table, id string) *Process {
+	t.Helper()
+	p, err := tb.Process(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestLostToBothIsAGapOfExactlyThat: bytes neither the ring nor the log
+// holds (the log's queue dropped them, rotation removed them) are reported
+// as gaps that count exactly them, at their offsets; the rest comes whole.
+func TestLostToBothIsAGapOfExactlyThat(t *testing.T) {
+	t.Run("rotated away", func(t *testing.T) {
+		// 4 files of 256 KiB keep about 700 KiB of payload of 11 MiB.
+		tb, begin := capturedTable(t, TableConfig{}, capture.Options{MaxSize: 256 << 10, MaxFiles: 4})
+		script, stdout, _ := lines(200000)
+		id := runDrained(t, tb, Spec{Argv: []string{"sh", "-c", script}, Begin: begin, RingBytes: 64 << 10})
+		tr := readChecked(t, attach(t, tb, id, ring.Offsets{}), ring.Offsets{})
+		lost, got := tr.lost[ring.Stdout], tr.data[ring.Stdout]
+		if lost == 0 || lost+int64(len(got)) != int64(len(stdout)) || !strings.HasSuffix(stdout, string(got)) {
+			t.Fatalf("lost %d, got %d bytes (the output's tail: %v) of %d", lost, len(got), strings.HasSuffix(stdout, string(got)), len(stdout))
+		}
+		// More than the ring: the log gave what it kept.
+		if len(got) <= 64<<10 {
+			t.Fatalf("got %d bytes, no more than the ring holds", len(got))
+		}
+	})
+	t.Run("dropped by capture", func(t *testing.T) {
+		// A queue too small for any chunk: capture drops it all.
+		opt := capture.Options{QueueBytes: capture.MinQueueBytes}
+		tb, begin := capturedTable(t, TableConfig{}, opt)
+		id, err := tb.Start(Spec{Argv: []string{"sh", "-c", "head -c 4194304 /dev/zero | tr '\\0' y"}, Begin: begin, RingBytes: 64 << 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := mustProcess(t, tb, id)
+		<-p.Done()
+		st := p.Status()
+		dropped := st.Capture.Dropped[capture.LogStdout]
+		if dropped == 0 {
+			t.Fatal("capture dropped nothing")
+		}
+		tr := readChecked(t, attach(t, tb, id, ring.Offsets{}), ring.Offsets{})
+		got := tr.data[ring.Stdout]
+		// The ring's 64 KiB, the rest a gap of exactly what neither kept.
+		if tr.lost[ring.Stdout]+int64(len(got)) != 4<<20 || dropped != 4<<20 || len(got) != 64<<10 {
+			t.Fatalf("lost %d, got %d of %d; capture dropped %d", tr.lost[ring.Stdout], len(got), 4<<20, dropped)
+		}
+		if strings.Trim(string(got), "y") != "" {
+			t.Fatal("bytes that are not the output's")
+		}
+	})
+}
