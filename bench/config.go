@@ -16,23 +16,26 @@ type config struct {
 	wsSize      int64  // bytes of the kilnd WebSocket throughput runs
 	ttySize     int64  // bytes the child writes per terminal run of the comparison
 	kilndScale  int    // divides the kilnd section's run counts (tests use fewer)
-	reps        int
-	readers     []int // reader counts of the engine cases
-	tombstones  int
-	running     int
-	out         string // report directory; empty writes no file
-	sections    map[string]bool
-	cpuprofile  string
-	cmdline     string    // as printed in the report
-	stdout      io.Writer // the report
-	progress    io.Writer // one line per measurement while it runs
+	// losslessScale divides the lossless section's workloads and bursts
+	// (tests use smaller ones).
+	losslessScale int
+	reps          int
+	readers       []int // reader counts of the engine cases
+	tombstones    int
+	running       int
+	out           string // report directory; empty writes no file
+	sections      map[string]bool
+	cpuprofile    string
+	cmdline       string    // as printed in the report
+	stdout        io.Writer // the report
+	progress      io.Writer // one line per measurement while it runs
 }
 
 // allSections run by default; the comparison runs only when asked for
 // (`-only compare`): it needs tools of other projects and writes a report
 // of its own.
 var (
-	allSections   = []string{"throughput", "capture", "kilnd", "tombstone", "running"}
+	allSections   = []string{"throughput", "capture", "lossless", "kilnd", "tombstone", "running"}
 	extraSections = []string{"compare"}
 )
 

@@ -24,6 +24,9 @@ func renderReport(cfg config, res results) string {
 	if res.capture != nil {
 		writeCapture(&b, res.capture)
 	}
+	if res.lossless != nil {
+		writeLossless(&b, res.lossless)
+	}
 	if res.kilnd != nil {
 		writeKilnd(&b, res.kilnd)
 	}

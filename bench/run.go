@@ -16,6 +16,7 @@ type results struct {
 	elapsed    time.Duration
 	throughput *throughputResult
 	capture    *captureResult
+	lossless   *losslessResult
 	kilnd      *kilndResult
 	tombstones *tombstoneResult
 	running    *runningResult
@@ -58,6 +59,15 @@ func run(ctx context.Context, cfg config) (err error) {
 			return fmt.Errorf("capture: %w", err)
 		}
 	}
+	if cfg.has("lossless") {
+		exe, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("find this binary to re-execute as the child: %w", err)
+		}
+		if res.lossless, err = measureLossless(ctx, cfg, exe); err != nil {
+			return fmt.Errorf("lossless: %w", err)
+		}
+	}
 	if cfg.has("kilnd") {
 		var err error
 		if res.kilnd, err = measureKilnd(ctx, cfg); err != nil {
@@ -94,7 +104,7 @@ func run(ctx context.Context, cfg config) (err error) {
 	if res.compare != nil {
 		reports["compare"] = renderCompare(cfg, res)
 	}
-	if res.throughput != nil || res.capture != nil || res.kilnd != nil || res.tombstones != nil || res.running != nil {
+	if res.throughput != nil || res.capture != nil || res.lossless != nil || res.kilnd != nil || res.tombstones != nil || res.running != nil {
 		reports["engine"] = renderReport(cfg, res)
 	}
 	for _, name := range []string{"engine", "compare"} {
