@@ -147,7 +147,13 @@ func (c *Cursor) Ack(at Offsets) {
 		for old := c.acked[s].Load(); v > old && !c.acked[s].CompareAndSwap(old, v); old = c.acked[s].Load() {
 		}
 	}
-	c.acking.Store(true)
+	if !c.acking.Swap(true) {
+		// The hold moves back, from what was delivered to what is acked:
+		// the ring's account of what is held is taken anew.
+		c.r.mu.Lock()
+		c.r.keptFrom = 0
+		c.r.mu.Unlock()
+	}
 	c.wakePumps()
 }
 

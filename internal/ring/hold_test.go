@@ -257,3 +257,35 @@ func TestAckKeepsWhatWasInFlight(t *testing.T) {
 		}
 	})
 }
+
+// TestLateFirstAckNeverOverfillsTheRing: a holder that acks only after
+// it has read all the ring holds moves its hold back to what it acked; the
+// pump then waits for it, and the ring never retains more than its
+// capacity.
+func TestLateFirstAckNeverOverfillsTheRing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := New(Config{Capacity: 16 << 10, Streams: []Stream{Stdout}})
+		h, _ := r.Cursor(Offsets{})
+		defer h.Close()
+		h.Hold(time.Minute, false)
+		for i := range 4 {
+			write(r, Stdout, patterned(Stdout, int64(i)<<12, 4<<10))
+			if _, err := h.Next(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// All 16 KiB delivered, none acked: all of it is held now.
+		h.Ack(Offsets{})
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			write(r, Stdout, patterned(Stdout, 16<<10, 4<<10))
+		}()
+		synctest.Wait()
+		if !r.Held() || r.Retained() > r.Capacity() {
+			t.Fatalf("held %v, %d bytes retained of %d: the pump did not wait for the ack", r.Held(), r.Retained(), r.Capacity())
+		}
+		h.Ack(Offsets{Stdout: 16 << 10})
+		<-done
+	})
+}
