@@ -43,13 +43,15 @@ type Attachment struct {
 
 	// log opens the process's captured log; nil if it has none. caught,
 	// for a process still running, waits until what its pumps pushed is
-	// in the log. rep is the replay under way; held, an event taken from
-	// the ring (or the tombstone) while looking past a gap, returned after
-	// the replay.
+	// in the log. rep is the replay under way; done, the last one, kept
+	// for the next gaps to read the log on from; held, an event taken
+	// from the ring (or the tombstone) while looking past a gap, returned
+	// after the replay.
 	log      func() (*capture.Dir, error)
 	caught   func(context.Context) error
 	terminal bool
 	rep      *replay
+	done     *replay
 	held     *Event
 }
 
@@ -73,8 +75,7 @@ func (a *Attachment) Next(ctx context.Context) (Event, error) {
 			if ok {
 				return a.returned(Event{Event: e}), nil
 			}
-			a.rep.close()
-			a.rep = nil
+			a.done, a.rep = a.rep, nil
 		}
 		e, err := a.source(ctx)
 		if err != nil {
@@ -172,6 +173,14 @@ func (a *Attachment) replay(ctx context.Context, gap Event) bool {
 		a.caught(cctx)
 		cancel()
 	}
+	if a.done != nil {
+		if a.done.resume(gaps, a.pos) {
+			a.rep, a.done = a.done, nil
+			return true
+		}
+		a.done.close()
+		a.done = nil
+	}
 	dir, err := a.log()
 	if err != nil {
 		// The gaps are returned as they are, in their order; what was
@@ -225,10 +234,12 @@ func (a *Attachment) close(abandon bool) {
 			a.cur.Close()
 		}
 	}
-	if a.rep != nil {
-		a.rep.close()
-		a.rep = nil
+	for _, rp := range []*replay{a.rep, a.done} {
+		if rp != nil {
+			rp.close()
+		}
 	}
+	a.rep, a.done = nil, nil
 	if a.onClose != nil {
 		a.onClose()
 	}

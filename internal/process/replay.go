@@ -43,12 +43,11 @@ type replay struct {
 // newReplay starts a replay of the gaps, a gap per stream at most, from the
 // log in dir; where reports where the reader stands in every stream.
 func newReplay(dir *capture.Dir, gaps []ring.Event, where ring.Offsets, terminal bool, lastSeq *int64) *replay {
-	rp := &replay{dir: dir, ptys: terminal, caps: where, lastSeq: lastSeq}
+	rp := &replay{dir: dir, ptys: terminal, lastSeq: lastSeq}
+	rp.span(gaps, where)
 	from := capture.Positions{Stdout: math.MaxInt64, Stderr: math.MaxInt64}
 	for _, g := range gaps {
-		s := g.Stream
-		rp.at[s], rp.to[s], rp.gapped[s], rp.caps[s] = g.Offset, g.To, true, g.To
-		switch rp.logStream(s) {
+		switch rp.logStream(g.Stream) {
 		case capture.LogStdout:
 			from.Stdout = min(from.Stdout, g.Offset)
 		case capture.LogStderr:
@@ -57,6 +56,30 @@ func newReplay(dir *capture.Dir, gaps []ring.Event, where ring.Offsets, terminal
 	}
 	rp.r = capture.NewReader(dir, capture.ReadOptions{From: &from})
 	return rp
+}
+
+// span sets the gaps to account for.
+func (rp *replay) span(gaps []ring.Event, where ring.Offsets) {
+	rp.at, rp.to, rp.gapped, rp.caps = ring.Offsets{}, ring.Offsets{}, [ring.NumStreams]bool{}, where
+	for _, g := range gaps {
+		s := g.Stream
+		rp.at[s], rp.to[s], rp.gapped[s], rp.caps[s] = g.Offset, g.To, true, g.To
+	}
+	rp.out, rp.piece, rp.finished = nil, ring.Event{}, false
+}
+
+// resume takes on the next gaps of a reader that falls behind again, with
+// the log read on from where this replay stopped, when that is not past
+// them: a slow watcher reads the log through once, not from its file's
+// start at every gap. It reports false when the log was read past them.
+func (rp *replay) resume(gaps []ring.Event, where ring.Offsets) bool {
+	for _, g := range gaps {
+		if rp.logAt[g.Stream] > g.Offset {
+			return false
+		}
+	}
+	rp.span(gaps, where)
+	return true
 }
 
 func (rp *replay) logStream(s ring.Stream) capture.LogStream {

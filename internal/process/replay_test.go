@@ -250,3 +250,49 @@ func TestLostToBothIsAGapOfExactlyThat(t *testing.T) {
 		}
 	})
 }
+
+// TestSlowReaderOfALiveProcessLosesNothing: a reader slower than the
+// process, its ring small, falls behind again and again while the process
+// runs; each time, what it missed comes from the log, read on from where
+// the last gap's replay stopped, and it gets every byte.
+func TestSlowReaderOfALiveProcessLosesNothing(t *testing.T) {
+	tb, begin := capturedTable(t, TableConfig{}, capture.Options{MaxSize: 64 << 20})
+	script, stdout, stderr := lines(100000)
+	id, err := tb.Start(Spec{Argv: []string{"sh", "-c", script}, Begin: begin, RingBytes: 64 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := attach(t, tb, id, ring.Offsets{})
+	var events int
+	ctx := ctxT(t)
+	var out [ring.NumStreams][]byte
+	var lost int64
+	replays := 0
+	for {
+		e, err := a.Next(ctx)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch e.Kind {
+		case ring.Data:
+			out[e.Stream] = append(out[e.Stream], e.Data...)
+		case ring.Gap:
+			lost += e.Lost()
+		}
+		if a.rep != nil && events%50 == 0 {
+			replays++
+		}
+		if events++; events%20 == 0 {
+			time.Sleep(time.Millisecond) // the reader's pace
+		}
+	}
+	if lost != 0 || string(out[ring.Stdout]) != stdout || string(out[ring.Stderr]) != stderr {
+		t.Fatalf("lost %d; stdout %d of %d bytes, stderr %d of %d", lost, len(out[ring.Stdout]), len(stdout), len(out[ring.Stderr]), len(stderr))
+	}
+	if replays == 0 {
+		t.Fatal("the reader never fell behind the ring")
+	}
+}
