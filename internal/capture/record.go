@@ -314,19 +314,16 @@ func checkRunID(id string) error {
 
 // appendMeta appends a metadata record on stream on: an empty partial
 // line whose tag holds m.
-func appendMeta(dst, ts []byte, on LogStream, m Meta) []byte {
-	dst = append(dst, ts...)
-	dst = append(dst, ' ')
-	dst = append(dst, logStreamNames[on]...)
-	dst = append(dst, ' ')
-	dst = append(dst, metaTag...)
-	dst = appendJSON(dst, m)
-	return append(dst, " \n"...)
+func appendMeta(dst, ts []byte, on LogStream, m Meta) []byte { return appendTagged(dst, ts, on, m, 0) }
+
+// appendHeader appends a file's header: a metadata record of HeaderSize.
+func appendHeader(dst, ts []byte, on LogStream, m Meta) []byte {
+	return appendTagged(dst, ts, on, m, HeaderSize)
 }
 
-// appendHeader appends a file's header: a metadata record padded, with
-// empty tags, to HeaderSize.
-func appendHeader(dst, ts []byte, on LogStream, m Meta) []byte {
+// appendTagged appends a metadata record, padded with empty tags to size
+// bytes when size is set.
+func appendTagged(dst, ts []byte, on LogStream, m Meta, size int) []byte {
 	start := len(dst)
 	dst = append(dst, ts...)
 	dst = append(dst, ' ')
@@ -334,12 +331,14 @@ func appendHeader(dst, ts []byte, on LogStream, m Meta) []byte {
 	dst = append(dst, ' ')
 	dst = append(dst, metaTag...)
 	dst = appendJSON(dst, m)
-	pad := HeaderSize - 2 - (len(dst) - start)
-	if pad < 0 {
-		panic(fmt.Sprintf("capture: a header of %d bytes, more than %d", len(dst)-start+2, HeaderSize))
-	}
-	for range pad {
-		dst = append(dst, ':')
+	if size > 0 {
+		pad := size - 2 - (len(dst) - start)
+		if pad < 0 {
+			panic(fmt.Sprintf("capture: a header of %d bytes, more than %d", len(dst)-start+2, size))
+		}
+		for range pad {
+			dst = append(dst, ':')
+		}
 	}
 	return append(dst, " \n"...)
 }

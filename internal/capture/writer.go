@@ -749,11 +749,9 @@ func (w *Writer) writeOut() error {
 	if w.opt.beforeWrite != nil {
 		w.opt.beforeWrite()
 	}
-	w.mu.Lock()
-	f, stopped := w.f, w.stopped
-	w.mu.Unlock()
-	if stopped {
-		return ErrStopped
+	f, err := w.file()
+	if err != nil {
+		return err
 	}
 	n, err := f.Write(w.out)
 	if err == nil {
@@ -871,6 +869,17 @@ func (w *Writer) pause() {
 	}
 }
 
+// file is the active file, unless the writer was stopped. Stop may close
+// it meanwhile: a write then fails.
+func (w *Writer) file() (*os.File, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.stopped {
+		return nil, ErrStopped
+	}
+	return w.f, nil
+}
+
 func (w *Writer) stoppedNow() bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -922,11 +931,9 @@ func (w *Writer) finish() {
 
 // sync makes what the active file holds durable.
 func (w *Writer) sync() error {
-	w.mu.Lock()
-	f, stopped := w.f, w.stopped
-	w.mu.Unlock()
-	if stopped {
-		return ErrStopped
+	f, err := w.file()
+	if err != nil {
+		return err
 	}
 	return f.Sync()
 }
@@ -937,29 +944,20 @@ func (w *Writer) rewriteHeader(hdr []byte) error {
 	if w.opt.beforeWrite != nil {
 		w.opt.beforeWrite()
 	}
-	w.mu.Lock()
-	f, stopped := w.f, w.stopped
-	w.mu.Unlock()
-	if stopped {
-		return ErrStopped
-	}
 	if err := w.pwrite(hdr); err != nil {
 		return err
 	}
-	return f.Sync()
+	return w.sync()
 }
 
 // pwrite writes hdr over the active file's header. A write at offset 0 of
 // an O_APPEND file would land at its end: the file stops being append-only
 // for the write.
 func (w *Writer) pwrite(hdr []byte) error {
-	w.mu.Lock()
-	f, stopped := w.f, w.stopped
-	w.mu.Unlock()
-	if stopped {
-		return ErrStopped
+	f, err := w.file()
+	if err != nil {
+		return err
 	}
-	// As in writeOut, Stop may close f meanwhile: the write then fails.
 	sc, err := f.SyscallConn()
 	if err != nil {
 		return err

@@ -37,12 +37,13 @@ type transcript struct {
 }
 
 // read consumes an attachment to its end and checks that offsets continue
-// exactly from event to event.
+// exactly from event to event, that seq rises across every Data event, and
+// that the attachment's position is where its events say.
 func read(t *testing.T, a *Attachment, from ring.Offsets) transcript {
 	t.Helper()
 	ctx := ctxT(t)
 	var tr transcript
-	next := from
+	next, last := from, int64(-1)
 	for {
 		e, err := a.Next(ctx)
 		if errors.Is(err, io.EOF) {
@@ -58,11 +59,15 @@ func read(t *testing.T, a *Attachment, from ring.Offsets) transcript {
 			if e.Offset != next[s] {
 				t.Fatalf("%v data at %d, expected %d", s, e.Offset, next[s])
 			}
+			if int64(e.Seq) <= last {
+				t.Fatalf("%v data at %d with seq %d, after seq %d", s, e.Offset, e.Seq, last)
+			}
+			last = int64(e.Seq)
 			tr.data[s] = append(tr.data[s], e.Data...)
 			next[s] += int64(len(e.Data))
 		case ring.Gap:
-			if e.Offset != next[s] {
-				t.Fatalf("%v gap from %d, expected %d", s, e.Offset, next[s])
+			if e.Offset != next[s] || e.To <= e.Offset {
+				t.Fatalf("%v gap [%d,%d), expected it from %d", s, e.Offset, e.To, next[s])
 			}
 			tr.lost[s] += e.Lost()
 			next[s] = e.To
@@ -74,6 +79,9 @@ func read(t *testing.T, a *Attachment, from ring.Offsets) transcript {
 		case ring.Exit:
 			x := e.Exit
 			tr.exit = &x
+		}
+		if e.Kind != ring.Exit && a.Position() != next {
+			t.Fatalf("position %v, the events say %v", a.Position(), next)
 		}
 	}
 }

@@ -59,54 +59,6 @@ func lines(n int) (script string, stdout, stderr string) {
 	return script, o.String(), e.String()
 }
 
-// readChecked reads a to its end like read, and also checks that seq rises
-// across every Data event.
-func readChecked(t *testing.T, a *Attachment, from ring.Offsets) transcript {
-	t.Helper()
-	ctx := ctxT(t)
-	var tr transcript
-	next, last := from, int64(-1)
-	for {
-		e, err := a.Next(ctx)
-		if errors.Is(err, io.EOF) {
-			return tr
-		}
-		if err != nil {
-			t.Fatalf("attachment: %v", err)
-		}
-		s := e.Stream
-		switch e.Kind {
-		case ring.Data:
-			if e.Offset != next[s] {
-				t.Fatalf("%v data at %d, expected %d", s, e.Offset, next[s])
-			}
-			if int64(e.Seq) <= last {
-				t.Fatalf("%v data at %d with seq %d, after seq %d", s, e.Offset, e.Seq, last)
-			}
-			last = int64(e.Seq)
-			tr.data[s] = append(tr.data[s], e.Data...)
-			next[s] += int64(len(e.Data))
-		case ring.Gap:
-			if e.Offset != next[s] || e.To <= e.Offset {
-				t.Fatalf("%v gap [%d,%d), expected it from %d", s, e.Offset, e.To, next[s])
-			}
-			tr.lost[s] += e.Lost()
-			next[s] = e.To
-		case ring.End:
-			if e.Offset != next[s] {
-				t.Fatalf("%v ends at %d, accounted %d", s, e.Offset, next[s])
-			}
-			tr.totals[s], tr.ended[s] = e.Offset, true
-		case ring.Exit:
-			x := e.Exit
-			tr.exit = &x
-		}
-		if e.Kind != ring.Exit && a.Position() != next {
-			t.Fatalf("position %v, the events say %v", a.Position(), next)
-		}
-	}
-}
-
 func attach(t *testing.T, tb *Table, id string, from ring.Offsets) *Attachment {
 	t.Helper()
 	a, err := tb.Attach(id, from, AttachOptions{})
@@ -130,7 +82,7 @@ func TestWrappedRingIsFilledFromTheLog(t *testing.T) {
 	if err != nil || st.First[ring.Stdout] == 0 {
 		t.Fatalf("status %+v, %v: the ring did not wrap", st, err)
 	}
-	tr := readChecked(t, attach(t, tb, id, ring.Offsets{}), ring.Offsets{})
+	tr := read(t, attach(t, tb, id, ring.Offsets{}), ring.Offsets{})
 	if tr.lost != (ring.Offsets{}) || string(tr.data[ring.Stdout]) != stdout || string(tr.data[ring.Stderr]) != stderr {
 		t.Fatalf("lost %v; stdout %d bytes of %d, stderr %d of %d, equal: %v %v", tr.lost, len(tr.data[ring.Stdout]), len(stdout),
 			len(tr.data[ring.Stderr]), len(stderr), string(tr.data[ring.Stdout]) == stdout, string(tr.data[ring.Stderr]) == stderr)
@@ -139,7 +91,7 @@ func TestWrappedRingIsFilledFromTheLog(t *testing.T) {
 		t.Fatalf("exit %v", tr.exit)
 	}
 	from := ring.Offsets{ring.Stdout: int64(len(stdout) / 3), ring.Stderr: int64(len(stderr) / 2)}
-	tr = readChecked(t, attach(t, tb, id, from), from)
+	tr = read(t, attach(t, tb, id, from), from)
 	if tr.lost != (ring.Offsets{}) || string(tr.data[ring.Stdout]) != stdout[from[ring.Stdout]:] || string(tr.data[ring.Stderr]) != stderr[from[ring.Stderr]:] {
 		t.Fatalf("resumed at %v: lost %v, %d and %d bytes", from, tr.lost, len(tr.data[ring.Stdout]), len(tr.data[ring.Stderr]))
 	}
@@ -162,7 +114,7 @@ func TestTombstoneIsFilledFromTheLog(t *testing.T) {
 		case <-time.After(time.Millisecond):
 		}
 	}
-	tr := readChecked(t, attach(t, tb, id, ring.Offsets{}), ring.Offsets{})
+	tr := read(t, attach(t, tb, id, ring.Offsets{}), ring.Offsets{})
 	if tr.lost != (ring.Offsets{}) || string(tr.data[ring.Stdout]) != stdout || string(tr.data[ring.Stderr]) != stderr || tr.exit == nil {
 		t.Fatalf("lost %v, stdout %d of %d bytes, stderr %d of %d, exit %v", tr.lost, len(tr.data[ring.Stdout]), len(stdout), len(tr.data[ring.Stderr]), len(stderr), tr.exit)
 	}
@@ -188,7 +140,7 @@ func TestStalledReaderResumesFromTheLog(t *testing.T) {
 	if _, err := tb.Write(id, 0, []byte("go\n")); err != nil {
 		t.Fatal(err)
 	}
-	tr := readChecked(t, a, a.Position())
+	tr := read(t, a, a.Position())
 	got := append(bytes.Clone(e.Data), tr.data[ring.Stdout]...)
 	want := strings.Repeat("x", 8<<20) + "\nafter go\n"
 	if tr.lost != (ring.Offsets{}) || string(got) != want {
@@ -214,7 +166,7 @@ func TestLostToBothIsAGapOfExactlyThat(t *testing.T) {
 		tb, begin := capturedTable(t, TableConfig{}, capture.Options{MaxSize: 256 << 10, MaxFiles: 4})
 		script, stdout, _ := lines(200000)
 		id := runDrained(t, tb, Spec{Argv: []string{"sh", "-c", script}, Begin: begin, RingBytes: 64 << 10})
-		tr := readChecked(t, attach(t, tb, id, ring.Offsets{}), ring.Offsets{})
+		tr := read(t, attach(t, tb, id, ring.Offsets{}), ring.Offsets{})
 		lost, got := tr.lost[ring.Stdout], tr.data[ring.Stdout]
 		if lost == 0 || lost+int64(len(got)) != int64(len(stdout)) || !strings.HasSuffix(stdout, string(got)) {
 			t.Fatalf("lost %d, got %d bytes (the output's tail: %v) of %d", lost, len(got), strings.HasSuffix(stdout, string(got)), len(stdout))
@@ -239,7 +191,7 @@ func TestLostToBothIsAGapOfExactlyThat(t *testing.T) {
 		if dropped == 0 {
 			t.Fatal("capture dropped nothing")
 		}
-		tr := readChecked(t, attach(t, tb, id, ring.Offsets{}), ring.Offsets{})
+		tr := read(t, attach(t, tb, id, ring.Offsets{}), ring.Offsets{})
 		got := tr.data[ring.Stdout]
 		// The ring's 64 KiB, the rest a gap of exactly what neither kept.
 		if tr.lost[ring.Stdout]+int64(len(got)) != 4<<20 || dropped != 4<<20 || len(got) != 64<<10 {
