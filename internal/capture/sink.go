@@ -102,6 +102,10 @@ type Sink struct {
 	// Take, and written what it was at the Take before the consumer's last
 	// Written: every push up to written is in the log or counted lost.
 	pushes, taken, written uint64
+	// flushWanted counts the calls to Caught, which want the unfinished
+	// lines the consumer holds written out too; flushTaken is what it was
+	// at the last Take, flushed at the Take before the last Written.
+	flushWanted, flushTaken, flushed uint64
 	// progress is closed and replaced on every Written.
 	progress chan struct{}
 
@@ -209,13 +213,15 @@ func (s *Sink) recordDrop(st ring.Stream, n int64) {
 	s.total[st].Add(n)
 }
 
-// Take waits until items are queued or the sink is closed, and appends
-// every queued item to dst, oldest first. more is false once the sink is
-// closed and these are the last items: nothing follows. The consumer calls
-// Done for each item it got.
-func (s *Sink) Take(dst []Item) (items []Item, more bool) {
+// Take waits until items are queued, the sink is closed, or a reader waits
+// in Caught, and appends every queued item to dst, oldest first. more is
+// false once the sink is closed and these are the last items: nothing
+// follows. flush says a reader waits for what the consumer holds of
+// unfinished lines to be written out too. The consumer calls Done for each
+// item it got, and Written once they are written.
+func (s *Sink) Take(dst []Item) (items []Item, more, flush bool) {
 	s.mu.Lock()
-	for len(s.queue) == 0 && !s.ended {
+	for len(s.queue) == 0 && !s.ended && s.flushWanted == s.flushTaken {
 		s.waiting = true
 		s.mu.Unlock()
 		<-s.wake
@@ -223,6 +229,8 @@ func (s *Sink) Take(dst []Item) (items []Item, more bool) {
 	}
 	s.waiting = false
 	s.taken = s.pushes
+	flush = s.flushWanted != s.flushTaken
+	s.flushTaken = s.flushWanted
 	dst = append(dst, s.queue...)
 	clear(s.queue)
 	if cap(s.queue) > 1024 {
@@ -232,15 +240,16 @@ func (s *Sink) Take(dst []Item) (items []Item, more bool) {
 	}
 	more = !s.ended
 	s.mu.Unlock()
-	return dst, more
+	return dst, more, flush
 }
 
 // Written is called by the consumer once what it took last is in the log,
-// or counted lost.
+// or counted lost (and, when Take said to flush, what it held of
+// unfinished lines).
 func (s *Sink) Written() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.written = s.taken
+	s.written, s.flushed = s.taken, s.flushTaken
 	if s.progress != nil {
 		close(s.progress)
 		s.progress = nil
@@ -248,11 +257,15 @@ func (s *Sink) Written() {
 }
 
 // Caught waits until every chunk pushed before the call is in the log (or
-// counted lost), or until done is closed (the consumer ended) or ctx ends.
+// counted lost), unfinished lines included, or until done is closed (the
+// consumer ended) or ctx ends.
 func (s *Sink) Caught(ctx context.Context, done <-chan struct{}) error {
 	s.mu.Lock()
 	target := s.pushes
-	for s.written < target {
+	s.flushWanted++
+	want := s.flushWanted
+	s.signal()
+	for s.written < target || s.flushed < want {
 		if s.progress == nil {
 			s.progress = make(chan struct{})
 		}

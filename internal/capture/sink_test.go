@@ -142,13 +142,13 @@ func (c *consumer) run() {
 	var batch []Item
 	for range c.grant {
 		if items, _ := c.s.Queued(); items > 0 {
-			batch, _ = c.s.Take(batch[:0])
+			batch, _, _ = c.s.Take(batch[:0])
 			c.receive(batch)
 		}
 		c.took <- struct{}{}
 	}
 	for more := true; more; {
-		batch, more = c.s.Take(batch[:0])
+		batch, more, _ = c.s.Take(batch[:0])
 		c.receive(batch)
 	}
 }
@@ -216,7 +216,7 @@ func runSteps(t *testing.T, budget int64, steps []step) {
 		var got observed
 		if st.take {
 			if n, _ := s.Queued(); n > 0 {
-				batch, _ := s.Take(nil)
+				batch, _, _ := s.Take(nil)
 				for _, it := range batch {
 					sum := summary{Kind: it.Kind, Stream: it.Stream, Dropped: it.Dropped}
 					if it.Kind == Data {
@@ -239,7 +239,7 @@ func runSteps(t *testing.T, budget int64, steps []step) {
 	s.Close()
 	for more := true; more; {
 		var batch []Item
-		batch, more = s.Take(nil)
+		batch, more, _ = s.Take(nil)
 		for _, it := range batch {
 			l.apply(s, it)
 		}
@@ -409,7 +409,7 @@ func TestFailedPushReleasesItsReference(t *testing.T) {
 	round := func() {
 		for range 100 {
 			p.push(ring.Stdout, 1000)
-			batch, _ = s.Take(batch[:0])
+			batch, _, _ = s.Take(batch[:0])
 			for _, it := range batch {
 				s.Done(it)
 			}
@@ -532,7 +532,7 @@ func TestShortLinesAreOneItem(t *testing.T) {
 	var l replay
 	for more := true; more; {
 		var batch []Item
-		batch, more = s.Take(nil)
+		batch, more, _ = s.Take(nil)
 		for _, it := range batch {
 			l.apply(s, it)
 		}
@@ -552,7 +552,7 @@ func TestTakeWaitsForPushOrClose(t *testing.T) {
 		more := make(chan bool)
 		go func() {
 			for {
-				b, m := s.Take(nil)
+				b, m, _ := s.Take(nil)
 				for _, it := range b {
 					s.Done(it)
 				}
@@ -596,7 +596,7 @@ func TestPushProperty(t *testing.T) {
 			op := rapid.IntRange(0, 2).Draw(t, "op")
 			if op == 2 {
 				if n, _ := s.Queued(); n > 0 {
-					batch, _ = s.Take(batch[:0])
+					batch, _, _ = s.Take(batch[:0])
 					for _, it := range batch {
 						l.apply(s, it)
 					}
@@ -650,7 +650,7 @@ func TestPushProperty(t *testing.T) {
 		}
 		s.Close()
 		for more := true; more; {
-			batch, more = s.Take(batch[:0])
+			batch, more, _ = s.Take(batch[:0])
 			for _, it := range batch {
 				l.apply(s, it)
 			}

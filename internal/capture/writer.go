@@ -76,6 +76,11 @@ func (o Options) withDefaults() (Options, error) {
 	return o, nil
 }
 
+// maxHeldLine bounds what the writer holds of a line whose newline has not
+// come: up to it, a long line's records are all written when it ends, one
+// after the other, with no record of the other stream between them.
+const maxHeldLine = 1 << 20
+
 // batchSize is how many encoded bytes the writer gathers before a write.
 const batchSize = 256 << 10
 
@@ -503,8 +508,8 @@ func (w *Writer) loop() {
 	for {
 		// Everything queued at once: one wake-up for however many chunks
 		// the pumps handed over meanwhile.
-		var more bool
-		batch, more = w.sink.Take(batch[:0])
+		var more, flush bool
+		batch, more, flush = w.sink.Take(batch[:0])
 		for _, it := range batch {
 			w.add(it)
 			w.sink.Done(it)
@@ -513,8 +518,14 @@ func (w *Writer) loop() {
 		if !more {
 			break
 		}
-		// Caught up: let what is held of unfinished lines be seen now.
-		w.flushPartials()
+		// An unfinished line stays held until its newline, maxHeldLine or
+		// the end: a partial record that a record of the other stream
+		// followed would be joined to it by a reader that joins partial
+		// lines (OpenTelemetry's, for one). A reader that waits for the
+		// log to hold everything (Caught) has it written out.
+		if flush {
+			w.flushPartials()
+		}
 		w.flush()
 		w.sink.Written()
 		if w.failed {
@@ -558,7 +569,7 @@ func (w *Writer) addData(s LogStream, data []byte) {
 		i := bytes.IndexByte(data, '\n')
 		if i < 0 {
 			w.partial[s] = append(w.partial[s], data...)
-			for len(w.partial[s]) > MaxContent {
+			for len(w.partial[s]) > maxHeldLine {
 				w.emit(s, true, w.partial[s][:MaxContent], nil)
 				w.partial[s] = w.partial[s][:copy(w.partial[s], w.partial[s][MaxContent:])]
 			}
@@ -612,12 +623,12 @@ func (w *Writer) lines(s LogStream, data []byte) []byte {
 	}
 }
 
-// flushPartial writes what is held of s's unfinished line as a P record.
+// flushPartial writes what is held of s's unfinished line as P records.
 func (w *Writer) flushPartial(s LogStream) {
-	if len(w.partial[s]) > 0 {
-		w.emit(s, true, w.partial[s], nil)
-		w.partial[s] = w.partial[s][:0]
+	for p := w.partial[s]; len(p) > 0; p = p[min(len(p), MaxContent):] {
+		w.emit(s, true, p[:min(len(p), MaxContent)], nil)
 	}
+	w.partial[s] = w.partial[s][:0]
 }
 
 func (w *Writer) flushPartials() {

@@ -569,3 +569,62 @@ func TestFailedRotationRecovers(t *testing.T) {
 		t.Errorf("stats %+v", l.Stats)
 	}
 }
+
+// TestUnfinishedLineWaitsForItsNewline: a line without its newline yet is
+// held, as a container runtime holds it, so that a record of the other
+// stream never follows a partial one; a reader that waits for the log to
+// hold everything (Caught) has it written out as a partial record.
+func TestUnfinishedLineWaitsForItsNewline(t *testing.T) {
+	d, _ := testDir(t)
+	w := begin(t, d, Options{})
+	f := newFeeder(w)
+	f.write(ring.Stdout, []byte("progress 50%"))
+	f.write(ring.Stderr, []byte("a warning\n"))
+	ctx := ctxT(t)
+	for len(payload(readLog(t, d), LogStderr)) == 0 {
+		select {
+		case <-ctx.Done():
+			t.Fatal("the stderr line never reached the log")
+		case <-time.After(time.Millisecond):
+		}
+	}
+	if got := payload(readLog(t, d), LogStdout); len(got) != 0 {
+		t.Fatalf("the unfinished line was written: %q", got)
+	}
+	if err := w.Caught(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := string(payload(readLog(t, d), LogStdout)); got != "progress 50%" {
+		t.Fatalf("after Caught, stdout %q", got)
+	}
+	f.write(ring.Stdout, []byte(" done\n"))
+	f.end(t)
+	l := readLog(t, d)
+	if got := string(payload(l, LogStdout)); got != "progress 50% done\n" || len(l.Runs) != 1 || l.Runs[0].State != Lossless {
+		t.Fatalf("stdout %q, runs %+v", got, l.Runs)
+	}
+}
+
+// TestLongLineRecordsStayTogether: a line longer than a record, arriving
+// in pieces with the other stream's lines between them, is written as its
+// partial records one after the other once it ends, the other stream's
+// lines before it: no reader that joins partial records joins the wrong
+// ones.
+func TestLongLineRecordsStayTogether(t *testing.T) {
+	d, _ := testDir(t)
+	gate := make(chan struct{})
+	w := begin(t, d, Options{beforeLoop: func() { <-gate }})
+	f := newFeeder(w)
+	long := bytes.Repeat([]byte{'L'}, 40000)
+	f.write(ring.Stdout, long[:10000])
+	f.write(ring.Stderr, []byte("err 1\n"))
+	f.write(ring.Stdout, long[10000:30000])
+	f.write(ring.Stderr, []byte("err 2\n"))
+	f.write(ring.Stdout, append(long[30000:], '\n'))
+	close(gate)
+	f.end(t)
+	want := []record{{LogStderr, false, 5}, {LogStderr, false, 5}, {LogStdout, true, MaxContent}, {LogStdout, true, MaxContent}, {LogStdout, false, 40000 - 2*MaxContent}}
+	if diff := cmp.Diff(want, shapes(readLog(t, d))); diff != "" {
+		t.Errorf("records (-want +got):\n%s", diff)
+	}
+}
