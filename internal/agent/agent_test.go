@@ -18,6 +18,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/internal/apitest"
 	"github.com/sandkiln/sandkiln/internal/capture"
 	"github.com/sandkiln/sandkiln/internal/process"
 )
@@ -40,7 +41,13 @@ type agent struct {
 
 func newAgent(t *testing.T) *agent {
 	t.Helper()
-	table := process.NewTable(process.TableConfig{})
+	return newAgentWith(t, process.TableConfig{})
+}
+
+// newAgentWith is newAgent over a table configured with cfg.
+func newAgentWith(t *testing.T, cfg process.TableConfig) *agent {
+	t.Helper()
+	table := process.NewTable(cfg)
 	logs := t.TempDir()
 	d, err := capture.OpenDir(logs)
 	if err != nil {
@@ -133,20 +140,30 @@ func (a *agent) dial(path string, protocols ...string) *websocket.Conn {
 }
 
 // rawTranscript reads a raw-shape WebSocket to its close: binary payloads
-// and text lines, concatenated.
+// and text lines, concatenated, the exit's line last.
 func rawTranscript(t *testing.T, c *websocket.Conn) string {
 	t.Helper()
-	var b strings.Builder
-	for {
-		_, data, err := c.Read(ctxT(t))
-		if websocket.CloseStatus(err) == websocket.StatusNormalClosure {
-			return b.String()
-		}
-		if err != nil {
-			t.Fatalf("read: %v", err)
-		}
-		b.Write(data)
+	got, err := apitest.ReadRaw(ctxT(t), c)
+	if err != nil {
+		t.Fatalf("read: %v", err)
 	}
+	return got
+}
+
+// server is the agent as the conformance scenarios reach it.
+func (a *agent) server() apitest.Server {
+	return apitest.Server{URL: a.srv.URL}
+}
+
+// TestConformance runs the kiln.v1 scenarios against the agent; the
+// tombstone scenario against one whose finished processes become
+// tombstones after a short grace.
+func TestConformance(t *testing.T) {
+	s := newAgent(t).server()
+	tombs := newAgentWith(t, process.TableConfig{Grace: 100 * time.Millisecond}).server()
+	tombs.Grace = 100 * time.Millisecond
+	s.Tombstones = &tombs
+	apitest.Run(t, s)
 }
 
 // TestSeedExample is the exec-stream document's example: attach mid-run and
@@ -178,95 +195,41 @@ func TestKilnV1Frames(t *testing.T) {
 	a := newAgent(t)
 	id := a.start(api.ExecRequest{Command: "sh", Args: []string{"-c", "printf 'out1\\n'; printf 'err1\\n' >&2; printf 'out2'; exit 7"}})
 	a.wait(id)
-	type msg struct {
-		Kind   string
-		Stream byte
-		Offset uint64
-		Data   string
-	}
-	read := func(path string) (msgs []msg, seqs []uint64, hello api.Hello) {
-		c := a.dial(path, api.ProtocolV1)
+	// read holds the whole connection to the kiln.v1 contract: offsets,
+	// gaps, seqs rising, the ends, the exit last.
+	read := func(from map[string]int64) *apitest.Checker {
+		t.Helper()
+		c := a.dial("/exec-stream/"+id+"/logs?"+apitest.Query(from), api.ProtocolV1)
 		if c.Subprotocol() != api.ProtocolV1 {
 			t.Fatalf("subprotocol %q", c.Subprotocol())
 		}
-		for {
-			typ, data, err := c.Read(ctxT(t))
-			if websocket.CloseStatus(err) == websocket.StatusNormalClosure {
-				return
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			if typ == websocket.MessageBinary {
-				f, err := api.ParseFrame(data)
-				if err != nil {
-					t.Fatal(err)
-				}
-				msgs = append(msgs, msg{"data", f.Stream, f.Offset, string(f.Data)})
-				seqs = append(seqs, f.Seq)
-				continue
-			}
-			var head struct{ Type string }
-			json.Unmarshal(data, &head)
-			switch head.Type {
-			case api.TypeHello:
-				json.Unmarshal(data, &hello)
-			case api.TypeEnd:
-				var e api.End
-				json.Unmarshal(data, &e)
-				msgs = append(msgs, msg{"end:" + e.Stream, 0, uint64(e.TotalBytes), ""})
-			case api.TypeExit:
-				var e api.ExitMessage
-				json.Unmarshal(data, &e)
-				msgs = append(msgs, msg{"exit", 0, 0, e.String()})
-			default:
-				msgs = append(msgs, msg{Kind: head.Type, Data: string(data)})
-			}
+		w, err := apitest.ReadAll(ctxT(t), c, from)
+		if err != nil {
+			t.Fatalf("from %v: %v", from, err)
 		}
+		return w
 	}
-	msgs, seqs, hello := read("/exec-stream/" + id + "/logs")
-	var out, errs string
-	for _, m := range msgs {
-		if m.Kind == "data" && m.Stream == api.StreamStdout {
-			out += m.Data
-		}
-		if m.Kind == "data" && m.Stream == api.StreamStderr {
-			errs += m.Data
-		}
+	w := read(nil)
+	if out, errs := w.Stream("stdout"), w.Stream("stderr"); string(out.Data) != "out1\nout2" || string(errs.Data) != "err1\n" || out.Lost+errs.Lost != 0 {
+		t.Errorf("stdout %q, stderr %q, lost %d and %d", out.Data, errs.Data, out.Lost, errs.Lost)
 	}
-	if out != "out1\nout2" || errs != "err1\n" {
-		t.Errorf("stdout %q, stderr %q", out, errs)
-	}
-	for i := 1; i < len(seqs); i++ {
-		if seqs[i] <= seqs[i-1] {
-			t.Errorf("seqs not rising: %v", seqs)
-		}
-	}
-	if diff := cmp.Diff(map[string]api.HelloSpan{"stdout": {First: 0, Total: 9}, "stderr": {First: 0, Total: 5}}, hello.Streams); diff != "" {
+	if diff := cmp.Diff(map[string]api.HelloSpan{"stdout": {First: 0, Total: 9}, "stderr": {First: 0, Total: 5}}, w.Hello.Streams); diff != "" {
 		t.Errorf("hello (-want +got):\n%s", diff)
 	}
-	ends := map[string]uint64{}
-	for _, m := range msgs {
-		if name, ok := strings.CutPrefix(m.Kind, "end:"); ok {
-			ends[name] = m.Offset
-		}
+	ends := map[string]int64{}
+	for name, st := range w.Streams {
+		ends[name] = st.Total
 	}
-	if diff := cmp.Diff(map[string]uint64{"stdout": 9, "stderr": 5}, ends); diff != "" {
+	if diff := cmp.Diff(map[string]int64{"stdout": 9, "stderr": 5}, ends); diff != "" {
 		t.Errorf("ends (-want +got):\n%s", diff)
 	}
-	if last := msgs[len(msgs)-1]; last != (msg{Kind: "exit", Data: "process exited with code 7"}) {
-		t.Errorf("last message %+v, want the exit", last)
+	if w.Exit.String() != "process exited with code 7" {
+		t.Errorf("exit %v", w.Exit)
 	}
-	// Resuming from offsets gives exactly what follows them.
-	msgs, _, _ = read("/exec-stream/" + id + "/logs?stdout=5&stderr=5")
-	var data []msg
-	for _, m := range msgs {
-		if m.Kind == "data" {
-			data = append(data, m)
-		}
-	}
-	if diff := cmp.Diff([]msg{{"data", api.StreamStdout, 5, "out2"}}, data); diff != "" {
-		t.Errorf("resumed from stdout=5&stderr=5 (-want +got):\n%s", diff)
+	// Resuming from offsets gives exactly what follows them: one frame.
+	w = read(map[string]int64{"stdout": 5, "stderr": 5})
+	if out, errs := w.Stream("stdout"), w.Stream("stderr"); out.Frames != 1 || string(out.Data) != "out2" || errs.Frames != 0 || out.Lost+errs.Lost != 0 {
+		t.Errorf("resumed from stdout=5&stderr=5: stdout %+v, stderr %+v; want one frame of stdout at 5, \"out2\"", out, errs)
 	}
 }
 
@@ -355,22 +318,12 @@ func TestWebSocketStdin(t *testing.T) {
 	if err := c.Write(ctx, websocket.MessageText, []byte(`{"type":"stdin_close"}`)); err != nil {
 		t.Fatal(err)
 	}
-	var got string
-	var exit api.ExitMessage
-	for {
-		typ, data, err := c.Read(ctx)
-		if err != nil {
-			break
-		}
-		if typ == websocket.MessageBinary {
-			f, _ := api.ParseFrame(data)
-			got += string(f.Data)
-		} else if strings.Contains(string(data), `"exit"`) {
-			json.Unmarshal(data, &exit)
-		}
+	w := &apitest.Checker{Keep: true}
+	if err := w.Read(ctx, c); err != nil {
+		t.Fatal(err)
 	}
-	if got != "over the socket\n" || exit.ExitCode == nil || *exit.ExitCode != 0 {
-		t.Errorf("echoed %q, exit %+v", got, exit)
+	if got := w.Stream("stdout").Data; string(got) != "over the socket\n" || w.Exit.ExitCode == nil || *w.Exit.ExitCode != 0 {
+		t.Errorf("echoed %q, exit %v", got, w.Exit)
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/internal/apitest"
 )
 
 // closed reads a watcher until the server ends it, and returns how.
@@ -89,23 +90,11 @@ func TestHostileControlMessages(t *testing.T) {
 	if err := c.Write(ctx, websocket.MessageBinary, []byte("go\n")); err != nil {
 		t.Fatal(err)
 	}
-	var out []byte
-	for {
-		typ, data, err := c.Read(ctx)
-		if websocket.CloseStatus(err) == websocket.StatusNormalClosure {
-			break
-		}
-		if err != nil {
-			t.Fatalf("watch: %v after %q", err, out)
-		}
-		if typ == websocket.MessageBinary {
-			f, err := api.ParseFrame(data)
-			if err != nil {
-				t.Fatal(err)
-			}
-			out = append(out, f.Data...)
-		}
+	w := &apitest.Checker{Keep: true}
+	if err := w.Read(ctx, c); err != nil {
+		t.Fatalf("watch: %v", err)
 	}
+	out := w.Stream("terminal").Data
 	if !strings.Contains(string(out), "30 100") {
 		t.Errorf("after a resize to 100x30 the terminal said %q", out)
 	}
