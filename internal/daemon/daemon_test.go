@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,6 +25,7 @@ import (
 
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/agent"
+	"github.com/sandkiln/sandkiln/internal/apitest"
 	"github.com/sandkiln/sandkiln/internal/capture"
 	"github.com/sandkiln/sandkiln/internal/daemon"
 	"github.com/sandkiln/sandkiln/internal/daemon/daemontest"
@@ -155,6 +157,8 @@ func (k *kilnd) sandbox() string {
 	return info.ID
 }
 
+// logs reads a raw-shape watcher of a process to its close, the token in
+// the WebSocket subprotocol.
 func (k *kilnd) logs(sb, pid string, protocols ...string) string {
 	k.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -165,17 +169,37 @@ func (k *kilnd) logs(sb, pid string, protocols ...string) string {
 		k.t.Fatal(err)
 	}
 	defer c.CloseNow()
-	var out strings.Builder
-	for {
-		_, data, err := c.Read(ctx)
-		if websocket.CloseStatus(err) == websocket.StatusNormalClosure {
-			return out.String()
-		}
-		if err != nil {
-			k.t.Fatal(err)
-		}
-		out.Write(data)
+	out, err := apitest.ReadRaw(ctx, c)
+	if err != nil {
+		k.t.Fatal(err)
 	}
+	return out
+}
+
+// server is kilnd's process API of sandbox sb over TCP, the token in the
+// header and the WebSocket subprotocol, as the conformance scenarios
+// reach it.
+func (k *kilnd) server(sb string) apitest.Server {
+	tok := k.d.Token()
+	return apitest.Server{
+		URL: "http://" + k.addr + "/sandboxes/" + sb,
+		Do: func(r *http.Request) (*http.Response, error) {
+			r.Header.Set("Authorization", "Bearer "+tok)
+			return http.DefaultClient.Do(r)
+		},
+		Dial: func(ctx context.Context, url string, protocols []string) (*websocket.Conn, *http.Response, error) {
+			return websocket.Dial(ctx, url, &websocket.DialOptions{Subprotocols: slices.Concat(protocols, []string{api.TokenProtocolPrefix + tok})})
+		},
+	}
+}
+
+// TestConformance runs the kiln.v1 scenarios through kilnd, relayed to a
+// sandbox's agent. The tombstone scenario waits out the agent's default
+// grace, beside the others.
+func TestConformance(t *testing.T) {
+	k := start(t, "")
+	defer k.cleanup()
+	apitest.Run(t, k.server(k.sandbox()))
 }
 
 // TestSeedCurlExample: the exec-stream document's example through kilnd
@@ -602,18 +626,12 @@ func TestKill9MidStream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var got []byte
-	for len(got) < 12 {
-		typ, data, err := c.Read(ctx)
-		if err != nil {
+	// Forty short lines, far less than the ring: neither watcher may be
+	// told of a loss, across the restart either.
+	w := &apitest.Checker{Keep: true, NoGaps: true}
+	for w.Stream("stdout").Delivered < 12 {
+		if _, err := w.Next(ctx, c); err != nil {
 			t.Fatal(err)
-		}
-		if typ == websocket.MessageBinary {
-			f, _ := api.ParseFrame(data)
-			if int(f.Offset) != len(got) {
-				t.Fatalf("frame at %d, expected %d", f.Offset, len(got))
-			}
-			got = append(got, f.Data...)
 		}
 	}
 	first.Process.Kill()
@@ -625,38 +643,24 @@ func TestKill9MidStream(t *testing.T) {
 		second.Wait()
 	}()
 	defer call("DELETE", "/sandboxes/"+info.ID+"?remove_logs=true", "", nil)
-	c, _, err = websocket.Dial(ctx, url+"?stdout="+strconv.Itoa(len(got)), &websocket.DialOptions{Subprotocols: []string{api.ProtocolV1, api.TokenProtocolPrefix + tok}})
+	from := w.Position()
+	c, _, err = websocket.Dial(ctx, url+"?"+apitest.Query(from), &websocket.DialOptions{Subprotocols: []string{api.ProtocolV1, api.TokenProtocolPrefix + tok}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.CloseNow()
-	var exit api.ExitMessage
-	for {
-		typ, data, err := c.Read(ctx)
-		if websocket.CloseStatus(err) == websocket.StatusNormalClosure {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		if typ == websocket.MessageBinary {
-			f, _ := api.ParseFrame(data)
-			if int(f.Offset) != len(got) {
-				t.Fatalf("after the restart: frame at %d, expected %d", f.Offset, len(got))
-			}
-			got = append(got, f.Data...)
-		} else if strings.Contains(string(data), `"gap"`) {
-			t.Fatalf("gap after the restart: %s", data)
-		} else if strings.Contains(string(data), `"exit"`) {
-			json.Unmarshal(data, &exit)
-		}
+	after := &apitest.Checker{From: from, Keep: true, NoGaps: true}
+	if err := after.Read(ctx, c); err != nil {
+		t.Fatalf("after the restart, from %v: %v", from, err)
 	}
+	got := slices.Concat(w.Stream("stdout").Data, after.Stream("stdout").Data)
+	exit := after.Exit
 	var want strings.Builder
 	for i := 1; i <= 40; i++ {
 		fmt.Fprintf(&want, "n%d\n", i)
 	}
 	if string(got) != want.String() || exit.ExitCode == nil || *exit.ExitCode != 9 {
-		t.Errorf("got %q and exit %+v", got, exit)
+		t.Errorf("got %q and exit %v", got, exit)
 	}
 }
 
@@ -692,20 +696,13 @@ func TestManyStreamsManyWatchers(t *testing.T) {
 					return
 				}
 				defer c.CloseNow()
-				var got strings.Builder
-				for {
-					_, data, err := c.Read(ctx)
-					if websocket.CloseStatus(err) == websocket.StatusNormalClosure {
-						break
-					}
-					if err != nil {
-						errs <- fmt.Errorf("stream %d: %w", i, err)
-						return
-					}
-					got.Write(data)
+				got, err := apitest.ReadRaw(ctx, c)
+				if err != nil {
+					errs <- fmt.Errorf("stream %d: %w", i, err)
+					return
 				}
-				if got.String() != want {
-					errs <- fmt.Errorf("stream %d: got %q", i, got.String())
+				if got != want {
+					errs <- fmt.Errorf("stream %d: got %q", i, got)
 				}
 			})
 		}
