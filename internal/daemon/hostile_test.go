@@ -19,6 +19,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/internal/apitest"
 )
 
 // Hostile input through kilnd's API over TCP: ids that try to leave their
@@ -156,17 +157,11 @@ func hostileTranscript(t *testing.T, c *websocket.Conn) string {
 	defer c.CloseNow()
 	ctx, cancel := context.WithTimeout(t.Context(), hostileDeadline)
 	defer cancel()
-	var b strings.Builder
-	for {
-		_, data, err := c.Read(ctx)
-		if websocket.CloseStatus(err) == websocket.StatusNormalClosure {
-			return b.String()
-		}
-		if err != nil {
-			t.Fatalf("watch: %v after %q", err, b.String())
-		}
-		b.Write(data)
+	got, err := apitest.ReadRaw(ctx, c)
+	if err != nil {
+		t.Fatalf("watch: %v", err)
 	}
+	return got
 }
 
 // TestHostileIDs: sandbox and process ids that try to reach another
@@ -601,24 +596,12 @@ func TestHostileOrigin(t *testing.T) {
 	if err := ws.Write(ctx, websocket.MessageText, []byte(`{"type":"stdin_close"}`)); err != nil {
 		t.Fatal(err)
 	}
-	var got []byte
-	for {
-		typ, data, err := ws.Read(ctx)
-		if websocket.CloseStatus(err) == websocket.StatusNormalClosure {
-			break
-		}
-		if err != nil {
-			t.Fatalf("own origin: watch: %v", err)
-		}
-		if typ == websocket.MessageBinary {
-			f, err := api.ParseFrame(data)
-			if err != nil {
-				t.Fatal(err)
-			}
-			got = append(got, f.Data...)
-		}
+	w := &apitest.Checker{Keep: true}
+	if err := w.Read(ctx, ws); err != nil {
+		t.Fatalf("own origin: watch: %v", err)
 	}
 	ws.CloseNow()
+	got := w.Stream("stdout").Data
 	if string(got) != "mine\n" {
 		t.Errorf("own origin: output %q", got)
 	}
