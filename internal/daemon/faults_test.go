@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -24,6 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/internal/apitest"
 	"github.com/sandkiln/sandkiln/internal/capture"
 	"github.com/sandkiln/sandkiln/internal/sandbox"
 )
@@ -31,19 +31,10 @@ import (
 // Faults through kilnd's API, beside those of daemon_test.go (kilnd or an
 // agent killed) and of the packages below (capture, process, sandbox).
 // Every wait is on an event kilnd or the kernel reports, bounded by
-// faultDeadline.
+// faultDeadline. The workloads write apitest.Line's pattern, so that a
+// watcher checks every byte it is given against where it says it belongs.
 
 const faultDeadline = 2 * time.Minute
-
-// faultLine is the output the workloads here repeat: 32 bytes, so the byte
-// at any offset of the stream is faultLine[offset%32] and a watcher can
-// check every byte it is given against where it says it belongs.
-const faultLine = "0123456789abcdefghijklmnopqrstu\n"
-
-// faultYes is a shell command writing n bytes of faultLine's pattern.
-func faultYes(n int) string {
-	return fmt.Sprintf("yes %s | head -c %d", strings.TrimSuffix(faultLine, "\n"), n)
-}
 
 // faultMount mounts a tmpfs of size bytes at dir, unmounted when the test
 // ends, whatever way it ends.
@@ -155,121 +146,6 @@ func (k *kilnd) faultDial(ctx context.Context, sb, pid, query string) *websocket
 	return c
 }
 
-// faultWatch is what a kiln.v1 watcher was told, checked as it comes:
-// per stream, frames follow one another or a gap that says what was lost,
-// and an end says where the stream ended.
-type faultWatch struct {
-	pos  map[string]int64 // the offset the next frame or gap must start at
-	lost map[string]int64 // bytes the gaps said were lost
-	got  map[string]int64 // bytes the frames carried
-	end  map[string]int64 // the end messages' totals
-	data map[string][]byte
-	exit *api.Exit
-	// keep keeps the data of these streams; check, when set, is told of
-	// every frame.
-	keep  map[string]bool
-	check func(stream string, offset int64, data []byte) error
-}
-
-func newFaultWatch() *faultWatch {
-	return &faultWatch{pos: map[string]int64{}, lost: map[string]int64{}, got: map[string]int64{},
-		end: map[string]int64{}, data: map[string][]byte{}, keep: map[string]bool{}}
-}
-
-// take checks and counts one message; it returns the message's type.
-func (w *faultWatch) take(typ websocket.MessageType, msg []byte) (string, error) {
-	if typ == websocket.MessageBinary {
-		f, err := api.ParseFrame(msg)
-		if err != nil {
-			return "", err
-		}
-		s := api.StreamNames[f.Stream]
-		if int64(f.Offset) != w.pos[s] {
-			return "", fmt.Errorf("%s frame at %d, expected %d", s, f.Offset, w.pos[s])
-		}
-		if _, ended := w.end[s]; ended || w.exit != nil {
-			return "", fmt.Errorf("%s frame at %d after the end", s, f.Offset)
-		}
-		if w.check != nil {
-			if err := w.check(s, int64(f.Offset), f.Data); err != nil {
-				return "", err
-			}
-		}
-		if w.keep[s] {
-			w.data[s] = append(w.data[s], f.Data...)
-		}
-		w.pos[s] += int64(len(f.Data))
-		w.got[s] += int64(len(f.Data))
-		return "frame", nil
-	}
-	var m struct {
-		Type string `json:"type"`
-		api.Gap
-		TotalBytes int64 `json:"total_bytes"`
-		api.Exit
-	}
-	if err := json.Unmarshal(msg, &m); err != nil {
-		return "", fmt.Errorf("control message %q: %v", msg, err)
-	}
-	switch m.Type {
-	case api.TypeHello:
-	case api.TypeGap:
-		if m.From != w.pos[m.Stream] || m.To <= m.From || m.LostBytes != m.To-m.From {
-			return "", fmt.Errorf("gap %s at %d: expected one from %d", msg, m.From, w.pos[m.Stream])
-		}
-		w.pos[m.Stream] = m.To
-		w.lost[m.Stream] += m.LostBytes
-	case api.TypeEnd:
-		if m.TotalBytes != w.pos[m.Stream] {
-			return "", fmt.Errorf("end %s at %d bytes read", msg, w.pos[m.Stream])
-		}
-		w.end[m.Stream] = m.TotalBytes
-	case api.TypeExit:
-		e := m.Exit
-		w.exit = &e
-	default:
-		return "", fmt.Errorf("unknown message %q", msg)
-	}
-	return m.Type, nil
-}
-
-// next reads and takes one message; io.EOF is the normal closure.
-func (w *faultWatch) next(ctx context.Context, c *websocket.Conn) (string, error) {
-	typ, msg, err := c.Read(ctx)
-	if websocket.CloseStatus(err) == websocket.StatusNormalClosure {
-		if w.exit == nil {
-			return "", errors.New("closed before the exit")
-		}
-		return "", io.EOF
-	}
-	if err != nil {
-		return "", err
-	}
-	return w.take(typ, msg)
-}
-
-// rest reads to the normal closure.
-func (w *faultWatch) rest(ctx context.Context, c *websocket.Conn) error {
-	for {
-		if _, err := w.next(ctx, c); err != nil {
-			if errors.Is(err, io.EOF) {
-				return nil
-			}
-			return err
-		}
-	}
-}
-
-// checkPattern checks a frame against faultLine's pattern.
-func checkPattern(stream string, offset int64, data []byte) error {
-	for i, b := range data {
-		if want := faultLine[(offset+int64(i))%int64(len(faultLine))]; b != want {
-			return fmt.Errorf("%s byte at %d is %q, want %q", stream, offset+int64(i), b, want)
-		}
-	}
-	return nil
-}
-
 // TestCaptureDirectoryFull: the file system holding a sandbox's captured
 // logs fills up under a captured exec-stream. The workload runs to its
 // end with its own exit code; the log reads back lossy, and its dropped
@@ -281,7 +157,7 @@ func TestCaptureDirectoryFull(t *testing.T) {
 	defer k.cleanup()
 	sb := k.sandbox()
 	const written = 8 << 20
-	pid := k.faultStart(sb, api.ExecRequest{Command: "sh", Args: []string{"-c", faultYes(written) + "; exit 7"}, Capture: true})
+	pid := k.faultStart(sb, api.ExecRequest{Command: "sh", Args: []string{"-c", apitest.Line.Shell(written) + "; exit 7"}, Capture: true})
 	if e := k.faultWait(sb, pid); e.ExitCode == nil || *e.ExitCode != 7 {
 		t.Fatalf("exit %+v, want code 7", e)
 	}
@@ -322,12 +198,11 @@ func TestCaptureDirectoryFull(t *testing.T) {
 	defer cancel()
 	c := k.faultDial(ctx, sb, pid, "")
 	defer c.CloseNow()
-	w := newFaultWatch()
-	w.check = checkPattern
-	if err := w.rest(ctx, c); err != nil {
+	w := &apitest.Checker{Check: apitest.Line.Check}
+	if err := w.Read(ctx, c); err != nil {
 		t.Errorf("a watcher after the run: %v", err)
-	} else if w.got["stdout"]+w.lost["stdout"] != written || w.exit.ExitCode == nil || *w.exit.ExitCode != 7 {
-		t.Errorf("a watcher after the run: %d bytes + %d lost, exit %+v", w.got["stdout"], w.lost["stdout"], w.exit)
+	} else if out := w.Stream("stdout"); out.Delivered+out.Lost != written || w.Exit.ExitCode == nil || *w.Exit.ExitCode != 7 {
+		t.Errorf("a watcher after the run: %d bytes + %d lost, exit %v", out.Delivered, out.Lost, w.Exit)
 	}
 }
 
@@ -557,16 +432,15 @@ func TestWatcherStallsMidReplay(t *testing.T) {
 	sb := k.sandbox()
 	const first, second = 512 << 10, 32 << 20
 	pid := k.faultStart(sb, api.ExecRequest{Command: "sh", Stdin: api.StdinPipe,
-		Args: []string{"-c", faultYes(first) + "; read go; " + faultYes(second)}})
+		Args: []string{"-c", apitest.Line.Shell(first) + "; read go; " + apitest.Line.Shell(second)}})
 	faultAwait(t, "the first part written", func() bool { return k.faultStatus(sb, pid).Streams["stdout"].TotalBytes == first })
 	ctx, cancel := context.WithTimeout(context.Background(), faultDeadline)
 	defer cancel()
 	stalled := k.faultDial(ctx, sb, pid, "")
 	defer stalled.CloseNow()
-	sw := newFaultWatch()
-	sw.check = checkPattern
-	for sw.got["stdout"] == 0 {
-		if _, err := sw.next(ctx, stalled); err != nil {
+	sw := &apitest.Checker{Check: apitest.Line.Check}
+	for sw.Stream("stdout").Delivered == 0 {
+		if _, err := sw.Next(ctx, stalled); err != nil {
 			t.Fatalf("stalled watcher, before it stalls: %v", err)
 		}
 	}
@@ -574,16 +448,16 @@ func TestWatcherStallsMidReplay(t *testing.T) {
 	// From here on nothing reads the stalled watcher's connection.
 	fast := k.faultDial(ctx, sb, pid, "")
 	defer fast.CloseNow()
-	fw := newFaultWatch()
-	fw.check = checkPattern
+	fw := &apitest.Checker{Check: apitest.Line.Check}
 	k.json("POST", "/sandboxes/"+sb+"/exec-stream/"+pid+"/stdin", "go\n", nil)
-	if err := fw.rest(ctx, fast); err != nil {
+	if err := fw.Read(ctx, fast); err != nil {
 		t.Fatalf("the other watcher: %v", err)
 	}
 	const total = first + second
-	t.Logf("other watcher: %d bytes, %d lost in gaps", fw.got["stdout"], fw.lost["stdout"])
-	if fw.got["stdout"]+fw.lost["stdout"] != total || fw.end["stdout"] != total || fw.exit == nil || fw.exit.ExitCode == nil || *fw.exit.ExitCode != 0 {
-		t.Fatalf("the other watcher: %d bytes + %d lost, end %v, exit %+v; want %d and exit 0", fw.got["stdout"], fw.lost["stdout"], fw.end, fw.exit, total)
+	fo := fw.Stream("stdout")
+	t.Logf("other watcher: %d bytes, %d lost in gaps", fo.Delivered, fo.Lost)
+	if fo.Delivered+fo.Lost != total || !fo.Ended || fo.Total != total || fw.Exit == nil || fw.Exit.ExitCode == nil || *fw.Exit.ExitCode != 0 {
+		t.Fatalf("the other watcher: %d bytes + %d lost, end %d (ended %v), exit %v; want %d and exit 0", fo.Delivered, fo.Lost, fo.Total, fo.Ended, fw.Exit, total)
 	}
 	// The exit came while the stalled watcher had read one frame.
 	if e := k.faultWait(sb, pid); e.ExitCode == nil || *e.ExitCode != 0 {
@@ -598,15 +472,16 @@ func TestWatcherStallsMidReplay(t *testing.T) {
 	// the buffers on the way held, then a gap for what the ring evicted
 	// meanwhile. (Stalled past the 30 s write timeout it would have been
 	// dropped instead.)
-	if err := sw.rest(ctx, stalled); err != nil {
+	if err := sw.Read(ctx, stalled); err != nil {
 		if stalledFor > 25*time.Second {
 			t.Skipf("stalled for %v, near the write timeout: %v", stalledFor, err)
 		}
 		t.Fatalf("the stalled watcher, reading again after %v: %v", stalledFor, err)
 	}
-	t.Logf("stalled watcher: %d bytes, %d lost in gaps, stalled for %v", sw.got["stdout"], sw.lost["stdout"], stalledFor.Round(time.Millisecond))
-	if sw.got["stdout"]+sw.lost["stdout"] != total || sw.lost["stdout"] == 0 || sw.exit == nil {
-		t.Errorf("the stalled watcher: %d bytes + %d lost, exit %+v; want %d with a gap", sw.got["stdout"], sw.lost["stdout"], sw.exit, total)
+	so := sw.Stream("stdout")
+	t.Logf("stalled watcher: %d bytes, %d lost in gaps, stalled for %v", so.Delivered, so.Lost, stalledFor.Round(time.Millisecond))
+	if so.Delivered+so.Lost != total || so.Lost == 0 || sw.Exit == nil {
+		t.Errorf("the stalled watcher: %d bytes + %d lost, exit %v; want %d with a gap", so.Delivered, so.Lost, sw.Exit, total)
 	}
 }
 
@@ -724,13 +599,12 @@ func TestStdinRetryAfterDisconnect(t *testing.T) {
 	defer cancel()
 	conn := k.faultDial(ctx, sb, pid, "")
 	defer conn.CloseNow()
-	w := newFaultWatch()
-	w.keep["stdout"] = true
-	if err := w.rest(ctx, conn); err != nil {
+	w := &apitest.Checker{Keep: true}
+	if err := w.Read(ctx, conn); err != nil {
 		t.Fatal(err)
 	}
-	if want := slices.Concat(a, b, c); !bytes.Equal(w.data["stdout"], want) || w.lost["stdout"] != 0 {
-		t.Errorf("cat wrote %d bytes (%d lost), want %d: the input, once", len(w.data["stdout"]), w.lost["stdout"], len(want))
+	if out, want := w.Stream("stdout"), slices.Concat(a, b, c); !bytes.Equal(out.Data, want) || out.Lost != 0 {
+		t.Errorf("cat wrote %d bytes (%d lost), want %d: the input, once", len(out.Data), out.Lost, len(want))
 	}
 	if in := k.faultStatus(sb, pid).Stdin; in == nil || in.Delivered != int64(len(a)+len(b)+len(c)) {
 		t.Errorf("stdin %+v", in)
@@ -750,30 +624,27 @@ func TestStdoutClosedWhileRunning(t *testing.T) {
 	defer cancel()
 	c := k.faultDial(ctx, sb, pid, "")
 	defer c.CloseNow()
-	w := newFaultWatch()
-	w.keep = map[string]bool{"stdout": true, "stderr": true}
-	for {
-		if _, ok := w.end["stdout"]; ok && string(w.data["stderr"]) == "still\n" {
-			break
-		}
-		if _, err := w.next(ctx, c); err != nil {
+	w := &apitest.Checker{Keep: true}
+	for !w.Stream("stdout").Ended || string(w.Stream("stderr").Data) != "still\n" {
+		if _, err := w.Next(ctx, c); err != nil {
 			t.Fatalf("before the input: %v", err)
 		}
 	}
-	if w.exit != nil {
-		t.Fatalf("an exit before the process was given its input: %+v", w.exit)
+	if w.Exit != nil {
+		t.Fatalf("an exit before the process was given its input: %v", w.Exit)
 	}
 	p := k.faultStatus(sb, pid)
 	if p.State != api.StateRunning || !p.Streams["stdout"].Ended || p.Streams["stderr"].Ended || p.Streams["stdout"].TotalBytes != 7 {
 		t.Fatalf("process %+v, want running, stdout ended after 7 bytes, stderr open", p)
 	}
 	k.json("POST", "/sandboxes/"+sb+"/exec-stream/"+pid+"/stdin", "x\n", nil)
-	if err := w.rest(ctx, c); err != nil {
+	if err := w.Read(ctx, c); err != nil {
 		t.Fatal(err)
 	}
-	if string(w.data["stdout"]) != "before\n" || string(w.data["stderr"]) != "still\nafter-x\n" || w.end["stderr"] != 14 ||
-		w.exit.ExitCode == nil || *w.exit.ExitCode != 3 {
-		t.Errorf("watcher got stdout %q, stderr %q, ends %v, exit %+v", w.data["stdout"], w.data["stderr"], w.end, w.exit)
+	out, errs := w.Stream("stdout"), w.Stream("stderr")
+	if string(out.Data) != "before\n" || string(errs.Data) != "still\nafter-x\n" || errs.Total != 14 ||
+		w.Exit.ExitCode == nil || *w.Exit.ExitCode != 3 {
+		t.Errorf("watcher got stdout %q, stderr %q, ends at %d and %d, exit %v", out.Data, errs.Data, out.Total, errs.Total, w.Exit)
 	}
 }
 
