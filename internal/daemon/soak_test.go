@@ -24,6 +24,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/internal/apitest"
 	"github.com/sandkiln/sandkiln/internal/daemon"
 	"github.com/sandkiln/sandkiln/internal/process"
 	"github.com/sandkiln/sandkiln/internal/ring"
@@ -547,8 +548,7 @@ type soakWatcher struct {
 	known    [2]int64 // the most each stream is known to have produced
 	attaches int
 
-	buf  bytes.Buffer // the message being read
-	line []byte       // scratch for the expected bytes
+	line []byte // scratch for the expected bytes
 }
 
 func (w *soakWatcher) run(ctx context.Context) error {
@@ -665,21 +665,10 @@ func (w *soakWatcher) mid() [2]int64 {
 // process.
 var errSoakGone = errors.New("the process is not known (evicted?)")
 
-// soakMessage is what a kiln.v1 text message can carry.
-type soakMessage struct {
-	Type    string                   `json:"type"`
-	Streams map[string]api.HelloSpan `json:"streams"` // hello
-	Stream  string                   `json:"stream"`  // gap, end
-	From    int64                    `json:"from"`    // gap
-	To      int64                    `json:"to"`
-	Lost    int64                    `json:"lost_bytes"`
-	Total   int64                    `json:"total_bytes"` // end
-	api.Exit
-}
-
-// attach reads the process's output from the offsets from, checking every
-// message, until the exit has been seen or the watcher decides to leave
-// (never, with toEnd). It reports whether it saw the exit.
+// attach reads the process's output from the offsets from, every message
+// held to the kiln.v1 contract by the checker and every byte to what the
+// process wrote there, until the exit has been seen or the watcher decides
+// to leave (never, with toEnd). It reports whether it saw the exit.
 func (w *soakWatcher) attach(ctx context.Context, from [2]int64, toEnd bool) (bool, error) {
 	w.attaches++
 	n := w.attaches
@@ -739,128 +728,81 @@ func (w *soakWatcher) attach(ctx context.Context, from [2]int64, toEnd bool) (bo
 		rctx, cancel = context.WithTimeout(ctx, leave)
 		defer cancel()
 	}
-	next := from // the offset each stream must continue at
-	var ended [2]bool
-	var lastSeq uint64 // of the last frame; frames come in the ring's order
-	framed := false
-	msgs, exited := 0, false
+	stream := func(name string) *soakStream {
+		if i := slices.IndexFunc(w.p.streams[:], func(o soakStream) bool { return o.name == name }); i >= 0 {
+			return &w.p.streams[i]
+		}
+		return nil
+	}
+	chk := &apitest.Checker{From: map[string]int64{"stdout": from[0], "stderr": from[1]}, Check: func(name string, off int64, data []byte) error {
+		o := stream(name)
+		if o == nil {
+			return fmt.Errorf("a frame of stream %s", name)
+		}
+		if off+int64(len(data)) > o.size {
+			return fmt.Errorf("beyond the %d bytes written", o.size)
+		}
+		return w.check(o, data, off)
+	}}
 	defer func() {
-		w.reached = next
-		for i := range next {
-			w.known[i] = max(w.known[i], next[i])
+		for i := range w.p.streams {
+			s := chk.Stream(w.p.streams[i].name)
+			w.reached[i] = s.Next
+			w.known[i] = max(w.known[i], s.Next)
+			st.frames.Add(int64(s.Frames))
+			st.bytes.Add(s.Delivered)
+			st.gaps.Add(int64(s.Gaps))
+			st.gapBytes.Add(s.Lost)
+			if s.Ended {
+				st.ends.Add(1)
+			}
 		}
 	}()
-	for {
-		typ, r, err := c.Reader(rctx)
-		if err == nil {
-			w.buf.Reset()
-			_, err = w.buf.ReadFrom(r)
-		}
+	for msgs := 1; ; msgs++ {
+		typ, err := chk.Next(rctx, c)
 		switch {
 		case err == nil:
-		case exited && websocket.CloseStatus(err) == websocket.StatusNormalClosure:
+		case err == io.EOF:
 			st.exits.Add(1)
 			return true, nil
 		case ctx.Err() != nil:
-			return false, fmt.Errorf("%s: stopped at stdout=%d stderr=%d (ended %v, exit seen %v): %w", where(), next[0], next[1], ended, exited, context.Cause(ctx))
+			return false, fmt.Errorf("%s: stopped at %v: %w", where(), chk, context.Cause(ctx))
 		case rctx.Err() != nil:
 			st.detaches.Add(1)
-			if exited {
+			if chk.Exit != nil {
 				st.exits.Add(1)
 			}
-			return exited, nil
+			return chk.Exit != nil, nil
 		default:
-			return false, fmt.Errorf("%s: at stdout=%d stderr=%d (ended %v, exit seen %v): %w", where(), next[0], next[1], ended, exited, err)
+			return false, fmt.Errorf("%s: %w", where(), err)
 		}
-		msgs++
-		data := w.buf.Bytes()
-		if exited {
-			return false, fmt.Errorf("%s: a message after the exit: %.200q", where(), data)
-		}
-		if typ == websocket.MessageBinary {
-			if msgs == 1 {
-				return false, fmt.Errorf("%s: a frame before the hello", where())
+		// What the checker cannot know: what the process wrote.
+		switch typ {
+		case api.TypeHello:
+			if len(chk.Hello.Streams) != 2 {
+				return false, fmt.Errorf("%s: hello %+v, want stdout and stderr", where(), chk.Hello.Streams)
 			}
-			f, err := api.ParseFrame(data)
-			if err != nil {
+			for i := range w.p.streams {
+				o := &w.p.streams[i]
+				h, ok := chk.Hello.Streams[o.name]
+				if !ok || h.Total > o.size {
+					return false, fmt.Errorf("%s: hello says %s %+v (present %v), written %d", where(), o.name, h, ok, o.size)
+				}
+				w.known[i] = max(w.known[i], h.Total)
+			}
+		case api.TypeGap, api.TypeEnd:
+			for i := range w.p.streams {
+				o, s := &w.p.streams[i], chk.Stream(w.p.streams[i].name)
+				if s.Next > o.size || s.Ended && s.Total != o.size {
+					return false, fmt.Errorf("%s: %s at %d (ended %v, at %d), written %d", where(), o.name, s.Next, s.Ended, s.Total, o.size)
+				}
+			}
+		case api.TypeExit:
+			if err := soakCheckExit(w.p, *chk.Exit); err != nil {
 				return false, fmt.Errorf("%s: %w", where(), err)
 			}
-			i := int(f.Stream) - 1
-			if f.Stream != api.StreamStdout && f.Stream != api.StreamStderr {
-				return false, fmt.Errorf("%s: a frame of stream %d at offset %d", where(), f.Stream, f.Offset)
-			}
-			o := &w.p.streams[i]
-			switch off := int64(f.Offset); {
-			case ended[i]:
-				return false, fmt.Errorf("%s: %s frame at offset %d after the stream's end", where(), o.name, off)
-			case off != next[i]:
-				return false, fmt.Errorf("%s: %s frame at offset %d, want %d (%s)", where(), o.name, off, next[i], soakOverlap(off, next[i]))
-			case off+int64(len(f.Data)) > o.size:
-				return false, fmt.Errorf("%s: %s frame of %d bytes at offset %d, beyond the %d written", where(), o.name, len(f.Data), off, o.size)
-			case framed && f.Seq <= lastSeq:
-				return false, fmt.Errorf("%s: %s frame at offset %d with seq %d, after seq %d", where(), o.name, off, f.Seq, lastSeq)
-			}
-			if err := w.check(o, f.Data, int64(f.Offset)); err != nil {
-				return false, fmt.Errorf("%s: %w", where(), err)
-			}
-			lastSeq, framed = f.Seq, true
-			next[i] += int64(len(f.Data))
-			st.frames.Add(1)
-			st.bytes.Add(int64(len(f.Data)))
-		} else {
-			var m soakMessage
-			if err := json.Unmarshal(data, &m); err != nil {
-				return false, fmt.Errorf("%s: %w in %.200q", where(), err, data)
-			}
-			if (m.Type == api.TypeHello) != (msgs == 1) {
-				return false, fmt.Errorf("%s: message %d is %.200q, want the hello first and only first", where(), msgs, data)
-			}
-			i := slices.IndexFunc(w.p.streams[:], func(o soakStream) bool { return o.name == m.Stream })
-			if (m.Type == api.TypeGap || m.Type == api.TypeEnd) && (i < 0 || ended[i]) {
-				return false, fmt.Errorf("%s: %s of stream %q (ended %v)", where(), m.Type, m.Stream, ended)
-			}
-			switch m.Type {
-			case api.TypeHello:
-				if len(m.Streams) != 2 {
-					return false, fmt.Errorf("%s: hello %.200q, want stdout and stderr", where(), data)
-				}
-				for i := range w.p.streams {
-					o := &w.p.streams[i]
-					h, ok := m.Streams[o.name]
-					if !ok || h.First < 0 || h.First > h.Total || h.Total > o.size || from[i] > h.Total {
-						return false, fmt.Errorf("%s: hello says %s %+v (present %v), written %d", where(), o.name, h, ok, o.size)
-					}
-					w.known[i] = max(w.known[i], h.Total)
-				}
-			case api.TypeGap:
-				o := &w.p.streams[i]
-				if m.From != next[i] || m.To <= m.From || m.To > o.size || m.Lost != m.To-m.From {
-					return false, fmt.Errorf("%s: %s gap [%d, %d) of %d lost bytes at offset %d, written %d (%s)",
-						where(), o.name, m.From, m.To, m.Lost, next[i], o.size, soakOverlap(m.From, next[i]))
-				}
-				next[i] = m.To
-				st.gaps.Add(1)
-				st.gapBytes.Add(m.Lost)
-			case api.TypeEnd:
-				o := &w.p.streams[i]
-				if m.Total != next[i] || m.Total != o.size {
-					return false, fmt.Errorf("%s: %s ends at %d, read up to %d, written %d", where(), o.name, m.Total, next[i], o.size)
-				}
-				ended[i] = true
-				st.ends.Add(1)
-			case api.TypeExit:
-				if !ended[0] || !ended[1] {
-					return false, fmt.Errorf("%s: the exit before the ends (ended %v) at stdout=%d stderr=%d", where(), ended, next[0], next[1])
-				}
-				if err := soakCheckExit(w.p, m.Exit); err != nil {
-					return false, fmt.Errorf("%s: %w", where(), err)
-				}
-				exited = true
-			default:
-				return false, fmt.Errorf("%s: unexpected message %.200q", where(), data)
-			}
 		}
-		if !exited && maxMsgs > 0 && msgs >= maxMsgs {
+		if chk.Exit == nil && maxMsgs > 0 && msgs >= maxMsgs {
 			st.detaches.Add(1)
 			if handshake {
 				c.Close(websocket.StatusNormalClosure, "")
@@ -873,14 +815,6 @@ func (w *soakWatcher) attach(ctx context.Context, from [2]int64, toEnd bool) (bo
 			}
 		}
 	}
-}
-
-// soakOverlap names what a wrong offset means.
-func soakOverlap(got, want int64) string {
-	if got < want {
-		return fmt.Sprintf("overlaps %d bytes already delivered", want-got)
-	}
-	return fmt.Sprintf("leaves a hole of %d bytes", got-want)
 }
 
 // check compares data, delivered at offset off of o, with what the process
