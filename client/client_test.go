@@ -20,6 +20,7 @@ import (
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/client"
 	"github.com/sandkiln/sandkiln/internal/agent"
+	"github.com/sandkiln/sandkiln/internal/apitest"
 	"github.com/sandkiln/sandkiln/internal/daemon/daemontest"
 	"github.com/sandkiln/sandkiln/internal/sandbox"
 )
@@ -73,17 +74,73 @@ func kilnd(t *testing.T) (*client.Client, *client.Sandbox) {
 	return c, sb
 }
 
-// collect reads a process's output to its end, per stream.
-func collect(t *testing.T, p *client.Process) (map[string]string, int64) {
+// account holds the chunks a handle gives out to kiln.v1's per-stream
+// accounting, each stream from its offset in from (a reopened handle's
+// reference; nil is the beginning): in Format Bytes every chunk starts
+// where its stream stood and every gap says exactly what it skipped;
+// decoded text, which has no byte offsets of its own, keeps its order.
+type account struct {
+	from    map[string]int64
+	noGaps  bool // nothing may be lost (a holding handle's output)
+	streams map[string]*apitest.Stream
+	decoded map[string]bool // streams given out as text
+}
+
+func (a *account) stream(name string) *apitest.Stream {
+	if a.streams == nil {
+		a.streams, a.decoded = map[string]*apitest.Stream{}, map[string]bool{}
+	}
+	s := a.streams[name]
+	if s == nil {
+		s = apitest.NewStream(name, a.from[name])
+		s.Keep, s.NoGaps = true, a.noGaps
+		a.streams[name] = s
+	}
+	return s
+}
+
+// take accounts for one chunk.
+func (a *account) take(ch client.Chunk) error {
+	s := a.stream(ch.Stream)
+	switch {
+	case ch.Lost > 0:
+		// A gap chunk's offset is where the stream stands after it.
+		return s.Gap(ch.Offset-ch.Lost, ch.Offset)
+	case ch.Bytes != nil:
+		return s.Frame(ch.Offset, ch.Bytes)
+	}
+	a.decoded[ch.Stream] = true
+	return s.Text(ch.Offset, ch.Text)
+}
+
+// collect reads a process's output to its end, from the offsets from (a
+// reopened handle's reference; nil for the beginning), held to the
+// per-stream accounting, and holds the handle's own counts to it. It
+// returns each stream's output and the bytes lost in all.
+func collect(t *testing.T, p *client.Process, from map[string]int64) (map[string]string, int64) {
 	t.Helper()
-	out := map[string]string{}
-	var lost int64
+	a := &account{from: from}
 	for ch, err := range p.Output(ctxT(t)) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		lost += ch.Lost
-		out[ch.Stream] += ch.Text + string(ch.Bytes)
+		if err := a.take(ch); err != nil {
+			t.Fatalf("output of %s: %v", p.ID, err)
+		}
+	}
+	r, err := p.Wait(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	var lost int64
+	for name, s := range a.streams {
+		c := r.Streams[name]
+		if !c.Ended || c.Lost < s.Lost || !a.decoded[name] && c.Bytes != s.Next {
+			t.Errorf("%s: the handle counts %+v, its output gave out %d bytes and %d lost, to %d", name, c, s.Delivered, s.Lost, s.Next)
+		}
+		out[name] = string(s.Data)
+		lost += s.Lost
 	}
 	return out, lost
 }
@@ -96,7 +153,7 @@ func TestStartOutputWait(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, lost := collect(t, p)
+	out, lost := collect(t, p, nil)
 	if out["stdout"] != "café\n" || out["stderr"] != "bad\uFFFD\n" || lost != 0 {
 		t.Errorf("output %q, lost %d", out, lost)
 	}
@@ -112,7 +169,7 @@ func TestStartOutputWait(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if out, _ := collect(t, q); out["stdout"] != "a\xff\x00b" {
+	if out, _ := collect(t, q, nil); out["stdout"] != "a\xff\x00b" {
 		t.Errorf("bytes %q", out["stdout"])
 	}
 }
@@ -141,7 +198,7 @@ func TestInputInOrderThenEOF(t *testing.T) {
 	if err := p.Write(ctx, []byte("late")); !errors.Is(err, client.ErrStdinClosed) {
 		t.Errorf("write after close: %v", err)
 	}
-	if out, _ := collect(t, p); out["stdout"] != "one two three\n" {
+	if out, _ := collect(t, p, nil); out["stdout"] != "one two three\n" {
 		t.Errorf("echoed %q", out["stdout"])
 	}
 }
@@ -186,7 +243,7 @@ func TestDisconnectThenReopen(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, lost := collect(t, q)
+	out, lost := collect(t, q, back.Offsets)
 	got += out["stdout"]
 	var want strings.Builder
 	for i := 1; i <= 30; i++ {
@@ -327,7 +384,7 @@ sys.stderr.buffer.write(b'\x00\xff\xfe\xc3(\x00end')
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, lost := collect(t, p)
+	out, lost := collect(t, p, nil)
 	var want strings.Builder
 	for range 1024 {
 		for i := range 256 {
@@ -360,7 +417,7 @@ func TestReopenAfterEviction(t *testing.T) {
 	if _, err := q.Wait(ctx); err != nil {
 		t.Fatal(err)
 	}
-	out, lost := collect(t, q)
+	out, lost := collect(t, q, ref.Offsets)
 	if int64(len(out["stdout"]))+lost != total || lost == 0 {
 		t.Errorf("delivered %d + lost %d != %d", len(out["stdout"]), lost, total)
 	}
@@ -399,7 +456,7 @@ func TestResumeInsideACharacter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, lost := collect(t, q)
+	out, lost := collect(t, q, ref.Offsets)
 	if got+out["stdout"] != "café\n" || lost != 0 {
 		t.Errorf("got %q + %q (lost %d)", got, out["stdout"], lost)
 	}
@@ -418,16 +475,17 @@ func TestFlowBlockResumesWithoutLoss(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var got []byte
+	// One account across both handles: the reopened one goes on exactly
+	// where the first stopped, and neither loses a byte.
+	a := &account{noGaps: true}
 	for ch, err := range p.Output(ctx) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if ch.Lost > 0 {
-			t.Fatalf("lost %d bytes of %s", ch.Lost, ch.Stream)
+		if err := a.take(ch); err != nil {
+			t.Fatal(err)
 		}
-		got = append(got, ch.Bytes...)
-		if len(got) >= 4<<20 {
+		if a.stream("stdout").Delivered >= 4<<20 {
 			break // the reader goes away mid-stream
 		}
 	}
@@ -446,14 +504,20 @@ func TestFlowBlockResumesWithoutLoss(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if ref.Offsets["stdout"] != a.stream("stdout").Next {
+		t.Fatalf("reference at %v, the output given out to %d", ref.Offsets, a.stream("stdout").Next)
+	}
 	for ch, err := range q.Output(ctx) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if ch.Lost > 0 {
-			t.Fatalf("after reopening: lost %d bytes of %s", ch.Lost, ch.Stream)
+		if err := a.take(ch); err != nil {
+			t.Fatalf("after reopening: %v", err)
 		}
-		got = append(got, ch.Bytes...)
+	}
+	got := a.stream("stdout").Data
+	if errs := a.stream("stderr"); errs.Frames+errs.Gaps != 0 {
+		t.Errorf("stderr gave out %+v, want nothing", errs)
 	}
 	r, err := q.Wait(ctx)
 	if err != nil {
