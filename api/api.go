@@ -3,10 +3,11 @@ package api
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/sandkiln/sandkiln/internal/errdefs"
 )
 
 // ExecRequest starts a process: POST /exec (finite) or POST /exec-stream
@@ -252,7 +253,7 @@ func AppendFrame(dst []byte, f Frame) []byte {
 }
 
 // ErrFrame reports a binary message that is not a kiln.v1 frame.
-var ErrFrame = errors.New("api: malformed kiln.v1 frame")
+var ErrFrame = errdefs.New(errdefs.ErrInvalidArgument, "api: malformed kiln.v1 frame")
 
 // ParseFrame reads a kiln.v1 binary message; Data aliases b.
 func ParseFrame(b []byte) (Frame, error) {
@@ -421,10 +422,10 @@ type LogRecord struct {
 	Gap     int64     `json:"gap,omitempty"`
 }
 
-// Errors of Check, for servers to map to their statuses.
+// Errors of Check; a server answers them with CodeInvalid and CodeTooLarge.
 var (
-	ErrInvalid  = errors.New("invalid request")
-	ErrTooLarge = errors.New("request too large")
+	ErrInvalid  = errdefs.New(errdefs.ErrInvalidArgument, "invalid request")
+	ErrTooLarge = errdefs.New(errdefs.ErrTooLarge, "request too large")
 )
 
 // Check validates an exec request against the API's bounds: a command, at

@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sandkiln/sandkiln/internal/errdefs"
 	"github.com/sandkiln/sandkiln/internal/ring"
 )
 
@@ -89,7 +90,7 @@ const batchSize = 256 << 10
 const retryEvery = time.Second
 
 // ErrStopped reports a writer stopped before it could finish its run.
-var ErrStopped = errors.New("capture: writer stopped before the end of the run")
+var ErrStopped = errdefs.New(errdefs.ErrFailedPrecondition, "capture: writer stopped before the end of the run")
 
 // Writer writes one process's captured output to the CRI log of its
 // directory. It receives chunks only through its Sink, from the process's

@@ -20,25 +20,26 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandkiln/sandkiln/internal/capture"
+	"github.com/sandkiln/sandkiln/internal/errdefs"
 	"github.com/sandkiln/sandkiln/internal/ring"
 	"github.com/sandkiln/sandkiln/internal/stdin"
 )
 
-// Error classes. Callers test with errors.Is; each error names the value
-// that was wrong.
+// Errors of the engine, each of an errdefs class. Callers test with
+// errors.Is; each error names the value that was wrong.
 var (
-	ErrInvalid     = errors.New("invalid argument")
-	ErrNotFound    = errors.New("not found")
-	ErrFinished    = errors.New("process has finished")
-	ErrStart       = errors.New("process could not start")
-	ErrNoStdin     = errors.New("process has no stdin pipe")
-	ErrNotTerminal = errors.New("process has no terminal")
-	ErrTerminalEOF = errors.New("a terminal has no end-of-input; send Ctrl-D as input")
+	ErrInvalid     = errdefs.New(errdefs.ErrInvalidArgument, "invalid argument")
+	ErrNotFound    = errdefs.New(errdefs.ErrNotFound, "not found")
+	ErrFinished    = errdefs.New(errdefs.ErrFailedPrecondition, "process has finished")
+	ErrStart       = errdefs.New(errdefs.ErrInvalidArgument, "process could not start")
+	ErrNoStdin     = errdefs.New(errdefs.ErrInvalidArgument, "process has no stdin pipe")
+	ErrNotTerminal = errdefs.New(errdefs.ErrInvalidArgument, "process has no terminal")
+	ErrTerminalEOF = errdefs.New(errdefs.ErrInvalidArgument, "a terminal has no end-of-input; send Ctrl-D as input")
 	ErrOutOfRange  = ring.ErrOutOfRange
 	// ErrCapture: the capture the process asked for could not begin (its
 	// directory cannot be written), so it was not started. The request
 	// was good; the host's storage is not.
-	ErrCapture = errors.New("process not started: its capture could not begin")
+	ErrCapture = errdefs.New(errdefs.ErrUnavailable, "process not started: its capture could not begin")
 )
 
 // StdinMode says whether a process gets a stdin pipe.

@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/sandkiln/sandkiln/internal/capture"
+	"github.com/sandkiln/sandkiln/internal/errdefs"
 	"github.com/sandkiln/sandkiln/internal/ring"
 )
 
@@ -102,7 +103,7 @@ func NewTable(cfg TableConfig) *Table {
 }
 
 // ErrClosed is returned by a table that has been shut down.
-var ErrClosed = errors.New("process table is shut down")
+var ErrClosed = errdefs.New(errdefs.ErrUnavailable, "process table is shut down")
 
 // Start starts a process and returns its id (a time-ordered UUID).
 func (t *Table) Start(spec Spec) (string, error) {

@@ -3,12 +3,13 @@
 package ring
 
 import (
-	"errors"
 	"fmt"
 	"math"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/sandkiln/sandkiln/internal/errdefs"
 )
 
 // DefaultCapacity is the ring size of a process unless configured otherwise.
@@ -23,7 +24,7 @@ const minBlock = 4 << 10
 
 // ErrOutOfRange is returned for a cursor asked to start beyond what a stream
 // has produced.
-var ErrOutOfRange = errors.New("ring: offset beyond the stream's end")
+var ErrOutOfRange = errdefs.New(errdefs.ErrOutOfRange, "ring: offset beyond the stream's end")
 
 // block is a slab of memory that one stream's pump reads into, front to
 // back; each committed read becomes a chunk that is a sub-slice of it. The

@@ -2,12 +2,13 @@
 package stdin
 
 import (
-	"errors"
 	"fmt"
 	"math"
 	"os"
 	"sync"
 	"time"
+
+	"github.com/sandkiln/sandkiln/internal/errdefs"
 )
 
 // Limits on what a queue holds. They bound the daemon's memory per process
@@ -23,20 +24,20 @@ const (
 
 var (
 	// ErrTooLarge refuses a write of more than MaxWrite bytes.
-	ErrTooLarge = errors.New("stdin: write too large")
+	ErrTooLarge = errdefs.New(errdefs.ErrTooLarge, "stdin: write too large")
 	// ErrFull refuses a write the queue has no room for now; retry later.
-	ErrFull = errors.New("stdin: queue full")
+	ErrFull = errdefs.New(errdefs.ErrUnavailable, "stdin: queue full")
 	// ErrHole refuses a write that starts past the accepted bytes.
-	ErrHole = errors.New("stdin: write would leave a hole")
+	ErrHole = errdefs.New(errdefs.ErrInvalidArgument, "stdin: write would leave a hole")
 	// ErrOffset refuses a negative offset, or one no stream can reach.
-	ErrOffset = errors.New("stdin: offset out of range")
+	ErrOffset = errdefs.New(errdefs.ErrInvalidArgument, "stdin: offset out of range")
 	// ErrClosed refuses new bytes after Close.
-	ErrClosed = errors.New("stdin: input already closed")
+	ErrClosed = errdefs.New(errdefs.ErrFailedPrecondition, "stdin: input already closed")
 	// ErrBroken says the process stopped reading: a write to it failed. The
 	// returned error wraps the cause as well.
-	ErrBroken = errors.New("stdin: process no longer reads its input")
+	ErrBroken = errdefs.New(errdefs.ErrFailedPrecondition, "stdin: process no longer reads its input")
 	// ErrStopped says the queue was stopped: the process is gone.
-	ErrStopped = errors.New("stdin: input stopped")
+	ErrStopped = errdefs.New(errdefs.ErrFailedPrecondition, "stdin: input stopped")
 )
 
 // plan decides what part of a write of n bytes (n >= 0) at offset is new,

@@ -1,0 +1,55 @@
+// Package errdefs holds the error classes, one per API error code, that every package's errors belong to.
+package errdefs
+
+import "errors"
+
+// Class is a kind of failure. There is one class per API error code, and
+// the transport alone (package reply) knows which code and HTTP status
+// each stands for, so a package only says which class its errors are of:
+// it declares its sentinels with New, or wraps a class itself with %w.
+// Classes are compared by identity.
+type Class struct{ name string }
+
+func (c *Class) Error() string { return c.name }
+
+// The classes. Each one's message is its code in words, so an error that
+// wraps a class directly reads "not found: no sandbox …".
+var (
+	ErrInvalidArgument    = &Class{"invalid argument"}
+	ErrUnauthenticated    = &Class{"unauthenticated"}
+	ErrPermissionDenied   = &Class{"permission denied"}
+	ErrNotFound           = &Class{"not found"}
+	ErrMethodNotAllowed   = &Class{"method not allowed"}
+	ErrAlreadyExists      = &Class{"already exists"}
+	ErrTooLarge           = &Class{"too large"}
+	ErrOutOfRange         = &Class{"out of range"}
+	ErrFailedPrecondition = &Class{"failed precondition"}
+	ErrUnavailable        = &Class{"unavailable"}
+	// ErrOutcomeUnknown: the request reached the sandbox's agent and no
+	// answer came back, so it may or may not have taken effect.
+	ErrOutcomeUnknown = &Class{"outcome unknown"}
+	ErrInternal       = &Class{"internal"}
+)
+
+// New returns an error of class whose message is msg alone: errors.Is
+// matches it against itself and against class, and so does every error
+// that wraps it with %w. Each call makes a distinct error.
+func New(class *Class, msg string) error { return &member{msg: msg, class: class} }
+
+type member struct {
+	msg   string
+	class *Class
+}
+
+func (e *member) Error() string { return e.msg }
+func (e *member) Unwrap() error { return e.class }
+
+// ClassOf returns the class of err, or nil if it has none. The tree of
+// wrapped errors is searched depth first, as errors.As does, so the
+// outermost class wins and, in a join or a multiple %w, the first error
+// that has one.
+func ClassOf(err error) *Class {
+	var c *Class
+	errors.As(err, &c)
+	return c
+}
