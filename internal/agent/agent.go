@@ -23,10 +23,10 @@ import (
 
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/capture"
+	"github.com/sandkiln/sandkiln/internal/errdefs"
 	"github.com/sandkiln/sandkiln/internal/process"
 	"github.com/sandkiln/sandkiln/internal/reply"
 	"github.com/sandkiln/sandkiln/internal/ring"
-	"github.com/sandkiln/sandkiln/internal/stdin"
 )
 
 // Config sets up a Server.
@@ -90,41 +90,16 @@ func (s *Server) routes() {
 	m.HandleFunc("POST /exec-stream/{pid}/resize", s.resize)
 	m.HandleFunc("GET /exec-stream/{pid}/logs", s.logs)
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, fmt.Errorf("%w: no route %s %s", errNoRoute, r.Method, r.URL.Path))
+		writeError(w, fmt.Errorf("%w: no route %s %s", errdefs.ErrNotFound, r.Method, r.URL.Path))
 	})
 }
 
-// Errors of this package's own, beside the engine's.
-var (
-	errNoRoute  = errors.New("not found")
-	errTooLarge = errors.New("too large")
-	errBadJSON  = errors.New("malformed request")
-)
+// errBadJSON is a body or a control message that is not the JSON asked for.
+var errBadJSON = errdefs.New(errdefs.ErrInvalidArgument, "malformed request")
 
-// writeError maps an error to its class and answers with it. This is the
-// one place where the engine's errors become HTTP statuses.
-func writeError(w http.ResponseWriter, err error) {
-	code := api.CodeInternal
-	var maxErr *http.MaxBytesError
-	switch {
-	case errors.Is(err, errTooLarge), errors.As(err, &maxErr), errors.Is(err, stdin.ErrTooLarge), errors.Is(err, api.ErrTooLarge):
-		code = api.CodeTooLarge
-	case errors.Is(err, errBadJSON), errors.Is(err, process.ErrInvalid), errors.Is(err, process.ErrStart), errors.Is(err, api.ErrInvalid),
-		errors.Is(err, process.ErrNoStdin), errors.Is(err, process.ErrNotTerminal), errors.Is(err, process.ErrTerminalEOF),
-		errors.Is(err, stdin.ErrHole), errors.Is(err, stdin.ErrOffset):
-		code = api.CodeInvalid
-	case errors.Is(err, process.ErrNotFound), errors.Is(err, errNoRoute):
-		code = api.CodeNotFound
-	case errors.Is(err, process.ErrOutOfRange):
-		code = api.CodeOutOfRange
-	case errors.Is(err, process.ErrFinished), errors.Is(err, stdin.ErrClosed), errors.Is(err, stdin.ErrBroken),
-		errors.Is(err, stdin.ErrStopped):
-		code = api.CodePrecondition
-	case errors.Is(err, stdin.ErrFull), errors.Is(err, process.ErrClosed), errors.Is(err, process.ErrCapture):
-		code = api.CodeUnavailable
-	}
-	reply.Error(w, code, err.Error())
-}
+// writeError answers with the error's class, the engine's errors and this
+// package's alike: no error is mapped here.
+var writeError = reply.Error
 
 var writeJSON = reply.JSON
 
@@ -137,7 +112,7 @@ func decode(w http.ResponseWriter, r *http.Request, v any) error {
 	if err := dec.Decode(v); err != nil {
 		var maxErr *http.MaxBytesError
 		if errors.As(err, &maxErr) {
-			return fmt.Errorf("%w: body over %d bytes", errTooLarge, api.MaxBody)
+			return fmt.Errorf("%w: body over %d bytes", errdefs.ErrTooLarge, api.MaxBody)
 		}
 		return fmt.Errorf("%w: %v", errBadJSON, err)
 	}
@@ -394,7 +369,7 @@ func (s *Server) stdin(w http.ResponseWriter, r *http.Request) {
 	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, api.MaxStdin))
 	var tooLarge *http.MaxBytesError
 	if errors.As(err, &tooLarge) {
-		writeError(w, fmt.Errorf("%w: stdin writes are at most %d bytes", errTooLarge, api.MaxStdin))
+		writeError(w, fmt.Errorf("%w: stdin writes are at most %d bytes", errdefs.ErrTooLarge, api.MaxStdin))
 		return
 	}
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/internal/errdefs"
 	"github.com/sandkiln/sandkiln/internal/process"
 	"github.com/sandkiln/sandkiln/internal/ring"
 )
@@ -166,7 +167,7 @@ func FuzzDecodeBody(f *testing.F) {
 		}
 		err := decode(httptest.NewRecorder(), httptest.NewRequest("POST", "/", bytes.NewReader(body)), v)
 		if err != nil {
-			if !errors.Is(err, errBadJSON) && !errors.Is(err, errTooLarge) {
+			if !errors.Is(err, errBadJSON) && !errors.Is(err, errdefs.ErrTooLarge) {
 				t.Fatalf("%q: error %v is neither malformed nor too large", body, err)
 			}
 			rec := httptest.NewRecorder()

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/internal/errdefs"
 	"github.com/sandkiln/sandkiln/internal/reply"
 )
 
@@ -62,7 +63,7 @@ func (d *Daemon) Handler(tcp bool) http.Handler {
 		"GET /sandboxes/{id}": func(w http.ResponseWriter, r *http.Request) {
 			e, err := d.get(r.PathValue("id"))
 			if err != nil {
-				writeError(w, err)
+				reply.Error(w, err)
 				return
 			}
 			reply.JSON(w, http.StatusOK, d.infoOf(e))
@@ -70,11 +71,11 @@ func (d *Daemon) Handler(tcp bool) http.Handler {
 		"DELETE /sandboxes/{id}": func(w http.ResponseWriter, r *http.Request) {
 			removeLogs, err := strconv.ParseBool(defaultString(r.URL.Query().Get("remove_logs"), "false"))
 			if err != nil {
-				writeError(w, fmt.Errorf("%w: remove_logs must be true or false", errInvalid))
+				reply.Error(w, fmt.Errorf("%w: remove_logs must be true or false", errdefs.ErrInvalidArgument))
 				return
 			}
 			if err := d.Delete(r.PathValue("id"), removeLogs); err != nil {
-				writeError(w, err)
+				reply.Error(w, err)
 				return
 			}
 			w.WriteHeader(http.StatusNoContent)
@@ -95,17 +96,17 @@ func (d *Daemon) Handler(tcp bool) http.Handler {
 		}
 	}
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		reply.Error(w, api.CodeNotFound, fmt.Sprintf("kilnd: no route %s %s", r.Method, r.URL.Path))
+		reply.Error(w, errdefs.New(errdefs.ErrNotFound, fmt.Sprintf("kilnd: no route %s %s", r.Method, r.URL.Path)))
 	})
 	h := d.metrics.instrument(m)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !d.originAllowed(r) {
-			reply.Error(w, api.CodeForbidden, "kilnd: origin "+clip(r.Header.Get("Origin"))+" is not allowed (see --allow-origin)")
+			reply.Error(w, errdefs.New(errdefs.ErrPermissionDenied, "kilnd: origin "+clip(r.Header.Get("Origin"))+" is not allowed (see --allow-origin)"))
 			return
 		}
 		if tcp && !open[r.URL.Path] && !d.authorized(r) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="kilnd"`)
-			reply.Error(w, api.CodeUnauthorized, "kilnd: a bearer token is required (the token file in kilnd's state directory)")
+			reply.Error(w, errdefs.New(errdefs.ErrUnauthenticated, "kilnd: a bearer token is required (the token file in kilnd's state directory)"))
 			return
 		}
 		h.ServeHTTP(w, r)
@@ -119,23 +120,6 @@ func defaultString(s, def string) string {
 	return s
 }
 
-// writeError maps kilnd's error classes to the API's.
-func writeError(w http.ResponseWriter, err error) {
-	code := api.CodeInternal
-	var maxErr *http.MaxBytesError
-	switch {
-	case errors.As(err, &maxErr):
-		code = api.CodeTooLarge
-	case errors.Is(err, errInvalid):
-		code = api.CodeInvalid
-	case errors.Is(err, errNotFound):
-		code = api.CodeNotFound
-	case errors.Is(err, errUnavailable):
-		code = api.CodeUnavailable
-	}
-	reply.Error(w, code, err.Error())
-}
-
 func (d *Daemon) createHandler(w http.ResponseWriter, r *http.Request) {
 	var req CreateRequest
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, api.MaxBody))
@@ -143,19 +127,19 @@ func (d *Daemon) createHandler(w http.ResponseWriter, r *http.Request) {
 	if err := dec.Decode(&req); err != nil && !errors.Is(err, io.EOF) {
 		var maxErr *http.MaxBytesError
 		if errors.As(err, &maxErr) {
-			writeError(w, err)
+			reply.Error(w, err)
 			return
 		}
-		writeError(w, fmt.Errorf("%w: %v", errInvalid, err))
+		reply.Error(w, fmt.Errorf("%w: %v", errdefs.ErrInvalidArgument, err))
 		return
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		writeError(w, fmt.Errorf("%w: data after the JSON object", errInvalid))
+		reply.Error(w, fmt.Errorf("%w: data after the JSON object", errdefs.ErrInvalidArgument))
 		return
 	}
 	info, err := d.Create(r.Context(), req)
 	if err != nil {
-		writeError(w, err)
+		reply.Error(w, err)
 		return
 	}
 	reply.JSON(w, http.StatusOK, info)
@@ -165,7 +149,7 @@ func (d *Daemon) createHandler(w http.ResponseWriter, r *http.Request) {
 func (d *Daemon) forward(w http.ResponseWriter, r *http.Request) {
 	e, err := d.get(r.PathValue("id"))
 	if err != nil {
-		writeError(w, err)
+		reply.Error(w, err)
 		return
 	}
 	d.mu.Lock()
@@ -180,7 +164,7 @@ func (d *Daemon) forward(w http.ResponseWriter, r *http.Request) {
 		d.mu.Unlock()
 	}()
 	if p == nil {
-		writeError(w, fmt.Errorf("%w: sandbox %s is %s", errUnavailable, id, state))
+		reply.Error(w, fmt.Errorf("%w: sandbox %s is %s", errdefs.ErrUnavailable, id, state))
 		return
 	}
 	if strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
@@ -202,7 +186,7 @@ func (d *Daemon) relay(w http.ResponseWriter, r *http.Request, e *entry) {
 	d.mu.Unlock()
 	agentConn, err := sb.Dial(r.Context())
 	if err != nil {
-		writeError(w, fmt.Errorf("%w: sandbox %s: agent: %v", errUnavailable, id, err))
+		reply.Error(w, fmt.Errorf("%w: sandbox %s: agent: %v", errdefs.ErrUnavailable, id, err))
 		return
 	}
 	defer agentConn.Close()
@@ -212,12 +196,12 @@ func (d *Daemon) relay(w http.ResponseWriter, r *http.Request, e *entry) {
 	out.Host, out.RequestURI = "agent", ""
 	stripCredentials(r, out.Header)
 	if err := out.Write(agentConn); err != nil {
-		writeError(w, fmt.Errorf("%w: sandbox %s: agent: %v", errUnavailable, id, err))
+		reply.Error(w, fmt.Errorf("%w: sandbox %s: agent: %v", errdefs.ErrUnavailable, id, err))
 		return
 	}
 	sent, upgraded, err := readAnswer(w, out, agentConn)
 	if err != nil {
-		writeError(w, fmt.Errorf("%w: sandbox %s: agent: %v", errUnavailable, id, err))
+		reply.Error(w, fmt.Errorf("%w: sandbox %s: agent: %v", errdefs.ErrUnavailable, id, err))
 		return
 	}
 	if !upgraded {
@@ -225,7 +209,7 @@ func (d *Daemon) relay(w http.ResponseWriter, r *http.Request, e *entry) {
 	}
 	conn, brw, err := http.NewResponseController(w).Hijack()
 	if err != nil {
-		writeError(w, fmt.Errorf("%w: %v", errUnavailable, err))
+		reply.Error(w, fmt.Errorf("%w: %v", errdefs.ErrUnavailable, err))
 		return
 	}
 	defer conn.Close()

@@ -26,6 +26,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/internal/errdefs"
 	"github.com/sandkiln/sandkiln/internal/reply"
 	"github.com/sandkiln/sandkiln/internal/sandbox"
 )
@@ -387,12 +388,12 @@ func (d *Daemon) route(rec record) *entry {
 		FlushInterval: -1, // output goes out as it comes
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			if !rec.Sandbox.Alive() {
-				reply.Error(w, api.CodeUnavailable, "kilnd: sandbox "+rec.ID+" is not running")
+				reply.Error(w, errdefs.New(errdefs.ErrUnavailable, "kilnd: sandbox "+rec.ID+" is not running"))
 				return
 			}
 			// The request may have reached the agent: nobody can say
 			// whether it took effect.
-			reply.Error(w, api.CodeUnknown, "kilnd: sandbox "+rec.ID+": no answer from the agent: "+err.Error())
+			reply.Error(w, errdefs.New(errdefs.ErrOutcomeUnknown, "kilnd: sandbox "+rec.ID+": no answer from the agent: "+err.Error()))
 		},
 	}
 	return &entry{rec: rec, proxy: p}
@@ -462,7 +463,7 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	})
 	if err != nil {
 		os.RemoveAll(d.sandboxDir(id))
-		return Info{}, fmt.Errorf("%w: %v", errUnavailable, err)
+		return Info{}, fmt.Errorf("%w: %v", errdefs.ErrUnavailable, err)
 	}
 	rec := record{ID: id, State: StateRunning, CreatedAt: time.Now().UTC(), Hostname: req.Hostname,
 		Rootfs: req.Rootfs, Limits: req.Limits, Init: req.Init, IdleTimeout: req.IdleTimeoutSeconds, Sandbox: sb}
@@ -520,28 +521,28 @@ func (d *Daemon) releaseIDRange(id string) {
 // validateCreate checks a create request before anything is made.
 func validateCreate(req CreateRequest) error {
 	if req.Limits.MemoryBytes < 0 || req.Limits.Pids < 0 || req.Limits.CPUs < 0 {
-		return fmt.Errorf("%w: negative limit", errInvalid)
+		return fmt.Errorf("%w: negative limit", errdefs.ErrInvalidArgument)
 	}
 	if req.Limits.MemoryBytes != 0 && req.Limits.MemoryBytes < 4<<20 {
-		return fmt.Errorf("%w: memory limit %d: at least 4 MiB", errInvalid, req.Limits.MemoryBytes)
+		return fmt.Errorf("%w: memory limit %d: at least 4 MiB", errdefs.ErrInvalidArgument, req.Limits.MemoryBytes)
 	}
 	if req.Limits.Pids != 0 && req.Limits.Pids < 8 {
-		return fmt.Errorf("%w: pids limit %d: at least 8", errInvalid, req.Limits.Pids)
+		return fmt.Errorf("%w: pids limit %d: at least 8", errdefs.ErrInvalidArgument, req.Limits.Pids)
 	}
 	if len(req.Hostname) > 63 || strings.ContainsFunc(req.Hostname, func(r rune) bool {
 		return !(r == '-' || r == '.' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z')
 	}) {
-		return fmt.Errorf("%w: hostname %q", errInvalid, clip(req.Hostname))
+		return fmt.Errorf("%w: hostname %q", errdefs.ErrInvalidArgument, clip(req.Hostname))
 	}
 	if req.Limits.CPUs > maxCPUs {
-		return fmt.Errorf("%w: cpus %g: at most %d", errInvalid, req.Limits.CPUs, maxCPUs)
+		return fmt.Errorf("%w: cpus %g: at most %d", errdefs.ErrInvalidArgument, req.Limits.CPUs, maxCPUs)
 	}
 	if req.IdleTimeoutSeconds < 0 || req.IdleTimeoutSeconds > maxIdleTimeout {
-		return fmt.Errorf("%w: idle_timeout_seconds %d: 0 (none) to %d", errInvalid, req.IdleTimeoutSeconds, maxIdleTimeout)
+		return fmt.Errorf("%w: idle_timeout_seconds %d: 0 (none) to %d", errdefs.ErrInvalidArgument, req.IdleTimeoutSeconds, maxIdleTimeout)
 	}
 	if req.Init != nil {
 		if err := req.Init.Check(false); err != nil {
-			return fmt.Errorf("%w: init: %v", errInvalid, err)
+			return fmt.Errorf("%w: init: %v", errdefs.ErrInvalidArgument, err)
 		}
 	}
 	return nil
@@ -556,7 +557,7 @@ func (d *Daemon) resolveRootfs(p string) (string, error) {
 	}
 	images, err := filepath.EvalSymlinks(d.cfg.Images)
 	if err != nil {
-		return "", fmt.Errorf("%w: images directory: %v", errUnavailable, err)
+		return "", fmt.Errorf("%w: images directory: %v", errdefs.ErrUnavailable, err)
 	}
 	if !filepath.IsAbs(p) {
 		p = filepath.Join(images, p)
@@ -573,7 +574,7 @@ func (d *Daemon) resolveRootfs(p string) (string, error) {
 		}
 	}
 	if err != nil {
-		return "", fmt.Errorf("%w: rootfs %q: a root filesystem must be a directory in kilnd's images directory %s (%v)", errInvalid, clip(p), images, err)
+		return "", fmt.Errorf("%w: rootfs %q: a root filesystem must be a directory in kilnd's images directory %s (%v)", errdefs.ErrInvalidArgument, clip(p), images, err)
 	}
 	return real, nil
 }
@@ -584,19 +585,12 @@ const (
 	maxIdleTimeout = 365 * 24 * 3600 // a year, in seconds
 )
 
-// Errors of kilnd, mapped to statuses in one place (api.go).
-var (
-	errInvalid     = errors.New("invalid argument")
-	errNotFound    = errors.New("not found")
-	errUnavailable = errors.New("unavailable")
-)
-
 func (d *Daemon) get(id string) (*entry, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	e, ok := d.sandboxes[id]
 	if !ok || e.rec.State == StateDeleted {
-		return nil, fmt.Errorf("%w: no sandbox %q", errNotFound, clip(id))
+		return nil, fmt.Errorf("%w: no sandbox %q", errdefs.ErrNotFound, clip(id))
 	}
 	// A running sandbox whose agent died is stopped, as soon as anyone
 	// looks; its watcher, woken by the same exit, ends its cgroups.
@@ -640,7 +634,7 @@ func (d *Daemon) delete(id string, removeLogs, claimed bool) error {
 	e, ok := d.sandboxes[id]
 	if !ok || e.rec.State == StateDeleted || (e.deleting && !claimed) {
 		d.mu.Unlock()
-		return fmt.Errorf("%w: no sandbox %q", errNotFound, clip(id))
+		return fmt.Errorf("%w: no sandbox %q", errdefs.ErrNotFound, clip(id))
 	}
 	rec := e.rec
 	proxy := e.proxy
@@ -653,7 +647,7 @@ func (d *Daemon) delete(id string, removeLogs, claimed bool) error {
 			d.mu.Lock()
 			e.deleting, e.proxy = false, proxy
 			d.mu.Unlock()
-			return fmt.Errorf("%w: delete %s: %v", errUnavailable, id, err)
+			return fmt.Errorf("%w: delete %s: %v", errdefs.ErrUnavailable, id, err)
 		}
 	}
 	d.mu.Lock()

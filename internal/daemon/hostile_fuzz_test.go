@@ -13,6 +13,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/internal/errdefs"
+	"github.com/sandkiln/sandkiln/internal/reply"
 )
 
 // FuzzParseLogQuery parses the query of GET /sandboxes/{id}/logs/{pid}.
@@ -29,11 +31,11 @@ func FuzzParseLogQuery(f *testing.F) {
 		r.URL.RawQuery = raw
 		lq, err := parseLogQuery(r)
 		if err != nil {
-			if !errors.Is(err, errInvalid) {
+			if !errors.Is(err, errdefs.ErrInvalidArgument) {
 				t.Fatalf("%q: error %v is not an invalid argument", raw, err)
 			}
 			rec := httptest.NewRecorder()
-			writeError(rec, err)
+			reply.Error(rec, err)
 			if rec.Code != http.StatusBadRequest {
 				t.Fatalf("%q: %v answered with %d", raw, err, rec.Code)
 			}

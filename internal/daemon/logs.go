@@ -21,6 +21,7 @@ import (
 
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/capture"
+	"github.com/sandkiln/sandkiln/internal/errdefs"
 	"github.com/sandkiln/sandkiln/internal/reply"
 	"github.com/sandkiln/sandkiln/internal/sandbox"
 )
@@ -45,21 +46,21 @@ func runInfos(runs []capture.Run) ([]api.Run, bool) {
 // readable after the sandbox stopped or was deleted.
 func (d *Daemon) logsDir(id string) (*capture.Dir, error) {
 	if _, err := uuid.Parse(id); err != nil {
-		return nil, fmt.Errorf("%w: no sandbox %q", errNotFound, clip(id))
+		return nil, fmt.Errorf("%w: no sandbox %q", errdefs.ErrNotFound, clip(id))
 	}
 	d.mu.Lock()
 	_, ok := d.sandboxes[id]
 	d.mu.Unlock()
 	if !ok {
-		return nil, fmt.Errorf("%w: no sandbox %q", errNotFound, clip(id))
+		return nil, fmt.Errorf("%w: no sandbox %q", errdefs.ErrNotFound, clip(id))
 	}
 	dir, err := capture.OpenDir(filepath.Join(d.sandboxDir(id), sandbox.LogsName))
 	switch {
 	case errors.Is(err, os.ErrNotExist):
-		return nil, fmt.Errorf("%w: sandbox %s has no captured logs", errNotFound, id)
+		return nil, fmt.Errorf("%w: sandbox %s has no captured logs", errdefs.ErrNotFound, id)
 	case errors.Is(err, unix.ELOOP), errors.Is(err, unix.ENOTDIR):
 		// Someone on the host replaced it; kilnd does not follow links.
-		return nil, fmt.Errorf("%w: sandbox %s: its capture directory is no longer a directory", errUnavailable, id)
+		return nil, fmt.Errorf("%w: sandbox %s: its capture directory is no longer a directory", errdefs.ErrUnavailable, id)
 	}
 	return dir, err
 }
@@ -69,13 +70,13 @@ func (d *Daemon) logsDir(id string) (*capture.Dir, error) {
 func (d *Daemon) listLogs(w http.ResponseWriter, r *http.Request) {
 	dir, err := d.logsDir(r.PathValue("id"))
 	if err != nil {
-		writeError(w, err)
+		reply.Error(w, err)
 		return
 	}
 	defer dir.Close()
 	names, err := dir.List()
 	if err != nil {
-		writeError(w, err)
+		reply.Error(w, err)
 		return
 	}
 	out := []CapturedLog{}
@@ -116,12 +117,12 @@ func parseLogQuery(r *http.Request) (logQuery, error) {
 	case "stderr":
 		lq.filter.Stderr = true
 	default:
-		return lq, fmt.Errorf("%w: stream %q: want stdout or stderr", errInvalid, clip(q.Get("stream")))
+		return lq, fmt.Errorf("%w: stream %q: want stdout or stderr", errdefs.ErrInvalidArgument, clip(q.Get("stream")))
 	}
 	if v := q.Get("tail"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 0 {
-			return lq, fmt.Errorf("%w: tail %q: want a count of lines", errInvalid, clip(v))
+			return lq, fmt.Errorf("%w: tail %q: want a count of lines", errdefs.ErrInvalidArgument, clip(v))
 		}
 		lq.filter.Tail = n
 	}
@@ -135,7 +136,7 @@ func parseLogQuery(r *http.Request) (logQuery, error) {
 		} else if dur, err := time.ParseDuration(v); err == nil && dur >= 0 {
 			*t = time.Now().Add(-dur)
 		} else {
-			return lq, fmt.Errorf("%w: %s %q: want an RFC 3339 time or a duration such as 10m", errInvalid, name, clip(v))
+			return lq, fmt.Errorf("%w: %s %q: want an RFC 3339 time or a duration such as 10m", errdefs.ErrInvalidArgument, name, clip(v))
 		}
 	}
 	var err error
@@ -147,14 +148,14 @@ func parseLogQuery(r *http.Request) (logQuery, error) {
 	case "json":
 		lq.json = true
 	default:
-		return lq, fmt.Errorf("%w: format %q: want raw or json", errInvalid, clip(q.Get("format")))
+		return lq, fmt.Errorf("%w: format %q: want raw or json", errdefs.ErrInvalidArgument, clip(q.Get("format")))
 	}
 	switch q.Get("source") {
 	case "", "best":
 	case "log":
 		lq.fromLog = true
 	default:
-		return lq, fmt.Errorf("%w: source %q: want best or log", errInvalid, clip(q.Get("source")))
+		return lq, fmt.Errorf("%w: source %q: want best or log", errdefs.ErrInvalidArgument, clip(q.Get("source")))
 	}
 	return lq, nil
 }
@@ -173,7 +174,7 @@ func boolParam(v string) (bool, error) {
 	}
 	b, err := strconv.ParseBool(v)
 	if err != nil {
-		return false, fmt.Errorf("%w: %q is not true or false", errInvalid, clip(v))
+		return false, fmt.Errorf("%w: %q is not true or false", errdefs.ErrInvalidArgument, clip(v))
 	}
 	return b, nil
 }
@@ -185,23 +186,23 @@ func boolParam(v string) (bool, error) {
 func (d *Daemon) readLog(w http.ResponseWriter, r *http.Request) {
 	lq, err := parseLogQuery(r)
 	if err != nil {
-		writeError(w, err)
+		reply.Error(w, err)
 		return
 	}
 	dir, err := d.logsDir(r.PathValue("id"))
 	if err != nil {
-		writeError(w, err)
+		reply.Error(w, err)
 		return
 	}
 	defer dir.Close()
 	pid := r.PathValue("pid")
 	if _, err := uuid.Parse(pid); err != nil {
-		writeError(w, fmt.Errorf("%w: no process %q", errNotFound, clip(pid)))
+		reply.Error(w, fmt.Errorf("%w: no process %q", errdefs.ErrNotFound, clip(pid)))
 		return
 	}
 	sub, err := dir.OpenSub(pid)
 	if err != nil {
-		writeError(w, fmt.Errorf("%w: process %s has no captured log", errNotFound, pid))
+		reply.Error(w, fmt.Errorf("%w: process %s has no captured log", errdefs.ErrNotFound, pid))
 		return
 	}
 	defer sub.Close()

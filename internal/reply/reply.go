@@ -3,9 +3,11 @@ package reply
 
 import (
 	"encoding/json"
+	"errors"
 	"net/http"
 
 	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/internal/errdefs"
 )
 
 // JSON writes v as the JSON body of a response with status.
@@ -18,27 +20,46 @@ func JSON(w http.ResponseWriter, status int, v any) {
 	enc.Encode(v)
 }
 
-// Status is the HTTP status of each error code.
-var Status = map[string]int{
-	api.CodeInvalid:      http.StatusBadRequest,
-	api.CodeUnauthorized: http.StatusUnauthorized,
-	api.CodeForbidden:    http.StatusForbidden,
-	api.CodeNotFound:     http.StatusNotFound,
-	api.CodeMethod:       http.StatusMethodNotAllowed,
-	api.CodeConflict:     http.StatusConflict,
-	api.CodePrecondition: http.StatusPreconditionFailed,
-	api.CodeTooLarge:     http.StatusRequestEntityTooLarge,
-	api.CodeOutOfRange:   http.StatusRequestedRangeNotSatisfiable,
-	api.CodeUnavailable:  http.StatusServiceUnavailable,
-	api.CodeUnknown:      http.StatusBadGateway,
-	api.CodeInternal:     http.StatusInternalServerError,
+type answer struct {
+	code   string
+	status int
 }
 
-// Error writes the error body for code with its status.
-func Error(w http.ResponseWriter, code, message string) {
-	status, ok := Status[code]
-	if !ok {
-		status, code = http.StatusInternalServerError, api.CodeInternal
+// answers is each error class's API code and HTTP status: the one place
+// where an error becomes an answer.
+var answers = map[*errdefs.Class]answer{
+	errdefs.ErrInvalidArgument:    {api.CodeInvalid, http.StatusBadRequest},
+	errdefs.ErrUnauthenticated:    {api.CodeUnauthorized, http.StatusUnauthorized},
+	errdefs.ErrPermissionDenied:   {api.CodeForbidden, http.StatusForbidden},
+	errdefs.ErrNotFound:           {api.CodeNotFound, http.StatusNotFound},
+	errdefs.ErrMethodNotAllowed:   {api.CodeMethod, http.StatusMethodNotAllowed},
+	errdefs.ErrAlreadyExists:      {api.CodeConflict, http.StatusConflict},
+	errdefs.ErrTooLarge:           {api.CodeTooLarge, http.StatusRequestEntityTooLarge},
+	errdefs.ErrOutOfRange:         {api.CodeOutOfRange, http.StatusRequestedRangeNotSatisfiable},
+	errdefs.ErrFailedPrecondition: {api.CodePrecondition, http.StatusPreconditionFailed},
+	errdefs.ErrUnavailable:        {api.CodeUnavailable, http.StatusServiceUnavailable},
+	errdefs.ErrOutcomeUnknown:     {api.CodeUnknown, http.StatusBadGateway},
+	errdefs.ErrInternal:           {api.CodeInternal, http.StatusInternalServerError},
+}
+
+// Code returns the API code and HTTP status err answers with: those of its
+// class (errdefs.ClassOf). A body past its http.MaxBytesReader bound, of no
+// class of its own, is too large; any other error of no class is internal.
+func Code(err error) (code string, status int) {
+	c := errdefs.ClassOf(err)
+	var maxErr *http.MaxBytesError
+	if c == nil && errors.As(err, &maxErr) {
+		c = errdefs.ErrTooLarge
 	}
-	JSON(w, status, api.Error{Error: api.ErrorBody{Code: code, Message: message}})
+	a, ok := answers[c]
+	if !ok {
+		a = answers[errdefs.ErrInternal]
+	}
+	return a.code, a.status
+}
+
+// Error answers with err: its code and status (see Code), and its message.
+func Error(w http.ResponseWriter, err error) {
+	code, status := Code(err)
+	JSON(w, status, api.Error{Error: api.ErrorBody{Code: code, Message: err.Error()}})
 }
