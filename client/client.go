@@ -106,7 +106,8 @@ func (c *Client) Close() error {
 	return nil
 }
 
-// Error is an error kilnd (or the sandbox's agent) answered with.
+// Error is an error kilnd (or the sandbox's agent) answered with. Test
+// it with the Is… functions, one for each of its codes.
 type Error struct {
 	Status  int    // HTTP status
 	Code    string // one of api.Code…
@@ -117,6 +118,8 @@ func (e *Error) Error() string { return "kilnd: " + e.Message }
 
 // ErrOutcomeUnknown reports a request whose answer was lost: it may or may
 // not have taken effect. The client never retries such a request blindly.
+// The error wraps the cause as well (a context's deadline or cancellation,
+// a broken connection, an Error).
 var ErrOutcomeUnknown = errors.New("client: outcome unknown: the request was sent and its answer lost")
 
 func hasCode(err error, code string) bool {
@@ -130,16 +133,47 @@ func IsNotFound(err error) bool { return hasCode(err, api.CodeNotFound) }
 // IsOutOfRange reports offsets beyond what a process has produced.
 func IsOutOfRange(err error) bool { return hasCode(err, api.CodeOutOfRange) }
 
-// IsInvalid reports a request kilnd refused as malformed.
+// IsInvalid reports a request kilnd refused as malformed, or as too large
+// (IsTooLarge tells which).
 func IsInvalid(err error) bool {
 	return hasCode(err, api.CodeInvalid) || hasCode(err, api.CodeTooLarge)
 }
 
+// IsTooLarge reports a request past one of the API's bounds: a body, a
+// stdin write, or a command's arguments and environment.
+func IsTooLarge(err error) bool { return hasCode(err, api.CodeTooLarge) }
+
 // IsUnavailable reports kilnd or a sandbox unable to serve now.
 func IsUnavailable(err error) bool { return hasCode(err, api.CodeUnavailable) }
 
-// IsOutcomeUnknown reports a request that may or may not have taken effect.
-func IsOutcomeUnknown(err error) bool { return errors.Is(err, ErrOutcomeUnknown) }
+// IsOutcomeUnknown reports a request that may or may not have taken
+// effect: its answer was lost on the way to the client (ErrOutcomeUnknown),
+// or kilnd lost the agent's.
+func IsOutcomeUnknown(err error) bool {
+	return errors.Is(err, ErrOutcomeUnknown) || hasCode(err, api.CodeUnknown)
+}
+
+// IsFailedPrecondition reports a request the process's state refuses for
+// good: it has finished, or its stdin is closed or broken.
+func IsFailedPrecondition(err error) bool { return hasCode(err, api.CodePrecondition) }
+
+// IsUnauthenticated reports a request without the token kilnd asks for on
+// TCP.
+func IsUnauthenticated(err error) bool { return hasCode(err, api.CodeUnauthorized) }
+
+// IsPermissionDenied reports a request kilnd does not allow, such as one
+// from a browser origin outside its --allow-origin.
+func IsPermissionDenied(err error) bool { return hasCode(err, api.CodeForbidden) }
+
+// IsAlreadyExists reports a request to make something that exists already.
+func IsAlreadyExists(err error) bool { return hasCode(err, api.CodeConflict) }
+
+// IsMethodNotAllowed reports a method a route does not take.
+func IsMethodNotAllowed(err error) bool { return hasCode(err, api.CodeMethod) }
+
+// IsInternal reports a failure of kilnd or the agent themselves, or an
+// answer that was not one of the API's.
+func IsInternal(err error) bool { return hasCode(err, api.CodeInternal) }
 
 // request is one HTTP call. sent reports whether the request may have
 // reached kilnd: a failure after that is an unknown outcome.
@@ -199,7 +233,7 @@ func (c *Client) call(ctx context.Context, method, path string, query url.Values
 	if err != nil {
 		var e *Error
 		if !idempotent && ((!errors.As(err, &e) && sent) || (e != nil && e.Code == api.CodeUnknown)) {
-			return fmt.Errorf("%w: %s %s: %v", ErrOutcomeUnknown, method, path, err)
+			return fmt.Errorf("%w: %s %s: %w", ErrOutcomeUnknown, method, path, err)
 		}
 		return err
 	}
@@ -209,7 +243,7 @@ func (c *Client) call(ctx context.Context, method, path string, query url.Values
 	}
 	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
 		if !idempotent {
-			return fmt.Errorf("%w: %s %s: reading the answer: %v", ErrOutcomeUnknown, method, path, err)
+			return fmt.Errorf("%w: %s %s: reading the answer: %w", ErrOutcomeUnknown, method, path, err)
 		}
 		return fmt.Errorf("client: %s %s: %w", method, path, err)
 	}

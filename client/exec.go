@@ -58,13 +58,13 @@ func (s *Sandbox) Exec(ctx context.Context, o ExecOptions) (ExecResult, error) {
 		resp, sent, err := s.c.request(ctx, s.c.stream, "POST", s.path("/exec"), nil, jsonBody(req), "application/json")
 		if err != nil {
 			if _, ok := err.(*Error); !ok && sent {
-				return ExecResult{}, fmt.Errorf("%w: exec: %v", ErrOutcomeUnknown, err)
+				return ExecResult{}, fmt.Errorf("%w: exec: %w", ErrOutcomeUnknown, err)
 			}
 			return ExecResult{}, err
 		}
 		defer resp.Body.Close()
 		if err := decodeJSON(resp.Body, &r); err != nil {
-			return ExecResult{}, fmt.Errorf("%w: exec: %v", ErrOutcomeUnknown, err)
+			return ExecResult{}, fmt.Errorf("%w: exec: %w", ErrOutcomeUnknown, err)
 		}
 		res := ExecResult{Exit: r.Exit, Truncated: r.Truncated, TimedOut: r.TimedOut}
 		res.Stdout, err = exact(r.Stdout, r.StdoutBase64)
