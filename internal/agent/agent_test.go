@@ -5,10 +5,12 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -47,12 +49,15 @@ func newAgent(t *testing.T) *agent {
 // newAgentWith is newAgent over a table configured with cfg.
 func newAgentWith(t *testing.T, cfg process.TableConfig) *agent {
 	t.Helper()
-	table := process.NewTable(cfg)
 	logs := t.TempDir()
 	d, err := capture.OpenDir(logs)
 	if err != nil {
 		t.Fatal(err)
 	}
+	// As in a sandbox, readers take from a captured process's log what
+	// its ring no longer holds.
+	cfg.Logs = d.OpenSub
+	table := process.NewTable(cfg)
 	s := New(Config{Table: table, Env: os.Environ(), Logs: d})
 	srv := httptest.NewServer(s)
 	t.Cleanup(func() {
@@ -404,5 +409,45 @@ func TestBadRequests(t *testing.T) {
 	}
 	if got := a.call("POST", "/exec-stream/"+pipe+"/stdin?offset=5", "hole", nil); got != 400 {
 		t.Errorf("stdin leaving a hole: %d", got)
+	}
+}
+
+// TestWatcherOfACapturedProcessGetsEverything: a kiln.v1 watcher of a
+// captured process whose output outran its ring, from the start and from
+// the middle, gets every byte, held to the stream contract: what the ring
+// dropped comes from the captured log, its frames in order and without
+// overlapping the ring's in the process's output.
+func TestWatcherOfACapturedProcessGetsEverything(t *testing.T) {
+	a := newAgent(t)
+	var want [2]strings.Builder
+	for i := range 60000 {
+		fmt.Fprintf(&want[0], "line %d of a build that prints one short line at a time\n", i)
+		if i%7 == 0 {
+			fmt.Fprintf(&want[1], "warning %d\n", i)
+		}
+	}
+	script := `i=0; while [ $i -lt 60000 ]; do echo "line $i of a build that prints one short line at a time"; ` +
+		`[ $((i % 7)) -eq 0 ] && echo "warning $i" >&2; i=$((i+1)); done; exit 0`
+	var st api.Started
+	a.call("POST", "/exec-stream", api.ExecRequest{Command: "sh", Args: []string{"-c", script}, Capture: true}, &st)
+	a.call("GET", "/exec-stream/"+st.ID+"/wait", nil, nil)
+	for _, from := range []map[string]int64{nil, {"stdout": int64(want[0].Len() / 3), "stderr": int64(want[1].Len() / 2)}} {
+		path := "/exec-stream/" + st.ID + "/logs"
+		if from != nil {
+			path += "?stdout=" + strconv.FormatInt(from["stdout"], 10) + "&stderr=" + strconv.FormatInt(from["stderr"], 10)
+		}
+		c := a.dial(path, api.ProtocolV1)
+		chk := &apitest.Checker{From: from, Keep: true, NoGaps: true}
+		if err := chk.Read(ctxT(t), c); err != nil {
+			t.Fatalf("from %v: %v", from, err)
+		}
+		for i, name := range []string{"stdout", "stderr"} {
+			if got := string(chk.Stream(name).Data); got != want[i].String()[from[name]:] {
+				t.Errorf("from %v: %s %d bytes of %d", from, name, len(got), want[i].Len()-int(from[name]))
+			}
+		}
+		if h := chk.Hello.Streams["stdout"]; h.First != 0 {
+			t.Errorf("hello says stdout is kept from %d, the log has it from 0", h.First)
+		}
 	}
 }

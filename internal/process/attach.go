@@ -36,10 +36,11 @@ type Attachment struct {
 	onClose func()
 	closed  bool
 
-	// pos is where each stream stands in what Next returned; lastSeq is
-	// the seq of the last Data returned, -1 before any.
-	pos     ring.Offsets
-	lastSeq int64
+	// pos is where each stream stands in what Next returned; seqEnd is
+	// where the last Data returned ends in the process's output (its seq
+	// plus its length), 0 before any.
+	pos    ring.Offsets
+	seqEnd uint64
 
 	// log opens the process's captured log; nil if it has none. caught,
 	// for a process still running, waits until what its pumps pushed is
@@ -93,7 +94,7 @@ func (a *Attachment) returned(e Event) Event {
 	switch e.Kind {
 	case ring.Data:
 		a.pos[e.Stream] = e.Offset + int64(len(e.Data))
-		a.lastSeq = int64(e.Seq)
+		a.seqEnd = e.Seq + uint64(len(e.Data))
 	case ring.Gap:
 		a.pos[e.Stream] = e.To
 	}
@@ -196,7 +197,7 @@ func (a *Attachment) replay(ctx context.Context, gap Event) bool {
 		a.pending = append(back, a.pending...)
 		return false
 	}
-	a.rep = newReplay(dir, gaps, a.pos, a.terminal, &a.lastSeq)
+	a.rep = newReplay(dir, gaps, a.pos, a.terminal, &a.seqEnd)
 	return true
 }
 

@@ -806,7 +806,7 @@ func (p *Process) Attach(from ring.Offsets, o AttachOptions) (*Attachment, error
 	if o.Hold {
 		c.Hold(p.grace, o.Acked) // false once the process is shut down: then it drops
 	}
-	a := &Attachment{cur: c, p: p, pos: from, lastSeq: -1, terminal: p.terminal}
+	a := &Attachment{cur: c, p: p, pos: from, terminal: p.terminal}
 	if p.openLog != nil {
 		a.log, a.caught = p.openLog, p.capture.Caught
 	}

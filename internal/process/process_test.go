@@ -37,13 +37,14 @@ type transcript struct {
 }
 
 // read consumes an attachment to its end and checks that offsets continue
-// exactly from event to event, that seq rises across every Data event, and
+// exactly from event to event, that seq rises across every Data event and
+// no event's bytes overlap the one before in the process's output, and
 // that the attachment's position is where its events say.
 func read(t *testing.T, a *Attachment, from ring.Offsets) transcript {
 	t.Helper()
 	ctx := ctxT(t)
 	var tr transcript
-	next, last := from, int64(-1)
+	next, last, end := from, int64(-1), uint64(0)
 	for {
 		e, err := a.Next(ctx)
 		if errors.Is(err, io.EOF) {
@@ -59,10 +60,10 @@ func read(t *testing.T, a *Attachment, from ring.Offsets) transcript {
 			if e.Offset != next[s] {
 				t.Fatalf("%v data at %d, expected %d", s, e.Offset, next[s])
 			}
-			if int64(e.Seq) <= last {
-				t.Fatalf("%v data at %d with seq %d, after seq %d", s, e.Offset, e.Seq, last)
+			if int64(e.Seq) <= last || e.Seq < end {
+				t.Fatalf("%v data at %d with seq %d, after seq %d ending at %d", s, e.Offset, e.Seq, last, end)
 			}
-			last = int64(e.Seq)
+			last, end = int64(e.Seq), e.Seq+uint64(len(e.Data))
 			tr.data[s] = append(tr.data[s], e.Data...)
 			next[s] += int64(len(e.Data))
 		case ring.Gap:

@@ -20,11 +20,14 @@ const replayPiece = 64 << 10
 // log does not hold either (its capture dropped it, or rotation removed
 // it), so that every byte of the span is accounted for, once, at its
 // offset. The log's records are read in log order, so the streams'
-// interleaving is the log's; each event's seq is the sum, over the
+// interleaving is the log's. Each event's seq is the sum, over the
 // streams, of where the log stands in each (bounded by where the reader
-// stands in the streams without a gap, and by the end of the gaps), and
-// above the seq returned last: so seqs rise, and stay below those of the
-// ring's events after the gaps.
+// stands in the streams without a gap, and by the end of the gaps), or
+// the end of the event before it if that is higher: so events follow each
+// other in the process's output without overlapping, as the ring's do,
+// and end before the seq of the ring's event after the gaps (the sum of
+// the bounds is at most that, and the events' lengths are the bytes the
+// bounds leave room for).
 type replay struct {
 	dir  *capture.Dir
 	r    *capture.Reader
@@ -34,7 +37,7 @@ type replay struct {
 	gapped   [ring.NumStreams]bool
 	caps     ring.Offsets // where each stream bounds seq
 	logAt    ring.Offsets // where the log stands per stream
-	lastSeq  *int64       // the attachment's: of the event returned last, -1 before any
+	seqEnd   *uint64      // the attachment's: where the event returned last ends
 	out      []ring.Event // events made, not yet returned
 	piece    ring.Event   // data being gathered, Kind Data when any
 	finished bool
@@ -42,8 +45,8 @@ type replay struct {
 
 // newReplay starts a replay of the gaps, a gap per stream at most, from the
 // log in dir; where reports where the reader stands in every stream.
-func newReplay(dir *capture.Dir, gaps []ring.Event, where ring.Offsets, terminal bool, lastSeq *int64) *replay {
-	rp := &replay{dir: dir, ptys: terminal, lastSeq: lastSeq}
+func newReplay(dir *capture.Dir, gaps []ring.Event, where ring.Offsets, terminal bool, seqEnd *uint64) *replay {
+	rp := &replay{dir: dir, ptys: terminal, seqEnd: seqEnd}
 	rp.span(gaps, where)
 	from := capture.Positions{Stdout: math.MaxInt64, Stderr: math.MaxInt64}
 	for _, g := range gaps {
@@ -183,15 +186,13 @@ func (rp *replay) seq(s ring.Stream) uint64 {
 		}
 		sum += uint64(min(at, rp.caps[x]))
 	}
-	if last := *rp.lastSeq; last >= 0 && sum <= uint64(last) {
-		sum = uint64(last) + 1
-	}
+	end := *rp.seqEnd // past what was returned, and what is made and not yet
 	for _, e := range rp.out {
-		if e.Kind == ring.Data && sum <= e.Seq {
-			sum = e.Seq + 1
+		if e.Kind == ring.Data {
+			end = max(end, e.Seq+uint64(len(e.Data)))
 		}
 	}
-	return sum
+	return max(sum, end)
 }
 
 // lose accounts for s up to to as lost, after what was gathered of it.

@@ -276,7 +276,7 @@ func (t *Table) Attach(id string, from ring.Offsets, o AttachOptions) (*Attachme
 			}
 		}
 		a := &Attachment{pending: tombstoneEvents(streams, ts.totals, from), totals: ts.totals, exit: ts.exit, exitOK: true,
-			pos: from, lastSeq: -1, terminal: ts.terminal}
+			pos: from, terminal: ts.terminal}
 		if ts.captured && t.cfg.Logs != nil {
 			a.log = t.opener(id)
 		}
