@@ -289,3 +289,94 @@ func TestLateFirstAckNeverOverfillsTheRing(t *testing.T) {
 		<-done
 	})
 }
+
+// TestPumpWakesTheHolderBeforeItWaits: bytes committed with more set are
+// not yet announced; a pump that then waits for room announces them
+// first, so a holder that needs them to ack (and free the room) gets them
+// instead of both waiting for ever.
+func TestPumpWakesTheHolderBeforeItWaits(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := New(Config{Capacity: 4 << 10, Streams: []Stream{Stdout}})
+		h, _ := r.Cursor(Offsets{})
+		defer h.Close()
+		h.Hold(time.Minute, true)
+		write(r, Stdout, patterned(Stdout, 0, 2500))
+		for h.Position()[Stdout] < 2500 {
+			if _, err := h.Next(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// The holder waits for more; 700 more come, unannounced: 3200 of
+		// 4096 bytes are now held unacked.
+		got := make(chan Event, 1)
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			e, err := h.Next(ctx)
+			if err != nil {
+				t.Errorf("the holder was not given the bytes the pump waits on it for: %v", err)
+			}
+			got <- e
+		}()
+		synctest.Wait()
+		n := copy(r.Buffer(Stdout), patterned(Stdout, 2500, 700))
+		r.Commit(Stdout, n, true).Release()
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			r.Buffer(Stdout) // less than a quarter of room: waits
+		}()
+		synctest.Wait()
+		if !r.Held() {
+			t.Fatal("the pump did not wait for room")
+		}
+		if e := <-got; e.Offset != 2500 || len(e.Data) != n {
+			t.Fatalf("got %d bytes at %d, want %d at 2500", len(e.Data), e.Offset, n)
+		}
+		h.Ack(h.Position())
+		<-done
+	})
+}
+
+// TestStalledHolderIsLetGo: a holder that neither reads nor acks while the
+// pump waits on it keeps the pump waiting for its grace period, not
+// longer; the pump then runs on and the holder is told what it missed.
+// One that reads, however slowly, within its grace, misses nothing.
+func TestStalledHolderIsLetGo(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := New(Config{Capacity: 4 << 10, Streams: []Stream{Stdout}})
+		h, _ := r.Cursor(Offsets{})
+		defer h.Close()
+		h.Hold(10*time.Second, false)
+		const size = 64 << 10
+		start := time.Now()
+		done := pumpInto(r, Stdout, size)
+		time.Sleep(9 * time.Second)
+		if !r.Held() {
+			t.Fatal("the pump let the holder go before its grace")
+		}
+		select {
+		case <-done:
+		case <-time.After(time.Minute):
+			t.Fatal("the pump still waits on a holder of 10s grace after a minute")
+		}
+		if waited := time.Since(start); waited > 11*time.Second {
+			t.Fatalf("the pump waited %v on a holder of 10s grace", waited)
+		}
+		got, lost := readAll(t, h, nil)
+		if lost[Stdout] == 0 || got[Stdout]+lost[Stdout] != size {
+			t.Fatalf("the stalled holder got %d and lost %d of %d", got[Stdout], lost[Stdout], size)
+		}
+
+		r = New(Config{Capacity: 4 << 10, Streams: []Stream{Stdout}})
+		slow, _ := r.Cursor(Offsets{})
+		defer slow.Close()
+		slow.Hold(10*time.Second, false)
+		done = pumpInto(r, Stdout, size)
+		got, lost = readAll(t, slow, func(Event) { time.Sleep(9 * time.Second) })
+		<-done
+		if lost[Stdout] != 0 || got[Stdout] != size {
+			t.Fatalf("a holder reading every 9s of a 10s grace got %d and lost %d of %d", got[Stdout], lost[Stdout], size)
+		}
+	})
+}

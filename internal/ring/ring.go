@@ -5,6 +5,7 @@ package ring
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -242,7 +243,11 @@ func (r *Ring) Streams() []Stream { return r.streams }
 // has without evicting held bytes, and when that room is less than a
 // quarter of the ring, Buffer waits for a holder to take more (or for the
 // holds to go): the pump then does not read, and the kernel pipe holds the
-// process back.
+// process back. The room is the ring's as Buffer finds it: another
+// stream's pump may be reading into room it was given meanwhile (and a
+// pump may have been given its buffer before the hold was put in place),
+// so with holds the ring retains its capacity and, at most, one read of
+// each other stream beyond it, never evicting a held byte to keep to it.
 func (r *Ring) Buffer(s Stream) []byte {
 	b := r.active[s]
 	if r.holding.Load() == 0 && b != nil && len(b.buf)-b.used >= min(r.minTail, len(b.buf)/4) {
@@ -263,12 +268,23 @@ func (r *Ring) Buffer(s Stream) []byte {
 
 // awaitRoomLocked returns how many bytes may be committed without evicting
 // held ones, waiting first while that is less than a quarter of the ring.
-// Caller holds mu, which is released while it waits.
+// Before it waits it wakes the cursors for what was committed unannounced,
+// so that no holder waits for bytes that are there. A holder that takes
+// nothing for its grace period while the pump waits on it is taken for
+// gone: its hold goes (see dropStalledLocked). Caller holds mu, which is
+// released while it waits.
 func (r *Ring) awaitRoomLocked() int {
 	for {
 		room, until := r.roomLocked()
 		if room >= max(1, r.capacity/4) {
 			return room
+		}
+		if r.unwoken > 0 {
+			r.wakeLocked()
+		}
+		stalled, snapshot := r.stallDeadlineLocked()
+		if until.IsZero() || !stalled.IsZero() && stalled.Before(until) {
+			until = stalled
 		}
 		wait := r.room
 		r.roomWaiters.Add(1)
@@ -279,16 +295,82 @@ func (r *Ring) awaitRoomLocked() int {
 			t = time.NewTimer(time.Until(until))
 			expired = t.C
 		}
+		timedOut := false
 		select {
 		case <-wait:
 		case <-expired:
+			timedOut = true
 		}
 		if t != nil {
 			t.Stop()
 		}
 		r.roomWaiters.Add(-1)
 		r.mu.Lock()
+		if timedOut && !stalled.IsZero() && !time.Now().Before(stalled) {
+			r.dropStalledLocked(snapshot)
+		}
 	}
+}
+
+// stallDeadlineLocked is when a wait for room that nothing ends makes the
+// cursors' holds stalled: the soonest of their graces from now; and where
+// each stands now. Zero without cursors' holds. Caller holds mu.
+func (r *Ring) stallDeadlineLocked() (time.Time, map[*hold]Offsets) {
+	var deadline time.Time
+	var at map[*hold]Offsets
+	for _, h := range r.holds {
+		if h.cur == nil {
+			continue
+		}
+		if at == nil {
+			at = map[*hold]Offsets{}
+		}
+		at[h] = h.from()
+		if d := time.Now().Add(h.cur.grace); deadline.IsZero() || d.Before(deadline) {
+			deadline = d
+		}
+	}
+	return deadline, at
+}
+
+// dropStalledLocked drops, of the cursors' holds that have not moved from
+// where snapshot saw them, those that keep the pumps from room: the one
+// keeping the most first, until there is room or none is left. A reader
+// that neither takes nor acks what it holds for its grace period cannot
+// hang the workload: it is told of what it then misses, as a reader that
+// does not hold is. Caller holds mu.
+func (r *Ring) dropStalledLocked(snapshot map[*hold]Offsets) {
+	for {
+		if room, _ := r.roomLocked(); room >= max(1, r.capacity/4) {
+			return
+		}
+		var worst *hold
+		most := -1
+		for _, h := range r.holds {
+			if at, ok := snapshot[h]; ok && h.cur != nil && h.from() == at {
+				if n := r.heldByLocked(h); n > most {
+					worst, most = h, n
+				}
+			}
+		}
+		if worst == nil {
+			return
+		}
+		r.holds = slices.DeleteFunc(r.holds, func(h *hold) bool { return h == worst })
+		r.holding.Store(int32(len(r.holds)))
+	}
+}
+
+// heldByLocked is how many retained bytes h alone keeps. Caller holds mu.
+func (r *Ring) heldByLocked(h *hold) int {
+	from := h.from()
+	for i := r.firstIdx; i < r.nextIdx; i++ {
+		c := r.chunks[r.head+int(i-r.firstIdx)]
+		if c.offset+int64(len(c.data)) > from[c.stream] {
+			return int(r.total-c.seq) - int(max(0, from[c.stream]-c.offset))
+		}
+	}
+	return 0
 }
 
 // roomLocked is how many bytes may be committed without evicting a byte a
