@@ -3,7 +3,9 @@ package interop
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +19,8 @@ import (
 	"github.com/open-telemetry/opentelemetry-collector-contrib/pkg/stanza/testutil"
 
 	"github.com/sandkiln/sandkiln/internal/capture"
+	"github.com/sandkiln/sandkiln/internal/process"
+	"github.com/sandkiln/sandkiln/internal/ring"
 )
 
 // otelLine is one log record as OpenTelemetry's container parser makes it.
@@ -136,5 +140,63 @@ printf 'no newline at the end'`},
 				t.Error(err)
 			}
 		})
+	}
+}
+
+// TestOpenTelemetryReadsALineAReaderCaughtUpWith: a reader that catches up
+// with the log (as one does when the ring has dropped what it wants) while
+// a line is unfinished, and the other stream's line before that line's
+// end, leave OpenTelemetry's parser with each line whole on its stream:
+// the unfinished line was not cut into the log for the reader.
+func TestOpenTelemetryReadsALineAReaderCaughtUpWith(t *testing.T) {
+	dir, w := begin(t, capture.Options{})
+	p, err := process.Start("p", process.Spec{Argv: []string{"sh", "-c",
+		`printf 'progress 50%%'; read a; echo "a warning" >&2; read b; echo " and done"`},
+		Stdin: process.StdinPipe, Capture: w})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), timeout)
+	defer cancel()
+	a, err := p.Attach(ring.Offsets{}, process.AttachOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	next := func(s ring.Stream) {
+		for {
+			e, err := a.Next(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if e.Kind == ring.Data && e.Stream == s {
+				return
+			}
+		}
+	}
+	next(ring.Stdout)
+	if _, err := w.Caught(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Write(0, []byte("go\n")); err != nil {
+		t.Fatal(err)
+	}
+	next(ring.Stderr)
+	if _, err := w.Caught(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Write(3, []byte("on\n")); err != nil {
+		t.Fatal(err)
+	}
+	ended(t, p)
+	got := otelRead(t, filepath.Join(dir, capture.ActiveName))
+	want := []otelLine{{stream: "stderr", body: "a warning"}, {stream: "stdout", body: "progress 50% and done"}}
+	if len(got) != len(want) {
+		t.Fatalf("records %+v, want %+v", got, want)
+	}
+	for i := range got {
+		if got[i].stream != want[i].stream || got[i].body != want[i].body {
+			t.Fatalf("records %+v, want %+v", got, want)
+		}
 	}
 }

@@ -102,8 +102,8 @@ type Sink struct {
 	// Take, and written what it was at the Take before the consumer's last
 	// Written: every push up to written is in the log or counted lost.
 	pushes, taken, written uint64
-	// flushWanted counts the calls to Caught, which want the unfinished
-	// lines the consumer holds written out too; flushTaken is what it was
+	// flushWanted counts the calls to Caught, which want a copy of the
+	// unfinished lines the consumer holds too; flushTaken is what it was
 	// at the last Take, flushed at the Take before the last Written.
 	flushWanted, flushTaken, flushed uint64
 	// progress is closed and replaced on every Written.
@@ -216,8 +216,8 @@ func (s *Sink) recordDrop(st ring.Stream, n int64) {
 // Take waits until items are queued, the sink is closed, or a reader waits
 // in Caught, and appends every queued item to dst, oldest first. more is
 // false once the sink is closed and these are the last items: nothing
-// follows. flush says a reader waits for what the consumer holds of
-// unfinished lines to be written out too. The consumer calls Done for each
+// follows. flush says a reader waits for a copy of what the consumer holds
+// of unfinished lines too. The consumer calls Done for each
 // item it got, and Written once they are written.
 func (s *Sink) Take(dst []Item) (items []Item, more, flush bool) {
 	s.mu.Lock()
@@ -244,8 +244,8 @@ func (s *Sink) Take(dst []Item) (items []Item, more, flush bool) {
 }
 
 // Written is called by the consumer once what it took last is in the log,
-// or counted lost (and, when Take said to flush, what it held of
-// unfinished lines).
+// or counted lost (and, when Take said to flush, what it holds of
+// unfinished lines is copied for the readers).
 func (s *Sink) Written() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -257,7 +257,7 @@ func (s *Sink) Written() {
 }
 
 // Caught waits until every chunk pushed before the call is in the log (or
-// counted lost), unfinished lines included, or until done is closed (the
+// counted lost), unfinished lines copied, or until done is closed (the
 // consumer ended) or ctx ends.
 func (s *Sink) Caught(ctx context.Context, done <-chan struct{}) error {
 	s.mu.Lock()

@@ -141,10 +141,11 @@ type Writer struct {
 	retryAt  time.Time
 	reserved bool // the reserve file holds its space
 
-	mu      sync.Mutex // guards f, stopped and result
-	f       *os.File
-	stopped bool
-	result  Result
+	mu        sync.Mutex // guards f, stopped, result and heldLines
+	f         *os.File
+	stopped   bool
+	result    Result
+	heldLines [NumLogStreams]HeldLine // for Caught: what partial held at its flush
 }
 
 // Result is what a finished (or stopped) writer reports.
@@ -448,11 +449,27 @@ func (w *Writer) Run() string { return w.run }
 // Done is closed when the writer has finished or been stopped.
 func (w *Writer) Done() <-chan struct{} { return w.done }
 
+// HeldLine is what the writer holds of a stream's unfinished line, which is
+// not in the log until its newline comes, it outgrows a record, or the
+// run ends.
+type HeldLine struct {
+	Offset int64  // where it starts in its stream
+	Data   []byte // the reader's own copy
+}
+
 // Caught waits, bounded by ctx, until everything the pumps pushed before
-// the call is in the log or counted lost: a reader of the log then finds
-// there what the engine no longer holds. It returns at once once the
-// writer has finished.
-func (w *Writer) Caught(ctx context.Context) error { return w.sink.Caught(ctx, w.done) }
+// the call is in the log, counted lost, or in the tails it returns: a
+// reader of the log then finds there, and after the log's end in the
+// tails, what the engine no longer holds. It returns at once once the
+// writer has finished, without tails: the log then holds every line.
+func (w *Writer) Caught(ctx context.Context) ([NumLogStreams]HeldLine, error) {
+	if err := w.sink.Caught(ctx, w.done); err != nil {
+		return [NumLogStreams]HeldLine{}, err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.heldLines, nil
+}
 
 // Result reports the run's outcome; it is final once Done is closed.
 func (w *Writer) Result() Result {
@@ -519,15 +536,15 @@ func (w *Writer) loop() {
 		if !more {
 			break
 		}
+		w.flush()
 		// An unfinished line stays held until its newline, maxHeldLine or
 		// the end: a partial record that a record of the other stream
 		// followed would be joined to it by a reader that joins partial
 		// lines (OpenTelemetry's, for one). A reader that waits for the
-		// log to hold everything (Caught) has it written out.
+		// log to hold everything (Caught) is given a copy instead.
 		if flush {
-			w.flushPartials()
+			w.keepHeldLines()
 		}
-		w.flush()
 		w.sink.Written()
 		if w.failed {
 			w.pause()
@@ -602,7 +619,6 @@ func (w *Writer) lines(s LogStream, data []byte) []byte {
 	if len(w.partial[s]) > 0 || w.failed || w.unsaid[s] > 0 {
 		return data
 	}
-	w.label(s)
 	h := w.hdr[s][0]
 	room := w.opt.MaxSize - w.size
 	for {
@@ -610,6 +626,7 @@ func (w *Writer) lines(s LogStream, data []byte) []byte {
 		if i < 0 || i > MaxContent || int64(len(w.out)+len(h)+i+1) > room {
 			return data
 		}
+		w.label(s) // a line is gathered: not for a chunk that only starts one
 		w.out = append(w.out, h...)
 		w.out = append(w.out, data[:i+1]...)
 		w.outBytes[s] += int64(i + 1)
@@ -636,6 +653,21 @@ func (w *Writer) flushPartials() {
 	for s := range LogStream(NumLogStreams) {
 		w.flushPartial(s)
 	}
+}
+
+// keepHeldLines copies what is held of the unfinished lines for Caught, once
+// the records before them are written: each starts where its stream
+// stands in the log, after the loss its next record is to describe.
+func (w *Writer) keepHeldLines() {
+	var held [NumLogStreams]HeldLine
+	for s, p := range w.partial {
+		if len(p) > 0 {
+			held[s] = HeldLine{Offset: w.pos[s] + w.outBytes[s] + w.outDrops[s] + w.unsaid[s], Data: bytes.Clone(p)}
+		}
+	}
+	w.mu.Lock()
+	w.heldLines = held
+	w.mu.Unlock()
 }
 
 // emit encodes a data record whose content is a followed by b, after the
@@ -905,6 +937,9 @@ func (w *Writer) finish() {
 	w.stamp()
 	w.flushPartials()
 	w.flush()
+	w.mu.Lock()
+	w.heldLines = [NumLogStreams]HeldLine{} // the log holds them now, or lost them
+	w.mu.Unlock()
 	// The pumps have returned and closed the sink: its totals are final.
 	var dropped [NumLogStreams]int64
 	for s, n := range w.sink.Dropped() {

@@ -573,7 +573,7 @@ func TestFailedRotationRecovers(t *testing.T) {
 // TestUnfinishedLineWaitsForItsNewline: a line without its newline yet is
 // held, as a container runtime holds it, so that a record of the other
 // stream never follows a partial one; a reader that waits for the log to
-// hold everything (Caught) has it written out as a partial record.
+// hold everything (Caught) is given a copy of it, at its offset, instead.
 func TestUnfinishedLineWaitsForItsNewline(t *testing.T) {
 	d, _ := testDir(t)
 	w := begin(t, d, Options{})
@@ -591,16 +591,32 @@ func TestUnfinishedLineWaitsForItsNewline(t *testing.T) {
 	if got := payload(readLog(t, d), LogStdout); len(got) != 0 {
 		t.Fatalf("the unfinished line was written: %q", got)
 	}
-	if err := w.Caught(ctx); err != nil {
+	held, err := w.Caught(ctx)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if got := string(payload(readLog(t, d), LogStdout)); got != "progress 50%" {
-		t.Fatalf("after Caught, stdout %q", got)
+	if got := payload(readLog(t, d), LogStdout); len(got) != 0 {
+		t.Fatalf("after Caught, the unfinished line was written: %q", got)
 	}
+	if h := held[LogStdout]; h.Offset != 0 || string(h.Data) != "progress 50%" || len(held[LogStderr].Data) != 0 {
+		t.Fatalf("Caught gave the held lines %+v", held)
+	}
+	f.write(ring.Stdout, []byte(" at 75%"))
+	f.write(ring.Stderr, []byte("and its "))
+	if held, err = w.Caught(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if h := held[LogStdout]; h.Offset != 0 || string(h.Data) != "progress 50% at 75%" {
+		t.Fatalf("Caught gave stdout's held line %+v", h)
+	}
+	if h := held[LogStderr]; h.Offset != int64(len("a warning\n")) || string(h.Data) != "and its " {
+		t.Fatalf("Caught gave stderr's held line %+v", h)
+	}
+	f.write(ring.Stderr, []byte("end\n"))
 	f.write(ring.Stdout, []byte(" done\n"))
 	f.end(t)
 	l := readLog(t, d)
-	if got := string(payload(l, LogStdout)); got != "progress 50% done\n" || len(l.Runs) != 1 || l.Runs[0].State != Lossless {
+	if got := string(payload(l, LogStdout)); got != "progress 50% at 75% done\n" || len(l.Runs) != 1 || l.Runs[0].State != Lossless {
 		t.Fatalf("stdout %q, runs %+v", got, l.Runs)
 	}
 }

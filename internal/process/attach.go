@@ -44,12 +44,12 @@ type Attachment struct {
 
 	// log opens the process's captured log; nil if it has none. caught,
 	// for a process still running, waits until what its pumps pushed is
-	// in the log. rep is the replay under way; done, the last one, kept
+	// in the log, or in the unfinished lines it returns. rep is the replay under way; done, the last one, kept
 	// for the next gaps to read the log on from; held, an event taken
 	// from the ring (or the tombstone) while looking past a gap, returned
 	// after the replay.
 	log      func() (*capture.Dir, error)
-	caught   func(context.Context) error
+	caught   func(context.Context) ([capture.NumLogStreams]capture.HeldLine, error)
 	terminal bool
 	rep      *replay
 	done     *replay
@@ -169,13 +169,17 @@ func (a *Attachment) replay(ctx context.Context, gap Event) bool {
 		}
 		gaps = append(gaps, e.Event)
 	}
+	var held [capture.NumLogStreams]capture.HeldLine
 	if a.caught != nil {
 		cctx, cancel := context.WithTimeout(ctx, catchUp)
-		a.caught(cctx)
+		var err error
+		if held, err = a.caught(cctx); err != nil {
+			held = [capture.NumLogStreams]capture.HeldLine{} // what the log holds, then a gap
+		}
 		cancel()
 	}
 	if a.done != nil {
-		if a.done.resume(gaps, a.pos) {
+		if a.done.resume(gaps, a.pos, held) {
 			a.rep, a.done = a.done, nil
 			return true
 		}
@@ -197,7 +201,7 @@ func (a *Attachment) replay(ctx context.Context, gap Event) bool {
 		a.pending = append(back, a.pending...)
 		return false
 	}
-	a.rep = newReplay(dir, gaps, a.pos, a.terminal, &a.seqEnd)
+	a.rep = newReplay(dir, gaps, a.pos, held, a.terminal, &a.seqEnd)
 	return true
 }
 

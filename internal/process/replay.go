@@ -27,7 +27,9 @@ const replayPiece = 64 << 10
 // other in the process's output without overlapping, as the ring's do,
 // and end before the seq of the ring's event after the gaps (the sum of
 // the bounds is at most that, and the events' lengths are the bytes the
-// bounds leave room for).
+// bounds leave room for). Of a process still running, the lines its log
+// writer holds unfinished follow the log's end, as the records they will
+// become.
 type replay struct {
 	dir  *capture.Dir
 	r    *capture.Reader
@@ -37,6 +39,7 @@ type replay struct {
 	gapped   [ring.NumStreams]bool
 	caps     ring.Offsets // where each stream bounds seq
 	logAt    ring.Offsets // where the log stands per stream
+	held     [capture.NumLogStreams]capture.HeldLine
 	seqEnd   *uint64      // the attachment's: where the event returned last ends
 	out      []ring.Event // events made, not yet returned
 	piece    ring.Event   // data being gathered, Kind Data when any
@@ -45,9 +48,9 @@ type replay struct {
 
 // newReplay starts a replay of the gaps, a gap per stream at most, from the
 // log in dir; where reports where the reader stands in every stream.
-func newReplay(dir *capture.Dir, gaps []ring.Event, where ring.Offsets, terminal bool, seqEnd *uint64) *replay {
+func newReplay(dir *capture.Dir, gaps []ring.Event, where ring.Offsets, held [capture.NumLogStreams]capture.HeldLine, terminal bool, seqEnd *uint64) *replay {
 	rp := &replay{dir: dir, ptys: terminal, seqEnd: seqEnd}
-	rp.span(gaps, where)
+	rp.span(gaps, where, held)
 	from := capture.Positions{Stdout: math.MaxInt64, Stderr: math.MaxInt64}
 	for _, g := range gaps {
 		switch rp.logStream(g.Stream) {
@@ -62,8 +65,8 @@ func newReplay(dir *capture.Dir, gaps []ring.Event, where ring.Offsets, terminal
 }
 
 // span sets the gaps to account for.
-func (rp *replay) span(gaps []ring.Event, where ring.Offsets) {
-	rp.at, rp.to, rp.gapped, rp.caps = ring.Offsets{}, ring.Offsets{}, [ring.NumStreams]bool{}, where
+func (rp *replay) span(gaps []ring.Event, where ring.Offsets, held [capture.NumLogStreams]capture.HeldLine) {
+	rp.at, rp.to, rp.gapped, rp.caps, rp.held = ring.Offsets{}, ring.Offsets{}, [ring.NumStreams]bool{}, where, held
 	for _, g := range gaps {
 		s := g.Stream
 		rp.at[s], rp.to[s], rp.gapped[s], rp.caps[s] = g.Offset, g.To, true, g.To
@@ -75,13 +78,13 @@ func (rp *replay) span(gaps []ring.Event, where ring.Offsets) {
 // the log read on from where this replay stopped, when that is not past
 // them: a slow watcher reads the log through once, not from its file's
 // start at every gap. It reports false when the log was read past them.
-func (rp *replay) resume(gaps []ring.Event, where ring.Offsets) bool {
+func (rp *replay) resume(gaps []ring.Event, where ring.Offsets, held [capture.NumLogStreams]capture.HeldLine) bool {
 	for _, g := range gaps {
 		if rp.logAt[g.Stream] > g.Offset {
 			return false
 		}
 	}
-	rp.span(gaps, where)
+	rp.span(gaps, where, held)
 	return true
 }
 
@@ -117,7 +120,14 @@ func (rp *replay) next(ctx context.Context) (ring.Event, bool, error) {
 		}
 		e, err := rp.r.Next(ctx)
 		if errors.Is(err, io.EOF) {
-			// The log holds no more: what is left of the gaps is lost.
+			// The log holds no more; after it, the lines its writer holds
+			// unfinished; what is left of the gaps is lost.
+			for s, h := range rp.held {
+				if len(h.Data) > 0 {
+					rp.record(rp.ringStream(capture.LogStream(s)), h.Offset, h.Data, false)
+				}
+			}
+			rp.held = [capture.NumLogStreams]capture.HeldLine{}
 			rp.flush()
 			for s := range rp.gapped {
 				rp.lose(ring.Stream(s), rp.to[s])
@@ -149,7 +159,7 @@ func (rp *replay) record(s ring.Stream, off int64, content []byte, newline bool)
 	if newline {
 		n++
 	}
-	defer func() { rp.logAt[s] = off + n }()
+	defer func() { rp.logAt[s] = max(rp.logAt[s], off+n) }()
 	if !rp.gapped[s] || off+n <= rp.at[s] {
 		return
 	}

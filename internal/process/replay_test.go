@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -246,5 +247,107 @@ func TestSlowReaderOfALiveProcessLosesNothing(t *testing.T) {
 	}
 	if replays == 0 {
 		t.Fatal("the reader never fell behind the ring")
+	}
+}
+
+// TestUnfinishedLineComesFromTheWriter: a captured process prints half a
+// MiB without a newline through a 64 KiB ring and waits; a reader from the
+// start gets all of it, the part the ring lost from what the log writer
+// holds of the line, without the writer cutting the line into the log:
+// the other stream's line that comes before its end does not stand
+// between its records, for a reader that joins partial records.
+func TestUnfinishedLineComesFromTheWriter(t *testing.T) {
+	tb, begin := capturedTable(t, TableConfig{}, capture.Options{MaxSize: 64 << 20})
+	const size = 512 << 10
+	id, err := tb.Start(Spec{Argv: []string{"sh", "-c", "echo before >&2; head -c 524288 /dev/zero | tr '\\0' x; " +
+		"read a; echo warning >&2; read b; echo \" $b\""}, Stdin: StdinPipe, Begin: begin, RingBytes: 64 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := mustProcess(t, tb, id)
+	waitPumped(t, p, ring.Stdout, size)
+	a := attach(t, tb, id, ring.Offsets{})
+	ctx := ctxT(t)
+	var got [ring.NumStreams][]byte
+	until := func(s ring.Stream, n int) {
+		for len(got[s]) < n {
+			e, err := a.Next(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch e.Kind {
+			case ring.Gap:
+				t.Fatalf("a gap of %d bytes of %v at %d", e.Lost(), e.Stream, e.Offset)
+			case ring.Data:
+				got[e.Stream] = append(got[e.Stream], e.Data...)
+			}
+		}
+	}
+	until(ring.Stdout, size)
+	if string(got[ring.Stdout]) != strings.Repeat("x", size) {
+		t.Fatalf("got %d bytes, not the output's", len(got[ring.Stdout]))
+	}
+	// The other stream's line, in the log before the first line ends.
+	if _, err := tb.Write(id, 0, []byte("go\n")); err != nil {
+		t.Fatal(err)
+	}
+	until(ring.Stderr, len("before\nwarning\n"))
+	dir, err := tb.cfg.Logs(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dir.Close()
+	for !slices.Contains(logLines(t, dir), "stderr:8") {
+		select {
+		case <-ctx.Done():
+			t.Fatal("the stderr line never reached the log")
+		case <-time.After(time.Millisecond):
+		}
+	}
+	if _, err := tb.Write(id, 3, []byte("done\n")); err != nil {
+		t.Fatal(err)
+	}
+	tr := read(t, a, a.Position())
+	if tr.lost != (ring.Offsets{}) || string(tr.data[ring.Stdout]) != " done\n" || tr.exit == nil {
+		t.Fatalf("after the line: lost %v, stdout %q, exit %v", tr.lost, tr.data[ring.Stdout], tr.exit)
+	}
+	<-p.Done()
+	want := []string{"stderr:7", "stderr:8", fmt.Sprintf("stdout:%d", size+6)}
+	if got := logLines(t, dir); !slices.Equal(got, want) {
+		t.Fatalf("lines in the log %v, want %v", got, want)
+	}
+}
+
+// logLines lists the lines in the log as stream:bytes, in the log's order,
+// failing if a record of one stream stands between the partial records of
+// a line of the other.
+func logLines(t *testing.T, dir *capture.Dir) []string {
+	t.Helper()
+	r := capture.NewReader(dir, capture.ReadOptions{})
+	defer r.Close()
+	var lines []string
+	var open *capture.LogStream
+	n := 0
+	for {
+		e, err := r.Next(ctxT(t))
+		if errors.Is(err, io.EOF) {
+			return lines
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e.Stream == capture.LogMeta || e.Gap != 0 {
+			continue
+		}
+		if open != nil && *open != e.Stream {
+			t.Fatalf("a %v record %q stands among the partial records of a %v line", e.Stream, e.Content, *open)
+		}
+		n += len(e.Content)
+		if e.Partial {
+			open = &e.Stream
+			continue
+		}
+		lines = append(lines, fmt.Sprintf("%v:%d", e.Stream, n+1))
+		open, n = nil, 0
 	}
 }
