@@ -587,9 +587,15 @@ func (w *Writer) addData(s LogStream, data []byte) {
 		i := bytes.IndexByte(data, '\n')
 		if i < 0 {
 			w.partial[s] = append(w.partial[s], data...)
-			for len(w.partial[s]) > maxHeldLine {
-				w.emit(s, true, w.partial[s][:MaxContent], nil)
-				w.partial[s] = w.partial[s][:copy(w.partial[s], w.partial[s][MaxContent:])]
+			if p := w.partial[s]; len(p) > maxHeldLine {
+				// Written out but for its last piece, shifted once: a
+				// line of gigabytes costs a copy of each byte, not one
+				// of the megabyte held per record.
+				k := 0
+				for ; len(p)-k >= MaxContent; k += MaxContent {
+					w.emit(s, true, p[k:k+MaxContent], nil)
+				}
+				w.partial[s] = p[:copy(p, p[k:])]
 			}
 			return
 		}
