@@ -80,7 +80,12 @@ const maxFrame = api.FrameHeader + 1<<20
 
 // Errors of a process handle.
 var (
-	ErrDetached       = errors.New("client: the process handle was detached or disconnected")
+	ErrDetached = errors.New("client: the process handle was detached or disconnected")
+	// ErrInterrupted says Output's connection broke, or could not be made,
+	// for a reason a later call may not meet (the network, kilnd
+	// restarting): calling Output again resumes from the last byte
+	// delivered. A held process's output stays held for its grace period.
+	ErrInterrupted    = errors.New("client: output interrupted")
 	ErrOutputInUse    = errors.New("client: the process's output has a reader already")
 	ErrInputUncertain = errors.New("client: an earlier write's outcome is unknown; call ResyncInput first")
 	ErrStdinClosed    = errors.New("client: stdin is closed")
@@ -161,8 +166,9 @@ func (p *Process) streams() []string {
 // Output reads the process's output from where this handle stands (the
 // beginning, or where a reopened handle's reference stood), replay then
 // live, until every stream ended and the exit arrived. A gap is a Chunk
-// with Lost set. If the connection breaks, the error says so, and calling
-// Output again resumes from the last byte delivered, with nothing repeated.
+// with Lost set. If the connection breaks, the error says so
+// (ErrInterrupted), and calling Output again resumes from the last byte
+// delivered, with nothing repeated.
 // Leaving the loop early closes the connection; nothing else changes.
 func (p *Process) Output(ctx context.Context) iter.Seq2[Chunk, error] {
 	return func(yield func(Chunk, error) bool) {
@@ -194,6 +200,9 @@ func (p *Process) Output(ctx context.Context) iter.Seq2[Chunk, error] {
 		}()
 		c, err := p.s.c.dialOutput(ctx, p.path("/logs"), q)
 		if err != nil {
+			if _, answered := errors.AsType[*Error](err); (!answered || IsUnavailable(err)) && ctx.Err() == nil {
+				err = fmt.Errorf("%w: output of %s (call Output again to resume): %w", ErrInterrupted, p.ID, err)
+			}
 			yield(Chunk{}, err)
 			return
 		}
@@ -223,7 +232,7 @@ func (p *Process) Output(ctx context.Context) iter.Seq2[Chunk, error] {
 				if gone {
 					err = ErrDetached
 				} else if ctx.Err() == nil {
-					err = fmt.Errorf("client: output of %s interrupted (call Output again to resume): %w", p.ID, err)
+					err = fmt.Errorf("%w: output of %s (call Output again to resume): %w", ErrInterrupted, p.ID, err)
 				}
 				yield(Chunk{}, err)
 				return
@@ -242,7 +251,7 @@ func (p *Process) Output(ctx context.Context) iter.Seq2[Chunk, error] {
 					// What the reader has taken need not be kept for it.
 					unacked = 0
 					if err := p.ack(ctx, c); err != nil {
-						yield(Chunk{}, fmt.Errorf("client: output of %s interrupted (call Output again to resume): %w", p.ID, err))
+						yield(Chunk{}, fmt.Errorf("%w: output of %s (call Output again to resume): %w", ErrInterrupted, p.ID, err))
 						return
 					}
 				}

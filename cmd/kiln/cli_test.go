@@ -8,11 +8,15 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -376,5 +380,78 @@ func TestLogsOfABuildThatOutranTheRing(t *testing.T) {
 		if code != 0 || out != want.String() || strings.Contains(errs, "lost") || strings.Contains(errs, "incomplete") {
 			t.Errorf("%v: exit %d, %d bytes of %d, equal %v; stderr %q", args, code, len(out), want.Len(), out == want.String(), errs)
 		}
+	}
+}
+
+// cutProxy serves a state directory of its own whose socket forwards to
+// kilnd's, cutting every connection once it has carried cut bytes from
+// kilnd; after refuseAfter cuts (if set), it closes every new connection
+// at once.
+func cutProxy(t *testing.T, state string, cut int64, refuseAfter int) string {
+	t.Helper()
+	dir := t.TempDir()
+	l, err := net.Listen("unix", filepath.Join(dir, "kilnd.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var cuts atomic.Int64
+	t.Cleanup(func() { l.Close(); wg.Wait() })
+	wg.Go(func() {
+		for {
+			down, err := l.Accept()
+			if err != nil {
+				return
+			}
+			if refuseAfter > 0 && cuts.Load() >= int64(refuseAfter) {
+				down.Close()
+				continue
+			}
+			up, err := net.Dial("unix", filepath.Join(state, "kilnd.sock"))
+			if err != nil {
+				down.Close()
+				continue
+			}
+			wg.Go(func() {
+				io.Copy(up, down)
+				up.Close()
+			})
+			wg.Go(func() {
+				if n, _ := io.CopyN(down, up, cut); n == cut {
+					cuts.Add(1)
+				}
+				down.Close()
+				up.Close()
+			})
+		}
+	})
+	return dir
+}
+
+// TestForegroundResumesABrokenConnection: kiln exec whose connection to
+// kilnd breaks again and again resumes each time from the last byte it
+// wrote: the output comes whole, nothing repeated, with the command's
+// exit code. One that cannot reconnect gives up with 123, never 0.
+func TestForegroundResumesABrokenConnection(t *testing.T) {
+	state := kilnd(t)
+	_, out, _ := kiln(t, state, "", "sandbox", "create")
+	sb := strings.TrimSpace(out)
+	var want strings.Builder
+	for i := 1; i <= 400000; i++ {
+		fmt.Fprintf(&want, "%d\n", i)
+	}
+	proxied := cutProxy(t, state, 1<<20, 0)
+	code, out, errs := kiln(t, proxied, "", "exec", sb, "--", "sh", "-c", "seq 1 400000; exit 3")
+	if code != 3 || out != want.String() || strings.Count(errs, "resuming in") < 2 {
+		t.Errorf("exec through cuts: exit %d, %d bytes of %d, equal %v; stderr %q", code, len(out), want.Len(), out == want.String(), errs)
+	}
+
+	resumeFirst, resumeFor = time.Millisecond, 50*time.Millisecond
+	t.Cleanup(func() { resumeFirst, resumeFor = 100*time.Millisecond, 25*time.Second })
+	refusing := cutProxy(t, state, 1<<20, 1)
+	code, out, errs = kiln(t, refusing, "", "exec", sb, "--", "seq", "1", "400000")
+	if code != exitIncomplete || len(out) >= want.Len()-len("400000\n") || !strings.Contains(errs, "gave up resuming") ||
+		!strings.HasSuffix(errs, "kiln: the output shown is incomplete\n") {
+		t.Errorf("exec that cannot reconnect: exit %d, %d bytes; stderr %q", code, len(out), errs)
 	}
 }

@@ -31,12 +31,51 @@ func (c *cli) foreground(ctx context.Context, p *client.Process, input bool) err
 }
 
 // copyOutput writes a process's output as it comes, stdout and terminal
-// output to stdout and stderr to stderr, and says what was lost.
+// output to stdout and stderr to stderr, and says what was lost. A broken
+// connection is resumed from the last byte written, nothing repeated, for
+// as long as resumeFor; a held process's output waits for kiln meanwhile.
 func (c *cli) copyOutput(ctx context.Context, p *client.Process) error {
-	for ch, err := range p.Output(ctx) {
-		if err != nil {
+	delay, waited := resumeFirst, time.Duration(0)
+	for {
+		progressed, err := c.copyOnce(ctx, p)
+		if progressed {
+			delay, waited = resumeFirst, 0
+		}
+		if !errors.Is(err, client.ErrInterrupted) || ctx.Err() != nil {
 			return err
 		}
+		if waited+delay > resumeFor {
+			return fmt.Errorf("%w; gave up resuming after %v", err, waited.Round(time.Millisecond))
+		}
+		fmt.Fprintf(c.stderr, "kiln: %v; resuming in %v\n", err, delay)
+		select {
+		case <-time.After(delay):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		waited += delay
+		delay = min(2*delay, resumeMax)
+	}
+}
+
+// How copyOutput resumes: after resumeFirst, twice as long each time up to
+// resumeMax, giving up once the waits since the last byte would pass
+// resumeFor, which is within the 30 s a held output is held by default.
+// Variables for the tests of giving up.
+var (
+	resumeFirst = 100 * time.Millisecond
+	resumeMax   = 5 * time.Second
+	resumeFor   = 25 * time.Second
+)
+
+// copyOnce is one connection of copyOutput; progressed says it wrote
+// anything.
+func (c *cli) copyOnce(ctx context.Context, p *client.Process) (progressed bool, err error) {
+	for ch, err := range p.Output(ctx) {
+		if err != nil {
+			return progressed, err
+		}
+		progressed = true
 		if ch.Lost > 0 {
 			fmt.Fprintf(c.stderr, "kiln: %d bytes of %s lost before offset %d\n", ch.Lost, ch.Stream, ch.Offset)
 			continue
@@ -46,10 +85,10 @@ func (c *cli) copyOutput(ctx context.Context, p *client.Process) error {
 			w = c.stderr
 		}
 		if _, err := w.Write(ch.Bytes); err != nil {
-			return err
+			return progressed, err
 		}
 	}
-	return nil
+	return progressed, nil
 }
 
 // exitIncomplete is kiln's exit code for a foreground command whose
@@ -63,13 +102,20 @@ kiln exits with the command's exit code (128+N when a signal N killed it), or wi
 the command's output could not all be delivered to kiln (a line on stderr says how much was
 lost; with --json, a summary with the counts goes to stderr). The command's output is held
 for kiln as it is for a terminal: when kiln reads slowly, the command waits, and nothing is
-dropped.`
+dropped. A broken connection to kilnd is resumed from the last byte shown, nothing repeated;
+kiln gives up, with 123, when it cannot reconnect for 25 seconds.`
 
 // follow copies the output to its end and exits with the process's code.
 // A foreground command's whose output was not all delivered exits with
 // exitIncomplete instead.
 func (c *cli) follow(ctx context.Context, p *client.Process, foreground bool) error {
 	if err := c.copyOutput(ctx, p); err != nil {
+		if foreground && errors.Is(err, client.ErrInterrupted) {
+			// The command's outcome is unknown here, and its output
+			// incomplete: kiln's own code, never one it could have had.
+			fmt.Fprintf(c.stderr, "kiln: %v\nkiln: the output shown is incomplete\n", err)
+			return exitError{exitIncomplete}
+		}
 		return err
 	}
 	r, err := p.Wait(ctx)
