@@ -735,8 +735,24 @@ func TestAgentKilled(t *testing.T) {
 		_, body, _ := k.faultCapturedLog(victim.ID, pid, "")
 		return string(body) == "before\n"
 	})
+	// A follower of the log, served by the agent (its answer begins once
+	// the agent is dialled), when the agent dies: its read ends with what
+	// the log holds, and trailers that say the run was cut short.
+	req, _ := http.NewRequest("GET", "http://"+k.addr+"/sandboxes/"+victim.ID+"/logs/"+pid+"?follow=true", nil)
+	req.Header.Set("Authorization", "Bearer "+k.d.Token())
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
 	if err := syscall.Kill(victim.AgentPID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	var runs []api.Run
+	json.Unmarshal([]byte(resp.Trailer.Get("Kiln-Runs")), &runs)
+	if err != nil || resp.StatusCode != 200 || string(body) != "before\n" || len(runs) != 1 || runs[0].State != "interrupted" {
+		t.Errorf("the follower of the killed sandbox's log: %d %q (%v), runs %+v; want its line and one interrupted run", resp.StatusCode, body, err, runs)
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	var info daemon.Info

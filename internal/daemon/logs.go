@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -381,16 +382,28 @@ func (d *Daemon) readFromAgent(w http.ResponseWriter, r *http.Request, pid strin
 			switch m.Type {
 			case api.TypeHello:
 				for s, span := range m.Streams {
-					target[s] = span.Total
+					if known(s) {
+						target[s] = span.Total
+					}
 				}
 			case api.TypeGap:
-				pos[m.Stream], lost[m.Stream] = m.To, lost[m.Stream]+m.LostBytes
+				if known(m.Stream) && m.LostBytes >= 0 {
+					pos[m.Stream], lost[m.Stream] = m.To, lost[m.Stream]+m.LostBytes
+				}
 			case api.TypeExit:
 				complete = true
 			}
 		}
 		if complete || !lq.follow && caughtUp() {
 			break
+		}
+	}
+	if !complete && (lq.follow || !caughtUp()) {
+		// The agent's stream broke off (the sandbox stopped, or the agent
+		// died): the rest is what the log holds; without the trailers if
+		// the client went, as when the log's read does not finish.
+		if ctx.Err() != nil || !restFromLog(ctx, w, logs, pos, lost, selects) {
+			return true
 		}
 	}
 	if cruns, _, err := capture.Summarize(ctx, logs); err == nil {
@@ -402,6 +415,62 @@ func (d *Daemon) readFromAgent(w http.ResponseWriter, r *http.Request, pid strin
 	lj, _ := json.Marshal(lost)
 	w.Header().Set("Kiln-Lost", string(lj))
 	return true
+}
+
+// known says stream names a stream of the kiln.v1 protocol: the agent's
+// messages, which the sandbox may have forged, add no others.
+func known(stream string) bool {
+	for _, name := range api.StreamNames {
+		if stream == name {
+			return true
+		}
+	}
+	return false
+}
+
+// restFromLog writes, after the bytes the agent gave up to pos, the
+// selected streams' bytes the captured log holds beyond pos, in the log's
+// order; what it lacks before a record it holds counts in lost. It
+// reports false if the log could not be read to its end or the client
+// went.
+func restFromLog(ctx context.Context, w io.Writer, logs *capture.Dir, pos, lost map[string]int64, selects func(string) bool) bool {
+	_, pty := pos["terminal"]
+	name := func(s capture.LogStream) string {
+		if s == capture.LogStdout && pty {
+			return "terminal"
+		}
+		return s.String()
+	}
+	from := capture.Positions{Stdout: pos[name(capture.LogStdout)], Stderr: pos["stderr"]}
+	rd := capture.NewReader(logs, capture.ReadOptions{From: &from})
+	defer rd.Close()
+	for {
+		e, err := rd.Next(ctx)
+		if errors.Is(err, io.EOF) {
+			return true
+		}
+		if err != nil || e.Gap != 0 {
+			return false // a log rotated away under the read: the loss is unknown
+		}
+		if e.Stream == capture.LogMeta || e.Offset < 0 {
+			continue
+		}
+		s, b := name(e.Stream), e.Payload()
+		end := e.Offset + int64(len(b))
+		if end <= pos[s] {
+			continue
+		}
+		if e.Offset > pos[s] {
+			lost[s] += e.Offset - pos[s] // neither the agent nor the log has these
+		}
+		b = b[max(pos[s]-e.Offset, 0):]
+		pos[s] = end
+		if selects(s) {
+			if _, err := w.Write(b); err != nil {
+				return false
+			}
+		}
+	}
 }
 
 func gapText(n int64) string {
