@@ -11,12 +11,13 @@ import (
 
 // cursorModel checks one cursor's events as they arrive: per stream, data
 // and gaps must continue exactly where the last event stopped, data must be
-// the bytes written at those offsets, and seq must rise.
+// the bytes written at those offsets, and each data event must start at or
+// after the end of the one before it in the output (its seq plus length).
 type cursorModel struct {
 	c        *Cursor
 	expected Offsets
 	ended    [NumStreams]bool
-	lastSeq  int64
+	seqEnd   int64 // where the last data event ends in the output
 	gaps     int64
 }
 
@@ -41,10 +42,10 @@ func (m *cursorModel) read(t *rapid.T, limit int) {
 			if !bytes.Equal(e.Data, patterned(s, e.Offset, len(e.Data))) {
 				t.Fatalf("%v data at %d has the wrong bytes", s, e.Offset)
 			}
-			if int64(e.Seq) <= m.lastSeq {
-				t.Fatalf("seq %d after %d", e.Seq, m.lastSeq)
+			if int64(e.Seq) < m.seqEnd {
+				t.Fatalf("seq %d overlaps the data before, which ends at %d", e.Seq, m.seqEnd)
 			}
-			m.lastSeq = int64(e.Seq)
+			m.seqEnd = int64(e.Seq) + int64(len(e.Data))
 			m.expected[s] += int64(len(e.Data))
 		case Gap:
 			if e.Offset != m.expected[s] || e.To <= e.Offset {
@@ -73,7 +74,7 @@ func TestPropertyEveryByteAccounted(t *testing.T) {
 		}
 		r := New(Config{Capacity: capacity, Streams: streams})
 		eager, _ := r.Cursor(Offsets{})
-		models := []*cursorModel{{c: eager, lastSeq: -1}}
+		models := []*cursorModel{{c: eager}}
 		var written Offsets
 		for range rapid.IntRange(0, 60).Draw(t, "ops") {
 			switch rapid.IntRange(0, 3).Draw(t, "op") {
@@ -92,7 +93,7 @@ func TestPropertyEveryByteAccounted(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				models = append(models, &cursorModel{c: c, expected: from, lastSeq: -1})
+				models = append(models, &cursorModel{c: c, expected: from})
 			case 3: // some cursor reads a little
 				m := models[rapid.IntRange(0, len(models)-1).Draw(t, "cursor")]
 				m.read(t, rapid.IntRange(1, 5).Draw(t, "events"))
@@ -153,7 +154,7 @@ func TestPropertyHolderLosesNothing(t *testing.T) {
 		holder, _ := r.Cursor(Offsets{})
 		holder.Hold(time.Hour, acked)
 		late, _ := r.Cursor(Offsets{})
-		m := &cursorModel{c: holder, lastSeq: -1}
+		m := &cursorModel{c: holder}
 		wrote := make(chan struct{})
 		go func() {
 			defer close(wrote)
@@ -186,10 +187,10 @@ func TestPropertyHolderLosesNothing(t *testing.T) {
 				if e.Offset != m.expected[e.Stream] || !bytes.Equal(e.Data, patterned(e.Stream, e.Offset, len(e.Data))) {
 					t.Fatalf("%v data at %d, expected %d", e.Stream, e.Offset, m.expected[e.Stream])
 				}
-				if int64(e.Seq) <= m.lastSeq {
-					t.Fatalf("seq %d after %d", e.Seq, m.lastSeq)
+				if int64(e.Seq) < m.seqEnd {
+					t.Fatalf("seq %d overlaps the data before, which ends at %d", e.Seq, m.seqEnd)
 				}
-				m.lastSeq = int64(e.Seq)
+				m.seqEnd = int64(e.Seq) + int64(len(e.Data))
 				m.expected[e.Stream] += int64(len(e.Data))
 			}
 		}
@@ -198,7 +199,7 @@ func TestPropertyHolderLosesNothing(t *testing.T) {
 		if m.expected != written {
 			t.Fatalf("the holder got %v of %v", m.expected, written)
 		}
-		lm := &cursorModel{c: late, lastSeq: -1}
+		lm := &cursorModel{c: late}
 		lm.read(t, 1<<30)
 		late.Close()
 		for _, s := range streams {
