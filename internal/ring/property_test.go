@@ -3,6 +3,7 @@ package ring
 import (
 	"bytes"
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -167,8 +168,15 @@ func TestPropertyHolderLosesNothing(t *testing.T) {
 				r.CloseStream(s)
 			}
 		}()
+		// A holder and its pumps that wait on each other fail the check,
+		// rather than hang the run.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
 		for {
-			e, err := holder.Next(context.Background())
+			e, err := holder.Next(ctx)
+			if errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("the holder waited a minute at %v of %v, the pumps held: %v", holder.Position(), written, r.Held())
+			}
 			if err != nil {
 				break
 			}
