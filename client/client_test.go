@@ -536,3 +536,66 @@ func TestFlowBlockResumesWithoutLoss(t *testing.T) {
 		t.Fatalf("got %d bytes of %d, not the bytes written", len(got), size)
 	}
 }
+
+// TestExecResumesABrokenConnection: Exec and Follow, their connection to
+// kilnd cut again and again, resume each time from the last byte given
+// out: the output comes whole, nothing repeated, with the command's exit.
+func TestExecResumesABrokenConnection(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("kilnd needs root")
+	}
+	k, err := daemontest.Start(t.TempDir(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := k.Close(); err != nil {
+			t.Errorf("kilnd: %v", err)
+		}
+	})
+	p, err := k.Proxy(t.TempDir(), 1<<20, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	c, err := client.New(client.Options{StateDir: p.State})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	ctx := ctxT(t)
+	sb, _, err := c.CreateSandbox(ctx, client.SandboxOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want strings.Builder
+	for i := 1; i <= 400000; i++ {
+		fmt.Fprintf(&want, "%d\n", i)
+	}
+	var got strings.Builder
+	res, err := sb.Exec(ctx, client.ExecOptions{Shell: "seq 1 400000; exit 3",
+		OnOutput: func(ch client.Chunk) error { got.WriteString(ch.Text); return nil }})
+	if err != nil || res.ExitCode == nil || *res.ExitCode != 3 || got.String() != want.String() || p.Cuts() < 2 {
+		t.Fatalf("Exec through %d cuts: %v, exit %v, %d bytes of %d, equal %v", p.Cuts(), err, res.ExitCode, got.Len(), want.Len(), got.String() == want.String())
+	}
+
+	proc, err := sb.Start(ctx, client.StartOptions{Command: "seq", Args: []string{"1", "400000"}, Format: client.Bytes, Flow: api.FlowBlock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proc.Detach()
+	var out []byte
+	resumed := 0
+	for ch, err := range proc.Follow(ctx, client.Resume{OnResume: func(error, time.Duration) { resumed++ }}) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ch.Lost > 0 {
+			t.Fatalf("%d bytes lost", ch.Lost)
+		}
+		out = append(out, ch.Bytes...)
+	}
+	if string(out) != want.String() || resumed < 2 {
+		t.Fatalf("Follow, resumed %d times: %d bytes of %d, equal %v", resumed, len(out), want.Len(), string(out) == want.String())
+	}
+}

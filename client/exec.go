@@ -41,7 +41,8 @@ type ExecResult struct {
 
 // Exec runs a command to its end. Without OnOutput it is one request (a
 // client that goes away kills the command); with it, the command runs as
-// an exec-stream whose output is read as it comes.
+// an exec-stream whose output is read as it comes, held for this reader,
+// its connection resumed if it breaks (see Follow).
 func (s *Sandbox) Exec(ctx context.Context, o ExecOptions) (ExecResult, error) {
 	if o.Shell != "" {
 		if o.Command != "" || len(o.Args) > 0 {
@@ -90,7 +91,7 @@ func (s *Sandbox) Exec(ctx context.Context, o ExecOptions) (ExecResult, error) {
 	var res ExecResult
 	var dec decoders
 	kept := int64(0)
-	for ch, err := range p.Output(ctx) {
+	for ch, err := range p.Follow(ctx, Resume{}) {
 		if err != nil {
 			return res, err
 		}

@@ -2,6 +2,7 @@ package client
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -256,6 +257,66 @@ func (p *Process) Output(ctx context.Context) iter.Seq2[Chunk, error] {
 					}
 				}
 			}
+		}
+	}
+}
+
+// Resume says how Follow reconnects a broken output connection. The zero
+// value is the default of each field.
+type Resume struct {
+	// First is the wait before the first reconnect, 100 ms by default;
+	// each next wait is twice as long, up to Max, 5 s by default.
+	First, Max time.Duration
+	// For bounds the waits since the last chunk delivered, 25 s by
+	// default: within the 30 s a held output is held for by default.
+	For time.Duration
+	// OnResume, if set, is told of each break before its wait.
+	OnResume func(err error, wait time.Duration)
+}
+
+// Follow is Output that resumes: a broken connection (ErrInterrupted) is
+// reconnected from the last byte delivered, nothing lost or repeated, as
+// r says; the error is yielded only once r.For has passed without a
+// chunk, or for an error that reconnecting cannot mend.
+func (p *Process) Follow(ctx context.Context, r Resume) iter.Seq2[Chunk, error] {
+	first, maxWait, patience := cmp.Or(r.First, 100*time.Millisecond), cmp.Or(r.Max, 5*time.Second), cmp.Or(r.For, 25*time.Second)
+	return func(yield func(Chunk, error) bool) {
+		wait, waited := first, time.Duration(0)
+		for {
+			var broke error
+			for ch, err := range p.Output(ctx) {
+				if err != nil {
+					broke = err
+					break
+				}
+				wait, waited = first, 0
+				if !yield(ch, nil) {
+					return
+				}
+			}
+			switch {
+			case broke == nil:
+				return
+			case !errors.Is(broke, ErrInterrupted) || ctx.Err() != nil:
+				yield(Chunk{}, broke)
+				return
+			case waited+wait > patience:
+				yield(Chunk{}, fmt.Errorf("%w; gave up resuming after %v", broke, waited.Round(time.Millisecond)))
+				return
+			}
+			if r.OnResume != nil {
+				r.OnResume(broke, wait)
+			}
+			t := time.NewTimer(wait)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				yield(Chunk{}, ctx.Err())
+				return
+			}
+			waited += wait
+			wait = min(2*wait, maxWait)
 		}
 	}
 }

@@ -8,15 +8,11 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -46,6 +42,12 @@ const asCLIEnv = "KILN_TEST_AS_CLI"
 // kilnd serves a fresh state directory for the test.
 func kilnd(t *testing.T) string {
 	t.Helper()
+	return kilndOf(t).State
+}
+
+// kilndOf is kilnd, the daemon itself.
+func kilndOf(t *testing.T) *daemontest.Kilnd {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("kilnd needs root")
 	}
@@ -58,7 +60,7 @@ func kilnd(t *testing.T) string {
 			t.Errorf("kilnd: %v", err)
 		}
 	})
-	return k.State
+	return k
 }
 
 // kiln runs the command line and returns its exit code and output.
@@ -383,72 +385,36 @@ func TestLogsOfABuildThatOutranTheRing(t *testing.T) {
 	}
 }
 
-// cutProxy serves a state directory of its own whose socket forwards to
-// kilnd's, cutting every connection once it has carried cut bytes from
-// kilnd; after refuseAfter cuts (if set), it closes every new connection
-// at once.
-func cutProxy(t *testing.T, state string, cut int64, refuseAfter int) string {
-	t.Helper()
-	dir := t.TempDir()
-	l, err := net.Listen("unix", filepath.Join(dir, "kilnd.sock"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	var cuts atomic.Int64
-	t.Cleanup(func() { l.Close(); wg.Wait() })
-	wg.Go(func() {
-		for {
-			down, err := l.Accept()
-			if err != nil {
-				return
-			}
-			if refuseAfter > 0 && cuts.Load() >= int64(refuseAfter) {
-				down.Close()
-				continue
-			}
-			up, err := net.Dial("unix", filepath.Join(state, "kilnd.sock"))
-			if err != nil {
-				down.Close()
-				continue
-			}
-			wg.Go(func() {
-				io.Copy(up, down)
-				up.Close()
-			})
-			wg.Go(func() {
-				if n, _ := io.CopyN(down, up, cut); n == cut {
-					cuts.Add(1)
-				}
-				down.Close()
-				up.Close()
-			})
-		}
-	})
-	return dir
-}
-
 // TestForegroundResumesABrokenConnection: kiln exec whose connection to
 // kilnd breaks again and again resumes each time from the last byte it
 // wrote: the output comes whole, nothing repeated, with the command's
 // exit code. One that cannot reconnect gives up with 123, never 0.
 func TestForegroundResumesABrokenConnection(t *testing.T) {
-	state := kilnd(t)
+	k := kilndOf(t)
+	state := k.State
 	_, out, _ := kiln(t, state, "", "sandbox", "create")
 	sb := strings.TrimSpace(out)
+	proxy := func(refuseAfter int64) string {
+		p, err := k.Proxy(t.TempDir(), 1<<20, refuseAfter)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(p.Close)
+		return p.State
+	}
 	var want strings.Builder
 	for i := 1; i <= 400000; i++ {
 		fmt.Fprintf(&want, "%d\n", i)
 	}
-	proxied := cutProxy(t, state, 1<<20, 0)
+	proxied := proxy(0)
 	code, out, errs := kiln(t, proxied, "", "exec", sb, "--", "sh", "-c", "seq 1 400000; exit 3")
 	if code != 3 || out != want.String() || strings.Count(errs, "resuming in") < 2 {
 		t.Errorf("exec through cuts: exit %d, %d bytes of %d, equal %v; stderr %q", code, len(out), want.Len(), out == want.String(), errs)
 	}
 
-	resumeFirst, resumeFor = time.Millisecond, 50*time.Millisecond
-	t.Cleanup(func() { resumeFirst, resumeFor = 100*time.Millisecond, 25*time.Second })
-	refusing := cutProxy(t, state, 1<<20, 1)
+	resume = client.Resume{First: time.Millisecond, For: 50 * time.Millisecond}
+	t.Cleanup(func() { resume = client.Resume{} })
+	refusing := proxy(1)
 	code, out, errs = kiln(t, refusing, "", "exec", sb, "--", "seq", "1", "400000")
 	if code != exitIncomplete || len(out) >= want.Len()-len("400000\n") || !strings.Contains(errs, "gave up resuming") ||
 		!strings.HasSuffix(errs, "kiln: the output shown is incomplete\n") {

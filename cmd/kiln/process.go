@@ -33,49 +33,16 @@ func (c *cli) foreground(ctx context.Context, p *client.Process, input bool) err
 // copyOutput writes a process's output as it comes, stdout and terminal
 // output to stdout and stderr to stderr, and says what was lost. A broken
 // connection is resumed from the last byte written, nothing repeated, for
-// as long as resumeFor; a held process's output waits for kiln meanwhile.
+// as long as resume says; a held process's output waits for kiln meanwhile.
 func (c *cli) copyOutput(ctx context.Context, p *client.Process) error {
-	delay, waited := resumeFirst, time.Duration(0)
-	for {
-		progressed, err := c.copyOnce(ctx, p)
-		if progressed {
-			delay, waited = resumeFirst, 0
-		}
-		if !errors.Is(err, client.ErrInterrupted) || ctx.Err() != nil {
+	r := resume
+	r.OnResume = func(err error, wait time.Duration) {
+		fmt.Fprintf(c.stderr, "kiln: %v; resuming in %v\n", err, wait)
+	}
+	for ch, err := range p.Follow(ctx, r) {
+		if err != nil {
 			return err
 		}
-		if waited+delay > resumeFor {
-			return fmt.Errorf("%w; gave up resuming after %v", err, waited.Round(time.Millisecond))
-		}
-		fmt.Fprintf(c.stderr, "kiln: %v; resuming in %v\n", err, delay)
-		select {
-		case <-time.After(delay):
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-		waited += delay
-		delay = min(2*delay, resumeMax)
-	}
-}
-
-// How copyOutput resumes: after resumeFirst, twice as long each time up to
-// resumeMax, giving up once the waits since the last byte would pass
-// resumeFor, which is within the 30 s a held output is held by default.
-// Variables for the tests of giving up.
-var (
-	resumeFirst = 100 * time.Millisecond
-	resumeMax   = 5 * time.Second
-	resumeFor   = 25 * time.Second
-)
-
-// copyOnce is one connection of copyOutput; progressed says it wrote
-// anything.
-func (c *cli) copyOnce(ctx context.Context, p *client.Process) (progressed bool, err error) {
-	for ch, err := range p.Output(ctx) {
-		if err != nil {
-			return progressed, err
-		}
-		progressed = true
 		if ch.Lost > 0 {
 			fmt.Fprintf(c.stderr, "kiln: %d bytes of %s lost before offset %d\n", ch.Lost, ch.Stream, ch.Offset)
 			continue
@@ -85,11 +52,16 @@ func (c *cli) copyOnce(ctx context.Context, p *client.Process) (progressed bool,
 			w = c.stderr
 		}
 		if _, err := w.Write(ch.Bytes); err != nil {
-			return progressed, err
+			return err
 		}
 	}
-	return progressed, nil
+	return nil
 }
+
+// resume is how kiln resumes a broken connection: the SDK's defaults,
+// giving up after 25 s without a byte; a variable for the tests of giving
+// up.
+var resume = client.Resume{}
 
 // exitIncomplete is kiln's exit code for a foreground command whose
 // output could not all be delivered: never 0, never the command's own.

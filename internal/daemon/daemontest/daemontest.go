@@ -4,9 +4,12 @@ package daemontest
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sandkiln/sandkiln/internal/daemon"
@@ -74,4 +77,66 @@ func (k *Kilnd) Close() error {
 	}
 	errs = append(errs, k.stop())
 	return errors.Join(errs...)
+}
+
+// CutProxy is a state directory of its own whose socket forwards to a
+// kilnd's, cutting every connection once it has carried Cut bytes from
+// kilnd, as a network that drops connections does; after RefuseAfter cuts
+// (if set), it closes every new connection at once.
+type CutProxy struct {
+	State       string
+	Cut         int64
+	RefuseAfter int64
+	l           net.Listener
+	cuts        atomic.Int64
+	wg          sync.WaitGroup
+}
+
+// Proxy serves a CutProxy of k in dir.
+func (k *Kilnd) Proxy(dir string, cut, refuseAfter int64) (*CutProxy, error) {
+	l, err := net.Listen("unix", filepath.Join(dir, daemon.SocketName))
+	if err != nil {
+		return nil, err
+	}
+	p := &CutProxy{State: dir, Cut: cut, RefuseAfter: refuseAfter, l: l}
+	p.wg.Go(func() { p.serve(filepath.Join(k.State, daemon.SocketName)) })
+	return p, nil
+}
+
+func (p *CutProxy) serve(upstream string) {
+	for {
+		down, err := p.l.Accept()
+		if err != nil {
+			return
+		}
+		if p.RefuseAfter > 0 && p.cuts.Load() >= p.RefuseAfter {
+			down.Close()
+			continue
+		}
+		up, err := net.Dial("unix", upstream)
+		if err != nil {
+			down.Close()
+			continue
+		}
+		p.wg.Go(func() {
+			io.Copy(up, down)
+			up.Close()
+		})
+		p.wg.Go(func() {
+			if n, _ := io.CopyN(down, up, p.Cut); n == p.Cut {
+				p.cuts.Add(1)
+			}
+			down.Close()
+			up.Close()
+		})
+	}
+}
+
+// Cuts reports how many connections were cut.
+func (p *CutProxy) Cuts() int64 { return p.cuts.Load() }
+
+// Close stops serving and waits for the connections to end.
+func (p *CutProxy) Close() {
+	p.l.Close()
+	p.wg.Wait()
 }
