@@ -35,6 +35,16 @@ func (c *cli) foreground(ctx context.Context, p *client.Process, input bool) err
 // connection is resumed from the last byte written, nothing repeated, for
 // as long as resume says; a held process's output waits for kiln meanwhile.
 func (c *cli) copyOutput(ctx context.Context, p *client.Process) error {
+	return c.copyUntil(ctx, p, nil)
+}
+
+// copyUntil is copyOutput that stops, if until is set, once until says so
+// of where the streams stand.
+func (c *cli) copyUntil(ctx context.Context, p *client.Process, until func(pos map[string]int64) bool) error {
+	pos := map[string]int64{}
+	if until != nil && until(pos) {
+		return nil
+	}
 	r := resume
 	r.OnResume = func(err error, wait time.Duration) {
 		fmt.Fprintf(c.stderr, "kiln: %v; resuming in %v\n", err, wait)
@@ -45,14 +55,18 @@ func (c *cli) copyOutput(ctx context.Context, p *client.Process) error {
 		}
 		if ch.Lost > 0 {
 			fmt.Fprintf(c.stderr, "kiln: %d bytes of %s lost before offset %d\n", ch.Lost, ch.Stream, ch.Offset)
-			continue
+		} else {
+			w := c.stdout
+			if ch.Stream == "stderr" {
+				w = c.stderr
+			}
+			if _, err := w.Write(ch.Bytes); err != nil {
+				return err
+			}
 		}
-		w := c.stdout
-		if ch.Stream == "stderr" {
-			w = c.stderr
-		}
-		if _, err := w.Write(ch.Bytes); err != nil {
-			return err
+		pos[ch.Stream] = ch.Offset + int64(len(ch.Bytes))
+		if until != nil && until(pos) {
+			return nil
 		}
 	}
 	return nil
@@ -305,35 +319,14 @@ func (c *cli) retained(ctx context.Context, sb *client.Sandbox, p *client.Proces
 			target[name] = s.TotalBytes
 		}
 	}
-	done := func(pos map[string]int64) bool {
+	return c.copyUntil(ctx, p, func(pos map[string]int64) bool {
 		for name, t := range target {
 			if pos[name] < t {
 				return false
 			}
 		}
 		return true
-	}
-	pos := map[string]int64{}
-	if done(pos) {
-		return nil
-	}
-	for ch, err := range p.Output(ctx) {
-		if err != nil {
-			return err
-		}
-		if ch.Lost > 0 {
-			fmt.Fprintf(c.stderr, "kiln: %d bytes of %s lost before offset %d\n", ch.Lost, ch.Stream, ch.Offset)
-		} else if ch.Stream == "stderr" {
-			c.stderr.Write(ch.Bytes)
-		} else {
-			c.stdout.Write(ch.Bytes)
-		}
-		pos[ch.Stream] = ch.Offset + int64(len(ch.Bytes))
-		if done(pos) {
-			return nil
-		}
-	}
-	return nil
+	})
 }
 
 func parseSince(s string) (time.Time, error) {
