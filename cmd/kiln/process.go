@@ -46,8 +46,14 @@ func (c *cli) copyUntil(ctx context.Context, p *client.Process, until func(pos m
 		return nil
 	}
 	r := resume
+	said := ""
 	r.OnResume = func(err error, wait time.Duration) {
-		fmt.Fprintf(c.stderr, "kiln: %v; resuming in %v\n", err, wait)
+		// The cause once, while it stays the same: the wait each time.
+		if msg := err.Error(); msg != said {
+			fmt.Fprintf(c.stderr, "kiln: %s\n", msg)
+			said = msg
+		}
+		fmt.Fprintf(c.stderr, "kiln: resuming in %v\n", wait)
 	}
 	for ch, err := range p.Follow(ctx, r) {
 		if err != nil {
