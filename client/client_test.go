@@ -50,6 +50,13 @@ func ctxT(t *testing.T) context.Context {
 // it and a sandbox.
 func kilnd(t *testing.T) (*client.Client, *client.Sandbox) {
 	t.Helper()
+	return clientOf(t, startKilnd(t).State)
+}
+
+// startKilnd starts a kilnd on a fresh state directory, closed with the
+// test.
+func startKilnd(t *testing.T) *daemontest.Kilnd {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("kilnd needs root")
 	}
@@ -57,20 +64,26 @@ func kilnd(t *testing.T) (*client.Client, *client.Sandbox) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := client.New(client.Options{StateDir: k.State})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sb, _, err := c.CreateSandbox(ctxT(t), client.SandboxOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	t.Cleanup(func() {
-		c.Close()
 		if err := k.Close(); err != nil {
 			t.Errorf("kilnd: %v", err)
 		}
 	})
+	return k
+}
+
+// clientOf returns a client of the kilnd at state, and a sandbox.
+func clientOf(t *testing.T, state string) (*client.Client, *client.Sandbox) {
+	t.Helper()
+	c, err := client.New(client.Options{StateDir: state})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	sb, _, err := c.CreateSandbox(ctxT(t), client.SandboxOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	return c, sb
 }
 
@@ -541,33 +554,14 @@ func TestFlowBlockResumesWithoutLoss(t *testing.T) {
 // kilnd cut again and again, resume each time from the last byte given
 // out: the output comes whole, nothing repeated, with the command's exit.
 func TestExecResumesABrokenConnection(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("kilnd needs root")
-	}
-	k, err := daemontest.Start(t.TempDir(), "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := k.Close(); err != nil {
-			t.Errorf("kilnd: %v", err)
-		}
-	})
+	k := startKilnd(t)
 	p, err := k.Proxy(t.TempDir(), 1<<20, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(p.Close)
-	c, err := client.New(client.Options{StateDir: p.State})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
+	_, sb := clientOf(t, p.State)
 	ctx := ctxT(t)
-	sb, _, err := c.CreateSandbox(ctx, client.SandboxOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	var want strings.Builder
 	for i := 1; i <= 400000; i++ {
 		fmt.Fprintf(&want, "%d\n", i)
