@@ -159,9 +159,13 @@ type Ring struct {
 	// The holds: while any is in place, no byte at or past its offset in
 	// its stream is evicted, and a pump whose next read would need the
 	// room waits (see Buffer). holding counts them, so that a ring without
-	// holds never takes the lock for that; roomWaiters counts the waiting
-	// pumps, which room wakes, closed and replaced, when a hold moves or
-	// goes. Every chunk before index keptFrom is known to be evictable
+	// holds never takes the lock for that; roomWaiters counts the pumps
+	// measuring room or waiting for it, which room wakes, closed and
+	// replaced, when a hold moves or goes, and waiting those that wait.
+	// A pump counts itself before it measures, and a holder that moves
+	// on stores where it is before it reads the count: so either the pump
+	// measures the move, or the holder sees the count and wakes it (taking
+	// mu, so after the pump took the room channel it waits on). Every chunk before index keptFrom is known to be evictable
 	// under the holds as they are (they only move on, but for a hold
 	// added, which resets it): finding the held bytes costs a scan only of
 	// what was taken since.
@@ -170,6 +174,7 @@ type Ring struct {
 	unheld      bool // Unhold was called: no hold is taken any more
 	room        chan struct{}
 	roomWaiters atomic.Int32
+	waiting     atomic.Int32
 	keptFrom    uint64
 }
 
@@ -274,6 +279,8 @@ func (r *Ring) Buffer(s Stream) []byte {
 // gone: its hold goes (see dropStalledLocked). Caller holds mu, which is
 // released while it waits.
 func (r *Ring) awaitRoomLocked() int {
+	r.roomWaiters.Add(1)
+	defer r.roomWaiters.Add(-1)
 	for {
 		room, until := r.roomLocked()
 		if room >= max(1, r.capacity/4) {
@@ -287,7 +294,7 @@ func (r *Ring) awaitRoomLocked() int {
 			until = stalled
 		}
 		wait := r.room
-		r.roomWaiters.Add(1)
+		r.waiting.Add(1)
 		r.mu.Unlock()
 		var expired <-chan time.Time
 		var t *time.Timer
@@ -304,7 +311,7 @@ func (r *Ring) awaitRoomLocked() int {
 		if t != nil {
 			t.Stop()
 		}
-		r.roomWaiters.Add(-1)
+		r.waiting.Add(-1)
 		r.mu.Lock()
 		if timedOut && !stalled.IsZero() && !time.Now().Before(stalled) {
 			r.dropStalledLocked(snapshot)
@@ -459,7 +466,7 @@ func (r *Ring) wakePumpsLocked() {
 
 // Held reports whether a pump waits for a holder to take what the ring
 // holds: the process is being held back.
-func (r *Ring) Held() bool { return r.roomWaiters.Load() > 0 }
+func (r *Ring) Held() bool { return r.waiting.Load() > 0 }
 
 // newBlock returns a block for s holding one (active) reference. A
 // stream's first blocks are small and double up to blockSize, so a process
