@@ -458,8 +458,12 @@ func (r *Ring) Unhold() {
 	r.wakePumpsLocked()
 }
 
-// wakePumpsLocked wakes the pumps waiting for room. Caller holds mu.
+// wakePumpsLocked wakes the pumps waiting for room. Caller holds mu,
+// under which a pump that waits counts itself: none counted, none waits.
 func (r *Ring) wakePumpsLocked() {
+	if r.waiting.Load() == 0 {
+		return
+	}
 	close(r.room)
 	r.room = make(chan struct{})
 }
