@@ -55,7 +55,7 @@ Flags:
 	images := fs.String("images", "", "`directory` of root filesystems sandboxes may use (default STATE_DIR/images)")
 	var allow origins
 	fs.Var(&allow, "allow-origin", "a browser `origin` allowed to call the API beside kilnd's own (repeatable)")
-	flowGrace := fs.Duration("flow-grace", 30*time.Second, "how long the output of a process started with flow block waits for the watcher holding it:\nto come after the start, and to come back after it went (1s to 1h); then it drops")
+	flowGrace := fs.Duration("flow-grace", 30*time.Second, "how long the output of a process started with flow block waits for the watcher holding it:\nto come after the start, to come back after it went, or to read on while the process waits\non it (1s to 1h); then it drops")
 	captureBuffer := fs.String("capture-buffer", "8MiB", "per captured process, the `size` of output held for its log writer while it catches up\n(64KiB to 1GiB): a burst beyond it, faster than the disk, is dropped and counted")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
