@@ -345,7 +345,9 @@ func (r *Ring) stallDeadlineLocked() (time.Time, map[*hold]Offsets) {
 // keeping the most first, until there is room or none is left. A reader
 // that neither takes nor acks what it holds for its grace period cannot
 // hang the workload: it is told of what it then misses, as a reader that
-// does not hold is. Caller holds mu.
+// does not hold is. The cursor keeps its entry (its goroutine reads it
+// without mu); out of the holds, its moves and its Close change nothing.
+// Caller holds mu.
 func (r *Ring) dropStalledLocked(snapshot map[*hold]Offsets) {
 	for {
 		if room, _ := r.roomLocked(); room >= max(1, r.capacity/4) {
