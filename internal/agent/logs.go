@@ -264,12 +264,18 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request, id string, st pro
 	}
 	if v1 {
 		h := api.Hello{Type: api.TypeHello, Streams: map[string]api.HelloSpan{}}
+		// The totals are taken after the retained span: the ring may have
+		// moved on since the request's status, and a span must not start
+		// past its stream's total.
+		totals := st.Totals
 		first, err := s.cfg.Table.Retained(id)
 		if err != nil {
 			first = st.First
+		} else if now, err := s.cfg.Table.Status(id); err == nil {
+			totals = now.Totals
 		}
 		for _, s := range st.Streams {
-			h.Streams[streamName(s)] = api.HelloSpan{First: first[s], Total: st.Totals[s]}
+			h.Streams[streamName(s)] = api.HelloSpan{First: first[s], Total: totals[s]}
 		}
 		if !sendJSON(h) {
 			return
