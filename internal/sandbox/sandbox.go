@@ -229,6 +229,10 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 		Setsid:      true,
 		UseCgroupFD: true,
 		CgroupFD:    int(cgf.Fd()),
+		// No supplementary group of kilnd's: they are host groups, which
+		// the sandboxed processes' user namespaces (where setgroups is
+		// denied) would keep, unmapped but in force.
+		Credential: &syscall.Credential{Uid: uint32(os.Getuid()), Gid: uint32(os.Getgid()), Groups: []uint32{}},
 	}
 	err = cmd.Start()
 	// The agent has its copies; kilnd's go now, so that a connection to

@@ -273,3 +273,29 @@ func TestRootfsOverlay(t *testing.T) {
 		t.Errorf("the image was written to: %v", err)
 	}
 }
+
+// TestHostGroupsStayOut: kilnd's supplementary groups are real host
+// groups (a member of shadow's group reads /etc/shadow); neither the agent
+// nor a sandboxed process keeps them, whatever groups kilnd runs with.
+func TestHostGroupsStayOut(t *testing.T) {
+	had, err := unix.Getgroups()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Every thread of this process takes them, as a kilnd started with
+	// them has them.
+	if err := unix.Setgroups([]int{0, 42}); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Setgroups(had)
+	sb := newSandbox(t, sandbox.Options{})
+	r := run(t, sb, "grep '^Groups:' /proc/self/status /proc/1/status")
+	for _, line := range strings.Split(strings.TrimSpace(r.Stdout), "\n") {
+		if _, groups, _ := strings.Cut(line, "Groups:"); strings.TrimSpace(groups) != "" {
+			t.Errorf("%s: want no supplementary groups", line)
+		}
+	}
+	if n := strings.Count(r.Stdout, "Groups:"); n != 2 {
+		t.Fatalf("read %d Groups lines: %q %q", n, r.Stdout, r.Stderr)
+	}
+}
