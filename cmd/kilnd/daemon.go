@@ -31,10 +31,10 @@ var sandboxEnv = []string{
 	"TERM=xterm-256color",
 }
 
-type origins []string
+type repeated []string
 
-func (o *origins) String() string     { return strings.Join(*o, ",") }
-func (o *origins) Set(v string) error { *o = append(*o, v); return nil }
+func (o *repeated) String() string     { return strings.Join(*o, ",") }
+func (o *repeated) Set(v string) error { *o = append(*o, v); return nil }
 
 func daemonMain(args []string) int {
 	fs := flag.NewFlagSet("kilnd", flag.ContinueOnError)
@@ -53,8 +53,10 @@ Flags:
 	stateDir := fs.String("state-dir", envOr("KILN_STATE_DIR", defaultStateDir), "state `directory`: token, API socket, sandboxes and their captured logs (env KILN_STATE_DIR)")
 	listen := fs.String("listen", defaultListen, "TCP `address` of the API; empty for the unix socket only")
 	images := fs.String("images", "", "`directory` of root filesystems sandboxes may use (default STATE_DIR/images)")
-	var allow origins
+	var allow repeated
 	fs.Var(&allow, "allow-origin", "a browser `origin` allowed to call the API beside kilnd's own (repeatable)")
+	var hosts repeated
+	fs.Var(&hosts, "allow-host", "a `name` (or name:port) TCP requests may carry as their Host beside localhost and the\nlisten address with its port, such as the machine's DNS name (repeatable)")
 	flowGrace := fs.Duration("flow-grace", 30*time.Second, "how long the output of a process started with flow block waits for the watcher holding it:\nto come after the start, to come back after it went, or to read on while the process waits\non it (1s to 1h); then it drops")
 	captureBuffer := fs.String("capture-buffer", "8MiB", "per captured process, the `size` of output held for its log writer while it catches up\n(64KiB to 1GiB): a burst beyond it, faster than the disk, is dropped and counted")
 	if err := fs.Parse(args); err != nil {
@@ -86,7 +88,7 @@ Flags:
 		fmt.Fprintln(os.Stderr, "kilnd: find this binary:", err)
 		return 1
 	}
-	d, err := daemon.New(daemon.Config{StateDir: *stateDir, Listen: *listen, AllowOrigins: allow, Exe: exe, Env: sandboxEnv, Images: *images,
+	d, err := daemon.New(daemon.Config{StateDir: *stateDir, Listen: *listen, AllowOrigins: allow, AllowHosts: hosts, Exe: exe, Env: sandboxEnv, Images: *images,
 		CaptureQueue: queue, FlowGrace: *flowGrace, Log: log})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -100,6 +100,10 @@ func (d *Daemon) Handler(tcp bool) http.Handler {
 	})
 	h := d.metrics.instrument(m)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if tcp && !d.hostAllowed(r) {
+			reply.Error(w, errdefs.New(errdefs.ErrPermissionDenied, "kilnd: host "+clip(r.Host)+" is not one kilnd serves (see --allow-host)"))
+			return
+		}
 		if !d.originAllowed(r) {
 			reply.Error(w, errdefs.New(errdefs.ErrPermissionDenied, "kilnd: origin "+clip(r.Header.Get("Origin"))+" is not allowed (see --allow-origin)"))
 			return

@@ -17,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -41,6 +42,10 @@ type Config struct {
 	Listen string
 	// AllowOrigins are browser origins allowed beside kilnd's own.
 	AllowOrigins []string
+	// AllowHosts are the Host values a TCP request may carry beside the
+	// loopback names and the listen address's own, with its port: a name
+	// (any port) or a name:port.
+	AllowHosts []string
 	// Exe is the binary re-executed as each sandbox's agent.
 	Exe string
 	// Env is the base environment of sandboxed processes.
@@ -121,6 +126,10 @@ type Daemon struct {
 	wg      sync.WaitGroup
 
 	metrics *metrics
+
+	// tcpIP and tcpPort are where the TCP listener listens, once it does.
+	tcpIP   net.IP
+	tcpPort string
 }
 
 // New opens the state directory (making it and the token on first start)
@@ -689,6 +698,8 @@ func (d *Daemon) Serve(ctx context.Context) error {
 		if tl, err = net.Listen("tcp", d.cfg.Listen); err != nil {
 			return fmt.Errorf("kilnd: %w", err)
 		}
+		a := tl.Addr().(*net.TCPAddr)
+		d.tcpIP, d.tcpPort = a.IP, strconv.Itoa(a.Port)
 	}
 	os.Remove(sock)
 	ul, err := net.Listen("unix", sock)
@@ -829,6 +840,31 @@ func offeredProtocols(r *http.Request) []string {
 }
 
 func isTokenProtocol(p string) bool { return strings.HasPrefix(p, api.TokenProtocolPrefix) }
+
+// hostAllowed refuses a TCP request for a Host that is not kilnd's: a web
+// page whose own name was made to resolve to kilnd's address (DNS
+// rebinding) reaches kilnd with that name. kilnd's are the loopback names
+// and the address it listens on, with its port, and those configured.
+func (d *Daemon) hostAllowed(r *http.Request) bool {
+	host, port, err := net.SplitHostPort(r.Host)
+	if err != nil {
+		host, port = r.Host, "80" // no port: the scheme's
+	}
+	host = strings.ToLower(strings.TrimSuffix(strings.Trim(host, "[]"), "."))
+	for _, h := range d.cfg.AllowHosts {
+		if h = strings.ToLower(h); h == host || h == net.JoinHostPort(host, port) {
+			return true
+		}
+	}
+	if port != d.tcpPort {
+		return false
+	}
+	if host == "localhost" || strings.HasSuffix(host, ".localhost") {
+		return true // RFC 6761: never resolved elsewhere
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && (ip.IsLoopback() || !d.tcpIP.IsUnspecified() && ip.Equal(d.tcpIP))
+}
 
 // originAllowed refuses requests a web page makes behind a user's back:
 // a browser sends Origin, and only kilnd's own or a listed one may pass.

@@ -513,8 +513,8 @@ func (k *kilnd) faultSendStdin(sb, pid string, offset int, body []byte, sent int
 	if err != nil {
 		k.t.Fatal(err)
 	}
-	fmt.Fprintf(c, "POST /sandboxes/%s/exec-stream/%s/stdin?offset=%d HTTP/1.1\r\nHost: kilnd\r\nAuthorization: Bearer %s\r\nContent-Length: %d\r\n\r\n",
-		sb, pid, offset, k.d.Token(), len(body))
+	fmt.Fprintf(c, "POST /sandboxes/%s/exec-stream/%s/stdin?offset=%d HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\nContent-Length: %d\r\n\r\n",
+		sb, pid, offset, k.addr, k.d.Token(), len(body))
 	if _, err := c.Write(body[:sent]); err != nil {
 		k.t.Fatal(err)
 	}

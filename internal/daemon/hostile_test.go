@@ -70,6 +70,9 @@ func (c *hostileClient) send(method, target string, header http.Header, body str
 	for name, vs := range header {
 		req.Header[name] = vs
 	}
+	if h := header.Get("Host"); h != "" {
+		req.Host = h // the header itself is not sent from Header
+	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
 		c.t.Fatalf("%s %.200q: %v", method, target, err)
@@ -541,6 +544,36 @@ func TestHostileTokens(t *testing.T) {
 		t.Errorf("watched %q", got)
 	}
 	c.alive(sb)
+}
+
+// TestHostileHost: a page whose name was made to resolve to kilnd's
+// address (DNS rebinding) cannot reach any route, the open ones included:
+// a Host that is not kilnd's is refused before the token is looked at.
+// kilnd's own names with its port are served.
+func TestHostileHost(t *testing.T) {
+	k := start(t, "")
+	defer k.cleanup()
+	c := newHostileClient(t, k)
+	_, port, _ := strings.Cut(k.addr, ":")
+	for _, host := range []string{"evil.example", "evil.example:" + port, "localhost.evil.example:" + port,
+		"127.0.0.1.nip.io:" + port, "localhost", "localhost:1", "127.0.0.1:1", "[::1]:1", "0.0.0.0:" + port} {
+		h := hostileBearer(k.d.Token())
+		h.Set("Host", host)
+		for _, path := range []string{"/healthz", "/openapi.yaml", "/sandboxes"} {
+			hostileRefused(t, host+": GET "+path, c.send("GET", path, h, ""), 403)
+		}
+		hostileRefused(t, host+": create", c.send("POST", "/sandboxes", h, "{}"), 403)
+	}
+	if n := len(k.d.List()); n != 0 {
+		t.Errorf("%d sandboxes made through foreign hosts", n)
+	}
+	for _, host := range []string{k.addr, "localhost:" + port, "LocalHost:" + port, "[::1]:" + port, "app.localhost:" + port} {
+		h := hostileBearer(k.d.Token())
+		h.Set("Host", host)
+		if r := c.send("GET", "/sandboxes", h, ""); r.code != 200 {
+			t.Errorf("%s: %d %s", host, r.code, r.body)
+		}
+	}
 }
 
 // TestHostileOrigin: a browser page elsewhere cannot use kilnd, even with
