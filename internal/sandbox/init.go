@@ -160,6 +160,12 @@ func setupRoot(cfg AgentConfig) error {
 	if err := unix.Mount(cfg.Workspace, filepath.Join(root, "workspace"), "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
 		return fmt.Errorf("mount /workspace: %w", err)
 	}
+	// A bind takes no flags: no setuid file and no device node in the
+	// workspace works, there or below it.
+	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV}
+	if err := unix.MountSetattr(unix.AT_FDCWD, filepath.Join(root, "workspace"), unix.AT_RECURSIVE, &attr); err != nil {
+		return fmt.Errorf("make /workspace nosuid, nodev: %w", err)
+	}
 	if err := unix.Mount("tmpfs", filepath.Join(root, "root"), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV,
 		fmt.Sprintf("mode=0700,uid=%d,gid=%d", cfg.UIDBase, cfg.UIDBase)); err != nil {
 		return fmt.Errorf("mount /root: %w", err)
@@ -224,6 +230,10 @@ func setupDev(dev string) error {
 		f.Close()
 		if err := unix.Mount("/dev/"+d, target, "", unix.MS_BIND, ""); err != nil {
 			return fmt.Errorf("bind /dev/%s: %w", d, err)
+		}
+		attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NOEXEC}
+		if err := unix.MountSetattr(unix.AT_FDCWD, target, 0, &attr); err != nil {
+			return fmt.Errorf("make /dev/%s nosuid, noexec: %w", d, err)
 		}
 	}
 	for _, d := range []string{"pts", "shm"} {

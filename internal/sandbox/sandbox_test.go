@@ -299,3 +299,35 @@ func TestHostGroupsStayOut(t *testing.T) {
 		t.Fatalf("read %d Groups lines: %q %q", n, r.Stdout, r.Stderr)
 	}
 }
+
+// TestWritableMountsAreNosuidNodev: no mount a sandbox can write honours
+// a setuid bit, nor, outside /dev (its devices and terminals), a device
+// node.
+func TestWritableMountsAreNosuidNodev(t *testing.T) {
+	sb := newSandbox(t, sandbox.Options{})
+	r := run(t, sb, "cat /proc/self/mountinfo")
+	seen := map[string]bool{}
+	for line := range strings.Lines(r.Stdout) {
+		f := strings.Fields(line)
+		if len(f) < 6 {
+			continue
+		}
+		point, opts := f[4], strings.Split(f[5], ",")
+		if slices.Contains(opts, "ro") {
+			continue
+		}
+		seen[point] = true
+		if !slices.Contains(opts, "nosuid") {
+			t.Errorf("%s is writable without nosuid: %s", point, f[5])
+		}
+		devices := point == "/dev" || strings.HasPrefix(point, "/dev/") && point != "/dev/shm"
+		if !devices && !slices.Contains(opts, "nodev") {
+			t.Errorf("%s is writable without nodev: %s", point, f[5])
+		}
+	}
+	for _, p := range []string{"/workspace", "/tmp", "/root", "/dev/shm"} {
+		if !seen[p] {
+			t.Errorf("no writable mount at %s in %q", p, r.Stdout)
+		}
+	}
+}
