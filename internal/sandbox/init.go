@@ -177,6 +177,9 @@ func setupRoot(cfg AgentConfig) error {
 	if err := unix.Mount("proc", filepath.Join(root, "proc"), "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 		return fmt.Errorf("mount /proc: %w", err)
 	}
+	if err := maskProc(filepath.Join(root, "proc")); err != nil {
+		return err
+	}
 	if err := unix.PivotRoot(root, filepath.Join(root, ".old")); err != nil {
 		return fmt.Errorf("pivot_root: %w", err)
 	}
@@ -194,6 +197,57 @@ func setupRoot(cfg AgentConfig) error {
 	if cfg.Rootfs == "" {
 		if err := unix.Mount("", "/", "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY, ""); err != nil {
 			return fmt.Errorf("make the root read-only: %w", err)
+		}
+	}
+	return nil
+}
+
+// What of /proc a sandbox does not see, and what it cannot write: OCI's
+// default masked and read-only paths (as Docker applies them), and, beyond
+// them, the kernel's build configuration and command line, which tell an
+// exploit what it runs on and where the host boots from.
+var (
+	maskedProc = []string{"acpi", "asound", "cmdline", "config.gz", "interrupts", "kcore", "keys", "latency_stats",
+		"sched_debug", "scsi", "timer_list", "timer_stats"}
+	readOnlyProc = []string{"bus", "fs", "irq", "sys", "sysrq-trigger"}
+)
+
+// maskProc hides the masked paths of the proc mounted at proc (a file
+// reads as empty, a directory as an empty read-only one) and makes the
+// read-only ones so. A sandboxed process, in a user namespace that does
+// not own the mounts, cannot take either away.
+func maskProc(proc string) error {
+	sealed := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV | unix.MOUNT_ATTR_NOEXEC}
+	for _, name := range maskedProc {
+		p := filepath.Join(proc, name)
+		fi, err := os.Lstat(p)
+		if errors.Is(err, os.ErrNotExist) {
+			continue // this kernel has none
+		}
+		if err != nil {
+			return err
+		}
+		if fi.IsDir() {
+			err = unix.Mount("tmpfs", p, "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=0,mode=0555")
+		} else if err = unix.Mount("/dev/null", p, "", unix.MS_BIND, ""); err == nil {
+			// Not nodev: it is /dev/null that reads as empty.
+			null := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NOEXEC}
+			err = unix.MountSetattr(unix.AT_FDCWD, p, 0, &null)
+		}
+		if err != nil {
+			return fmt.Errorf("mask /proc/%s: %w", name, err)
+		}
+	}
+	for _, name := range readOnlyProc {
+		p := filepath.Join(proc, name)
+		if _, err := os.Lstat(p); errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err := unix.Mount(p, p, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			return fmt.Errorf("bind /proc/%s: %w", name, err)
+		}
+		if err := unix.MountSetattr(unix.AT_FDCWD, p, unix.AT_RECURSIVE, &sealed); err != nil {
+			return fmt.Errorf("make /proc/%s read-only: %w", name, err)
 		}
 	}
 	return nil

@@ -331,3 +331,32 @@ func TestWritableMountsAreNosuidNodev(t *testing.T) {
 		}
 	}
 }
+
+// TestProcIsMasked: what of /proc tells of or reaches the host's kernel
+// reads as empty, and /proc/sys and the like cannot be written, by the
+// sandbox's root either.
+func TestProcIsMasked(t *testing.T) {
+	sb := newSandbox(t, sandbox.Options{})
+	for _, p := range []string{"/proc/kcore", "/proc/keys", "/proc/timer_list", "/proc/sched_debug", "/proc/cmdline", "/proc/config.gz"} {
+		r := run(t, sb, "test ! -e "+p+" || wc -c < "+p)
+		if n := strings.TrimSpace(r.Stdout); code(r) != 0 || n != "" && n != "0" {
+			t.Errorf("%s: %s bytes (exit %d, %q)", p, n, code(r), r.Stderr)
+		}
+	}
+	if r := run(t, sb, "ls -A /proc/acpi /proc/scsi 2>/dev/null | grep -v ':$' | grep -c ."); strings.TrimSpace(r.Stdout) != "0" {
+		t.Errorf("masked directories list %s entries", strings.TrimSpace(r.Stdout))
+	}
+	for _, p := range []string{"/proc/sys/kernel/hostname", "/proc/sys/vm/drop_caches", "/proc/sysrq-trigger"} {
+		r := run(t, sb, "test ! -e "+p+" && echo absent || echo 1 > "+p)
+		if r.Stdout == "absent\n" {
+			continue // this kernel has none
+		}
+		if code(r) == 0 || !strings.Contains(r.Stderr, "Read-only file system") {
+			t.Errorf("write to %s: exit %d, %q; want EROFS", p, code(r), r.Stderr)
+		}
+	}
+	// Reading what is not masked still works.
+	if r := run(t, sb, "cat /proc/sys/kernel/ostype /proc/self/status | head -1"); strings.TrimSpace(r.Stdout) != "Linux" {
+		t.Errorf("read /proc/sys: %q %q", r.Stdout, r.Stderr)
+	}
+}
