@@ -34,8 +34,8 @@ type ExecRequest struct {
 	// the process waiting for it if need be, as a foreground command's
 	// output waits for its terminal. The output is held for that watcher
 	// from the start, and for the grace period after it goes (kilnd's
-	// --flow-grace, 30 s), for it to come back to, or while it neither
-	// reads nor acks with the process waiting on it; then it drops again.
+	// --flow-grace, 30 s), for it to come back to, or for twice that while
+	// it stays but neither reads nor acks; then it drops again.
 	Flow string `json:"flow,omitempty"`
 
 	// Finite exec only. MaxOutputBytes bounds the output kept, both streams

@@ -57,7 +57,7 @@ Flags:
 	fs.Var(&allow, "allow-origin", "a browser `origin` allowed to call the API beside kilnd's own (repeatable)")
 	var hosts repeated
 	fs.Var(&hosts, "allow-host", "a `name` (or name:port) TCP requests may carry as their Host beside localhost and the\nlisten address with its port, such as the machine's DNS name (repeatable)")
-	flowGrace := fs.Duration("flow-grace", 30*time.Second, "how long the output of a process started with flow block waits for the watcher holding it:\nto come after the start, to come back after it went, or to read on while the process waits\non it (1s to 1h); then it drops")
+	flowGrace := fs.Duration("flow-grace", 30*time.Second, "how long the output of a process started with flow block waits for the watcher holding it:\nto come after the start, and to come back after it went, or twice that to read on while it\nstays connected (1s to 1h); then it drops")
 	captureBuffer := fs.String("capture-buffer", "8MiB", "per captured process, the `size` of output held for its log writer while it catches up\n(64KiB to 1GiB): a burst beyond it, faster than the disk, is dropped and counted")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {

@@ -274,10 +274,10 @@ func (r *Ring) Buffer(s Stream) []byte {
 // awaitRoomLocked returns how many bytes may be committed without evicting
 // held ones, waiting first while that is less than a quarter of the ring.
 // Before it waits it wakes the cursors for what was committed unannounced,
-// so that no holder waits for bytes that are there. A holder that takes
-// nothing for its grace period while the pump waits on it is taken for
-// gone: its hold goes (see dropStalledLocked). Caller holds mu, which is
-// released while it waits.
+// so that no holder waits for bytes that are there. A holder whose hold
+// does not move for twice its grace period while the pump waits on it is
+// taken for gone: its hold goes (see dropStalledLocked). Caller holds mu,
+// which is released while it waits.
 func (r *Ring) awaitRoomLocked() int {
 	r.roomWaiters.Add(1)
 	defer r.roomWaiters.Add(-1)
@@ -320,8 +320,16 @@ func (r *Ring) awaitRoomLocked() int {
 }
 
 // stallDeadlineLocked is when a wait for room that nothing ends makes the
-// cursors' holds stalled: the soonest of their graces from now; and where
-// each stands now. Zero without cursors' holds. Caller holds mu.
+// cursors' holds stalled: the soonest of twice their graces from now; and
+// where each stands now. Zero without cursors' holds.
+//
+// Twice: a reader that pauses (a pager, a terminal scrolled back) stops
+// taking what its connection carries, and the server's write timeout
+// (as long as the grace, by default) closes that connection first; the
+// hold then stays for the grace for the reader to come back to, as for
+// any reader that went. This catches the holders no timeout ends: one that
+// takes bytes and never acks them, one that stops calling Next. Caller
+// holds mu.
 func (r *Ring) stallDeadlineLocked() (time.Time, map[*hold]Offsets) {
 	var deadline time.Time
 	var at map[*hold]Offsets
@@ -333,7 +341,7 @@ func (r *Ring) stallDeadlineLocked() (time.Time, map[*hold]Offsets) {
 			at = map[*hold]Offsets{}
 		}
 		at[h] = h.from()
-		if d := time.Now().Add(h.cur.grace); deadline.IsZero() || d.Before(deadline) {
+		if d := time.Now().Add(2 * h.cur.grace); deadline.IsZero() || d.Before(deadline) {
 			deadline = d
 		}
 	}
@@ -343,8 +351,8 @@ func (r *Ring) stallDeadlineLocked() (time.Time, map[*hold]Offsets) {
 // dropStalledLocked drops, of the cursors' holds that have not moved from
 // where snapshot saw them, those that keep the pumps from room: the one
 // keeping the most first, until there is room or none is left. A reader
-// that neither takes nor acks what it holds for its grace period cannot
-// hang the workload: it is told of what it then misses, as a reader that
+// that moves its hold on neither by taking nor by acking cannot hang the
+// workload: it is told of what it then misses, as a reader that
 // does not hold is. The cursor keeps its entry (its goroutine reads it
 // without mu); out of the holds, its moves and its Close change nothing.
 // Caller holds mu.
