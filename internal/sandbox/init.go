@@ -56,6 +56,9 @@ type AgentConfig struct {
 	// FlowGrace is how long a flow block process's output waits for its
 	// holding watcher (zero: the default).
 	FlowGrace time.Duration `json:"flow_grace,omitempty"`
+	// TmpfsBytes sizes /tmp and /root, the sandbox's memory limit: what is
+	// written there is memory (zero: the kernel's default, half the RAM).
+	TmpfsBytes int64 `json:"tmpfs_bytes,omitempty"`
 }
 
 // InitExitName is the file in a sandbox's logs directory where the agent
@@ -154,7 +157,11 @@ func setupRoot(cfg AgentConfig) error {
 			return err
 		}
 	}
-	if err := unix.Mount("tmpfs", filepath.Join(root, "tmp"), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777"); err != nil {
+	size := ""
+	if cfg.TmpfsBytes > 0 {
+		size = fmt.Sprintf(",size=%d", cfg.TmpfsBytes)
+	}
+	if err := unix.Mount("tmpfs", filepath.Join(root, "tmp"), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777"+size); err != nil {
 		return fmt.Errorf("mount /tmp: %w", err)
 	}
 	if err := unix.Mount(cfg.Workspace, filepath.Join(root, "workspace"), "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
@@ -167,7 +174,7 @@ func setupRoot(cfg AgentConfig) error {
 		return fmt.Errorf("make /workspace nosuid, nodev: %w", err)
 	}
 	if err := unix.Mount("tmpfs", filepath.Join(root, "root"), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV,
-		fmt.Sprintf("mode=0700,uid=%d,gid=%d", cfg.UIDBase, cfg.UIDBase)); err != nil {
+		fmt.Sprintf("mode=0700,uid=%d,gid=%d", cfg.UIDBase, cfg.UIDBase)+size); err != nil {
 		return fmt.Errorf("mount /root: %w", err)
 	}
 	if err := setupDev(filepath.Join(root, "dev")); err != nil {

@@ -113,7 +113,7 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 	cfg := AgentConfig{
 		ID: o.ID, Hostname: o.Hostname, Root: filepath.Join(o.Dir, rootName),
 		Workspace: filepath.Join(o.Dir, WorkspaceName), UIDBase: o.UIDBase, Env: o.Env, Init: o.Init,
-		CaptureQueue: o.CaptureQueue, FlowGrace: o.FlowGrace,
+		CaptureQueue: o.CaptureQueue, FlowGrace: o.FlowGrace, TmpfsBytes: o.Limits.MemoryBytes,
 	}
 	for _, d := range []string{rootName, LogsName, WorkspaceName} {
 		if err := os.Mkdir(filepath.Join(o.Dir, d), 0o700); err != nil {

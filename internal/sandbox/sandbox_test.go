@@ -360,3 +360,20 @@ func TestProcIsMasked(t *testing.T) {
 		t.Errorf("read /proc/sys: %q %q", r.Stdout, r.Stderr)
 	}
 }
+
+// TestTmpfsWithinTheMemoryLimit: /tmp and /root are memory, so a sandbox
+// with a memory limit gets them no larger than it: a full /tmp is ENOSPC,
+// not half the host's RAM taken.
+func TestTmpfsWithinTheMemoryLimit(t *testing.T) {
+	sb := newSandbox(t, sandbox.Options{Limits: sandbox.Limits{MemoryBytes: 64 << 20}})
+	r := run(t, sb, "df -k /tmp /root | tail -n +2")
+	lines := strings.Split(strings.TrimSpace(r.Stdout), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("df: %q %q", r.Stdout, r.Stderr)
+	}
+	for _, l := range lines {
+		if f := strings.Fields(l); len(f) < 6 || f[1] != "65536" {
+			t.Errorf("%s: want a size of 65536 KiB", l)
+		}
+	}
+}
