@@ -458,10 +458,10 @@ type HeldLine struct {
 }
 
 // Caught waits, bounded by ctx, until everything the pumps pushed before
-// the call is in the log, counted lost, or in the tails it returns: a
-// reader of the log then finds there, and after the log's end in the
-// tails, what the engine no longer holds. It returns at once once the
-// writer has finished, without tails: the log then holds every line.
+// the call is in the log, counted lost, or in the held lines it returns: a
+// reader of the log then finds there, and after the log's end in the held
+// lines, what the engine no longer holds. It returns at once once the
+// writer has finished, without held lines: the log then holds every line.
 func (w *Writer) Caught(ctx context.Context) ([NumLogStreams]HeldLine, error) {
 	if err := w.sink.Caught(ctx, w.done); err != nil {
 		return [NumLogStreams]HeldLine{}, err

@@ -402,7 +402,8 @@ func (d *Daemon) readFromAgent(w http.ResponseWriter, r *http.Request, pid strin
 		// The agent's stream broke off (the sandbox stopped, or the agent
 		// died): the rest is what the log holds; without the trailers if
 		// the client went, as when the log's read does not finish.
-		if ctx.Err() != nil || !restFromLog(ctx, w, logs, pos, lost, selects) {
+		_, terminal := target["terminal"]
+		if ctx.Err() != nil || !restFromLog(ctx, w, logs, terminal, pos, lost, selects) {
 			return true
 		}
 	}
@@ -430,13 +431,12 @@ func known(stream string) bool {
 
 // restFromLog writes, after the bytes the agent gave up to pos, the
 // selected streams' bytes the captured log holds beyond pos, in the log's
-// order; what it lacks before a record it holds counts in lost. It
-// reports false if the log could not be read to its end or the client
-// went.
-func restFromLog(ctx context.Context, w io.Writer, logs *capture.Dir, pos, lost map[string]int64, selects func(string) bool) bool {
-	_, pty := pos["terminal"]
+// order; what it lacks before a record it holds counts in lost. The log's
+// stdout is the terminal's output for a terminal process. It reports false
+// if the log could not be read to its end or the client went.
+func restFromLog(ctx context.Context, w io.Writer, logs *capture.Dir, terminal bool, pos, lost map[string]int64, selects func(string) bool) bool {
 	name := func(s capture.LogStream) string {
-		if s == capture.LogStdout && pty {
+		if s == capture.LogStdout && terminal {
 			return "terminal"
 		}
 		return s.String()

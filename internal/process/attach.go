@@ -44,10 +44,10 @@ type Attachment struct {
 
 	// log opens the process's captured log; nil if it has none. caught,
 	// for a process still running, waits until what its pumps pushed is
-	// in the log, or in the unfinished lines it returns. rep is the replay under way; done, the last one, kept
-	// for the next gaps to read the log on from; held, an event taken
-	// from the ring (or the tombstone) while looking past a gap, returned
-	// after the replay.
+	// in the log, or in the unfinished lines it returns. rep is the
+	// replay under way; done, the last one, kept for the next gaps to
+	// read the log on from; held, an event taken from the ring (or the
+	// tombstone) while looking past a gap, returned after the replay.
 	log      func() (*capture.Dir, error)
 	caught   func(context.Context) ([capture.NumLogStreams]capture.HeldLine, error)
 	terminal bool
