@@ -878,14 +878,11 @@ func TestCapturedLogReadsAsOneSequence(t *testing.T) {
 	// Still running, its 5.6 MB through a 1 MiB ring: read as it stands.
 	var st api.Started
 	k.json("POST", "/sandboxes/"+sb+"/exec-stream", api.ExecRequest{Command: "sh", Args: []string{"-c", loop + "; exec sleep 1000"}, Capture: true}, &st)
-	for {
+	faultAwait(t, "the loop's whole output pumped", func() bool {
 		var p api.Process
 		k.json("GET", "/sandboxes/"+sb+"/exec-stream/"+st.ID, nil, &p)
-		if p.Streams["stdout"].TotalBytes == int64(want.Len()) {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return p.Streams["stdout"].TotalBytes == int64(want.Len())
+	})
 	if got, tr := read(st.ID, ""); got != want.String() || tr.Get("Kiln-Lost") != "{}" {
 		t.Errorf("running: %d bytes of %d, equal %v, lost %s", len(got), want.Len(), got == want.String(), tr.Get("Kiln-Lost"))
 	}
