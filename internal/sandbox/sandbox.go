@@ -249,10 +249,13 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 	sb.PID = cmd.Process.Pid
 	// kilnd reaps the agent it started if it outlives it; an agent that
 	// outlives kilnd is adopted by the host.
-	sb.reaped = make(chan struct{})
+	// (The goroutine has its own copy of the channel: a failed Create
+	// returns a nil sandbox while the agent it started is still reaped.)
+	reaped := make(chan struct{})
+	sb.reaped = reaped
 	go func() {
 		cmd.Wait()
-		close(sb.reaped)
+		close(reaped)
 	}()
 	if err := cg.add(sb.PID); err != nil {
 		return nil, err

@@ -377,3 +377,22 @@ func TestTmpfsWithinTheMemoryLimit(t *testing.T) {
 		}
 	}
 }
+
+// TestCreateWhenTheAgentDies: an agent that exits at once fails Create
+// with the reason, and kilnd reaps it without touching the sandbox it did
+// not return (goleak waits for that reaper to finish).
+func TestCreateWhenTheAgentDies(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the namespace backend needs root")
+	}
+	o := sandbox.Options{ID: uuid.Must(uuid.NewV7()).String(), Exe: "/bin/false", Ready: 10 * time.Second}
+	o.Dir = filepath.Join(t.TempDir(), o.ID)
+	sb, err := sandbox.Create(t.Context(), o)
+	if err == nil {
+		sb.Destroy(false)
+		t.Fatal("Create succeeded with an agent that exits")
+	}
+	if !strings.Contains(err.Error(), "the agent exited") {
+		t.Errorf("Create: %v, want it to say the agent exited", err)
+	}
+}
