@@ -14,6 +14,9 @@ require (
 require (
 	github.com/coder/websocket v1.8.15
 	github.com/docker/go-units v0.5.0
+	github.com/elastic/go-seccomp-bpf v1.6.0
+	github.com/moby/profiles/seccomp v0.3.0
+	github.com/opencontainers/runtime-spec v1.2.1
 	github.com/spf13/cobra v1.10.2
 	golang.org/x/term v0.48.0
 )
@@ -21,6 +24,7 @@ require (
 require (
 	github.com/inconshreveable/mousetrap v1.1.0 // indirect
 	github.com/spf13/pflag v1.0.9 // indirect
+	golang.org/x/net v0.59.0 // indirect
 )
 
 require (

@@ -10,6 +10,8 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"os"
+	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -43,11 +45,9 @@ type Config struct {
 	Logs *capture.Dir
 	// Capture sets up each captured run's writer.
 	Capture capture.Options
-	// Isolate, when set, adjusts every process's start (the sandbox's
-	// user namespace, for one).
-	Isolate func(*syscall.SysProcAttr)
-	// Spawn, when set, runs every fork (see process.Spec.Spawn).
-	Spawn func(start func() error) error
+	// Launch, when set, starts every process (see process.Spec.Launch):
+	// the sandbox's isolation and confinement.
+	Launch func(cmd *exec.Cmd) (*os.Process, error)
 	// FlowGrace is how long the output of a process started with flow
 	// block waits for its holding watcher (zero: process.DefaultFlowGrace).
 	FlowGrace time.Duration
@@ -138,7 +138,7 @@ func (s *Server) spec(req api.ExecRequest, finite bool) (process.Spec, error) {
 		env = slices.DeleteFunc(env, func(e string) bool { return strings.HasPrefix(e, k+"=") })
 		env = append(env, k+"="+req.Env[k])
 	}
-	spec := process.Spec{Argv: argv, Env: env, Dir: req.Cwd, Isolate: s.cfg.Isolate, Spawn: s.cfg.Spawn, FlowGrace: s.cfg.FlowGrace}
+	spec := process.Spec{Argv: argv, Env: env, Dir: req.Cwd, Launch: s.cfg.Launch, FlowGrace: s.cfg.FlowGrace}
 	if req.Flow == api.FlowBlock {
 		spec.Flow = process.FlowBlock
 	}

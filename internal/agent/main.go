@@ -61,7 +61,7 @@ func run() error {
 	// Readers of a captured process take what its ring no longer holds
 	// from its log, which the agent writes and may read.
 	table := process.NewTable(process.TableConfig{Logs: in.Logs.OpenSub})
-	srv := New(Config{Table: table, Env: in.Config.Env, Dir: "/workspace", Logs: in.Logs, Isolate: in.Isolate, Spawn: in.Spawn,
+	srv := New(Config{Table: table, Env: in.Config.Env, Dir: "/workspace", Logs: in.Logs, Launch: in.Spawner.Start,
 		Capture: capture.Options{QueueBytes: in.Config.CaptureQueue}, FlowGrace: in.Config.FlowGrace})
 	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, ConnContext: withConn}
 	served := make(chan error, 1)
@@ -99,6 +99,7 @@ func run() error {
 	ctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
 	defer cancel()
 	err = table.Shutdown(ctx)
+	in.Spawner.Close()
 	sctx, scancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer scancel()
 	if hs.Shutdown(sctx) != nil {

@@ -110,14 +110,13 @@ type Spec struct {
 	// id before anything runs, to begin its capture; an error fails the
 	// start.
 	Begin func(id string) (*capture.Writer, error)
-	// Isolate, when set, adjusts the start's process attributes after the
-	// engine set its own (process group, terminal): a sandbox adds its
-	// user namespace there.
-	Isolate func(*syscall.SysProcAttr)
-	// Spawn, when set, runs the fork: a sandbox forks its processes from a
-	// thread that sits in the cgroup their limits apply to, so that they
-	// are born there.
-	Spawn func(start func() error) error
+	// Launch, when set, starts the command in place of its Start, after
+	// the engine has set its own attributes (process group, terminal): a
+	// sandbox starts it in its user namespace, confined, born in the
+	// cgroups its limits apply to. It returns the process once its
+	// program runs, a child of this one, which the engine then waits for;
+	// or why it does not run, having left nothing to wait for.
+	Launch func(cmd *exec.Cmd) (*os.Process, error)
 }
 
 // Exit is how a process ended, as observed by waiting for it: a code, or
@@ -185,7 +184,7 @@ const CaptureTimeout = 10 * time.Second
 type Process struct {
 	id       string
 	argv     []string
-	cmd      *exec.Cmd
+	proc     *os.Process // a child of this process, waited for by reap
 	ring     *ring.Ring
 	sink     *capture.Sink
 	capture  *capture.Writer
@@ -254,7 +253,6 @@ func startProcess(id string, spec Spec, drainFor time.Duration, onDone func()) (
 	p := &Process{
 		id:       id,
 		argv:     append([]string(nil), spec.Argv...),
-		cmd:      cmd,
 		capture:  spec.Capture,
 		terminal: spec.Terminal != nil,
 		flow:     spec.Flow,
@@ -328,18 +326,14 @@ func startProcess(id string, spec Spec, drainFor time.Duration, onDone func()) (
 	if p.flow == FlowBlock {
 		p.ring.Hold(p.grace) // until the holding reader comes
 	}
-	if spec.Isolate != nil {
-		spec.Isolate(cmd.SysProcAttr)
-	}
-
 	owned.Lock()
-	if spec.Spawn != nil {
-		err = spec.Spawn(cmd.Start)
-	} else {
-		err = cmd.Start()
+	if spec.Launch != nil {
+		p.proc, err = spec.Launch(cmd)
+	} else if err = cmd.Start(); err == nil {
+		p.proc = cmd.Process
 	}
 	if err == nil {
-		owned.pids[cmd.Process.Pid] = true
+		owned.pids[p.proc.Pid] = true
 	}
 	owned.Unlock()
 	closeAll(childEnds)
@@ -551,7 +545,7 @@ func (p *Process) pump(s ring.Stream, f *os.File) {
 // background child may still hold the pipes), wait for every pump to reach
 // end of output (bounded), stop stdin, close the sink's single sender.
 func (p *Process) reap() {
-	pid := p.cmd.Process.Pid
+	pid := p.proc.Pid
 	awaitExit(pid)
 	var info unix.Siginfo
 	for {
@@ -567,11 +561,11 @@ func (p *Process) reap() {
 	// still hold the pipes), never a group that reused the number.
 	unix.Kill(-pid, unix.SIGKILL)
 	p.mu.Lock()
-	p.cmd.Wait() // the status is in ProcessState whatever the error says
+	st, _ := p.proc.Wait()
 	owned.Lock()
 	delete(owned.pids, pid)
 	owned.Unlock()
-	p.exit = exitOf(p.cmd.ProcessState)
+	p.exit = exitOf(st)
 	p.exitedAt = time.Now()
 	close(p.exited)
 	p.mu.Unlock()
@@ -681,7 +675,7 @@ func (p *Process) Status() Status {
 	st := Status{
 		ID:        p.id,
 		Argv:      p.argv,
-		PID:       p.cmd.Process.Pid,
+		PID:       p.proc.Pid,
 		State:     Running,
 		Totals:    totals,
 		First:     p.ring.First(),
@@ -729,7 +723,7 @@ func (p *Process) Signal(sig syscall.Signal, group bool) error {
 	if isClosed(p.exited) {
 		return fmt.Errorf("%w: %s (%v)", ErrFinished, p.id, p.exit)
 	}
-	pid := p.cmd.Process.Pid
+	pid := p.proc.Pid
 	if group {
 		pid = -pid
 	}

@@ -7,9 +7,8 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
-	"runtime"
-	"strconv"
 	"syscall"
 	"time"
 	"unsafe"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/capture"
+	"github.com/sandkiln/sandkiln/internal/confine"
 )
 
 // AgentConfig is what the re-executed binary needs to become a sandbox's
@@ -56,6 +56,9 @@ type AgentConfig struct {
 	// FlowGrace is how long a flow block process's output waits for its
 	// holding watcher (zero: the default).
 	FlowGrace time.Duration `json:"flow_grace,omitempty"`
+	// PidsMax is the sandbox's pids limit, zero without one; each process
+	// also gets it as its RLIMIT_NPROC.
+	PidsMax int64 `json:"pids_max,omitempty"`
 	// TmpfsBytes sizes /tmp and /root, the sandbox's memory limit: what is
 	// written there is memory (zero: the kernel's default, half the RAM).
 	TmpfsBytes int64 `json:"tmpfs_bytes,omitempty"`
@@ -89,17 +92,6 @@ const (
 	// in its v1 groups.
 	fdJoined = 8
 )
-
-// The agent's main goroutine keeps the process's main thread for good, so
-// that the spawning thread, which moves into the processes' groups, is
-// never that thread: a v1 group holding the main thread holds the whole
-// process for memory accounting and the out-of-memory killer, and the
-// agent would be charged for, and killed with, the sandbox's processes.
-func init() {
-	if os.Getenv(AgentEnv) != "" {
-		runtime.LockOSThread()
-	}
-}
 
 // hostDirs are bound read-only from the host when no rootfs is given.
 var hostDirs = []string{"usr", "etc", "bin", "lib", "lib64", "sbin"}
@@ -339,18 +331,56 @@ func loopbackUp() error {
 	return nil
 }
 
-// isolate puts a sandboxed process in its own user namespace, where its
-// root is the unprivileged host range from base: it has no capability
-// over the agent, the mounts or the network, all owned by the parent
-// namespace.
+// isolate puts the sandbox's spawner, and so every process it starts, in
+// the sandbox's user namespace, where root is the unprivileged host range
+// from base: it has no capability over the agent, the mounts or the
+// network, all owned by the parent namespace. setgroups is allowed there
+// (su, sudo and package managers switch groups), and the spawner starts
+// with none.
 func isolate(base int) func(*syscall.SysProcAttr) {
 	return func(a *syscall.SysProcAttr) {
 		a.Cloneflags |= unix.CLONE_NEWUSER
 		a.UidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: base, Size: idRange}}
 		a.GidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: base, Size: idRange}}
-		a.GidMappingsEnableSetgroups = false
-		a.Credential = &syscall.Credential{Uid: 0, Gid: 0, NoSetGroups: true}
+		a.GidMappingsEnableSetgroups = true
+		a.Credential = &syscall.Credential{Uid: 0, Gid: 0, Groups: []uint32{}}
 	}
+}
+
+// nproc is a sandboxed process's RLIMIT_NPROC: the pids limit, a second
+// line behind the pids cgroup, with room for the spawner's own threads,
+// which the kernel counts too (zero: no limit).
+func nproc(pids int64) uint64 {
+	if pids <= 0 {
+		return 0
+	}
+	return uint64(pids) + 32
+}
+
+// noFile is a sandboxed process's open files limit: 1024, and up to
+// 524288 when it asks (Docker's since 25.0), within the agent's own.
+func noFile() [2]uint64 {
+	var l unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &l); err != nil {
+		return [2]uint64{}
+	}
+	hard := min(l.Max, 524288)
+	return [2]uint64{min(1024, hard), hard}
+}
+
+// openSelf opens this binary for the spawner, close-on-exec, on a
+// descriptor no start moves a process's files onto.
+func openSelf() (*os.File, error) {
+	f, err := os.Open("/proc/self/exe")
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: open the agent's binary: %w", err)
+	}
+	defer f.Close()
+	fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 100)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: open the agent's binary: %w", err)
+	}
+	return os.NewFile(uintptr(fd), "kilnd"), nil
 }
 
 // idRange is how many uids a sandbox maps.
@@ -365,16 +395,20 @@ type Inside struct {
 	Config   AgentConfig
 	Listener net.Listener
 	Logs     *capture.Dir
-	Isolate  func(*syscall.SysProcAttr)
-	// Spawn runs each fork on the thread that sits in the sandbox's
-	// limited pids group; nil without a pids limit.
-	Spawn func(start func() error) error
+	// Spawner starts each of the sandbox's processes: in the sandbox's
+	// user namespace, mapped to its range, confined, born in its limited
+	// cgroups when it has limits.
+	Spawner *confine.Spawner
 }
 
 // IsAgent reports whether this process was started as a sandbox's agent.
-// It also serves the short-lived helper that holds a user namespace while
-// kilnd id-maps a rootfs: that one never returns.
+// It also serves the two modes of kilnd's binary that never return: a
+// sandbox's spawner, which starts its processes, and the short-lived
+// helper that holds a user namespace while kilnd id-maps a rootfs.
 func IsAgent() bool {
+	if confine.Is() {
+		confine.Main()
+	}
 	if os.Getenv(holderEnv) != "" {
 		io.Copy(io.Discard, os.Stdin) // until kilnd closes the pipe
 		os.Exit(0)
@@ -400,6 +434,43 @@ func Enter() (*Inside, error) {
 	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
+	// Nothing kilnd inherited without close-on-exec (from whatever
+	// started it) may reach the sandbox's processes, nor the spawner.
+	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
+		return nil, fmt.Errorf("sandbox: close-on-exec for inherited descriptors: %w", err)
+	}
+	// The spawner is this binary, reached by a descriptor: it is not in
+	// the sandbox's filesystem. It starts now, while the host's root is
+	// this mount namespace's and the binary's loader can be found, and
+	// moves into the sandbox's root with the agent. Its user namespace's
+	// maps are written through /proc, which must be this pid namespace's
+	// first.
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return nil, fmt.Errorf("sandbox: make mounts private: %w", err)
+	}
+	if err := unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return nil, fmt.Errorf("sandbox: mount the sandbox's /proc: %w", err)
+	}
+	exe, err := openSelf()
+	if err != nil {
+		return nil, err
+	}
+	var groups []*os.File
+	if cfg.PidsLimited {
+		groups = append(groups, os.NewFile(fdTasks, "pids tasks"))
+	}
+	if cfg.MemoryLimited {
+		groups = append(groups, os.NewFile(fdMemoryTasks, "memory tasks"))
+	}
+	iso := isolate(cfg.UIDBase)
+	spawner := confine.NewSpawner(exe, confine.Config{NoFile: noFile(), NProc: nproc(cfg.PidsMax)}, groups,
+		func(cmd *exec.Cmd) error {
+			iso(cmd.SysProcAttr)
+			return cmd.Start()
+		})
+	if err := spawner.Begin(); err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
 	if err := setupRoot(cfg); err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
@@ -415,13 +486,12 @@ func Enter() (*Inside, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sandbox: agent socket: %w", err)
 	}
-	unix.CloseOnExec(fdLogs)
 	logs, err := capture.NewDir(os.NewFile(fdLogs, "logs"))
 	if err != nil {
 		l.Close()
 		return nil, err
 	}
-	in := &Inside{Config: cfg, Listener: l, Logs: logs, Isolate: isolate(cfg.UIDBase)}
+	in := &Inside{Config: cfg, Listener: l, Logs: logs}
 	if cfg.Joined {
 		if err := awaitJoined(os.NewFile(fdJoined, "joined")); err != nil {
 			l.Close()
@@ -429,35 +499,12 @@ func Enter() (*Inside, error) {
 			return nil, err
 		}
 	}
-	var groups []*os.File
-	if cfg.PidsLimited {
-		unix.CloseOnExec(fdTasks)
-		groups = append(groups, os.NewFile(fdTasks, "pids tasks"))
-	}
-	if cfg.MemoryLimited {
-		unix.CloseOnExec(fdMemoryTasks)
-		groups = append(groups, os.NewFile(fdMemoryTasks, "memory tasks"))
-	}
-	if len(groups) > 0 {
-		if in.Spawn, err = spawner(groups); err != nil {
-			l.Close()
-			logs.Close()
-			return nil, err
-		}
-	}
-	// Nothing kilnd inherited without close-on-exec (from whatever
-	// started it) may reach the sandbox's processes.
-	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
-		l.Close()
-		logs.Close()
-		return nil, fmt.Errorf("sandbox: close-on-exec for inherited descriptors: %w", err)
-	}
+	in.Spawner = spawner
 	return in, nil
 }
 
-// awaitJoined waits until kilnd has put the agent into its v1 groups,
-// which moves every thread the agent has, so that the spawning thread's
-// own move into the processes' groups comes after and stays.
+// awaitJoined waits until kilnd has put the agent into its v1 groups, so
+// that the agent answers only once its accounting is in place.
 func awaitJoined(f *os.File) error {
 	defer f.Close()
 	var b [1]byte
@@ -465,53 +512,4 @@ func awaitJoined(f *os.File) error {
 		return fmt.Errorf("sandbox: kilnd did not finish setting up the cgroups: %v", err)
 	}
 	return nil
-}
-
-// spawner starts the goroutine that does every fork of the sandbox, on an
-// OS thread of its own that it moves into the limited groups (v1 groups
-// hold threads; tasks are their tasks files): a child is born in the
-// groups of the thread that forked it, so the sandbox's processes never
-// run outside their limits, not even for the moment between fork and a
-// move, while the agent's other threads stay outside them.
-func spawner(tasks []*os.File) (func(start func() error) error, error) {
-	type req struct {
-		start func() error
-		done  chan error
-	}
-	reqs := make(chan req)
-	ready := make(chan error, 1)
-	go func() {
-		// Never unlocked: when this goroutine ends, its thread, the only
-		// one in the group, ends with it.
-		runtime.LockOSThread()
-		if unix.Gettid() == unix.Getpid() {
-			for _, f := range tasks {
-				f.Close()
-			}
-			ready <- errors.New("the spawning thread is the agent's main thread")
-			return
-		}
-		var err error
-		for _, f := range tasks {
-			if _, werr := f.Write([]byte(strconv.Itoa(unix.Gettid()))); werr != nil && err == nil {
-				err = fmt.Errorf("%s: %w", f.Name(), werr)
-			}
-			f.Close()
-		}
-		ready <- err
-		if err != nil {
-			return
-		}
-		for r := range reqs {
-			r.done <- r.start()
-		}
-	}()
-	if err := <-ready; err != nil {
-		return nil, fmt.Errorf("sandbox: join the processes' groups: %w", err)
-	}
-	return func(start func() error) error {
-		done := make(chan error, 1)
-		reqs <- req{start, done}
-		return <-done
-	}, nil
 }

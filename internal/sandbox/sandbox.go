@@ -113,7 +113,7 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 	cfg := AgentConfig{
 		ID: o.ID, Hostname: o.Hostname, Root: filepath.Join(o.Dir, rootName),
 		Workspace: filepath.Join(o.Dir, WorkspaceName), UIDBase: o.UIDBase, Env: o.Env, Init: o.Init,
-		CaptureQueue: o.CaptureQueue, FlowGrace: o.FlowGrace, TmpfsBytes: o.Limits.MemoryBytes,
+		CaptureQueue: o.CaptureQueue, FlowGrace: o.FlowGrace, TmpfsBytes: o.Limits.MemoryBytes, PidsMax: o.Limits.Pids,
 	}
 	for _, d := range []string{rootName, LogsName, WorkspaceName} {
 		if err := os.Mkdir(filepath.Join(o.Dir, d), 0o700); err != nil {
@@ -195,6 +195,9 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 		return nil, err
 	}
 	cmd := exec.Command(o.Exe)
+	// Its command line is what the sandbox's processes see as PID 1's:
+	// a name, not kilnd's path on the host.
+	cmd.Args = []string{"kiln-agent"}
 	cmd.Env = []string{AgentEnv + "=" + string(raw)}
 	cmd.Stdout, cmd.Stderr = agentLog, agentLog
 	cmd.ExtraFiles = []*os.File{lf, logs, nil, nil, nil, nil} // fdListener, fdLogs, fdTasks, fdRootfs, fdMemoryTasks, fdJoined
@@ -260,8 +263,7 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 	if err := cg.add(sb.PID); err != nil {
 		return nil, err
 	}
-	// Only now may the agent move its spawning thread into the processes'
-	// groups: moving the agent into its groups moves all its threads.
+	// The agent answers once it is in its groups.
 	if _, err := joinedW.Write([]byte{1}); err != nil {
 		return nil, fmt.Errorf("sandbox: tell the agent its groups are set: %w", err)
 	}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -25,6 +26,10 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if os.Getenv(probeEnv) != "" {
+		probeMain()
+		os.Exit(0)
+	}
 	if sandbox.IsAgent() {
 		os.Exit(agent.Main())
 	}
@@ -170,6 +175,7 @@ func TestOutOfMemoryNeverKillsTheAgent(t *testing.T) {
 	if sb.Cgroups.MemoryProcs == "" {
 		t.Skip("on a pure cgroup v2 host the memory limit still holds the agent")
 	}
+	spawner := spawnerOf(t, sb)
 	fill := run(t, sb, "exec dd if=/dev/zero of=/tmp/fill bs=1M count=64")
 	if fill.Signal != "KILL" {
 		t.Errorf("64 MiB to a tmpfs in a 32 MiB sandbox: exit %d, signal %q, stderr %q", code(fill), fill.Signal, clipS(fill.Stderr))
@@ -179,6 +185,10 @@ func TestOutOfMemoryNeverKillsTheAgent(t *testing.T) {
 	}
 	if err := unix.Kill(sb.PID, 0); err != nil {
 		t.Fatalf("the agent is gone: %v", err)
+	}
+	// Nor the spawner, whose forking thread alone is in the group.
+	if got := spawnerOf(t, sb); got != spawner {
+		t.Errorf("the spawner was %d before the kill, %d after", spawner, got)
 	}
 	resp, err := sb.Client().Get("http://agent/exec-stream")
 	if err != nil {
@@ -205,6 +215,27 @@ func TestInheritedDescriptorsStayOut(t *testing.T) {
 	if got := strings.Fields(run(t, sb, "ls /proc/self/fd").Stdout); !slices.Equal(got, []string{"0", "1", "2", "3"}) {
 		t.Errorf("descriptors of a sandboxed process: %v, want 0 1 2 and ls's own 3 (fd %d leaked?)", got, fd)
 	}
+}
+
+// spawnerOf finds the sandbox's spawner: the agent's child of that name.
+func spawnerOf(t *testing.T, sb *sandbox.Sandbox) int {
+	t.Helper()
+	run(t, sb, "true") // it runs by now
+	// Each thread's children: any of the agent's threads may have forked it.
+	paths, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", sb.PID))
+	var b []byte
+	for _, p := range paths {
+		c, _ := os.ReadFile(p)
+		b = append(b, c...)
+	}
+	for _, f := range strings.Fields(string(b)) {
+		if comm, _ := os.ReadFile("/proc/" + f + "/comm"); strings.TrimSpace(string(comm)) == "kiln-spawner" {
+			pid, _ := strconv.Atoi(f)
+			return pid
+		}
+	}
+	t.Fatalf("no spawner among the agent's children %q", b)
+	return 0
 }
 
 func clipS(s string) string {

@@ -1,0 +1,380 @@
+package confine
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// request is one process for the spawner to start; its three descriptors
+// (stdin, stdout, stderr) travel beside it.
+type request struct {
+	Path    string   `json:"path"`
+	Args    []string `json:"args"`
+	Env     []string `json:"env"`
+	Dir     string   `json:"dir,omitempty"`
+	Setsid  bool     `json:"setsid,omitempty"`
+	Setctty bool     `json:"setctty,omitempty"`
+	Setpgid bool     `json:"setpgid,omitempty"`
+}
+
+// reply is the spawner's answer: Ready once, at its start, or Error; then
+// for each request a PID, or the Errno or Error that stopped it.
+type reply struct {
+	Ready bool   `json:"ready,omitempty"`
+	PID   int    `json:"pid,omitempty"`
+	Errno int    `json:"errno,omitempty"`
+	Error string `json:"error,omitempty"`
+}
+
+// Bounds of a message: a request carries at most the kernel's argument
+// and environment space (the agent checks its own tighter bounds first).
+const (
+	maxRequest = 8 << 20
+	maxReply   = 64 << 10
+)
+
+// Timeouts of a spawner's start and of each request: it answers at once
+// unless something stopped it.
+const (
+	readyTimeout   = 20 * time.Second
+	requestTimeout = 10 * time.Second
+)
+
+func readConfig() (Config, error) {
+	var cfg Config
+	if err := json.Unmarshal([]byte(os.Getenv(Env)), &cfg); err != nil {
+		return cfg, fmt.Errorf("confine: spawner config: %w", err)
+	}
+	os.Unsetenv(Env)
+	return cfg, nil
+}
+
+func unsafePointer(s string) unsafe.Pointer {
+	p, _ := unix.BytePtrFromString(s)
+	return unsafe.Pointer(p)
+}
+
+// frame is a message's length, then the message.
+func frame(v any) ([]byte, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	return append(binary.BigEndian.AppendUint32(make([]byte, 0, 4+len(b)), uint32(len(b))), b...), nil
+}
+
+// writeReply, in the spawner, writes r whole on the blocking socket.
+func writeReply(fd int, r reply) error {
+	b, err := frame(r)
+	if err != nil {
+		return err
+	}
+	for len(b) > 0 {
+		n, err := unix.Write(fd, b)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		b = b[n:]
+	}
+	return nil
+}
+
+// readRequest, in the spawner, reads one request and the descriptors
+// that came with it.
+func readRequest(fd int) (request, []int, error) {
+	var req request
+	buf := make([]byte, 64<<10)
+	oob := make([]byte, unix.CmsgSpace(3*4))
+	var files []int
+	var got []byte
+	for len(got) < 4 {
+		n, oobn, _, _, err := unix.Recvmsg(fd, buf, oob, unix.MSG_CMSG_CLOEXEC)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return req, files, err
+		}
+		if n == 0 {
+			return req, files, io.EOF
+		}
+		if oobn > 0 {
+			msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+			if err != nil {
+				return req, files, err
+			}
+			for _, m := range msgs {
+				fds, err := unix.ParseUnixRights(&m)
+				if err == nil {
+					files = append(files, fds...)
+				}
+			}
+		}
+		got = append(got, buf[:n]...)
+	}
+	size := int(binary.BigEndian.Uint32(got))
+	if size > maxRequest {
+		return req, files, fmt.Errorf("confine: a request of %d bytes", size)
+	}
+	for len(got) < 4+size {
+		n, err := unix.Read(fd, buf[:min(len(buf), 4+size-len(got))])
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return req, files, err
+		}
+		if n == 0 {
+			return req, files, io.ErrUnexpectedEOF
+		}
+		got = append(got, buf[:n]...)
+	}
+	if len(got) != 4+size {
+		return req, files, errors.New("confine: data after a request")
+	}
+	return req, files, json.Unmarshal(got[4:], &req)
+}
+
+// Spawner is the agent's side of a sandbox's spawner: it starts the
+// spawner when the first process starts, and again if it has died.
+type Spawner struct {
+	exe    *os.File
+	cfg    Config
+	groups []*os.File
+	start  func(*exec.Cmd) error
+
+	mu     sync.Mutex
+	conn   *net.UnixConn
+	helper *exec.Cmd
+	gone   chan struct{} // closed once the helper has been waited for
+	ready  bool          // it said so
+	closed bool
+}
+
+// NewSpawner makes a Spawner that runs exe (an open descriptor of kilnd's
+// binary) with cfg, its forking thread in the cgroups whose tasks files
+// groups are, started by start (which adds the sandbox's user namespace).
+// The Spawner owns exe and groups.
+func NewSpawner(exe *os.File, cfg Config, groups []*os.File, start func(*exec.Cmd) error) *Spawner {
+	cfg.Groups = len(groups)
+	return &Spawner{exe: exe, cfg: cfg, groups: groups, start: start}
+}
+
+// Start starts cmd's program through the spawner, with cmd's arguments,
+// environment, directory, standard descriptors (each an *os.File or nil)
+// and session attributes. The process it returns is this process's child,
+// running its program; on an error nothing runs.
+func (s *Spawner) Start(cmd *exec.Cmd) (*os.Process, error) {
+	req := request{Path: cmd.Path, Args: cmd.Args, Env: cmd.Env, Dir: cmd.Dir}
+	if req.Env == nil {
+		req.Env = os.Environ()
+	}
+	if a := cmd.SysProcAttr; a != nil {
+		req.Setsid, req.Setctty, req.Setpgid = a.Setsid, a.Setctty, a.Setpgid
+	}
+	var fds [3]int
+	for i, v := range []any{cmd.Stdin, cmd.Stdout, cmd.Stderr} {
+		switch f := v.(type) {
+		case *os.File:
+			fds[i] = int(f.Fd())
+		case nil:
+			null, err := os.Open(os.DevNull)
+			if err != nil {
+				return nil, err
+			}
+			defer null.Close()
+			fds[i] = int(null.Fd())
+		default:
+			return nil, fmt.Errorf("confine: standard descriptor %d is not a file", i)
+		}
+	}
+	msg, err := frame(req)
+	if err != nil {
+		return nil, err
+	}
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, errors.New("confine: the sandbox is shutting down")
+	}
+	if err := s.ensure(); err != nil {
+		return nil, err
+	}
+	s.conn.SetDeadline(time.Now().Add(requestTimeout))
+	// The descriptors go with the first bytes; a large request's rest
+	// follows as the socket takes it.
+	first := min(len(msg), 4096)
+	n, _, err := s.conn.WriteMsgUnix(msg[:first], unix.UnixRights(fds[:]...), nil)
+	if err == nil {
+		_, err = s.conn.Write(msg[n:])
+	}
+	var r reply
+	if err == nil {
+		r, err = readReply(s.conn)
+	}
+	if err != nil {
+		// The spawner died or hangs: the next start has a new one. A
+		// process it forked before it went is nobody's to watch.
+		s.stop()
+		return nil, fmt.Errorf("confine: the sandbox's spawner: %w", err)
+	}
+	switch {
+	case r.PID > 0:
+		return os.FindProcess(r.PID)
+	case r.Errno != 0:
+		return nil, &os.PathError{Op: "fork/exec", Path: cmd.Path, Err: syscall.Errno(r.Errno)}
+	case r.Error != "":
+		return nil, errors.New(r.Error)
+	}
+	return nil, fmt.Errorf("confine: the spawner answered %+v", r)
+}
+
+// Begin starts the spawner without waiting for it to be ready: a
+// sandbox's agent starts it before it builds the sandbox's root, from
+// which kilnd's binary (if linked dynamically) could not be loaded.
+func (s *Spawner) Begin() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.begin()
+}
+
+// ensure makes sure a spawner runs and is ready. s.mu is held.
+func (s *Spawner) ensure() error {
+	if s.conn != nil {
+		select {
+		case <-s.gone:
+			s.stop() // it died: start another
+		default:
+		}
+	}
+	if s.conn == nil {
+		if err := s.begin(); err != nil {
+			return err
+		}
+	}
+	if s.ready {
+		return nil
+	}
+	s.conn.SetDeadline(time.Now().Add(readyTimeout))
+	r, err := readReply(s.conn)
+	if err == nil && !r.Ready {
+		err = errors.New(r.Error)
+	}
+	if err != nil {
+		s.stop()
+		return fmt.Errorf("confine: the sandbox's spawner did not start: %w", err)
+	}
+	s.ready = true
+	return nil
+}
+
+// begin starts a spawner. s.mu is held.
+func (s *Spawner) begin() error {
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("confine: spawner socket: %w", err)
+	}
+	mine, theirs := os.NewFile(uintptr(pair[0]), "spawner"), os.NewFile(uintptr(pair[1]), "spawner")
+	defer theirs.Close()
+	c, err := net.FileConn(mine)
+	mine.Close()
+	if err != nil {
+		return fmt.Errorf("confine: spawner socket: %w", err)
+	}
+	conn := c.(*net.UnixConn)
+	b, err := json.Marshal(s.cfg)
+	if err != nil {
+		conn.Close()
+		return err
+	}
+	cmd := &exec.Cmd{
+		Path:        "/proc/self/fd/" + strconv.Itoa(int(s.exe.Fd())),
+		Args:        []string{"kiln-spawner"},
+		Env:         []string{Env + "=" + string(b)},
+		Dir:         "/",
+		ExtraFiles:  append([]*os.File{theirs}, s.groups...),
+		SysProcAttr: &syscall.SysProcAttr{},
+	}
+	if err := s.start(cmd); err != nil {
+		conn.Close()
+		return fmt.Errorf("confine: start the sandbox's spawner: %v", err)
+	}
+	gone := make(chan struct{})
+	go func() {
+		cmd.Wait()
+		close(gone)
+	}()
+	s.conn, s.helper, s.gone, s.ready = conn, cmd, gone, false
+	return nil
+}
+
+// stop ends the spawner and waits for it. s.mu is held.
+func (s *Spawner) stop() {
+	if s.conn == nil {
+		return
+	}
+	s.conn.Close()
+	select {
+	case <-s.gone:
+	case <-time.After(2 * time.Second):
+		s.helper.Process.Kill()
+		<-s.gone
+	}
+	s.conn, s.helper, s.gone = nil, nil, nil
+}
+
+// Pid is the running spawner's pid, zero when none runs.
+func (s *Spawner) Pid() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.helper == nil {
+		return 0
+	}
+	return s.helper.Process.Pid
+}
+
+// Close ends the spawner; Start fails from then on.
+func (s *Spawner) Close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
+	s.stop()
+	for _, f := range s.groups {
+		f.Close()
+	}
+	s.exe.Close()
+}
+
+func readReply(c *net.UnixConn) (reply, error) {
+	var r reply
+	var hdr [4]byte
+	if _, err := io.ReadFull(c, hdr[:]); err != nil {
+		return r, err
+	}
+	n := binary.BigEndian.Uint32(hdr[:])
+	if n > maxReply {
+		return r, fmt.Errorf("a reply of %d bytes", n)
+	}
+	b := make([]byte, n)
+	if _, err := io.ReadFull(c, b); err != nil {
+		return r, err
+	}
+	return r, json.Unmarshal(b, &r)
+}

@@ -1,0 +1,249 @@
+package sandbox_test
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sandkiln/sandkiln/internal/sandbox"
+)
+
+// probeEnv makes this test binary, copied into a sandbox's workspace and
+// run there, the probe: it tries each of probes and prints its result.
+const probeEnv = "KILN_PROBE"
+
+// A probe tries what a sandboxed process must not be able to do, and
+// returns the errno that stopped it (nil: it was not stopped).
+type probe struct {
+	name string
+	want error // the errno that stops it
+	try  func() error
+}
+
+// mayBeAbsent are probes of files a kernel may not have (without
+// CONFIG_PROC_KCORE, CONFIG_MAGIC_SYSRQ): ENOENT passes them too.
+var mayBeAbsent = map[string]bool{"write /proc/sysrq-trigger": true, "read /proc/kcore": true}
+
+func sys(trap uintptr, a ...uintptr) error {
+	var args [6]uintptr
+	copy(args[:], a)
+	_, _, e := unix.Syscall6(trap, args[0], args[1], args[2], args[3], args[4], args[5])
+	if e != 0 {
+		return e
+	}
+	return nil
+}
+
+func str(s string) uintptr {
+	p, _ := unix.BytePtrFromString(s)
+	return uintptr(unsafe.Pointer(p))
+}
+
+var probes = []probe{
+	{"unshare a user namespace", unix.EPERM, func() error { return sys(unix.SYS_UNSHARE, unix.CLONE_NEWUSER) }},
+	{"unshare a mount namespace", unix.EPERM, func() error { return sys(unix.SYS_UNSHARE, unix.CLONE_NEWNS) }},
+	{"unshare a network namespace", unix.EPERM, func() error { return sys(unix.SYS_UNSHARE, unix.CLONE_NEWNET) }},
+	// CLONE_FS with CLONE_NEWUSER is EINVAL to the kernel: only the
+	// filter answers EPERM, and nothing is ever forked.
+	{"clone a user namespace", unix.EPERM, func() error {
+		return sys(unix.SYS_CLONE, unix.CLONE_NEWUSER|unix.CLONE_FS|uintptr(unix.SIGCHLD))
+	}},
+	// A bad pointer is EFAULT to the kernel: ENOSYS is the filter's.
+	{"clone3", unix.ENOSYS, func() error { return sys(unix.SYS_CLONE3, 1, 88) }},
+	{"setns", unix.EPERM, func() error {
+		fd, err := unix.Open("/proc/self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		return sys(unix.SYS_SETNS, uintptr(fd), unix.CLONE_NEWNET)
+	}},
+	{"mount a tmpfs", unix.EPERM, func() error { return unix.Mount("t", "/tmp", "tmpfs", 0, "") }},
+	{"open_tree", unix.EPERM, func() error { return sys(unix.SYS_OPEN_TREE, atFDCWD, str("/tmp"), 0) }},
+	{"fsopen", unix.EPERM, func() error { return sys(unix.SYS_FSOPEN, str("tmpfs"), 0) }},
+	{"io_uring_setup", unix.EPERM, func() error {
+		var params [120]byte
+		return sys(unix.SYS_IO_URING_SETUP, 1, uintptr(unsafe.Pointer(&params[0])))
+	}},
+	{"add_key", unix.EPERM, func() error {
+		return sys(unix.SYS_ADD_KEY, str("user"), str("kiln"), str("v"), 1, uintptr(0xfffffffe)) // the process keyring
+	}},
+	{"keyctl", unix.EPERM, func() error { return sys(unix.SYS_KEYCTL, unix.KEYCTL_GET_KEYRING_ID, uintptr(0xfffffffe), 0) }},
+	{"request_key", unix.EPERM, func() error { return sys(unix.SYS_REQUEST_KEY, str("user"), str("kiln"), 0, 0) }},
+	{"bpf", unix.EPERM, func() error {
+		var attr [128]byte
+		return sys(unix.SYS_BPF, unix.BPF_MAP_CREATE, uintptr(unsafe.Pointer(&attr[0])), 128)
+	}},
+	{"perf_event_open", unix.EPERM, func() error {
+		attr := unix.PerfEventAttr{Type: unix.PERF_TYPE_SOFTWARE, Config: unix.PERF_COUNT_SW_CPU_CLOCK, Bits: unix.PerfBitExcludeKernel}
+		attr.Size = uint32(unsafe.Sizeof(attr))
+		fd, err := unix.PerfEventOpen(&attr, 0, -1, -1, 0)
+		if err == nil {
+			unix.Close(fd)
+		}
+		return err
+	}},
+	{"userfaultfd", unix.EPERM, func() error { return sys(unix.SYS_USERFAULTFD, unix.O_CLOEXEC) }},
+	{"kexec_load", unix.EPERM, func() error { return sys(unix.SYS_KEXEC_LOAD, 0, 0, 0, 0) }},
+	{"init_module", unix.EPERM, func() error { return sys(unix.SYS_INIT_MODULE, 0, 0, str("")) }},
+	{"ptrace the agent", unix.EPERM, func() error { return sys(unix.SYS_PTRACE, unix.PTRACE_ATTACH, 1) }},
+	{"personality ADDR_NO_RANDOMIZE", unix.EPERM, func() error { return sys(unix.SYS_PERSONALITY, 0x0040000) }},
+	{"a packet socket", unix.EPERM, func() error { return socket(unix.AF_PACKET, unix.SOCK_RAW, 0) }},
+	{"a raw IP socket", unix.EPERM, func() error { return socket(unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_ICMP) }},
+	{"a vsock socket", unix.EPERM, func() error { return socket(unix.AF_VSOCK, unix.SOCK_STREAM, 0) }},
+	{"a kernel crypto socket", unix.EPERM, func() error { return socket(unix.AF_ALG, unix.SOCK_SEQPACKET, 0) }},
+	{"write /proc/sys", unix.EROFS, func() error {
+		return os.WriteFile("/proc/sys/kernel/hostname", []byte("x"), 0)
+	}},
+	{"write /proc/sysrq-trigger", unix.EROFS, func() error {
+		return os.WriteFile("/proc/sysrq-trigger", []byte("h"), 0)
+	}},
+	// A masked file reads as empty: a probe that reads anything failed.
+	{"read /proc/kcore", io.EOF, func() error { return readSome("/proc/kcore") }},
+	{"read /proc/keys", io.EOF, func() error { return readSome("/proc/keys") }},
+	{"read /proc/timer_list", io.EOF, func() error { return readSome("/proc/timer_list") }},
+	{"create a device node", unix.EPERM, func() error {
+		return unix.Mknod("/workspace/probe-null", unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3)))
+	}},
+	{"chroot out", nil, func() error { return unix.Chroot("/") }}, // allowed, as Docker does: it leads nowhere
+	{"personality query", nil, func() error { return sys(unix.SYS_PERSONALITY, 0xffffffff) }},
+}
+
+func socket(family, typ, proto int) error {
+	fd, err := unix.Socket(family, typ, proto)
+	if err == nil {
+		unix.Close(fd)
+	}
+	return err
+}
+
+func readSome(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	var b [1]byte
+	if _, err := f.Read(b[:]); err != nil {
+		return err
+	}
+	return errors.New("read a byte")
+}
+
+// probeMain runs the probes, one line each: its name, a tab, the errno's
+// name or "ok".
+func probeMain() {
+	for _, p := range probes {
+		fmt.Printf("%s\t%s\n", p.name, errName(p.try()))
+	}
+}
+
+func errName(err error) string {
+	var errno syscall.Errno
+	switch {
+	case err == nil:
+		return "ok"
+	case errors.As(err, &errno):
+		return unix.ErrnoName(errno)
+	case errors.Is(err, io.EOF):
+		return "EOF"
+	}
+	return err.Error()
+}
+
+// TestProbes runs the probe suite inside a sandbox: every way into the
+// kernel that Docker's default profile closes is closed, each by the errno
+// that says so, and the process holds what a Docker container's does.
+func TestProbes(t *testing.T) {
+	sb := newSandbox(t, sandbox.Options{})
+	self, err := os.ReadFile(os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(sb.Dir, sandbox.WorkspaceName, "probe"), self, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	r := run(t, sb, probeEnv+"=1 /workspace/probe")
+	got := map[string]string{}
+	for _, line := range strings.Split(strings.TrimSpace(r.Stdout), "\n") {
+		name, res, _ := strings.Cut(line, "\t")
+		got[name] = res
+	}
+	for _, p := range probes {
+		want := "ok"
+		if p.want != nil {
+			want = errName(p.want)
+		}
+		if got[p.name] != want && !(mayBeAbsent[p.name] && got[p.name] == "ENOENT") {
+			t.Errorf("%s: %q, want %s", p.name, got[p.name], want)
+		}
+	}
+	if t.Failed() {
+		t.Logf("stdout %q, stderr %q", r.Stdout, r.Stderr)
+	}
+
+	// A cgroup namespace: no host path to the sandbox's groups.
+	r = run(t, sb, "cat /proc/self/cgroup")
+	for _, line := range strings.Split(strings.TrimSpace(r.Stdout), "\n") {
+		if !strings.HasSuffix(line, ":/") {
+			t.Errorf("/proc/self/cgroup: %q, want the namespace's root", line)
+		}
+	}
+
+	r = run(t, sb, "grep -E '^(Cap|NoNewPrivs|Seccomp|Groups)' /proc/self/status")
+	status := map[string]string{}
+	for _, line := range strings.Split(strings.TrimSpace(r.Stdout), "\n") {
+		k, v, _ := strings.Cut(line, ":")
+		status[k] = strings.TrimSpace(v)
+	}
+	// CHOWN, DAC_OVERRIDE, FOWNER, FSETID, KILL, SETGID, SETUID, SETPCAP,
+	// NET_BIND_SERVICE, SYS_CHROOT, SETFCAP.
+	const caps = "00000000800405fb"
+	for k, want := range map[string]string{
+		"CapInh": "0000000000000000", "CapPrm": caps, "CapEff": caps, "CapBnd": caps,
+		"CapAmb": "0000000000000000", "NoNewPrivs": "1", "Seccomp": "2", "Groups": "",
+	} {
+		if status[k] != want {
+			t.Errorf("%s: %q, want %q", k, status[k], want)
+		}
+	}
+}
+
+// atFDCWD is AT_FDCWD as a system call's argument.
+const atFDCWD = ^uintptr(99)
+
+// TestOrdinaryPrograms: the filter and the dropped capabilities leave
+// ordinary work alone: pipelines, a compiler, threads, an interpreter
+// starting subprocesses, git, and root's ownership of files.
+func TestOrdinaryPrograms(t *testing.T) {
+	sb := newSandbox(t, sandbox.Options{})
+	cases := []struct {
+		name, needs, script, want string
+	}{
+		{"a pipeline", "sort", "seq 1000 | sort -rn | head -1", "1000"},
+		{"a threaded C program", "gcc", `cd /tmp && printf '#include <stdio.h>\n#include <pthread.h>\nstatic void *f(void *a) { return a; }\nint main(void) { pthread_t t[8]; for (int i = 0; i < 8; i++) pthread_create(&t[i], 0, f, 0); for (int i = 0; i < 8; i++) pthread_join(t[i], 0); puts("joined"); return 0; }\n' > t.c && gcc -O1 -pthread -o t t.c && ./t`, "joined"},
+		{"python with threads and a subprocess", "python3", `python3 -c 'import threading, subprocess; t = threading.Thread(target=lambda: None); t.start(); t.join(); print(subprocess.run(["echo", "sub"], capture_output=True, text=True).stdout.strip())'`, "sub"},
+		{"git init and commit", "git", "cd /tmp && git init -q r && cd r && echo a > a && git add a && git -c user.email=k@example.invalid -c user.name=k commit -q -m first && git rev-list --count HEAD", "1"},
+		{"root chowns and bypasses modes", "chown", "cd /tmp && echo x > f && chown 1000:1000 f && chmod 0600 f && cat f && stat -c %u f", "x\n1000"},
+		{"a user switch", "setpriv", "setpriv --reuid 1000 --regid 1000 --clear-groups id -u", "1000"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if code(run(t, sb, "command -v "+tc.needs)) != 0 {
+				t.Skipf("no %s in the sandbox", tc.needs)
+			}
+			r := run(t, sb, tc.script)
+			if code(r) != 0 || strings.TrimSpace(r.Stdout) != tc.want {
+				t.Errorf("exit %d, stdout %q, stderr %q; want %q", code(r), r.Stdout, r.Stderr, tc.want)
+			}
+		})
+	}
+}
