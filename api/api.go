@@ -343,6 +343,29 @@ type Limits struct {
 	CPUs        float64 `json:"cpus,omitempty"` // in cores, e.g. 0.5
 }
 
+// LimitsRequest is what a create request asks for: a limit left out is
+// kilnd's default (its --default-memory, --default-pids and
+// --default-cpus), and an explicit 0 is no limit.
+type LimitsRequest struct {
+	MemoryBytes *int64   `json:"memory_bytes,omitempty"`
+	Pids        *int64   `json:"pids,omitempty"`
+	CPUs        *float64 `json:"cpus,omitempty"`
+}
+
+// Apply returns defaults with what r asks for in place of them.
+func (r LimitsRequest) Apply(defaults Limits) Limits {
+	if r.MemoryBytes != nil {
+		defaults.MemoryBytes = *r.MemoryBytes
+	}
+	if r.Pids != nil {
+		defaults.Pids = *r.Pids
+	}
+	if r.CPUs != nil {
+		defaults.CPUs = *r.CPUs
+	}
+	return defaults
+}
+
 // CreateSandbox is the body of POST /sandboxes.
 type CreateSandbox struct {
 	Hostname string `json:"hostname,omitempty"`
@@ -350,7 +373,9 @@ type CreateSandbox struct {
 	// name, or a path inside it), used under a writable overlay; empty uses
 	// the host's /usr and /etc read-only.
 	Rootfs string `json:"rootfs,omitempty"`
-	Limits Limits `json:"limits,omitempty"`
+	// Limits left out are kilnd's defaults; the sandbox's record shows
+	// the limits it has.
+	Limits LimitsRequest `json:"limits,omitzero"`
 	// Init is a command whose exit ends the sandbox; its output is
 	// captured and its exit becomes the sandbox's.
 	Init *ExecRequest `json:"init,omitempty"`

@@ -130,11 +130,24 @@ func (c *cli) sandboxCmd() *cobra.Command {
 				return err
 			}
 			defer cl.Close()
-			mem, _ := cmd.Flags().GetString("memory")
-			if mem != "" {
-				if o.Limits.MemoryBytes, err = parseBytes(mem); err != nil {
-					return err
+			// A limit not given is kilnd's default; 0 is none.
+			if f := cmd.Flags(); f.Changed("memory") {
+				mem, _ := f.GetString("memory")
+				n := int64(0)
+				if mem != "0" {
+					if n, err = parseBytes(mem); err != nil {
+						return err
+					}
 				}
+				o.Limits.MemoryBytes = &n
+			}
+			if f := cmd.Flags(); f.Changed("pids") {
+				n, _ := f.GetInt64("pids")
+				o.Limits.Pids = &n
+			}
+			if f := cmd.Flags(); f.Changed("cpus") {
+				n, _ := f.GetFloat64("cpus")
+				o.Limits.CPUs = &n
 			}
 			idle, _ := cmd.Flags().GetDuration("idle-timeout")
 			o.IdleTimeoutSeconds = int64(idle / time.Second)
@@ -151,9 +164,9 @@ func (c *cli) sandboxCmd() *cobra.Command {
 	}
 	create.Flags().StringVar(&o.Hostname, "hostname", "", "the sandbox's hostname")
 	create.Flags().StringVar(&o.Rootfs, "rootfs", "", "a root filesystem: a `directory` in kilnd's images directory, instead of the host's /usr and /etc")
-	create.Flags().String("memory", "", "memory limit (e.g. 512M)")
-	create.Flags().Int64Var(&o.Limits.Pids, "pids", 0, "process limit")
-	create.Flags().Float64Var(&o.Limits.CPUs, "cpus", 0, "CPU limit in cores")
+	create.Flags().String("memory", "", "memory limit (e.g. 512M; 0 for none; default kilnd's, 1GiB)")
+	create.Flags().Int64("pids", 0, "process limit (0 for none; default kilnd's, 1024)")
+	create.Flags().Float64("cpus", 0, "CPU limit in cores (0 for none; default kilnd's, 1)")
 	create.Flags().Duration("idle-timeout", 0, "delete the sandbox (keeping its logs) after this long unused")
 	ls := &cobra.Command{
 		Use: "ls", Short: "List sandboxes", Args: cobra.NoArgs,

@@ -22,6 +22,7 @@ import (
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/client"
 	"github.com/sandkiln/sandkiln/internal/agent"
+	"github.com/sandkiln/sandkiln/internal/daemon"
 	"github.com/sandkiln/sandkiln/internal/daemon/daemontest"
 	"github.com/sandkiln/sandkiln/internal/sandbox"
 )
@@ -419,5 +420,27 @@ func TestForegroundResumesABrokenConnection(t *testing.T) {
 	if code != exitIncomplete || len(out) >= want.Len()-len("400000\n") || !strings.Contains(errs, "gave up resuming") ||
 		!strings.HasSuffix(errs, "kiln: the output shown is incomplete\n") {
 		t.Errorf("exec that cannot reconnect: exit %d, %d bytes; stderr %q", code, len(out), errs)
+	}
+}
+
+// TestCreateLimits: a limit not given is kilnd's default, 0 is none.
+func TestCreateLimits(t *testing.T) {
+	state := kilnd(t)
+	for _, tc := range []struct {
+		args []string
+		want api.Limits
+	}{
+		{nil, daemon.DefaultLimits},
+		{[]string{"--memory", "0", "--pids", "64"}, api.Limits{Pids: 64, CPUs: daemon.DefaultLimits.CPUs}},
+		{[]string{"--memory", "64M", "--cpus", "0"}, api.Limits{MemoryBytes: 64 << 20, Pids: daemon.DefaultLimits.Pids}},
+	} {
+		code, out, errOut := kiln(t, state, "", append([]string{"--json", "sandbox", "create"}, tc.args...)...)
+		var sb api.Sandbox
+		if code != 0 || json.Unmarshal([]byte(out), &sb) != nil {
+			t.Fatalf("create %v: exit %d, %q %q", tc.args, code, out, errOut)
+		}
+		if sb.Limits != tc.want {
+			t.Errorf("create %v: limits %+v, want %+v", tc.args, sb.Limits, tc.want)
+		}
 	}
 }

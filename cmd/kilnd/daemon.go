@@ -14,6 +14,7 @@ import (
 
 	"github.com/docker/go-units"
 
+	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/daemon"
 )
 
@@ -58,6 +59,9 @@ Flags:
 	var hosts repeated
 	fs.Var(&hosts, "allow-host", "a `name` (or name:port) TCP requests may carry as their Host beside localhost and the\nlisten address with its port, such as the machine's DNS name (repeatable)")
 	flowGrace := fs.Duration("flow-grace", 30*time.Second, "how long the output of a process started with flow block waits for the watcher holding it:\nto come after the start, and to come back after it went, or twice that to read on while it\nstays connected (1s to 1h); then it drops")
+	defMemory := fs.String("default-memory", units.BytesSize(float64(daemon.DefaultLimits.MemoryBytes)), "the memory limit, a `size`, of a sandbox whose request gives none (0: none)")
+	defPids := fs.Int64("default-pids", daemon.DefaultLimits.Pids, "the process limit of a sandbox whose request gives none (0: none)")
+	defCPUs := fs.Float64("default-cpus", daemon.DefaultLimits.CPUs, "the CPU limit, in cores, of a sandbox whose request gives none (0: none)")
 	captureBuffer := fs.String("capture-buffer", "8MiB", "per captured process, the `size` of output held for its log writer while it catches up\n(64KiB to 1GiB): a burst beyond it, faster than the disk, is dropped and counted")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -78,6 +82,17 @@ Flags:
 		fmt.Fprintf(os.Stderr, "kilnd: --flow-grace %v: want 1s to 1h\n", *flowGrace)
 		return 2
 	}
+	limits := api.Limits{Pids: *defPids, CPUs: *defCPUs}
+	if *defMemory != "0" {
+		if limits.MemoryBytes, err = units.RAMInBytes(*defMemory); err != nil {
+			fmt.Fprintf(os.Stderr, "kilnd: --default-memory %q: want a size such as 1GiB, or 0 for none\n", *defMemory)
+			return 2
+		}
+	}
+	if err := daemon.ValidateLimits(limits); err != nil {
+		fmt.Fprintf(os.Stderr, "kilnd: default limits: %v\n", err)
+		return 2
+	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	if os.Geteuid() != 0 {
 		fmt.Fprintln(os.Stderr, "kilnd: the namespace sandbox backend needs root (run it with sudo)")
@@ -89,7 +104,7 @@ Flags:
 		return 1
 	}
 	d, err := daemon.New(daemon.Config{StateDir: *stateDir, Listen: *listen, AllowOrigins: allow, AllowHosts: hosts, Exe: exe, Env: sandboxEnv, Images: *images,
-		CaptureQueue: queue, FlowGrace: *flowGrace, Log: log})
+		CaptureQueue: queue, FlowGrace: *flowGrace, DefaultLimits: &limits, Log: log})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

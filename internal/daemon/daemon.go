@@ -60,8 +60,16 @@ type Config struct {
 	// FlowGrace is how long a flow block process's output waits for its
 	// holding watcher: to come, and to come back (zero: 30 s).
 	FlowGrace time.Duration
-	Log       *slog.Logger
+	// DefaultLimits are the limits of a sandbox whose request leaves them
+	// out (nil: DefaultLimits; a zero field there is no limit).
+	DefaultLimits *api.Limits
+	Log           *slog.Logger
 }
+
+// DefaultLimits are a sandbox's limits unless kilnd is told otherwise: no
+// sandbox created with {} can take the host's memory, fill its process
+// table or hold every core.
+var DefaultLimits = api.Limits{MemoryBytes: 1 << 30, Pids: 1024, CPUs: 1}
 
 // Names in the state directory.
 const (
@@ -139,6 +147,12 @@ type Daemon struct {
 func New(cfg Config) (*Daemon, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.DefaultLimits == nil {
+		cfg.DefaultLimits = &DefaultLimits
+	}
+	if err := ValidateLimits(*cfg.DefaultLimits); err != nil {
+		return nil, fmt.Errorf("kilnd: default limits: %v", err)
 	}
 	if err := os.MkdirAll(filepath.Join(cfg.StateDir, sandboxesDir), 0o700); err != nil {
 		return nil, fmt.Errorf("kilnd: state directory: %w", err)
@@ -453,7 +467,8 @@ func (e *entry) info() Info {
 
 // Create makes a sandbox and records it.
 func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
-	if err := validateCreate(req); err != nil {
+	limits := req.Limits.Apply(*d.cfg.DefaultLimits)
+	if err := validateCreate(req, limits); err != nil {
 		return Info{}, err
 	}
 	rootfs, err := d.resolveRootfs(req.Rootfs)
@@ -467,7 +482,7 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	began := time.Now()
 	sb, err := sandbox.Create(ctx, sandbox.Options{
 		Dir: d.sandboxDir(id), ID: id, Hostname: req.Hostname, Exe: d.cfg.Exe, UIDBase: base,
-		Rootfs: req.Rootfs, Limits: req.Limits, Env: d.cfg.Env, Init: req.Init, CaptureQueue: d.cfg.CaptureQueue,
+		Rootfs: req.Rootfs, Limits: limits, Env: d.cfg.Env, Init: req.Init, CaptureQueue: d.cfg.CaptureQueue,
 		FlowGrace: d.cfg.FlowGrace,
 	})
 	if err != nil {
@@ -475,7 +490,7 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		return Info{}, fmt.Errorf("%w: %v", errdefs.ErrUnavailable, err)
 	}
 	rec := record{ID: id, State: StateRunning, CreatedAt: time.Now().UTC(), Hostname: req.Hostname,
-		Rootfs: req.Rootfs, Limits: req.Limits, Init: req.Init, IdleTimeout: req.IdleTimeoutSeconds, Sandbox: sb}
+		Rootfs: req.Rootfs, Limits: limits, Init: req.Init, IdleTimeout: req.IdleTimeoutSeconds, Sandbox: sb}
 	if rec.Hostname == "" {
 		rec.Hostname = "kiln-" + id[:8]
 	}
@@ -527,24 +542,16 @@ func (d *Daemon) releaseIDRange(id string) {
 	d.mu.Unlock()
 }
 
-// validateCreate checks a create request before anything is made.
-func validateCreate(req CreateRequest) error {
-	if req.Limits.MemoryBytes < 0 || req.Limits.Pids < 0 || req.Limits.CPUs < 0 {
-		return fmt.Errorf("%w: negative limit", errdefs.ErrInvalidArgument)
-	}
-	if req.Limits.MemoryBytes != 0 && req.Limits.MemoryBytes < 4<<20 {
-		return fmt.Errorf("%w: memory limit %d: at least 4 MiB", errdefs.ErrInvalidArgument, req.Limits.MemoryBytes)
-	}
-	if req.Limits.Pids != 0 && req.Limits.Pids < 8 {
-		return fmt.Errorf("%w: pids limit %d: at least 8", errdefs.ErrInvalidArgument, req.Limits.Pids)
+// validateCreate checks a create request, with the limits it comes to,
+// before anything is made.
+func validateCreate(req CreateRequest, limits api.Limits) error {
+	if err := ValidateLimits(limits); err != nil {
+		return err
 	}
 	if len(req.Hostname) > 63 || strings.ContainsFunc(req.Hostname, func(r rune) bool {
 		return !(r == '-' || r == '.' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z')
 	}) {
 		return fmt.Errorf("%w: hostname %q", errdefs.ErrInvalidArgument, clip(req.Hostname))
-	}
-	if req.Limits.CPUs > maxCPUs {
-		return fmt.Errorf("%w: cpus %g: at most %d", errdefs.ErrInvalidArgument, req.Limits.CPUs, maxCPUs)
 	}
 	if req.IdleTimeoutSeconds < 0 || req.IdleTimeoutSeconds > maxIdleTimeout {
 		return fmt.Errorf("%w: idle_timeout_seconds %d: 0 (none) to %d", errdefs.ErrInvalidArgument, req.IdleTimeoutSeconds, maxIdleTimeout)
@@ -553,6 +560,23 @@ func validateCreate(req CreateRequest) error {
 		if err := req.Init.Check(false); err != nil {
 			return fmt.Errorf("%w: init: %v", errdefs.ErrInvalidArgument, err)
 		}
+	}
+	return nil
+}
+
+// ValidateLimits checks limits: each zero (none) or within its bounds.
+func ValidateLimits(l api.Limits) error {
+	if l.MemoryBytes < 0 || l.Pids < 0 || l.CPUs < 0 {
+		return fmt.Errorf("%w: negative limit", errdefs.ErrInvalidArgument)
+	}
+	if l.MemoryBytes != 0 && l.MemoryBytes < 4<<20 {
+		return fmt.Errorf("%w: memory limit %d: at least 4 MiB (or 0, none)", errdefs.ErrInvalidArgument, l.MemoryBytes)
+	}
+	if l.Pids != 0 && l.Pids < 8 {
+		return fmt.Errorf("%w: pids limit %d: at least 8 (or 0, none)", errdefs.ErrInvalidArgument, l.Pids)
+	}
+	if l.CPUs > maxCPUs {
+		return fmt.Errorf("%w: cpus %g: at most %d", errdefs.ErrInvalidArgument, l.CPUs, maxCPUs)
 	}
 	return nil
 }

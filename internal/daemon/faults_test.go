@@ -25,6 +25,7 @@ import (
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/apitest"
 	"github.com/sandkiln/sandkiln/internal/capture"
+	"github.com/sandkiln/sandkiln/internal/daemon"
 	"github.com/sandkiln/sandkiln/internal/sandbox"
 )
 
@@ -685,8 +686,8 @@ func TestLimitsSpareOtherSandboxes(t *testing.T) {
 	var bombed, starved, other api.Sandbox
 	// Half a core each: the faults are to starve their own sandboxes, not
 	// the machine the test runs on.
-	k.json("POST", "/sandboxes", api.CreateSandbox{Limits: api.Limits{Pids: 64, CPUs: 0.5}}, &bombed)
-	k.json("POST", "/sandboxes", api.CreateSandbox{Limits: api.Limits{MemoryBytes: 64 << 20, CPUs: 0.5}}, &starved)
+	k.json("POST", "/sandboxes", api.CreateSandbox{Limits: api.LimitsRequest{Pids: new(int64(64)), CPUs: new(0.5)}}, &bombed)
+	k.json("POST", "/sandboxes", api.CreateSandbox{Limits: api.LimitsRequest{MemoryBytes: new(int64(64 << 20)), CPUs: new(0.5)}}, &starved)
 	k.json("POST", "/sandboxes", api.CreateSandbox{}, &other)
 	bombCG, starvedCG := k.faultCgroups(bombed.ID), k.faultCgroups(starved.ID)
 	bomb := k.faultStart(bombed.ID, api.ExecRequest{Command: "python3", Args: []string{"-c", faultBomb}})
@@ -739,3 +740,39 @@ while True:
     except OSError:
         pass
 `
+
+// TestDefaultLimits: a sandbox created with {} has kilnd's default limits,
+// in its record and in its cgroups; a limit given as 0 is none, and one
+// left out is still the default.
+func TestDefaultLimits(t *testing.T) {
+	k := start(t, "")
+	defer k.cleanup()
+	cases := []struct {
+		body string
+		want api.Limits
+	}{
+		{`{}`, daemon.DefaultLimits},
+		{`{"limits":{"memory_bytes":0}}`, api.Limits{Pids: daemon.DefaultLimits.Pids, CPUs: daemon.DefaultLimits.CPUs}},
+		{`{"limits":{"memory_bytes":0,"pids":0,"cpus":0}}`, api.Limits{}},
+		{`{"limits":{"pids":64}}`, api.Limits{MemoryBytes: daemon.DefaultLimits.MemoryBytes, Pids: 64, CPUs: daemon.DefaultLimits.CPUs}},
+	}
+	for _, tc := range cases {
+		status, b := k.do("POST", "/sandboxes", k.d.Token(), tc.body)
+		var sb api.Sandbox
+		if status != http.StatusOK || json.Unmarshal(b, &sb) != nil {
+			t.Fatalf("POST %s: %d %s", tc.body, status, b)
+		}
+		if sb.Limits != tc.want {
+			t.Errorf("POST %s: limits %+v, want %+v", tc.body, sb.Limits, tc.want)
+		}
+		cg := k.faultCgroups(sb.ID)
+		if dir := cg.MemoryProcs; dir != "" {
+			got, _ := os.ReadFile(filepath.Join(dir, "memory.limit_in_bytes"))
+			if n, _ := strconv.ParseInt(strings.TrimSpace(string(got)), 10, 64); (tc.want.MemoryBytes == 0) != (n > 1<<50) || tc.want.MemoryBytes != 0 && n != tc.want.MemoryBytes {
+				t.Errorf("POST %s: memory.limit_in_bytes %s, want %d", tc.body, got, tc.want.MemoryBytes)
+			}
+		} else if tc.want.MemoryBytes != 0 && cg.V1["memory"] != "" {
+			t.Errorf("POST %s: no limited memory group", tc.body)
+		}
+	}
+}

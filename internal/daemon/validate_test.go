@@ -12,17 +12,19 @@ import (
 func FuzzValidateCreate(f *testing.F) {
 	f.Add([]byte(`{"hostname":"box","limits":{"memory_bytes":67108864,"pids":64,"cpus":1.5},"idle_timeout_seconds":60}`))
 	f.Add([]byte(`{"init":{"command":"sh","args":["-c","exit 3"]},"rootfs":"/"}`))
+	f.Add([]byte(`{"limits":{"memory_bytes":0,"pids":0,"cpus":0}}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		var req CreateRequest
 		if json.Unmarshal(body, &req) != nil {
 			return
 		}
-		if validateCreate(req) != nil {
+		l := req.Limits.Apply(DefaultLimits)
+		if validateCreate(req, l) != nil {
 			return
 		}
-		l := req.Limits
 		switch {
 		case l.MemoryBytes < 0 || l.Pids < 0 || l.CPUs < 0 || l.CPUs > maxCPUs,
+			l.MemoryBytes > 0 && l.MemoryBytes < 4<<20, l.Pids > 0 && l.Pids < 8,
 			req.IdleTimeoutSeconds < 0 || req.IdleTimeoutSeconds > maxIdleTimeout,
 			len(req.Hostname) > 63 || strings.ContainsAny(req.Hostname, " /\x00"),
 			req.Init != nil && req.Init.Command == "":
