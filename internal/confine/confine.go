@@ -7,7 +7,9 @@
 //   - a cgroup namespace rooted at the sandbox's groups;
 //   - it drops every supplementary group (and refuses to run if one stays);
 //   - the rlimits: open files, processes, no core dumps;
-//   - an oom_score_adj, so the kernel kills sandboxed processes first;
+//   - an oom_score_adj of OOMScoreAdj, set by the agent, so the kernel
+//     kills sandboxed processes before kilnd and the agents, and so that
+//     they cannot lower it;
 //   - every capability not in Caps is dropped from the bounding, ambient,
 //     inheritable, permitted and effective sets;
 //   - no_new_privs, and the seccomp filter of Policy.
@@ -51,9 +53,6 @@ type Config struct {
 	NoFile [2]uint64 `json:"nofile"`
 	// NProc is RLIMIT_NPROC, soft and hard (zero: unchanged).
 	NProc uint64 `json:"nproc,omitempty"`
-	// OOMScoreAdj is written to the spawner's oom_score_adj, which its
-	// processes inherit, when set.
-	OOMScoreAdj *int `json:"oom_score_adj,omitempty"`
 	// Groups is how many tasks files follow the socket.
 	Groups int `json:"groups,omitempty"`
 }
@@ -67,6 +66,12 @@ var Caps = []uintptr{
 	unix.CAP_NET_BIND_SERVICE, unix.CAP_SETFCAP, unix.CAP_SETGID, unix.CAP_SETPCAP,
 	unix.CAP_SETUID, unix.CAP_SYS_CHROOT,
 }
+
+// OOMScoreAdj is every sandboxed process's oom_score_adj. The agent, which
+// may, writes it for the spawner, which makes it the floor too: without
+// CAP_SYS_RESOURCE in the host's user namespace no process may go below
+// the value a privileged writer set.
+const OOMScoreAdj = 500
 
 // Is reports whether this process was started as a spawner.
 func Is() bool { return os.Getenv(Env) != "" }
@@ -114,11 +119,6 @@ func confine(cfg Config) error {
 	}
 	if err := unix.Setrlimit(unix.RLIMIT_CORE, &unix.Rlimit{}); err != nil {
 		return fmt.Errorf("confine: core limit: %w", err)
-	}
-	if cfg.OOMScoreAdj != nil {
-		if err := os.WriteFile("/proc/self/oom_score_adj", []byte(strconv.Itoa(*cfg.OOMScoreAdj)), 0); err != nil {
-			return fmt.Errorf("confine: %w", err)
-		}
 	}
 	if err := dropCaps(); err != nil {
 		return err

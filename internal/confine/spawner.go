@@ -322,6 +322,12 @@ func (s *Spawner) begin() error {
 		close(gone)
 	}()
 	s.conn, s.helper, s.gone, s.ready = conn, cmd, gone, false
+	// Before it forks anything: it has not read a request yet.
+	adj := fmt.Sprintf("/proc/%d/oom_score_adj", cmd.Process.Pid)
+	if err := os.WriteFile(adj, []byte(strconv.Itoa(OOMScoreAdj)), 0); err != nil {
+		s.stop()
+		return fmt.Errorf("confine: the spawner's oom_score_adj: %w", err)
+	}
 	return nil
 }
 
