@@ -106,6 +106,9 @@ type ExecResult struct {
 type Exit struct {
 	ExitCode *int   `json:"exit_code,omitempty"`
 	Signal   string `json:"signal,omitempty"`
+	// OOMKilled says the kernel's out-of-memory killer ended the process
+	// (its sandbox's memory limit was reached).
+	OOMKilled bool `json:"oom_killed,omitempty"`
 }
 
 // String is the seed's closing line: "process exited with code N".
@@ -113,6 +116,8 @@ func (e Exit) String() string {
 	switch {
 	case e.ExitCode != nil:
 		return fmt.Sprintf("process exited with code %d", *e.ExitCode)
+	case e.OOMKilled:
+		return "process killed by signal " + e.Signal + ": out of memory"
 	case e.Signal != "":
 		return "process killed by signal " + e.Signal
 	}

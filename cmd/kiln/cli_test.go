@@ -444,3 +444,15 @@ func TestCreateLimits(t *testing.T) {
 		}
 	}
 }
+
+// TestOutOfMemorySaid: a command the out-of-memory killer ends exits 137,
+// and kiln says why.
+func TestOutOfMemorySaid(t *testing.T) {
+	state := kilnd(t)
+	_, out, _ := kiln(t, state, "", "sandbox", "create", "--memory", "32M")
+	sb := strings.TrimSpace(out)
+	code, _, errOut := kiln(t, state, "", "exec", sb, "--", "dd", "if=/dev/zero", "of=/tmp/fill", "bs=1M", "count=64")
+	if code != 137 || !strings.Contains(errOut, "out of memory") {
+		t.Errorf("exit %d, stderr %q; want 137 and out of memory said", code, errOut)
+	}
+}

@@ -131,6 +131,7 @@ func (c *cli) outcome(r client.Result, foreground bool) error {
 			Streams        map[string]client.StreamCount `json:"streams"`
 		}{r.Exit, r.OutputComplete, r.Streams})
 	}
+	c.sayOOM(r.Exit)
 	if foreground && !r.OutputComplete {
 		return exitError{exitIncomplete}
 	}
@@ -138,6 +139,14 @@ func (c *cli) outcome(r client.Result, foreground bool) error {
 		return exitError{code}
 	}
 	return nil
+}
+
+// sayOOM tells the user when the out-of-memory killer ended the process:
+// its exit code (137) alone does not.
+func (c *cli) sayOOM(e api.Exit) {
+	if e.OOMKilled {
+		fmt.Fprintln(c.stderr, "kiln: the process was killed out of memory: it reached the sandbox's memory limit")
+	}
 }
 
 func (c *cli) withClient(f func(cl *client.Client) error) error {
@@ -462,6 +471,7 @@ func (c *cli) waitCmd() *cobra.Command {
 				if c.json {
 					c.printJSON(r.Exit)
 				}
+				c.sayOOM(r.Exit)
 				if code := exitCode(r.Exit); code != 0 {
 					return exitError{code}
 				}

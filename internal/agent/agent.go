@@ -48,6 +48,9 @@ type Config struct {
 	// Launch, when set, starts every process (see process.Spec.Launch):
 	// the sandbox's isolation and confinement.
 	Launch func(cmd *exec.Cmd) (*os.Process, error)
+	// OOMKills, when set, counts the sandbox's out-of-memory kills (see
+	// process.Spec.OOMKills).
+	OOMKills func() int64
 	// FlowGrace is how long the output of a process started with flow
 	// block waits for its holding watcher (zero: process.DefaultFlowGrace).
 	FlowGrace time.Duration
@@ -138,7 +141,7 @@ func (s *Server) spec(req api.ExecRequest, finite bool) (process.Spec, error) {
 		env = slices.DeleteFunc(env, func(e string) bool { return strings.HasPrefix(e, k+"=") })
 		env = append(env, k+"="+req.Env[k])
 	}
-	spec := process.Spec{Argv: argv, Env: env, Dir: req.Cwd, Launch: s.cfg.Launch, FlowGrace: s.cfg.FlowGrace}
+	spec := process.Spec{Argv: argv, Env: env, Dir: req.Cwd, Launch: s.cfg.Launch, OOMKills: s.cfg.OOMKills, FlowGrace: s.cfg.FlowGrace}
 	if req.Flow == api.FlowBlock {
 		spec.Flow = process.FlowBlock
 	}
@@ -255,7 +258,7 @@ func toExit(e *process.Exit) api.Exit {
 		return api.Exit{}
 	}
 	if e.Signal != 0 {
-		return api.Exit{Signal: strings.TrimPrefix(unix.SignalName(e.Signal), "SIG")}
+		return api.Exit{Signal: strings.TrimPrefix(unix.SignalName(e.Signal), "SIG"), OOMKilled: e.OOMKilled}
 	}
 	code := e.Code
 	return api.Exit{ExitCode: &code}

@@ -117,6 +117,9 @@ type Spec struct {
 	// program runs, a child of this one, which the engine then waits for;
 	// or why it does not run, having left nothing to wait for.
 	Launch func(cmd *exec.Cmd) (*os.Process, error)
+	// OOMKills, when set, counts the out-of-memory kills where the
+	// process runs, for its exit to say whether it was one.
+	OOMKills func() int64
 }
 
 // Exit is how a process ended, as observed by waiting for it: a code, or
@@ -124,6 +127,10 @@ type Spec struct {
 type Exit struct {
 	Code   int
 	Signal syscall.Signal
+	// OOMKilled says the kernel's out-of-memory killer ended it: it died
+	// of SIGKILL, which nobody sent through this engine, while its
+	// sandbox's count of such kills rose.
+	OOMKilled bool
 }
 
 func (e Exit) String() string {
@@ -182,20 +189,25 @@ const CaptureTimeout = 10 * time.Second
 // writer are goroutines it owns: the reaper ends them all (the drain) once
 // the exit is observed, and Done is closed when nothing of them is left.
 type Process struct {
-	id       string
-	argv     []string
-	proc     *os.Process // a child of this process, waited for by reap
-	ring     *ring.Ring
-	sink     *capture.Sink
-	capture  *capture.Writer
-	stdin    *stdin.Queue // nil for StdinClosed
-	terminal bool
-	openLog  func() (*capture.Dir, error) // a captured process's log, for readers; set before it is shared
-	flow     Flow
-	grace    time.Duration // a FlowBlock process's wait for its holder
-	started  time.Time
-	drainFor time.Duration
-	onDone   func() // called by the reaper once the drain has finished
+	id   string
+	argv []string
+	proc *os.Process // a child of this process, waited for by reap
+	// oomKills counts out-of-memory kills where it runs; oomBefore is the
+	// count before it started, killSent whether it was sent SIGKILL.
+	oomKills  func() int64
+	oomBefore int64
+	killSent  bool
+	ring      *ring.Ring
+	sink      *capture.Sink
+	capture   *capture.Writer
+	stdin     *stdin.Queue // nil for StdinClosed
+	terminal  bool
+	openLog   func() (*capture.Dir, error) // a captured process's log, for readers; set before it is shared
+	flow      Flow
+	grace     time.Duration // a FlowBlock process's wait for its holder
+	started   time.Time
+	drainFor  time.Duration
+	onDone    func() // called by the reaper once the drain has finished
 
 	pumps   sync.WaitGroup
 	outputs []*os.File // read ends the pumps own; the drain may set their deadline
@@ -325,6 +337,9 @@ func startProcess(id string, spec Spec, drainFor time.Duration, onDone func()) (
 	p.ring = ring.New(ring.Config{Capacity: spec.RingBytes, Streams: streams})
 	if p.flow == FlowBlock {
 		p.ring.Hold(p.grace) // until the holding reader comes
+	}
+	if spec.OOMKills != nil {
+		p.oomKills, p.oomBefore = spec.OOMKills, spec.OOMKills()
 	}
 	owned.Lock()
 	if spec.Launch != nil {
@@ -566,6 +581,9 @@ func (p *Process) reap() {
 	delete(owned.pids, pid)
 	owned.Unlock()
 	p.exit = exitOf(st)
+	if p.exit.Signal == unix.SIGKILL && !p.killSent && p.oomKills != nil && p.oomKills() > p.oomBefore {
+		p.exit.OOMKilled = true
+	}
 	p.exitedAt = time.Now()
 	close(p.exited)
 	p.mu.Unlock()
@@ -726,6 +744,9 @@ func (p *Process) Signal(sig syscall.Signal, group bool) error {
 	pid := p.proc.Pid
 	if group {
 		pid = -pid
+	}
+	if sig == unix.SIGKILL {
+		p.killSent = true
 	}
 	if err := unix.Kill(pid, sig); err != nil && err != unix.ESRCH {
 		return fmt.Errorf("process: signal %v to %d: %w", sig, pid, err)

@@ -289,6 +289,36 @@ func (c *Cgroups) Destroy() error {
 	return errors.Join(errs...)
 }
 
+// OOMEvents opens the file that counts the kernel's out-of-memory kills in
+// the sandbox's limited memory group (v1 memory.oom_control, v2
+// memory.events); nil without a memory limit.
+func (c *Cgroups) OOMEvents() (*os.File, error) {
+	switch {
+	case c.MemoryProcs != "":
+		return os.Open(filepath.Join(c.MemoryProcs, "memory.oom_control"))
+	case len(c.V1) == 0 && fileExists(filepath.Join(c.V2, "memory.max")):
+		return os.Open(filepath.Join(c.V2, "memory.events"))
+	}
+	return nil, nil
+}
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
+// EventIn reads the counter key from an events file's content.
+func EventIn(b []byte, key string) int64 {
+	for line := range strings.Lines(string(b)) {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), " ")
+		if ok && k == key {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			return n
+		}
+	}
+	return 0
+}
+
 // ReadEvent reads a counter from a v1 or v2 events file (memory oom_kill,
 // pids max), for reporting why a sandbox's process died.
 func (c *Cgroups) ReadEvent(ctrl, file, key string) int64 {
@@ -303,14 +333,7 @@ func (c *Cgroups) ReadEvent(ctrl, file, key string) int64 {
 	if err != nil {
 		return 0
 	}
-	for line := range strings.Lines(string(b)) {
-		k, v, ok := strings.Cut(strings.TrimSpace(line), " ")
-		if ok && k == key {
-			n, _ := strconv.ParseInt(v, 10, 64)
-			return n
-		}
-	}
-	return 0
+	return EventIn(b, key)
 }
 
 // EndLeftover kills and removes the cgroups of sandbox name ("kiln-" and

@@ -44,6 +44,8 @@ type AgentConfig struct {
 	PidsLimited bool `json:"pids_limited,omitempty"`
 	// MemoryLimited says fdMemoryTasks is passed: their memory group.
 	MemoryLimited bool `json:"memory_limited,omitempty"`
+	// OOMEvents says fdOOMEvents is passed.
+	OOMEvents bool `json:"oom_events,omitempty"`
 	// Joined says fdJoined is passed. (A kilnd that predates it, still
 	// running while its binary is replaced, starts agents without it.)
 	Joined bool `json:"joined,omitempty"`
@@ -91,6 +93,9 @@ const (
 	// fdJoined is a pipe on which kilnd writes one byte once the agent is
 	// in its v1 groups.
 	fdJoined = 8
+	// fdOOMEvents is the file counting out-of-memory kills in the limited
+	// memory group, when memory is limited.
+	fdOOMEvents = 9
 )
 
 // hostDirs are bound read-only from the host when no rootfs is given.
@@ -399,6 +404,9 @@ type Inside struct {
 	// user namespace, mapped to its range, confined, born in its limited
 	// cgroups when it has limits.
 	Spawner *confine.Spawner
+	// OOMKills counts the kernel's out-of-memory kills in the sandbox's
+	// memory group so far; nil without a memory limit.
+	OOMKills func() int64
 }
 
 // IsAgent reports whether this process was started as a sandbox's agent.
@@ -500,6 +508,14 @@ func Enter() (*Inside, error) {
 		}
 	}
 	in.Spawner = spawner
+	if cfg.OOMEvents {
+		f := os.NewFile(fdOOMEvents, "oom events")
+		in.OOMKills = func() int64 {
+			var b [512]byte
+			n, _ := f.ReadAt(b[:], 0)
+			return EventIn(b[:n], "oom_kill")
+		}
+	}
 	return in, nil
 }
 

@@ -189,7 +189,15 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
 	defer agentLog.Close()
+	oom, err := cg.OOMEvents()
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	if oom != nil {
+		defer oom.Close()
+	}
 	cfg.PidsLimited, cfg.MemoryLimited, cfg.Joined = cg.Procs != "", cg.MemoryProcs != "", true
+	cfg.OOMEvents = oom != nil
 	raw, err := json.Marshal(cfg)
 	if err != nil {
 		return nil, err
@@ -200,7 +208,8 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 	cmd.Args = []string{"kiln-agent"}
 	cmd.Env = []string{AgentEnv + "=" + string(raw)}
 	cmd.Stdout, cmd.Stderr = agentLog, agentLog
-	cmd.ExtraFiles = []*os.File{lf, logs, nil, nil, nil, nil} // fdListener, fdLogs, fdTasks, fdRootfs, fdMemoryTasks, fdJoined
+	cmd.ExtraFiles = make([]*os.File, fdOOMEvents-2) // fdListener to fdOOMEvents
+	cmd.ExtraFiles[fdListener-3], cmd.ExtraFiles[fdLogs-3] = lf, logs
 	joinedR, joinedW, err := os.Pipe()
 	if err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
@@ -219,6 +228,9 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 		defer tasks.Close()
 		cmd.ExtraFiles[fd-3] = tasks
 	}
+	if oom != nil {
+		cmd.ExtraFiles[fdOOMEvents-3] = oom
+	}
 	if o.Rootfs != "" {
 		tree, err := idmapped(o.Exe, o.Rootfs, o.UIDBase)
 		if err != nil {
@@ -232,9 +244,9 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 		Setsid:      true,
 		UseCgroupFD: true,
 		CgroupFD:    int(cgf.Fd()),
-		// No supplementary group of kilnd's: they are host groups, which
-		// the sandboxed processes' user namespaces (where setgroups is
-		// denied) would keep, unmapped but in force.
+		// No supplementary group of kilnd's: they are host groups, in
+		// force in the sandbox though unmapped (its spawner drops them
+		// too, and refuses to run if it cannot).
 		Credential: &syscall.Credential{Uid: uint32(os.Getuid()), Gid: uint32(os.Getgid()), Groups: []uint32{}},
 	}
 	err = cmd.Start()

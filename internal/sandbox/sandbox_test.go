@@ -157,8 +157,8 @@ except OSError as e:
 	// The drain of the bomb's shell killed its group; what escaped into
 	// other groups is killed with the sandbox. The agent still answers.
 	mem := run(t, sb, `python3 -c "b = bytearray(256 << 20); print(len(b))"`)
-	if mem.Signal != "KILL" && code(mem) == 0 {
-		t.Errorf("256 MiB in a 64 MiB sandbox: exit %d, signal %q, stdout %q", code(mem), mem.Signal, mem.Stdout)
+	if mem.Signal != "KILL" && code(mem) == 0 || mem.Signal == "KILL" && !mem.OOMKilled {
+		t.Errorf("256 MiB in a 64 MiB sandbox: exit %d, signal %q, oom_killed %v, stdout %q", code(mem), mem.Signal, mem.OOMKilled, mem.Stdout)
 	}
 	if r := run(t, sb, "echo alive"); strings.TrimSpace(r.Stdout) != "alive" {
 		t.Errorf("after the limits: %q", r.Stdout)
@@ -177,8 +177,12 @@ func TestOutOfMemoryNeverKillsTheAgent(t *testing.T) {
 	}
 	spawner := spawnerOf(t, sb)
 	fill := run(t, sb, "exec dd if=/dev/zero of=/tmp/fill bs=1M count=64")
-	if fill.Signal != "KILL" {
-		t.Errorf("64 MiB to a tmpfs in a 32 MiB sandbox: exit %d, signal %q, stderr %q", code(fill), fill.Signal, clipS(fill.Stderr))
+	if fill.Signal != "KILL" || !fill.OOMKilled {
+		t.Errorf("64 MiB to a tmpfs in a 32 MiB sandbox: exit %d, signal %q, oom_killed %v, stderr %q", code(fill), fill.Signal, fill.OOMKilled, clipS(fill.Stderr))
+	}
+	// A SIGKILL that is not the kernel's is not reported as one.
+	if self := run(t, sb, "kill -KILL $$"); self.Signal != "KILL" || self.OOMKilled {
+		t.Errorf("a shell that killed itself: signal %q, oom_killed %v", self.Signal, self.OOMKilled)
 	}
 	if got := sb.Cgroups.ReadEvent("memory", "memory.oom_control", "oom_kill"); got == 0 {
 		t.Errorf("no out-of-memory kill was counted")
