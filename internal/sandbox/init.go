@@ -148,6 +148,9 @@ func setupRoot(cfg AgentConfig) error {
 				return err
 			}
 		}
+		if err := ownEtc(root, cfg.Hostname); err != nil {
+			return err
+		}
 	}
 	for _, d := range []string{"tmp", "workspace", "dev", "proc", "root", ".old"} {
 		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
@@ -255,6 +258,58 @@ func maskProc(proc string) error {
 		}
 	}
 	return nil
+}
+
+// etcFiles are the host's /etc files a sandbox on the host's system sees
+// its own of instead: its users, its name, its network (loopback only, no
+// resolver). The rest of /etc (the loader's cache, certificates,
+// alternatives) is the host's, read-only, as the programs of /usr need.
+func etcFiles(hostname string) [][2]string {
+	return [][2]string{
+		{"passwd", "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"},
+		{"group", "root:x:0:\ntty:x:5:\nusers:x:100:\nnogroup:x:65534:\n"},
+		{"hosts", "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t" + hostname + "\n"},
+		{"hostname", hostname + "\n"},
+		{"resolv.conf", "# This sandbox has no network beyond its loopback, and no resolver.\n"},
+		{"nsswitch.conf", "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\nnetworks: files\nprotocols: files\nservices: files\nethers: files\nrpc: files\n"},
+		{"shadow", ""},
+		{"gshadow", ""},
+	}
+}
+
+// ownEtc puts the sandbox's etcFiles over the host's, each read-only, where
+// the host has a regular file of that name (a symlink, resolv.conf's often,
+// points where the sandbox has nothing).
+func ownEtc(root, hostname string) error {
+	src := filepath.Join(root, ".etc")
+	if err := os.Mkdir(src, 0o755); err != nil {
+		return err
+	}
+	if err := unix.Mount("tmpfs", src, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0755,size=64k"); err != nil {
+		return fmt.Errorf("mount the sandbox's /etc files: %w", err)
+	}
+	sealed := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV | unix.MOUNT_ATTR_NOEXEC}
+	for _, f := range etcFiles(hostname) {
+		target := filepath.Join(root, "etc", f[0])
+		if fi, err := os.Lstat(target); err != nil || !fi.Mode().IsRegular() {
+			continue
+		}
+		file := filepath.Join(src, f[0])
+		if err := os.WriteFile(file, []byte(f[1]), 0o644); err != nil {
+			return err
+		}
+		if err := unix.Mount(file, target, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("mount /etc/%s: %w", f[0], err)
+		}
+		if err := unix.MountSetattr(unix.AT_FDCWD, target, 0, &sealed); err != nil {
+			return fmt.Errorf("make /etc/%s read-only: %w", f[0], err)
+		}
+	}
+	// The binds keep their files; the directory goes.
+	if err := unix.Unmount(src, unix.MNT_DETACH); err != nil {
+		return err
+	}
+	return os.Remove(src)
 }
 
 func bindReadOnly(src, dst string) error {

@@ -273,3 +273,25 @@ func TestOrdinaryPrograms(t *testing.T) {
 		})
 	}
 }
+
+// TestOwnEtc: on the host's system, a sandbox's users, name and network
+// files are its own, not the host's; the rest of /etc still serves /usr.
+func TestOwnEtc(t *testing.T) {
+	sb := newSandbox(t, sandbox.Options{Hostname: "etc-probe"})
+	for _, tc := range []struct{ script, want string }{
+		{"cut -d: -f1 /etc/passwd | tr '\\n' ' '", "root nobody"},
+		{"getent passwd root | cut -d: -f6", "/root"},
+		{"grep -c . /etc/group", "4"},
+		{"grep etc-probe /etc/hosts | cut -f2", "etc-probe"},
+		{"cat /etc/hostname", "etc-probe"},
+		{"grep -c nameserver /etc/resolv.conf || true", "0"},
+		{"wc -c < /etc/shadow", "0"},
+		{"echo x > /etc/passwd 2>/dev/null || echo read-only", "read-only"},
+		{"ls /etc/.. | grep -c '^.etc$' || true", "0"},
+		{"test -s /etc/ld.so.cache && echo host-cache", "host-cache"},
+	} {
+		if r := run(t, sb, tc.script); strings.TrimSpace(r.Stdout) != tc.want {
+			t.Errorf("%s: %q (stderr %q), want %q", tc.script, r.Stdout, r.Stderr, tc.want)
+		}
+	}
+}

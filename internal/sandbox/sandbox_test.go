@@ -99,7 +99,7 @@ func TestIsolation(t *testing.T) {
 		{"root is read-only", "touch /kiln-probe", 1, ""},
 		{"workspace is writable", "echo hi > /workspace/f && cat /workspace/f", 0, "hi"},
 		{"tmp is writable", "echo hi > /tmp/f && cat /tmp/f", 0, "hi"},
-		{"shadow is unreadable", "head -c1 /etc/shadow", 1, ""},
+		{"nothing of the host's shadow", "wc -c < /etc/shadow", 0, "0"},
 		{"the agent's descriptors are hidden", "ls /proc/1/fd", 2, ""},
 		{"the agent's environment is hidden", "cat /proc/1/environ", 1, ""},
 		{"no way back to the host's root", "ls /.old", 2, ""},
