@@ -44,6 +44,7 @@ type kilndResult struct {
 	wsBytes    int64
 	wsReps     []wsSample
 	idle       idleMemory
+	filter     filterCost
 	skipped    string
 }
 
@@ -60,7 +61,7 @@ type wsSample struct {
 
 type idleMemory struct {
 	n             int
-	agentPSS      int64 // summed over the agents
+	agentPSS      int64 // summed over the agents and their spawners
 	kilndHeap     int64 // kilnd's heap growth
 	perSandboxMiB float64
 }
@@ -209,9 +210,12 @@ func measureKilnd(ctx context.Context, cfg config) (*kilndResult, error) {
 			s.block.Round(time.Millisecond), 100*float64(s.blockDelivered)/float64(count<<16), s.blockLost)
 	}
 
-	// Memory per idle sandbox: the agents' proportional set size, and
+	// Memory per idle sandbox: the agents' and spawners' proportional set size, and
 	// kilnd's heap growth, over a few more sandboxes.
 	if res.idle, _, err = idleSandboxes(ctx, c, idle); err != nil {
+		return nil, err
+	}
+	if res.filter, err = measureFilter(ctx, 5); err != nil {
 		return nil, err
 	}
 	return res, nil
@@ -348,7 +352,7 @@ func idleSandboxes(ctx context.Context, c client, n int) (idleMemory, []string, 
 		if err := c.call(ctx, "GET", "/sandboxes/"+id, nil, &info); err != nil {
 			return m, ids, err
 		}
-		pss, err := pssOf(info.AgentPID)
+		pss, err := pssTree(info.AgentPID)
 		if err != nil {
 			return m, ids, err
 		}
@@ -356,6 +360,26 @@ func idleSandboxes(ctx context.Context, c client, n int) (idleMemory, []string, 
 	}
 	m.perSandboxMiB = float64(m.agentPSS+max(0, m.kilndHeap)) / float64(n) / (1 << 20)
 	return m, ids, nil
+}
+
+// pssTree is the proportional set size of a process and its descendants
+// (an idle sandbox's agent and its spawner).
+func pssTree(pid int) (int64, error) {
+	total, err := pssOf(pid)
+	if err != nil {
+		return 0, err
+	}
+	tasks, _ := filepath.Glob("/proc/" + strconv.Itoa(pid) + "/task/*/children")
+	for _, t := range tasks {
+		b, _ := os.ReadFile(t)
+		for _, f := range strings.Fields(string(b)) {
+			child, _ := strconv.Atoi(f)
+			if n, err := pssTree(child); err == nil {
+				total += n
+			}
+		}
+	}
+	return total, nil
 }
 
 // pssOf reads a process's proportional set size.
@@ -398,6 +422,12 @@ func writeKilnd(b *strings.Builder, k *kilndResult) {
 		ms(targetExecP50), verdict(pct(k.execs, 50) < targetExecP50))
 	fmt.Fprintf(b, "| exec-stream start to first byte at a kiln.v1 client | %s | %s | %d | | |\n", ms(pct(k.firstBytes, 50)), ms(pct(k.firstBytes, 99)), len(k.firstBytes))
 	b.WriteString("\n")
+	f := k.filter
+	fmt.Fprintf(b, "Every sandboxed process runs under the seccomp filter. Its own cost per system call (median of 5\n"+
+		"runs of %d calls each way, the same thread with the filter and without): `getppid`, allowed whatever\n"+
+		"its arguments, which the kernel answers from its cache without running the filter, %d ns → %d ns;\n"+
+		"`personality(0xffffffff)`, allowed by its argument's value, so the filter runs, %d ns → %d ns.\n\n",
+		syscallRuns, f.plain[0].Nanoseconds(), f.filtered[0].Nanoseconds(), f.plain[1].Nanoseconds(), f.filtered[1].Nanoseconds())
 	fmt.Fprintf(b, "Throughput: `dd bs=64k` writes %s; **raw pipe** is dd on the host into a pipe read by a plain\n"+
 		"loop (Start to Wait); **kiln.v1 client** is the same dd in the sandbox, started through the API and read\n"+
 		"by a WebSocket client through kilnd and the agent, from the start request to the exit message. dd is\n"+
@@ -424,7 +454,7 @@ func writeKilnd(b *strings.Builder, k *kilndResult) {
 		lossless = lossless && s.blockLost == 0 && s.blockDelivered == k.wsBytes
 	}
 	fmt.Fprintf(b, "Flow block delivered every byte in every rep: %s.\n\n", verdict(lossless))
-	fmt.Fprintf(b, "Memory per idle sandbox, over %d sandboxes: agents' proportional set size %s each, kilnd's heap\n"+
+	fmt.Fprintf(b, "Memory per idle sandbox, over %d sandboxes: agents' and spawners' proportional set size %s each, kilnd's heap\n"+
 		"growth %s each: **%.2f MiB** per sandbox (target < %d MiB: %s).\n\n",
 		k.idle.n, bytesText(k.idle.agentPSS/int64(k.idle.n)), bytesText(max(0, k.idle.kilndHeap)/int64(k.idle.n)),
 		k.idle.perSandboxMiB, targetIdleSandboxMiB, verdict(k.idle.perSandboxMiB < targetIdleSandboxMiB))

@@ -123,8 +123,13 @@ func confine(cfg Config) error {
 	if err := dropCaps(); err != nil {
 		return err
 	}
-	// LoadFilter sets no_new_privs first; both are this thread's, the one
-	// that forks.
+	// Both are this thread's, the one that forks.
+	return LoadFilter()
+}
+
+// LoadFilter sets no_new_privs and installs Policy's filter on the calling
+// thread, which the caller has locked.
+func LoadFilter() error {
 	if err := seccomp.LoadFilter(seccomp.Filter{NoNewPrivs: true, Policy: Policy()}); err != nil {
 		return fmt.Errorf("confine: %w", err)
 	}
