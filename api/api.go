@@ -346,15 +346,19 @@ type Limits struct {
 	MemoryBytes int64   `json:"memory_bytes,omitempty"`
 	Pids        int64   `json:"pids,omitempty"`
 	CPUs        float64 `json:"cpus,omitempty"` // in cores, e.g. 0.5
+	// DiskBytes bounds what the sandbox writes to /workspace and its
+	// image's writable layer together.
+	DiskBytes int64 `json:"disk_bytes,omitempty"`
 }
 
 // LimitsRequest is what a create request asks for: a limit left out is
-// kilnd's default (its --default-memory, --default-pids and
-// --default-cpus), and an explicit 0 is no limit.
+// kilnd's default (its --default-memory, --default-pids, --default-cpus
+// and --default-disk), and an explicit 0 is no limit.
 type LimitsRequest struct {
 	MemoryBytes *int64   `json:"memory_bytes,omitempty"`
 	Pids        *int64   `json:"pids,omitempty"`
 	CPUs        *float64 `json:"cpus,omitempty"`
+	DiskBytes   *int64   `json:"disk_bytes,omitempty"`
 }
 
 // Apply returns defaults with what r asks for in place of them.
@@ -367,6 +371,9 @@ func (r LimitsRequest) Apply(defaults Limits) Limits {
 	}
 	if r.CPUs != nil {
 		defaults.CPUs = *r.CPUs
+	}
+	if r.DiskBytes != nil {
+		defaults.DiskBytes = *r.DiskBytes
 	}
 	return defaults
 }

@@ -145,6 +145,16 @@ func (c *cli) sandboxCmd() *cobra.Command {
 				n, _ := f.GetInt64("pids")
 				o.Limits.Pids = &n
 			}
+			if f := cmd.Flags(); f.Changed("disk") {
+				disk, _ := f.GetString("disk")
+				n := int64(0)
+				if disk != "0" {
+					if n, err = parseBytes(disk); err != nil {
+						return err
+					}
+				}
+				o.Limits.DiskBytes = &n
+			}
 			if f := cmd.Flags(); f.Changed("cpus") {
 				n, _ := f.GetFloat64("cpus")
 				o.Limits.CPUs = &n
@@ -165,6 +175,7 @@ func (c *cli) sandboxCmd() *cobra.Command {
 	create.Flags().StringVar(&o.Hostname, "hostname", "", "the sandbox's hostname")
 	create.Flags().StringVar(&o.Rootfs, "rootfs", "", "a root filesystem: a `directory` in kilnd's images directory, instead of the host's /usr and /etc")
 	create.Flags().String("memory", "", "memory limit (e.g. 512M; 0 for none; default kilnd's, 1GiB)")
+	create.Flags().String("disk", "", "disk quota for /workspace and the image's writable layer (e.g. 2G; 0 for none; default kilnd's, 10GiB)")
 	create.Flags().Int64("pids", 0, "process limit (0 for none; default kilnd's, 1024)")
 	create.Flags().Float64("cpus", 0, "CPU limit in cores (0 for none; default kilnd's, 1)")
 	create.Flags().Duration("idle-timeout", 0, "delete the sandbox (keeping its logs) after this long unused")

@@ -431,8 +431,8 @@ func TestCreateLimits(t *testing.T) {
 		want api.Limits
 	}{
 		{nil, daemon.DefaultLimits},
-		{[]string{"--memory", "0", "--pids", "64"}, api.Limits{Pids: 64, CPUs: daemon.DefaultLimits.CPUs}},
-		{[]string{"--memory", "64M", "--cpus", "0"}, api.Limits{MemoryBytes: 64 << 20, Pids: daemon.DefaultLimits.Pids}},
+		{[]string{"--memory", "0", "--pids", "64"}, api.Limits{Pids: 64, CPUs: daemon.DefaultLimits.CPUs, DiskBytes: daemon.DefaultLimits.DiskBytes}},
+		{[]string{"--memory", "64M", "--cpus", "0", "--disk", "0"}, api.Limits{MemoryBytes: 64 << 20, Pids: daemon.DefaultLimits.Pids}},
 	} {
 		code, out, errOut := kiln(t, state, "", append([]string{"--json", "sandbox", "create"}, tc.args...)...)
 		var sb api.Sandbox

@@ -61,6 +61,7 @@ Flags:
 	flowGrace := fs.Duration("flow-grace", 30*time.Second, "how long the output of a process started with flow block waits for the watcher holding it:\nto come after the start, and to come back after it went, or twice that to read on while it\nstays connected (1s to 1h); then it drops")
 	defMemory := fs.String("default-memory", units.BytesSize(float64(daemon.DefaultLimits.MemoryBytes)), "the memory limit, a `size`, of a sandbox whose request gives none (0: none)")
 	defPids := fs.Int64("default-pids", daemon.DefaultLimits.Pids, "the process limit of a sandbox whose request gives none (0: none)")
+	defDisk := fs.String("default-disk", units.BytesSize(float64(daemon.DefaultLimits.DiskBytes)), "the disk quota, a `size`, of a sandbox whose request gives none: what it writes to /workspace and\nits image's writable layer, on a filesystem of its own (0: none)")
 	defCPUs := fs.Float64("default-cpus", daemon.DefaultLimits.CPUs, "the CPU limit, in cores, of a sandbox whose request gives none (0: none)")
 	captureBuffer := fs.String("capture-buffer", "8MiB", "per captured process, the `size` of output held for its log writer while it catches up\n(64KiB to 1GiB): a burst beyond it, faster than the disk, is dropped and counted")
 	if err := fs.Parse(args); err != nil {
@@ -86,6 +87,12 @@ Flags:
 	if *defMemory != "0" {
 		if limits.MemoryBytes, err = units.RAMInBytes(*defMemory); err != nil {
 			fmt.Fprintf(os.Stderr, "kilnd: --default-memory %q: want a size such as 1GiB, or 0 for none\n", *defMemory)
+			return 2
+		}
+	}
+	if *defDisk != "0" {
+		if limits.DiskBytes, err = units.RAMInBytes(*defDisk); err != nil {
+			fmt.Fprintf(os.Stderr, "kilnd: --default-disk %q: want a size such as 10GiB, or 0 for none\n", *defDisk)
 			return 2
 		}
 	}

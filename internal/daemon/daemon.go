@@ -69,13 +69,14 @@ type Config struct {
 // DefaultLimits are a sandbox's limits unless kilnd is told otherwise: no
 // sandbox created with {} can take the host's memory, fill its process
 // table or hold every core.
-var DefaultLimits = api.Limits{MemoryBytes: 1 << 30, Pids: 1024, CPUs: 1}
+var DefaultLimits = api.Limits{MemoryBytes: 1 << 30, Pids: 1024, CPUs: 1, DiskBytes: 10 << 30}
 
 // Names in the state directory.
 const (
 	SocketName   = "kilnd.sock"
 	TokenName    = "token"
 	sandboxesDir = "sandboxes"
+	disksDir     = "disks"
 	recordName   = "sandbox.json"
 )
 
@@ -103,6 +104,9 @@ type record struct {
 	Exit        *api.Exit        `json:"exit,omitempty"`
 	IdleTimeout int64            `json:"idle_timeout_seconds,omitempty"`
 	Sandbox     *sandbox.Sandbox `json:"sandbox,omitempty"`
+	// Disk is the image of the disk holding its writable layers, when it
+	// has a disk quota; deleted with the sandbox.
+	Disk string `json:"disk,omitempty"`
 }
 
 // entry is a known sandbox and, while it runs, the route to its agent.
@@ -121,6 +125,10 @@ type Daemon struct {
 	cfg   Config
 	token string
 	log   *slog.Logger
+	// disks make sandboxes' disks; nil, with disksErr saying why, where
+	// this host cannot.
+	disks    *sandbox.Disks
+	disksErr error
 
 	// mu guards sandboxes. Creating and deleting a sandbox happen outside
 	// it; the entry is added once the sandbox runs.
@@ -180,6 +188,18 @@ func New(cfg Config) (*Daemon, error) {
 	}
 	if err := d.recover(); err != nil {
 		return nil, err
+	}
+	var inUse []string
+	for _, e := range d.sandboxes {
+		if e.rec.Disk != "" && e.rec.State != StateDeleted {
+			inUse = append(inUse, e.rec.Disk)
+		}
+	}
+	if d.disks, err = sandbox.NewDisks(filepath.Join(cfg.StateDir, disksDir), cfg.DefaultLimits.DiskBytes, inUse); err != nil {
+		// Sandboxes are made without a disk quota, and say so in their
+		// limits; one asked for explicitly is refused.
+		d.log.Warn("no disk quotas: sandboxes write to the state directory's filesystem", "err", err)
+		d.disksErr, d.disks = err, nil
 	}
 	d.wg.Go(d.janitor)
 	return d, nil
@@ -471,6 +491,26 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	if err := validateCreate(req, limits); err != nil {
 		return Info{}, err
 	}
+	if d.disks == nil && limits.DiskBytes > 0 {
+		if req.Limits.DiskBytes != nil {
+			return Info{}, fmt.Errorf("%w: a disk quota: %v", errdefs.ErrUnavailable, d.disksErr)
+		}
+		limits.DiskBytes = 0 // the default, which this host cannot apply
+	}
+	var disk *sandbox.Disk
+	if limits.DiskBytes > 0 {
+		var err error
+		if disk, err = d.disks.Take(limits.DiskBytes); err != nil {
+			return Info{}, fmt.Errorf("%w: %v", errdefs.ErrUnavailable, err)
+		}
+		// The agent has it once it started; this copy goes either way.
+		defer disk.Mount.Close()
+	}
+	var diskMount *os.File
+	var diskImage string
+	if disk != nil {
+		diskMount, diskImage = disk.Mount, disk.Image
+	}
 	rootfs, err := d.resolveRootfs(req.Rootfs)
 	if err != nil {
 		return Info{}, err
@@ -482,20 +522,26 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	began := time.Now()
 	sb, err := sandbox.Create(ctx, sandbox.Options{
 		Dir: d.sandboxDir(id), ID: id, Hostname: req.Hostname, Exe: d.cfg.Exe, UIDBase: base,
-		Rootfs: req.Rootfs, Limits: limits, Env: d.cfg.Env, Init: req.Init, CaptureQueue: d.cfg.CaptureQueue,
+		Rootfs: req.Rootfs, Limits: limits, Disk: diskMount, Env: d.cfg.Env, Init: req.Init, CaptureQueue: d.cfg.CaptureQueue,
 		FlowGrace: d.cfg.FlowGrace,
 	})
 	if err != nil {
 		os.RemoveAll(d.sandboxDir(id))
+		if disk != nil {
+			d.disks.Release(diskImage)
+		}
 		return Info{}, fmt.Errorf("%w: %v", errdefs.ErrUnavailable, err)
 	}
 	rec := record{ID: id, State: StateRunning, CreatedAt: time.Now().UTC(), Hostname: req.Hostname,
-		Rootfs: req.Rootfs, Limits: limits, Init: req.Init, IdleTimeout: req.IdleTimeoutSeconds, Sandbox: sb}
+		Rootfs: req.Rootfs, Limits: limits, Init: req.Init, IdleTimeout: req.IdleTimeoutSeconds, Sandbox: sb, Disk: diskImage}
 	if rec.Hostname == "" {
 		rec.Hostname = "kiln-" + id[:8]
 	}
 	if err := d.save(rec); err != nil {
 		sb.Destroy(false)
+		if disk != nil {
+			d.disks.Release(diskImage)
+		}
 		return Info{}, err
 	}
 	d.metrics.creates.Observe(time.Since(began).Seconds())
@@ -577,6 +623,9 @@ func ValidateLimits(l api.Limits) error {
 	}
 	if l.CPUs > maxCPUs {
 		return fmt.Errorf("%w: cpus %g: at most %d", errdefs.ErrInvalidArgument, l.CPUs, maxCPUs)
+	}
+	if l.DiskBytes < 0 || l.DiskBytes != 0 && (l.DiskBytes < sandbox.MinDiskBytes || l.DiskBytes > sandbox.MaxDiskBytes) {
+		return fmt.Errorf("%w: disk limit %d: 64 MiB to 16 TiB (or 0, none)", errdefs.ErrInvalidArgument, l.DiskBytes)
 	}
 	return nil
 }
@@ -683,6 +732,11 @@ func (d *Daemon) delete(id string, removeLogs, claimed bool) error {
 			return fmt.Errorf("%w: delete %s: %v", errdefs.ErrUnavailable, id, err)
 		}
 	}
+	if rec.Disk != "" && d.disks != nil {
+		if err := d.disks.Release(rec.Disk); err != nil {
+			d.log.Error("release a deleted sandbox's disk", "id", id, "err", err)
+		}
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if removeLogs {
@@ -762,6 +816,10 @@ func (d *Daemon) Serve(ctx context.Context) error {
 	defer cancel()
 	for _, s := range servers {
 		s.Shutdown(sctx)
+	}
+	// Its sandboxes keep their disks; the spare ones go.
+	if d.disks != nil {
+		d.disks.Close()
 	}
 	if errors.Is(serr, http.ErrServerClosed) {
 		serr = nil

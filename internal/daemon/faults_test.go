@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -752,9 +753,9 @@ func TestDefaultLimits(t *testing.T) {
 		want api.Limits
 	}{
 		{`{}`, daemon.DefaultLimits},
-		{`{"limits":{"memory_bytes":0}}`, api.Limits{Pids: daemon.DefaultLimits.Pids, CPUs: daemon.DefaultLimits.CPUs}},
-		{`{"limits":{"memory_bytes":0,"pids":0,"cpus":0}}`, api.Limits{}},
-		{`{"limits":{"pids":64}}`, api.Limits{MemoryBytes: daemon.DefaultLimits.MemoryBytes, Pids: 64, CPUs: daemon.DefaultLimits.CPUs}},
+		{`{"limits":{"memory_bytes":0}}`, api.Limits{Pids: daemon.DefaultLimits.Pids, CPUs: daemon.DefaultLimits.CPUs, DiskBytes: daemon.DefaultLimits.DiskBytes}},
+		{`{"limits":{"memory_bytes":0,"pids":0,"cpus":0,"disk_bytes":0}}`, api.Limits{}},
+		{`{"limits":{"pids":64}}`, api.Limits{MemoryBytes: daemon.DefaultLimits.MemoryBytes, Pids: 64, CPUs: daemon.DefaultLimits.CPUs, DiskBytes: daemon.DefaultLimits.DiskBytes}},
 	}
 	for _, tc := range cases {
 		status, b := k.do("POST", "/sandboxes", k.d.Token(), tc.body)
@@ -774,5 +775,69 @@ func TestDefaultLimits(t *testing.T) {
 		} else if tc.want.MemoryBytes != 0 && cg.V1["memory"] != "" {
 			t.Errorf("POST %s: no limited memory group", tc.body)
 		}
+	}
+}
+
+// TestDiskQuota: a sandbox's writable layers are a filesystem of its quota's
+// size: writing past it gives ENOSPC inside, the host's disk holds no more
+// than the quota, the sandbox's mount table names no host path, and
+// deleting the sandbox gives the space back.
+func TestDiskQuota(t *testing.T) {
+	if err := sandbox.DisksAvailable(); err != nil {
+		t.Skip(err)
+	}
+	k := start(t, "")
+	defer k.cleanup()
+	var sb api.Sandbox
+	k.json("POST", "/sandboxes", api.CreateSandbox{Limits: api.LimitsRequest{DiskBytes: new(int64(64 << 20))}}, &sb)
+	if sb.Limits.DiskBytes != 64<<20 {
+		t.Fatalf("limits %+v", sb.Limits)
+	}
+	var res api.ExecResult
+	k.json("POST", "/sandboxes/"+sb.ID+"/exec", api.ExecRequest{Command: "sh", Args: []string{"-c",
+		"dd if=/dev/zero of=/workspace/fill bs=1M count=128; echo dd=$?; grep -c " + k.state + " /proc/self/mountinfo; true"}}, &res)
+	if !strings.Contains(res.Stderr, "No space left on device") || !strings.Contains(res.Stdout, "dd=1") {
+		t.Errorf("128 MiB into a 64 MiB disk: stdout %q, stderr %q; want ENOSPC", res.Stdout, res.Stderr)
+	}
+	if !strings.HasSuffix(strings.TrimSpace(res.Stdout), "\n0") {
+		t.Errorf("the sandbox's mount table names the state directory: %q", res.Stdout)
+	}
+	images, _ := filepath.Glob(filepath.Join(k.state, "disks", "*.img"))
+	var used int64
+	for _, img := range images {
+		if fi, err := os.Stat(img); err == nil && !strings.Contains(img, "template") {
+			used += fi.Sys().(*syscall.Stat_t).Blocks * 512
+		}
+	}
+	// The spare disks of the default size hold a few MiB of metadata each.
+	if used > 64<<20+32<<20 {
+		t.Errorf("the disks hold %d bytes on the host", used)
+	}
+	// With an image, its writable layer is on the disk too.
+	if busybox, err := os.ReadFile("/bin/busybox"); err == nil {
+		img := filepath.Join(k.state, "images", "busybox", "bin")
+		if err := os.MkdirAll(img, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(img, "busybox"), busybox, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		for _, applet := range []string{"sh", "dd", "echo"} {
+			os.Symlink("busybox", filepath.Join(img, applet))
+		}
+		var ib api.Sandbox
+		k.json("POST", "/sandboxes", api.CreateSandbox{Rootfs: "busybox", Limits: api.LimitsRequest{DiskBytes: new(int64(64 << 20))}}, &ib)
+		var res api.ExecResult
+		k.json("POST", "/sandboxes/"+ib.ID+"/exec", api.ExecRequest{Command: "sh", Args: []string{"-c",
+			"dd if=/dev/zero of=/fill bs=1M count=128; echo dd=$?"}}, &res)
+		if !strings.Contains(res.Stderr, "No space left on device") || !strings.Contains(res.Stdout, "dd=1") {
+			t.Errorf("128 MiB into an image's root on a 64 MiB disk: stdout %q, stderr %q; want ENOSPC", res.Stdout, res.Stderr)
+		}
+		k.json("DELETE", "/sandboxes/"+ib.ID, nil, nil)
+	}
+	k.json("DELETE", "/sandboxes/"+sb.ID, nil, nil)
+	after, _ := filepath.Glob(filepath.Join(k.state, "disks", "*.img"))
+	if len(after) >= len(images) {
+		t.Errorf("disk images before the delete %d, after %d", len(images), len(after))
 	}
 }

@@ -30,6 +30,9 @@ type AgentConfig struct {
 	Root string `json:"root"`
 	// Workspace is the host directory mounted writable at /workspace.
 	Workspace string `json:"workspace"`
+	// Disk, when set, is where the agent mounts fdDisk, in its own mount
+	// namespace, before it reads Workspace, Upper and Work, which are on it.
+	Disk string `json:"disk,omitempty"`
 	// Rootfs, when set, is a root filesystem directory used (read-only,
 	// with a writable layer in Upper and Work) instead of the host's.
 	Rootfs string `json:"rootfs,omitempty"`
@@ -96,6 +99,8 @@ const (
 	// fdOOMEvents is the file counting out-of-memory kills in the limited
 	// memory group, when memory is limited.
 	fdOOMEvents = 9
+	// fdDisk is the detached mount of the sandbox's disk, when it has one.
+	fdDisk = 10
 )
 
 // hostDirs are bound read-only from the host when no rootfs is given.
@@ -109,6 +114,13 @@ var hostDirs = []string{"usr", "etc", "bin", "lib", "lib64", "sbin"}
 func setupRoot(cfg AgentConfig) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make mounts private: %w", err)
+	}
+	if cfg.Disk != "" {
+		// Here only: the host never sees it, and it ends with the sandbox.
+		if err := unix.MoveMount(fdDisk, "", unix.AT_FDCWD, cfg.Disk, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+			return fmt.Errorf("mount the sandbox's disk: %w", err)
+		}
+		unix.Close(fdDisk)
 	}
 	root := cfg.Root
 	if cfg.Rootfs != "" {

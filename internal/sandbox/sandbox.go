@@ -36,6 +36,10 @@ type Options struct {
 	// the host's system directories.
 	Rootfs string
 	Limits Limits
+	// Disk, when set, is the detached mount of a disk (see Disks) that
+	// holds the sandbox's writable layers: its workspace, and its image's
+	// upper layer. Without one they are in Dir, on the host's filesystem.
+	Disk *os.File
 	// UIDBase is the first host uid of the range the sandbox's users map
 	// to (default DefaultUIDBase).
 	UIDBase int
@@ -65,6 +69,7 @@ const (
 	SocketName    = "agent.sock"
 	LogsName      = "logs"
 	WorkspaceName = "workspace"
+	diskName      = "disk" // where the agent mounts the sandbox's disk
 	rootName      = "root"
 	agentLogName  = "agent.log"
 )
@@ -112,20 +117,50 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 	}()
 	cfg := AgentConfig{
 		ID: o.ID, Hostname: o.Hostname, Root: filepath.Join(o.Dir, rootName),
-		Workspace: filepath.Join(o.Dir, WorkspaceName), UIDBase: o.UIDBase, Env: o.Env, Init: o.Init,
+		UIDBase: o.UIDBase, Env: o.Env, Init: o.Init,
 		CaptureQueue: o.CaptureQueue, FlowGrace: o.FlowGrace, TmpfsBytes: o.Limits.MemoryBytes, PidsMax: o.Limits.Pids,
 	}
-	for _, d := range []string{rootName, LogsName, WorkspaceName} {
+	for _, d := range []string{rootName, LogsName} {
 		if err := os.Mkdir(filepath.Join(o.Dir, d), 0o700); err != nil {
 			return nil, fmt.Errorf("sandbox: %w", err)
 		}
 	}
-	// The sandbox's root owns its workspace.
-	if err := os.Chown(cfg.Workspace, o.UIDBase, o.UIDBase); err != nil {
-		return nil, fmt.Errorf("sandbox: %w", err)
+	// The writable layers: on the sandbox's disk, which the agent mounts
+	// where it finds them (in its own mount namespace only), or in Dir.
+	layers := o.Dir
+	mkdir := func(name string, mode uint32, owner int) error {
+		path := filepath.Join(o.Dir, name)
+		err := os.Mkdir(path, os.FileMode(mode))
+		if err == nil {
+			err = os.Chown(path, owner, owner)
+		}
+		if err == nil {
+			err = os.Chmod(path, os.FileMode(mode)) // whatever the umask
+		}
+		return err
 	}
-	if err := os.Chmod(cfg.Workspace, 0o755); err != nil {
-		return nil, fmt.Errorf("sandbox: %w", err)
+	if o.Disk != nil {
+		cfg.Disk = filepath.Join(o.Dir, diskName)
+		layers = cfg.Disk
+		if err := os.Mkdir(cfg.Disk, 0o700); err != nil {
+			return nil, fmt.Errorf("sandbox: %w", err)
+		}
+		mkdir = func(name string, mode uint32, owner int) error {
+			fd := int(o.Disk.Fd())
+			err := unix.Mkdirat(fd, name, mode)
+			if err == nil {
+				err = unix.Fchownat(fd, name, owner, owner, 0)
+			}
+			if err == nil {
+				err = unix.Fchmodat(fd, name, mode, 0)
+			}
+			return err
+		}
+	}
+	cfg.Workspace = filepath.Join(layers, WorkspaceName)
+	// The sandbox's root owns its workspace.
+	if err := mkdir(WorkspaceName, 0o755, o.UIDBase); err != nil {
+		return nil, fmt.Errorf("sandbox: workspace: %w", err)
 	}
 	if o.Rootfs != "" {
 		fi, err := os.Stat(o.Rootfs)
@@ -133,15 +168,16 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 			return nil, fmt.Errorf("sandbox: rootfs %s is not a directory", o.Rootfs)
 		}
 		cfg.Rootfs, cfg.Lower = o.Rootfs, filepath.Join(o.Dir, "lower")
-		cfg.Upper, cfg.Work = filepath.Join(o.Dir, "upper"), filepath.Join(o.Dir, "work")
-		for _, d := range []string{cfg.Lower, cfg.Upper, cfg.Work} {
-			if err := os.Mkdir(d, 0o755); err != nil {
-				return nil, fmt.Errorf("sandbox: %w", err)
-			}
+		cfg.Upper, cfg.Work = filepath.Join(layers, "upper"), filepath.Join(layers, "work")
+		if err := os.Mkdir(cfg.Lower, 0o755); err != nil {
+			return nil, fmt.Errorf("sandbox: %w", err)
 		}
 		// The merged root is the upper layer's: the sandbox's root owns it.
-		if err := os.Chown(cfg.Upper, o.UIDBase, o.UIDBase); err != nil {
-			return nil, fmt.Errorf("sandbox: %w", err)
+		if err := mkdir("upper", 0o755, o.UIDBase); err != nil {
+			return nil, fmt.Errorf("sandbox: upper layer: %w", err)
+		}
+		if err := mkdir("work", 0o755, 0); err != nil {
+			return nil, fmt.Errorf("sandbox: upper layer: %w", err)
 		}
 	}
 	cg, err := newCgroups("kiln-"+o.ID, o.Limits)
@@ -208,7 +244,7 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 	cmd.Args = []string{"kiln-agent"}
 	cmd.Env = []string{AgentEnv + "=" + string(raw)}
 	cmd.Stdout, cmd.Stderr = agentLog, agentLog
-	cmd.ExtraFiles = make([]*os.File, fdOOMEvents-2) // fdListener to fdOOMEvents
+	cmd.ExtraFiles = make([]*os.File, fdDisk-2) // fdListener to fdDisk
 	cmd.ExtraFiles[fdListener-3], cmd.ExtraFiles[fdLogs-3] = lf, logs
 	joinedR, joinedW, err := os.Pipe()
 	if err != nil {
@@ -230,6 +266,9 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 	}
 	if oom != nil {
 		cmd.ExtraFiles[fdOOMEvents-3] = oom
+	}
+	if o.Disk != nil {
+		cmd.ExtraFiles[fdDisk-3] = o.Disk
 	}
 	if o.Rootfs != "" {
 		tree, err := idmapped(o.Exe, o.Rootfs, o.UIDBase)
