@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
 
 	"github.com/sandkiln/sandkiln/api"
@@ -104,6 +105,22 @@ func (c *cli) printJSON(v any) error {
 	return enc.Encode(v)
 }
 
+// sizeFlag is a size flag's bytes when it was given (0: none), nil when not.
+func sizeFlag(f *pflag.FlagSet, name string) (*int64, error) {
+	if !f.Changed(name) {
+		return nil, nil
+	}
+	v, _ := f.GetString(name)
+	n := int64(0)
+	if v != "0" {
+		var err error
+		if n, err = parseBytes(v); err != nil {
+			return nil, err
+		}
+	}
+	return &n, nil
+}
+
 // exitCode is the shell's convention: the code, or 128 + the signal.
 func exitCode(e api.Exit) int {
 	if e.ExitCode != nil {
@@ -131,31 +148,18 @@ func (c *cli) sandboxCmd() *cobra.Command {
 			}
 			defer cl.Close()
 			// A limit not given is kilnd's default; 0 is none.
-			if f := cmd.Flags(); f.Changed("memory") {
-				mem, _ := f.GetString("memory")
-				n := int64(0)
-				if mem != "0" {
-					if n, err = parseBytes(mem); err != nil {
-						return err
-					}
-				}
-				o.Limits.MemoryBytes = &n
+			f := cmd.Flags()
+			if o.Limits.MemoryBytes, err = sizeFlag(f, "memory"); err != nil {
+				return err
 			}
-			if f := cmd.Flags(); f.Changed("pids") {
+			if o.Limits.DiskBytes, err = sizeFlag(f, "disk"); err != nil {
+				return err
+			}
+			if f.Changed("pids") {
 				n, _ := f.GetInt64("pids")
 				o.Limits.Pids = &n
 			}
-			if f := cmd.Flags(); f.Changed("disk") {
-				disk, _ := f.GetString("disk")
-				n := int64(0)
-				if disk != "0" {
-					if n, err = parseBytes(disk); err != nil {
-						return err
-					}
-				}
-				o.Limits.DiskBytes = &n
-			}
-			if f := cmd.Flags(); f.Changed("cpus") {
+			if f.Changed("cpus") {
 				n, _ := f.GetFloat64("cpus")
 				o.Limits.CPUs = &n
 			}
