@@ -822,16 +822,19 @@ func TestDiskQuota(t *testing.T) {
 		if err := os.WriteFile(filepath.Join(img, "busybox"), busybox, 0o755); err != nil {
 			t.Fatal(err)
 		}
-		for _, applet := range []string{"sh", "dd", "echo"} {
+		for _, applet := range []string{"sh", "dd", "echo", "grep"} {
 			os.Symlink("busybox", filepath.Join(img, applet))
 		}
 		var ib api.Sandbox
 		k.json("POST", "/sandboxes", api.CreateSandbox{Rootfs: "busybox", Limits: api.LimitsRequest{DiskBytes: new(int64(64 << 20))}}, &ib)
 		var res api.ExecResult
 		k.json("POST", "/sandboxes/"+ib.ID+"/exec", api.ExecRequest{Command: "sh", Args: []string{"-c",
-			"dd if=/dev/zero of=/fill bs=1M count=128; echo dd=$?"}}, &res)
+			"dd if=/dev/zero of=/fill bs=1M count=128; echo dd=$?; grep -c " + k.state + " /proc/self/mountinfo; true"}}, &res)
 		if !strings.Contains(res.Stderr, "No space left on device") || !strings.Contains(res.Stdout, "dd=1") {
 			t.Errorf("128 MiB into an image's root on a 64 MiB disk: stdout %q, stderr %q; want ENOSPC", res.Stdout, res.Stderr)
+		}
+		if !strings.HasSuffix(strings.TrimSpace(res.Stdout), "\n0") {
+			t.Errorf("the mount table of a sandbox with an image names the state directory: %q", res.Stdout)
 		}
 		k.json("DELETE", "/sandboxes/"+ib.ID, nil, nil)
 	}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 	"unsafe"
@@ -132,7 +133,27 @@ func setupRoot(cfg AgentConfig) error {
 			return fmt.Errorf("mount the rootfs: %w", err)
 		}
 		unix.Close(fdRootfs)
-		opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", cfg.Lower, cfg.Upper, cfg.Work)
+		// Paths relative to the sandbox's directory: the overlay's
+		// options, in the sandbox's mount table, name no host path.
+		base := filepath.Dir(cfg.Lower)
+		rel := func(p string) (string, error) {
+			r, err := filepath.Rel(base, p)
+			if err != nil || strings.HasPrefix(r, "..") || strings.ContainsAny(r, ",:") {
+				return "", fmt.Errorf("overlay layer %s is not in %s", p, base)
+			}
+			return r, nil
+		}
+		var layers [3]string
+		for i, p := range []string{cfg.Lower, cfg.Upper, cfg.Work} {
+			var err error
+			if layers[i], err = rel(p); err != nil {
+				return err
+			}
+		}
+		if err := unix.Chdir(base); err != nil {
+			return err
+		}
+		opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", layers[0], layers[1], layers[2])
 		if err := unix.Mount("overlay", root, "overlay", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
 			return fmt.Errorf("mount the rootfs overlay: %w", err)
 		}

@@ -307,6 +307,13 @@ func TestRootfsOverlay(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(rootfs, "etc", "added")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the image was written to: %v", err)
 	}
+	// Nor does the overlay's line of the mount table name where on the
+	// host its layers are (the workspace, without a disk, is a bind of a
+	// host directory; with one it is not: see the daemon's TestDiskQuota).
+	r = run(t, sb, "grep ' - overlay ' /proc/self/mountinfo")
+	if line := strings.TrimSpace(r.Stdout); line == "" || strings.Contains(line, sb.Dir) || !strings.Contains(line, "upperdir=upper") {
+		t.Errorf("the overlay's mountinfo line: %q", line)
+	}
 }
 
 // TestHostGroupsStayOut: kilnd's supplementary groups are real host
