@@ -793,15 +793,21 @@ func TestDiskQuota(t *testing.T) {
 	if sb.Limits.DiskBytes != 64<<20 {
 		t.Fatalf("limits %+v", sb.Limits)
 	}
-	var res api.ExecResult
-	k.json("POST", "/sandboxes/"+sb.ID+"/exec", api.ExecRequest{Command: "sh", Args: []string{"-c",
-		"dd if=/dev/zero of=/workspace/fill bs=1M count=128; echo dd=$?; grep -c " + k.state + " /proc/self/mountinfo; true"}}, &res)
-	if !strings.Contains(res.Stderr, "No space left on device") || !strings.Contains(res.Stdout, "dd=1") {
-		t.Errorf("128 MiB into a 64 MiB disk: stdout %q, stderr %q; want ENOSPC", res.Stdout, res.Stderr)
+	// fill writes 128 MiB to path in sandbox id: ENOSPC, and no mention
+	// of the state directory in the mount table.
+	fill := func(id, path string) {
+		t.Helper()
+		var res api.ExecResult
+		k.json("POST", "/sandboxes/"+id+"/exec", api.ExecRequest{Command: "sh", Args: []string{"-c",
+			"dd if=/dev/zero of=" + path + " bs=1M count=128; echo dd=$?; grep -c " + k.state + " /proc/self/mountinfo; true"}}, &res)
+		if !strings.Contains(res.Stderr, "No space left on device") || !strings.Contains(res.Stdout, "dd=1") {
+			t.Errorf("128 MiB into %s on a 64 MiB disk: stdout %q, stderr %q; want ENOSPC", path, res.Stdout, res.Stderr)
+		}
+		if !strings.HasSuffix(strings.TrimSpace(res.Stdout), "\n0") {
+			t.Errorf("the sandbox's mount table names the state directory: %q", res.Stdout)
+		}
 	}
-	if !strings.HasSuffix(strings.TrimSpace(res.Stdout), "\n0") {
-		t.Errorf("the sandbox's mount table names the state directory: %q", res.Stdout)
-	}
+	fill(sb.ID, "/workspace/fill")
 	images, _ := filepath.Glob(filepath.Join(k.state, "disks", "*.img"))
 	var used int64
 	for _, img := range images {
@@ -827,15 +833,7 @@ func TestDiskQuota(t *testing.T) {
 		}
 		var ib api.Sandbox
 		k.json("POST", "/sandboxes", api.CreateSandbox{Rootfs: "busybox", Limits: api.LimitsRequest{DiskBytes: new(int64(64 << 20))}}, &ib)
-		var res api.ExecResult
-		k.json("POST", "/sandboxes/"+ib.ID+"/exec", api.ExecRequest{Command: "sh", Args: []string{"-c",
-			"dd if=/dev/zero of=/fill bs=1M count=128; echo dd=$?; grep -c " + k.state + " /proc/self/mountinfo; true"}}, &res)
-		if !strings.Contains(res.Stderr, "No space left on device") || !strings.Contains(res.Stdout, "dd=1") {
-			t.Errorf("128 MiB into an image's root on a 64 MiB disk: stdout %q, stderr %q; want ENOSPC", res.Stdout, res.Stderr)
-		}
-		if !strings.HasSuffix(strings.TrimSpace(res.Stdout), "\n0") {
-			t.Errorf("the mount table of a sandbox with an image names the state directory: %q", res.Stdout)
-		}
+		fill(ib.ID, "/fill")
 		k.json("DELETE", "/sandboxes/"+ib.ID, nil, nil)
 	}
 	k.json("DELETE", "/sandboxes/"+sb.ID, nil, nil)
