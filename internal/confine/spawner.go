@@ -214,20 +214,23 @@ func (s *Spawner) Start(cmd *exec.Cmd) (*os.Process, error) {
 	if s.closed {
 		return nil, errors.New("confine: the sandbox is shutting down")
 	}
-	if err := s.ensure(); err != nil {
-		return nil, err
-	}
-	s.conn.SetDeadline(time.Now().Add(requestTimeout))
-	// The descriptors go with the first bytes; a large request's rest
-	// follows as the socket takes it.
-	first := min(len(msg), 4096)
-	n, _, err := s.conn.WriteMsgUnix(msg[:first], unix.UnixRights(fds[:]...), nil)
-	if err == nil {
-		_, err = s.conn.Write(msg[n:])
+	// A spawner that died (the sandbox's processes may kill it) refuses
+	// the request before it reads any of it: then a new one gets it. Once
+	// it is sent, it is never sent again, lest a program run twice.
+	for attempt := 0; ; attempt++ {
+		if err = s.ensure(); err != nil {
+			return nil, err
+		}
+		if err = s.send(msg, fds[:]); err == nil || attempt > 0 {
+			break
+		}
+		s.stop()
 	}
 	var r reply
 	if err == nil {
-		r, err = readReply(s.conn)
+		if r, err = readReply(s.conn); errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			err = errors.New("it ended before it answered (killed from inside the sandbox?); if the process started, it runs unwatched")
+		}
 	}
 	if err != nil {
 		// The spawner died or hangs: the next start has a new one. A
@@ -244,6 +247,18 @@ func (s *Spawner) Start(cmd *exec.Cmd) (*os.Process, error) {
 		return nil, errors.New(r.Error)
 	}
 	return nil, fmt.Errorf("confine: the spawner answered %+v", r)
+}
+
+// send writes a request; the descriptors go with its first bytes, and a
+// large request's rest follows as the socket takes it. s.mu is held.
+func (s *Spawner) send(msg []byte, fds []int) error {
+	s.conn.SetDeadline(time.Now().Add(requestTimeout))
+	first := min(len(msg), 4096)
+	n, _, err := s.conn.WriteMsgUnix(msg[:first], unix.UnixRights(fds...), nil)
+	if err == nil {
+		_, err = s.conn.Write(msg[n:])
+	}
+	return err
 }
 
 // Begin starts the spawner without waiting for it to be ready: a

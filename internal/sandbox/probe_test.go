@@ -295,3 +295,31 @@ func TestOwnEtc(t *testing.T) {
 		}
 	}
 }
+
+// TestSpawnerKilled: the sandbox's processes may kill its spawner (they
+// are the same user, with CAP_KILL as Docker gives); the next process
+// starts all the same, through a new one. (Killed here from the host, once
+// no start is under way: a process that kills it while its own start is
+// being answered gets an error, and runs unwatched.)
+func TestSpawnerKilled(t *testing.T) {
+	sb := newSandbox(t, sandbox.Options{})
+	first := spawnerOf(t, sb)
+	fd, err := unix.PidfdOpen(first, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Kill(first, unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	// A pidfd is readable once its process has exited.
+	if _, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, 60_000); err != nil {
+		t.Fatal(err)
+	}
+	if r := run(t, sb, "echo alive"); strings.TrimSpace(r.Stdout) != "alive" {
+		t.Errorf("after the spawner was killed: stdout %q, stderr %q", r.Stdout, r.Stderr)
+	}
+	if again := spawnerOf(t, sb); again == first {
+		t.Errorf("the spawner %d is still the one that was killed", first)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -70,9 +71,10 @@ func run(t *testing.T, sb *sandbox.Sandbox, script string) api.ExecResult {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
 	var res api.ExecResult
-	if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&res) != nil {
-		t.Fatalf("exec %q: status %d", script, resp.StatusCode)
+	if resp.StatusCode != http.StatusOK || json.Unmarshal(b, &res) != nil {
+		t.Fatalf("exec %q: status %d: %s", script, resp.StatusCode, b)
 	}
 	return res
 }
