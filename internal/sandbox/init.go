@@ -1,7 +1,6 @@
 package sandbox
 
 import (
-	"debug/elf"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -462,22 +461,6 @@ func noFile() [2]uint64 {
 	return [2]uint64{min(1024, hard), hard}
 }
 
-// needsLoader reports whether the binary exe is linked dynamically (has an
-// ELF interpreter), as a build with cgo is.
-func needsLoader(exe *os.File) bool {
-	f, err := elf.NewFile(io.NewSectionReader(exe, 0, 1<<62))
-	if err != nil {
-		return true
-	}
-	defer f.Close()
-	for _, p := range f.Progs {
-		if p.Type == elf.PT_INTERP {
-			return true
-		}
-	}
-	return false
-}
-
 // openSelf opens this binary for the spawner, close-on-exec, on a
 // descriptor no start moves a process's files onto.
 func openSelf() (*os.File, error) {
@@ -553,11 +536,11 @@ func Enter() (*Inside, error) {
 		return nil, fmt.Errorf("sandbox: close-on-exec for inherited descriptors: %w", err)
 	}
 	// The spawner is this binary, reached by a descriptor: it is not in
-	// the sandbox's filesystem. Linked dynamically, in a sandbox with an
-	// image, it starts now, while the host's root is this mount
-	// namespace's and its loader can be found, and moves into the
-	// sandbox's root with the agent. Its user namespace's maps are
-	// written through /proc, which must be this pid namespace's first.
+	// the sandbox's filesystem. It starts now, while the host's root is
+	// this mount namespace's and the binary's loader can be found, and
+	// moves into the sandbox's root with the agent. Its user namespace's
+	// maps are written through /proc, which must be this pid namespace's
+	// first.
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return nil, fmt.Errorf("sandbox: make mounts private: %w", err)
 	}
@@ -581,12 +564,8 @@ func Enter() (*Inside, error) {
 			iso(cmd.SysProcAttr)
 			return cmd.Start()
 		})
-	// Otherwise it starts with the first process: a sandbox that runs
-	// nothing costs one process, not two.
-	if needsLoader(exe) && cfg.Rootfs != "" {
-		if err := spawner.Begin(); err != nil {
-			return nil, fmt.Errorf("sandbox: %w", err)
-		}
+	if err := spawner.Begin(); err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
 	}
 	if err := setupRoot(cfg); err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
