@@ -488,7 +488,7 @@ func compareSandboxes(ctx context.Context, cfg config, res *compareResult, base 
 	if err != nil {
 		return err
 	}
-	res.idle = append(res.idle, idleCase{name: caseSandkiln, bytes: m.perSandboxMiB * (1 << 20), note: "the agent's PSS and kilnd's heap growth"})
+	res.idle = append(res.idle, idleCase{name: caseSandkiln, bytes: m.perSandboxMiB * (1 << 20), note: "the agent's and its spawner's PSS and kilnd's heap growth"})
 	if hasRunc {
 		b, err := ociIdle(ctx, "runc", []string{"--root", filepath.Join(base, "runc-idle")}, bundle)
 		if err != nil {
