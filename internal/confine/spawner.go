@@ -270,6 +270,14 @@ func (s *Spawner) Begin() error {
 	return s.begin()
 }
 
+// AwaitReady starts the spawner unless it runs, and waits until it has
+// confined itself.
+func (s *Spawner) AwaitReady() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.ensure()
+}
+
 // ensure makes sure a spawner runs and is ready. s.mu is held.
 func (s *Spawner) ensure() error {
 	if s.conn != nil {

@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"debug/elf"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -461,6 +462,22 @@ func noFile() [2]uint64 {
 	return [2]uint64{min(1024, hard), hard}
 }
 
+// needsLoader reports whether the binary exe is linked dynamically (has an
+// ELF interpreter), as a build with cgo is.
+func needsLoader(exe *os.File) bool {
+	f, err := elf.NewFile(io.NewSectionReader(exe, 0, 1<<62))
+	if err != nil {
+		return true
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			return true
+		}
+	}
+	return false
+}
+
 // openSelf opens this binary for the spawner, close-on-exec, on a
 // descriptor no start moves a process's files onto.
 func openSelf() (*os.File, error) {
@@ -566,6 +583,14 @@ func Enter() (*Inside, error) {
 		})
 	if err := spawner.Begin(); err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	// A dynamically linked kilnd's loader opens its libraries after the
+	// exec: in a sandbox with an image, which has none of them, that must
+	// be done before the root is the image's.
+	if cfg.Rootfs != "" && needsLoader(exe) {
+		if err := spawner.AwaitReady(); err != nil {
+			return nil, fmt.Errorf("sandbox: %w", err)
+		}
 	}
 	if err := setupRoot(cfg); err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
