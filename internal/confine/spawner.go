@@ -369,16 +369,6 @@ func (s *Spawner) stop() {
 	s.conn, s.helper, s.gone = nil, nil, nil
 }
 
-// Pid is the running spawner's pid, zero when none runs.
-func (s *Spawner) Pid() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.helper == nil {
-		return 0
-	}
-	return s.helper.Process.Pid
-}
-
 // Close ends the spawner; Start fails from then on.
 func (s *Spawner) Close() {
 	s.mu.Lock()

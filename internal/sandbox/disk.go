@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -74,7 +75,7 @@ func NewDisks(dir string, spare int64, keep []string) (*Disks, error) {
 	ents, _ := os.ReadDir(dir)
 	for _, e := range ents {
 		path := filepath.Join(dir, e.Name())
-		if strings.HasPrefix(e.Name(), "template-") || containsString(keep, path) {
+		if strings.HasPrefix(e.Name(), "template-") || slices.Contains(keep, path) {
 			continue
 		}
 		os.Remove(path)
@@ -88,15 +89,6 @@ func NewDisks(dir string, spare int64, keep []string) (*Disks, error) {
 type Disk struct {
 	Image string
 	Mount *os.File
-}
-
-func containsString(list []string, s string) bool {
-	for _, v := range list {
-		if v == s {
-			return true
-		}
-	}
-	return false
 }
 
 // Take returns a disk of size bytes; the caller owns its mount.
