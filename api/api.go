@@ -394,6 +394,10 @@ type CreateSandbox struct {
 	// IdleTimeoutSeconds deletes the sandbox (keeping its captured logs)
 	// after this long without a request or an open watcher.
 	IdleTimeoutSeconds int64 `json:"idle_timeout_seconds,omitempty"`
+	// Runtime is the kind of sandbox: "namespaces" (the default: Linux
+	// namespaces, cgroups and a seccomp filter on the host's kernel) or
+	// "gvisor" (the same inside gVisor's user-space kernel, runsc).
+	Runtime string `json:"runtime,omitempty"`
 }
 
 // Sandbox states.
@@ -411,6 +415,7 @@ type Sandbox struct {
 	StoppedAt *time.Time `json:"stopped_at,omitempty"`
 	Hostname  string     `json:"hostname"`
 	Rootfs    string     `json:"rootfs,omitempty"`
+	Runtime   string     `json:"runtime"`
 	Limits    Limits     `json:"limits"`
 	Reason    string     `json:"reason,omitempty"`
 	AgentPID  int        `json:"agent_pid,omitempty"`

@@ -15,6 +15,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/daemon"
 	"github.com/sandkiln/sandkiln/internal/process"
@@ -37,7 +39,8 @@ const (
 	caseDtach    = "dtach -N"
 	caseTmux     = "tmux new-session -d"
 	caseRunc     = "runc run"
-	caseRunsc    = "runsc run (ptrace)"
+	caseRunsc    = "runsc run"
+	caseGVisor   = "sandkiln, gvisor"
 	caseTerminal = "sandkiln, terminal"
 )
 
@@ -419,9 +422,9 @@ func compareSandboxes(ctx context.Context, cfg config, res *compareResult, base 
 
 	kiln := &timedCase{name: caseSandkiln, note: "POST /sandboxes, POST …/exec `true`, DELETE, over kilnd's socket"}
 	res.starts = append(res.starts, kiln)
-	startKiln := func() error {
+	startKiln := func(body map[string]any) error {
 		var info daemon.Info
-		if err := c.call(ctx, "POST", "/sandboxes", map[string]any{}, &info); err != nil {
+		if err := c.call(ctx, "POST", "/sandboxes", body, &info); err != nil {
 			return err
 		}
 		var r api.ExecResult
@@ -437,7 +440,16 @@ func compareSandboxes(ctx context.Context, cfg config, res *compareResult, base 
 		c     *timedCase
 		start func(i int) error
 	}
-	cases := []runtimeCase{{kiln, func(int) error { return startKiln() }}}
+	cases := []runtimeCase{{kiln, func(int) error { return startKiln(map[string]any{}) }}}
+	gvisor := map[string]any{"runtime": "gvisor"}
+	hasGVisor := hasRunsc && startKiln(gvisor) == nil
+	if hasGVisor {
+		tc := &timedCase{name: caseGVisor, note: "the same, `{\"runtime\": \"gvisor\"}`: runsc (" + runscPlatform + ") under kilnd"}
+		res.starts = append(res.starts, tc)
+		cases = append(cases, runtimeCase{tc, func(int) error { return startKiln(gvisor) }})
+	} else if hasRunsc {
+		res.skipped = append(res.skipped, "sandkiln, gvisor: kilnd --runtimes has no gvisor (runsc too old?)")
+	}
 	var bundle string
 	if hasRunc || hasRunsc {
 		if bundle, err = ociBundle(base); err != nil {
@@ -454,9 +466,10 @@ func compareSandboxes(ctx context.Context, cfg config, res *compareResult, base 
 		}})
 	}
 	if hasRunsc {
-		tc := &timedCase{name: caseRunsc, note: "same bundle; --network=none --ignore-cgroups"}
+		tc := &timedCase{name: caseRunsc, note: "same bundle; --network=none --ignore-cgroups --platform=" + runscPlatform}
 		res.starts = append(res.starts, tc)
 		root := filepath.Join(base, "runsc")
+		defer unmountNullNetNS(root)
 		cases = append(cases, runtimeCase{tc, func(i int) error {
 			return ociRun(ctx, "runsc", runscFlags(root), bundle, "bench-"+strconv.Itoa(i))
 		}})
@@ -479,16 +492,27 @@ func compareSandboxes(ctx context.Context, cfg config, res *compareResult, base 
 
 	// Idle: sandkiln's agents and kilnd's heap growth; an OCI container
 	// running `sleep` with everything its runtime leaves behind.
-	m, ids, err := idleSandboxes(ctx, c, compareIdle)
-	for _, id := range ids {
-		if derr := c.call(ctx, "DELETE", "/sandboxes/"+id+"?remove_logs=true", nil, nil); err == nil {
-			err = derr
+	idle := func(body map[string]any) (idleMemory, error) {
+		m, ids, err := idleSandboxes(ctx, c, compareIdle, body)
+		for _, id := range ids {
+			if derr := c.call(ctx, "DELETE", "/sandboxes/"+id+"?remove_logs=true", nil, nil); err == nil {
+				err = derr
+			}
 		}
+		return m, err
 	}
+	m, err := idle(map[string]any{})
 	if err != nil {
 		return err
 	}
 	res.idle = append(res.idle, idleCase{name: caseSandkiln, bytes: m.perSandboxMiB * (1 << 20), note: "the agent's and its spawner's PSS and kilnd's heap growth"})
+	if hasGVisor {
+		m, err := idle(gvisor)
+		if err != nil {
+			return err
+		}
+		res.idle = append(res.idle, idleCase{name: caseGVisor, bytes: m.perSandboxMiB * (1 << 20), note: "runsc, its sentry and gofer with the agent inside, and kilnd's heap growth"})
+	}
 	if hasRunc {
 		b, err := ociIdle(ctx, "runc", []string{"--root", filepath.Join(base, "runc-idle")}, bundle)
 		if err != nil {
@@ -497,6 +521,7 @@ func compareSandboxes(ctx context.Context, cfg config, res *compareResult, base 
 		res.idle = append(res.idle, idleCase{name: caseRunc, bytes: b, note: "the container's `sleep` (runc itself exits; no shim counted)"})
 	}
 	if hasRunsc {
+		defer unmountNullNetNS(filepath.Join(base, "runsc-idle"))
 		b, err := ociIdle(ctx, "runsc", runscFlags(filepath.Join(base, "runsc-idle")), bundle)
 		if err != nil {
 			return fmt.Errorf("runsc idle: %w", err)
@@ -506,8 +531,18 @@ func compareSandboxes(ctx context.Context, cfg config, res *compareResult, base 
 	return nil
 }
 
+// runscPlatform is kilnd's default: the runsc that kilnd runs has it.
+const runscPlatform = "systrap"
+
 func runscFlags(root string) []string {
-	return []string{"--root", root, "--network=none", "--ignore-cgroups", "--platform=ptrace"}
+	return []string{"--root", root, "--network=none", "--ignore-cgroups", "--platform=" + runscPlatform}
+}
+
+// unmountNullNetNS removes what runsc leaves mounted in its root (its
+// empty network namespace), so that the root can be removed.
+func unmountNullNetNS(root string) {
+	for unix.Unmount(filepath.Join(root, "null-netns"), unix.MNT_DETACH) == nil {
+	}
 }
 
 // ociBundle makes an OCI bundle of busybox running /bin/true.

@@ -212,7 +212,7 @@ func measureKilnd(ctx context.Context, cfg config) (*kilndResult, error) {
 
 	// Memory per idle sandbox: the agents' and spawners' proportional set size, and
 	// kilnd's heap growth, over a few more sandboxes.
-	if res.idle, _, err = idleSandboxes(ctx, c, idle); err != nil {
+	if res.idle, _, err = idleSandboxes(ctx, c, idle, map[string]any{}); err != nil {
 		return nil, err
 	}
 	if res.filter, err = measureFilter(ctx, 5); err != nil {
@@ -331,14 +331,14 @@ func startKilnd(state string) (*daemontest.Kilnd, client, error) {
 // idleSandboxes creates n sandboxes and measures what they cost idle: the
 // agents' proportional set size, and kilnd's heap growth. It leaves them
 // running and returns their ids.
-func idleSandboxes(ctx context.Context, c client, n int) (idleMemory, []string, error) {
+func idleSandboxes(ctx context.Context, c client, n int, body map[string]any) (idleMemory, []string, error) {
 	runtime.GC()
 	var before runtime.MemStats
 	runtime.ReadMemStats(&before)
 	var ids []string
 	for range n {
 		var info daemon.Info
-		if err := c.call(ctx, "POST", "/sandboxes", map[string]any{}, &info); err != nil {
+		if err := c.call(ctx, "POST", "/sandboxes", body, &info); err != nil {
 			return idleMemory{}, ids, err
 		}
 		ids = append(ids, info.ID)

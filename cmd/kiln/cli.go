@@ -139,7 +139,8 @@ func (c *cli) sandboxCmd() *cobra.Command {
 		Use:   "create",
 		Short: "Create a sandbox and print its id",
 		Example: `  kiln sandbox create
-  kiln sandbox create --memory 512M --pids 256 --cpus 1.5 --idle-timeout 10m`,
+  kiln sandbox create --memory 512M --pids 256 --cpus 1.5 --idle-timeout 10m
+  kiln sandbox create --runtime gvisor`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cl, err := c.client()
@@ -178,6 +179,7 @@ func (c *cli) sandboxCmd() *cobra.Command {
 	}
 	create.Flags().StringVar(&o.Hostname, "hostname", "", "the sandbox's hostname")
 	create.Flags().StringVar(&o.Rootfs, "rootfs", "", "a root filesystem: a `directory` in kilnd's images directory, instead of the host's /usr and /etc")
+	create.Flags().StringVar(&o.Runtime, "runtime", "", "the kind of sandbox: namespaces (the default) or gvisor (gVisor's kernel between the sandbox\nand the host's; kilnd --runtimes says which this host has)")
 	create.Flags().String("memory", "", "memory limit (e.g. 512M; 0 for none; default kilnd's, 1GiB)")
 	create.Flags().String("disk", "", "disk quota for /workspace and the image's writable layer (e.g. 2G; 0 for none; default kilnd's, 10GiB)")
 	create.Flags().Int64("pids", 0, "process limit (0 for none; default kilnd's, 1024)")
@@ -199,9 +201,9 @@ func (c *cli) sandboxCmd() *cobra.Command {
 				return c.printJSON(list)
 			}
 			w := tabwriter.NewWriter(c.stdout, 2, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "ID\tSTATE\tCREATED\tHOSTNAME")
+			fmt.Fprintln(w, "ID\tSTATE\tRUNTIME\tCREATED\tHOSTNAME")
 			for _, s := range list {
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", s.ID, s.State, s.CreatedAt.Local().Format(time.DateTime), s.Hostname)
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", s.ID, s.State, s.Runtime, s.CreatedAt.Local().Format(time.DateTime), s.Hostname)
 			}
 			return w.Flush()
 		},

@@ -603,5 +603,6 @@ With -t it runs on a terminal instead, interactively.
 	cmd.Flags().BoolVar(&rm, "rm", false, "remove the sandbox afterwards (its captured logs kept)")
 	cmd.Flags().BoolVarP(&tty, "tty", "t", false, "run on a terminal, interactively")
 	cmd.Flags().StringVar(&opts.Rootfs, "rootfs", "", "a root filesystem: a `directory` in kilnd's images directory, instead of the host's /usr and /etc")
+	cmd.Flags().StringVar(&opts.Runtime, "runtime", "", "the kind of sandbox: namespaces (the default) or gvisor")
 	return cmd
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
 	"os/signal"
 	"strings"
 	"syscall"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/daemon"
+	"github.com/sandkiln/sandkiln/internal/sandbox"
 )
 
 // Defaults: the state directory and the TCP address of the API.
@@ -63,6 +65,9 @@ Flags:
 	defPids := fs.Int64("default-pids", daemon.DefaultLimits.Pids, "the process limit of a sandbox whose request gives none (0: none)")
 	defDisk := fs.String("default-disk", units.BytesSize(float64(daemon.DefaultLimits.DiskBytes)), "the disk quota, a `size`, of a sandbox whose request gives none: what it writes to /workspace and\nits image's writable layer, on a filesystem of its own (0: none)")
 	defCPUs := fs.Float64("default-cpus", daemon.DefaultLimits.CPUs, "the CPU limit, in cores, of a sandbox whose request gives none (0: none)")
+	runsc := fs.String("runsc", lookRunsc(), "gVisor's runsc `binary`, for sandboxes created with the runtime gvisor (default: runsc in PATH)")
+	runscPlatform := fs.String("runsc-platform", "systrap", "how runsc intercepts a gVisor sandbox's system calls: systrap (gVisor's default) or ptrace")
+	runtimes := fs.Bool("runtimes", false, "print the sandbox runtimes this host can run, and why the others cannot, and exit")
 	captureBuffer := fs.String("capture-buffer", "8MiB", "per captured process, the `size` of output held for its log writer while it catches up\n(64KiB to 1GiB): a burst beyond it, faster than the disk, is dropped and counted")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -100,18 +105,23 @@ Flags:
 		fmt.Fprintf(os.Stderr, "kilnd: default limits: %v\n", err)
 		return 2
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	if os.Geteuid() != 0 {
-		fmt.Fprintln(os.Stderr, "kilnd: the namespace sandbox backend needs root (run it with sudo)")
-		return 1
-	}
 	exe, err := os.Executable()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "kilnd: find this binary:", err)
 		return 1
 	}
-	d, err := daemon.New(daemon.Config{StateDir: *stateDir, Listen: *listen, AllowOrigins: allow, AllowHosts: hosts, Exe: exe, Env: sandboxEnv, Images: *images,
-		CaptureQueue: queue, FlowGrace: *flowGrace, DefaultLimits: &limits, Log: log})
+	cfg := daemon.Config{StateDir: *stateDir, Listen: *listen, AllowOrigins: allow, AllowHosts: hosts, Exe: exe, Env: sandboxEnv, Images: *images,
+		Runsc: *runsc, RunscPlatform: *runscPlatform, CaptureQueue: queue, FlowGrace: *flowGrace, DefaultLimits: &limits}
+	if *runtimes {
+		return printRuntimes(cfg)
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	cfg.Log = log
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "kilnd: the namespace sandbox backend needs root (run it with sudo)")
+		return 1
+	}
+	d, err := daemon.New(cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -130,4 +140,28 @@ func envOr(name, def string) string {
 		return v
 	}
 	return def
+}
+
+// lookRunsc is runsc's path in PATH, or empty.
+func lookRunsc() string {
+	p, _ := exec.LookPath("runsc")
+	return p
+}
+
+// printRuntimes serves --runtimes: each runtime, available or why not.
+func printRuntimes(cfg daemon.Config) int {
+	backends, unavailable := daemon.Backends(cfg)
+	for i, name := range daemon.RuntimeNames {
+		what := "available"
+		if err := unavailable[name]; err != nil {
+			what = "not available: " + err.Error()
+		} else if g, ok := backends[name].(*sandbox.GVisor); ok {
+			what = fmt.Sprintf("available: %s (%s), platform %s", g.Runsc, g.Version(), cfg.RunscPlatform)
+		}
+		if i == 0 {
+			what += " (the default)"
+		}
+		fmt.Printf("%-11s %s\n", name, what)
+	}
+	return 0
 }

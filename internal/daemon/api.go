@@ -186,7 +186,7 @@ func (d *Daemon) forward(w http.ResponseWriter, r *http.Request) {
 // kilnd.
 func (d *Daemon) relay(w http.ResponseWriter, r *http.Request, e *entry) {
 	d.mu.Lock()
-	sb, id := e.rec.Sandbox, e.rec.ID
+	sb, id := e.sb, e.rec.ID
 	d.mu.Unlock()
 	agentConn, err := sb.Dial(r.Context())
 	if err != nil {

@@ -48,6 +48,11 @@ type Config struct {
 	AllowHosts []string
 	// Exe is the binary re-executed as each sandbox's agent.
 	Exe string
+	// Runsc is gVisor's runsc binary, for the gvisor runtime (empty: that
+	// runtime is not available); RunscPlatform its platform (default
+	// systrap).
+	Runsc         string
+	RunscPlatform string
 	// Env is the base environment of sandboxed processes.
 	Env []string
 	// Images is the only directory a sandbox's rootfs may come from
@@ -103,7 +108,10 @@ type record struct {
 	Init        *api.ExecRequest `json:"init,omitempty"`
 	Exit        *api.Exit        `json:"exit,omitempty"`
 	IdleTimeout int64            `json:"idle_timeout_seconds,omitempty"`
-	Sandbox     *sandbox.Sandbox `json:"sandbox,omitempty"`
+	// Runtime is the backend that made it (empty in records older than
+	// backends: the namespaces one), Sandbox that backend's state of it.
+	Runtime string          `json:"runtime,omitempty"`
+	Sandbox json.RawMessage `json:"sandbox,omitempty"`
 	// Disk is the image of the disk holding its writable layers, when it
 	// has a disk quota; deleted with the sandbox.
 	Disk string `json:"disk,omitempty"`
@@ -111,7 +119,10 @@ type record struct {
 
 // entry is a known sandbox and, while it runs, the route to its agent.
 type entry struct {
-	rec      record
+	rec record
+	// sb is the sandbox as its backend knows it; nil when the backend
+	// could not take it back (its state is unreadable, its runtime gone).
+	sb       sandbox.Instance
 	proxy    *httputil.ReverseProxy
 	deleting bool // Delete has it: the watcher leaves it alone
 	// Activity, for the idle timeout: requests in flight (a watcher's
@@ -134,7 +145,11 @@ type Daemon struct {
 	// it; the entry is added once the sandbox runs.
 	mu        sync.Mutex
 	sandboxes map[string]*entry
-	creating  map[string]int // uid ranges claimed by creates in progress
+
+	// backends make sandboxes, by runtime name; unavailable says why
+	// those this host cannot run are missing.
+	backends    map[string]sandbox.Backend
+	unavailable map[string]error
 
 	// closing ends the watchers (one per running sandbox, waiting for its
 	// agent to exit) and the idle janitor; wg waits for them.
@@ -182,6 +197,7 @@ func New(cfg Config) (*Daemon, error) {
 		return nil, fmt.Errorf("kilnd: images directory: %w", err)
 	}
 	d := &Daemon{cfg: cfg, log: cfg.Log, sandboxes: map[string]*entry{}, closing: make(chan struct{})}
+	d.backends, d.unavailable = Backends(cfg)
 	d.metrics = newMetrics(d)
 	if d.token, err = loadToken(filepath.Join(cfg.StateDir, TokenName)); err != nil {
 		return nil, err
@@ -320,8 +336,10 @@ func (d *Daemon) recover() error {
 			// Created but never recorded: kilnd died during the create.
 			// Its agent may run on: end it by its cgroups, then remove it.
 			d.log.Warn("sandbox without a record; removing it", "id", e.Name(), "err", err)
-			if err := sandbox.EndLeftover(e.Name()); err != nil {
-				d.log.Error("end a sandbox left without a record", "id", e.Name(), "err", err)
+			for _, b := range d.backends {
+				if err := b.EndLeftover(e.Name(), d.sandboxDir(e.Name())); err != nil {
+					d.log.Error("end a sandbox left without a record", "id", e.Name(), "runtime", b.Name(), "err", err)
+				}
 			}
 			os.RemoveAll(d.sandboxDir(e.Name()))
 			continue
@@ -331,30 +349,57 @@ func (d *Daemon) recover() error {
 			d.log.Error("unreadable sandbox record; left as it is", "id", e.Name(), "err", err)
 			continue
 		}
+		e := &entry{rec: rec}
+		if rec.State != StateDeleted && rec.Sandbox != nil {
+			e.sb, err = d.adopt(rec)
+			if err != nil {
+				d.log.Error("sandbox not taken back", "id", rec.ID, "runtime", rec.Runtime, "err", err)
+			}
+		}
 		if rec.State == StateRunning {
-			if rec.Sandbox != nil && rec.Sandbox.Alive() {
-				e := d.route(rec)
+			if e.sb != nil && e.sb.Alive() {
+				e = d.route(rec, e.sb)
 				e.lastUsed = time.Now()
 				d.sandboxes[rec.ID] = e
 				d.watch(e)
-				d.log.Info("sandbox adopted", "id", rec.ID, "agent", rec.Sandbox.PID)
+				d.log.Info("sandbox adopted", "id", rec.ID, "runtime", runtimeOf(rec), "agent", e.sb.AgentPID())
 				continue
 			}
-			endCgroups(rec.Sandbox)
-			d.stopped(&rec, "the agent was gone when kilnd started (host reboot or agent killed)")
+			if e.sb != nil {
+				e.sb.End()
+			}
+			d.stopped(e, "the agent was gone when kilnd started (host reboot or agent killed)")
 		}
-		d.sandboxes[rec.ID] = &entry{rec: rec}
+		d.sandboxes[rec.ID] = e
 	}
 	return nil
+}
+
+// runtimeOf is the runtime that made a sandbox.
+func runtimeOf(rec record) string {
+	if rec.Runtime == "" {
+		return sandbox.RuntimeNamespaces
+	}
+	return rec.Runtime
+}
+
+// adopt takes a recorded sandbox back from its backend.
+func (d *Daemon) adopt(rec record) (sandbox.Instance, error) {
+	b, ok := d.backends[runtimeOf(rec)]
+	if !ok {
+		return nil, fmt.Errorf("unknown runtime %q", clip(rec.Runtime))
+	}
+	return b.Adopt(rec.Sandbox)
 }
 
 // stopped records that a sandbox is no longer running. The init
 // command's exit, if the agent recorded one, becomes the sandbox's;
 // otherwise its exit is unknown. Whatever is left in its cgroups is the
 // caller's to end (endCgroups), outside d.mu: that can take a while.
-func (d *Daemon) stopped(rec *record, reason string) {
-	if rec.Sandbox != nil {
-		if ie := rec.Sandbox.InitExit(); ie != nil {
+func (d *Daemon) stopped(e *entry, reason string) {
+	rec := &e.rec
+	if e.sb != nil {
+		if ie := e.sb.InitExit(); ie != nil {
 			rec.Exit, reason = &ie.Exit, "the init command ended: "+ie.Exit.String()
 		}
 	}
@@ -368,20 +413,10 @@ func (d *Daemon) stopped(rec *record, reason string) {
 	}
 }
 
-// endCgroups kills what is left of a sandbox whose agent is gone (the
-// kernel ends a pid namespace with its init, so normally nothing) and
-// removes its cgroups.
-func endCgroups(sb *sandbox.Sandbox) {
-	if sb != nil && sb.Cgroups != nil {
-		sb.Cgroups.Kill(10 * time.Second)
-		sb.Cgroups.Destroy()
-	}
-}
-
 // watch waits, in a goroutine, for a running sandbox's agent to exit, and
 // then records the sandbox stopped (with its init command's exit).
 func (d *Daemon) watch(e *entry) {
-	sb := e.rec.Sandbox
+	sb := e.sb
 	d.wg.Go(func() {
 		sb.AwaitExit(d.closing)
 		select {
@@ -395,13 +430,13 @@ func (d *Daemon) watch(e *entry) {
 		if deleting {
 			return
 		}
-		endCgroups(sb)
+		sb.End()
 		d.mu.Lock()
 		defer d.mu.Unlock()
 		if e.deleting || e.rec.State != StateRunning {
 			return
 		}
-		d.stopped(&e.rec, "the agent exited")
+		d.stopped(e, "the agent exited")
 		e.proxy = nil
 		d.metrics.stopped.WithLabelValues("stopped").Inc()
 		d.log.Info("sandbox stopped", "id", e.rec.ID, "reason", e.rec.Reason)
@@ -413,13 +448,20 @@ func (d *Daemon) watch(e *entry) {
 func (d *Daemon) Close() {
 	close(d.closing)
 	d.wg.Wait()
+	// What a runtime shares between its sandboxes and makes again when it
+	// needs it (runsc's mount of its empty network namespace).
+	for _, b := range d.backends {
+		if r, ok := b.(interface{ Release() }); ok {
+			r.Release()
+		}
+	}
 }
 
 // route makes the entry of a running sandbox, with its proxy to the
 // agent: /sandboxes/{id}/rest goes to the agent as /rest.
-func (d *Daemon) route(rec record) *entry {
+func (d *Daemon) route(rec record, sb sandbox.Instance) *entry {
 	p := &httputil.ReverseProxy{
-		Transport: rec.Sandbox.Transport(),
+		Transport: sandbox.Transport(sb.Dial),
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme = "http"
 			pr.Out.URL.Host = "agent"
@@ -430,7 +472,7 @@ func (d *Daemon) route(rec record) *entry {
 		},
 		FlushInterval: -1, // output goes out as it comes
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			if !rec.Sandbox.Alive() {
+			if !sb.Alive() {
 				reply.Error(w, errdefs.New(errdefs.ErrUnavailable, "kilnd: sandbox "+rec.ID+" is not running"))
 				return
 			}
@@ -439,7 +481,7 @@ func (d *Daemon) route(rec record) *entry {
 			reply.Error(w, errdefs.New(errdefs.ErrOutcomeUnknown, "kilnd: sandbox "+rec.ID+": no answer from the agent: "+err.Error()))
 		},
 	}
-	return &entry{rec: rec, proxy: p}
+	return &entry{rec: rec, sb: sb, proxy: p}
 }
 
 // agentPath is a process call's path at the agent: what follows
@@ -478,9 +520,9 @@ func (d *Daemon) infoOf(e *entry) Info {
 func (e *entry) info() Info {
 	i := Info{ID: e.rec.ID, State: e.rec.State, CreatedAt: e.rec.CreatedAt, StoppedAt: e.rec.StoppedAt,
 		Hostname: e.rec.Hostname, Rootfs: e.rec.Rootfs, Limits: e.rec.Limits, Reason: e.rec.Reason,
-		Exit: e.rec.Exit, IdleTimeoutSeconds: e.rec.IdleTimeout}
-	if e.rec.State == StateRunning && e.rec.Sandbox != nil {
-		i.AgentPID = e.rec.Sandbox.PID
+		Exit: e.rec.Exit, IdleTimeoutSeconds: e.rec.IdleTimeout, Runtime: runtimeOf(e.rec)}
+	if e.rec.State == StateRunning && e.sb != nil {
+		i.AgentPID = e.sb.AgentPID()
 	}
 	return i
 }
@@ -490,6 +532,17 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	limits := req.Limits.Apply(*d.cfg.DefaultLimits)
 	if err := validateCreate(req, limits); err != nil {
 		return Info{}, err
+	}
+	runtime := req.Runtime
+	if runtime == "" {
+		runtime = sandbox.RuntimeNamespaces
+	}
+	backend, ok := d.backends[runtime]
+	if !ok {
+		return Info{}, fmt.Errorf("%w: runtime %q: want %s", errdefs.ErrInvalidArgument, clip(runtime), strings.Join(RuntimeNames, " or "))
+	}
+	if why := d.unavailable[runtime]; why != nil {
+		return Info{}, fmt.Errorf("%w: runtime %s is not available on this host: %v", errdefs.ErrUnavailable, runtime, why)
 	}
 	if d.disks == nil && limits.DiskBytes > 0 {
 		if req.Limits.DiskBytes != nil {
@@ -517,11 +570,9 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	}
 	req.Rootfs = rootfs
 	id := uuid.Must(uuid.NewV7()).String()
-	base := d.claimIDRange(id)
-	defer d.releaseIDRange(id)
 	began := time.Now()
-	sb, err := sandbox.Create(ctx, sandbox.Options{
-		Dir: d.sandboxDir(id), ID: id, Hostname: req.Hostname, Exe: d.cfg.Exe, UIDBase: base,
+	sb, err := backend.Create(ctx, sandbox.Options{
+		Dir: d.sandboxDir(id), ID: id, Hostname: req.Hostname,
 		Rootfs: req.Rootfs, Limits: limits, Disk: diskMount, Env: d.cfg.Env, Init: req.Init, CaptureQueue: d.cfg.CaptureQueue,
 		FlowGrace: d.cfg.FlowGrace,
 	})
@@ -533,7 +584,8 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		return Info{}, fmt.Errorf("%w: %v", errdefs.ErrUnavailable, err)
 	}
 	rec := record{ID: id, State: StateRunning, CreatedAt: time.Now().UTC(), Hostname: req.Hostname,
-		Rootfs: req.Rootfs, Limits: limits, Init: req.Init, IdleTimeout: req.IdleTimeoutSeconds, Sandbox: sb, Disk: diskImage}
+		Rootfs: req.Rootfs, Limits: limits, Init: req.Init, IdleTimeout: req.IdleTimeoutSeconds,
+		Runtime: backend.Name(), Sandbox: sb.State(), Disk: diskImage}
 	if rec.Hostname == "" {
 		rec.Hostname = "kiln-" + id[:8]
 	}
@@ -545,47 +597,14 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		return Info{}, err
 	}
 	d.metrics.creates.Observe(time.Since(began).Seconds())
-	e := d.route(rec)
+	e := d.route(rec, sb)
 	e.lastUsed = time.Now()
 	d.mu.Lock()
 	d.sandboxes[id] = e
 	d.watch(e)
 	d.mu.Unlock()
-	d.log.Info("sandbox created", "id", id, "agent", sb.PID)
+	d.log.Info("sandbox created", "id", id, "runtime", backend.Name(), "agent", sb.AgentPID())
 	return d.infoOf(e), nil
-}
-
-// claimIDRange picks the lowest uid range no known sandbox uses, so that
-// the users of two sandboxes are never the same host users: files,
-// signals and the kernel's per-user limits stay apart. The claim holds
-// while the sandbox is being created; its record holds it afterwards.
-func (d *Daemon) claimIDRange(id string) int {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	used := map[int]bool{}
-	for _, base := range d.creating {
-		used[base] = true
-	}
-	for _, e := range d.sandboxes {
-		if e.rec.State != StateDeleted && e.rec.Sandbox != nil {
-			used[e.rec.Sandbox.UIDBase] = true
-		}
-	}
-	base := sandbox.DefaultUIDBase
-	for used[base] {
-		base += sandbox.IDRange
-	}
-	if d.creating == nil {
-		d.creating = map[string]int{}
-	}
-	d.creating[id] = base
-	return base
-}
-
-func (d *Daemon) releaseIDRange(id string) {
-	d.mu.Lock()
-	delete(d.creating, id)
-	d.mu.Unlock()
 }
 
 // validateCreate checks a create request, with the limits it comes to,
@@ -676,8 +695,8 @@ func (d *Daemon) get(id string) (*entry, error) {
 	}
 	// A running sandbox whose agent died is stopped, as soon as anyone
 	// looks; its watcher, woken by the same exit, ends its cgroups.
-	if e.rec.State == StateRunning && !e.rec.Sandbox.Alive() && !e.deleting {
-		d.stopped(&e.rec, "the agent exited")
+	if e.rec.State == StateRunning && !e.sb.Alive() && !e.deleting {
+		d.stopped(e, "the agent exited")
 		e.proxy = nil
 	}
 	return e, nil
@@ -718,13 +737,22 @@ func (d *Daemon) delete(id string, removeLogs, claimed bool) error {
 		d.mu.Unlock()
 		return fmt.Errorf("%w: no sandbox %q", errdefs.ErrNotFound, clip(id))
 	}
-	rec := e.rec
+	rec, sb := e.rec, e.sb
 	proxy := e.proxy
 	e.proxy = nil
 	e.deleting = true
 	d.mu.Unlock()
-	if rec.Sandbox != nil {
-		if err := rec.Sandbox.Destroy(!removeLogs); err != nil {
+	if rec.Sandbox != nil && sb == nil {
+		var err error
+		if sb, err = d.adopt(rec); err != nil {
+			d.mu.Lock()
+			e.deleting = false
+			d.mu.Unlock()
+			return fmt.Errorf("%w: delete %s: %v", errdefs.ErrUnavailable, id, err)
+		}
+	}
+	if sb != nil {
+		if err := sb.Destroy(!removeLogs); err != nil {
 			// Still there: give it back to the watcher and to requests.
 			d.mu.Lock()
 			e.deleting, e.proxy = false, proxy

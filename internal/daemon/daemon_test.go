@@ -897,3 +897,64 @@ func TestCapturedLogReadsAsOneSequence(t *testing.T) {
 		t.Errorf("the log alone: %d bytes of %d", len(got), want.Len())
 	}
 }
+
+// TestGVisorLifecycle: a sandbox of the gvisor runtime serves the same API
+// as a namespace one: processes, their exits and captured logs, adoption
+// by a restarted kilnd, and a delete that leaves nothing of it running or
+// in runsc's state.
+func TestGVisorLifecycle(t *testing.T) {
+	k := start(t, "")
+	var info daemon.Info
+	code, b := k.do("POST", "/sandboxes", k.d.Token(), `{"runtime":"gvisor","limits":{"memory_bytes":536870912}}`)
+	if code == http.StatusServiceUnavailable && os.Getenv("CI") == "" {
+		k.cleanup()
+		t.Skipf("no gVisor here: %s", b)
+	}
+	if code != http.StatusCreated && code != http.StatusOK || json.Unmarshal(b, &info) != nil {
+		k.cleanup()
+		t.Fatalf("create: %d %s", code, b)
+	}
+	if info.Runtime != "gvisor" || info.AgentPID == 0 {
+		t.Errorf("created %+v", info)
+	}
+	var res api.ExecResult
+	k.json("POST", "/sandboxes/"+info.ID+"/exec", api.ExecRequest{Command: "sh", Args: []string{"-c", "uname -r; echo oops >&2; exit 3"}}, &res)
+	if !strings.Contains(res.Stdout, "gvisor") || res.Stderr != "oops\n" || res.ExitCode == nil || *res.ExitCode != 3 {
+		t.Errorf("exec in gVisor: %+v", res)
+	}
+	var st api.Started
+	k.json("POST", "/sandboxes/"+info.ID+"/exec-stream", `{"command":"sh","args":["-c","for i in 1 2 3; do echo tick-$i; done; exit 4"],"capture":true}`, &st)
+	k.stop()
+	k2 := start(t, k.state)
+	want := "tick-1\ntick-2\ntick-3\n[process exited with code 4]\n"
+	if got := k2.logs(info.ID, st.ID); got != want {
+		t.Errorf("after restart: %q, want %q", got, want)
+	}
+	var again daemon.Info
+	k2.json("GET", "/sandboxes/"+info.ID, nil, &again)
+	if again.State != daemon.StateRunning || again.Runtime != "gvisor" || again.AgentPID != info.AgentPID {
+		t.Errorf("adopted %+v, created %+v", again, info)
+	}
+	if code, b := k2.do("DELETE", "/sandboxes/"+info.ID, k2.d.Token(), nil); code != http.StatusNoContent {
+		t.Fatalf("delete: %d %s", code, b)
+	}
+	if err := syscall.Kill(info.AgentPID, 0); err == nil {
+		t.Errorf("runsc %d still runs after the delete", info.AgentPID)
+	}
+	if _, err := os.Stat(filepath.Join(k.state, "runsc", "kiln-"+info.ID)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("runsc's state of the container is left: %v", err)
+	}
+	// The captured log outlives it.
+	req, _ := http.NewRequest("GET", "http://"+k2.addr+"/sandboxes/"+info.ID+"/logs/"+st.ID, nil)
+	req.Header.Set("Authorization", "Bearer "+k2.d.Token())
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if string(body) != "tick-1\ntick-2\ntick-3\n" || resp.Trailer.Get("Kiln-Complete") != "true" {
+		t.Errorf("captured log after the delete: %q, complete %q", body, resp.Trailer.Get("Kiln-Complete"))
+	}
+	k2.cleanup()
+}

@@ -307,7 +307,7 @@ func (d *Daemon) readFromAgent(w http.ResponseWriter, r *http.Request, pid strin
 		return false
 	}
 	d.mu.Lock()
-	running, sb := e.proxy != nil, e.rec.Sandbox
+	running, sb := e.proxy != nil, e.sb
 	if running {
 		e.inflight++ // a reader, as a watcher is, for the idle timeout
 	}
@@ -323,7 +323,7 @@ func (d *Daemon) readFromAgent(w http.ResponseWriter, r *http.Request, pid strin
 	}()
 	ctx := r.Context()
 	c, _, err := websocket.Dial(ctx, "ws://agent/exec-stream/"+url.PathEscape(pid)+"/logs",
-		&websocket.DialOptions{HTTPClient: &http.Client{Transport: sb.Transport()}, Subprotocols: []string{api.ProtocolV1}})
+		&websocket.DialOptions{HTTPClient: &http.Client{Transport: sandbox.Transport(sb.Dial)}, Subprotocols: []string{api.ProtocolV1}})
 	if err != nil {
 		return false
 	}

@@ -69,6 +69,10 @@ type AgentConfig struct {
 	// TmpfsBytes sizes /tmp and /root, the sandbox's memory limit: what is
 	// written there is memory (zero: the kernel's default, half the RAM).
 	TmpfsBytes int64 `json:"tmpfs_bytes,omitempty"`
+	// Guest, when set, names the runtime that made the agent its
+	// container's init and built its root (RuntimeGVisor): the agent then
+	// finds its handles in guestDir instead of inherited descriptors.
+	Guest string `json:"guest,omitempty"`
 }
 
 // InitExitName is the file in a sandbox's logs directory where the agent
@@ -522,6 +526,9 @@ func IsAgent() bool {
 	if confine.Is() {
 		confine.Main()
 	}
+	if os.Getenv(joinEnv) != "" {
+		joinAndExec()
+	}
 	if os.Getenv(holderEnv) != "" {
 		io.Copy(io.Discard, os.Stdin) // until kilnd closes the pipe
 		os.Exit(0)
@@ -546,6 +553,9 @@ func Enter() (*Inside, error) {
 	}
 	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	if cfg.Guest != "" {
+		return enterGuest(cfg)
 	}
 	// Nothing kilnd inherited without close-on-exec (from whatever
 	// started it) may reach the sandbox's processes, nor the spawner.

@@ -87,6 +87,27 @@ type Sandbox struct {
 	// reaped is closed once this kilnd has waited for the agent it started;
 	// nil for an agent adopted after a restart.
 	reaped chan struct{}
+	// ranges, when set, holds the uid range until the sandbox is destroyed.
+	ranges *IDRanges
+}
+
+// AgentPID implements Instance.
+func (s *Sandbox) AgentPID() int { return s.PID }
+
+// State implements Instance.
+func (s *Sandbox) State() json.RawMessage {
+	b, _ := json.Marshal(s)
+	return b
+}
+
+// End implements Instance: it kills what is left of a sandbox whose agent
+// is gone (the kernel ends a pid namespace with its init, so normally
+// nothing) and removes its cgroups.
+func (s *Sandbox) End() {
+	if s.Cgroups != nil {
+		s.Cgroups.Kill(10 * time.Second)
+		s.Cgroups.Destroy()
+	}
 }
 
 // Socket is the path of the agent's API socket.
@@ -323,7 +344,7 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 	}
 	rctx, cancel := context.WithTimeout(ctx, o.Ready)
 	defer cancel()
-	if err := sb.awaitReady(rctx); err != nil {
+	if err := awaitReady(rctx, sb); err != nil {
 		msg, _ := os.ReadFile(filepath.Join(o.Dir, agentLogName))
 		return nil, fmt.Errorf("sandbox: the agent did not start: %w: %s", err, strings.TrimSpace(string(msg)))
 	}
@@ -331,8 +352,9 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 }
 
 // awaitReady polls the agent's health until it answers.
-func (s *Sandbox) awaitReady(ctx context.Context) error {
-	c := s.Client()
+func awaitReady(ctx context.Context, s Instance) error {
+	c := &http.Client{Transport: Transport(s.Dial)}
+	defer c.CloseIdleConnections()
 	for {
 		req, _ := http.NewRequestWithContext(ctx, "GET", "http://agent/healthz", nil)
 		resp, err := c.Do(req)
@@ -369,15 +391,7 @@ func (s *Sandbox) Dial(ctx context.Context) (c net.Conn, err error) {
 }
 
 // Transport dials the agent's socket for any address.
-func (s *Sandbox) Transport() *http.Transport {
-	return &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return s.Dial(ctx)
-		},
-		MaxIdleConnsPerHost: 16,
-		IdleConnTimeout:     time.Minute,
-	}
-}
+func (s *Sandbox) Transport() *http.Transport { return Transport(s.Dial) }
 
 // holderEnv makes kilnd's binary the user-namespace holder (see IsAgent).
 const holderEnv = "KILN_USERNS_HOLDER"
@@ -498,10 +512,17 @@ func (s *Sandbox) Alive() bool {
 // files; with keepLogs the captured logs (and the directory holding them)
 // stay.
 func (s *Sandbox) Destroy(keepLogs bool) error {
-	var errs []error
 	// Ask the agent first: it stops its processes in order, so their
 	// captured runs end with their end records. Then kill what is left.
 	s.stop(stopTimeout)
+	return s.remove(keepLogs, nil)
+}
+
+// remove kills whatever is left in the sandbox, calls forget (if set)
+// once nothing runs, and removes its cgroups and files, the logs kept
+// when keepLogs.
+func (s *Sandbox) remove(keepLogs bool, forget func() error) error {
+	var errs []error
 	if s.Cgroups != nil {
 		if err := s.Cgroups.Kill(10 * time.Second); err != nil {
 			errs = append(errs, err)
@@ -513,6 +534,13 @@ func (s *Sandbox) Destroy(keepLogs bool) error {
 				errs = append(errs, fmt.Errorf("sandbox: the agent %d was not reaped", s.PID))
 			}
 		}
+	}
+	if forget != nil {
+		if err := forget(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if s.Cgroups != nil {
 		if err := s.Cgroups.Destroy(); err != nil {
 			errs = append(errs, err)
 		}
@@ -534,6 +562,11 @@ func (s *Sandbox) Destroy(keepLogs bool) error {
 			errs = append(errs, err)
 		}
 	}
+	if len(errs) == 0 && s.ranges != nil {
+		// Nothing of the sandbox's runs any more, and its files are gone
+		// but for the logs, which kilnd owns.
+		s.ranges.Release(s.UIDBase, s.ID)
+	}
 	return errors.Join(errs...)
 }
 
@@ -542,6 +575,12 @@ const stopTimeout = 20 * time.Second // beyond the agent's own shutdown bound
 
 // stop sends the agent SIGTERM and waits, bounded, for it to exit.
 func (s *Sandbox) stop(timeout time.Duration) {
+	s.await(timeout, func(fd int) error { return unix.PidfdSendSignal(fd, unix.SIGTERM, nil, 0) })
+}
+
+// await calls signal (if set) with a pidfd of the agent, then waits,
+// bounded, for the agent to exit.
+func (s *Sandbox) await(timeout time.Duration, signal func(pidfd int) error) {
 	if !s.Alive() {
 		return
 	}
@@ -553,8 +592,10 @@ func (s *Sandbox) stop(timeout time.Duration) {
 	if !s.Alive() { // the pid may have been reused before the pidfd was opened
 		return
 	}
-	if err := unix.PidfdSendSignal(fd, unix.SIGTERM, nil, 0); err != nil {
-		return
+	if signal != nil {
+		if err := signal(fd); err != nil {
+			return
+		}
 	}
 	deadline := time.Now().Add(timeout)
 	for {

@@ -63,10 +63,12 @@ func newSandbox(t *testing.T, o sandbox.Options) *sandbox.Sandbox {
 }
 
 // run is a finite exec of sh -c script in the sandbox.
-func run(t *testing.T, sb *sandbox.Sandbox, script string) api.ExecResult {
+func run(t *testing.T, sb dialer, script string) api.ExecResult {
 	t.Helper()
 	body, _ := json.Marshal(api.ExecRequest{Command: "sh", Args: []string{"-c", script}})
-	resp, err := sb.Client().Post("http://agent/exec", "application/json", bytes.NewReader(body))
+	c := &http.Client{Transport: sandbox.Transport(sb.Dial)}
+	defer c.CloseIdleConnections()
+	resp, err := c.Post("http://agent/exec", "application/json", bytes.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,8 +88,10 @@ func code(r api.ExecResult) int {
 	return *r.ExitCode
 }
 
-func TestIsolation(t *testing.T) {
-	sb := newSandbox(t, sandbox.Options{})
+func TestIsolation(t *testing.T) { eachRuntime(t, testIsolation) }
+
+func testIsolation(t *testing.T, runtime string) {
+	sb := newBox(t, runtime, sandbox.Options{})
 	cases := []struct {
 		name, script string
 		wantCode     int
@@ -209,14 +213,16 @@ func TestOutOfMemoryNeverKillsTheAgent(t *testing.T) {
 // TestInheritedDescriptorsStayOut: a descriptor kilnd inherited without
 // close-on-exec (from a shell, a supervisor) reaches neither the agent's
 // processes nor anything else in the sandbox.
-func TestInheritedDescriptorsStayOut(t *testing.T) {
+func TestInheritedDescriptorsStayOut(t *testing.T) { eachRuntime(t, testInheritedDescriptorsStayOut) }
+
+func testInheritedDescriptorsStayOut(t *testing.T, runtime string) {
 	// A descriptor above the agent's own, without O_CLOEXEC, as inherited.
 	const fd = 200
 	if err := unix.Dup3(0, fd, 0); err != nil {
 		t.Fatal(err)
 	}
 	defer unix.Close(fd)
-	sb := newSandbox(t, sandbox.Options{})
+	sb := newBox(t, runtime, sandbox.Options{})
 	// ls's own descriptor for the directory is 3.
 	if got := strings.Fields(run(t, sb, "ls /proc/self/fd").Stdout); !slices.Equal(got, []string{"0", "1", "2", "3"}) {
 		t.Errorf("descriptors of a sandboxed process: %v, want 0 1 2 and ls's own 3 (fd %d leaked?)", got, fd)
@@ -254,8 +260,10 @@ func clipS(s string) string {
 // TestBackgroundChildOrphan: a process that leaves a background child and
 // exits ends cleanly; the child, killed with its group, is reaped by the
 // agent, so no zombie is left behind.
-func TestBackgroundChildOrphan(t *testing.T) {
-	sb := newSandbox(t, sandbox.Options{})
+func TestBackgroundChildOrphan(t *testing.T) { eachRuntime(t, testBackgroundChildOrphan) }
+
+func testBackgroundChildOrphan(t *testing.T, runtime string) {
+	sb := newBox(t, runtime, sandbox.Options{})
 	r := run(t, sb, "sleep 1000 & echo started")
 	if strings.TrimSpace(r.Stdout) != "started" || code(r) != 0 {
 		t.Fatalf("got %+v", r)
@@ -279,7 +287,9 @@ func TestBackgroundChildOrphan(t *testing.T) {
 // TestRootfsOverlay: a given root filesystem (here busybox's) is the
 // sandbox's root, writable through an overlay while the directory itself
 // stays untouched.
-func TestRootfsOverlay(t *testing.T) {
+func TestRootfsOverlay(t *testing.T) { eachRuntime(t, testRootfsOverlay) }
+
+func testRootfsOverlay(t *testing.T, runtime string) {
 	busybox, err := os.ReadFile("/bin/busybox")
 	if err != nil {
 		t.Skip("needs /bin/busybox (Debian's busybox-static) to make a root filesystem")
@@ -293,7 +303,7 @@ func TestRootfsOverlay(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(rootfs, "bin", "busybox"), busybox, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for _, applet := range []string{"sh", "cat", "echo", "ls", "id"} {
+	for _, applet := range []string{"sh", "cat", "echo", "ls", "id", "stat"} {
 		if err := os.Symlink("busybox", filepath.Join(rootfs, "bin", applet)); err != nil {
 			t.Fatal(err)
 		}
@@ -301,13 +311,29 @@ func TestRootfsOverlay(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(rootfs, "etc", "marker"), []byte("from the image\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	sb := newSandbox(t, sandbox.Options{Rootfs: rootfs})
+	o := sandbox.Options{Rootfs: rootfs}
+	if runtime == sandbox.RuntimeGVisor {
+		backend(t, runtime, "") // or skip before the build
+		o.Exe = staticKilnd(t)
+	}
+	sb := newBox(t, runtime, o)
 	r := run(t, sb, "cat /etc/marker; echo written > /etc/added; cat /etc/added; ls /usr 2>&1 | head -c 0; test -e /usr/bin/python3 && echo host-usr-visible; exit 0")
 	if r.Stdout != "from the image\nwritten\n" {
 		t.Errorf("inside the rootfs: stdout %q, stderr %q", r.Stdout, r.Stderr)
 	}
 	if _, err := os.Stat(filepath.Join(rootfs, "etc", "added")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the image was written to: %v", err)
+	}
+	// Nor by the runtime: the mount points it needed are not in it.
+	if ents, _ := os.ReadDir(rootfs); len(ents) != 2 {
+		t.Errorf("the image's root holds %v, want bin and etc alone", ents)
+	}
+	// The image's root's files are the sandbox's root's.
+	if r := run(t, sb, "echo changed > /etc/marker && cat /etc/marker && stat -c %u:%g /bin/busybox"); r.Stdout != "changed\n0:0\n" {
+		t.Errorf("the sandbox's root over the image's files: %q %q", r.Stdout, r.Stderr)
+	}
+	if runtime == sandbox.RuntimeGVisor {
+		return // its overlay is gVisor's own, in no mount table
 	}
 	// Nor does the overlay's line of the mount table name where on the
 	// host its layers are (the workspace, without a disk, is a bind of a
@@ -321,7 +347,9 @@ func TestRootfsOverlay(t *testing.T) {
 // TestHostGroupsStayOut: kilnd's supplementary groups are real host
 // groups (a member of shadow's group reads /etc/shadow); neither the agent
 // nor a sandboxed process keeps them, whatever groups kilnd runs with.
-func TestHostGroupsStayOut(t *testing.T) {
+func TestHostGroupsStayOut(t *testing.T) { eachRuntime(t, testHostGroupsStayOut) }
+
+func testHostGroupsStayOut(t *testing.T, runtime string) {
 	had, err := unix.Getgroups()
 	if err != nil {
 		t.Fatal(err)
@@ -332,7 +360,7 @@ func TestHostGroupsStayOut(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer unix.Setgroups(had)
-	sb := newSandbox(t, sandbox.Options{})
+	sb := newBox(t, runtime, sandbox.Options{})
 	r := run(t, sb, "grep '^Groups:' /proc/self/status /proc/1/status")
 	for _, line := range strings.Split(strings.TrimSpace(r.Stdout), "\n") {
 		if _, groups, _ := strings.Cut(line, "Groups:"); strings.TrimSpace(groups) != "" {
@@ -347,8 +375,10 @@ func TestHostGroupsStayOut(t *testing.T) {
 // TestWritableMountsAreNosuidNodev: no mount a sandbox can write honours
 // a setuid bit, nor, outside /dev (its devices and terminals), a device
 // node.
-func TestWritableMountsAreNosuidNodev(t *testing.T) {
-	sb := newSandbox(t, sandbox.Options{})
+func TestWritableMountsAreNosuidNodev(t *testing.T) { eachRuntime(t, testWritableMountsAreNosuidNodev) }
+
+func testWritableMountsAreNosuidNodev(t *testing.T, runtime string) {
+	sb := newBox(t, runtime, sandbox.Options{})
 	r := run(t, sb, "cat /proc/self/mountinfo")
 	seen := map[string]bool{}
 	for line := range strings.Lines(r.Stdout) {
@@ -364,8 +394,14 @@ func TestWritableMountsAreNosuidNodev(t *testing.T) {
 		if !slices.Contains(opts, "nosuid") {
 			t.Errorf("%s is writable without nosuid: %s", point, f[5])
 		}
+		if runtime == sandbox.RuntimeGVisor && strings.HasPrefix(point, "/.kiln/") {
+			continue // the agent's, under the empty mount that hides them
+		}
 		devices := point == "/dev" || strings.HasPrefix(point, "/dev/") && point != "/dev/shm"
-		if !devices && !slices.Contains(opts, "nodev") {
+		// gVisor's mount table shows no nodev: no device node can be made
+		// there (no CAP_MKNOD, the probes' "create a device node"), and
+		// its kernel has none of the host's devices behind one.
+		if !devices && !slices.Contains(opts, "nodev") && runtime != sandbox.RuntimeGVisor {
 			t.Errorf("%s is writable without nodev: %s", point, f[5])
 		}
 	}
@@ -379,9 +415,20 @@ func TestWritableMountsAreNosuidNodev(t *testing.T) {
 // TestProcIsMasked: what of /proc tells of or reaches the host's kernel
 // reads as empty, and /proc/sys and the like cannot be written, by the
 // sandbox's root either.
-func TestProcIsMasked(t *testing.T) {
-	sb := newSandbox(t, sandbox.Options{})
+func TestProcIsMasked(t *testing.T) { eachRuntime(t, testProcIsMasked) }
+
+func testProcIsMasked(t *testing.T, runtime string) {
+	sb := newBox(t, runtime, sandbox.Options{})
+	// gVisor's /proc/cmdline is its own kernel's, not the host's.
+	if r := run(t, sb, "cat /proc/cmdline"); runtime == sandbox.RuntimeGVisor {
+		if host, _ := os.ReadFile("/proc/cmdline"); code(r) != 0 || strings.Contains(r.Stdout, strings.TrimSpace(string(host))) {
+			t.Errorf("/proc/cmdline in gVisor: %q (exit %d), the host's is %q", r.Stdout, code(r), host)
+		}
+	}
 	for _, p := range []string{"/proc/kcore", "/proc/keys", "/proc/timer_list", "/proc/sched_debug", "/proc/cmdline", "/proc/config.gz"} {
+		if p == "/proc/cmdline" && runtime == sandbox.RuntimeGVisor {
+			continue
+		}
 		r := run(t, sb, "test ! -e "+p+" || wc -c < "+p)
 		if n := strings.TrimSpace(r.Stdout); code(r) != 0 || n != "" && n != "0" {
 			t.Errorf("%s: %s bytes (exit %d, %q)", p, n, code(r), r.Stderr)
@@ -395,12 +442,17 @@ func TestProcIsMasked(t *testing.T) {
 		if r.Stdout == "absent\n" {
 			continue // this kernel has none
 		}
-		if code(r) == 0 || !strings.Contains(r.Stderr, "Read-only file system") {
-			t.Errorf("write to %s: exit %d, %q; want EROFS", p, code(r), r.Stderr)
+		// gVisor's /proc/sys is its root's, not the sandbox's root's.
+		want := "Read-only file system"
+		if runtime == sandbox.RuntimeGVisor {
+			want = "Permission denied"
+		}
+		if code(r) == 0 || !strings.Contains(r.Stderr, want) {
+			t.Errorf("write to %s: exit %d, %q; want %q", p, code(r), r.Stderr, want)
 		}
 	}
 	// Reading what is not masked still works.
-	if r := run(t, sb, "cat /proc/sys/kernel/ostype /proc/self/status | head -1"); strings.TrimSpace(r.Stdout) != "Linux" {
+	if r := run(t, sb, "head -c 5 /proc/sys/kernel/ostype"); strings.TrimSpace(r.Stdout) != "Linux" {
 		t.Errorf("read /proc/sys: %q %q", r.Stdout, r.Stderr)
 	}
 }
@@ -408,8 +460,10 @@ func TestProcIsMasked(t *testing.T) {
 // TestTmpfsWithinTheMemoryLimit: /tmp and /root are memory, so a sandbox
 // with a memory limit gets them no larger than it: a full /tmp is ENOSPC,
 // not half the host's RAM taken.
-func TestTmpfsWithinTheMemoryLimit(t *testing.T) {
-	sb := newSandbox(t, sandbox.Options{Limits: sandbox.Limits{MemoryBytes: 64 << 20}})
+func TestTmpfsWithinTheMemoryLimit(t *testing.T) { eachRuntime(t, testTmpfsWithinTheMemoryLimit) }
+
+func testTmpfsWithinTheMemoryLimit(t *testing.T, runtime string) {
+	sb := newBox(t, runtime, sandbox.Options{Limits: sandbox.Limits{MemoryBytes: 64 << 20}})
 	r := run(t, sb, "df -k /tmp /root | tail -n +2")
 	lines := strings.Split(strings.TrimSpace(r.Stdout), "\n")
 	if len(lines) != 2 {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -32,7 +33,9 @@ func Start(state, listen string) (*Kilnd, error) {
 	if os.Geteuid() != 0 {
 		return nil, errors.New("kilnd needs root")
 	}
-	d, err := daemon.New(daemon.Config{StateDir: state, Listen: listen, Exe: os.Args[0], Env: Env})
+	// gVisor where runsc is in PATH (and new enough: daemon.Backends).
+	runsc, _ := exec.LookPath("runsc")
+	d, err := daemon.New(daemon.Config{StateDir: state, Listen: listen, Exe: os.Args[0], Env: Env, Runsc: runsc})
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,159 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+)
+
+// A Backend makes sandboxes of one kind (a runtime) and finds them again
+// after kilnd restarts. Everything a kind of sandbox holds on the host
+// (cgroups, uid ranges, runtime state) stays behind it.
+type Backend interface {
+	// Name is the runtime's name in the API.
+	Name() string
+	// Create makes a sandbox and returns once its agent answers; on
+	// failure nothing of it is left running. Options.UIDBase is the
+	// backend's to choose.
+	Create(ctx context.Context, o Options) (Instance, error)
+	// Adopt takes back a sandbox from the state its Instance gave, whether
+	// its agent still runs or not (Alive says): what it holds stays held
+	// until it is destroyed.
+	Adopt(state json.RawMessage) (Instance, error)
+	// EndLeftover ends what a create interrupted by a crash of kilnd left
+	// of sandbox id, in directory dir, which has no state recorded.
+	EndLeftover(id, dir string) error
+}
+
+// An Instance is one sandbox of a backend.
+type Instance interface {
+	// Dial connects to the agent's API.
+	Dial(ctx context.Context) (net.Conn, error)
+	// Alive reports whether the agent still runs.
+	Alive() bool
+	// AwaitExit blocks until the agent has exited or stop is closed.
+	AwaitExit(stop <-chan struct{})
+	// End kills whatever is left once the agent is gone and frees the
+	// host resources that only a running sandbox needs.
+	End()
+	// Destroy ends the sandbox and removes it, its captured logs (and the
+	// directory holding them) kept when keepLogs.
+	Destroy(keepLogs bool) error
+	// InitExit is the exit of the sandbox's init command, once recorded.
+	InitExit() *InitExit
+	// AgentPID is the agent's process, or the process standing for it,
+	// in kilnd's pid namespace.
+	AgentPID() int
+	// State is what Adopt needs to find the sandbox again: opaque to
+	// kilnd, recorded with the sandbox.
+	State() json.RawMessage
+}
+
+// Runtime names.
+const (
+	RuntimeNamespaces = "namespaces"
+	RuntimeGVisor     = "gvisor"
+)
+
+// Transport is an HTTP transport whose every request goes to the agent
+// that dial reaches.
+func Transport(dial func(context.Context) (net.Conn, error)) *http.Transport {
+	return &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return dial(ctx)
+		},
+		MaxIdleConnsPerHost: 16,
+		IdleConnTimeout:     time.Minute,
+	}
+}
+
+// IDRanges hands out the host uid ranges sandboxes map their users to,
+// one per sandbox, so that the users of two sandboxes are never the same
+// host users: files, signals and the kernel's per-user limits stay apart.
+type IDRanges struct {
+	mu   sync.Mutex
+	used map[int]string // base → sandbox id
+}
+
+// NewIDRanges returns an empty set of ranges.
+func NewIDRanges() *IDRanges { return &IDRanges{used: map[int]string{}} }
+
+// Claim gives sandbox id the lowest free range and returns its base.
+func (r *IDRanges) Claim(id string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	base := DefaultUIDBase
+	for r.used[base] != "" {
+		base += IDRange
+	}
+	r.used[base] = id
+	return base
+}
+
+// Hold marks base as sandbox id's, for a sandbox found again.
+func (r *IDRanges) Hold(base int, id string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if other := r.used[base]; other != "" && other != id {
+		return fmt.Errorf("sandbox: uid range %d is both %s's and %s's", base, other, id)
+	}
+	r.used[base] = id
+	return nil
+}
+
+// Release frees base, if it is sandbox id's.
+func (r *IDRanges) Release(base int, id string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.used[base] == id {
+		delete(r.used, base)
+	}
+}
+
+// Namespaces is the backend of Linux namespace sandboxes: the agent is
+// kilnd's own binary, PID 1 of a set of new namespaces, in cgroups of its
+// own, its processes mapped to a uid range of their own.
+type Namespaces struct {
+	// Exe is the binary re-executed as the agent.
+	Exe    string
+	Ranges *IDRanges
+}
+
+// Name implements Backend.
+func (n *Namespaces) Name() string { return RuntimeNamespaces }
+
+// Create implements Backend.
+func (n *Namespaces) Create(ctx context.Context, o Options) (Instance, error) {
+	o.Exe = n.Exe
+	o.UIDBase = n.Ranges.Claim(o.ID)
+	sb, err := Create(ctx, o)
+	if err != nil {
+		n.Ranges.Release(o.UIDBase, o.ID)
+		return nil, err
+	}
+	sb.ranges = n.Ranges
+	return sb, nil
+}
+
+// Adopt implements Backend.
+func (n *Namespaces) Adopt(state json.RawMessage) (Instance, error) {
+	var sb Sandbox
+	if err := json.Unmarshal(state, &sb); err != nil {
+		return nil, fmt.Errorf("sandbox: state: %w", err)
+	}
+	if sb.ID == "" || sb.Dir == "" {
+		return nil, fmt.Errorf("sandbox: state without an id or a directory")
+	}
+	if err := n.Ranges.Hold(sb.UIDBase, sb.ID); err != nil {
+		return nil, err
+	}
+	sb.ranges = n.Ranges
+	return &sb, nil
+}
+
+// EndLeftover implements Backend.
+func (n *Namespaces) EndLeftover(id, _ string) error { return EndLeftover(id) }

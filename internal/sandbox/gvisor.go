@@ -1,0 +1,617 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+)
+
+// GVisor is the backend of sandboxes inside gVisor: runsc, as an OCI
+// runtime, runs kilnd's binary as the container's init, the same agent
+// as on the host, on gVisor's own kernel (the sentry), which answers the
+// sandbox's system calls itself and reaches the host's kernel through a
+// small filtered set. It costs a slower start (a new kernel per sandbox),
+// slower system calls and more memory; the host's kernel is much further
+// away.
+type GVisor struct {
+	// Exe is kilnd's binary, bound read-only into the container for its
+	// init to run.
+	Exe string
+	// Runsc is the runsc binary; Root is its state directory.
+	Runsc string
+	Root  string
+	// Platform is how the sentry intercepts system calls (default
+	// "systrap", gVisor's own; "ptrace" also works on any host).
+	Platform string
+	// Ranges hands out the sandboxes' uid ranges, shared with the other
+	// backends.
+	Ranges *IDRanges
+}
+
+// The room a gVisor sandbox's limits leave for runsc, its kernel and its
+// file server, which the host counts with the sandbox's processes: an
+// idle one holds about 33 MiB and a few dozen threads.
+const (
+	gvisorThreads = 256
+	gvisorMemory  = 128 << 20
+)
+
+// runscTimeout bounds runsc's own commands (kill, delete, version).
+const runscTimeout = 20 * time.Second
+
+// Name implements Backend.
+func (g *GVisor) Name() string { return RuntimeGVisor }
+
+// Check says why this host cannot run gVisor sandboxes, if it cannot.
+func (g *GVisor) Check() error {
+	if g.Runsc == "" {
+		return errors.New("no runsc binary (install gVisor's runsc, or give kilnd --runsc)")
+	}
+	v, err := g.version()
+	if err != nil {
+		return err
+	}
+	if date, ok := runscDate(v); ok && date < minRunscDate {
+		return fmt.Errorf("%s is %s, older than gVisor's releases of 2023, whose kernel keeps a process's parent on CLONE_PARENT "+
+			"and answers statx (ls fails in an older one); install a newer runsc, e.g. go install gvisor.dev/gvisor/runsc@%s", g.Runsc, v, RunscModuleVersion)
+	}
+	return nil
+}
+
+// RunscModuleVersion is the version of gVisor's Go module (its go branch)
+// whose runsc kilnd is tested with.
+const RunscModuleVersion = "v0.0.0-20260905035102-160fafc42237"
+
+// minRunscDate is the oldest runsc build date kilnd runs sandboxes on.
+const minRunscDate = "20230101"
+
+// runscDate finds the build date in a runsc version: Debian's
+// "0.0~20221219.0", a release's "release-20240513.0". A runsc built from
+// the Go module has none.
+func runscDate(v string) (string, bool) {
+	for i := 0; i+8 <= len(v); i++ {
+		d := v[i : i+8]
+		if strings.Trim(d, "0123456789") == "" && (d[:2] == "19" || d[:2] == "20") && (i == 0 || v[i-1] < '0' || v[i-1] > '9') {
+			return d, true
+		}
+	}
+	return "", false
+}
+
+// version is the first line of runsc --version: "runsc version X".
+func (g *GVisor) version() (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), runscTimeout)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, g.Runsc, "--version").CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("%s --version: %v: %s", g.Runsc, err, strings.TrimSpace(string(out)))
+	}
+	line, _, _ := strings.Cut(string(out), "\n")
+	return strings.TrimSpace(strings.TrimPrefix(line, "runsc version ")), nil
+}
+
+// Version is runsc's version.
+func (g *GVisor) Version() string {
+	v, _ := g.version()
+	return v
+}
+
+// guestSandbox is a gVisor sandbox: its PID is the `runsc run` that
+// holds the container, in kilnd's cgroups for it with everything it
+// starts (the sentry, the gofer, the sandbox's processes inside).
+type guestSandbox struct {
+	Sandbox
+	// Container is runsc's name of the container, in runsc's Root.
+	Container string `json:"container"`
+	Root      string `json:"runsc_root"`
+	// DiskMount is the host mount of the sandbox's disk, if it has one;
+	// ImageMount that of its image, id-mapped, and RootMount the overlay
+	// on it that is the container's root.
+	DiskMount  string `json:"disk_mount,omitempty"`
+	ImageMount string `json:"image_mount,omitempty"`
+	RootMount  string `json:"root_mount,omitempty"`
+
+	g *GVisor
+}
+
+// Socket is where runsc passes the agent's socket through to the host.
+func (s *guestSandbox) Socket() string { return filepath.Join(s.Dir, guestSock, SocketName) }
+
+// Dial implements Instance.
+func (s *guestSandbox) Dial(ctx context.Context) (c net.Conn, err error) {
+	var d net.Dialer
+	err = withSocketPath(s.Socket(), func(path string) error {
+		c, err = d.DialContext(ctx, "unix", path)
+		return err
+	})
+	return c, err
+}
+
+// State implements Instance.
+func (s *guestSandbox) State() json.RawMessage {
+	b, _ := json.Marshal(s)
+	return b
+}
+
+// runsc runs one of runsc's commands on the container, bounded.
+func (s *guestSandbox) runsc(args ...string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), runscTimeout)
+	defer cancel()
+	all := append([]string{"--root", s.Root}, args...)
+	out, err := exec.CommandContext(ctx, s.g.Runsc, all...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("runsc %s: %v: %s", args[0], err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// End implements Instance: whatever is left of the container goes, with
+// runsc's record of it and the host mount of its disk.
+func (s *guestSandbox) End() {
+	s.Sandbox.End()
+	s.forget()
+}
+
+// forget removes runsc's state of the container (it is gone) and the
+// host mount of the sandbox's disk.
+func (s *guestSandbox) forget() error {
+	var errs []error
+	if _, err := os.Stat(filepath.Join(s.Root, s.Container)); err == nil {
+		if err := s.runsc("delete", "--force", s.Container); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for _, m := range []string{s.RootMount, s.ImageMount, s.DiskMount} {
+		if m == "" {
+			continue
+		}
+		if err := unix.Unmount(m, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			errs = append(errs, fmt.Errorf("sandbox: unmount %s: %w", m, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Destroy implements Instance.
+func (s *guestSandbox) Destroy(keepLogs bool) error {
+	// The agent's own shutdown first, so captured runs end with their
+	// end records: runsc passes the signal to the container's init.
+	s.await(stopTimeout, func(int) error { return s.runsc("kill", s.Container, "TERM") })
+	return s.remove(keepLogs, s.forget)
+}
+
+// Create implements Backend.
+func (g *GVisor) Create(ctx context.Context, o Options) (_ Instance, err error) {
+	if o.Hostname == "" {
+		o.Hostname = "kiln-" + o.ID[:min(8, len(o.ID))]
+	}
+	if o.Ready == 0 {
+		o.Ready = 30 * time.Second // a kernel starts first
+	}
+	if o.Rootfs != "" {
+		if fi, err := os.Stat(o.Rootfs); err != nil || !fi.IsDir() {
+			return nil, fmt.Errorf("sandbox: rootfs %s is not a directory", o.Rootfs)
+		}
+		exe, err := os.Open(g.Exe)
+		if err != nil {
+			return nil, fmt.Errorf("sandbox: %w", err)
+		}
+		dynamic := needsLoader(exe)
+		exe.Close()
+		if dynamic {
+			// Its loader and libraries are the host's, which an image
+			// does not have.
+			return nil, errors.New("sandbox: a gVisor sandbox with an image needs kilnd linked statically " +
+				"(CGO_ENABLED=0 go build ./cmd/kilnd); this one is linked dynamically")
+		}
+	}
+	if err := os.Mkdir(o.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	o.UIDBase = g.Ranges.Claim(o.ID)
+	sb := &guestSandbox{Sandbox: Sandbox{ID: o.ID, Dir: o.Dir, UIDBase: o.UIDBase, ranges: g.Ranges}, Container: "kiln-" + o.ID, Root: g.Root, g: g}
+	cleanup := []func(){func() { g.Ranges.Release(o.UIDBase, o.ID) }}
+	defer func() {
+		if err != nil {
+			for i := len(cleanup) - 1; i >= 0; i-- {
+				cleanup[i]()
+			}
+		}
+	}()
+	for _, d := range []string{LogsName, guestSock, "bundle"} {
+		if err := os.Mkdir(filepath.Join(o.Dir, d), 0o700); err != nil {
+			return nil, fmt.Errorf("sandbox: %w", err)
+		}
+	}
+	layers := o.Dir
+	if o.Disk != nil {
+		// On the host, where runsc's file server finds it; the sandbox's
+		// directory is kilnd's alone.
+		sb.DiskMount = filepath.Join(o.Dir, diskName)
+		if err := os.Mkdir(sb.DiskMount, 0o700); err != nil {
+			return nil, fmt.Errorf("sandbox: %w", err)
+		}
+		if err := unix.MoveMount(int(o.Disk.Fd()), "", unix.AT_FDCWD, sb.DiskMount, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+			return nil, fmt.Errorf("sandbox: mount the sandbox's disk: %w", err)
+		}
+		cleanup = append(cleanup, func() { unix.Unmount(sb.DiskMount, unix.MNT_DETACH) })
+		layers = sb.DiskMount
+	}
+	// The sandbox's root owns its workspace: its processes are the host
+	// users of its range, through gVisor's file server too.
+	workspace := filepath.Join(layers, WorkspaceName)
+	if err := os.Mkdir(workspace, 0o755); err != nil {
+		return nil, fmt.Errorf("sandbox: workspace: %w", err)
+	}
+	if err := os.Chown(workspace, o.UIDBase, o.UIDBase); err != nil {
+		return nil, fmt.Errorf("sandbox: workspace: %w", err)
+	}
+	// The root is read-only, but for an image's, which runsc writes
+	// through: an overlay on the host whose upper layer, on the sandbox's
+	// disk, takes the sandbox's writes and the mount points runsc makes
+	// (it makes them in the root it is given: never in the image).
+	overlay := "root:memory"
+	if o.Rootfs != "" {
+		overlay = "none"
+		// The image, its owners shifted into the sandbox's range (its
+		// root's files are the sandbox's root's).
+		tree, err := idmapped(g.Exe, o.Rootfs, o.UIDBase)
+		if err != nil {
+			return nil, fmt.Errorf("sandbox: rootfs %s: %w", o.Rootfs, err)
+		}
+		sb.ImageMount = filepath.Join(o.Dir, "lower")
+		err = os.Mkdir(sb.ImageMount, 0o755)
+		if err == nil {
+			err = unix.MoveMount(int(tree.Fd()), "", unix.AT_FDCWD, sb.ImageMount, unix.MOVE_MOUNT_F_EMPTY_PATH)
+		}
+		tree.Close()
+		if err != nil {
+			return nil, fmt.Errorf("sandbox: mount the rootfs: %w", err)
+		}
+		cleanup = append(cleanup, func() { unix.Unmount(sb.ImageMount, unix.MNT_DETACH) })
+		upper, work := filepath.Join(layers, "upper"), filepath.Join(layers, "work")
+		for _, d := range []string{upper, work} {
+			if err := os.Mkdir(d, 0o755); err != nil {
+				return nil, fmt.Errorf("sandbox: upper layer: %w", err)
+			}
+		}
+		// The merged root is the upper layer's: the sandbox's root owns it.
+		if err := os.Chown(upper, o.UIDBase, o.UIDBase); err != nil {
+			return nil, fmt.Errorf("sandbox: upper layer: %w", err)
+		}
+		sb.RootMount = filepath.Join(o.Dir, rootName)
+		if err := os.Mkdir(sb.RootMount, 0o755); err != nil {
+			return nil, fmt.Errorf("sandbox: %w", err)
+		}
+		opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", sb.ImageMount, upper, work)
+		if err := unix.Mount("overlay", sb.RootMount, "overlay", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+			return nil, fmt.Errorf("sandbox: mount the rootfs overlay: %w", err)
+		}
+		cleanup = append(cleanup, func() { unix.Unmount(sb.RootMount, unix.MNT_DETACH) })
+	}
+	spec, err := g.spec(o, workspace, sb.RootMount)
+	if err != nil {
+		return nil, err
+	}
+	b, err := json.MarshalIndent(spec, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	bundle := filepath.Join(o.Dir, "bundle")
+	if err := os.WriteFile(filepath.Join(bundle, "config.json"), b, 0o600); err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	// The host counts runsc's threads, its kernel's and its file
+	// server's with the sandbox's processes: room for them.
+	lim := o.Limits
+	if lim.Pids > 0 {
+		lim.Pids += gvisorThreads
+	}
+	if lim.MemoryBytes > 0 {
+		lim.MemoryBytes += gvisorMemory
+	}
+	cg, err := newCgroups("kiln-"+o.ID, lim)
+	if err != nil {
+		return nil, err
+	}
+	sb.Cgroups = cg
+	cleanup = append(cleanup, func() {
+		cg.Kill(5 * time.Second)
+		sb.forget()
+		cg.Destroy()
+	})
+	cgf, err := cg.open()
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	defer cgf.Close()
+	agentLog, err := os.OpenFile(filepath.Join(o.Dir, agentLogName), os.O_WRONLY|os.O_CREATE|os.O_APPEND|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	defer agentLog.Close()
+	if err := os.MkdirAll(g.Root, 0o700); err != nil {
+		return nil, fmt.Errorf("sandbox: runsc root: %w", err)
+	}
+	platform := g.Platform
+	if platform == "" {
+		platform = "systrap"
+	}
+	args := []string{"--root", g.Root, "--platform", platform, "--network", "none", "--ignore-cgroups",
+		"--host-uds", "create", "--overlay2", overlay, "run", "--bundle", bundle, sb.Container}
+	// runsc starts in the sandbox's groups, so that the sentry and the
+	// file server it forks are held by them from the start: kilnd's
+	// binary joins the v1 groups (the v2 one it is born in) and executes
+	// runsc.
+	join, err := json.Marshal(joinRequest{Groups: cg.joinDirs(), Path: g.Runsc, Args: append([]string{"runsc"}, args...)})
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(g.Exe)
+	cmd.Args = []string{"kiln-runsc"}
+	cmd.Env = []string{joinEnv + "=" + string(join), "PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
+	cmd.Stdout, cmd.Stderr = agentLog, agentLog
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, UseCgroupFD: true, CgroupFD: int(cgf.Fd())}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("sandbox: start runsc: %w", err)
+	}
+	sb.PID = cmd.Process.Pid
+	reaped := make(chan struct{})
+	sb.reaped = reaped
+	go func() {
+		cmd.Wait()
+		close(reaped)
+	}()
+	if sb.Started, err = startTime(sb.PID); err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, o.Ready)
+	defer cancel()
+	if err := awaitReady(rctx, sb); err != nil {
+		msg, _ := os.ReadFile(filepath.Join(o.Dir, agentLogName))
+		return nil, fmt.Errorf("sandbox: the agent did not start in gVisor: %w: %s", err, strings.TrimSpace(string(msg)))
+	}
+	return sb, nil
+}
+
+// Release unmounts what runsc shares between its containers under Root:
+// the bind mount of the empty network namespace their file servers join,
+// which holds Root busy. Containers that run keep theirs, and the next
+// runsc run makes it again.
+func (g *GVisor) Release() {
+	for unix.Unmount(filepath.Join(g.Root, "null-netns"), unix.MNT_DETACH) == nil {
+	}
+}
+
+// Adopt implements Backend.
+func (g *GVisor) Adopt(state json.RawMessage) (Instance, error) {
+	sb := &guestSandbox{g: g}
+	if err := json.Unmarshal(state, sb); err != nil {
+		return nil, fmt.Errorf("sandbox: state: %w", err)
+	}
+	if sb.ID == "" || sb.Dir == "" || sb.Container == "" || sb.Root == "" {
+		return nil, errors.New("sandbox: gVisor state without an id, a directory or a container")
+	}
+	if err := g.Ranges.Hold(sb.UIDBase, sb.ID); err != nil {
+		return nil, err
+	}
+	sb.ranges = g.Ranges
+	return sb, nil
+}
+
+// EndLeftover implements Backend: the cgroups, as for a namespace
+// sandbox, then runsc's record of the container and the host mount of its
+// disk.
+func (g *GVisor) EndLeftover(id, dir string) error {
+	err := EndLeftover(id)
+	sb := &guestSandbox{Container: "kiln-" + id, Root: g.Root, DiskMount: filepath.Join(dir, diskName), ImageMount: filepath.Join(dir, "lower"), RootMount: filepath.Join(dir, rootName), g: g}
+	return errors.Join(err, sb.forget())
+}
+
+// guestAgentName is the name of kilnd's binary in guestDir, which the
+// container's processes list as PID 1's command.
+const guestAgentName = "kiln-agent"
+
+// allCaps names every capability runsc knows: the agent's, inside
+// gVisor's kernel only; its spawner keeps Docker's default set for the
+// sandbox's processes.
+var allCaps = []string{
+	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_DAC_READ_SEARCH", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL", "CAP_SETGID",
+	"CAP_SETUID", "CAP_SETPCAP", "CAP_LINUX_IMMUTABLE", "CAP_NET_BIND_SERVICE", "CAP_NET_BROADCAST", "CAP_NET_ADMIN",
+	"CAP_NET_RAW", "CAP_IPC_LOCK", "CAP_IPC_OWNER", "CAP_SYS_MODULE", "CAP_SYS_RAWIO", "CAP_SYS_CHROOT", "CAP_SYS_PTRACE",
+	"CAP_SYS_PACCT", "CAP_SYS_ADMIN", "CAP_SYS_BOOT", "CAP_SYS_NICE", "CAP_SYS_RESOURCE", "CAP_SYS_TIME",
+	"CAP_SYS_TTY_CONFIG", "CAP_MKNOD", "CAP_LEASE", "CAP_AUDIT_WRITE", "CAP_AUDIT_CONTROL", "CAP_SETFCAP",
+}
+
+// spec is the OCI runtime spec of a gVisor sandbox: the agent as init;
+// the given image as the root (root, an overlay on it) or, without
+// one, the host's system directories read-only with the sandbox's own
+// /etc files, as on the host backend; the workspace; the agent's handles
+// in guestDir.
+func (g *GVisor) spec(o Options, workspace, root string) (*specs.Spec, error) {
+	cfg := AgentConfig{
+		ID: o.ID, Hostname: o.Hostname, Env: o.Env, Init: o.Init, Guest: RuntimeGVisor, UIDBase: o.UIDBase,
+		CaptureQueue: o.CaptureQueue, FlowGrace: o.FlowGrace, PidsMax: o.Limits.Pids,
+	}
+	raw, err := json.Marshal(cfg)
+	if err != nil {
+		return nil, err
+	}
+	tmpfs := func(dest, mode string, owned bool) specs.Mount {
+		opts := []string{"nosuid", "nodev", "mode=" + mode}
+		if owned {
+			opts = append(opts, fmt.Sprintf("uid=%d", o.UIDBase), fmt.Sprintf("gid=%d", o.UIDBase))
+		}
+		if o.Limits.MemoryBytes > 0 {
+			opts = append(opts, fmt.Sprintf("size=%d", o.Limits.MemoryBytes))
+		}
+		return specs.Mount{Destination: dest, Type: "tmpfs", Source: "tmpfs", Options: opts}
+	}
+	bind := func(src, dest string, ro bool) specs.Mount {
+		opts := []string{"rbind", "nosuid", "nodev"}
+		if ro {
+			opts = append(opts, "ro")
+		}
+		return specs.Mount{Destination: dest, Type: "bind", Source: src, Options: opts}
+	}
+	mounts := []specs.Mount{
+		{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "nodev", "noexec"}},
+		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "noexec", "mode=755", "size=65536k"}},
+		{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
+		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "nodev", "mode=1777", "size=65536k"}},
+		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"ro", "nosuid", "nodev", "noexec"}},
+		tmpfs("/tmp", "1777", false),
+		tmpfs("/root", "0700", true),
+		bind(workspace, "/workspace", false),
+		bind(g.Exe, filepath.Join(guestDir, guestAgentName), true),
+		bind(filepath.Join(o.Dir, LogsName), filepath.Join(guestDir, guestLogs), false),
+		bind(filepath.Join(o.Dir, guestSock), filepath.Join(guestDir, guestSock), false),
+	}
+	r := &specs.Root{Path: root}
+	if root == "" {
+		r = &specs.Root{Path: filepath.Join(o.Dir, rootName), Readonly: true}
+		binds, err := hostRoot(r.Path, filepath.Join(o.Dir, "etc"), o.Hostname)
+		if err != nil {
+			return nil, err
+		}
+		for _, b := range binds {
+			mounts = append(mounts, bind(b[0], b[1], true))
+		}
+	}
+	caps := slices.Clone(allCaps)
+	return &specs.Spec{
+		Version: specs.Version,
+		Process: &specs.Process{
+			User: specs.User{UID: 0, GID: 0},
+			Args: []string{filepath.Join(guestDir, guestAgentName)},
+			Env:  []string{AgentEnv + "=" + string(raw)},
+			Cwd:  "/",
+			Capabilities: &specs.LinuxCapabilities{
+				Bounding: caps, Effective: caps, Permitted: caps,
+			},
+			Rlimits: []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: 1 << 20, Soft: 1 << 20}},
+		},
+		Root:     r,
+		Hostname: o.Hostname,
+		Mounts:   mounts,
+		Linux: &specs.Linux{
+			Namespaces: []specs.LinuxNamespace{{Type: specs.PIDNamespace}, {Type: specs.MountNamespace},
+				{Type: specs.IPCNamespace}, {Type: specs.UTSNamespace}, {Type: specs.NetworkNamespace}},
+		},
+	}, nil
+}
+
+// hostRoot makes, in the empty directory root, the mount points of a root
+// built from the host's system directories, and in etc the sandbox's own
+// /etc files; it returns the binds (host path, path inside) that fill
+// it.
+func hostRoot(root, etc, hostname string) ([][2]string, error) {
+	if err := os.Mkdir(root, 0o755); err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	var binds [][2]string
+	for _, d := range hostDirs {
+		host := "/" + d
+		fi, err := os.Lstat(host)
+		if err != nil {
+			continue
+		}
+		target := filepath.Join(root, d)
+		if fi.Mode()&os.ModeSymlink != 0 {
+			link, err := os.Readlink(host)
+			if err != nil {
+				return nil, err
+			}
+			if err := os.Symlink(link, target); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		if err := os.Mkdir(target, 0o755); err != nil {
+			return nil, err
+		}
+		binds = append(binds, [2]string{host, host})
+	}
+	for _, d := range []string{"tmp", "workspace", "dev", "proc", "sys", "root", guestDir[1:]} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			return nil, err
+		}
+	}
+	for _, d := range []string{guestLogs, guestSock} {
+		if err := os.Mkdir(filepath.Join(root, guestDir, d), 0o700); err != nil {
+			return nil, err
+		}
+	}
+	if err := os.WriteFile(filepath.Join(root, guestDir, guestAgentName), nil, 0o500); err != nil {
+		return nil, err
+	}
+	if err := os.Mkdir(etc, 0o755); err != nil {
+		return nil, err
+	}
+	for _, f := range etcFiles(hostname) {
+		if fi, err := os.Lstat(filepath.Join("/etc", f[0])); err != nil || !fi.Mode().IsRegular() {
+			continue
+		}
+		file := filepath.Join(etc, f[0])
+		if err := os.WriteFile(file, []byte(f[1]), 0o644); err != nil {
+			return nil, err
+		}
+		binds = append(binds, [2]string{file, "/etc/" + f[0]})
+	}
+	return binds, nil
+}
+
+// joinEnv makes kilnd's binary join cgroups and execute a program (see
+// IsAgent): how runsc starts inside a gVisor sandbox's groups.
+const joinEnv = "KILN_JOIN"
+
+// joinRequest is joinEnv's value, as JSON.
+type joinRequest struct {
+	// Groups are v1 cgroup directories to join.
+	Groups []string `json:"groups"`
+	Path   string   `json:"path"`
+	Args   []string `json:"args"`
+}
+
+// joinAndExec serves joinEnv: it moves this process into the groups, then
+// executes the program in its place, with the rest of the environment.
+func joinAndExec() {
+	var req joinRequest
+	err := json.Unmarshal([]byte(os.Getenv(joinEnv)), &req)
+	os.Unsetenv(joinEnv)
+	for _, dir := range req.Groups {
+		if err != nil {
+			break
+		}
+		err = os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte("0"), 0)
+	}
+	if err == nil {
+		err = syscall.Exec(req.Path, req.Args, os.Environ())
+	}
+	fmt.Fprintln(os.Stderr, "kiln: start runsc in the sandbox's cgroups:", err)
+	os.Exit(1)
+}
+
+// joinDirs are the v1 groups a whole runtime joins: the limited ones.
+func (c *Cgroups) joinDirs() []string {
+	var dirs []string
+	for ctrl, dir := range c.V1 {
+		if p := c.procsDir(ctrl); p != "" {
+			dir = p
+		}
+		dirs = append(dirs, dir)
+	}
+	return dirs
+}
