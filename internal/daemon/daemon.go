@@ -394,8 +394,8 @@ func (d *Daemon) adopt(rec record) (sandbox.Instance, error) {
 
 // stopped records that a sandbox is no longer running. The init
 // command's exit, if the agent recorded one, becomes the sandbox's;
-// otherwise its exit is unknown. Whatever is left in its cgroups is the
-// caller's to end (endCgroups), outside d.mu: that can take a while.
+// otherwise its exit is unknown. Whatever is left of it is the caller's
+// to end (Instance.End), outside d.mu: that can take a while.
 func (d *Daemon) stopped(e *entry, reason string) {
 	rec := &e.rec
 	if e.sb != nil {

@@ -130,13 +130,8 @@ type guestSandbox struct {
 func (s *guestSandbox) Socket() string { return filepath.Join(s.Dir, guestSock, SocketName) }
 
 // Dial implements Instance.
-func (s *guestSandbox) Dial(ctx context.Context) (c net.Conn, err error) {
-	var d net.Dialer
-	err = withSocketPath(s.Socket(), func(path string) error {
-		c, err = d.DialContext(ctx, "unix", path)
-		return err
-	})
-	return c, err
+func (s *guestSandbox) Dial(ctx context.Context) (net.Conn, error) {
+	return dialSocket(ctx, s.Socket())
 }
 
 // State implements Instance.
@@ -367,21 +362,12 @@ func (g *GVisor) Create(ctx context.Context, o Options) (_ Instance, err error) 
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("sandbox: start runsc: %w", err)
 	}
-	sb.PID = cmd.Process.Pid
-	reaped := make(chan struct{})
-	sb.reaped = reaped
-	go func() {
-		cmd.Wait()
-		close(reaped)
-	}()
+	sb.reap(cmd)
 	if sb.Started, err = startTime(sb.PID); err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
-	rctx, cancel := context.WithTimeout(ctx, o.Ready)
-	defer cancel()
-	if err := awaitReady(rctx, sb); err != nil {
-		msg, _ := os.ReadFile(filepath.Join(o.Dir, agentLogName))
-		return nil, fmt.Errorf("sandbox: the agent did not start in gVisor: %w: %s", err, strings.TrimSpace(string(msg)))
+	if err := awaitReady(ctx, sb, o.Ready, o.Dir, " in gVisor"); err != nil {
+		return nil, err
 	}
 	return sb, nil
 }
@@ -522,27 +508,12 @@ func hostRoot(root, etc, hostname string) ([][2]string, error) {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
 	var binds [][2]string
-	for _, d := range hostDirs {
-		host := "/" + d
-		fi, err := os.Lstat(host)
-		if err != nil {
-			continue
-		}
-		target := filepath.Join(root, d)
-		if fi.Mode()&os.ModeSymlink != 0 {
-			link, err := os.Readlink(host)
-			if err != nil {
-				return nil, err
-			}
-			if err := os.Symlink(link, target); err != nil {
-				return nil, err
-			}
-			continue
-		}
-		if err := os.Mkdir(target, 0o755); err != nil {
-			return nil, err
-		}
+	err := eachHostDir(root, func(host, target string) error {
 		binds = append(binds, [2]string{host, host})
+		return os.Mkdir(target, 0o755)
+	})
+	if err != nil {
+		return nil, err
 	}
 	for _, d := range []string{"tmp", "workspace", "dev", "proc", "sys", "root", guestDir[1:]} {
 		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {

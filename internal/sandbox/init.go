@@ -112,6 +112,34 @@ const (
 // hostDirs are bound read-only from the host when no rootfs is given.
 var hostDirs = []string{"usr", "etc", "bin", "lib", "lib64", "sbin"}
 
+// eachHostDir puts hostDirs in root: the same link where the host has a
+// symbolic link (a merged /usr's /bin), bind(host, target) for a
+// directory; one the host lacks is left out.
+func eachHostDir(root string, bind func(host, target string) error) error {
+	for _, d := range hostDirs {
+		host := "/" + d
+		fi, err := os.Lstat(host)
+		if err != nil {
+			continue
+		}
+		target := filepath.Join(root, d)
+		if fi.Mode()&os.ModeSymlink != 0 {
+			link, err := os.Readlink(host)
+			if err != nil {
+				return err
+			}
+			if err := os.Symlink(link, target); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := bind(host, target); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // setupRoot builds the sandbox's filesystem and moves the agent into it:
 // a tmpfs root with the host's system directories (or the given rootfs
 // under a writable overlay) read-only, private /tmp, writable /workspace,
@@ -165,26 +193,8 @@ func setupRoot(cfg AgentConfig) error {
 		if err := unix.Mount("tmpfs", root, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755,size=16m"); err != nil {
 			return fmt.Errorf("mount the root: %w", err)
 		}
-		for _, d := range hostDirs {
-			host := "/" + d
-			fi, err := os.Lstat(host)
-			if err != nil {
-				continue
-			}
-			target := filepath.Join(root, d)
-			if fi.Mode()&os.ModeSymlink != 0 {
-				link, err := os.Readlink(host)
-				if err != nil {
-					return err
-				}
-				if err := os.Symlink(link, target); err != nil {
-					return err
-				}
-				continue
-			}
-			if err := bindReadOnly(host, target); err != nil {
-				return err
-			}
+		if err := eachHostDir(root, bindReadOnly); err != nil {
+			return err
 		}
 		if err := ownEtc(root, cfg.Hostname); err != nil {
 			return err

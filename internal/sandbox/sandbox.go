@@ -321,17 +321,7 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("sandbox: start the agent: %w", err)
 	}
-	sb.PID = cmd.Process.Pid
-	// kilnd reaps the agent it started if it outlives it; an agent that
-	// outlives kilnd is adopted by the host.
-	// (The goroutine has its own copy of the channel: a failed Create
-	// returns a nil sandbox while the agent it started is still reaped.)
-	reaped := make(chan struct{})
-	sb.reaped = reaped
-	go func() {
-		cmd.Wait()
-		close(reaped)
-	}()
+	sb.reap(cmd)
 	if err := cg.add(sb.PID); err != nil {
 		return nil, err
 	}
@@ -342,17 +332,42 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 	if sb.Started, err = startTime(sb.PID); err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
-	rctx, cancel := context.WithTimeout(ctx, o.Ready)
-	defer cancel()
-	if err := awaitReady(rctx, sb); err != nil {
-		msg, _ := os.ReadFile(filepath.Join(o.Dir, agentLogName))
-		return nil, fmt.Errorf("sandbox: the agent did not start: %w: %s", err, strings.TrimSpace(string(msg)))
+	if err := awaitReady(ctx, sb, o.Ready, o.Dir, ""); err != nil {
+		return nil, err
 	}
 	return sb, nil
 }
 
-// awaitReady polls the agent's health until it answers.
-func awaitReady(ctx context.Context, s Instance) error {
+// reap records cmd, the agent just started, as the sandbox's: kilnd reaps
+// the agent it started if it outlives it; an agent that outlives kilnd is
+// adopted by the host. (The goroutine has its own copy of the channel: a
+// failed Create returns a nil sandbox while the agent it started is still
+// reaped.)
+func (s *Sandbox) reap(cmd *exec.Cmd) {
+	s.PID = cmd.Process.Pid
+	reaped := make(chan struct{})
+	s.reaped = reaped
+	go func() {
+		cmd.Wait()
+		close(reaped)
+	}()
+}
+
+// awaitReady waits, up to ready, until the agent of the sandbox in dir
+// answers; the error says why not, with the agent's log (where names
+// the runtime, if any).
+func awaitReady(ctx context.Context, s Instance, ready time.Duration, dir, where string) error {
+	ctx, cancel := context.WithTimeout(ctx, ready)
+	defer cancel()
+	if err := pollReady(ctx, s); err != nil {
+		msg, _ := os.ReadFile(filepath.Join(dir, agentLogName))
+		return fmt.Errorf("sandbox: the agent did not start%s: %w: %s", where, err, strings.TrimSpace(string(msg)))
+	}
+	return nil
+}
+
+// pollReady polls the agent's health until it answers.
+func pollReady(ctx context.Context, s Instance) error {
 	c := &http.Client{Transport: Transport(s.Dial)}
 	defer c.CloseIdleConnections()
 	for {
@@ -377,21 +392,21 @@ func awaitReady(ctx context.Context, s Instance) error {
 
 // Client is an HTTP client whose every request goes to the agent.
 func (s *Sandbox) Client() *http.Client {
-	return &http.Client{Transport: s.Transport()}
+	return &http.Client{Transport: Transport(s.Dial)}
 }
 
 // Dial connects to the agent's socket.
-func (s *Sandbox) Dial(ctx context.Context) (c net.Conn, err error) {
+func (s *Sandbox) Dial(ctx context.Context) (net.Conn, error) { return dialSocket(ctx, s.Socket()) }
+
+// dialSocket connects to the unix socket at path.
+func dialSocket(ctx context.Context, path string) (c net.Conn, err error) {
 	var d net.Dialer
-	err = withSocketPath(s.Socket(), func(path string) error {
+	err = withSocketPath(path, func(path string) error {
 		c, err = d.DialContext(ctx, "unix", path)
 		return err
 	})
 	return c, err
 }
-
-// Transport dials the agent's socket for any address.
-func (s *Sandbox) Transport() *http.Transport { return Transport(s.Dial) }
 
 // holderEnv makes kilnd's binary the user-namespace holder (see IsAgent).
 const holderEnv = "KILN_USERNS_HOLDER"
