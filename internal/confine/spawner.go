@@ -261,12 +261,17 @@ func (s *Spawner) send(msg []byte, fds []int) error {
 	return err
 }
 
-// Begin starts the spawner without waiting for it to be ready: a
-// sandbox's agent starts it before it builds the sandbox's root, from
-// which kilnd's binary (if linked dynamically) could not be loaded.
+// Begin starts the spawner, unless one runs, without waiting for it to be
+// ready: a sandbox's agent starts it while it goes on setting up.
 func (s *Spawner) Begin() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.closed {
+		return errors.New("confine: the spawner is closed")
+	}
+	if s.conn != nil {
+		return nil
+	}
 	return s.begin()
 }
 

@@ -2,6 +2,7 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/subtle"
@@ -571,10 +572,22 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	req.Rootfs = rootfs
 	id := uuid.Must(uuid.NewV7()).String()
 	began := time.Now()
+	rec := record{ID: id, State: StateRunning, CreatedAt: began.UTC(), Hostname: req.Hostname,
+		Rootfs: req.Rootfs, Limits: limits, Init: req.Init, IdleTimeout: req.IdleTimeoutSeconds,
+		Runtime: backend.Name(), Disk: diskImage}
+	if rec.Hostname == "" {
+		rec.Hostname = "kiln-" + id[:8]
+	}
+	// The record is written while the agent sets itself up (a backend
+	// that cannot say when it runs has it written once it answers).
 	sb, err := backend.Create(ctx, sandbox.Options{
 		Dir: d.sandboxDir(id), ID: id, Hostname: req.Hostname,
 		Rootfs: req.Rootfs, Limits: limits, Disk: diskMount, Env: d.cfg.Env, Init: req.Init, CaptureQueue: d.cfg.CaptureQueue,
 		FlowGrace: d.cfg.FlowGrace,
+		Started: func(state json.RawMessage) error {
+			rec.Sandbox = state
+			return d.save(rec)
+		},
 	})
 	if err != nil {
 		os.RemoveAll(d.sandboxDir(id))
@@ -583,18 +596,15 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		}
 		return Info{}, fmt.Errorf("%w: %v", errdefs.ErrUnavailable, err)
 	}
-	rec := record{ID: id, State: StateRunning, CreatedAt: time.Now().UTC(), Hostname: req.Hostname,
-		Rootfs: req.Rootfs, Limits: limits, Init: req.Init, IdleTimeout: req.IdleTimeoutSeconds,
-		Runtime: backend.Name(), Sandbox: sb.State(), Disk: diskImage}
-	if rec.Hostname == "" {
-		rec.Hostname = "kiln-" + id[:8]
-	}
-	if err := d.save(rec); err != nil {
-		sb.Destroy(false)
-		if disk != nil {
-			d.disks.Release(diskImage)
+	if state := sb.State(); !bytes.Equal(state, rec.Sandbox) {
+		rec.Sandbox = state
+		if err := d.save(rec); err != nil {
+			sb.Destroy(false)
+			if disk != nil {
+				d.disks.Release(diskImage)
+			}
+			return Info{}, err
 		}
-		return Info{}, err
 	}
 	d.metrics.creates.Observe(time.Since(began).Seconds())
 	e := d.route(rec, sb)

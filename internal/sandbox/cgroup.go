@@ -227,16 +227,6 @@ func (c *Cgroups) open() (*os.File, error) {
 	return os.OpenFile(c.V2, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 }
 
-// add puts pid into the v1 groups (the v2 one it was born in).
-func (c *Cgroups) add(pid int) error {
-	for ctrl, dir := range c.V1 {
-		if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
-			return fmt.Errorf("sandbox: join %s cgroup: %w", ctrl, err)
-		}
-	}
-	return nil
-}
-
 // Populated reports whether any process is left in the sandbox.
 func (c *Cgroups) Populated() bool {
 	b, err := os.ReadFile(filepath.Join(c.V2, "cgroup.events"))

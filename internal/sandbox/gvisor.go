@@ -366,6 +366,11 @@ func (g *GVisor) Create(ctx context.Context, o Options) (_ Instance, err error) 
 	if sb.Started, err = startTime(sb.PID); err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
+	if o.Started != nil {
+		if err := o.Started(sb.State()); err != nil {
+			return nil, err
+		}
+	}
 	if err := awaitReady(ctx, sb, o.Ready, o.Dir, " in gVisor"); err != nil {
 		return nil, err
 	}

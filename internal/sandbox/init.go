@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -51,9 +52,9 @@ type AgentConfig struct {
 	MemoryLimited bool `json:"memory_limited,omitempty"`
 	// OOMEvents says fdOOMEvents is passed.
 	OOMEvents bool `json:"oom_events,omitempty"`
-	// Joined says fdJoined is passed. (A kilnd that predates it, still
-	// running while its binary is replaced, starts agents without it.)
-	Joined bool `json:"joined,omitempty"`
+	// CPULimited says fdCPUTasks and fdCPUProcs are passed: the sandbox's
+	// v1 cpu group, which the agent and its spawner join.
+	CPULimited bool `json:"cpu_limited,omitempty"`
 	// Init, when set, is the sandbox's init command: the agent starts it
 	// (captured) first, and its exit ends the sandbox.
 	Init *api.ExecRequest `json:"init,omitempty"`
@@ -99,14 +100,20 @@ const (
 	// fdMemoryTasks is the v1 memory group's tasks file, when memory is
 	// limited.
 	fdMemoryTasks = 7
-	// fdJoined is a pipe on which kilnd writes one byte once the agent is
-	// in its v1 groups.
-	fdJoined = 8
+	// fdCPUTasks is the v1 cpu group's tasks file, when CPU is limited.
+	// (Descriptor 8 was once a pipe kilnd wrote to once it had moved the
+	// agent into its v1 groups: an agent reads it as the tasks file only
+	// when its config says CPULimited, which such a kilnd never does.)
+	fdCPUTasks = 8
 	// fdOOMEvents is the file counting out-of-memory kills in the limited
 	// memory group, when memory is limited.
 	fdOOMEvents = 9
 	// fdDisk is the detached mount of the sandbox's disk, when it has one.
 	fdDisk = 10
+	// fdCPUProcs is the v1 cpu group's cgroup.procs file, when CPU is
+	// limited.
+	fdCPUProcs = 11
+	fdLast     = fdCPUProcs
 )
 
 // hostDirs are bound read-only from the host when no rootfs is given.
@@ -573,11 +580,11 @@ func Enter() (*Inside, error) {
 		return nil, fmt.Errorf("sandbox: close-on-exec for inherited descriptors: %w", err)
 	}
 	// The spawner is this binary, reached by a descriptor: it is not in
-	// the sandbox's filesystem. It starts now, while the host's root is
-	// this mount namespace's and the binary's loader can be found, and
-	// moves into the sandbox's root with the agent. Its user namespace's
-	// maps are written through /proc, which must be this pid namespace's
-	// first.
+	// the sandbox's filesystem. It starts now, while the agent goes on to
+	// build the root: pivot_root moves every task whose root was the old
+	// one into the new, the spawner's too, whether it has executed yet or
+	// not. Its user namespace's maps are written through /proc, which
+	// must be this pid namespace's first.
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return nil, fmt.Errorf("sandbox: make mounts private: %w", err)
 	}
@@ -595,22 +602,27 @@ func Enter() (*Inside, error) {
 	if cfg.MemoryLimited {
 		groups = append(groups, os.NewFile(fdMemoryTasks, "memory tasks"))
 	}
+	if cfg.CPULimited {
+		groups = append(groups, os.NewFile(fdCPUTasks, "cpu tasks"))
+		go joinCPU(os.NewFile(fdCPUProcs, "cpu cgroup.procs"))
+	}
 	iso := isolate(cfg.UIDBase)
 	spawner := confine.NewSpawner(exe, confine.Config{NoFile: noFile(), NProc: nproc(cfg.PidsMax)}, groups,
 		func(cmd *exec.Cmd) error {
 			iso(cmd.SysProcAttr)
 			return cmd.Start()
 		})
-	if err := spawner.Begin(); err != nil {
-		return nil, fmt.Errorf("sandbox: %w", err)
-	}
 	// A dynamically linked kilnd's loader opens its libraries after the
 	// exec: in a sandbox with an image, which has none of them, that must
-	// be done before the root is the image's.
+	// be done before the root is the image's. Otherwise the agent does
+	// not wait: the first process started waits for the spawner, not the
+	// sandbox's readiness (an error is that Start's, which tries again).
 	if cfg.Rootfs != "" && needsLoader(exe) {
 		if err := spawner.AwaitReady(); err != nil {
 			return nil, fmt.Errorf("sandbox: %w", err)
 		}
+	} else {
+		go spawner.Begin()
 	}
 	if err := setupRoot(cfg); err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
@@ -632,15 +644,7 @@ func Enter() (*Inside, error) {
 		l.Close()
 		return nil, err
 	}
-	in := &Inside{Config: cfg, Listener: l, Logs: logs}
-	if cfg.Joined {
-		if err := awaitJoined(os.NewFile(fdJoined, "joined")); err != nil {
-			l.Close()
-			logs.Close()
-			return nil, err
-		}
-	}
-	in.Spawner = spawner
+	in := &Inside{Config: cfg, Listener: l, Logs: logs, Spawner: spawner}
 	if cfg.OOMEvents {
 		f := os.NewFile(fdOOMEvents, "oom events")
 		in.OOMKills = func() int64 {
@@ -652,13 +656,14 @@ func Enter() (*Inside, error) {
 	return in, nil
 }
 
-// awaitJoined waits until kilnd has put the agent into its v1 groups, so
-// that the agent answers only once its accounting is in place.
-func awaitJoined(f *os.File) error {
+// joinCPU moves the agent into the sandbox's v1 cpu group, whose
+// cgroup.procs f is: it works for the sandbox's processes, on their share.
+// The move waits for an RCU grace period, which nothing else waits for: a
+// failure leaves the agent's own work outside the limit (its processes
+// are in the group through the spawner) and is logged.
+func joinCPU(f *os.File) {
 	defer f.Close()
-	var b [1]byte
-	if n, err := f.Read(b[:]); n != 1 {
-		return fmt.Errorf("sandbox: kilnd did not finish setting up the cgroups: %v", err)
+	if _, err := f.Write([]byte(strconv.Itoa(os.Getpid()))); err != nil {
+		fmt.Fprintln(os.Stderr, "kiln agent: join the sandbox's cpu cgroup:", err)
 	}
-	return nil
 }

@@ -55,6 +55,11 @@ type Options struct {
 	// FlowGrace is how long a flow block process's output waits for its
 	// holding watcher (zero: process.DefaultFlowGrace).
 	FlowGrace time.Duration
+	// Started, when set, is called with the instance's state (what
+	// Backend.Adopt takes) once its agent runs, before it answers: kilnd
+	// records the sandbox while the agent sets itself up. An error ends
+	// the sandbox and is Create's.
+	Started func(state json.RawMessage) error
 }
 
 // DefaultUIDBase is the host uid a sandbox's root maps to unless told
@@ -253,7 +258,7 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 	if oom != nil {
 		defer oom.Close()
 	}
-	cfg.PidsLimited, cfg.MemoryLimited, cfg.Joined = cg.Procs != "", cg.MemoryProcs != "", true
+	cfg.PidsLimited, cfg.MemoryLimited, cfg.CPULimited = cg.Procs != "", cg.MemoryProcs != "", cg.V1["cpu"] != ""
 	cfg.OOMEvents = oom != nil
 	raw, err := json.Marshal(cfg)
 	if err != nil {
@@ -265,25 +270,26 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 	cmd.Args = []string{"kiln-agent"}
 	cmd.Env = []string{AgentEnv + "=" + string(raw)}
 	cmd.Stdout, cmd.Stderr = agentLog, agentLog
-	cmd.ExtraFiles = make([]*os.File, fdDisk-2) // fdListener to fdDisk
+	cmd.ExtraFiles = make([]*os.File, fdLast-2) // fdListener to fdLast
 	cmd.ExtraFiles[fdListener-3], cmd.ExtraFiles[fdLogs-3] = lf, logs
-	joinedR, joinedW, err := os.Pipe()
-	if err != nil {
-		return nil, fmt.Errorf("sandbox: %w", err)
-	}
-	defer joinedR.Close() // closed below too, once the agent has it
-	defer joinedW.Close()
-	cmd.ExtraFiles[fdJoined-3] = joinedR
-	for fd, dir := range map[int]string{fdTasks: cg.Procs, fdMemoryTasks: cg.MemoryProcs} {
-		if dir == "" {
+	// The spawner's forking thread joins the limited groups, and so every
+	// process it starts is born in them; the agent joins the CPU group
+	// itself, since it works for the sandbox's processes. (A move into a
+	// v1 group waits for an RCU grace period, milliseconds on an idle
+	// host: neither holds up the agent's answer.)
+	for _, g := range []struct {
+		fd        int
+		dir, file string
+	}{{fdTasks, cg.Procs, "tasks"}, {fdMemoryTasks, cg.MemoryProcs, "tasks"}, {fdCPUTasks, cg.V1["cpu"], "tasks"}, {fdCPUProcs, cg.V1["cpu"], "cgroup.procs"}} {
+		if g.dir == "" {
 			continue
 		}
-		tasks, err := os.OpenFile(filepath.Join(dir, "tasks"), os.O_WRONLY|unix.O_CLOEXEC, 0)
+		f, err := os.OpenFile(filepath.Join(g.dir, g.file), os.O_WRONLY|unix.O_CLOEXEC, 0)
 		if err != nil {
 			return nil, fmt.Errorf("sandbox: %w", err)
 		}
-		defer tasks.Close()
-		cmd.ExtraFiles[fd-3] = tasks
+		defer f.Close()
+		cmd.ExtraFiles[g.fd-3] = f
 	}
 	if oom != nil {
 		cmd.ExtraFiles[fdOOMEvents-3] = oom
@@ -322,15 +328,13 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 		return nil, fmt.Errorf("sandbox: start the agent: %w", err)
 	}
 	sb.reap(cmd)
-	if err := cg.add(sb.PID); err != nil {
-		return nil, err
-	}
-	// The agent answers once it is in its groups.
-	if _, err := joinedW.Write([]byte{1}); err != nil {
-		return nil, fmt.Errorf("sandbox: tell the agent its groups are set: %w", err)
-	}
 	if sb.Started, err = startTime(sb.PID); err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	if o.Started != nil {
+		if err := o.Started(sb.State()); err != nil {
+			return nil, err
+		}
 	}
 	if err := awaitReady(ctx, sb, o.Ready, o.Dir, ""); err != nil {
 		return nil, err

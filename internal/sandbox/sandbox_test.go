@@ -171,6 +171,38 @@ except OSError as e:
 	}
 }
 
+// TestCPULimit: a busy loop in a sandbox limited to a fifth of a core is
+// throttled, which it would not be outside the sandbox's cpu group; and
+// the agent, which works for it, joins that group too.
+func TestCPULimit(t *testing.T) {
+	sb := newSandbox(t, sandbox.Options{Limits: sandbox.Limits{CPUs: 0.2}})
+	if r := run(t, sb, "timeout 1 sh -c 'while :; do :; done'; echo done"); strings.TrimSpace(r.Stdout) != "done" {
+		t.Fatalf("busy loop: stdout %q, stderr %q", r.Stdout, clipS(r.Stderr))
+	}
+	if got := sb.Cgroups.ReadEvent("cpu", "cpu.stat", "nr_throttled"); got == 0 {
+		t.Errorf("a second of busy loop at 0.2 CPUs was never throttled")
+	}
+	dir := sb.Cgroups.V1["cpu"]
+	if dir == "" {
+		return // on v2 the agent is born in the sandbox's group
+	}
+	// The agent moves itself in without holding anything up: wait for it.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if slices.Contains(strings.Fields(string(b)), strconv.Itoa(sb.PID)) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the agent (pid %d) is not in its cpu group: %q", sb.PID, b)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // TestOutOfMemoryNeverKillsTheAgent fills the memory limit with what no
 // process holds (a file on the sandbox's own tmpfs), so the out-of-memory
 // killer's choice falls on the biggest process it may pick. The agent is
@@ -207,6 +239,35 @@ func TestOutOfMemoryNeverKillsTheAgent(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		t.Errorf("the agent answers %d", resp.StatusCode)
+	}
+}
+
+// TestSpawnerInTheSandboxRoot: the spawner starts while the agent builds
+// the sandbox's root, and ends up in it, with the agent, whichever was
+// first; so do the processes it starts. (Its root and the agent's are the
+// same directory; the host's is another.)
+func TestSpawnerInTheSandboxRoot(t *testing.T) {
+	for range 3 {
+		sb := newSandbox(t, sandbox.Options{})
+		spawner := spawnerOf(t, sb)
+		var agent, sp, host unix.Stat_t
+		for _, c := range []struct {
+			path string
+			st   *unix.Stat_t
+		}{{fmt.Sprintf("/proc/%d/root/", sb.PID), &agent}, {fmt.Sprintf("/proc/%d/root/", spawner), &sp}, {"/", &host}} {
+			if err := unix.Stat(c.path, c.st); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if sp.Dev != agent.Dev || sp.Ino != agent.Ino {
+			t.Errorf("the spawner's root is %d:%d, the agent's %d:%d", sp.Dev, sp.Ino, agent.Dev, agent.Ino)
+		}
+		if agent.Dev == host.Dev && agent.Ino == host.Ino {
+			t.Errorf("the agent's root is the host's")
+		}
+		if r := run(t, sb, "test -d /workspace && test ! -e "+sb.Dir+" && echo in"); strings.TrimSpace(r.Stdout) != "in" {
+			t.Errorf("a process's root: stdout %q, stderr %q", r.Stdout, clipS(r.Stderr))
+		}
 	}
 }
 
