@@ -157,7 +157,7 @@ func (d *Daemon) forward(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d.mu.Lock()
-	p, id, state := e.proxy, e.rec.ID, e.rec.State
+	p, id, state, reason := e.proxy, e.rec.ID, e.rec.State, e.rec.Reason
 	e.inflight++
 	e.lastUsed = time.Now()
 	d.mu.Unlock()
@@ -167,8 +167,13 @@ func (d *Daemon) forward(w http.ResponseWriter, r *http.Request) {
 		e.lastUsed = time.Now()
 		d.mu.Unlock()
 	}()
+	if p == nil && state != StateRunning {
+		// For good: a client that retries would wait for nothing.
+		reply.Error(w, fmt.Errorf("%w: sandbox %s is %s: %s", errdefs.ErrFailedPrecondition, id, state, reason))
+		return
+	}
 	if p == nil {
-		reply.Error(w, fmt.Errorf("%w: sandbox %s is %s", errdefs.ErrUnavailable, id, state))
+		reply.Error(w, fmt.Errorf("%w: sandbox %s is being deleted", errdefs.ErrUnavailable, id))
 		return
 	}
 	if strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {

@@ -414,6 +414,14 @@ func (d *Daemon) stopped(e *entry, reason string) {
 	}
 }
 
+// agentExited is the reason a sandbox whose agent exited stopped.
+func agentExited(sb sandbox.Instance) string {
+	if r := sb.ExitReason(); r != "" {
+		return r
+	}
+	return "the agent exited"
+}
+
 // watch waits, in a goroutine, for a running sandbox's agent to exit, and
 // then records the sandbox stopped (with its init command's exit).
 func (d *Daemon) watch(e *entry) {
@@ -431,13 +439,14 @@ func (d *Daemon) watch(e *entry) {
 		if deleting {
 			return
 		}
+		reason := agentExited(sb) // before End takes its groups
 		sb.End()
 		d.mu.Lock()
 		defer d.mu.Unlock()
 		if e.deleting || e.rec.State != StateRunning {
 			return
 		}
-		d.stopped(e, "the agent exited")
+		d.stopped(e, reason)
 		e.proxy = nil
 		d.metrics.stopped.WithLabelValues("stopped").Inc()
 		d.log.Info("sandbox stopped", "id", e.rec.ID, "reason", e.rec.Reason)
@@ -706,7 +715,7 @@ func (d *Daemon) get(id string) (*entry, error) {
 	// A running sandbox whose agent died is stopped, as soon as anyone
 	// looks; its watcher, woken by the same exit, ends its cgroups.
 	if e.rec.State == StateRunning && !e.sb.Alive() && !e.deleting {
-		d.stopped(e, "the agent exited")
+		d.stopped(e, agentExited(e.sb))
 		e.proxy = nil
 	}
 	return e, nil

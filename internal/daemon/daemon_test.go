@@ -774,8 +774,10 @@ func TestAgentKilled(t *testing.T) {
 	if res.Stdout != "fine\n" {
 		t.Errorf("the other sandbox: %+v", res)
 	}
-	if code, _ := k.do("POST", "/sandboxes/"+victim.ID+"/exec", k.d.Token(), `{"command":"true"}`); code != 503 {
-		t.Errorf("exec in the stopped sandbox: %d", code)
+	// Refused for good, saying why: a client does not retry.
+	if code, b := k.do("POST", "/sandboxes/"+victim.ID+"/exec", k.d.Token(), `{"command":"true"}`); code != http.StatusPreconditionFailed ||
+		!strings.Contains(string(b), "is stopped: the agent exited") {
+		t.Errorf("exec in the stopped sandbox: %d %s", code, b)
 	}
 	// What it captured stays readable, and says how it ended: cut short.
 	if code, body, runs := k.faultCapturedLog(victim.ID, pid, ""); code != 200 || string(body) != "before\n" ||

@@ -51,6 +51,9 @@ type Instance interface {
 	// State is what Adopt needs to find the sandbox again: opaque to
 	// kilnd, recorded with the sandbox.
 	State() json.RawMessage
+	// ExitReason says why the agent ended, once it has, when the backend
+	// knows more than that it exited; empty otherwise.
+	ExitReason() string
 }
 
 // Runtime names.

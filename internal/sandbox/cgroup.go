@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -290,6 +291,18 @@ func (c *Cgroups) OOMEvents() (*os.File, error) {
 		return os.Open(filepath.Join(c.V2, "memory.events"))
 	}
 	return nil, nil
+}
+
+// OOMKills counts the kernel's out-of-memory kills in the sandbox's
+// limited memory group so far (zero without one).
+func (c *Cgroups) OOMKills() int64 {
+	f, err := c.OOMEvents()
+	if err != nil || f == nil {
+		return 0
+	}
+	defer f.Close()
+	b, _ := io.ReadAll(f)
+	return EventIn(b, "oom_kill")
 }
 
 func fileExists(path string) bool {

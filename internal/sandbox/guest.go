@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 
 	"golang.org/x/sys/unix"
 
@@ -70,7 +71,18 @@ func enterGuest(cfg AgentConfig) (*Inside, error) {
 		l.Close()
 		return nil, fmt.Errorf("sandbox: hide %s: %w", guestDir, err)
 	}
-	spawner := confine.NewSpawner(exe, confine.Config{NoFile: noFile(), NProc: nproc(cfg.PidsMax), OwnCgroups: true}, nil,
+	var groups []*os.File
+	if cfg.PidsMax > 0 {
+		tasks, err := guestPidsGroup(cfg.PidsMax)
+		if err != nil {
+			exe.Close()
+			logs.Close()
+			l.Close()
+			return nil, err
+		}
+		groups = append(groups, tasks)
+	}
+	spawner := confine.NewSpawner(exe, confine.Config{NoFile: noFile(), NProc: nproc(cfg.PidsMax), OwnCgroups: true}, groups,
 		func(cmd *exec.Cmd) error {
 			isolate(cfg.UIDBase)(cmd.SysProcAttr)
 			return cmd.Start()
@@ -82,4 +94,50 @@ func enterGuest(cfg AgentConfig) (*Inside, error) {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
 	return &Inside{Config: cfg, Listener: l, Logs: logs, Spawner: spawner}, nil
+}
+
+// guestPidsGroup makes, in the runtime's own cgroup file system, a pids
+// group limited to max and returns its tasks file, which the spawner's
+// forking thread joins: the sandbox's processes are the runtime kernel's,
+// which the host's pids group (holding the runtime's threads) does not
+// count. The hierarchy is mounted nowhere the sandbox could see it.
+func guestPidsGroup(max int64) (*os.File, error) {
+	fs, err := unix.Fsopen("cgroup2", unix.FSOPEN_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: the runtime's cgroups: fsopen: %w", err)
+	}
+	defer unix.Close(fs)
+	if err := unix.FsconfigCreate(fs); err != nil {
+		return nil, fmt.Errorf("sandbox: the runtime's cgroups: %w", err)
+	}
+	m, err := unix.Fsmount(fs, unix.FSMOUNT_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: the runtime's cgroups: fsmount: %w", err)
+	}
+	defer unix.Close(m)
+	write := func(name, value string) error {
+		fd, err := unix.Openat(m, name, unix.O_WRONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		f := os.NewFile(uintptr(fd), name)
+		defer f.Close()
+		_, err = f.WriteString(value)
+		return err
+	}
+	if err := write("cgroup.subtree_control", "+pids"); err != nil {
+		return nil, fmt.Errorf("sandbox: the runtime's pids controller: %w", err)
+	}
+	const group = "kiln-procs"
+	if err := unix.Mkdirat(m, group, 0o755); err != nil && err != unix.EEXIST {
+		return nil, fmt.Errorf("sandbox: the runtime's pids cgroup: %w", err)
+	}
+	if err := write(group+"/pids.max", strconv.FormatInt(max, 10)); err != nil {
+		return nil, fmt.Errorf("sandbox: the runtime's pids limit: %w", err)
+	}
+	fd, err := unix.Openat(m, group+"/cgroup.procs", unix.O_WRONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: the runtime's pids cgroup: %w", err)
+	}
+	return os.NewFile(uintptr(fd), "pids cgroup.procs"), nil
 }

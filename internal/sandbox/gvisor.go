@@ -134,6 +134,18 @@ func (s *guestSandbox) Dial(ctx context.Context) (net.Conn, error) {
 	return dialSocket(ctx, s.Socket())
 }
 
+// ExitReason implements Instance. The host's groups hold runsc with its
+// kernel and every process inside: past the memory limit the host's
+// out-of-memory killer ends runsc, and so the whole sandbox, where the
+// namespace backend's would end one process. (gVisor has no
+// out-of-memory killer of its own.)
+func (s *guestSandbox) ExitReason() string {
+	if s.Cgroups == nil || s.Cgroups.OOMKills() == 0 {
+		return ""
+	}
+	return "out of memory: past its memory limit, the host's out-of-memory killer ended the gVisor sandbox as a whole"
+}
+
 // State implements Instance.
 func (s *guestSandbox) State() json.RawMessage {
 	b, _ := json.Marshal(s)
@@ -345,7 +357,7 @@ func (g *GVisor) Create(ctx context.Context, o Options) (_ Instance, err error) 
 		platform = "systrap"
 	}
 	args := []string{"--root", g.Root, "--platform", platform, "--network", "none", "--ignore-cgroups",
-		"--host-uds", "create", "--overlay2", overlay, "run", "--bundle", bundle, sb.Container}
+		"--host-uds", "create", "--in-sandbox-cgroup", "v2", "--overlay2", overlay, "run", "--bundle", bundle, sb.Container}
 	// runsc starts in the sandbox's groups, so that the sentry and the
 	// file server it forks are held by them from the start: kilnd's
 	// binary joins the v1 groups (the v2 one it is born in) and executes

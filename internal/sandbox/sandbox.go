@@ -116,6 +116,10 @@ func (s *Sandbox) End() {
 }
 
 // Socket is the path of the agent's API socket.
+// ExitReason implements Instance: the agent is outside the sandbox's
+// limits, so what ended it is not the sandbox's doing.
+func (s *Sandbox) ExitReason() string { return "" }
+
 func (s *Sandbox) Socket() string { return filepath.Join(s.Dir, SocketName) }
 
 // Create makes a sandbox and starts its agent, and returns once the agent

@@ -171,6 +171,54 @@ except OSError as e:
 	}
 }
 
+// TestGVisorLimits: in a gVisor sandbox the pids limit holds as in the
+// namespace backend's (the runtime's kernel counts its processes in a
+// group of its own), and memory past the limit ends the whole sandbox,
+// which says so.
+func TestGVisorLimits(t *testing.T) {
+	sb := newBox(t, sandbox.RuntimeGVisor, sandbox.Options{Limits: sandbox.Limits{Pids: 64, MemoryBytes: 64 << 20}})
+	bomb := run(t, sb, `python3 -c '
+import errno, os
+n = 0
+try:
+    while True:
+        os.posix_spawnp("sleep", ["sleep", "1000"], os.environ)
+        n += 1
+except OSError as e:
+    print(n, errno.errorcode[e.errno])
+'`)
+	var forked int
+	var why string
+	if _, err := fmt.Sscan(bomb.Stdout, &forked, &why); err != nil || forked >= 64 || forked < 8 || why != "EAGAIN" {
+		t.Errorf("fork bomb: stdout %q, stderr %q: want fewer than 64 forks, then EAGAIN", bomb.Stdout, clipS(bomb.Stderr))
+	}
+	if r := run(t, sb, "echo alive"); strings.TrimSpace(r.Stdout) != "alive" {
+		t.Fatalf("after the bomb: %q", r.Stdout)
+	}
+	if sb.ExitReason() != "" {
+		t.Errorf("a running sandbox's exit reason: %q", sb.ExitReason())
+	}
+	// No answer comes: the sandbox ends under the request.
+	body, _ := json.Marshal(api.ExecRequest{Command: "python3", Args: []string{"-c", "b = bytearray(512 << 20); print(len(b))"}})
+	c := &http.Client{Transport: sandbox.Transport(sb.Dial)}
+	defer c.CloseIdleConnections()
+	if resp, err := c.Post("http://agent/exec", "application/json", bytes.NewReader(body)); err == nil {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		t.Fatalf("512 MiB in a 64 MiB gVisor sandbox answered %d: %s", resp.StatusCode, b)
+	}
+	stop := make(chan struct{})
+	timer := time.AfterFunc(time.Minute, func() { close(stop) })
+	defer timer.Stop()
+	sb.AwaitExit(stop)
+	if sb.Alive() {
+		t.Fatal("the sandbox still runs")
+	}
+	if r := sb.ExitReason(); !strings.Contains(r, "out of memory") {
+		t.Errorf("exit reason %q, want out of memory", r)
+	}
+}
+
 // TestCPULimit: a busy loop in a sandbox limited to a fifth of a core is
 // throttled, which it would not be outside the sandbox's cpu group; and
 // the agent, which works for it, joins that group too.
