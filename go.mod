@@ -19,13 +19,11 @@ require (
 	github.com/opencontainers/runtime-spec v1.2.1
 	github.com/spf13/cobra v1.10.2
 	github.com/spf13/pflag v1.0.9
+	golang.org/x/net v0.59.0
 	golang.org/x/term v0.48.0
 )
 
-require (
-	github.com/inconshreveable/mousetrap v1.1.0 // indirect
-	golang.org/x/net v0.59.0 // indirect
-)
+require github.com/inconshreveable/mousetrap v1.1.0 // indirect
 
 require (
 	github.com/beorn7/perks v1.0.1 // indirect

@@ -31,8 +31,9 @@ import (
 	"runtime"
 	"strconv"
 	"syscall"
+	"unsafe"
 
-	seccomp "github.com/elastic/go-seccomp-bpf"
+	"golang.org/x/net/bpf"
 	"golang.org/x/sys/unix"
 )
 
@@ -130,14 +131,60 @@ func confine(cfg Config) error {
 		return err
 	}
 	// Both are this thread's, the one that forks.
-	return LoadFilter()
+	prog := <-assembled
+	if prog.err != nil {
+		return prog.err
+	}
+	return loadProgram(prog.insts)
 }
 
 // LoadFilter sets no_new_privs and installs Policy's filter on the calling
 // thread, which the caller has locked.
 func LoadFilter() error {
-	if err := seccomp.LoadFilter(seccomp.Filter{NoNewPrivs: true, Policy: Policy()}); err != nil {
-		return fmt.Errorf("confine: %w", err)
+	insts, err := assemble()
+	if err != nil {
+		return err
+	}
+	return loadProgram(insts)
+}
+
+// assembled is Policy's program, which a spawner assembles while its
+// forking thread joins its groups: that can wait for the kernel, and the
+// assembly takes a good half millisecond.
+var assembled = make(chan program, 1)
+
+type program struct {
+	insts []unix.SockFilter
+	err   error
+}
+
+// assemble compiles Policy into a BPF program.
+func assemble() ([]unix.SockFilter, error) {
+	p := Policy()
+	insts, err := p.Assemble()
+	if err != nil {
+		return nil, fmt.Errorf("confine: assemble the filter: %w", err)
+	}
+	raw, err := bpf.Assemble(insts)
+	if err != nil {
+		return nil, fmt.Errorf("confine: assemble the filter: %w", err)
+	}
+	out := make([]unix.SockFilter, len(raw))
+	for i, r := range raw {
+		out[i] = unix.SockFilter{Code: r.Op, Jt: r.Jt, Jf: r.Jf, K: r.K}
+	}
+	return out, nil
+}
+
+// loadProgram sets no_new_privs and installs insts as the calling
+// thread's seccomp filter.
+func loadProgram(insts []unix.SockFilter) error {
+	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+		return fmt.Errorf("confine: no_new_privs: %w", err)
+	}
+	prog := unix.SockFprog{Len: uint16(len(insts)), Filter: &insts[0]}
+	if _, _, errno := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, 0, uintptr(unsafe.Pointer(&prog))); errno != 0 {
+		return fmt.Errorf("confine: load the seccomp filter: %w", errno)
 	}
 	return nil
 }
@@ -186,6 +233,10 @@ func init() {
 // Main runs this process as a sandbox's spawner, until the agent closes
 // its socket. It never returns.
 func Main() {
+	go func() {
+		insts, err := assemble()
+		assembled <- program{insts, err}
+	}()
 	unix.Prctl(unix.PR_SET_NAME, uintptr(unsafePointer("kiln-spawner")), 0, 0, 0) // the main thread's, as ps shows
 	go serve()
 	select {}
