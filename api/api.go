@@ -538,3 +538,27 @@ func clipText(s string) string {
 	}
 	return strings.ToValidUTF8(s, "\uFFFD")
 }
+
+// FileInfo describes an entry of a sandbox's file system, as the files
+// routes list and stat it.
+type FileInfo struct {
+	Name    string    `json:"name"`
+	Type    string    `json:"type"` // FileRegular, FileDir, FileSymlink or FileOther
+	Size    int64     `json:"size"`
+	Mode    string    `json:"mode"` // permission bits in octal, as chmod takes them: "0644"
+	ModTime time.Time `json:"mtime"`
+	Link    string    `json:"link,omitempty"` // a symbolic link's target
+}
+
+// FileInfo types.
+const (
+	FileRegular = "file"
+	FileDir     = "dir"
+	FileSymlink = "symlink"
+	FileOther   = "other" // a device, socket or FIFO
+)
+
+// PathStatHeader carries, on GET /sandboxes/{id}/archive, the FileInfo
+// (JSON) of the path archived, as Docker's X-Docker-Container-Path-Stat
+// does.
+const PathStatHeader = "Kiln-Path-Stat"

@@ -178,6 +178,11 @@ func IsInternal(err error) bool { return hasCode(err, api.CodeInternal) }
 // request is one HTTP call. sent reports whether the request may have
 // reached kilnd: a failure after that is an unknown outcome.
 func (c *Client) request(ctx context.Context, hc *http.Client, method, path string, query url.Values, body io.Reader, ctype string) (*http.Response, bool, error) {
+	return c.requestWith(ctx, hc, method, path, query, body, ctype, nil)
+}
+
+// requestWith is request with more headers.
+func (c *Client) requestWith(ctx context.Context, hc *http.Client, method, path string, query url.Values, body io.Reader, ctype string, header map[string]string) (*http.Response, bool, error) {
 	u := c.base + path
 	if len(query) > 0 {
 		u += "?" + query.Encode()
@@ -188,6 +193,9 @@ func (c *Client) request(ctx context.Context, hc *http.Client, method, path stri
 	}
 	if ctype != "" {
 		req.Header.Set("Content-Type", ctype)
+	}
+	for k, v := range header {
+		req.Header.Set(k, v)
 	}
 	if c.token != "" {
 		req.Header.Set("Authorization", "Bearer "+c.token)

@@ -234,6 +234,7 @@ func TestHelpGolden(t *testing.T) {
 		"sandbox-create": {"sandbox", "create", "--help"},
 		"exec":           {"exec", "--help"},
 		"shell":          {"shell", "--help"},
+		"cp":             {"cp", "--help"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			var out, errs bytes.Buffer
@@ -454,5 +455,69 @@ func TestOutOfMemorySaid(t *testing.T) {
 	code, _, errOut := kiln(t, state, "", "exec", sb, "--", "dd", "if=/dev/zero", "of=/tmp/fill", "bs=1M", "count=64")
 	if code != 137 || !strings.Contains(errOut, "out of memory") {
 		t.Errorf("exit %d, stderr %q; want 137 and out of memory said", code, errOut)
+	}
+}
+
+// TestCopy copies a tree into a sandbox and back as docker cp does: into
+// an existing directory under its own name, to a new path under that
+// name, and as a tar on standard output and input.
+func TestCopy(t *testing.T) {
+	state := kilnd(t)
+	_, out, _ := kiln(t, state, "", "sandbox", "create")
+	sb := strings.TrimSpace(out)
+	src := filepath.Join(t.TempDir(), "proj")
+	os.MkdirAll(filepath.Join(src, "sub"), 0o755)
+	os.WriteFile(filepath.Join(src, "a.txt"), []byte("alpha\n"), 0o640)
+	os.WriteFile(filepath.Join(src, "sub", "b.txt"), []byte("beta\n"), 0o644)
+	os.Symlink("a.txt", filepath.Join(src, "link"))
+	if code, _, errs := kiln(t, state, "", "cp", src, sb+":/workspace"); code != 0 || !strings.Contains(errs, "copied 11 B to") {
+		t.Fatalf("cp in: %d %q", code, errs)
+	}
+	if code, _, errs := kiln(t, state, "", "cp", src, sb+":/workspace/renamed"); code != 0 {
+		t.Fatalf("cp in, renamed: %d %q", code, errs)
+	}
+	code, out, _ := kiln(t, state, "", "exec", sb, "--", "sh", "-c",
+		"cd /workspace && stat -c '%n %u %a' proj/a.txt proj/sub/b.txt renamed/a.txt && readlink proj/link")
+	if code != 0 || out != "proj/a.txt 0 640\nproj/sub/b.txt 0 644\nrenamed/a.txt 0 640\na.txt\n" {
+		t.Errorf("inside: %d %q", code, out)
+	}
+	back := t.TempDir()
+	if code, _, errs := kiln(t, state, "", "cp", sb+":/workspace/proj", back); code != 0 {
+		t.Fatalf("cp out: %d %q", code, errs)
+	}
+	if b, err := os.ReadFile(filepath.Join(back, "proj", "sub", "b.txt")); err != nil || string(b) != "beta\n" {
+		t.Errorf("copied back: %q %v", b, err)
+	}
+	if code, _, errs := kiln(t, state, "", "cp", sb+":/workspace/proj/a.txt", filepath.Join(back, "one.txt")); code != 0 {
+		t.Fatalf("cp out a file: %d %q", code, errs)
+	}
+	if b, err := os.ReadFile(filepath.Join(back, "one.txt")); err != nil || string(b) != "alpha\n" {
+		t.Errorf("a file copied back: %q %v", b, err)
+	}
+	// A tar on stdout, and one on stdin.
+	code, tarball, _ := kiln(t, state, "", "cp", sb+":/workspace/proj/sub", "-")
+	if code != 0 || !strings.Contains(tarball, "sub/b.txt") {
+		t.Fatalf("cp to -: %d %.100q", code, tarball)
+	}
+	kiln(t, state, "", "exec", sb, "--", "mkdir", "/workspace/fromtar")
+	if code, _, errs := kiln(t, state, tarball, "cp", "-", sb+":/workspace/fromtar"); code != 0 {
+		t.Fatalf("cp from -: %d %q", code, errs)
+	}
+	if code, out, _ := kiln(t, state, "", "exec", sb, "--", "cat", "/workspace/fromtar/sub/b.txt"); code != 0 || out != "beta\n" {
+		t.Errorf("extracted from stdin: %d %q", code, out)
+	}
+	// What a user gets wrong, said.
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"cp", sb + ":/nope", back}, "no such file"},
+		{[]string{"cp", src, sb + ":relative"}, "absolute"},
+		{[]string{"cp", src, back}, "SANDBOX:PATH"},
+		{[]string{"cp", sb + ":/workspace/proj", filepath.Join(back, "one.txt")}, "cannot copy the directory"},
+	} {
+		if code, _, errs := kiln(t, state, "", tc.args...); code == 0 || !strings.Contains(errs, tc.want) {
+			t.Errorf("%v: %d %q, want an error saying %q", tc.args, code, errs, tc.want)
+		}
 	}
 }

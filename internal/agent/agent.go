@@ -26,6 +26,7 @@ import (
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/capture"
 	"github.com/sandkiln/sandkiln/internal/errdefs"
+	"github.com/sandkiln/sandkiln/internal/files"
 	"github.com/sandkiln/sandkiln/internal/process"
 	"github.com/sandkiln/sandkiln/internal/reply"
 	"github.com/sandkiln/sandkiln/internal/ring"
@@ -92,6 +93,9 @@ func (s *Server) routes() {
 	m.HandleFunc("POST /exec-stream/{pid}/stdin/close", s.closeStdin)
 	m.HandleFunc("POST /exec-stream/{pid}/resize", s.resize)
 	m.HandleFunc("GET /exec-stream/{pid}/logs", s.logs)
+	if s.cfg.Launch != nil {
+		(&files.Server{Launch: s.cfg.Launch}).Register(m)
+	}
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, fmt.Errorf("%w: no route %s %s", errdefs.ErrNotFound, r.Method, r.URL.Path))
 	})

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"path"
 	"slices"
 	"strconv"
 	"strings"
@@ -41,6 +42,8 @@ var Routes = []Route{
 	{"", "/sandboxes/{id}/exec", false},
 	{"", "/sandboxes/{id}/exec-stream", false},
 	{"", "/sandboxes/{id}/exec-stream/", false},
+	{"", "/sandboxes/{id}/files/", false},
+	{"", "/sandboxes/{id}/archive", false},
 }
 
 // Handler is kilnd's API. Over TCP (tcp set) every request but the open
@@ -85,6 +88,8 @@ func (d *Daemon) Handler(tcp bool) http.Handler {
 		"/sandboxes/{id}/exec":           d.forward,
 		"/sandboxes/{id}/exec-stream":    d.forward,
 		"/sandboxes/{id}/exec-stream/":   d.forward,
+		"/sandboxes/{id}/files/":         d.forward,
+		"/sandboxes/{id}/archive":        d.forward,
 	}
 	m := http.NewServeMux()
 	open := map[string]bool{}
@@ -111,6 +116,13 @@ func (d *Daemon) Handler(tcp bool) http.Handler {
 		if tcp && !open[r.URL.Path] && !d.authorized(r) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="kilnd"`)
 			reply.Error(w, errdefs.New(errdefs.ErrUnauthenticated, "kilnd: a bearer token is required (the token file in kilnd's state directory)"))
+			return
+		}
+		// Refused rather than redirected to the cleaned path: a client
+		// that follows the redirect would reach another file than it named.
+		// (An escaped dot or slash stays inside its segment, an id.)
+		if p := r.URL.EscapedPath(); p != "/" && path.Clean(p) != strings.TrimSuffix(p, "/") {
+			reply.Error(w, errdefs.New(errdefs.ErrInvalidArgument, fmt.Sprintf("kilnd: path %s is not clean (no \"..\", \".\" or empty segment)", clip(p))))
 			return
 		}
 		h.ServeHTTP(w, r)

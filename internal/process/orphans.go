@@ -69,3 +69,20 @@ func parentAndState(pid int) (int, bool) {
 	ppid, _ := strconv.Atoi(string(f[1]))
 	return ppid, string(f[0]) == "Z"
 }
+
+// Own starts a child of this process with start and keeps ReapOrphans
+// from waiting for it: the caller waits for it (Process.Wait), then calls
+// release.
+func Own(start func() (*os.Process, error)) (p *os.Process, release func(), err error) {
+	owned.Lock()
+	defer owned.Unlock()
+	if p, err = start(); err != nil {
+		return nil, nil, err
+	}
+	owned.pids[p.Pid] = true
+	return p, func() {
+		owned.Lock()
+		delete(owned.pids, p.Pid)
+		owned.Unlock()
+	}, nil
+}

@@ -21,6 +21,7 @@ import (
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/capture"
 	"github.com/sandkiln/sandkiln/internal/confine"
+	"github.com/sandkiln/sandkiln/internal/files"
 )
 
 // AgentConfig is what the re-executed binary needs to become a sandbox's
@@ -542,6 +543,9 @@ type Inside struct {
 func IsAgent() bool {
 	if confine.Is() {
 		confine.Main()
+	}
+	if files.Is() {
+		files.Main()
 	}
 	if os.Getenv(joinEnv) != "" {
 		joinAndExec()

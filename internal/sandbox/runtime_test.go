@@ -1,15 +1,20 @@
 package sandbox_test
 
 import (
+	"bytes"
 	"context"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"golang.org/x/sys/unix"
 
 	"github.com/sandkiln/sandkiln/internal/sandbox"
 )
@@ -104,4 +109,51 @@ func staticKilnd(t *testing.T) string {
 		t.Fatalf("build a static kilnd: %v: %s", err, b)
 	}
 	return out
+}
+
+// TestFiles: the agent's files routes work in both backends, done by the
+// sandbox's root: a file written through them belongs to it inside, and
+// what its processes write reads back.
+func TestFiles(t *testing.T) { eachRuntime(t, testFiles) }
+
+func testFiles(t *testing.T, runtime string) {
+	sb := newBox(t, runtime, sandbox.Options{})
+	c := &http.Client{Transport: sandbox.Transport(sb.Dial)}
+	defer c.CloseIdleConnections()
+	req, _ := http.NewRequest("PUT", "http://agent/files/workspace/in/put.txt?mode=0640", strings.NewReader("put through the API\n"))
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("PUT: %d %s", resp.StatusCode, b)
+	}
+	if r := run(t, sb, "stat -c '%u %g %a' /workspace/in/put.txt; cat /workspace/in/put.txt; echo written inside > /workspace/in/mine.txt"); r.Stdout != "0 0 640\nput through the API\n" {
+		t.Errorf("inside: %q %q", r.Stdout, r.Stderr)
+	}
+	resp, err = c.Get("http://agent/files/workspace/in/mine.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || string(b) != "written inside\n" {
+		t.Errorf("GET: %d %q", resp.StatusCode, b)
+	}
+	resp, err = c.Get("http://agent/archive?path=/workspace/in")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !bytes.Contains(b, []byte("in/mine.txt")) || !bytes.Contains(b, []byte("in/put.txt")) {
+		t.Errorf("archive: %d %.200q", resp.StatusCode, b)
+	}
+	// On the host, the sandbox's root is the first uid of its range.
+	var st unix.Stat_t
+	if err := unix.Stat(filepath.Join(sb.Workspace, "in", "put.txt"), &st); err == nil && st.Uid == 0 {
+		t.Errorf("the file is host root's")
+	}
 }

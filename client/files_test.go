@@ -1,0 +1,190 @@
+package client_test
+
+import (
+	"archive/tar"
+	"bytes"
+	"crypto/rand"
+	"errors"
+	"io"
+	"strings"
+	"testing"
+
+	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/client"
+)
+
+// inside runs sh -c script in the sandbox and returns its output.
+func inside(t *testing.T, sb *client.Sandbox, script string) string {
+	t.Helper()
+	r, err := sb.Exec(ctxT(t), client.ExecOptions{Command: "sh", Args: []string{"-c", script}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.ExitCode == nil || *r.ExitCode != 0 {
+		t.Fatalf("%q: %+v, stderr %q", script, r.Exit, r.Stderr)
+	}
+	return string(r.Stdout)
+}
+
+// TestFiles writes, reads, lists, moves and removes files in a sandbox
+// as a user of the SDK would, and checks each from inside with the
+// sandbox's own tools: what the API writes is the sandbox's root's.
+func TestFiles(t *testing.T) {
+	k := startKilnd(t)
+	_, sb := clientOf(t, k.State)
+	ctx := ctxT(t)
+	content := make([]byte, 3<<20+17)
+	rand.Read(content)
+	fi, err := sb.WriteFile(ctx, "/workspace/deep/er/blob.bin", bytes.NewReader(content), 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Size != int64(len(content)) || fi.Mode != "0600" || fi.Type != api.FileRegular || fi.Name != "blob.bin" {
+		t.Errorf("written: %+v", fi)
+	}
+	// Owned by the sandbox's root, with the mode asked; its parents made.
+	if got := inside(t, sb, "stat -c '%u %g %a %s' /workspace/deep/er/blob.bin; stat -c '%u %a' /workspace/deep"); got != "0 0 600 3145745\n0 755\n" {
+		t.Errorf("inside: %q", got)
+	}
+	rc, err := sb.ReadFile(ctx, "/workspace/deep/er/blob.bin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := io.ReadAll(rc)
+	rc.Close()
+	if !bytes.Equal(got, content) {
+		t.Errorf("read %d bytes, not the %d written", len(got), len(content))
+	}
+	rc, err = sb.ReadFileRange(ctx, "/workspace/deep/er/blob.bin", 1<<20, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ = io.ReadAll(rc)
+	rc.Close()
+	if !bytes.Equal(got, content[1<<20:1<<20+100]) {
+		t.Errorf("range: %d bytes, not bytes 1 MiB to +100", len(got))
+	}
+	// What the sandbox writes, the API reads.
+	inside(t, sb, "printf 'from inside' > /workspace/deep/note; ln -s note /workspace/deep/link; mkdir /workspace/deep/sub")
+	list, err := sb.ReadDir(ctx, "/workspace/deep")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range list {
+		names = append(names, e.Name+":"+e.Type+":"+e.Link)
+	}
+	if strings.Join(names, " ") != "er:dir: link:symlink:note note:file: sub:dir:" {
+		t.Errorf("listing: %v", names)
+	}
+	if st, err := sb.Stat(ctx, "/workspace/deep/link"); err != nil || st.Type != api.FileSymlink || st.Link != "note" {
+		t.Errorf("stat of the link: %+v, %v", st, err)
+	}
+	if _, err := sb.Mkdir(ctx, "/workspace/made/two", 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sb.Move(ctx, "/workspace/deep/note", "/workspace/made/two/note"); err != nil {
+		t.Fatal(err)
+	}
+	if got := inside(t, sb, "cat /workspace/made/two/note; stat -c %a /workspace/made/two"); got != "from inside700\n" {
+		t.Errorf("after mkdir and move: %q", got)
+	}
+	// A directory is not removed without recursive; then it is.
+	if err := sb.Remove(ctx, "/workspace/deep", false); !client.IsFailedPrecondition(err) {
+		t.Errorf("removing a full directory: %v", err)
+	}
+	if err := sb.Remove(ctx, "/workspace/deep", true); err != nil {
+		t.Fatal(err)
+	}
+	if got := inside(t, sb, "test -e /workspace/deep || echo gone"); got != "gone\n" {
+		t.Errorf("after remove: %q", got)
+	}
+	// Errors a user meets, as the API's classes.
+	if _, err := sb.ReadFile(ctx, "/workspace/nope"); !client.IsNotFound(err) {
+		t.Errorf("a missing file: %v", err)
+	}
+	if _, err := sb.WriteFile(ctx, "/usr/bin/planted", strings.NewReader("x"), 0); !client.IsPermissionDenied(err) {
+		t.Errorf("writing to the read-only /usr: %v", err)
+	}
+	if _, err := sb.WriteFile(ctx, "relative", strings.NewReader("x"), 0); err == nil {
+		t.Error("a relative path was taken")
+	}
+}
+
+// TestArchive copies a tree into a sandbox and back as tar, as docker cp
+// does, and refuses archives whose members would land outside the
+// directory they are extracted into.
+func TestArchive(t *testing.T) {
+	k := startKilnd(t)
+	_, sb := clientOf(t, k.State)
+	ctx := ctxT(t)
+	in := tarOf(t, []tar.Header{
+		{Name: "proj/", Typeflag: tar.TypeDir, Mode: 0o755},
+		{Name: "proj/main.go", Typeflag: tar.TypeReg, Mode: 0o644, Size: 12},
+		{Name: "proj/run.sh", Typeflag: tar.TypeReg, Mode: 0o4755, Size: 12}, // setuid dropped
+		{Name: "proj/latest", Typeflag: tar.TypeSymlink, Linkname: "main.go"},
+	})
+	if err := sb.Extract(ctx, "/workspace", bytes.NewReader(in)); err != nil {
+		t.Fatal(err)
+	}
+	if got := inside(t, sb, "cd /workspace/proj && stat -c '%n %u %a' main.go run.sh && readlink latest && cat latest"); got != "main.go 0 644\nrun.sh 0 755\nmain.go\npackage main" {
+		t.Errorf("extracted: %q", got)
+	}
+	rc, top, err := sb.Archive(ctx, "/workspace/proj")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	tr := tar.NewReader(rc)
+	for {
+		h, err := tr.Next()
+		if err != nil {
+			if !errors.Is(err, io.EOF) {
+				t.Fatal(err)
+			}
+			break
+		}
+		names = append(names, h.Name)
+	}
+	rc.Close()
+	if top.Type != api.FileDir || strings.Join(names, " ") != "proj/ proj/latest proj/main.go proj/run.sh" {
+		t.Errorf("archive of %+v: %v", top, names)
+	}
+	for _, tc := range []struct {
+		name string
+		h    tar.Header
+	}{
+		{"an absolute name", tar.Header{Name: "/tmp/abs", Typeflag: tar.TypeReg, Mode: 0o644, Size: 12}},
+		{"a name with ..", tar.Header{Name: "a/../../escaped", Typeflag: tar.TypeReg, Mode: 0o644, Size: 12}},
+		{"a link out", tar.Header{Name: "out", Typeflag: tar.TypeSymlink, Linkname: "../../etc"}},
+		{"an absolute link", tar.Header{Name: "out", Typeflag: tar.TypeSymlink, Linkname: "/etc"}},
+		{"a hard link out", tar.Header{Name: "hard", Typeflag: tar.TypeLink, Linkname: "../etc/passwd"}},
+		{"a device node", tar.Header{Name: "null", Typeflag: tar.TypeChar, Mode: 0o666, Devmajor: 1, Devminor: 3}},
+	} {
+		err := sb.Extract(ctx, "/workspace/proj", bytes.NewReader(tarOf(t, []tar.Header{tc.h})))
+		if !client.IsPermissionDenied(err) {
+			t.Errorf("%s: %v, want permission denied", tc.name, err)
+		}
+	}
+	if got := inside(t, sb, "ls -A /workspace/proj; ls -A /tmp; test -e /workspace/escaped || echo none"); got != "latest\nmain.go\nrun.sh\nnone\n" {
+		t.Errorf("after the refused archives: %q", got)
+	}
+}
+
+// tarOf writes a tar of hs, each regular file holding "package main"
+// (cut to its size).
+func tarOf(t *testing.T, hs []tar.Header) []byte {
+	t.Helper()
+	var b bytes.Buffer
+	tw := tar.NewWriter(&b)
+	for _, h := range hs {
+		if err := tw.WriteHeader(&h); err != nil {
+			t.Fatal(err)
+		}
+		if h.Typeflag == tar.TypeReg {
+			tw.Write([]byte("package main")[:h.Size])
+		}
+	}
+	tw.Close()
+	return b.Bytes()
+}

@@ -1,0 +1,289 @@
+package main
+
+import (
+	"archive/tar"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/client"
+)
+
+// location is one side of kiln cp: a sandbox's path, a local path, or "-".
+type location struct {
+	sandbox, path string
+}
+
+// parseLocation reads SANDBOX:PATH, or a local path (one starting with "/"
+// or "." is always local, whatever colons it holds).
+func parseLocation(s string) location {
+	if strings.HasPrefix(s, "/") || strings.HasPrefix(s, ".") || s == "-" {
+		return location{path: s}
+	}
+	if sb, p, ok := strings.Cut(s, ":"); ok && sb != "" && !strings.Contains(sb, "/") {
+		return location{sandbox: sb, path: p}
+	}
+	return location{path: s}
+}
+
+func (c *cli) cpCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "cp SANDBOX:SRC DEST|- | SRC|- SANDBOX:DEST",
+		Short: "Copy files and directories between a sandbox and this host",
+		Long: `Copy files and directories between a sandbox and this host, as docker cp does.
+
+A directory is copied with everything in it. Copied into an existing directory, SRC keeps its
+name there; to a path that does not exist, it takes that name. "-" is a tar archive on standard
+input (extracted into the sandbox's directory DEST) or output (of the sandbox's SRC).
+
+In the sandbox, files are written by its root and belong to it; paths are the sandbox's own
+(symbolic links resolve inside it). An archive's absolute names, "..", device nodes and links
+that lead out of the destination are refused, on either side. On this host, what is copied
+belongs to the user running kiln.`,
+		Example: `  kiln cp ./project $SB:/workspace            # /workspace/project
+  kiln cp $SB:/workspace/dist ./dist           # the sandbox's dist, here
+  kiln cp $SB:/workspace/report.txt -          # a tar of it on standard output
+  tar -C src -c . | kiln cp - $SB:/workspace    # a tar from standard input`,
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			src, dst := parseLocation(args[0]), parseLocation(args[1])
+			switch {
+			case src.sandbox != "" && dst.sandbox != "":
+				return errors.New("copying between two sandboxes is not supported: copy to this host first")
+			case src.sandbox == "" && dst.sandbox == "":
+				return errors.New("one of SRC and DEST must be SANDBOX:PATH")
+			}
+			return c.withClient(func(cl *client.Client) error {
+				if src.sandbox != "" {
+					return c.copyOut(cmd, cl.Handle(src.sandbox), src.path, dst.path)
+				}
+				return c.copyIn(cmd, cl.Handle(dst.sandbox), src.path, dst.path)
+			})
+		},
+	}
+}
+
+// copyOut copies the sandbox's src to the local dst.
+func (c *cli) copyOut(cmd *cobra.Command, sb *client.Sandbox, src, dst string) error {
+	if !strings.HasPrefix(src, "/") {
+		return fmt.Errorf("%q: a path in a sandbox is absolute", src)
+	}
+	rc, fi, err := sb.Archive(cmd.Context(), src)
+	if err != nil {
+		return err
+	}
+	defer rc.Close()
+	if dst == "-" {
+		_, err := io.Copy(c.stdout, rc)
+		return err
+	}
+	// Into an existing directory under src's name, or as dst itself.
+	dir, rename := dst, ""
+	st, err := os.Stat(dst)
+	switch {
+	case err == nil && st.IsDir():
+	case err == nil && fi.Type == api.FileDir:
+		return fmt.Errorf("cannot copy the directory %s to the file %s", src, dst)
+	case err != nil && !errors.Is(err, fs.ErrNotExist):
+		return err
+	case strings.HasSuffix(dst, "/"):
+		return fmt.Errorf("the directory %s does not exist", dst)
+	default:
+		dir, rename = filepath.Dir(dst), filepath.Base(dst)
+	}
+	n, err := extractLocal(dir, path.Base(src), rename, tar.NewReader(rc))
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(c.stderr, "copied %s to %s\n", bytesText(n), dst)
+	return nil
+}
+
+// copyIn copies the local src (or a tar on stdin, for "-") to the
+// sandbox's dst.
+func (c *cli) copyIn(cmd *cobra.Command, sb *client.Sandbox, src, dst string) error {
+	ctx := cmd.Context()
+	if !strings.HasPrefix(dst, "/") {
+		return fmt.Errorf("%q: a path in a sandbox is absolute", dst)
+	}
+	if src == "-" {
+		return sb.Extract(ctx, dst, c.stdin)
+	}
+	st, err := os.Lstat(src)
+	if err != nil {
+		return err
+	}
+	dir, name := dst, filepath.Base(src)
+	fi, err := sb.Stat(ctx, dst)
+	switch {
+	case err == nil && fi.Type == api.FileDir:
+	case err == nil && st.IsDir():
+		return fmt.Errorf("cannot copy the directory %s to the file %s", src, dst)
+	case err != nil && !client.IsNotFound(err):
+		return err
+	case strings.HasSuffix(dst, "/"):
+		return fmt.Errorf("the directory %s does not exist in the sandbox", dst)
+	default:
+		dir, name = path.Dir(dst), path.Base(dst)
+	}
+	pr, pw := io.Pipe()
+	var n int64
+	go func() {
+		var err error
+		n, err = writeLocalTar(pw, src, name)
+		pw.CloseWithError(err)
+	}()
+	if err := sb.Extract(ctx, dir, pr); err != nil {
+		pr.CloseWithError(err)
+		return err
+	}
+	fmt.Fprintf(c.stderr, "copied %s to %s:%s\n", bytesText(n), sb.ID, dst)
+	return nil
+}
+
+// writeLocalTar writes a tar of the local src, its top entry named name,
+// and returns the bytes of file content written.
+func writeLocalTar(w io.Writer, src, name string) (int64, error) {
+	tw := tar.NewWriter(w)
+	var total int64
+	err := filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		link := ""
+		if fi.Mode()&fs.ModeSymlink != 0 {
+			if link, err = os.Readlink(p); err != nil {
+				return err
+			}
+		} else if !fi.Mode().IsRegular() && !fi.IsDir() {
+			return nil // no content to move
+		}
+		h, err := tar.FileInfoHeader(fi, link)
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(src, p)
+		h.Name = path.Join(name, filepath.ToSlash(rel))
+		if fi.IsDir() {
+			h.Name += "/"
+		}
+		h.Uid, h.Gid, h.Uname, h.Gname = 0, 0, "", ""
+		if err := tw.WriteHeader(h); err != nil {
+			return err
+		}
+		if fi.Mode().IsRegular() {
+			f, err := os.Open(p)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			n, err := io.Copy(tw, io.LimitReader(f, h.Size))
+			total += n
+			if err == nil && n < h.Size {
+				err = fmt.Errorf("%s shrank while it was copied", p)
+			}
+			return err
+		}
+		return nil
+	})
+	if err != nil {
+		return total, err
+	}
+	return total, tw.Close()
+}
+
+// extractLocal extracts tr into the local directory dir, the archive's
+// top entry top renamed to rename when set, and returns the bytes of file
+// content written. The archive comes from a sandbox: nothing in it may
+// lead out of dir.
+func extractLocal(dir, top, rename string, tr *tar.Reader) (int64, error) {
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return 0, err
+	}
+	defer root.Close()
+	var total int64
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return total, nil
+		}
+		if err != nil {
+			return total, fmt.Errorf("the sandbox's archive: %w", err)
+		}
+		name := path.Clean(h.Name)
+		if strings.HasPrefix(h.Name, "/") || name == ".." || strings.HasPrefix(name, "../") {
+			return total, fmt.Errorf("the sandbox's archive: %q leads out of %s", h.Name, dir)
+		}
+		if rename != "" {
+			if name == top {
+				name = rename
+			} else if rest, ok := strings.CutPrefix(name, top+"/"); ok {
+				name = path.Join(rename, rest)
+			}
+		}
+		mode := fs.FileMode(h.Mode) & 0o1777
+		switch h.Typeflag {
+		case tar.TypeDir:
+			if err := root.MkdirAll(name, mode|0o700); err != nil {
+				return total, err
+			}
+			root.Chmod(name, mode)
+		case tar.TypeReg, tar.TypeRegA:
+			if err := root.MkdirAll(path.Dir(name), 0o755); err != nil {
+				return total, err
+			}
+			root.Remove(name) // a link there is replaced, never written through
+			f, err := root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
+			if err != nil {
+				return total, err
+			}
+			n, err := io.Copy(f, tr)
+			total += n
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil {
+				return total, err
+			}
+			root.Chtimes(name, h.AccessTime, h.ModTime)
+		case tar.TypeSymlink:
+			target := path.Join(path.Dir(name), h.Linkname)
+			if strings.HasPrefix(h.Linkname, "/") || target == ".." || strings.HasPrefix(target, "../") {
+				return total, fmt.Errorf("the sandbox's archive: the link %s to %s leads out of %s", h.Name, h.Linkname, dir)
+			}
+			root.Remove(name)
+			if err := root.Symlink(h.Linkname, name); err != nil {
+				return total, err
+			}
+		default:
+			// Devices, FIFOs and hard links are not made on this host.
+		}
+	}
+}
+
+// bytesText is n bytes as people read them: 512 B, 2.0 KiB, 1.5 GiB.
+func bytesText(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit && exp < 4; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTP"[exp])
+}

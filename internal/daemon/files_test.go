@@ -1,0 +1,143 @@
+package daemon_test
+
+import (
+	"bufio"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/internal/sandbox"
+)
+
+// raw sends a request line as written (no client cleans its path) and
+// returns the status code and body.
+func (k *kilnd) raw(method, target string, body []byte) (int, string) {
+	k.t.Helper()
+	c, err := net.Dial("tcp", k.addr)
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	defer c.Close()
+	req := method + " " + target + " HTTP/1.1\r\nHost: " + k.addr + "\r\nAuthorization: Bearer " + k.d.Token() +
+		"\r\nConnection: close\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + string(body)
+	if _, err := io.WriteString(c, req); err != nil {
+		k.t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// TestFilesHostile: the files routes act with the sandbox's root's
+// privileges, whatever the sandbox has laid in their way: links into the
+// agent's /proc entries and the kernel's settings lead nowhere, a path
+// that climbs is refused before it reaches anything, and a file past the
+// disk quota is refused with the space it had.
+func TestFilesHostile(t *testing.T) {
+	k := start(t, "")
+	defer k.cleanup()
+	sb := k.sandbox()
+	var res api.ExecResult
+	k.json("POST", "/sandboxes/"+sb+"/exec", api.ExecRequest{Command: "sh", Args: []string{"-c",
+		"cd /workspace && ln -s /proc/1/environ env && ln -s /proc/1/fd/4 fd && ln -s /proc/1/root agentroot && " +
+			"ln -s /proc/sys/kernel/hostname sysctl && ln -s / top && hostname"}}, &res)
+	if res.ExitCode == nil || *res.ExitCode != 0 {
+		t.Fatalf("setting up: %+v", res)
+	}
+	hostname := res.Stdout
+	for _, tc := range []struct {
+		name, method, path string
+		want               int
+	}{
+		{"the agent's environment", "GET", "/files/workspace/env", http.StatusForbidden},
+		{"the agent's descriptor of the capture directory", "GET", "/files/workspace/fd", http.StatusForbidden},
+		{"the agent's root", "GET", "/files/workspace/agentroot/etc/passwd", http.StatusForbidden},
+		{"a kernel setting", "PUT", "/files/workspace/sysctl", http.StatusForbidden},
+		{"a path that climbs", "GET", "/files/workspace/../etc/passwd", http.StatusBadRequest},
+		{"a climb escaped", "GET", "/files/workspace/%2e%2e/etc/passwd", http.StatusBadRequest},
+		{"the read-only /usr", "PUT", "/files/usr/bin/planted", http.StatusForbidden},
+	} {
+		code, body := k.raw(tc.method, "/sandboxes/"+sb+tc.path, []byte("c"))
+		if code != tc.want {
+			t.Errorf("%s (%s %s): %d %s, want %d", tc.name, tc.method, tc.path, code, body, tc.want)
+		}
+	}
+	// A link to / is the sandbox's root: its own hostname.
+	if code, body := k.raw("GET", "/sandboxes/"+sb+"/files/workspace/top/etc/hostname", nil); code != 200 || body != hostname {
+		t.Errorf("through a link to /: %d %q, want the sandbox's hostname %q", code, body, hostname)
+	}
+	if _, err := os.Stat("/planted"); err == nil {
+		t.Error("a file landed on the host")
+	}
+}
+
+// TestFilesQuota: a file past the sandbox's disk quota is refused as too
+// large, saying how much was written; the host's disk holds no more than
+// the quota.
+func TestFilesQuota(t *testing.T) {
+	if err := sandbox.DisksAvailable(); err != nil {
+		t.Skip(err)
+	}
+	k := start(t, "")
+	defer k.cleanup()
+	var sb api.Sandbox
+	k.json("POST", "/sandboxes", api.CreateSandbox{Limits: api.LimitsRequest{DiskBytes: new(int64(64 << 20))}}, &sb)
+	req, _ := http.NewRequest("PUT", "http://"+k.addr+"/sandboxes/"+sb.ID+"/files/workspace/big", io.LimitReader(zeroReader{}, 128<<20))
+	req.Header.Set("Authorization", "Bearer "+k.d.Token())
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestEntityTooLarge || !strings.Contains(string(b), "no space left on device") || !strings.Contains(string(b), "wrote ") {
+		t.Errorf("128 MiB on a 64 MiB disk: %d %s", resp.StatusCode, b)
+	}
+	images, _ := filepath.Glob(filepath.Join(k.state, "disks", "*.img"))
+	var used int64
+	for _, img := range images {
+		if fi, err := os.Stat(img); err == nil && !strings.Contains(img, "template") {
+			used += fi.Sys().(*syscall.Stat_t).Blocks * 512
+		}
+	}
+	if used > 64<<20+32<<20 {
+		t.Errorf("the disks hold %d bytes on the host", used)
+	}
+}
+
+// TestFilesAfterRestart: a restarted kilnd serves the files of the
+// sandboxes it adopted.
+func TestFilesAfterRestart(t *testing.T) {
+	k := start(t, "")
+	sb := k.sandbox()
+	if code, body := k.raw("PUT", "/sandboxes/"+sb+"/files/workspace/kept.txt", []byte("before the restart")); code != 200 {
+		t.Fatalf("PUT: %d %s", code, body)
+	}
+	k.stop()
+	k2 := start(t, k.state)
+	defer k2.cleanup()
+	if code, body := k2.raw("GET", "/sandboxes/"+sb+"/files/workspace/kept.txt", nil); code != 200 || body != "before the restart" {
+		t.Errorf("after the restart: %d %q", code, body)
+	}
+	if code, body := k2.raw("GET", "/sandboxes/"+sb+"/archive?path=/workspace", nil); code != 200 || !strings.Contains(body, "workspace/kept.txt") {
+		t.Errorf("archive after the restart: %d %.200q", code, body)
+	}
+}
+
+type zeroReader struct{}
+
+func (zeroReader) Read(b []byte) (int, error) {
+	clear(b)
+	return len(b), nil
+}

@@ -1,0 +1,442 @@
+package files
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/internal/errdefs"
+	"github.com/sandkiln/sandkiln/internal/process"
+	"github.com/sandkiln/sandkiln/internal/reply"
+)
+
+// Server serves the files routes on a sandbox's agent: /files/{path...}
+// (a file's content, a directory's listing, writes, removal, mkdir and
+// move) and /archive (a tar of a directory, or one extracted into it).
+type Server struct {
+	// Launch starts a process in the sandbox: the spawner's Start.
+	Launch func(*exec.Cmd) (*os.Process, error)
+}
+
+// Register adds the routes to m.
+func (s *Server) Register(m *http.ServeMux) {
+	m.HandleFunc("GET /files/{path...}", s.get)
+	m.HandleFunc("PUT /files/{path...}", s.put)
+	m.HandleFunc("DELETE /files/{path...}", s.remove)
+	m.HandleFunc("POST /files/{path...}", s.post)
+	m.HandleFunc("GET /archive", s.getArchive)
+	m.HandleFunc("PUT /archive", s.putArchive)
+}
+
+// maxPath bounds a path, as the kernel's PATH_MAX does.
+const maxPath = 4096
+
+// sandboxPath is the absolute path a route names: "/" and the rest, which
+// must be clean (no "..", ".", empty or NUL segment).
+func sandboxPath(rest string) (string, error) {
+	p := "/" + strings.TrimSuffix(rest, "/")
+	if len(p) > maxPath || strings.ContainsRune(p, 0) {
+		return "", fmt.Errorf("%w: path %.64q: too long or holds a NUL", errdefs.ErrInvalidArgument, p)
+	}
+	if p != "/" && path.Clean(p) != p {
+		return "", fmt.Errorf("%w: path %q: not clean (no \"..\", \".\" or empty segment)", errdefs.ErrInvalidArgument, p)
+	}
+	return p, nil
+}
+
+// queryPath is an absolute path given in a query parameter.
+func queryPath(r *http.Request, key string) (string, error) {
+	v := r.URL.Query().Get(key)
+	if !strings.HasPrefix(v, "/") {
+		return "", fmt.Errorf("%w: %s=%q: want an absolute path in the sandbox", errdefs.ErrInvalidArgument, key, v)
+	}
+	return sandboxPath(strings.TrimPrefix(v, "/"))
+}
+
+// call is a running helper.
+type call struct {
+	proc    *os.Process
+	release func()
+	conn    *net.UnixConn // its answers
+	stdin   *os.File      // our end of its standard input, when it reads one
+	h       header
+	fd      *os.File // the descriptor it sent, if any
+	rest    []byte   // what followed the header in the same read
+}
+
+// start runs a helper for op on p with args and reads its header.
+func (s *Server) start(ctx context.Context, op, p string, args ...string) (*call, error) {
+	c, err := s.launch(false, op, p, args...)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.await(ctx); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// launch starts a helper for op on p with args; with withStdin, c.stdin
+// feeds it.
+func (s *Server) launch(withStdin bool, op, p string, args ...string) (*call, error) {
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("files: %w", err)
+	}
+	mine, theirs := os.NewFile(uintptr(pair[0]), "files"), os.NewFile(uintptr(pair[1]), "files")
+	defer theirs.Close()
+	fc, err := net.FileConn(mine)
+	mine.Close()
+	if err != nil {
+		return nil, fmt.Errorf("files: %w", err)
+	}
+	c := &call{conn: fc.(*net.UnixConn)}
+	cmd := &exec.Cmd{
+		// The spawner's child executes the spawner's own binary: kilnd's,
+		// which is not in the sandbox's file system.
+		Path:   "/proc/self/exe",
+		Args:   append([]string{"kiln-files", op, p}, args...),
+		Env:    []string{Env + "=1"},
+		Dir:    "/",
+		Stdout: theirs,
+		Stderr: os.Stderr,
+	}
+	var theirIn *os.File
+	if withStdin {
+		if theirIn, c.stdin, err = os.Pipe(); err != nil {
+			c.conn.Close()
+			return nil, fmt.Errorf("files: %w", err)
+		}
+		cmd.Stdin = theirIn
+	}
+	c.proc, c.release, err = process.Own(func() (*os.Process, error) { return s.Launch(cmd) })
+	if theirIn != nil {
+		theirIn.Close()
+	}
+	if err != nil {
+		c.conn.Close()
+		if c.stdin != nil {
+			c.stdin.Close()
+		}
+		return nil, fmt.Errorf("%w: files: start the helper: %v", errdefs.ErrUnavailable, err)
+	}
+	return c, nil
+}
+
+// await reads the helper's header; the helper is killed if ctx ends
+// first. On an error the call is finished.
+func (c *call) await(ctx context.Context) error {
+	stop := context.AfterFunc(ctx, func() { c.proc.Kill() })
+	defer stop()
+	if err := c.readHeader(); err != nil {
+		c.finish()
+		return err
+	}
+	if c.h.Error != "" {
+		c.finish()
+		return errnoError(c.h)
+	}
+	return nil
+}
+
+// readHeader reads the header line and the descriptor that came with it.
+func (c *call) readHeader() error {
+	buf := make([]byte, maxHeader)
+	oob := make([]byte, unix.CmsgSpace(4*4))
+	n := 0
+	for {
+		k, oobn, _, _, err := c.conn.ReadMsgUnix(buf[n:], oob)
+		if oobn > 0 {
+			c.takeRights(oob[:oobn])
+		}
+		n += k
+		if i := bytes.IndexByte(buf[:n], '\n'); i >= 0 {
+			c.rest = buf[i+1 : n]
+			if err := json.Unmarshal(buf[:i], &c.h); err != nil {
+				return fmt.Errorf("%w: files: the helper's answer: %v", errdefs.ErrInternal, err)
+			}
+			return nil
+		}
+		if err != nil || n == len(buf) {
+			return fmt.Errorf("%w: files: the helper ended without an answer", errdefs.ErrInternal)
+		}
+	}
+}
+
+// takeRights keeps the first descriptor received and closes any other.
+func (c *call) takeRights(oob []byte) {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return
+	}
+	for _, m := range msgs {
+		fds, err := unix.ParseUnixRights(&m)
+		if err != nil {
+			continue
+		}
+		for _, fd := range fds {
+			if c.fd == nil {
+				c.fd = os.NewFile(uintptr(fd), "sandbox file")
+			} else {
+				unix.Close(fd)
+			}
+		}
+	}
+}
+
+// body is what the helper writes after its header.
+func (c *call) body() io.Reader { return io.MultiReader(bytes.NewReader(c.rest), c.conn) }
+
+// finish ends the call: the helper is waited for and its handles closed.
+func (c *call) finish() error {
+	c.conn.Close()
+	if c.stdin != nil {
+		c.stdin.Close()
+	}
+	if c.fd != nil {
+		c.fd.Close()
+	}
+	st, err := c.proc.Wait()
+	c.release()
+	if err == nil && !st.Success() {
+		err = fmt.Errorf("files: the helper %s", st)
+	}
+	return err
+}
+
+// regular checks that the descriptor the helper sent is a regular file:
+// the helper is the sandbox's process, and what it sends is not trusted.
+func (c *call) regular() (*os.File, error) {
+	if c.fd == nil {
+		return nil, fmt.Errorf("%w: files: the helper sent no file", errdefs.ErrInternal)
+	}
+	fi, err := c.fd.Stat()
+	if err != nil || !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%w: files: the helper sent something that is not a regular file", errdefs.ErrInternal)
+	}
+	return c.fd, nil
+}
+
+// errnoError turns a helper's error into the API's.
+func errnoError(h header) error {
+	msg := strings.TrimPrefix(h.Error, "files: ")
+	class := errdefs.ErrInternal
+	switch syscall.Errno(h.Errno) {
+	case unix.ENOENT:
+		class = errdefs.ErrNotFound
+	case unix.EEXIST:
+		class = errdefs.ErrAlreadyExists
+	case unix.EACCES, unix.EPERM, unix.EROFS:
+		class = errdefs.ErrPermissionDenied
+	case unix.ENOSPC, unix.EDQUOT, unix.EFBIG:
+		class = errdefs.ErrTooLarge
+	case unix.EINVAL, unix.ENAMETOOLONG:
+		class = errdefs.ErrInvalidArgument
+	case unix.ENOTDIR, unix.EISDIR, unix.ENOTEMPTY, unix.ELOOP, unix.EXDEV, unix.EBUSY, unix.ETXTBSY:
+		class = errdefs.ErrFailedPrecondition
+	}
+	return errdefs.New(class, msg)
+}
+
+// get serves a file's content (Range honoured), a directory's listing,
+// or, with ?stat=true, what the path is.
+func (s *Server) get(w http.ResponseWriter, r *http.Request) {
+	p, err := sandboxPath(r.PathValue("path"))
+	if err != nil {
+		reply.Error(w, err)
+		return
+	}
+	if stat, _ := strconv.ParseBool(r.URL.Query().Get("stat")); stat {
+		c, err := s.start(r.Context(), "stat", p)
+		if err != nil {
+			reply.Error(w, err)
+			return
+		}
+		c.finish()
+		reply.JSON(w, http.StatusOK, c.h.Entry)
+		return
+	}
+	c, err := s.start(r.Context(), "get", p)
+	if err != nil {
+		reply.Error(w, err)
+		return
+	}
+	defer c.finish()
+	if c.h.Entry != nil && c.h.Entry.Type == api.FileDir {
+		w.Header().Set("Content-Type", "application/json")
+		io.Copy(w, io.LimitReader(c.body(), maxListing))
+		return
+	}
+	f, err := c.regular()
+	if err != nil {
+		reply.Error(w, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	http.ServeContent(w, r, "", c.h.Entry.ModTime, f)
+}
+
+// maxListing bounds a directory's listing: about a million entries.
+const maxListing = 256 << 20
+
+// put writes the body to a file, its parents made as needed.
+func (s *Server) put(w http.ResponseWriter, r *http.Request) {
+	p, err := sandboxPath(r.PathValue("path"))
+	if err != nil {
+		reply.Error(w, err)
+		return
+	}
+	if p == "/" {
+		reply.Error(w, fmt.Errorf("%w: PUT needs a file's path", errdefs.ErrInvalidArgument))
+		return
+	}
+	c, err := s.start(r.Context(), "put", p, r.URL.Query().Get("mode"))
+	if err != nil {
+		reply.Error(w, err)
+		return
+	}
+	defer c.finish()
+	f, err := c.regular()
+	if err != nil {
+		reply.Error(w, err)
+		return
+	}
+	n, err := io.Copy(f, r.Body)
+	if err != nil {
+		var errno syscall.Errno
+		if errors.As(err, &errno) {
+			reply.Error(w, errnoError(header{Error: fmt.Sprintf("%s: wrote %d bytes of the body, then: %v", p, n, errno), Errno: int(errno)}))
+			return
+		}
+		reply.Error(w, fmt.Errorf("%w: %s: wrote %d bytes of the body, then the body failed: %v", errdefs.ErrInvalidArgument, p, n, err))
+		return
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		reply.Error(w, fmt.Errorf("%w: %v", errdefs.ErrInternal, err))
+		return
+	}
+	e := *c.h.Entry
+	e.Size, e.ModTime = fi.Size(), fi.ModTime().UTC()
+	reply.JSON(w, http.StatusOK, e)
+}
+
+// remove deletes a file, an empty directory, or with ?recursive=true a
+// directory and everything in it.
+func (s *Server) remove(w http.ResponseWriter, r *http.Request) {
+	p, err := sandboxPath(r.PathValue("path"))
+	if err != nil {
+		reply.Error(w, err)
+		return
+	}
+	recursive, err := strconv.ParseBool(cmp.Or(r.URL.Query().Get("recursive"), "false"))
+	if err != nil {
+		reply.Error(w, fmt.Errorf("%w: recursive must be true or false", errdefs.ErrInvalidArgument))
+		return
+	}
+	mode := ""
+	if recursive {
+		mode = "recursive"
+	}
+	c, err := s.start(r.Context(), "remove", p, mode)
+	if err != nil {
+		reply.Error(w, err)
+		return
+	}
+	c.finish()
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// post does ?op=mkdir (with its parents; ?mode=) or ?op=move&to=PATH.
+func (s *Server) post(w http.ResponseWriter, r *http.Request) {
+	p, err := sandboxPath(r.PathValue("path"))
+	if err != nil {
+		reply.Error(w, err)
+		return
+	}
+	q := r.URL.Query()
+	var c *call
+	switch q.Get("op") {
+	case "mkdir":
+		c, err = s.start(r.Context(), "mkdir", p, q.Get("mode"))
+	case "move":
+		var to string
+		if to, err = queryPath(r, "to"); err == nil {
+			c, err = s.start(r.Context(), "move", p, to)
+		}
+	default:
+		err = fmt.Errorf("%w: op=%q: want mkdir or move", errdefs.ErrInvalidArgument, q.Get("op"))
+	}
+	if err != nil {
+		reply.Error(w, err)
+		return
+	}
+	c.finish()
+	status := http.StatusOK
+	if q.Get("op") == "mkdir" {
+		status = http.StatusCreated
+	}
+	reply.JSON(w, status, c.h.Entry)
+}
+
+// getArchive streams a tar of ?path= (a directory and what it holds, or
+// one file), its entries named from the path's base name.
+func (s *Server) getArchive(w http.ResponseWriter, r *http.Request) {
+	p, err := queryPath(r, "path")
+	if err != nil {
+		reply.Error(w, err)
+		return
+	}
+	c, err := s.start(r.Context(), "tar", p)
+	if err != nil {
+		reply.Error(w, err)
+		return
+	}
+	defer c.finish()
+	stat, _ := json.Marshal(c.h.Entry)
+	w.Header().Set("Content-Type", "application/x-tar")
+	w.Header().Set(api.PathStatHeader, string(stat))
+	io.Copy(w, c.body())
+}
+
+// putArchive extracts the tar in the body into the directory ?path=,
+// which must exist.
+func (s *Server) putArchive(w http.ResponseWriter, r *http.Request) {
+	p, err := queryPath(r, "path")
+	if err != nil {
+		reply.Error(w, err)
+		return
+	}
+	c, err := s.launch(true, "untar", p)
+	if err != nil {
+		reply.Error(w, err)
+		return
+	}
+	// Fed while the helper reads; it answers once done, or at the first
+	// member it refuses, when the feeding stops too (its input closed).
+	go func() {
+		io.Copy(c.stdin, r.Body)
+		c.stdin.Close()
+	}()
+	if err := c.await(r.Context()); err != nil {
+		reply.Error(w, err)
+		return
+	}
+	c.finish()
+	reply.JSON(w, http.StatusOK, c.h.Entry)
+}
