@@ -30,6 +30,9 @@ func renderReport(cfg config, res results) string {
 	if res.kilnd != nil {
 		writeKilnd(&b, res.kilnd)
 	}
+	if res.files != nil {
+		writeFiles(&b, res.files)
+	}
 	if res.tombstones != nil || res.running != nil {
 		writeMemory(&b, res.tombstones, res.running)
 	}

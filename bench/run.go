@@ -18,6 +18,7 @@ type results struct {
 	capture    *captureResult
 	lossless   *losslessResult
 	kilnd      *kilndResult
+	files      *filesResult
 	tombstones *tombstoneResult
 	running    *runningResult
 	compare    *compareResult
@@ -74,6 +75,12 @@ func run(ctx context.Context, cfg config) (err error) {
 			return fmt.Errorf("kilnd: %w", err)
 		}
 	}
+	if cfg.has("files") {
+		var err error
+		if res.files, err = measureFiles(ctx, cfg); err != nil {
+			return fmt.Errorf("files: %w", err)
+		}
+	}
 	if cfg.has("tombstone") {
 		r, err := measureTombstones(ctx, cfg)
 		if err != nil {
@@ -104,7 +111,7 @@ func run(ctx context.Context, cfg config) (err error) {
 	if res.compare != nil {
 		reports["compare"] = renderCompare(cfg, res)
 	}
-	if res.throughput != nil || res.capture != nil || res.lossless != nil || res.kilnd != nil || res.tombstones != nil || res.running != nil {
+	if res.throughput != nil || res.capture != nil || res.lossless != nil || res.kilnd != nil || res.files != nil || res.tombstones != nil || res.running != nil {
 		reports["engine"] = renderReport(cfg, res)
 	}
 	for _, name := range []string{"engine", "compare"} {
