@@ -213,6 +213,9 @@ const (
 	// came back: it may or may not have taken effect.
 	CodeUnknown  = "outcome_unknown" // 502
 	CodeInternal = "internal"        // 500
+	// CodeBadGateway: a sandbox's port answered badly, or nothing listens
+	// on it.
+	CodeBadGateway = "bad_gateway" // 502
 )
 
 // WebSocket subprotocols of GET …/logs.
@@ -226,7 +229,18 @@ const (
 	// TokenProtocolPrefix carries the bearer token for clients that cannot
 	// set headers: offer "kiln.token.<token>" beside the protocol wanted.
 	TokenProtocolPrefix = "kiln.token."
+	// ProtocolTCP is GET /sandboxes/{id}/tcp/{port}'s: its binary
+	// messages are a TCP connection's bytes, each way.
+	ProtocolTCP = "kiln.tcp"
 )
+
+// ErrorHeader marks an answer that is kilnd's or an agent's error (its
+// value the code), not one of a sandbox's app behind a port's proxy.
+const ErrorHeader = "Kiln-Error"
+
+// PrefixHeader is how kilnd tells a sandbox's agent the path it serves a
+// port's proxy under, for redirects the app makes.
+const PrefixHeader = "Kiln-Prefix"
 
 // Stream codes in kiln.v1 binary frames.
 const (
@@ -562,3 +576,19 @@ const (
 // (JSON) of the path archived, as Docker's X-Docker-Container-Path-Stat
 // does.
 const PathStatHeader = "Kiln-Path-Stat"
+
+// CreatePreview is the body of POST /sandboxes/{id}/previews.
+type CreatePreview struct {
+	Port       int   `json:"port"`
+	TTLSeconds int64 `json:"ttl_seconds,omitempty"` // default an hour, at most 7 days
+}
+
+// Preview is a URL reaching a sandbox's port without kilnd's token. URL
+// and Token are given once, when it is made.
+type Preview struct {
+	ID        string    `json:"id"`
+	Port      int       `json:"port"`
+	URL       string    `json:"url,omitempty"`
+	Token     string    `json:"token,omitempty"`
+	ExpiresAt time.Time `json:"expires_at"`
+}

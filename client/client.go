@@ -95,8 +95,11 @@ func New(o Options) (*Client, error) {
 	}
 	tr.MaxIdleConnsPerHost = 16
 	tr.IdleConnTimeout = time.Minute
-	c.hc = &http.Client{Transport: tr}
-	c.stream = &http.Client{Transport: tr}
+	// kilnd never redirects; an app behind a port's proxy may, and its
+	// redirect is the caller's to see.
+	noRedirect := func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	c.hc = &http.Client{Transport: tr, CheckRedirect: noRedirect}
+	c.stream = &http.Client{Transport: tr, CheckRedirect: noRedirect}
 	return c, nil
 }
 
@@ -171,6 +174,10 @@ func IsAlreadyExists(err error) bool { return hasCode(err, api.CodeConflict) }
 // IsMethodNotAllowed reports a method a route does not take.
 func IsMethodNotAllowed(err error) bool { return hasCode(err, api.CodeMethod) }
 
+// IsBadGateway reports a sandbox's port that nothing listens on, or
+// whose server did not answer well.
+func IsBadGateway(err error) bool { return hasCode(err, api.CodeBadGateway) }
+
 // IsInternal reports a failure of kilnd or the agent themselves, or an
 // answer that was not one of the API's.
 func IsInternal(err error) bool { return hasCode(err, api.CodeInternal) }
@@ -183,6 +190,11 @@ func (c *Client) request(ctx context.Context, hc *http.Client, method, path stri
 
 // requestWith is request with more headers.
 func (c *Client) requestWith(ctx context.Context, hc *http.Client, method, path string, query url.Values, body io.Reader, ctype string, header map[string]string) (*http.Response, bool, error) {
+	return c.requestAs(ctx, hc, method, path, query, body, ctype, header, func(resp *http.Response) bool { return resp.StatusCode >= 300 })
+}
+
+// requestAs is requestWith, isError saying which answers are errors.
+func (c *Client) requestAs(ctx context.Context, hc *http.Client, method, path string, query url.Values, body io.Reader, ctype string, header map[string]string, isError func(*http.Response) bool) (*http.Response, bool, error) {
 	u := c.base + path
 	if len(query) > 0 {
 		u += "?" + query.Encode()
@@ -206,7 +218,7 @@ func (c *Client) requestWith(ctx context.Context, hc *http.Client, method, path 
 	if err != nil {
 		return nil, sent.Load(), err
 	}
-	if resp.StatusCode >= 300 {
+	if isError(resp) {
 		defer resp.Body.Close()
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 		var e api.Error

@@ -29,6 +29,10 @@ func TestMain(m *testing.M) {
 	if sandbox.IsAgent() {
 		os.Exit(agent.Main())
 	}
+	if addr := os.Getenv(echoEnv); addr != "" {
+		serveEcho(addr) // in a sandbox, for TestPorts
+		os.Exit(0)
+	}
 	code := m.Run()
 	stopExampleKilnd()
 	if code == 0 {
@@ -57,10 +61,16 @@ func kilnd(t *testing.T) (*client.Client, *client.Sandbox) {
 // test.
 func startKilnd(t *testing.T) *daemontest.Kilnd {
 	t.Helper()
+	return startKilndOn(t, "")
+}
+
+// startKilndOn is startKilnd with a TCP listener on listen too.
+func startKilndOn(t *testing.T, listen string) *daemontest.Kilnd {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("kilnd needs root")
 	}
-	k, err := daemontest.Start(t.TempDir(), "")
+	k, err := daemontest.Start(t.TempDir(), listen)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -35,6 +35,7 @@ func TestIsCode(t *testing.T) {
 		"IsUnavailable":        client.IsUnavailable,
 		"IsOutcomeUnknown":     client.IsOutcomeUnknown,
 		"IsInternal":           client.IsInternal,
+		"IsBadGateway":         client.IsBadGateway,
 	}
 	tests := []struct {
 		code string
@@ -52,6 +53,7 @@ func TestIsCode(t *testing.T) {
 		{api.CodeUnavailable, []string{"IsUnavailable"}},
 		{api.CodeUnknown, []string{"IsOutcomeUnknown"}},
 		{api.CodeInternal, []string{"IsInternal"}},
+		{api.CodeBadGateway, []string{"IsBadGateway"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.code, func(t *testing.T) {

@@ -3,6 +3,7 @@ package client_test
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"strings"
 	"sync"
@@ -25,7 +26,7 @@ func exampleClient() *client.Client {
 		if err != nil {
 			panic(err)
 		}
-		if example.k, err = daemontest.Start(state, ""); err != nil {
+		if example.k, err = daemontest.Start(state, "127.0.0.1:0"); err != nil {
 			panic(err)
 		}
 	})
@@ -120,7 +121,9 @@ func Example_interactiveWorker() {
 	// process exited with code 0
 }
 
-// A server whose logs are read until it says it is ready, then stopped.
+// A server whose logs are read until it says it is ready, reached from
+// outside through a preview URL (ready once it answers, within 15 s),
+// then stopped within a 10 s budget and its sandbox destroyed.
 func Example_serverWorkspace() {
 	ctx := context.Background()
 	c := exampleClient()
@@ -142,23 +145,36 @@ srv.serve_forever()
 	}
 	defer p.Detach()
 	ready, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
 	for line, err := range client.ReadLines(p.Output(ready), 0) {
 		if err != nil {
 			panic(err)
 		}
 		if strings.Contains(line.Text, "serving") {
-			fmt.Println("ready:", line.Text)
+			fmt.Println("log:", line.Text)
 			break
 		}
 	}
-	cancel()
-	// The sandbox's own network reaches it.
-	r, err := sb.Exec(ctx, client.ExecOptions{Command: "python3", Args: []string{"-c",
-		"import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8000/').status)"}})
+	// A URL for a browser or a colleague: no kilnd token in it.
+	preview, err := sb.Preview(ctx, 8000, time.Hour)
 	if err != nil {
 		panic(err)
 	}
-	fmt.Print("status from inside: ", string(r.Stdout))
+	for {
+		resp, err := http.Get(preview.URL)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				fmt.Println("ready through the preview URL:", resp.Status)
+				break
+			}
+		}
+		select {
+		case <-ready.Done():
+			panic("not ready within 15 s")
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 	cleanup, done := context.WithTimeout(ctx, 10*time.Second)
 	defer done()
 	if _, err := p.Terminate(cleanup); err != nil {
@@ -170,7 +186,7 @@ srv.serve_forever()
 	}
 	fmt.Println(res.Exit)
 	// Output:
-	// ready: serving on port 8000
-	// status from inside: 200
+	// log: serving on port 8000
+	// ready through the preview URL: 200 OK
 	// process killed by signal KILL
 }

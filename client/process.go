@@ -480,11 +480,22 @@ func (d *decoders) flush(stream string) string {
 
 // dialOutput opens a kiln.v1 WebSocket on path.
 func (c *Client) dialOutput(ctx context.Context, path string, q url.Values) (*websocket.Conn, error) {
+	conn, err := c.dial(ctx, path, q, api.ProtocolV1)
+	if err != nil {
+		if _, ok := errors.AsType[*Error](err); !ok {
+			return nil, fmt.Errorf("client: output: %w", err)
+		}
+	}
+	return conn, err
+}
+
+// dial opens a WebSocket of protocol to kilnd's path.
+func (c *Client) dial(ctx context.Context, path string, q url.Values, protocol string) (*websocket.Conn, error) {
 	u := "ws" + c.base[len("http"):] + path
 	if len(q) > 0 {
 		u += "?" + q.Encode()
 	}
-	protos := []string{api.ProtocolV1}
+	protos := []string{protocol}
 	if c.token != "" {
 		protos = append(protos, api.TokenProtocolPrefix+c.token)
 	}
@@ -499,7 +510,7 @@ func (c *Client) dialOutput(ctx context.Context, path string, q url.Values) (*we
 				return nil, &Error{Status: resp.StatusCode, Code: e.Error.Code, Message: e.Error.Message}
 			}
 		}
-		return nil, fmt.Errorf("client: output: %w", err)
+		return nil, err
 	}
 	return conn, nil
 }

@@ -8,6 +8,9 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -235,6 +238,8 @@ func TestHelpGolden(t *testing.T) {
 		"exec":           {"exec", "--help"},
 		"shell":          {"shell", "--help"},
 		"cp":             {"cp", "--help"},
+		"port-forward":   {"port-forward", "--help"},
+		"preview":        {"preview", "--help"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			var out, errs bytes.Buffer
@@ -519,5 +524,56 @@ func TestCopy(t *testing.T) {
 		if code, _, errs := kiln(t, state, "", tc.args...); code == 0 || !strings.Contains(errs, tc.want) {
 			t.Errorf("%v: %d %q, want an error saying %q", tc.args, code, errs, tc.want)
 		}
+	}
+}
+
+// TestPortForward: a local port reaches a server inside the sandbox, one
+// stream per connection, until kiln is interrupted; a preview URL is
+// printed for the same port.
+func TestPortForward(t *testing.T) {
+	state := kilnd(t)
+	_, out, _ := kiln(t, state, "", "sandbox", "create")
+	sb := strings.TrimSpace(out)
+	if code, _, errs := kiln(t, state, "", "sandbox", "exec-stream", sb, "--", "python3", "-m", "http.server", "8000", "--bind", "127.0.0.1", "--directory", "/etc"); code != 0 {
+		t.Fatalf("server: %d %q", code, errs)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	local := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	ctx, cancel := context.WithCancel(t.Context())
+	var stdout, stderr bytes.Buffer
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, []string{"--state-dir", state, "port-forward", sb, fmt.Sprintf("%d:8000", local)}, strings.NewReader(""), &stdout, &stderr)
+	}()
+	deadline := time.Now().Add(15 * time.Second)
+	var body []byte
+	for {
+		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/hostname", local))
+		if err == nil {
+			body, _ = io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			cancel()
+			t.Fatalf("nothing through the forwarded port: %v (stderr %q)", err, stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	if code := <-done; code != 0 {
+		t.Errorf("port-forward exited %d: %q", code, stderr.String())
+	}
+	if !strings.HasPrefix(string(body), "kiln-") || !strings.Contains(stdout.String(), fmt.Sprintf("Forwarding from 127.0.0.1:%d -> 8000", local)) {
+		t.Errorf("through the forward: %q; stdout %q", body, stdout.String())
+	}
+	if code, _, errs := kiln(t, state, "", "port-forward", sb, "70000"); code == 0 || !strings.Contains(errs, "1 to 65535") {
+		t.Errorf("port 70000: %d %q", code, errs)
 	}
 }

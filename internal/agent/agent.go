@@ -96,6 +96,12 @@ func (s *Server) routes() {
 	if s.cfg.Launch != nil {
 		(&files.Server{Launch: s.cfg.Launch}).Register(m)
 	}
+	m.HandleFunc("/ports/{port}/{path...}", s.proxyPort)
+	m.HandleFunc("/ports/{port}", func(w http.ResponseWriter, r *http.Request) {
+		// An app's relative links need the trailing slash.
+		http.Redirect(w, r, r.Header.Get(api.PrefixHeader)+"/", http.StatusMovedPermanently)
+	})
+	m.HandleFunc("GET /tcp/{port}", s.forwardPort)
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, fmt.Errorf("%w: no route %s %s", errdefs.ErrNotFound, r.Method, r.URL.Path))
 	})

@@ -44,6 +44,12 @@ var Routes = []Route{
 	{"", "/sandboxes/{id}/exec-stream/", false},
 	{"", "/sandboxes/{id}/files/", false},
 	{"", "/sandboxes/{id}/archive", false},
+	{"", "/sandboxes/{id}/ports/", false},
+	{"GET", "/sandboxes/{id}/tcp/{port}", false},
+	{"POST", "/sandboxes/{id}/previews", false},
+	{"GET", "/sandboxes/{id}/previews", false},
+	{"DELETE", "/sandboxes/{id}/previews/{preview}", false},
+	{"", "/preview/", true}, // its own token, in the path
 }
 
 // Handler is kilnd's API. Over TCP (tcp set) every request but the open
@@ -83,13 +89,19 @@ func (d *Daemon) Handler(tcp bool) http.Handler {
 			}
 			w.WriteHeader(http.StatusNoContent)
 		},
-		"GET /sandboxes/{id}/logs":       d.listLogs,
-		"GET /sandboxes/{id}/logs/{pid}": d.readLog,
-		"/sandboxes/{id}/exec":           d.forward,
-		"/sandboxes/{id}/exec-stream":    d.forward,
-		"/sandboxes/{id}/exec-stream/":   d.forward,
-		"/sandboxes/{id}/files/":         d.forward,
-		"/sandboxes/{id}/archive":        d.forward,
+		"GET /sandboxes/{id}/logs":                  d.listLogs,
+		"GET /sandboxes/{id}/logs/{pid}":            d.readLog,
+		"/sandboxes/{id}/exec":                      d.forward,
+		"/sandboxes/{id}/exec-stream":               d.forward,
+		"/sandboxes/{id}/exec-stream/":              d.forward,
+		"/sandboxes/{id}/files/":                    d.forward,
+		"/sandboxes/{id}/archive":                   d.forward,
+		"/sandboxes/{id}/ports/":                    d.forward,
+		"GET /sandboxes/{id}/tcp/{port}":            d.forward,
+		"POST /sandboxes/{id}/previews":             d.createPreview(tcp),
+		"GET /sandboxes/{id}/previews":              d.listPreviews,
+		"DELETE /sandboxes/{id}/previews/{preview}": d.revokePreview,
+		"/preview/": d.servePreview,
 	}
 	m := http.NewServeMux()
 	open := map[string]bool{}
@@ -113,7 +125,7 @@ func (d *Daemon) Handler(tcp bool) http.Handler {
 			reply.Error(w, errdefs.New(errdefs.ErrPermissionDenied, "kilnd: origin "+clip(r.Header.Get("Origin"))+" is not allowed (see --allow-origin)"))
 			return
 		}
-		if tcp && !open[r.URL.Path] && !d.authorized(r) {
+		if tcp && !open[r.URL.Path] && !strings.HasPrefix(r.URL.Path, previewPrefix) && !d.authorized(r) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="kilnd"`)
 			reply.Error(w, errdefs.New(errdefs.ErrUnauthenticated, "kilnd: a bearer token is required (the token file in kilnd's state directory)"))
 			return
@@ -125,6 +137,8 @@ func (d *Daemon) Handler(tcp bool) http.Handler {
 			reply.Error(w, errdefs.New(errdefs.ErrInvalidArgument, fmt.Sprintf("kilnd: path %s is not clean (no \"..\", \".\" or empty segment)", clip(p))))
 			return
 		}
+		// Set by kilnd alone, for the agent.
+		r.Header.Del(api.PrefixHeader)
 		h.ServeHTTP(w, r)
 	})
 }
@@ -138,19 +152,8 @@ func defaultString(s, def string) string {
 
 func (d *Daemon) createHandler(w http.ResponseWriter, r *http.Request) {
 	var req CreateRequest
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, api.MaxBody))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil && !errors.Is(err, io.EOF) {
-		var maxErr *http.MaxBytesError
-		if errors.As(err, &maxErr) {
-			reply.Error(w, err)
-			return
-		}
-		reply.Error(w, fmt.Errorf("%w: %v", errdefs.ErrInvalidArgument, err))
-		return
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		reply.Error(w, fmt.Errorf("%w: data after the JSON object", errdefs.ErrInvalidArgument))
+	if err := decodeBody(w, r, &req); err != nil {
+		reply.Error(w, err)
 		return
 	}
 	info, err := d.Create(r.Context(), req)
@@ -159,6 +162,24 @@ func (d *Daemon) createHandler(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	reply.JSON(w, http.StatusOK, info)
+}
+
+// decodeBody reads a bounded JSON body (an empty one is the zero value)
+// into v, refusing unknown fields and trailing data.
+func decodeBody(w http.ResponseWriter, r *http.Request, v any) error {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, api.MaxBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil && !errors.Is(err, io.EOF) {
+		var maxErr *http.MaxBytesError
+		if errors.As(err, &maxErr) {
+			return err
+		}
+		return fmt.Errorf("%w: %v", errdefs.ErrInvalidArgument, err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return fmt.Errorf("%w: data after the JSON object", errdefs.ErrInvalidArgument)
+	}
+	return nil
 }
 
 // forward sends a process call to the sandbox's agent.
@@ -187,6 +208,11 @@ func (d *Daemon) forward(w http.ResponseWriter, r *http.Request) {
 	if p == nil {
 		reply.Error(w, fmt.Errorf("%w: sandbox %s is being deleted", errdefs.ErrUnavailable, id))
 		return
+	}
+	// A port's proxy tells the agent where kilnd serves it, unless a
+	// preview URL did.
+	if p, _ := agentPath(r.URL); strings.HasPrefix(p, "/ports/") && r.Header.Get(api.PrefixHeader) == "" {
+		r.Header.Set(api.PrefixHeader, portPrefix(r.URL))
 	}
 	if strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
 		d.relay(w, r, e)

@@ -116,6 +116,8 @@ type record struct {
 	// Disk is the image of the disk holding its writable layers, when it
 	// has a disk quota; deleted with the sandbox.
 	Disk string `json:"disk,omitempty"`
+	// Previews are its preview URLs (their tokens' hashes).
+	Previews []preview `json:"previews,omitempty"`
 }
 
 // entry is a known sandbox and, while it runs, the route to its agent.
@@ -810,6 +812,15 @@ func clip(s string) string {
 // Serve serves the API on the unix socket (no token: its mode keeps
 // others out) and, when configured, on TCP with the bearer token, until
 // ctx ends. Sandboxes keep running after it returns.
+// TCPAddr is the address the TCP listener listens on, once Serve has
+// started it; empty without one.
+func (d *Daemon) TCPAddr() string {
+	if d.tcpPort == "" {
+		return ""
+	}
+	return net.JoinHostPort(d.tcpIP.String(), d.tcpPort)
+}
+
 func (d *Daemon) Serve(ctx context.Context) error {
 	sock := filepath.Join(d.cfg.StateDir, SocketName)
 	if c, err := net.Dial("unix", sock); err == nil {

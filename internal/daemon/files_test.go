@@ -11,6 +11,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/sandbox"
@@ -140,4 +141,46 @@ type zeroReader struct{}
 func (zeroReader) Read(b []byte) (int, error) {
 	clear(b)
 	return len(b), nil
+}
+
+// TestPortsAfterRestart: a restarted kilnd proxies the ports of the
+// sandboxes it adopted, and their preview URLs still work (kilnd kept
+// their hashes).
+func TestPortsAfterRestart(t *testing.T) {
+	k := start(t, "")
+	sb := k.sandbox()
+	var st api.Started
+	k.json("POST", "/sandboxes/"+sb+"/exec-stream", api.ExecRequest{Command: "python3", Args: []string{"-m", "http.server", "8000", "--bind", "127.0.0.1", "--directory", "/etc"}}, &st)
+	ready := func(k *kilnd) int {
+		deadline := time.Now().Add(15 * time.Second)
+		for {
+			code, _ := k.raw("GET", "/sandboxes/"+sb+"/ports/8000/hostname", nil)
+			if code != http.StatusBadGateway || time.Now().After(deadline) {
+				return code
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	if code := ready(k); code != 200 {
+		t.Fatalf("the server: %d", code)
+	}
+	var pv api.Preview
+	k.json("POST", "/sandboxes/"+sb+"/previews", api.CreatePreview{Port: 8000}, &pv)
+	k.stop()
+	k2 := start(t, k.state)
+	defer k2.cleanup()
+	if code := ready(k2); code != 200 {
+		t.Errorf("after the restart, the port: %d", code)
+	}
+	// The URL names the old listener's port: the same path on the new one.
+	u := "http://" + k2.addr + strings.TrimPrefix(pv.URL, "http://"+k.addr) + "hostname"
+	resp, err := http.Get(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || len(b) == 0 {
+		t.Errorf("the preview after the restart: %d %q", resp.StatusCode, b)
+	}
 }

@@ -29,6 +29,8 @@ var (
 	// answer came back, so it may or may not have taken effect.
 	ErrOutcomeUnknown = &Class{"outcome unknown"}
 	ErrInternal       = &Class{"internal"}
+	// ErrBadGateway: a sandbox's port, proxied, did not answer well.
+	ErrBadGateway = &Class{"bad gateway"}
 )
 
 // New returns an error of class whose message is msg alone: errors.Is

@@ -39,6 +39,7 @@ var answers = []struct {
 	{errdefs.ErrUnavailable, api.CodeUnavailable, 503},
 	{errdefs.ErrOutcomeUnknown, api.CodeUnknown, 502},
 	{errdefs.ErrInternal, api.CodeInternal, 500},
+	{errdefs.ErrBadGateway, api.CodeBadGateway, 502},
 }
 
 // Each class answers with its code and status, and the body carries the

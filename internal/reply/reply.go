@@ -40,6 +40,7 @@ var answers = map[*errdefs.Class]answer{
 	errdefs.ErrUnavailable:        {api.CodeUnavailable, http.StatusServiceUnavailable},
 	errdefs.ErrOutcomeUnknown:     {api.CodeUnknown, http.StatusBadGateway},
 	errdefs.ErrInternal:           {api.CodeInternal, http.StatusInternalServerError},
+	errdefs.ErrBadGateway:         {api.CodeBadGateway, http.StatusBadGateway},
 }
 
 // Code returns the API code and HTTP status err answers with: those of its
@@ -61,5 +62,6 @@ func Code(err error) (code string, status int) {
 // Error answers with err: its code and status (see Code), and its message.
 func Error(w http.ResponseWriter, err error) {
 	code, status := Code(err)
+	w.Header().Set(api.ErrorHeader, code)
 	JSON(w, status, api.Error{Error: api.ErrorBody{Code: code, Message: err.Error()}})
 }

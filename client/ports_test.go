@@ -1,0 +1,181 @@
+package client_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/sandkiln/sandkiln/client"
+)
+
+// echoEnv makes this test binary, copied into a sandbox, an HTTP server
+// on the address it names: /ws echoes WebSocket messages, /go redirects
+// to /there.
+const echoEnv = "KILN_TEST_ECHO_ADDR"
+
+func serveEcho(addr string) {
+	m := http.NewServeMux()
+	m.HandleFunc("/ws", func(w http.ResponseWriter, r *http.Request) {
+		c, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			return
+		}
+		defer c.CloseNow()
+		for {
+			typ, b, err := c.Read(r.Context())
+			if err != nil {
+				return
+			}
+			c.Write(r.Context(), typ, append([]byte("echo: "), b...))
+		}
+	})
+	m.HandleFunc("/go", func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, "/there?x=1", http.StatusFound)
+	})
+	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "%s %s prefix=%s", r.Method, r.URL.RequestURI(), r.Header.Get("X-Forwarded-Prefix"))
+	})
+	http.ListenAndServe(addr, m)
+}
+
+// TestPorts: a server started inside is reached through kilnd, over HTTP
+// (redirects rewritten, not followed), WebSocket and a forwarded TCP
+// stream; a port nobody listens on says so; a preview URL reaches it
+// without kilnd's token until it is revoked. It is the streaming seed's
+// server workspace, run as a user would.
+func TestPorts(t *testing.T) {
+	k := startKilndOn(t, "127.0.0.1:0")
+	_, sb := clientOf(t, k.State)
+	ctx := ctxT(t)
+	addr := k.Daemon.TCPAddr()
+	self, err := os.Open(os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = sb.WriteFile(ctx, "/workspace/server", self, 0o755)
+	self.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := sb.Start(ctx, client.StartOptions{Command: "/workspace/server", Env: map[string]string{echoEnv: "127.0.0.1:8000"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Terminate(context.Background())
+	// Ready once it answers: nothing listens before it does.
+	var resp *http.Response
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		resp, err = sb.PortRequest(ctx, "GET", 8000, "/hello?a=b", nil)
+		if err == nil {
+			break
+		}
+		if !client.IsBadGateway(err) || time.Now().After(deadline) {
+			t.Fatalf("the server never answered: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	prefix := "/sandboxes/" + sb.ID + "/ports/8000"
+	if string(b) != "GET /hello?a=b prefix="+prefix {
+		t.Errorf("through kilnd: %q", b)
+	}
+	// A redirect is the app's answer, passed on under kilnd's prefix.
+	if resp, err = sb.PortRequest(ctx, "GET", 8000, "/go", nil); err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusFound || resp.Header.Get("Location") != prefix+"/there?x=1" {
+		t.Errorf("redirect: %d %q", resp.StatusCode, resp.Header.Get("Location"))
+	}
+	if _, err := sb.PortRequest(ctx, "GET", 8001, "/", nil); !client.IsBadGateway(err) || !strings.Contains(err.Error(), "nothing listens on port 8001") {
+		t.Errorf("a port nobody listens on: %v", err)
+	}
+	hc := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+
+	// A WebSocket through the port's proxy.
+	ws, _, err := websocket.Dial(ctx, "ws://"+addr+prefix+"/ws", &websocket.DialOptions{
+		HTTPHeader: http.Header{"Authorization": {"Bearer " + k.Daemon.Token()}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws.Write(ctx, websocket.MessageText, []byte("hi"))
+	if _, msg, err := ws.Read(ctx); err != nil || string(msg) != "echo: hi" {
+		t.Errorf("WebSocket: %q %v", msg, err)
+	}
+	ws.Close(websocket.StatusNormalClosure, "")
+
+	// A TCP stream, as kiln port-forward carries each connection.
+	conn, err := sb.DialPort(ctx, 8000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(conn, "GET /over-tcp HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+	tr, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ = io.ReadAll(tr.Body)
+	conn.Close()
+	if string(b) != "GET /over-tcp prefix=" {
+		t.Errorf("over the TCP stream: %q", b)
+	}
+	if _, err := sb.DialPort(ctx, 8001); !client.IsBadGateway(err) {
+		t.Errorf("a TCP stream to a port nobody listens on: %v", err)
+	}
+
+	// A preview: no token of kilnd's, its own in the path.
+	pv, err := sb.Preview(ctx, 8000, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	get := func(url string) (int, string, string) {
+		resp, err := hc.Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b), resp.Header.Get("Location")
+	}
+	if code, body, _ := get(pv.URL + "page"); code != 200 || body != "GET /page prefix=/preview/"+pv.Token {
+		t.Errorf("the preview: %d %q", code, body)
+	}
+	if code, _, loc := get(pv.URL + "go"); code != http.StatusFound || loc != "/preview/"+pv.Token+"/there?x=1" {
+		t.Errorf("a redirect under the preview: %d %q", code, loc)
+	}
+	for name, tc := range map[string]struct {
+		url  string
+		want int
+	}{
+		"an unknown token":           {"http://" + addr + "/preview/" + strings.Repeat("A", len(pv.Token)) + "/page", http.StatusUnauthorized},
+		"kilnd's token as a preview": {"http://" + addr + "/preview/" + k.Daemon.Token() + "/page", http.StatusUnauthorized},
+		"no token":                   {"http://" + addr + "/preview//page", http.StatusBadRequest},
+	} {
+		if code, body, _ := get(tc.url); code != tc.want {
+			t.Errorf("%s: %d %q, want %d", name, code, body, tc.want)
+		}
+	}
+	list, err := sb.Previews(ctx)
+	if err != nil || len(list) != 1 || list[0].ID != pv.ID || list[0].Token != "" {
+		t.Errorf("previews: %+v %v", list, err)
+	}
+	if err := sb.RevokePreview(ctx, pv.ID); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, _ := get(pv.URL + "page"); code != http.StatusUnauthorized {
+		t.Errorf("a revoked preview: %d", code)
+	}
+	if _, err := sb.Preview(ctx, 70000, 0); !client.IsInvalid(err) {
+		t.Errorf("a preview of port 70000: %v", err)
+	}
+}

@@ -1,0 +1,220 @@
+package daemon
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/internal/errdefs"
+	"github.com/sandkiln/sandkiln/internal/reply"
+)
+
+// A preview is a URL of kilnd's that reaches one port of one sandbox
+// without kilnd's token: the path carries a token of its own, which
+// expires and can be revoked. kilnd keeps only the token's hash, in the
+// sandbox's record.
+type preview struct {
+	ID        string    `json:"id"`
+	Port      int       `json:"port"`
+	Hash      string    `json:"hash"` // hex SHA-256 of the token
+	ExpiresAt time.Time `json:"expires_at"`
+}
+
+// Preview lifetimes, in seconds.
+const (
+	defaultPreviewTTL = 3600
+	maxPreviewTTL     = 7 * 24 * 3600
+	maxPreviews       = 64 // per sandbox
+)
+
+func tokenHash(token string) string {
+	h := sha256.Sum256([]byte(token))
+	return hex.EncodeToString(h[:])
+}
+
+// previewPrefix is where a preview's token is served.
+const previewPrefix = "/preview/"
+
+// createPreview serves POST /sandboxes/{id}/previews.
+func (d *Daemon) createPreview(tcp bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var req api.CreatePreview
+		if err := decodeBody(w, r, &req); err != nil {
+			reply.Error(w, err)
+			return
+		}
+		if req.Port < 1 || req.Port > 65535 {
+			reply.Error(w, fmt.Errorf("%w: port %d: want 1 to 65535", errdefs.ErrInvalidArgument, req.Port))
+			return
+		}
+		ttl := req.TTLSeconds
+		if ttl == 0 {
+			ttl = defaultPreviewTTL
+		}
+		if ttl < 0 || ttl > maxPreviewTTL {
+			reply.Error(w, fmt.Errorf("%w: ttl_seconds %d: 1 to %d (7 days)", errdefs.ErrInvalidArgument, ttl, maxPreviewTTL))
+			return
+		}
+		base, err := d.previewBase(r, tcp)
+		if err != nil {
+			reply.Error(w, err)
+			return
+		}
+		e, err := d.get(r.PathValue("id"))
+		if err != nil {
+			reply.Error(w, err)
+			return
+		}
+		var raw [32]byte
+		rand.Read(raw[:])
+		token := base64.RawURLEncoding.EncodeToString(raw[:])
+		now := time.Now().UTC()
+		p := preview{ID: hex.EncodeToString(raw[:4]), Port: req.Port, Hash: tokenHash(token), ExpiresAt: now.Add(time.Duration(ttl) * time.Second).Truncate(time.Second)}
+		d.mu.Lock()
+		if e.rec.State != StateRunning {
+			d.mu.Unlock()
+			reply.Error(w, fmt.Errorf("%w: sandbox %s is %s", errdefs.ErrFailedPrecondition, e.rec.ID, e.rec.State))
+			return
+		}
+		e.rec.Previews = slices.DeleteFunc(e.rec.Previews, func(p preview) bool { return now.After(p.ExpiresAt) })
+		if len(e.rec.Previews) >= maxPreviews {
+			d.mu.Unlock()
+			reply.Error(w, fmt.Errorf("%w: sandbox %s has %d previews: revoke one first", errdefs.ErrTooLarge, e.rec.ID, maxPreviews))
+			return
+		}
+		e.rec.Previews = append(e.rec.Previews, p)
+		err = d.save(e.rec)
+		if err != nil {
+			e.rec.Previews = e.rec.Previews[:len(e.rec.Previews)-1]
+		}
+		d.mu.Unlock()
+		if err != nil {
+			reply.Error(w, err)
+			return
+		}
+		reply.JSON(w, http.StatusCreated, api.Preview{ID: p.ID, Port: p.Port, URL: base + previewPrefix + token + "/", Token: token, ExpiresAt: p.ExpiresAt})
+	}
+}
+
+// previewBase is the scheme and authority a preview URL starts with: the
+// one the request came to over TCP, or kilnd's TCP listener.
+func (d *Daemon) previewBase(r *http.Request, tcp bool) (string, error) {
+	if tcp {
+		return "http://" + r.Host, nil
+	}
+	if d.tcpPort == "" {
+		return "", errdefs.New(errdefs.ErrFailedPrecondition, "kilnd: a preview URL needs kilnd's TCP listener (--listen)")
+	}
+	host := "127.0.0.1"
+	if d.tcpIP != nil && !d.tcpIP.IsUnspecified() {
+		host = d.tcpIP.String()
+	}
+	return "http://" + net.JoinHostPort(host, d.tcpPort), nil
+}
+
+// listPreviews serves GET /sandboxes/{id}/previews: the previews not
+// expired, without their tokens.
+func (d *Daemon) listPreviews(w http.ResponseWriter, r *http.Request) {
+	e, err := d.get(r.PathValue("id"))
+	if err != nil {
+		reply.Error(w, err)
+		return
+	}
+	now := time.Now()
+	list := []api.Preview{}
+	d.mu.Lock()
+	for _, p := range e.rec.Previews {
+		if now.Before(p.ExpiresAt) {
+			list = append(list, api.Preview{ID: p.ID, Port: p.Port, ExpiresAt: p.ExpiresAt})
+		}
+	}
+	d.mu.Unlock()
+	reply.JSON(w, http.StatusOK, list)
+}
+
+// revokePreview serves DELETE /sandboxes/{id}/previews/{preview}.
+func (d *Daemon) revokePreview(w http.ResponseWriter, r *http.Request) {
+	e, err := d.get(r.PathValue("id"))
+	if err != nil {
+		reply.Error(w, err)
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	i := slices.IndexFunc(e.rec.Previews, func(p preview) bool { return p.ID == r.PathValue("preview") })
+	if i < 0 {
+		reply.Error(w, fmt.Errorf("%w: sandbox %s has no preview %q", errdefs.ErrNotFound, e.rec.ID, clip(r.PathValue("preview"))))
+		return
+	}
+	kept := e.rec
+	kept.Previews = slices.Delete(slices.Clone(e.rec.Previews), i, i+1)
+	if err := d.save(kept); err != nil {
+		reply.Error(w, err)
+		return
+	}
+	e.rec = kept
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// servePreview serves /preview/{token}/{path...}: the token's sandbox
+// and port, as /sandboxes/{id}/ports/{port}/{path...} would, without
+// kilnd's token. A token unknown, expired or revoked reaches nothing.
+func (d *Daemon) servePreview(w http.ResponseWriter, r *http.Request) {
+	rest := strings.TrimPrefix(r.URL.EscapedPath(), previewPrefix)
+	token, path, _ := strings.Cut(rest, "/")
+	hash := tokenHash(token)
+	now := time.Now()
+	var id string
+	port := 0
+	d.mu.Lock()
+	for _, e := range d.sandboxes {
+		for _, p := range e.rec.Previews {
+			if p.Hash == hash && now.Before(p.ExpiresAt) && e.rec.State != StateDeleted {
+				id, port = e.rec.ID, p.Port
+			}
+		}
+	}
+	d.mu.Unlock()
+	if port == 0 {
+		reply.Error(w, errdefs.New(errdefs.ErrUnauthenticated, "kilnd: this preview URL is unknown, expired or revoked"))
+		return
+	}
+	if path == "" && !strings.HasSuffix(rest, "/") {
+		http.Redirect(w, r, previewPrefix+token+"/", http.StatusMovedPermanently)
+		return
+	}
+	// The sandbox's own port route, under the preview's prefix.
+	out := r.Clone(r.Context())
+	raw := "/sandboxes/" + url.PathEscape(id) + "/ports/" + strconv.Itoa(port) + "/" + path
+	u := *r.URL
+	u.RawPath = raw
+	var err error
+	if u.Path, err = url.PathUnescape(raw); err != nil {
+		reply.Error(w, fmt.Errorf("%w: %v", errdefs.ErrInvalidArgument, err))
+		return
+	}
+	out.URL = &u
+	out.SetPathValue("id", id)
+	out.Header.Set(api.PrefixHeader, previewPrefix+token)
+	d.forward(w, out)
+}
+
+// portPrefix is where kilnd serves a port of a sandbox: the first four
+// segments of a /sandboxes/{id}/ports/{port}/… path, as escaped.
+func portPrefix(u *url.URL) string {
+	segs := strings.SplitN(u.EscapedPath(), "/", 6) // "", sandboxes, id, ports, port, rest
+	if len(segs) < 5 {
+		return ""
+	}
+	return strings.Join(segs[:5], "/")
+}
