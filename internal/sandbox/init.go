@@ -153,7 +153,12 @@ func eachHostDir(root string, bind func(host, target string) error) error {
 // under a writable overlay) read-only, private /tmp, writable /workspace,
 // a minimal /dev, its own /proc; then pivot_root, and the old root
 // detached so nothing of the host stays reachable.
-func setupRoot(cfg AgentConfig) error {
+//
+// forked is closed once the spawner, started meanwhile, has executed:
+// until then the forked child holds copies of this process's descriptors,
+// a file of the root written a moment before among them, and a root with
+// a writer cannot become read-only (EBUSY).
+func setupRoot(cfg AgentConfig, forked <-chan struct{}) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make mounts private: %w", err)
 	}
@@ -258,6 +263,7 @@ func setupRoot(cfg AgentConfig) error {
 	// The host-bind root holds only mount points: read-only. A given
 	// rootfs stays writable through its overlay.
 	if cfg.Rootfs == "" {
+		<-forked
 		if err := unix.Mount("", "/", "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY, ""); err != nil {
 			return fmt.Errorf("make the root read-only: %w", err)
 		}
@@ -621,14 +627,19 @@ func Enter() (*Inside, error) {
 	// be done before the root is the image's. Otherwise the agent does
 	// not wait: the first process started waits for the spawner, not the
 	// sandbox's readiness (an error is that Start's, which tries again).
+	forked := make(chan struct{})
 	if cfg.Rootfs != "" && needsLoader(exe) {
 		if err := spawner.AwaitReady(); err != nil {
 			return nil, fmt.Errorf("sandbox: %w", err)
 		}
+		close(forked)
 	} else {
-		go spawner.Begin()
+		go func() {
+			defer close(forked)
+			spawner.Begin()
+		}()
 	}
-	if err := setupRoot(cfg); err != nil {
+	if err := setupRoot(cfg, forked); err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
 	if err := unix.Sethostname([]byte(cfg.Hostname)); err != nil {
