@@ -32,7 +32,7 @@ func TestRun(t *testing.T) {
 		tombstones:    20,
 		running:       10,
 		out:           t.TempDir(),
-		sections:      map[string]bool{"throughput": true, "capture": true, "lossless": true, "kilnd": true, "files": true, "tombstone": true, "running": true},
+		sections:      map[string]bool{"throughput": true, "capture": true, "lossless": true, "kilnd": true, "files": true, "ports": true, "tombstone": true, "running": true},
 		cmdline:       "bench -size 8M -reps 1",
 		stdout:        &out,
 		progress:      io.Discard,
@@ -53,7 +53,7 @@ func TestRun(t *testing.T) {
 		"heap per tombstone", "heap per idle running process", "goroutine stacks per process",
 		"## Capture of ordinary work", "| shell loop, 200 lines |", "| burst | ",
 		"| flow block / raw pipe |", "Flow block delivered every byte in every rep: ",
-		"| upload, one file |", "| download, a tree |",
+		"| upload, one file |", "| download, a tree |", "Added by kilnd's proxy, p50: ",
 	} {
 		if !strings.Contains(report, want) {
 			t.Errorf("report lacks %q:\n%s", want, report)

@@ -55,8 +55,11 @@ func childEnviron(size int64) []string {
 // childMain writes the requested bytes to stdout in 64 KiB writes from one
 // preallocated buffer and returns the exit code.
 func childMain() int {
-	if os.Getenv(childEnv) == childSyscalls {
+	switch os.Getenv(childEnv) {
+	case childSyscalls:
 		return syscallsMain()
+	case childHTTP:
+		return httpChildMain()
 	}
 	if mode := os.Getenv(childEnv); mode != childWrite {
 		fmt.Fprintf(os.Stderr, "bench child: %s=%q: unknown mode\n", childEnv, mode)

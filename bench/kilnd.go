@@ -407,7 +407,12 @@ func drainCommand(cmd *exec.Cmd, want int64) (time.Duration, error) {
 // startKilnd runs a kilnd in this process on state, and a client of its
 // unix socket.
 func startKilnd(state string) (*daemontest.Kilnd, client, error) {
-	k, err := daemontest.Start(state, "")
+	return startKilndOn(state, "")
+}
+
+// startKilndOn is startKilnd with a TCP listener on listen too.
+func startKilndOn(state, listen string) (*daemontest.Kilnd, client, error) {
+	k, err := daemontest.Start(state, listen)
 	if err != nil {
 		return nil, client{}, err
 	}

@@ -33,6 +33,9 @@ func renderReport(cfg config, res results) string {
 	if res.files != nil {
 		writeFiles(&b, res.files)
 	}
+	if res.ports != nil {
+		writePorts(&b, res.ports)
+	}
 	if res.tombstones != nil || res.running != nil {
 		writeMemory(&b, res.tombstones, res.running)
 	}

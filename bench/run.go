@@ -19,6 +19,7 @@ type results struct {
 	lossless   *losslessResult
 	kilnd      *kilndResult
 	files      *filesResult
+	ports      *portsResult
 	tombstones *tombstoneResult
 	running    *runningResult
 	compare    *compareResult
@@ -81,6 +82,12 @@ func run(ctx context.Context, cfg config) (err error) {
 			return fmt.Errorf("files: %w", err)
 		}
 	}
+	if cfg.has("ports") {
+		var err error
+		if res.ports, err = measurePorts(ctx, cfg); err != nil {
+			return fmt.Errorf("ports: %w", err)
+		}
+	}
 	if cfg.has("tombstone") {
 		r, err := measureTombstones(ctx, cfg)
 		if err != nil {
@@ -111,7 +118,7 @@ func run(ctx context.Context, cfg config) (err error) {
 	if res.compare != nil {
 		reports["compare"] = renderCompare(cfg, res)
 	}
-	if res.throughput != nil || res.capture != nil || res.lossless != nil || res.kilnd != nil || res.files != nil || res.tombstones != nil || res.running != nil {
+	if res.throughput != nil || res.capture != nil || res.lossless != nil || res.kilnd != nil || res.files != nil || res.ports != nil || res.tombstones != nil || res.running != nil {
 		reports["engine"] = renderReport(cfg, res)
 	}
 	for _, name := range []string{"engine", "compare"} {
