@@ -241,7 +241,7 @@ func extractLocal(dir, top, rename string, tr *tar.Reader) (int64, error) {
 				return total, err
 			}
 			root.Chmod(name, mode)
-		case tar.TypeReg, tar.TypeRegA:
+		case tar.TypeReg:
 			if err := root.MkdirAll(path.Dir(name), 0o755); err != nil {
 				return total, err
 			}

@@ -396,7 +396,7 @@ func untar(conn *net.UnixConn, dir string, r io.Reader) error {
 				return fmt.Errorf("files: %s: %w", h.Name, err)
 			}
 			root.Chmod(name, mode)
-		case tar.TypeReg, tar.TypeRegA:
+		case tar.TypeReg:
 			root.Remove(name) // a link there is replaced, never written through
 			f, err := root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
 			if err != nil {
