@@ -219,10 +219,11 @@ func (c *call) finish() error {
 	return err
 }
 
-// regular checks that the descriptor the helper sent is a regular file:
-// the helper is the sandbox's process, and what it sends is not trusted.
+// regular checks that the descriptor the helper sent is a regular file,
+// described: the helper is the sandbox's process, and what it sends is
+// not trusted.
 func (c *call) regular() (*os.File, error) {
-	if c.fd == nil {
+	if c.fd == nil || c.h.Entry == nil {
 		return nil, fmt.Errorf("%w: files: the helper sent no file", errdefs.ErrInternal)
 	}
 	fi, err := c.fd.Stat()
@@ -268,6 +269,10 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		c.finish()
+		if c.h.Entry == nil {
+			reply.Error(w, fmt.Errorf("%w: files: the helper described nothing", errdefs.ErrInternal))
+			return
+		}
 		reply.JSON(w, http.StatusOK, c.h.Entry)
 		return
 	}
