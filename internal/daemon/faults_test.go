@@ -778,6 +778,19 @@ func TestDefaultLimits(t *testing.T) {
 	}
 }
 
+// diskUsage is what the sandboxes' disk images hold on the host's disk
+// (templates left out), and the images.
+func (k *kilnd) diskUsage() (int64, []string) {
+	images, _ := filepath.Glob(filepath.Join(k.state, "disks", "*.img"))
+	var used int64
+	for _, img := range images {
+		if fi, err := os.Stat(img); err == nil && !strings.Contains(img, "template") {
+			used += fi.Sys().(*syscall.Stat_t).Blocks * 512
+		}
+	}
+	return used, images
+}
+
 // TestDiskQuota: a sandbox's writable layers are a filesystem of its quota's
 // size: writing past it gives ENOSPC inside, the host's disk holds no more
 // than the quota, the sandbox's mount table names no host path, and
@@ -808,13 +821,7 @@ func TestDiskQuota(t *testing.T) {
 		}
 	}
 	fill(sb.ID, "/workspace/fill")
-	images, _ := filepath.Glob(filepath.Join(k.state, "disks", "*.img"))
-	var used int64
-	for _, img := range images {
-		if fi, err := os.Stat(img); err == nil && !strings.Contains(img, "template") {
-			used += fi.Sys().(*syscall.Stat_t).Blocks * 512
-		}
-	}
+	used, images := k.diskUsage()
 	// The spare disks of the default size hold a few MiB of metadata each.
 	if used > 64<<20+32<<20 {
 		t.Errorf("the disks hold %d bytes on the host", used)

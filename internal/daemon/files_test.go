@@ -6,10 +6,8 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -105,13 +103,7 @@ func TestFilesQuota(t *testing.T) {
 	if resp.StatusCode != http.StatusRequestEntityTooLarge || !strings.Contains(string(b), "no space left on device") || !strings.Contains(string(b), "wrote ") {
 		t.Errorf("128 MiB on a 64 MiB disk: %d %s", resp.StatusCode, b)
 	}
-	images, _ := filepath.Glob(filepath.Join(k.state, "disks", "*.img"))
-	var used int64
-	for _, img := range images {
-		if fi, err := os.Stat(img); err == nil && !strings.Contains(img, "template") {
-			used += fi.Sys().(*syscall.Stat_t).Blocks * 512
-		}
-	}
+	used, _ := k.diskUsage()
 	if used > 64<<20+32<<20 {
 		t.Errorf("the disks hold %d bytes on the host", used)
 	}

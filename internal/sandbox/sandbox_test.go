@@ -138,25 +138,7 @@ func testIsolation(t *testing.T, runtime string) {
 // limit is killed; the agent survives both and keeps serving.
 func TestLimits(t *testing.T) {
 	sb := newSandbox(t, sandbox.Options{Limits: sandbox.Limits{Pids: 64, MemoryBytes: 64 << 20}})
-	// A bomb that keeps every child it made: it spawns until the kernel
-	// refuses, says how far it got, and leaves its children to the drain.
-	// (posix_spawn shares the parent's memory until the exec: the memory
-	// limit stays out of it.)
-	bomb := run(t, sb, `python3 -c '
-import errno, os
-n = 0
-try:
-    while True:
-        os.posix_spawnp("sleep", ["sleep", "1000"], os.environ)
-        n += 1
-except OSError as e:
-    print(n, errno.errorcode[e.errno])
-'`)
-	var forked int
-	var why string
-	if _, err := fmt.Sscan(bomb.Stdout, &forked, &why); err != nil || forked >= 64 || forked < 8 || why != "EAGAIN" {
-		t.Errorf("fork bomb: stdout %q, stderr %q: want fewer than 64 forks, then EAGAIN", bomb.Stdout, clipS(bomb.Stderr))
-	}
+	forkBomb(t, sb)
 	if got := sb.Cgroups.ReadEvent("pids", "pids.events", "max"); got == 0 {
 		t.Errorf("the pids limit was never hit")
 	}
@@ -177,21 +159,7 @@ except OSError as e:
 // which says so.
 func TestGVisorLimits(t *testing.T) {
 	sb := newBox(t, sandbox.RuntimeGVisor, sandbox.Options{Limits: sandbox.Limits{Pids: 64, MemoryBytes: 64 << 20}})
-	bomb := run(t, sb, `python3 -c '
-import errno, os
-n = 0
-try:
-    while True:
-        os.posix_spawnp("sleep", ["sleep", "1000"], os.environ)
-        n += 1
-except OSError as e:
-    print(n, errno.errorcode[e.errno])
-'`)
-	var forked int
-	var why string
-	if _, err := fmt.Sscan(bomb.Stdout, &forked, &why); err != nil || forked >= 64 || forked < 8 || why != "EAGAIN" {
-		t.Errorf("fork bomb: stdout %q, stderr %q: want fewer than 64 forks, then EAGAIN", bomb.Stdout, clipS(bomb.Stderr))
-	}
+	forkBomb(t, sb)
 	if r := run(t, sb, "echo alive"); strings.TrimSpace(r.Stdout) != "alive" {
 		t.Fatalf("after the bomb: %q", r.Stdout)
 	}
@@ -216,6 +184,29 @@ except OSError as e:
 	}
 	if r := sb.ExitReason(); !strings.Contains(r, "out of memory") {
 		t.Errorf("exit reason %q, want out of memory", r)
+	}
+}
+
+// forkBomb runs, in a sandbox limited to 64 processes, a bomb that keeps
+// every child it made: it spawns until the kernel refuses, says how far
+// it got, and leaves its children to the drain. (posix_spawn shares the
+// parent's memory until the exec: a memory limit stays out of it.)
+func forkBomb(t *testing.T, sb dialer) {
+	t.Helper()
+	bomb := run(t, sb, `python3 -c '
+import errno, os
+n = 0
+try:
+    while True:
+        os.posix_spawnp("sleep", ["sleep", "1000"], os.environ)
+        n += 1
+except OSError as e:
+    print(n, errno.errorcode[e.errno])
+'`)
+	var forked int
+	var why string
+	if _, err := fmt.Sscan(bomb.Stdout, &forked, &why); err != nil || forked >= 64 || forked < 8 || why != "EAGAIN" {
+		t.Errorf("fork bomb: stdout %q, stderr %q: want fewer than 64 forks, then EAGAIN", bomb.Stdout, clipS(bomb.Stderr))
 	}
 }
 
