@@ -232,6 +232,9 @@ const (
 	// ProtocolTCP is GET /sandboxes/{id}/tcp/{port}'s: its binary
 	// messages are a TCP connection's bytes, each way.
 	ProtocolTCP = "kiln.tcp"
+	// ProtocolWatch is a files watch's: text messages of JSON, a
+	// WatchHello then FileEvents.
+	ProtocolWatch = "kiln.watch"
 )
 
 // ErrorHeader marks an answer that is kilnd's or an agent's error (its
@@ -591,4 +594,36 @@ type Preview struct {
 	URL       string    `json:"url,omitempty"`
 	Token     string    `json:"token,omitempty"`
 	ExpiresAt time.Time `json:"expires_at"`
+}
+
+// FileEvent is a message of a files watch (GET …/files/DIR?watch=true):
+// an event under the directory, with its sequence number, or a gap of
+// Lost events the watch no longer holds, up to Seq.
+type FileEvent struct {
+	Type string `json:"type"`          // "event" or "gap"
+	Seq  uint64 `json:"seq,omitempty"` // an event's number, from 1; a gap's last
+	Op   string `json:"op,omitempty"`  // FileCreated, FileWritten, FileRemoved, FileRenamed, FileOverflow
+	Path string `json:"path,omitempty"`
+	From string `json:"from,omitempty"` // a rename's old path
+	Dir  bool   `json:"dir,omitempty"`
+	Lost uint64 `json:"lost,omitempty"` // a gap's count
+}
+
+// FileEvent ops. An overflow is the kernel's queue overflowing: events
+// were lost there, how many it does not say.
+const (
+	FileCreated  = "create"
+	FileWritten  = "write"
+	FileRemoved  = "remove"
+	FileRenamed  = "rename"
+	FileOverflow = "overflow"
+)
+
+// WatchHello is a files watch's first message: its id (to resume with
+// ?id=ID&after=SEQ), its directory, and the last event's number so far.
+type WatchHello struct {
+	Type string `json:"type"` // "hello"
+	ID   string `json:"id"`
+	Dir  string `json:"dir"`
+	Seq  uint64 `json:"seq"`
 }

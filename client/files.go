@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/coder/websocket"
+
 	"github.com/sandkiln/sandkiln/api"
 )
 
@@ -174,3 +176,68 @@ func (s *Sandbox) Extract(ctx context.Context, dir string, r io.Reader) error {
 	resp.Body.Close()
 	return nil
 }
+
+// WatchOptions resume a files watch: ID is the watch's (its first
+// message gives it), After the last event's number seen.
+type WatchOptions struct {
+	ID    string
+	After uint64
+}
+
+// FileWatch is a directory's file events in a sandbox: create, write,
+// remove, rename, each with its number. Events the watch no longer held
+// when this watcher came for them come as a gap with their exact count.
+type FileWatch struct {
+	// ID and Dir name the watch: WatchOptions{ID, After} resumes it for
+	// a while after its last watcher went.
+	ID, Dir string
+	// Seq is the watch's last event's number when this watcher came.
+	Seq  uint64
+	conn *websocket.Conn
+	ctx  context.Context
+}
+
+// WatchFiles watches the directory dir in the sandbox and everything
+// below it.
+func (s *Sandbox) WatchFiles(ctx context.Context, dir string, o WatchOptions) (*FileWatch, error) {
+	route, err := s.filesPath(dir)
+	if err != nil {
+		return nil, err
+	}
+	q := url.Values{"watch": {"true"}}
+	if o.ID != "" {
+		q.Set("id", o.ID)
+		q.Set("after", strconv.FormatUint(o.After, 10))
+	}
+	c, err := s.c.dial(ctx, route, q, api.ProtocolWatch)
+	if err != nil {
+		return nil, err
+	}
+	c.SetReadLimit(1 << 20)
+	_, b, err := c.Read(ctx)
+	var hello api.WatchHello
+	if err == nil {
+		err = json.Unmarshal(b, &hello)
+	}
+	if err != nil || hello.Type != "hello" {
+		c.CloseNow()
+		return nil, fmt.Errorf("client: watch %s: no hello: %v", dir, err)
+	}
+	return &FileWatch{ID: hello.ID, Dir: hello.Dir, Seq: hello.Seq, conn: c, ctx: ctx}, nil
+}
+
+// Next is the next event or gap, waiting for it.
+func (w *FileWatch) Next() (api.FileEvent, error) {
+	_, b, err := w.conn.Read(w.ctx)
+	if err != nil {
+		return api.FileEvent{}, err
+	}
+	var e api.FileEvent
+	if err := json.Unmarshal(b, &e); err != nil {
+		return api.FileEvent{}, fmt.Errorf("client: watch: %w", err)
+	}
+	return e, nil
+}
+
+// Close ends this watcher; the watch stays for a while for another.
+func (w *FileWatch) Close() error { return w.conn.Close(websocket.StatusNormalClosure, "") }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/client"
@@ -187,4 +188,82 @@ func tarOf(t *testing.T, hs []tar.Header) []byte {
 	}
 	tw.Close()
 	return b.Bytes()
+}
+
+// TestWatchFiles: what the sandbox's processes do under a directory comes
+// as numbered events, in order; a watcher that comes back from the last
+// number it saw gets what followed and nothing twice; one that comes back
+// after more than the watch holds is told exactly how many it missed.
+func TestWatchFiles(t *testing.T) {
+	k := startKilnd(t)
+	_, sb := clientOf(t, k.State)
+	ctx := ctxT(t)
+	inside(t, sb, "mkdir -p /workspace/w")
+	w, err := sb.WatchFiles(ctx, "/workspace/w", client.WatchOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inside(t, sb, "cd /workspace/w && mkdir sub && echo a > sub/f && mv sub/f sub/g && rm sub/g")
+	want := []string{"create /workspace/w/sub dir", "create /workspace/w/sub/f", "write /workspace/w/sub/f",
+		"rename /workspace/w/sub/f→/workspace/w/sub/g", "remove /workspace/w/sub/g"}
+	var got []string
+	var last uint64
+	for len(got) < len(want) {
+		e, err := w.Next()
+		if err != nil {
+			t.Fatalf("after %v: %v", got, err)
+		}
+		if e.Type != "event" || e.Seq != last+1 {
+			t.Fatalf("after %v: %+v", got, e)
+		}
+		last = e.Seq
+		s := e.Op + " "
+		if e.From != "" {
+			s += e.From + "→"
+		}
+		s += e.Path
+		if e.Dir {
+			s += " dir"
+		}
+		got = append(got, s)
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("events:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	w.Close()
+	// Away for a few events: resumed from the last seen, nothing twice.
+	inside(t, sb, "echo b > /workspace/w/two")
+	w, err = sb.WatchFiles(ctx, "/workspace/w", client.WatchOptions{ID: w.ID, After: last})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e, err := w.Next(); err != nil || e.Type != "event" || e.Seq != last+1 || e.Op != api.FileCreated || e.Path != "/workspace/w/two" {
+		t.Errorf("resumed: %+v %v, want event %d creating two", e, err, last+1)
+	}
+	last++
+	w.Close()
+	// Away for more than the watch holds: a gap, counted. (Back once the
+	// watch has all 5000, as its hello says.)
+	inside(t, sb, "cd /workspace/w && for i in $(seq 5000); do : > f$i; done")
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		w, err = sb.WatchFiles(ctx, "/workspace/w", client.WatchOptions{ID: w.ID, After: last})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if w.Seq >= last+5000 || time.Now().After(deadline) {
+			break
+		}
+		w.Close()
+		time.Sleep(20 * time.Millisecond)
+	}
+	defer w.Close()
+	e, err := w.Next()
+	if err != nil || e.Type != "gap" || e.Lost == 0 {
+		t.Fatalf("after 5000 creates away: %+v %v, want a gap", e, err)
+	}
+	next, err := w.Next()
+	if err != nil || next.Type != "event" || next.Seq != e.Seq+1 || e.Seq != last+e.Lost {
+		t.Errorf("gap %+v then %+v (%v): want the gap to count exactly what it skipped", e, next, err)
+	}
 }

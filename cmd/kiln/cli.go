@@ -64,7 +64,7 @@ never hidden.`,
 	root.PersistentFlags().StringVar(&c.stateDir, "state-dir", envOr(client.StateDirEnv, client.DefaultStateDir), "kilnd's state `directory` (env "+client.StateDirEnv+")")
 	root.PersistentFlags().StringVar(&c.addr, "addr", os.Getenv(client.AddrEnv), "kilnd's TCP `address`, instead of its unix socket (env "+client.AddrEnv+")")
 	root.PersistentFlags().BoolVar(&c.json, "json", false, "print JSON for scripts")
-	root.AddCommand(c.sandboxCmd(), c.execCmd(), c.logsCmd(), c.attachCmd(), c.psCmd(), c.waitCmd(), c.killCmd(), c.shellCmd(), c.runCmd(), c.cpCmd(), c.portForwardCmd(), c.previewCmd())
+	root.AddCommand(c.sandboxCmd(), c.execCmd(), c.logsCmd(), c.attachCmd(), c.psCmd(), c.waitCmd(), c.killCmd(), c.shellCmd(), c.runCmd(), c.cpCmd(), c.portForwardCmd(), c.previewCmd(), c.watchCmd())
 	err := root.ExecuteContext(ctx)
 	var ee exitError
 	switch {

@@ -240,6 +240,7 @@ func TestHelpGolden(t *testing.T) {
 		"cp":             {"cp", "--help"},
 		"port-forward":   {"port-forward", "--help"},
 		"preview":        {"preview", "--help"},
+		"watch":          {"watch", "--help"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			var out, errs bytes.Buffer

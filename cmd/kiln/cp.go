@@ -287,3 +287,53 @@ func bytesText(n int64) string {
 	}
 	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTP"[exp])
 }
+
+func (c *cli) watchCmd() *cobra.Command {
+	var id string
+	var after uint64
+	cmd := &cobra.Command{
+		Use:   "watch SANDBOX DIR",
+		Short: "Print the file events under a sandbox's directory as they happen",
+		Long: `Print what happens under a sandbox's directory, and everything below it, as it happens: each
+event's number, what it is (create, write, remove, rename) and its path. The first line names the
+watch; --id and --after resume it from the last number seen, within 30 seconds of its last
+watcher, and events it no longer holds are said as a gap with their count.`,
+		Example: `  kiln watch $SB /workspace
+  kiln watch $SB /workspace --id ID --after 42`,
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return c.withClient(func(cl *client.Client) error {
+				w, err := cl.Handle(args[0]).WatchFiles(cmd.Context(), args[1], client.WatchOptions{ID: id, After: after})
+				if err != nil {
+					return err
+				}
+				defer w.Close()
+				if !c.json {
+					fmt.Fprintf(c.stderr, "watch %s of %s (events so far: %d)\n", w.ID, w.Dir, w.Seq)
+				}
+				for {
+					e, err := w.Next()
+					if err != nil {
+						if cmd.Context().Err() != nil {
+							return nil
+						}
+						return err
+					}
+					switch {
+					case c.json:
+						c.printJSON(e)
+					case e.Type == "gap":
+						fmt.Fprintf(c.stdout, "%d\tgap\t%d events lost\n", e.Seq, e.Lost)
+					case e.Op == api.FileRenamed:
+						fmt.Fprintf(c.stdout, "%d\t%s\t%s -> %s\n", e.Seq, e.Op, e.From, e.Path)
+					default:
+						fmt.Fprintf(c.stdout, "%d\t%s\t%s\n", e.Seq, e.Op, e.Path)
+					}
+				}
+			})
+		},
+	}
+	cmd.Flags().StringVar(&id, "id", "", "resume the watch `ID`")
+	cmd.Flags().Uint64Var(&after, "after", 0, "with --id, the last event `number` seen")
+	return cmd
+}

@@ -133,6 +133,8 @@ func run(conn *net.UnixConn, op, p string, rest []string) error {
 		return writeTar(conn, p)
 	case "untar":
 		return untar(conn, p, os.Stdin)
+	case "watch":
+		return watchTree(conn, p)
 	}
 	return fmt.Errorf("files: unknown operation %q", op)
 }

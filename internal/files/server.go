@@ -31,6 +31,8 @@ import (
 type Server struct {
 	// Launch starts a process in the sandbox: the spawner's Start.
 	Launch func(*exec.Cmd) (*os.Process, error)
+
+	watches watches
 }
 
 // Register adds the routes to m.
@@ -260,6 +262,10 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 	p, err := sandboxPath(r.PathValue("path"))
 	if err != nil {
 		reply.Error(w, err)
+		return
+	}
+	if watch, _ := strconv.ParseBool(r.URL.Query().Get("watch")); watch {
+		s.serveWatch(w, r, p)
 		return
 	}
 	if stat, _ := strconv.ParseBool(r.URL.Query().Get("stat")); stat {

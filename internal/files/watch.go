@@ -1,0 +1,399 @@
+package files
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/coder/websocket"
+	"github.com/google/uuid"
+	"golang.org/x/sys/unix"
+
+	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/internal/errdefs"
+	"github.com/sandkiln/sandkiln/internal/reply"
+)
+
+// A watch is a directory's file events, as the helper's inotify reports
+// them, each given a sequence number and kept in a ring: a watcher that
+// connects again from the last it saw misses nothing the ring still
+// holds, and is told exactly how many it missed beyond that. A watch with
+// no watcher ends after watchGrace.
+const (
+	watchRing  = 4096
+	watchGrace = 30 * time.Second
+	// maxWatches bounds a sandbox's watches.
+	maxWatches = 64
+)
+
+// inotifyMask is what the helper watches for.
+const inotifyMask = unix.IN_CREATE | unix.IN_MODIFY | unix.IN_DELETE | unix.IN_MOVED_FROM |
+	unix.IN_MOVED_TO | unix.IN_DELETE_SELF | unix.IN_ONLYDIR
+
+// watchTree is the helper's side: it watches dir and every directory
+// below it (those made later too) and writes each event as a JSON line
+// after its header, until the agent goes.
+func watchTree(conn *net.UnixConn, dir string) error {
+	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	paths := map[int]string{}
+	// add watches p and the directories below it. Of a directory made
+	// while the watch runs (fresh), what was made in it before its own
+	// watch came is told as created; what its watch then reports again
+	// is told once (made).
+	made := map[string]bool{}
+	var found []api.FileEvent
+	add := func(p string, fresh bool) {
+		filepath.WalkDir(p, func(q string, d fs.DirEntry, err error) error {
+			if err != nil {
+				return nil
+			}
+			if fresh && q != p {
+				found = append(found, api.FileEvent{Op: api.FileCreated, Path: q, Dir: d.IsDir()})
+				made[q] = true
+				if fi, err := d.Info(); err == nil && fi.Mode().IsRegular() && fi.Size() > 0 {
+					found = append(found, api.FileEvent{Op: api.FileWritten, Path: q})
+					made["write "+q] = true
+				}
+			}
+			if !d.IsDir() {
+				return nil
+			}
+			if wd, err := unix.InotifyAddWatch(fd, q, inotifyMask); err == nil {
+				paths[wd] = q
+			}
+			return nil
+		})
+	}
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return err
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("files: %s is not a directory: %w", dir, unix.ENOTDIR)
+	}
+	add(dir, false)
+	if err := answer(conn, info(dir, fi), -1, nil); err != nil {
+		return nil
+	}
+	w := bufio.NewWriter(conn)
+	var last api.FileEvent
+	emit := func(e api.FileEvent) {
+		if e.Op == api.FileWritten && last == e {
+			return // one write event for a run of writes to a file
+		}
+		last = e
+		b, _ := json.Marshal(e)
+		w.Write(append(b, '\n'))
+	}
+	// A move's two halves come as two events with one cookie: a move
+	// out of the tree is a remove, into it a create.
+	var moved *api.FileEvent
+	var movedCookie uint32
+	flush := func() {
+		if moved != nil {
+			moved.Op = api.FileRemoved
+			emit(*moved)
+			moved = nil
+		}
+	}
+	buf := make([]byte, 64<<10)
+	for {
+		if w.Buffered() > 0 || moved != nil {
+			// Nothing more for a moment: what is pending goes out.
+			fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+			if n, _ := unix.Poll(fds, 50); n == 0 {
+				flush()
+				if w.Flush() != nil {
+					return nil
+				}
+			}
+		}
+		n, err := unix.Read(fd, buf)
+		if err != nil {
+			if err == unix.EINTR {
+				continue
+			}
+			return nil
+		}
+		for off := 0; off+unix.SizeofInotifyEvent <= n; {
+			ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
+			name := ""
+			if ev.Len > 0 {
+				raw := buf[off+unix.SizeofInotifyEvent : off+unix.SizeofInotifyEvent+int(ev.Len)]
+				for i, c := range raw {
+					if c == 0 {
+						raw = raw[:i]
+						break
+					}
+				}
+				name = string(raw)
+			}
+			off += unix.SizeofInotifyEvent + int(ev.Len)
+			if ev.Mask&unix.IN_Q_OVERFLOW != 0 {
+				flush()
+				emit(api.FileEvent{Op: api.FileOverflow})
+				continue
+			}
+			base, ok := paths[int(ev.Wd)]
+			if !ok {
+				continue
+			}
+			p := filepath.Join(base, name)
+			isDir := ev.Mask&unix.IN_ISDIR != 0
+			if ev.Mask&unix.IN_IGNORED != 0 {
+				delete(paths, int(ev.Wd))
+				continue
+			}
+			if moved != nil && !(ev.Mask&unix.IN_MOVED_TO != 0 && ev.Cookie == movedCookie) {
+				flush()
+			}
+			switch {
+			case ev.Mask&unix.IN_CREATE != 0:
+				if made[p] {
+					delete(made, p) // told already, when its directory was found
+					break
+				}
+				emit(api.FileEvent{Op: api.FileCreated, Path: p, Dir: isDir})
+				if isDir {
+					add(p, true)
+				}
+			case ev.Mask&unix.IN_MODIFY != 0:
+				if made["write "+p] {
+					delete(made, "write "+p)
+					break
+				}
+				emit(api.FileEvent{Op: api.FileWritten, Path: p})
+			case ev.Mask&unix.IN_DELETE != 0:
+				emit(api.FileEvent{Op: api.FileRemoved, Path: p, Dir: isDir})
+			case ev.Mask&unix.IN_MOVED_FROM != 0:
+				moved, movedCookie = &api.FileEvent{Path: p, Dir: isDir}, ev.Cookie
+			case ev.Mask&unix.IN_MOVED_TO != 0:
+				if moved != nil {
+					emit(api.FileEvent{Op: api.FileRenamed, From: moved.Path, Path: p, Dir: isDir})
+					moved = nil
+				} else {
+					emit(api.FileEvent{Op: api.FileCreated, Path: p, Dir: isDir})
+				}
+				if isDir {
+					add(p, true)
+				}
+			case ev.Mask&unix.IN_DELETE_SELF != 0 && base == dir:
+				emit(api.FileEvent{Op: api.FileRemoved, Path: dir, Dir: true})
+			}
+			for _, e := range found {
+				emit(e)
+			}
+			found = found[:0]
+		}
+	}
+}
+
+// watch is one directory's events, on the agent.
+type watch struct {
+	id   string
+	dir  string
+	call *call
+
+	mu      sync.Mutex
+	events  []api.FileEvent // the ring: events[seq % watchRing]
+	next    uint64          // the seq the next event gets (from 1)
+	ended   error           // why the helper stopped, once it did
+	changed chan struct{}   // closed and replaced when events come or it ends
+	users   int
+	idle    *time.Timer
+}
+
+// watches are a Server's, by id.
+type watches struct {
+	mu sync.Mutex
+	m  map[string]*watch
+}
+
+// pump reads the helper's events into the ring until it ends.
+func (w *watch) pump(r io.Reader) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 64<<10)
+	for sc.Scan() {
+		var e api.FileEvent
+		if json.Unmarshal(sc.Bytes(), &e) != nil {
+			continue // the helper is the sandbox's: nothing but events counts
+		}
+		w.mu.Lock()
+		w.next++
+		e.Seq = w.next
+		e.Type = "event"
+		w.events[e.Seq%watchRing] = e
+		close(w.changed)
+		w.changed = make(chan struct{})
+		w.mu.Unlock()
+	}
+	w.mu.Lock()
+	w.ended = fmt.Errorf("files: the watch of %s ended", w.dir)
+	close(w.changed)
+	w.changed = make(chan struct{})
+	w.mu.Unlock()
+}
+
+// since returns the events after seq the ring still holds, how many after
+// seq it no longer does, and what to wait on for more.
+func (w *watch) since(seq uint64) (evs []api.FileEvent, lost uint64, changed <-chan struct{}, ended error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	first := uint64(1)
+	if w.next > watchRing {
+		first = w.next - watchRing + 1
+	}
+	if seq+1 < first {
+		lost, seq = first-seq-1, first-1
+	}
+	for s := seq + 1; s <= w.next; s++ {
+		evs = append(evs, w.events[s%watchRing])
+	}
+	return evs, lost, w.changed, w.ended
+}
+
+// serveWatch serves GET /files/{path...}?watch=true: a WebSocket of the
+// directory's events, or, with &id=ID&after=SEQ, of a watch made before,
+// from after the last event seen.
+func (s *Server) serveWatch(w http.ResponseWriter, r *http.Request, p string) {
+	q := r.URL.Query()
+	var after uint64
+	if v := q.Get("after"); v != "" {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			reply.Error(w, fmt.Errorf("%w: after=%q: want a sequence number", errdefs.ErrInvalidArgument, v))
+			return
+		}
+		after = n
+	}
+	wt, err := s.watchOf(r.Context(), p, q.Get("id"))
+	if err != nil {
+		reply.Error(w, err)
+		return
+	}
+	defer s.release(wt)
+	c, err := websocket.Accept(w, r, &websocket.AcceptOptions{Subprotocols: []string{api.ProtocolWatch}, InsecureSkipVerify: true})
+	if err != nil {
+		return // Accept has answered
+	}
+	defer c.CloseNow()
+	ctx := c.CloseRead(r.Context()) // the client sends nothing
+	send := func(v any) bool {
+		b, _ := json.Marshal(v)
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		return c.Write(wctx, websocket.MessageText, b) == nil
+	}
+	wt.mu.Lock()
+	last := wt.next
+	wt.mu.Unlock()
+	if !send(api.WatchHello{Type: "hello", ID: wt.id, Dir: wt.dir, Seq: last}) {
+		return
+	}
+	seq := after
+	if q.Get("id") == "" {
+		seq = 0 // a new watch: everything from its start
+	}
+	for {
+		evs, lost, changed, ended := wt.since(seq)
+		if lost > 0 {
+			if !send(api.FileEvent{Type: "gap", Seq: seq + lost, Lost: lost}) {
+				return
+			}
+			seq += lost
+		}
+		for _, e := range evs {
+			if !send(e) {
+				return
+			}
+			seq = e.Seq
+		}
+		if ended != nil && len(evs) == 0 {
+			c.Close(websocket.StatusNormalClosure, "the watch ended")
+			return
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// watchOf returns the watch id (a new one of dir when id is empty), held
+// by the caller until release.
+func (s *Server) watchOf(ctx context.Context, dir, id string) (*watch, error) {
+	s.watches.mu.Lock()
+	if s.watches.m == nil {
+		s.watches.m = map[string]*watch{}
+	}
+	if id != "" {
+		wt, ok := s.watches.m[id]
+		if ok && wt.dir == dir {
+			wt.mu.Lock()
+			wt.users++
+			if wt.idle != nil {
+				wt.idle.Stop()
+			}
+			wt.mu.Unlock()
+		}
+		s.watches.mu.Unlock()
+		if !ok || wt.dir != dir {
+			return nil, fmt.Errorf("%w: no watch %q of %s (it ended %v after its last watcher, or never was)", errdefs.ErrNotFound, id, dir, watchGrace)
+		}
+		return wt, nil
+	}
+	if len(s.watches.m) >= maxWatches {
+		s.watches.mu.Unlock()
+		return nil, fmt.Errorf("%w: %d watches already", errdefs.ErrTooLarge, maxWatches)
+	}
+	s.watches.mu.Unlock()
+	c, err := s.start(context.WithoutCancel(ctx), "watch", dir)
+	if err != nil {
+		return nil, err
+	}
+	wt := &watch{id: uuid.Must(uuid.NewV7()).String(), dir: dir, call: c, events: make([]api.FileEvent, watchRing), changed: make(chan struct{}), users: 1}
+	go wt.pump(c.body())
+	s.watches.mu.Lock()
+	s.watches.m[wt.id] = wt
+	s.watches.mu.Unlock()
+	return wt, nil
+}
+
+// release lets go of a watch; the last to go starts its grace period.
+func (s *Server) release(wt *watch) {
+	wt.mu.Lock()
+	defer wt.mu.Unlock()
+	wt.users--
+	if wt.users > 0 {
+		return
+	}
+	wt.idle = time.AfterFunc(watchGrace, func() {
+		wt.mu.Lock()
+		users := wt.users
+		wt.mu.Unlock()
+		if users > 0 {
+			return
+		}
+		s.watches.mu.Lock()
+		delete(s.watches.m, wt.id)
+		s.watches.mu.Unlock()
+		wt.call.proc.Kill() // it would wait for its next event to notice
+		wt.call.finish()
+	})
+}
