@@ -483,6 +483,7 @@ func (d *Daemon) route(rec record, sb sandbox.Instance) *entry {
 			stripCredentials(pr.In, pr.Out.Header)
 		},
 		FlushInterval: -1, // output goes out as it comes
+		BufferPool:    proxyBuffers,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			if !sb.Alive() {
 				reply.Error(w, errdefs.New(errdefs.ErrUnavailable, "kilnd: sandbox "+rec.ID+" is not running"))
@@ -495,6 +496,15 @@ func (d *Daemon) route(rec record, sb sandbox.Instance) *entry {
 	}
 	return &entry{rec: rec, sb: sb, proxy: p}
 }
+
+// proxyBuffers are the forwarding proxies' copy buffers: a file read or
+// a tar moves in fewer, larger writes than the default 32 KiB.
+var proxyBuffers = &bufferPool{sync.Pool{New: func() any { return make([]byte, 256<<10) }}}
+
+type bufferPool struct{ p sync.Pool }
+
+func (b *bufferPool) Get() []byte  { return b.p.Get().([]byte) }
+func (b *bufferPool) Put(x []byte) { b.p.Put(x) }
 
 // agentPath is a process call's path at the agent: what follows
 // /sandboxes/{id}, as the client escaped it. An escaped slash or dot stays

@@ -302,6 +302,10 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 	http.ServeContent(w, r, "", c.h.Entry.ModTime, f)
 }
 
+// onlyWriter hides a file's ReadFrom, whose generic copy reads the body
+// 32 KiB at a time.
+type onlyWriter struct{ io.Writer }
+
 // maxListing bounds a directory's listing: about a million entries.
 const maxListing = 256 << 20
 
@@ -327,7 +331,7 @@ func (s *Server) put(w http.ResponseWriter, r *http.Request) {
 		reply.Error(w, err)
 		return
 	}
-	n, err := io.Copy(f, r.Body)
+	n, err := io.CopyBuffer(onlyWriter{f}, r.Body, make([]byte, 1<<20))
 	if err != nil {
 		var errno syscall.Errno
 		if errors.As(err, &errno) {

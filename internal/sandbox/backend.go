@@ -71,6 +71,9 @@ func Transport(dial func(context.Context) (net.Conn, error)) *http.Transport {
 		},
 		MaxIdleConnsPerHost: 16,
 		IdleConnTimeout:     time.Minute,
+		// A file or a tar going in moves in larger writes than 4 KiB.
+		WriteBufferSize: 256 << 10,
+		ReadBufferSize:  256 << 10,
 	}
 }
 
