@@ -499,12 +499,19 @@ func (d *Daemon) route(rec record, sb sandbox.Instance) *entry {
 
 // proxyBuffers are the forwarding proxies' copy buffers: a file read or
 // a tar moves in fewer, larger writes than the default 32 KiB.
-var proxyBuffers = &bufferPool{sync.Pool{New: func() any { return make([]byte, 256<<10) }}}
+var proxyBuffers = &bufferPool{sync.Pool{New: func() any { return new([proxyBuffer]byte) }}}
+
+const proxyBuffer = 256 << 10
 
 type bufferPool struct{ p sync.Pool }
 
-func (b *bufferPool) Get() []byte  { return b.p.Get().([]byte) }
-func (b *bufferPool) Put(x []byte) { b.p.Put(x) }
+func (b *bufferPool) Get() []byte { return b.p.Get().(*[proxyBuffer]byte)[:] }
+
+func (b *bufferPool) Put(x []byte) {
+	if len(x) == proxyBuffer {
+		b.p.Put((*[proxyBuffer]byte)(x))
+	}
+}
 
 // agentPath is a process call's path at the agent: what follows
 // /sandboxes/{id}, as the client escaped it. An escaped slash or dot stays
