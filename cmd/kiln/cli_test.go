@@ -1,6 +1,7 @@
 package main
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
 	"crypto/sha256"
@@ -576,5 +577,41 @@ func TestPortForward(t *testing.T) {
 	}
 	if code, _, errs := kiln(t, state, "", "port-forward", sb, "70000"); code == 0 || !strings.Contains(errs, "1 to 65535") {
 		t.Errorf("port 70000: %d %q", code, errs)
+	}
+}
+
+// TestExtractLocalRefusesEscapes: an archive from a sandbox lands in what
+// the copy makes and nowhere else beside it, whatever its entries say.
+func TestExtractLocalRefusesEscapes(t *testing.T) {
+	for name, hs := range map[string][]tar.Header{
+		"a sibling of the top":           {{Name: "out/", Typeflag: tar.TypeDir, Mode: 0o755}, {Name: ".ssh/authorized_keys", Typeflag: tar.TypeReg, Mode: 0o600}},
+		"the parent as a directory":      {{Name: "./", Typeflag: tar.TypeDir, Mode: 0o777}},
+		"the top as a link to its place": {{Name: "out", Typeflag: tar.TypeSymlink, Linkname: "."}, {Name: "out/x", Typeflag: tar.TypeReg, Mode: 0o644}},
+		"a link out of the top":          {{Name: "out/", Typeflag: tar.TypeDir, Mode: 0o755}, {Name: "out/l", Typeflag: tar.TypeSymlink, Linkname: "../victim"}},
+		"an absolute link":               {{Name: "out/", Typeflag: tar.TypeDir, Mode: 0o755}, {Name: "out/l", Typeflag: tar.TypeSymlink, Linkname: "/etc"}},
+		"a climb":                        {{Name: "out/../victim", Typeflag: tar.TypeReg, Mode: 0o644}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			var b bytes.Buffer
+			tw := tar.NewWriter(&b)
+			for _, h := range hs {
+				tw.WriteHeader(&h)
+			}
+			tw.Close()
+			parent := t.TempDir()
+			os.Chmod(parent, 0o755)
+			if _, err := extractLocal(parent, "out", "copy", tar.NewReader(&b)); err == nil {
+				t.Errorf("extracted")
+			}
+			ents, _ := os.ReadDir(parent)
+			for _, e := range ents {
+				if e.Name() != "copy" {
+					t.Errorf("%s landed beside the copy", e.Name())
+				}
+			}
+			if fi, _ := os.Stat(parent); fi.Mode().Perm() != 0o755 {
+				t.Errorf("the parent's mode became %v", fi.Mode().Perm())
+			}
+		})
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"archive/tar"
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -135,14 +136,16 @@ func (c *cli) copyIn(cmd *cobra.Command, sb *client.Sandbox, src, dst string) er
 		dir, name = path.Dir(dst), path.Base(dst)
 	}
 	pr, pw := io.Pipe()
-	var n int64
+	written := make(chan int64, 1)
 	go func() {
-		var err error
-		n, err = writeLocalTar(pw, src, name)
+		n, err := writeLocalTar(pw, src, name)
 		pw.CloseWithError(err)
+		written <- n
 	}()
-	if err := sb.Extract(ctx, dir, pr); err != nil {
-		pr.CloseWithError(err)
+	err = sb.Extract(ctx, dir, pr)
+	pr.CloseWithError(errors.New("the copy ended"))
+	n := <-written
+	if err != nil {
 		return err
 	}
 	fmt.Fprintf(c.stderr, "copied %s to %s:%s\n", bytesText(n), sb.ID, dst)
@@ -206,15 +209,27 @@ func writeLocalTar(w io.Writer, src, name string) (int64, error) {
 
 // extractLocal extracts tr into the local directory dir, the archive's
 // top entry top renamed to rename when set, and returns the bytes of file
-// content written. The archive comes from a sandbox: nothing in it may
-// lead out of dir.
+// content written. The archive comes from a sandbox: every entry must be
+// top or below it, and nothing in it may lead out of what it makes
+// (dir/top, or dir/rename). Directories get their modes once their
+// contents are in.
 func extractLocal(dir, top, rename string, tr *tar.Reader) (int64, error) {
 	root, err := os.OpenRoot(dir)
 	if err != nil {
 		return 0, err
 	}
 	defer root.Close()
+	made := cmp.Or(rename, top)
 	var total int64
+	var dirs []struct {
+		name string
+		mode fs.FileMode
+	}
+	defer func() {
+		for i := len(dirs) - 1; i >= 0; i-- {
+			root.Chmod(dirs[i].name, dirs[i].mode)
+		}
+	}()
 	for {
 		h, err := tr.Next()
 		if err == io.EOF {
@@ -224,23 +239,27 @@ func extractLocal(dir, top, rename string, tr *tar.Reader) (int64, error) {
 			return total, fmt.Errorf("the sandbox's archive: %w", err)
 		}
 		name := path.Clean(h.Name)
-		if strings.HasPrefix(h.Name, "/") || name == ".." || strings.HasPrefix(name, "../") {
-			return total, fmt.Errorf("the sandbox's archive: %q leads out of %s", h.Name, dir)
+		rest, under := strings.CutPrefix(name, top+"/")
+		switch {
+		case strings.HasPrefix(h.Name, "/") || name == ".." || strings.HasPrefix(name, "../"):
+			return total, fmt.Errorf("the sandbox's archive: %q leads out of %s", h.Name, filepath.Join(dir, made))
+		case name == top:
+			name = made
+		case under:
+			name = path.Join(made, rest)
+		default:
+			return total, fmt.Errorf("the sandbox's archive: %q is not in %s", h.Name, top)
 		}
-		if rename != "" {
-			if name == top {
-				name = rename
-			} else if rest, ok := strings.CutPrefix(name, top+"/"); ok {
-				name = path.Join(rename, rest)
-			}
-		}
-		mode := fs.FileMode(h.Mode) & 0o1777
+		mode := fs.FileMode(h.Mode) & 0o777
 		switch h.Typeflag {
 		case tar.TypeDir:
-			if err := root.MkdirAll(name, mode|0o700); err != nil {
+			if err := root.MkdirAll(name, 0o700); err != nil {
 				return total, err
 			}
-			root.Chmod(name, mode)
+			dirs = append(dirs, struct {
+				name string
+				mode fs.FileMode
+			}{name, mode | 0o700})
 		case tar.TypeReg:
 			if err := root.MkdirAll(path.Dir(name), 0o755); err != nil {
 				return total, err
@@ -260,9 +279,11 @@ func extractLocal(dir, top, rename string, tr *tar.Reader) (int64, error) {
 			}
 			root.Chtimes(name, h.AccessTime, h.ModTime)
 		case tar.TypeSymlink:
+			// Within what the copy makes: never the top itself, never
+			// out of it.
 			target := path.Join(path.Dir(name), h.Linkname)
-			if strings.HasPrefix(h.Linkname, "/") || target == ".." || strings.HasPrefix(target, "../") {
-				return total, fmt.Errorf("the sandbox's archive: the link %s to %s leads out of %s", h.Name, h.Linkname, dir)
+			if name == made || strings.HasPrefix(h.Linkname, "/") || !strings.HasPrefix(target+"/", made+"/") {
+				return total, fmt.Errorf("the sandbox's archive: the link %s to %s leads out of %s", h.Name, h.Linkname, filepath.Join(dir, made))
 			}
 			root.Remove(name)
 			if err := root.Symlink(h.Linkname, name); err != nil {
