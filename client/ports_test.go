@@ -37,6 +37,11 @@ func serveEcho(addr string) {
 			c.Write(r.Context(), typ, append([]byte("echo: "), b...))
 		}
 	})
+	m.HandleFunc("/cookie", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Add("Set-Cookie", "a=1; Path=/; HttpOnly")
+		w.Header().Add("Set-Cookie", "b=2")
+		w.Header().Set("Service-Worker-Allowed", "/")
+	})
 	m.HandleFunc("/go", func(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, "/there?x=1", http.StatusFound)
 	})
@@ -152,6 +157,21 @@ func TestPorts(t *testing.T) {
 	}
 	if code, _, loc := get(pv.URL + "go"); code != http.StatusFound || loc != "/preview/"+pv.Token+"/there?x=1" {
 		t.Errorf("a redirect under the preview: %d %q", code, loc)
+	}
+	// Every preview shares kilnd's origin: an app's cookies and service
+	// workers stay under its own prefix.
+	if resp, err := hc.Get(pv.URL + "cookie"); err != nil {
+		t.Fatal(err)
+	} else {
+		resp.Body.Close()
+		want := []string{"a=1; Path=/preview/" + pv.Token + "/; HttpOnly", "b=2; Path=/preview/" + pv.Token + "/"}
+		if got := resp.Header.Values("Set-Cookie"); strings.Join(got, "|") != strings.Join(want, "|") || resp.Header.Get("Service-Worker-Allowed") != "" {
+			t.Errorf("cookies %q, Service-Worker-Allowed %q; want %q and none", got, resp.Header.Get("Service-Worker-Allowed"), want)
+		}
+	}
+	// An escaped slash stays in its segment on the way to the app.
+	if code, body, _ := get(pv.URL + "a%2Fb"); code != 200 || body != "GET /a%2Fb prefix=/preview/"+pv.Token {
+		t.Errorf("an escaped slash: %d %q", code, body)
 	}
 	for name, tc := range map[string]struct {
 		url  string

@@ -57,11 +57,18 @@ func (s *Server) proxyPort(w http.ResponseWriter, r *http.Request) {
 	}
 	target := "127.0.0.1:" + strconv.Itoa(p)
 	prefix := r.Header.Get(api.PrefixHeader)
-	rest := r.PathValue("path")
+	// The app's path as the client escaped it: a %2F stays in its segment.
+	raw := r.URL.EscapedPath()
+	raw = strings.TrimPrefix(strings.TrimPrefix(raw, "/ports/"+r.PathValue("port")), "/")
+	rest, err := url.PathUnescape(raw)
+	if err != nil {
+		reply.Error(w, fmt.Errorf("%w: %v", errdefs.ErrInvalidArgument, err))
+		return
+	}
 	rp := &httputil.ReverseProxy{
 		Transport: portTransport,
 		Rewrite: func(pr *httputil.ProxyRequest) {
-			pr.Out.URL = &url.URL{Scheme: "http", Host: target, Path: "/" + rest, RawQuery: pr.In.URL.RawQuery}
+			pr.Out.URL = &url.URL{Scheme: "http", Host: target, Path: "/" + rest, RawPath: "/" + raw, RawQuery: pr.In.URL.RawQuery}
 			pr.Out.Host = target
 			pr.Out.Header.Del(api.PrefixHeader)
 			if prefix != "" {
@@ -70,6 +77,13 @@ func (s *Server) proxyPort(w http.ResponseWriter, r *http.Request) {
 		},
 		ModifyResponse: func(resp *http.Response) error {
 			resp.Header.Del(api.ErrorHeader) // the app's answer is not one of kilnd's errors
+			// Every sandbox's app shares kilnd's origin: none may claim
+			// more of it than its prefix, with a service worker's scope
+			// or a cookie's path.
+			resp.Header.Del("Service-Worker-Allowed")
+			if prefix != "" {
+				rescopeCookies(resp.Header, prefix)
+			}
 			for _, h := range []string{"Location", "Content-Location"} {
 				if loc := resp.Header.Get(h); loc != "" {
 					resp.Header.Set(h, underPrefix(loc, prefix, p))
@@ -115,6 +129,34 @@ func underPrefix(loc, prefix string, port int) string {
 		u.RawPath = strings.TrimSuffix(prefix, "/") + u.RawPath
 	}
 	return u.String()
+}
+
+// rescopeCookies puts the app's cookies under prefix: a cookie for its
+// "/" is one for prefix's, not for every sandbox's.
+func rescopeCookies(h http.Header, prefix string) {
+	cookies := h.Values("Set-Cookie")
+	if len(cookies) == 0 {
+		return
+	}
+	h.Del("Set-Cookie")
+	for _, line := range cookies {
+		parts := strings.Split(line, ";")
+		scoped := false
+		for i, p := range parts {
+			k, v, _ := strings.Cut(strings.TrimSpace(p), "=")
+			if strings.EqualFold(k, "path") {
+				if !strings.HasPrefix(v, "/") {
+					v = "/"
+				}
+				parts[i] = " Path=" + strings.TrimSuffix(prefix, "/") + v
+				scoped = true
+			}
+		}
+		if !scoped {
+			parts = append(parts, " Path="+strings.TrimSuffix(prefix, "/")+"/")
+		}
+		h.Add("Set-Cookie", strings.Join(parts, ";"))
+	}
 }
 
 // localHost reports whether host (with its port) names the app's server.

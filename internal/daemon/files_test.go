@@ -66,6 +66,10 @@ func TestFilesHostile(t *testing.T) {
 		{"a path that climbs", "GET", "/files/workspace/../etc/passwd", http.StatusBadRequest},
 		{"a climb escaped", "GET", "/files/workspace/%2e%2e/etc/passwd", http.StatusBadRequest},
 		{"the read-only /usr", "PUT", "/files/usr/bin/planted", http.StatusForbidden},
+		// The sandbox's root may open it; the agent, host root, does not
+		// read a kernel file's descriptor for it.
+		{"a /proc file of the sandbox's own", "GET", "/files/proc/self/status", http.StatusForbidden},
+		{"a cgroup file", "GET", "/files/proc/self/cgroup", http.StatusForbidden},
 	} {
 		code, body := k.raw(tc.method, "/sandboxes/"+sb+tc.path, []byte("c"))
 		if code != tc.want {

@@ -79,7 +79,9 @@ func (d *Daemon) createPreview(tcp bool) http.HandlerFunc {
 		rand.Read(raw[:])
 		token := base64.RawURLEncoding.EncodeToString(raw[:])
 		now := time.Now().UTC()
-		p := preview{ID: hex.EncodeToString(raw[:4]), Port: req.Port, Hash: tokenHash(token), ExpiresAt: now.Add(time.Duration(ttl) * time.Second).Truncate(time.Second)}
+		var id [4]byte
+		rand.Read(id[:])
+		p := preview{ID: hex.EncodeToString(id[:]), Port: req.Port, Hash: tokenHash(token), ExpiresAt: now.Add(time.Duration(ttl) * time.Second).Truncate(time.Second)}
 		d.mu.Lock()
 		if e.rec.State != StateRunning {
 			d.mu.Unlock()

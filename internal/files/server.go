@@ -15,7 +15,9 @@ import (
 	"path"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -79,6 +81,9 @@ type call struct {
 	h       header
 	fd      *os.File // the descriptor it sent, if any
 	rest    []byte   // what followed the header in the same read
+	stop    func() bool
+	once    sync.Once
+	err     error // finish's
 }
 
 // start runs a helper for op on p with args and reads its header.
@@ -116,7 +121,9 @@ func (s *Server) launch(withStdin bool, op, p string, args ...string) (*call, er
 		Env:    []string{Env + "=1"},
 		Dir:    "/",
 		Stdout: theirs,
-		Stderr: os.Stderr,
+		// Not the agent's: that is a host file, outside the sandbox's
+		// quota, and kilnd quotes it.
+		Stderr: nil,
 	}
 	var theirIn *os.File
 	if withStdin {
@@ -141,10 +148,9 @@ func (s *Server) launch(withStdin bool, op, p string, args ...string) (*call, er
 }
 
 // await reads the helper's header; the helper is killed if ctx ends
-// first. On an error the call is finished.
+// before the call is finished. On an error the call is finished.
 func (c *call) await(ctx context.Context) error {
-	stop := context.AfterFunc(ctx, func() { c.proc.Kill() })
-	defer stop()
+	c.stop = context.AfterFunc(ctx, func() { c.proc.Kill() })
 	if err := c.readHeader(); err != nil {
 		c.finish()
 		return err
@@ -204,21 +210,49 @@ func (c *call) takeRights(oob []byte) {
 // body is what the helper writes after its header.
 func (c *call) body() io.Reader { return io.MultiReader(bytes.NewReader(c.rest), c.conn) }
 
-// finish ends the call: the helper is waited for and its handles closed.
+// finish ends the call, once: its handles closed, the helper ended (all
+// it had to say is read by now; one that stalls is not waited for) and
+// reaped. The error is the helper's failing exit, if it failed before.
 func (c *call) finish() error {
-	c.conn.Close()
-	if c.stdin != nil {
-		c.stdin.Close()
-	}
-	if c.fd != nil {
-		c.fd.Close()
-	}
-	st, err := c.proc.Wait()
-	c.release()
-	if err == nil && !st.Success() {
-		err = fmt.Errorf("files: the helper %s", st)
-	}
-	return err
+	c.once.Do(func() {
+		if c.stop != nil {
+			c.stop()
+		}
+		c.conn.Close()
+		if c.stdin != nil {
+			c.stdin.Close()
+		}
+		if c.fd != nil {
+			c.fd.Close()
+		}
+		exited := make(chan struct{})
+		var st *os.ProcessState
+		var err error
+		go func() {
+			st, err = c.proc.Wait()
+			close(exited)
+		}()
+		select {
+		case <-exited:
+		case <-time.After(helperExit):
+			c.proc.Kill()
+			<-exited
+		}
+		c.release()
+		if err == nil && !st.Success() && !killed(st) {
+			err = fmt.Errorf("files: the helper %s", st)
+		}
+		c.err = err
+	})
+	return c.err
+}
+
+// helperExit is how long a helper that has answered gets to exit.
+const helperExit = 5 * time.Second
+
+func killed(st *os.ProcessState) bool {
+	ws, ok := st.Sys().(syscall.WaitStatus)
+	return ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL
 }
 
 // regular checks that the descriptor the helper sent is a regular file,
@@ -232,7 +266,19 @@ func (c *call) regular() (*os.File, error) {
 	if err != nil || !fi.Mode().IsRegular() {
 		return nil, fmt.Errorf("%w: files: the helper sent something that is not a regular file", errdefs.ErrInternal)
 	}
+	// Nor one of the kernel's files, which the agent, host root, would
+	// read or write with its own privileges.
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(int(c.fd.Fd()), &st); err != nil || kernelFS[st.Type] {
+		return nil, fmt.Errorf("%w: files: the kernel's files (/proc, /sys, cgroups) are not read or written through the files API", errdefs.ErrPermissionDenied)
+	}
 	return c.fd, nil
+}
+
+// kernelFS are the file systems whose files are the kernel's interfaces.
+var kernelFS = map[int64]bool{
+	unix.PROC_SUPER_MAGIC: true, unix.SYSFS_MAGIC: true, unix.CGROUP_SUPER_MAGIC: true, unix.CGROUP2_SUPER_MAGIC: true,
+	unix.DEBUGFS_MAGIC: true, unix.SECURITYFS_MAGIC: true, unix.BPF_FS_MAGIC: true, unix.TRACEFS_MAGIC: true,
 }
 
 // errnoError turns a helper's error into the API's.
@@ -426,7 +472,10 @@ func (s *Server) getArchive(w http.ResponseWriter, r *http.Request) {
 	stat, _ := json.Marshal(c.h.Entry)
 	w.Header().Set("Content-Type", "application/x-tar")
 	w.Header().Set(api.PathStatHeader, string(stat))
-	io.Copy(w, c.body())
+	if _, err := io.Copy(w, c.body()); err != nil || c.finish() != nil {
+		// Cut short: the client sees a broken answer, not a whole tar.
+		panic(http.ErrAbortHandler)
+	}
 }
 
 // putArchive extracts the tar in the body into the directory ?path=,
@@ -442,13 +491,13 @@ func (s *Server) putArchive(w http.ResponseWriter, r *http.Request) {
 		reply.Error(w, err)
 		return
 	}
-	// Fed while the helper reads; it answers once done, or at the first
-	// member it refuses, when the feeding stops too (its input closed).
-	go func() {
-		io.Copy(c.stdin, r.Body)
-		c.stdin.Close()
-	}()
-	if err := c.await(r.Context()); err != nil {
+	// The header comes once the helper is done, or at the first member it
+	// refuses, when its input closes and the feeding here stops too.
+	answered := make(chan error, 1)
+	go func() { answered <- c.await(r.Context()) }()
+	io.Copy(c.stdin, r.Body)
+	c.stdin.Close()
+	if err := <-answered; err != nil {
 		reply.Error(w, err)
 		return
 	}

@@ -34,7 +34,7 @@ const (
 	watchRing  = 4096
 	watchGrace = 30 * time.Second
 	// maxWatches bounds a sandbox's watches.
-	maxWatches = 64
+	maxWatches = 16
 )
 
 // inotifyMask is what the helper watches for.
@@ -220,14 +220,17 @@ type watch struct {
 
 // watches are a Server's, by id.
 type watches struct {
-	mu sync.Mutex
-	m  map[string]*watch
+	mu       sync.Mutex
+	m        map[string]*watch
+	starting int // being made: counted against maxWatches
 }
 
 // pump reads the helper's events into the ring until it ends.
 func (w *watch) pump(r io.Reader) {
+	// An event names at most two paths of PATH_MAX: a longer line is not
+	// one, and ends the watch (the helper is the sandbox's).
 	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 64<<10)
+	sc.Buffer(make([]byte, 16<<10), 16<<10)
 	for sc.Scan() {
 		var e api.FileEvent
 		if json.Unmarshal(sc.Bytes(), &e) != nil {
@@ -308,6 +311,9 @@ func (s *Server) serveWatch(w http.ResponseWriter, r *http.Request, p string) {
 	seq := after
 	if q.Get("id") == "" {
 		seq = 0 // a new watch: everything from its start
+	} else if after > last {
+		c.Close(websocket.StatusPolicyViolation, fmt.Sprintf("after=%d: the watch has %d events", after, last))
+		return
 	}
 	for {
 		evs, lost, changed, ended := wt.since(seq)
@@ -358,12 +364,25 @@ func (s *Server) watchOf(ctx context.Context, dir, id string) (*watch, error) {
 		}
 		return wt, nil
 	}
-	if len(s.watches.m) >= maxWatches {
+	if len(s.watches.m)+s.watches.starting >= maxWatches {
 		s.watches.mu.Unlock()
 		return nil, fmt.Errorf("%w: %d watches already", errdefs.ErrTooLarge, maxWatches)
 	}
+	s.watches.starting++
 	s.watches.mu.Unlock()
-	c, err := s.start(context.WithoutCancel(ctx), "watch", dir)
+	defer func() {
+		s.watches.mu.Lock()
+		s.watches.starting--
+		s.watches.mu.Unlock()
+	}()
+	// The helper answers at once; then it lives as long as the watch, not
+	// the request.
+	hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	c, err := s.start(hctx, "watch", dir)
+	if err == nil {
+		c.stop() // before the timeout's context ends, which would kill it
+	}
+	cancel()
 	if err != nil {
 		return nil, err
 	}
@@ -384,16 +403,18 @@ func (s *Server) release(wt *watch) {
 		return
 	}
 	wt.idle = time.AfterFunc(watchGrace, func() {
-		wt.mu.Lock()
-		users := wt.users
-		wt.mu.Unlock()
-		if users > 0 {
-			return
-		}
+		// Under both locks, in watchOf's order: a watcher that came back
+		// meanwhile keeps it.
 		s.watches.mu.Lock()
-		delete(s.watches.m, wt.id)
+		wt.mu.Lock()
+		gone := wt.users == 0 && s.watches.m[wt.id] == wt
+		if gone {
+			delete(s.watches.m, wt.id)
+		}
+		wt.mu.Unlock()
 		s.watches.mu.Unlock()
-		wt.call.proc.Kill() // it would wait for its next event to notice
-		wt.call.finish()
+		if gone {
+			wt.call.finish() // ends the helper, which waits for its next event
+		}
 	})
 }
