@@ -154,10 +154,12 @@ func eachHostDir(root string, bind func(host, target string) error) error {
 // a minimal /dev, its own /proc; then pivot_root, and the old root
 // detached so nothing of the host stays reachable.
 //
-// forked is closed once the spawner, started meanwhile, has executed:
-// until then the forked child holds copies of this process's descriptors,
-// a file of the root written a moment before among them, and a root with
-// a writer cannot become read-only (EBUSY).
+// forked is closed once the spawner, started meanwhile, has executed; the
+// root moves only then. A child being forked copies this process's root
+// before it is listed among the tasks that pivot_root moves, so one forked
+// during it could keep the host's; and until its exec it holds copies of
+// this process's descriptors, a file of the root being written among them,
+// with which the root could not become read-only (EBUSY).
 func setupRoot(cfg AgentConfig, forked <-chan struct{}) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make mounts private: %w", err)
@@ -248,6 +250,7 @@ func setupRoot(cfg AgentConfig, forked <-chan struct{}) error {
 	if err := maskProc(filepath.Join(root, "proc")); err != nil {
 		return err
 	}
+	<-forked
 	if err := unix.PivotRoot(root, filepath.Join(root, ".old")); err != nil {
 		return fmt.Errorf("pivot_root: %w", err)
 	}
@@ -263,7 +266,6 @@ func setupRoot(cfg AgentConfig, forked <-chan struct{}) error {
 	// The host-bind root holds only mount points: read-only. A given
 	// rootfs stays writable through its overlay.
 	if cfg.Rootfs == "" {
-		<-forked
 		if err := unix.Mount("", "/", "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY, ""); err != nil {
 			return fmt.Errorf("make the root read-only: %w", err)
 		}
@@ -590,11 +592,10 @@ func Enter() (*Inside, error) {
 		return nil, fmt.Errorf("sandbox: close-on-exec for inherited descriptors: %w", err)
 	}
 	// The spawner is this binary, reached by a descriptor: it is not in
-	// the sandbox's filesystem. It starts now, while the agent goes on to
-	// build the root: pivot_root moves every task whose root was the old
-	// one into the new, the spawner's too, whether it has executed yet or
-	// not. Its user namespace's maps are written through /proc, which
-	// must be this pid namespace's first.
+	// the sandbox's filesystem. It starts now, while the agent builds the
+	// root, and moves into it with the agent (setupRoot waits for its exec
+	// before the move). Its user namespace's maps are written through
+	// /proc, which must be this pid namespace's first.
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return nil, fmt.Errorf("sandbox: make mounts private: %w", err)
 	}
@@ -624,9 +625,9 @@ func Enter() (*Inside, error) {
 		})
 	// A dynamically linked kilnd's loader opens its libraries after the
 	// exec: in a sandbox with an image, which has none of them, that must
-	// be done before the root is the image's. Otherwise the agent does
-	// not wait: the first process started waits for the spawner, not the
-	// sandbox's readiness (an error is that Start's, which tries again).
+	// be done before the root is the image's. Otherwise the agent waits
+	// only for its exec, not for it to be ready: the first process started
+	// does that (an error is that Start's, which tries again).
 	forked := make(chan struct{})
 	if cfg.Rootfs != "" && needsLoader(exe) {
 		if err := spawner.AwaitReady(); err != nil {
