@@ -153,14 +153,7 @@ func eachHostDir(root string, bind func(host, target string) error) error {
 // under a writable overlay) read-only, private /tmp, writable /workspace,
 // a minimal /dev, its own /proc; then pivot_root, and the old root
 // detached so nothing of the host stays reachable.
-//
-// forked is closed once the spawner, started meanwhile, has executed; the
-// root moves only then. A child being forked copies this process's root
-// before it is listed among the tasks that pivot_root moves, so one forked
-// during it could keep the host's; and until its exec it holds copies of
-// this process's descriptors, a file of the root being written among them,
-// with which the root could not become read-only (EBUSY).
-func setupRoot(cfg AgentConfig, forked <-chan struct{}) error {
+func setupRoot(cfg AgentConfig) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make mounts private: %w", err)
 	}
@@ -250,7 +243,6 @@ func setupRoot(cfg AgentConfig, forked <-chan struct{}) error {
 	if err := maskProc(filepath.Join(root, "proc")); err != nil {
 		return err
 	}
-	<-forked
 	if err := unix.PivotRoot(root, filepath.Join(root, ".old")); err != nil {
 		return fmt.Errorf("pivot_root: %w", err)
 	}
@@ -592,10 +584,10 @@ func Enter() (*Inside, error) {
 		return nil, fmt.Errorf("sandbox: close-on-exec for inherited descriptors: %w", err)
 	}
 	// The spawner is this binary, reached by a descriptor: it is not in
-	// the sandbox's filesystem. It starts now, while the agent builds the
-	// root, and moves into it with the agent (setupRoot waits for its exec
-	// before the move). Its user namespace's maps are written through
-	// /proc, which must be this pid namespace's first.
+	// the sandbox's filesystem. It starts now, while the host's root is
+	// this mount namespace's, and moves into the sandbox's root with the
+	// agent. Its user namespace's maps are written through /proc, which
+	// must be this pid namespace's first.
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return nil, fmt.Errorf("sandbox: make mounts private: %w", err)
 	}
@@ -623,24 +615,22 @@ func Enter() (*Inside, error) {
 			iso(cmd.SysProcAttr)
 			return cmd.Start()
 		})
+	// Started, and executed, before the root is built: a child forked
+	// while it is holds copies of the agent's descriptors, and a fork
+	// during pivot_root can keep the old root. It comes up meanwhile; the
+	// first process started waits for it to be ready.
+	if err := spawner.Begin(); err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
 	// A dynamically linked kilnd's loader opens its libraries after the
 	// exec: in a sandbox with an image, which has none of them, that must
-	// be done before the root is the image's. Otherwise the agent waits
-	// only for its exec, not for it to be ready: the first process started
-	// does that (an error is that Start's, which tries again).
-	forked := make(chan struct{})
+	// be done before the root is the image's.
 	if cfg.Rootfs != "" && needsLoader(exe) {
 		if err := spawner.AwaitReady(); err != nil {
 			return nil, fmt.Errorf("sandbox: %w", err)
 		}
-		close(forked)
-	} else {
-		go func() {
-			defer close(forked)
-			spawner.Begin()
-		}()
 	}
-	if err := setupRoot(cfg, forked); err != nil {
+	if err := setupRoot(cfg); err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
 	if err := unix.Sethostname([]byte(cfg.Hostname)); err != nil {
