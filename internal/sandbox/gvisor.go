@@ -374,16 +374,7 @@ func (g *GVisor) Create(ctx context.Context, o Options) (_ Instance, err error) 
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("sandbox: start runsc: %w", err)
 	}
-	sb.reap(cmd)
-	if sb.Started, err = startTime(sb.PID); err != nil {
-		return nil, fmt.Errorf("sandbox: %w", err)
-	}
-	if o.Started != nil {
-		if err := o.Started(sb.State()); err != nil {
-			return nil, err
-		}
-	}
-	if err := awaitReady(ctx, sb, o.Ready, o.Dir, " in gVisor"); err != nil {
+	if err := running(ctx, &sb.Sandbox, sb, cmd, o, " in gVisor"); err != nil {
 		return nil, err
 	}
 	return sb, nil

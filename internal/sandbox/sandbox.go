@@ -331,19 +331,27 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("sandbox: start the agent: %w", err)
 	}
-	sb.reap(cmd)
-	if sb.Started, err = startTime(sb.PID); err != nil {
-		return nil, fmt.Errorf("sandbox: %w", err)
-	}
-	if o.Started != nil {
-		if err := o.Started(sb.State()); err != nil {
-			return nil, err
-		}
-	}
-	if err := awaitReady(ctx, sb, o.Ready, o.Dir, ""); err != nil {
+	if err := running(ctx, sb, sb, cmd, o, ""); err != nil {
 		return nil, err
 	}
 	return sb, nil
+}
+
+// running records cmd, just started, as the agent of s (the instance inst
+// is), has kilnd record the sandbox (o.Started), and waits until the agent
+// answers; where names the runtime in the error.
+func running(ctx context.Context, s *Sandbox, inst Instance, cmd *exec.Cmd, o Options, where string) error {
+	s.reap(cmd)
+	var err error
+	if s.Started, err = startTime(s.PID); err != nil {
+		return fmt.Errorf("sandbox: %w", err)
+	}
+	if o.Started != nil {
+		if err := o.Started(inst.State()); err != nil {
+			return err
+		}
+	}
+	return awaitReady(ctx, inst, o.Ready, o.Dir, where)
 }
 
 // reap records cmd, the agent just started, as the sandbox's: kilnd reaps
