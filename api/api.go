@@ -415,7 +415,37 @@ type CreateSandbox struct {
 	// namespaces, cgroups and a seccomp filter on the host's kernel) or
 	// "gvisor" (the same inside gVisor's user-space kernel, runsc).
 	Runtime string `json:"runtime,omitempty"`
+	// Network is what the sandbox may reach beyond its loopback; left out,
+	// nothing.
+	Network *Network `json:"network,omitempty"`
 }
+
+// Network is a sandbox's network beyond its loopback. With egress, or an
+// allow list, the sandbox gets an interface (eth0) with an address from
+// kilnd's range, a route out through the host (NAT), and a resolv.conf
+// naming the host's resolvers; its traffic is filtered in this order:
+// Deny refused, the resolvers (port 53) reached, Allow reached, the
+// host's own addresses and the private, loopback, link-local, shared
+// and multicast ranges refused, then the rest reached with egress
+// "allow" and refused with "none". kilnd's own TCP port is never
+// reached. IPv4 only.
+type Network struct {
+	// Egress is "none" (the default: only Allow) or "allow" (everything
+	// but the refused above).
+	Egress string `json:"egress,omitempty"`
+	// Allow and Deny are IPv4 CIDRs ("203.0.113.0/24", or an address).
+	Allow []string `json:"allow,omitempty"`
+	Deny  []string `json:"deny,omitempty"`
+	// Address is the sandbox's address, kilnd's to choose: set in a
+	// sandbox's description, ignored in a request.
+	Address string `json:"address,omitempty"`
+}
+
+// Egress values.
+const (
+	EgressNone  = "none"
+	EgressAllow = "allow"
+)
 
 // Sandbox states.
 const (
@@ -439,6 +469,8 @@ type Sandbox struct {
 	// Exit is the init command's exit, once the sandbox ended with it.
 	Exit               *Exit `json:"exit,omitempty"`
 	IdleTimeoutSeconds int64 `json:"idle_timeout_seconds,omitempty"`
+	// Network is the sandbox's network beyond its loopback, if any.
+	Network *Network `json:"network,omitempty"`
 }
 
 // Run is one run of a captured log and what the log says of it:
