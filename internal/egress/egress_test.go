@@ -1,10 +1,10 @@
 package egress_test
 
 import (
-	"io"
-	"net/http"
 	"errors"
+	"io"
 	"net"
+	"net/http"
 	"net/netip"
 	"strconv"
 	"strings"
