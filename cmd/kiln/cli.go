@@ -132,15 +132,34 @@ func exitCode(e api.Exit) int {
 	return 1
 }
 
+// networkFlags adds the flags of a sandbox's network to cmd; the function
+// returns what they ask for (nil: loopback only).
+func networkFlags(cmd *cobra.Command) func() *api.Network {
+	var n api.Network
+	f := cmd.Flags()
+	f.StringVar(&n.Egress, "egress", "", "what the sandbox may reach beyond its loopback, a `mode`: none (the default: only --egress-allow)\nor allow (the internet; not the host, private ranges or --egress-deny)")
+	f.StringArrayVar(&n.Allow, "egress-allow", nil, "an IPv4 `CIDR` the sandbox may reach, private ones too (repeatable); gives it a network")
+	f.StringArrayVar(&n.Deny, "egress-deny", nil, "an IPv4 `CIDR` the sandbox may not reach, whatever else allows it (repeatable)")
+	return func() *api.Network {
+		if n.Egress == "" && len(n.Allow) == 0 && len(n.Deny) == 0 {
+			return nil
+		}
+		return &n
+	}
+}
+
 func (c *cli) sandboxCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "sandbox", Short: "Create, list, inspect and remove sandboxes"}
 	var o api.CreateSandbox
+	var network func() *api.Network
 	create := &cobra.Command{
 		Use:   "create",
 		Short: "Create a sandbox and print its id",
 		Example: `  kiln sandbox create
   kiln sandbox create --memory 512M --pids 256 --cpus 1.5 --idle-timeout 10m
-  kiln sandbox create --runtime gvisor`,
+  kiln sandbox create --runtime gvisor
+  kiln sandbox create --egress allow --egress-deny 203.0.113.0/24
+  kiln sandbox create --egress-allow 192.0.2.10 --egress-allow 198.51.100.0/24`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cl, err := c.client()
@@ -166,6 +185,7 @@ func (c *cli) sandboxCmd() *cobra.Command {
 			}
 			idle, _ := cmd.Flags().GetDuration("idle-timeout")
 			o.IdleTimeoutSeconds = int64(idle / time.Second)
+			o.Network = network()
 			_, info, err := cl.CreateSandbox(cmd.Context(), o)
 			if err != nil {
 				return err
@@ -185,6 +205,7 @@ func (c *cli) sandboxCmd() *cobra.Command {
 	create.Flags().Int64("pids", 0, "process limit (0 for none; default kilnd's, 1024)")
 	create.Flags().Float64("cpus", 0, "CPU limit in cores (0 for none; default kilnd's, 1)")
 	create.Flags().Duration("idle-timeout", 0, "delete the sandbox (keeping its logs) after this long unused")
+	network = networkFlags(create)
 	ls := &cobra.Command{
 		Use: "ls", Short: "List sandboxes", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

@@ -557,10 +557,11 @@ func (c *cli) terminal(ctx context.Context, sb *client.Sandbox, argv []string) e
 
 func (c *cli) runCmd() *cobra.Command {
 	var (
-		sf   startFlags
-		rm   bool
-		tty  bool
-		opts api.CreateSandbox
+		sf      startFlags
+		rm      bool
+		tty     bool
+		opts    api.CreateSandbox
+		network func() *api.Network
 	)
 	cmd := &cobra.Command{
 		Use:   "run [--rm] [-i] [-t] -- CMD [ARG...]",
@@ -570,11 +571,13 @@ kiln's stdout, its stderr to kiln's stderr, its stdin closed unless -i sends kil
 With -t it runs on a terminal instead, interactively.
 ` + foregroundExit,
 		Example: `  kiln run --rm -- sh -c 'echo hello; exit 7'; echo $?   # hello, then 7
-  kiln run -t -- python3                                  # interactive`,
+  kiln run -t -- python3                                  # interactive
+  kiln run --rm --egress allow -- curl -sI https://example.com`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return c.withClient(func(cl *client.Client) error {
 				ctx := cmd.Context()
+				opts.Network = network()
 				sb, _, err := cl.CreateSandbox(ctx, opts)
 				if err != nil {
 					return err
@@ -604,5 +607,6 @@ With -t it runs on a terminal instead, interactively.
 	cmd.Flags().BoolVarP(&tty, "tty", "t", false, "run on a terminal, interactively")
 	cmd.Flags().StringVar(&opts.Rootfs, "rootfs", "", "a root filesystem: a `directory` in kilnd's images directory, instead of the host's /usr and /etc")
 	cmd.Flags().StringVar(&opts.Runtime, "runtime", "", "the kind of sandbox: namespaces (the default) or gvisor")
+	network = networkFlags(cmd)
 	return cmd
 }

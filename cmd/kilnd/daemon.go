@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/daemon"
+	"github.com/sandkiln/sandkiln/internal/egress"
 	"github.com/sandkiln/sandkiln/internal/sandbox"
 )
 
@@ -68,6 +70,9 @@ Flags:
 	runsc := fs.String("runsc", lookRunsc(), "gVisor's runsc `binary`, for sandboxes created with the runtime gvisor (default: runsc in PATH)")
 	runscPlatform := fs.String("runsc-platform", "systrap", "how runsc intercepts a gVisor sandbox's system calls: systrap (gVisor's default) or ptrace")
 	runtimes := fs.Bool("runtimes", false, "print the sandbox runtimes this host can run, and why the others cannot, and exit")
+	egressRange := fs.String("egress-range", egress.DefaultRange.String(), "the IPv4 `CIDR` the addresses of sandboxes with a network come from, a /30 each; it must\nbe unused on the host")
+	var egressDNS repeated
+	fs.Var(&egressDNS, "egress-dns", "a name server (an IPv4 `address`) for sandboxes with a network (repeatable; default: the host's,\nfrom /etc/resolv.conf or, if that names only loopback ones, systemd-resolved's)")
 	captureBuffer := fs.String("capture-buffer", "8MiB", "per captured process, the `size` of output held for its log writer while it catches up\n(64KiB to 1GiB): a burst beyond it, faster than the disk, is dropped and counted")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -105,13 +110,28 @@ Flags:
 		fmt.Fprintf(os.Stderr, "kilnd: default limits: %v\n", err)
 		return 2
 	}
+	erange, err := netip.ParsePrefix(*egressRange)
+	if err != nil || !erange.Addr().Is4() || erange.Bits() > 29 {
+		fmt.Fprintf(os.Stderr, "kilnd: --egress-range %q: want an IPv4 CIDR of /29 or wider, such as %s\n", *egressRange, egress.DefaultRange)
+		return 2
+	}
+	var dns []netip.Addr
+	for _, s := range egressDNS {
+		a, err := netip.ParseAddr(s)
+		if err != nil || !a.Is4() {
+			fmt.Fprintf(os.Stderr, "kilnd: --egress-dns %q: want an IPv4 address\n", s)
+			return 2
+		}
+		dns = append(dns, a)
+	}
 	exe, err := os.Executable()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "kilnd: find this binary:", err)
 		return 1
 	}
 	cfg := daemon.Config{StateDir: *stateDir, Listen: *listen, AllowOrigins: allow, AllowHosts: hosts, Exe: exe, Env: sandboxEnv, Images: *images,
-		Runsc: *runsc, RunscPlatform: *runscPlatform, CaptureQueue: queue, FlowGrace: *flowGrace, DefaultLimits: &limits}
+		Runsc: *runsc, RunscPlatform: *runscPlatform, CaptureQueue: queue, FlowGrace: *flowGrace, DefaultLimits: &limits,
+		EgressRange: erange, EgressDNS: dns}
 	if *runtimes {
 		return printRuntimes(cfg)
 	}

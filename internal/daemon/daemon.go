@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"net/netip"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -28,6 +29,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/internal/egress"
 	"github.com/sandkiln/sandkiln/internal/errdefs"
 	"github.com/sandkiln/sandkiln/internal/reply"
 	"github.com/sandkiln/sandkiln/internal/sandbox"
@@ -69,7 +71,12 @@ type Config struct {
 	// DefaultLimits are the limits of a sandbox whose request leaves them
 	// out (nil: DefaultLimits; a zero field there is no limit).
 	DefaultLimits *api.Limits
-	Log           *slog.Logger
+	// EgressRange is where the addresses of sandboxes with a network come
+	// from (zero: egress.DefaultRange); EgressDNS the name servers they
+	// are given (empty: the host's, egress.HostResolvers).
+	EgressRange netip.Prefix
+	EgressDNS   []netip.Addr
+	Log         *slog.Logger
 }
 
 // DefaultLimits are a sandbox's limits unless kilnd is told otherwise: no
@@ -118,6 +125,8 @@ type record struct {
 	Disk string `json:"disk,omitempty"`
 	// Previews are its preview URLs (their tokens' hashes).
 	Previews []preview `json:"previews,omitempty"`
+	// Network is its place on the network beyond its loopback, if any.
+	Network *egress.Attachment `json:"network,omitempty"`
 }
 
 // entry is a known sandbox and, while it runs, the route to its agent.
@@ -164,6 +173,14 @@ type Daemon struct {
 	// tcpIP and tcpPort are where the TCP listener listens, once it does.
 	tcpIP   net.IP
 	tcpPort string
+
+	// netMu guards net, made when a sandbox first needs it (so that a
+	// kilnd whose sandboxes have no network never touches the host's
+	// firewall), and adopted, the attachments of the sandboxes that
+	// outlived the last kilnd, which net takes when it is made.
+	netMu   sync.Mutex
+	net     *egress.Manager
+	adopted map[string]egress.Attachment
 }
 
 // New opens the state directory (making it and the token on first start)
@@ -364,6 +381,12 @@ func (d *Daemon) recover() error {
 				e = d.route(rec, e.sb)
 				e.lastUsed = time.Now()
 				d.sandboxes[rec.ID] = e
+				if rec.Network != nil {
+					if d.adopted == nil {
+						d.adopted = map[string]egress.Attachment{}
+					}
+					d.adopted[rec.ID] = *rec.Network
+				}
 				d.watch(e)
 				d.log.Info("sandbox adopted", "id", rec.ID, "runtime", runtimeOf(rec), "agent", e.sb.AgentPID())
 				continue
@@ -443,6 +466,7 @@ func (d *Daemon) watch(e *entry) {
 		}
 		reason := agentExited(sb) // before End takes its groups
 		sb.End()
+		d.unplug(e.rec.ID)
 		d.mu.Lock()
 		defer d.mu.Unlock()
 		if e.deleting || e.rec.State != StateRunning {
@@ -553,6 +577,11 @@ func (e *entry) info() Info {
 	if e.rec.State == StateRunning && e.sb != nil {
 		i.AgentPID = e.sb.AgentPID()
 	}
+	if a := e.rec.Network; a != nil {
+		n := a.Policy
+		n.Address = a.Addr.String()
+		i.Network = &n
+	}
 	return i
 }
 
@@ -606,31 +635,45 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	if rec.Hostname == "" {
 		rec.Hostname = "kiln-" + id[:8]
 	}
-	// The record is written while the agent sets itself up (a backend
-	// that cannot say when it runs has it written once it answers).
-	sb, err := backend.Create(ctx, sandbox.Options{
+	opts := sandbox.Options{
 		Dir: d.sandboxDir(id), ID: id, Hostname: req.Hostname,
 		Rootfs: req.Rootfs, Limits: limits, Disk: diskMount, Env: d.cfg.Env, Init: req.Init, CaptureQueue: d.cfg.CaptureQueue,
 		FlowGrace: d.cfg.FlowGrace,
+		// The record is written while the agent sets itself up (a backend
+		// that cannot say when it runs has it written once it answers).
 		Started: func(state json.RawMessage) error {
 			rec.Sandbox = state
 			return d.save(rec)
 		},
-	})
-	if err != nil {
-		os.RemoveAll(d.sandboxDir(id))
+	}
+	if egress.Wanted(req.Network) {
+		if err := d.plug(id, runtime, *req.Network, &rec, &opts); err != nil {
+			if disk != nil {
+				d.disks.Release(diskImage)
+			}
+			return Info{}, err
+		}
+	}
+	// undo is what a failed create leaves to release.
+	undo := func() {
 		if disk != nil {
 			d.disks.Release(diskImage)
 		}
+		if rec.Network != nil {
+			d.unplug(id)
+		}
+	}
+	sb, err := backend.Create(ctx, opts)
+	if err != nil {
+		os.RemoveAll(d.sandboxDir(id))
+		undo()
 		return Info{}, fmt.Errorf("%w: %v", errdefs.ErrUnavailable, err)
 	}
 	if state := sb.State(); !bytes.Equal(state, rec.Sandbox) {
 		rec.Sandbox = state
 		if err := d.save(rec); err != nil {
 			sb.Destroy(false)
-			if disk != nil {
-				d.disks.Release(diskImage)
-			}
+			undo()
 			return Info{}, err
 		}
 	}
@@ -664,7 +707,7 @@ func validateCreate(req CreateRequest, limits api.Limits) error {
 			return fmt.Errorf("%w: init: %v", errdefs.ErrInvalidArgument, err)
 		}
 	}
-	return nil
+	return egress.Validate(req.Network)
 }
 
 // ValidateLimits checks limits: each zero (none) or within its bounds.
@@ -803,6 +846,7 @@ func (d *Daemon) delete(id string, removeLogs, claimed bool) error {
 			d.log.Error("release a deleted sandbox's disk", "id", id, "err", err)
 		}
 	}
+	d.unplug(id)
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if removeLogs {
@@ -826,9 +870,6 @@ func clip(s string) string {
 	return strings.ToValidUTF8(s, "\uFFFD")
 }
 
-// Serve serves the API on the unix socket (no token: its mode keeps
-// others out) and, when configured, on TCP with the bearer token, until
-// ctx ends. Sandboxes keep running after it returns.
 // TCPAddr is the address the TCP listener listens on, once Serve has
 // started it; empty without one.
 func (d *Daemon) TCPAddr() string {
@@ -838,6 +879,9 @@ func (d *Daemon) TCPAddr() string {
 	return net.JoinHostPort(d.tcpIP.String(), d.tcpPort)
 }
 
+// Serve serves the API on the unix socket (no token: its mode keeps
+// others out) and, when configured, on TCP with the bearer token, until
+// ctx ends. Sandboxes keep running after it returns.
 func (d *Daemon) Serve(ctx context.Context) error {
 	sock := filepath.Join(d.cfg.StateDir, SocketName)
 	if c, err := net.Dial("unix", sock); err == nil {
@@ -854,6 +898,7 @@ func (d *Daemon) Serve(ctx context.Context) error {
 		a := tl.Addr().(*net.TCPAddr)
 		d.tcpIP, d.tcpPort = a.IP, strconv.Itoa(a.Port)
 	}
+	d.readopt()
 	os.Remove(sock)
 	ul, err := net.Listen("unix", sock)
 	if err == nil {

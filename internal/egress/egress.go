@@ -128,9 +128,10 @@ type Manager struct {
 	attached map[string]Attachment // by sandbox id
 }
 
-// New checks the host can do what egress needs (nftables, the range
-// free) and installs the rules for no sandbox: the error says why not.
-func New(cfg Config) (*Manager, error) {
+// New checks the host can do what egress needs and installs the rules for
+// the sandboxes attached already (those that outlived a kilnd, from their
+// records; their links are as they were): the error says why not.
+func New(cfg Config, attached map[string]Attachment) (*Manager, error) {
 	if !cfg.Range.IsValid() {
 		cfg.Range = DefaultRange
 	}
@@ -139,6 +140,9 @@ func New(cfg Config) (*Manager, error) {
 	}
 	cfg.Range = cfg.Range.Masked()
 	m := &Manager{cfg: cfg, attached: map[string]Attachment{}}
+	for id, a := range attached {
+		m.attached[id] = a
+	}
 	if err := m.apply(); err != nil {
 		return nil, err
 	}
@@ -196,17 +200,6 @@ func (m *Manager) Allocate(id string, p api.Network) (Attachment, error) {
 	return a, nil
 }
 
-// Adopt takes back the attachments of sandboxes that outlived a kilnd,
-// and rebuilds the rules for them (and for no other).
-func (m *Manager) Adopt(all map[string]Attachment) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for id, a := range all {
-		m.attached[id] = a
-	}
-	return m.apply()
-}
-
 // Release forgets sandbox id's attachment and its rules; its link ends
 // with its network namespace, and is removed now if it is left.
 func (m *Manager) Release(id string) error {
@@ -250,6 +243,39 @@ func clip(s string) string {
 		return s[:64] + "…"
 	}
 	return s
+}
+
+// HostResolvers are the host's name servers a sandbox can reach: those of
+// /etc/resolv.conf or, where it names only loopback addresses (the stub of
+// systemd-resolved, a local cache), those systemd-resolved forwards to, as
+// Docker does. IPv4 only.
+func HostResolvers() []netip.Addr {
+	for _, path := range []string{"/etc/resolv.conf", "/run/systemd/resolve/resolv.conf"} {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			continue
+		}
+		if rs := nameservers(string(b)); len(rs) > 0 {
+			return rs
+		}
+	}
+	return nil
+}
+
+// nameservers reads a resolv.conf's IPv4 name servers, loopback ones left
+// out (a sandbox's loopback is its own).
+func nameservers(conf string) []netip.Addr {
+	var rs []netip.Addr
+	for line := range strings.Lines(conf) {
+		f := strings.Fields(line)
+		if len(f) < 2 || f[0] != "nameserver" {
+			continue
+		}
+		if a, err := netip.ParseAddr(f[1]); err == nil && a.Is4() && !a.IsLoopback() {
+			rs = append(rs, a)
+		}
+	}
+	return rs
 }
 
 // enableForwarding turns on the host's IPv4 forwarding, without which

@@ -21,6 +21,13 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
+func TestNameservers(t *testing.T) {
+	conf := "# generated\nnameserver 127.0.0.53\nnameserver 192.0.2.53\nnameserver 2001:db8::53\noptions edns0\nnameserver\n"
+	if got := egress.Nameservers(conf); len(got) != 1 || got[0] != netip.MustParseAddr("192.0.2.53") {
+		t.Errorf("nameservers = %v, want [192.0.2.53]", got)
+	}
+}
+
 func TestValidate(t *testing.T) {
 	for _, tc := range []struct {
 		p   api.Network
@@ -61,7 +68,7 @@ func TestPolicy(t *testing.T) {
 	// A server on the host's own addresses, and one as kilnd's API port.
 	hostSrv := listen(t, "0.0.0.0:0")
 	apiSrv := listen(t, "0.0.0.0:0")
-	m, err := egress.New(egress.Config{Resolvers: []netip.Addr{up.Addr}, APIPort: port(apiSrv)})
+	m, err := egress.New(egress.Config{Resolvers: []netip.Addr{up.Addr}, APIPort: port(apiSrv)}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,16 +140,17 @@ func TestPolicy(t *testing.T) {
 		}
 	})
 
-	// Rebuilt for the same sandboxes by a new kilnd, the rules hold.
-	m2, err := egress.New(egress.Config{Resolvers: []netip.Addr{up.Addr}, APIPort: port(apiSrv)})
-	if err != nil {
+	// A new kilnd that knows no sandbox leaves them no way out; one that
+	// adopts one rebuilds its rules.
+	if _, err := egress.New(egress.Config{Resolvers: []netip.Addr{up.Addr}, APIPort: port(apiSrv)}, nil); err != nil {
 		t.Fatal(err)
 	}
 	if body, err := egresstest.Get(open, web); !egresstest.Refused(err) {
 		t.Fatalf("before adoption: GET = %q, %v; want refused (no rules for it)", body, err)
 	}
 	a, _ := m.Attached("0190aaaa-0000-7000-8000-000000000001")
-	if err := m2.Adopt(map[string]egress.Attachment{"0190aaaa-0000-7000-8000-000000000001": a}); err != nil {
+	m2, err := egress.New(egress.Config{Resolvers: []netip.Addr{up.Addr}, APIPort: port(apiSrv)}, map[string]egress.Attachment{"0190aaaa-0000-7000-8000-000000000001": a})
+	if err != nil {
 		t.Fatal(err)
 	}
 	if body, err := egresstest.Get(open, web); err != nil || !strings.HasPrefix(body, "upstream saw") {

@@ -374,7 +374,7 @@ func (g *GVisor) Create(ctx context.Context, o Options) (_ Instance, err error) 
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("sandbox: start runsc: %w", err)
 	}
-	if err := running(ctx, &sb.Sandbox, sb, cmd, o, " in gVisor"); err != nil {
+	if err := running(ctx, &sb.Sandbox, sb, cmd, o, " in gVisor", nil); err != nil {
 		return nil, err
 	}
 	return sb, nil
@@ -539,7 +539,7 @@ func hostRoot(root, etc, hostname string) ([][2]string, error) {
 	if err := os.Mkdir(etc, 0o755); err != nil {
 		return nil, err
 	}
-	for _, f := range etcFiles(hostname) {
+	for _, f := range etcFiles(hostname, nil) {
 		if fi, err := os.Lstat(filepath.Join("/etc", f[0])); err != nil || !fi.Mode().IsRegular() {
 			continue
 		}

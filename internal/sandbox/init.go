@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -71,6 +72,11 @@ type AgentConfig struct {
 	// TmpfsBytes sizes /tmp and /root, the sandbox's memory limit: what is
 	// written there is memory (zero: the kernel's default, half the RAM).
 	TmpfsBytes int64 `json:"tmpfs_bytes,omitempty"`
+	// Network says fdNetwork is passed: the sandbox has a network beyond
+	// its loopback, which kilnd connects while the agent starts; Resolvers
+	// are the name servers of its resolv.conf.
+	Network   bool     `json:"network,omitempty"`
+	Resolvers []string `json:"resolvers,omitempty"`
 	// Guest, when set, names the runtime that made the agent its
 	// container's init and built its root (RuntimeGVisor): the agent then
 	// finds its handles in guestDir instead of inherited descriptors.
@@ -114,7 +120,10 @@ const (
 	// fdCPUProcs is the v1 cpu group's cgroup.procs file, when CPU is
 	// limited.
 	fdCPUProcs = 11
-	fdLast     = fdCPUProcs
+	// fdNetwork is the pipe the agent waits on for kilnd to connect its
+	// network, when it has one: a byte, or nothing if that failed.
+	fdNetwork = 12
+	fdLast    = fdNetwork
 )
 
 // hostDirs are bound read-only from the host when no rootfs is given.
@@ -197,6 +206,11 @@ func setupRoot(cfg AgentConfig) error {
 		if err := unix.Mount("overlay", root, "overlay", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
 			return fmt.Errorf("mount the rootfs overlay: %w", err)
 		}
+		if cfg.Network {
+			if err := imageResolvConf(root, cfg); err != nil {
+				return err
+			}
+		}
 	} else {
 		if err := unix.Mount("tmpfs", root, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755,size=16m"); err != nil {
 			return fmt.Errorf("mount the root: %w", err)
@@ -204,7 +218,7 @@ func setupRoot(cfg AgentConfig) error {
 		if err := eachHostDir(root, bindReadOnly); err != nil {
 			return err
 		}
-		if err := ownEtc(root, cfg.Hostname); err != nil {
+		if err := ownEtc(root, cfg.Hostname, cfg.Resolvers); err != nil {
 			return err
 		}
 	}
@@ -317,26 +331,41 @@ func maskProc(proc string) error {
 }
 
 // etcFiles are the host's /etc files a sandbox on the host's system sees
-// its own of instead: its users, its name, its network (loopback only, no
-// resolver). The rest of /etc (the loader's cache, certificates,
+// its own of instead: its users, its name, its network (loopback only and
+// no resolver, or the resolvers given). The rest of /etc (the loader's cache, certificates,
 // alternatives) is the host's, read-only, as the programs of /usr need.
-func etcFiles(hostname string) [][2]string {
+func etcFiles(hostname string, resolvers []string) [][2]string {
+	resolv := "# This sandbox has no network beyond its loopback, and no resolver.\n"
+	if len(resolvers) > 0 {
+		resolv = resolvConf(resolvers)
+	}
 	return [][2]string{
 		{"passwd", "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"},
 		{"group", "root:x:0:\ntty:x:5:\nusers:x:100:\nnogroup:x:65534:\n"},
 		{"hosts", "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t" + hostname + "\n"},
 		{"hostname", hostname + "\n"},
-		{"resolv.conf", "# This sandbox has no network beyond its loopback, and no resolver.\n"},
+		{"resolv.conf", resolv},
 		{"nsswitch.conf", "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\nnetworks: files\nprotocols: files\nservices: files\nethers: files\nrpc: files\n"},
 		{"shadow", ""},
 		{"gshadow", ""},
 	}
 }
 
+// resolvConf names resolvers.
+func resolvConf(resolvers []string) string {
+	var b strings.Builder
+	for _, r := range resolvers {
+		b.WriteString("nameserver " + r + "\n")
+	}
+	return b.String()
+}
+
 // ownEtc puts the sandbox's etcFiles over the host's, each read-only, where
-// the host has a regular file of that name (a symlink, resolv.conf's often,
-// points where the sandbox has nothing).
-func ownEtc(root, hostname string) error {
+// the host has a regular file of that name. Where it has a symbolic link
+// (resolv.conf's often, to /run) to a directory the sandbox does not get
+// from the host, the file is made where the link leads, in the sandbox's
+// root.
+func ownEtc(root, hostname string, resolvers []string) error {
 	src := filepath.Join(root, ".etc")
 	if err := os.Mkdir(src, 0o755); err != nil {
 		return err
@@ -345,9 +374,16 @@ func ownEtc(root, hostname string) error {
 		return fmt.Errorf("mount the sandbox's /etc files: %w", err)
 	}
 	sealed := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV | unix.MOUNT_ATTR_NOEXEC}
-	for _, f := range etcFiles(hostname) {
+	for _, f := range etcFiles(hostname, resolvers) {
 		target := filepath.Join(root, "etc", f[0])
-		if fi, err := os.Lstat(target); err != nil || !fi.Mode().IsRegular() {
+		fi, err := os.Lstat(target)
+		if err == nil && fi.Mode()&os.ModeSymlink != 0 {
+			if err := fillLink(root, target, f[1]); err != nil {
+				return fmt.Errorf("/etc/%s: %w", f[0], err)
+			}
+			continue
+		}
+		if err != nil || !fi.Mode().IsRegular() {
 			continue
 		}
 		file := filepath.Join(src, f[0])
@@ -366,6 +402,57 @@ func ownEtc(root, hostname string) error {
 		return err
 	}
 	return os.Remove(src)
+}
+
+// imageResolvConf gives a sandbox with an image and a network its
+// resolvers: /etc/resolv.conf written in its writable layer, the
+// sandbox's root's to change, in place of whatever the image had there (a
+// link included: resolved in root, it is not followed out of it).
+func imageResolvConf(root string, cfg AgentConfig) error {
+	r, err := os.OpenRoot(root)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	if err := r.MkdirAll("etc", 0o755); err != nil {
+		return fmt.Errorf("/etc/resolv.conf: %w", err)
+	}
+	if fi, err := r.Lstat("etc/resolv.conf"); err == nil && !fi.Mode().IsRegular() {
+		if err := r.RemoveAll("etc/resolv.conf"); err != nil {
+			return fmt.Errorf("/etc/resolv.conf: %w", err)
+		}
+	}
+	err = r.WriteFile("etc/resolv.conf", []byte(resolvConf(cfg.Resolvers)), 0o644)
+	if err == nil {
+		err = r.Lchown("etc/resolv.conf", cfg.UIDBase, cfg.UIDBase)
+	}
+	if err != nil {
+		return fmt.Errorf("/etc/resolv.conf: %w", err)
+	}
+	return nil
+}
+
+// fillLink writes content where link, a host /etc file's symbolic link
+// seen in root, leads, if that is outside the directories bound from
+// the host: in root's own tmpfs, which nothing of the host's is in.
+func fillLink(root, link, content string) error {
+	dest, err := os.Readlink(link)
+	if err != nil {
+		return err
+	}
+	if !filepath.IsAbs(dest) {
+		dest = filepath.Join("/etc", dest)
+	}
+	dest = filepath.Clean(dest)
+	top, _, _ := strings.Cut(strings.TrimPrefix(dest, "/"), "/")
+	if top == "" || slices.Contains(hostDirs, top) {
+		return nil
+	}
+	p := filepath.Join(root, dest)
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(p, []byte(content), 0o644)
 }
 
 func bindReadOnly(src, dst string) error {
@@ -639,6 +726,11 @@ func Enter() (*Inside, error) {
 	if err := loopbackUp(); err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
+	if cfg.Network {
+		if err := awaitNetwork(os.NewFile(fdNetwork, "network")); err != nil {
+			return nil, err
+		}
+	}
 	lf := os.NewFile(fdListener, "agent.sock")
 	l, err := net.FileListener(lf) // a close-on-exec duplicate
 	lf.Close()
@@ -660,6 +752,18 @@ func Enter() (*Inside, error) {
 		}
 	}
 	return in, nil
+}
+
+// awaitNetwork waits until kilnd has connected the sandbox's network: a
+// byte on f; its end without one is kilnd's failure (or end), and the
+// sandbox's.
+func awaitNetwork(f *os.File) error {
+	defer f.Close()
+	var b [1]byte
+	if n, _ := f.Read(b[:]); n != 1 {
+		return errors.New("sandbox: kilnd did not connect the sandbox's network")
+	}
+	return nil
 }
 
 // joinCPU moves the agent into the sandbox's v1 cpu group, whose

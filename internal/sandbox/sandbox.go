@@ -60,6 +60,14 @@ type Options struct {
 	// records the sandbox while the agent sets itself up. An error ends
 	// the sandbox and is Create's.
 	Started func(state json.RawMessage) error
+	// Network, when set, connects the sandbox beyond its loopback: it is
+	// called with the agent's pid (whose network namespace is the
+	// sandbox's) after Started, and the agent waits for it before it
+	// answers or starts the init command. An error ends the sandbox.
+	// Resolvers are then the name servers of its resolv.conf. The
+	// namespaces runtime alone has it.
+	Network   func(pid int) error
+	Resolvers []string
 }
 
 // DefaultUIDBase is the host uid a sandbox's root maps to unless told
@@ -264,6 +272,19 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 	}
 	cfg.PidsLimited, cfg.MemoryLimited, cfg.CPULimited = cg.Procs != "", cg.MemoryProcs != "", cg.V1["cpu"] != ""
 	cfg.OOMEvents = oom != nil
+	// The agent waits for its network on a pipe: a byte once kilnd has
+	// connected it, nothing if that failed.
+	var await, connected *os.File
+	if o.Network != nil {
+		r, w, err := os.Pipe()
+		if err != nil {
+			return nil, fmt.Errorf("sandbox: %w", err)
+		}
+		defer r.Close()
+		defer w.Close()
+		await, connected = r, w
+		cfg.Network, cfg.Resolvers = true, o.Resolvers
+	}
 	raw, err := json.Marshal(cfg)
 	if err != nil {
 		return nil, err
@@ -301,6 +322,9 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 	if o.Disk != nil {
 		cmd.ExtraFiles[fdDisk-3] = o.Disk
 	}
+	if await != nil {
+		cmd.ExtraFiles[fdNetwork-3] = await
+	}
 	if o.Rootfs != "" {
 		tree, err := idmapped(o.Exe, o.Rootfs, o.UIDBase)
 		if err != nil {
@@ -331,16 +355,17 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("sandbox: start the agent: %w", err)
 	}
-	if err := running(ctx, sb, sb, cmd, o, ""); err != nil {
+	if err := running(ctx, sb, sb, cmd, o, "", connected); err != nil {
 		return nil, err
 	}
 	return sb, nil
 }
 
 // running records cmd, just started, as the agent of s (the instance inst
-// is), has kilnd record the sandbox (o.Started), and waits until the agent
+// is), has kilnd record the sandbox (o.Started) and connect it (o.Network,
+// telling the agent through connected), and waits until the agent
 // answers; where names the runtime in the error.
-func running(ctx context.Context, s *Sandbox, inst Instance, cmd *exec.Cmd, o Options, where string) error {
+func running(ctx context.Context, s *Sandbox, inst Instance, cmd *exec.Cmd, o Options, where string, connected *os.File) error {
 	s.reap(cmd)
 	var err error
 	if s.Started, err = startTime(s.PID); err != nil {
@@ -349,6 +374,14 @@ func running(ctx context.Context, s *Sandbox, inst Instance, cmd *exec.Cmd, o Op
 	if o.Started != nil {
 		if err := o.Started(inst.State()); err != nil {
 			return err
+		}
+	}
+	if o.Network != nil {
+		if err := o.Network(s.PID); err != nil {
+			return fmt.Errorf("sandbox: connect its network: %w", err)
+		}
+		if _, err := connected.Write([]byte{1}); err != nil {
+			return fmt.Errorf("sandbox: connect its network: %w", err)
 		}
 	}
 	return awaitReady(ctx, inst, o.Ready, o.Dir, where)

@@ -30,12 +30,27 @@ type Kilnd struct {
 // Start serves state (made if missing) on its unix socket and, when
 // listen is set, on TCP, and returns once the socket answers.
 func Start(state, listen string) (*Kilnd, error) {
+	return StartConfig(daemon.Config{StateDir: state, Listen: listen})
+}
+
+// StartConfig is Start with more of kilnd's configuration; what it leaves
+// out is the tests' (the agent the test binary, Env, runsc in PATH).
+func StartConfig(cfg daemon.Config) (*Kilnd, error) {
 	if os.Geteuid() != 0 {
 		return nil, errors.New("kilnd needs root")
 	}
-	// gVisor where runsc is in PATH (and new enough: daemon.Backends).
-	runsc, _ := exec.LookPath("runsc")
-	d, err := daemon.New(daemon.Config{StateDir: state, Listen: listen, Exe: os.Args[0], Env: Env, Runsc: runsc})
+	if cfg.Exe == "" {
+		cfg.Exe = os.Args[0]
+	}
+	if cfg.Env == nil {
+		cfg.Env = Env
+	}
+	if cfg.Runsc == "" {
+		// gVisor where runsc is in PATH (and new enough: daemon.Backends).
+		cfg.Runsc, _ = exec.LookPath("runsc")
+	}
+	state := cfg.StateDir
+	d, err := daemon.New(cfg)
 	if err != nil {
 		return nil, err
 	}

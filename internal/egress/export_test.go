@@ -1,0 +1,4 @@
+package egress
+
+// Nameservers is nameservers, for the tests.
+var Nameservers = nameservers
