@@ -122,6 +122,9 @@ type guestSandbox struct {
 	DiskMount  string `json:"disk_mount,omitempty"`
 	ImageMount string `json:"image_mount,omitempty"`
 	RootMount  string `json:"root_mount,omitempty"`
+	// LayerMounts are those of its image's other layers, below
+	// ImageMount's.
+	LayerMounts []string `json:"layer_mounts,omitempty"`
 
 	g *GVisor
 }
@@ -180,7 +183,7 @@ func (s *guestSandbox) forget() error {
 			errs = append(errs, err)
 		}
 	}
-	for _, m := range []string{s.RootMount, s.ImageMount, s.DiskMount} {
+	for _, m := range append([]string{s.RootMount, s.ImageMount}, append(s.LayerMounts, s.DiskMount)...) {
 		if m == "" {
 			continue
 		}
@@ -207,10 +210,11 @@ func (g *GVisor) Create(ctx context.Context, o Options) (_ Instance, err error) 
 	if o.Ready == 0 {
 		o.Ready = 30 * time.Second // a kernel starts first
 	}
-	if o.Rootfs != "" {
-		if fi, err := os.Stat(o.Rootfs); err != nil || !fi.IsDir() {
-			return nil, fmt.Errorf("sandbox: rootfs %s is not a directory", o.Rootfs)
-		}
+	lowers, err := o.lowers()
+	if err != nil {
+		return nil, err
+	}
+	if len(lowers) > 0 {
 		exe, err := os.Open(g.Exe)
 		if err != nil {
 			return nil, fmt.Errorf("sandbox: %w", err)
@@ -270,24 +274,36 @@ func (g *GVisor) Create(ctx context.Context, o Options) (_ Instance, err error) 
 	// disk, takes the sandbox's writes and the mount points runsc makes
 	// (it makes them in the root it is given: never in the image).
 	overlay := "root:memory"
-	if o.Rootfs != "" {
+	if len(lowers) > 0 {
 		overlay = "none"
 		// The image, its owners shifted into the sandbox's range (its
 		// root's files are the sandbox's root's).
-		tree, err := idmapped(g.Exe, o.Rootfs, o.UIDBase)
+		trees, err := idmapped(g.Exe, lowers, o.UIDBase)
 		if err != nil {
-			return nil, fmt.Errorf("sandbox: rootfs %s: %w", o.Rootfs, err)
+			return nil, err
 		}
-		sb.ImageMount = filepath.Join(o.Dir, "lower")
-		err = os.Mkdir(sb.ImageMount, 0o755)
-		if err == nil {
-			err = unix.MoveMount(int(tree.Fd()), "", unix.AT_FDCWD, sb.ImageMount, unix.MOVE_MOUNT_F_EMPTY_PATH)
+		for i, tree := range trees {
+			m := filepath.Join(o.Dir, lowerName(i))
+			err := os.Mkdir(m, 0o755)
+			if err == nil {
+				err = unix.MoveMount(int(tree.Fd()), "", unix.AT_FDCWD, m, unix.MOVE_MOUNT_F_EMPTY_PATH)
+			}
+			if err != nil {
+				for _, t := range trees {
+					t.Close()
+				}
+				return nil, fmt.Errorf("sandbox: mount the rootfs: %w", err)
+			}
+			if i == 0 {
+				sb.ImageMount = m
+			} else {
+				sb.LayerMounts = append(sb.LayerMounts, m)
+			}
+			cleanup = append(cleanup, func() { unix.Unmount(m, unix.MNT_DETACH) })
 		}
-		tree.Close()
-		if err != nil {
-			return nil, fmt.Errorf("sandbox: mount the rootfs: %w", err)
+		for _, t := range trees {
+			t.Close()
 		}
-		cleanup = append(cleanup, func() { unix.Unmount(sb.ImageMount, unix.MNT_DETACH) })
 		upper, work := filepath.Join(layers, "upper"), filepath.Join(layers, "work")
 		for _, d := range []string{upper, work} {
 			if err := os.Mkdir(d, 0o755); err != nil {
@@ -302,7 +318,7 @@ func (g *GVisor) Create(ctx context.Context, o Options) (_ Instance, err error) 
 		if err := os.Mkdir(sb.RootMount, 0o755); err != nil {
 			return nil, fmt.Errorf("sandbox: %w", err)
 		}
-		opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", sb.ImageMount, upper, work)
+		opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", strings.Join(append([]string{sb.ImageMount}, sb.LayerMounts...), ":"), upper, work)
 		if err := unix.Mount("overlay", sb.RootMount, "overlay", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
 			return nil, fmt.Errorf("sandbox: mount the rootfs overlay: %w", err)
 		}
@@ -410,7 +426,8 @@ func (g *GVisor) Adopt(state json.RawMessage) (Instance, error) {
 // disk.
 func (g *GVisor) EndLeftover(id, dir string) error {
 	err := EndLeftover(id)
-	sb := &guestSandbox{Container: "kiln-" + id, Root: g.Root, DiskMount: filepath.Join(dir, diskName), ImageMount: filepath.Join(dir, "lower"), RootMount: filepath.Join(dir, rootName), g: g}
+	sb := &guestSandbox{Container: "kiln-" + id, Root: g.Root, DiskMount: filepath.Join(dir, diskName), ImageMount: filepath.Join(dir, lowerName(0)), RootMount: filepath.Join(dir, rootName), g: g}
+	sb.LayerMounts, _ = filepath.Glob(filepath.Join(dir, lowerName(0)+".*"))
 	return errors.Join(err, sb.forget())
 }
 

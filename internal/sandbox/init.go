@@ -41,8 +41,10 @@ type AgentConfig struct {
 	// Rootfs, when set, is a root filesystem directory used (read-only,
 	// with a writable layer in Upper and Work) instead of the host's.
 	Rootfs string `json:"rootfs,omitempty"`
-	Lower  string `json:"lower,omitempty"` // where the id-mapped rootfs is mounted
-	Upper  string `json:"upper,omitempty"`
+	// Lowers are where its layers (id-mapped, the top one first: fdRootfs,
+	// then fdLast+1 on) are mounted.
+	Lowers []string `json:"lowers,omitempty"`
+	Upper  string   `json:"upper,omitempty"`
 	Work   string `json:"work,omitempty"`
 	// UIDBase is the host uid (and gid) the sandbox's root maps to.
 	UIDBase int `json:"uid_base"`
@@ -175,16 +177,22 @@ func setupRoot(cfg AgentConfig) error {
 	}
 	root := cfg.Root
 	if cfg.Rootfs != "" {
-		// The rootfs arrives as a detached mount whose owners are mapped
+		// The layers arrive as detached mounts whose owners are mapped
 		// into the sandbox's range (its root's files belong to the
-		// sandbox's root); it becomes the overlay's lower layer.
-		if err := unix.MoveMount(fdRootfs, "", unix.AT_FDCWD, cfg.Lower, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
-			return fmt.Errorf("mount the rootfs: %w", err)
+		// sandbox's root); they become the overlay's lower layers.
+		for i, lower := range cfg.Lowers {
+			fd := fdRootfs
+			if i > 0 {
+				fd = fdLast + i
+			}
+			if err := unix.MoveMount(fd, "", unix.AT_FDCWD, lower, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+				return fmt.Errorf("mount the rootfs: %w", err)
+			}
+			unix.Close(fd)
 		}
-		unix.Close(fdRootfs)
 		// Paths relative to the sandbox's directory: the overlay's
 		// options, in the sandbox's mount table, name no host path.
-		base := filepath.Dir(cfg.Lower)
+		base := filepath.Dir(cfg.Lowers[0])
 		rel := func(p string) (string, error) {
 			r, err := filepath.Rel(base, p)
 			if err != nil || strings.HasPrefix(r, "..") || strings.ContainsAny(r, ",:") {
@@ -192,17 +200,26 @@ func setupRoot(cfg AgentConfig) error {
 			}
 			return r, nil
 		}
-		var layers [3]string
-		for i, p := range []string{cfg.Lower, cfg.Upper, cfg.Work} {
-			var err error
-			if layers[i], err = rel(p); err != nil {
+		var lowers []string
+		for _, p := range cfg.Lowers {
+			r, err := rel(p)
+			if err != nil {
 				return err
 			}
+			lowers = append(lowers, r)
+		}
+		upper, err := rel(cfg.Upper)
+		if err != nil {
+			return err
+		}
+		work, err := rel(cfg.Work)
+		if err != nil {
+			return err
 		}
 		if err := unix.Chdir(base); err != nil {
 			return err
 		}
-		opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", layers[0], layers[1], layers[2])
+		opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", strings.Join(lowers, ":"), upper, work)
 		if err := unix.Mount("overlay", root, "overlay", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
 			return fmt.Errorf("mount the rootfs overlay: %w", err)
 		}

@@ -33,8 +33,11 @@ type Options struct {
 	// Exe is the binary to re-execute as the agent.
 	Exe string
 	// Rootfs, when set, is a root filesystem directory to use instead of
-	// the host's system directories.
+	// the host's system directories, read-only under a writable overlay.
 	Rootfs string
+	// Layers, when set, are an image's layers (directories, the top one
+	// first) used as Rootfs is, stacked in one overlay.
+	Layers []string
 	Limits Limits
 	// Disk, when set, is the detached mount of a disk (see Disks) that
 	// holds the sandbox's writable layers: its workspace, and its image's
@@ -200,16 +203,19 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 	if err := mkdir(WorkspaceName, 0o755, o.UIDBase); err != nil {
 		return nil, fmt.Errorf("sandbox: workspace: %w", err)
 	}
-	if o.Rootfs != "" {
-		fi, err := os.Stat(o.Rootfs)
-		if err != nil || !fi.IsDir() {
-			return nil, fmt.Errorf("sandbox: rootfs %s is not a directory", o.Rootfs)
+	lowers, err := o.lowers()
+	if err != nil {
+		return nil, err
+	}
+	if len(lowers) > 0 {
+		cfg.Rootfs = lowers[0]
+		for i := range lowers {
+			cfg.Lowers = append(cfg.Lowers, filepath.Join(o.Dir, lowerName(i)))
+			if err := os.Mkdir(cfg.Lowers[i], 0o755); err != nil {
+				return nil, fmt.Errorf("sandbox: %w", err)
+			}
 		}
-		cfg.Rootfs, cfg.Lower = o.Rootfs, filepath.Join(o.Dir, "lower")
 		cfg.Upper, cfg.Work = filepath.Join(layers, "upper"), filepath.Join(layers, "work")
-		if err := os.Mkdir(cfg.Lower, 0o755); err != nil {
-			return nil, fmt.Errorf("sandbox: %w", err)
-		}
 		// The merged root is the upper layer's: the sandbox's root owns it.
 		if err := mkdir("upper", 0o755, o.UIDBase); err != nil {
 			return nil, fmt.Errorf("sandbox: upper layer: %w", err)
@@ -325,13 +331,19 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 	if await != nil {
 		cmd.ExtraFiles[fdNetwork-3] = await
 	}
-	if o.Rootfs != "" {
-		tree, err := idmapped(o.Exe, o.Rootfs, o.UIDBase)
+	if len(lowers) > 0 {
+		trees, err := idmapped(o.Exe, lowers, o.UIDBase)
 		if err != nil {
-			return nil, fmt.Errorf("sandbox: rootfs %s: %w", o.Rootfs, err)
+			return nil, err
 		}
-		defer tree.Close()
-		cmd.ExtraFiles[fdRootfs-3] = tree
+		for i, t := range trees {
+			defer t.Close()
+			if i == 0 {
+				cmd.ExtraFiles[fdRootfs-3] = t
+			} else {
+				cmd.ExtraFiles = append(cmd.ExtraFiles, t) // fdLast+i
+			}
+		}
 	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Cloneflags:  unix.CLONE_NEWPID | unix.CLONE_NEWNS | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC | unix.CLONE_NEWNET,
@@ -460,11 +472,41 @@ func dialSocket(ctx context.Context, path string) (c net.Conn, err error) {
 // holderEnv makes kilnd's binary the user-namespace holder (see IsAgent).
 const holderEnv = "KILN_USERNS_HOLDER"
 
-// idmapped returns dir as a detached mount whose owners are shifted into
+// lowers are the directories of o's root filesystem, the top one first,
+// each checked to be one; none for the host's system directories.
+func (o Options) lowers() ([]string, error) {
+	lowers := o.Layers
+	if o.Rootfs != "" {
+		lowers = []string{o.Rootfs}
+	}
+	if len(lowers) > maxLayers {
+		return nil, fmt.Errorf("sandbox: %d layers, at most %d", len(lowers), maxLayers)
+	}
+	for _, l := range lowers {
+		if fi, err := os.Stat(l); err != nil || !fi.IsDir() {
+			return nil, fmt.Errorf("sandbox: rootfs %s is not a directory", l)
+		}
+	}
+	return lowers, nil
+}
+
+// maxLayers bounds an image's layers (an image store's own bound).
+const maxLayers = 128
+
+// lowerName names the mount point of layer i (from the top) in a
+// sandbox's directory.
+func lowerName(i int) string {
+	if i == 0 {
+		return "lower"
+	}
+	return "lower." + strconv.Itoa(i)
+}
+
+// idmapped returns dirs as detached mounts whose owners are shifted into
 // the sandbox's range, uid 0 becoming base: the sandbox's root owns what
 // the image's root owns. The mapping comes from a user namespace that a
-// short-lived helper (this binary) holds while the mount is set up.
-func idmapped(exe, dir string, base int) (*os.File, error) {
+// short-lived helper (this binary) holds while the mounts are set up.
+func idmapped(exe string, dirs []string, base int) (trees []*os.File, err error) {
 	holder := exec.Command(exe)
 	holder.Env = []string{holderEnv + "=1"}
 	in, err := holder.StdinPipe()
@@ -488,16 +530,27 @@ func idmapped(exe, dir string, base int) (*os.File, error) {
 		return nil, err
 	}
 	defer ns.Close()
-	fd, err := unix.OpenTree(unix.AT_FDCWD, dir, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
-	if err != nil {
-		return nil, fmt.Errorf("open_tree: %w", err)
+	defer func() {
+		if err != nil {
+			for _, t := range trees {
+				t.Close()
+			}
+			trees = nil
+		}
+	}()
+	for _, dir := range dirs {
+		fd, err := unix.OpenTree(unix.AT_FDCWD, dir, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
+		if err != nil {
+			return nil, fmt.Errorf("sandbox: rootfs %s: open_tree: %w", dir, err)
+		}
+		attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP, Userns_fd: uint64(ns.Fd())}
+		if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, &attr); err != nil {
+			unix.Close(fd)
+			return nil, fmt.Errorf("sandbox: rootfs %s: id-map the mount: %w", dir, err)
+		}
+		trees = append(trees, os.NewFile(uintptr(fd), "rootfs"))
 	}
-	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP, Userns_fd: uint64(ns.Fd())}
-	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, &attr); err != nil {
-		unix.Close(fd)
-		return nil, fmt.Errorf("id-map the mount: %w", err)
-	}
-	return os.NewFile(uintptr(fd), "rootfs"), nil
+	return trees, nil
 }
 
 // InitExit reads the exit of the sandbox's init command, which the agent

@@ -444,6 +444,59 @@ func testRootfsOverlay(t *testing.T, runtime string) {
 	}
 }
 
+// TestLayers stacks an image's layers as an image store leaves them, with
+// overlayfs's whiteouts: a file removed by a layer above is gone, a
+// directory made opaque holds only the top layer's files.
+func TestLayers(t *testing.T) { eachRuntime(t, testLayers) }
+
+func testLayers(t *testing.T, runtime string) {
+	busybox, err := os.ReadFile("/bin/busybox")
+	if err != nil {
+		t.Skip("needs /bin/busybox (Debian's busybox-static) to make a root filesystem")
+	}
+	bottom, middle, top := t.TempDir(), t.TempDir(), t.TempDir()
+	write := func(dir, name, content string) {
+		t.Helper()
+		p := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(content), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(bottom, "bin/busybox", string(busybox))
+	for _, applet := range []string{"sh", "cat", "ls"} {
+		if err := os.Symlink("busybox", filepath.Join(bottom, "bin", applet)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(bottom, "etc/a", "a\n")
+	write(bottom, "etc/b", "b\n")
+	write(bottom, "data/x", "x\n")
+	write(middle, "etc/c", "c\n")
+	write(middle, "data/y", "y\n")
+	write(top, "data/z", "z\n")
+	if err := os.Mkdir(filepath.Join(top, "etc"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mknod(filepath.Join(top, "etc", "a"), unix.S_IFCHR, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Setxattr(filepath.Join(top, "data"), "trusted.overlay.opaque", []byte("y"), 0); err != nil {
+		t.Fatal(err)
+	}
+	o := sandbox.Options{Layers: []string{top, middle, bottom}}
+	if runtime == sandbox.RuntimeGVisor {
+		backend(t, runtime, "")
+		o.Exe = staticKilnd(t)
+	}
+	sb := newBox(t, runtime, o)
+	if r := run(t, sb, "ls /etc /data; cat /etc/b /etc/c /data/z"); r.Stdout != "/data:\nz\n\n/etc:\nb\nc\nb\nc\nz\n" {
+		t.Errorf("the layers stacked: stdout %q, stderr %q", r.Stdout, r.Stderr)
+	}
+}
+
 // TestHostGroupsStayOut: kilnd's supplementary groups are real host
 // groups (a member of shadow's group reads /etc/shadow); neither the agent
 // nor a sandboxed process keeps them, whatever groups kilnd runs with.
