@@ -45,7 +45,7 @@ type AgentConfig struct {
 	// then fdLast+1 on) are mounted.
 	Lowers []string `json:"lowers,omitempty"`
 	Upper  string   `json:"upper,omitempty"`
-	Work   string `json:"work,omitempty"`
+	Work   string   `json:"work,omitempty"`
 	// UIDBase is the host uid (and gid) the sandbox's root maps to.
 	UIDBase int `json:"uid_base"`
 	// Env is the processes' base environment.
