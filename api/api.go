@@ -4,6 +4,7 @@ package api
 import (
 	"encoding/binary"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -418,6 +419,11 @@ type CreateSandbox struct {
 	// Network is what the sandbox may reach beyond its loopback; left out,
 	// nothing.
 	Network *Network `json:"network,omitempty"`
+	// Image is an OCI image kilnd has (GET /images): a name, an ID or an
+	// ID's unique prefix. Its layers are the sandbox's root, under a
+	// writable overlay, and its config's env, working directory, user,
+	// entrypoint and command every process's defaults. Not with Rootfs.
+	Image string `json:"image,omitempty"`
 }
 
 // Network is a sandbox's network beyond its loopback. With egress, or an
@@ -471,6 +477,95 @@ type Sandbox struct {
 	IdleTimeoutSeconds int64 `json:"idle_timeout_seconds,omitempty"`
 	// Network is the sandbox's network beyond its loopback, if any.
 	Network *Network `json:"network,omitempty"`
+	// Image is the image it was created from, as the request named it,
+	// and ImageID that image's ID.
+	Image   string `json:"image,omitempty"`
+	ImageID string `json:"image_id,omitempty"`
+}
+
+// Image is an OCI image kilnd keeps, that sandboxes start from.
+type Image struct {
+	// ID is "sha256:" and the hex digest of its config.
+	ID string `json:"id"`
+	// Names are its fully qualified references
+	// ("index.docker.io/library/busybox:latest"); an image without one is
+	// reached by its ID.
+	Names []string `json:"names"`
+	// Digest is the manifest's (or index's) digest it was pulled by.
+	Digest string `json:"digest,omitempty"`
+	// Layers are its layers' diffIDs, the bottom one first.
+	Layers []string `json:"layers"`
+	// Size is the bytes of its unpacked layers' files.
+	Size     int64       `json:"size"`
+	Created  time.Time   `json:"created,omitzero"`
+	Added    time.Time   `json:"added"`
+	Platform string      `json:"platform"`
+	Config   ImageConfig `json:"config"`
+}
+
+// ImageConfig is what an image's config says of the processes started in
+// a sandbox made from it: their defaults.
+type ImageConfig struct {
+	Env        []string `json:"env,omitempty"`
+	WorkingDir string   `json:"working_dir,omitempty"`
+	User       string   `json:"user,omitempty"`
+	Entrypoint []string `json:"entrypoint,omitempty"`
+	Cmd        []string `json:"cmd,omitempty"`
+}
+
+// Command is what a process given no command runs in a sandbox made from
+// the image, as docker run has it: the entrypoint and args, or, without
+// args, the entrypoint and the image's cmd. Empty if the image has
+// neither.
+func (c ImageConfig) Command(args []string) []string {
+	if len(args) == 0 {
+		args = c.Cmd
+	}
+	if len(c.Entrypoint)+len(args) == 0 {
+		return nil
+	}
+	return append(slices.Clone(c.Entrypoint), args...)
+}
+
+// PullImage is the body of POST /images/pull.
+type PullImage struct {
+	// Ref is a reference: "busybox", "registry.example:5000/team/app:v2",
+	// "name@sha256:…".
+	Ref string `json:"ref"`
+}
+
+// ImageProgress is one line of the NDJSON answer of POST /images/pull
+// and POST /images/import: a layer's progress, then "done" with the
+// images, or "error" with what went wrong (the answer's status is 200
+// once a line is written).
+type ImageProgress struct {
+	// Status is "downloading", "unpacking" (an import), "exists" (a layer
+	// kilnd has), "done" or "error".
+	Status string `json:"status"`
+	// Layer is the diffID the line is about; Bytes of Total (0: unknown)
+	// of its blob are read.
+	Layer string `json:"layer,omitempty"`
+	Bytes int64  `json:"bytes,omitempty"`
+	Total int64  `json:"total,omitempty"`
+	// Images are what a "done" pulled or imported.
+	Images []Image `json:"images,omitempty"`
+	// Error is an "error" line's.
+	Error *ErrorBody `json:"error,omitempty"`
+}
+
+// The last line's statuses of an ImageProgress answer.
+const (
+	ImageDone  = "done"
+	ImageError = "error"
+)
+
+// ImageRemoval answers DELETE /images/{name}: the names removed, and
+// whether the image went with its last name (and the layers no other
+// image has).
+type ImageRemoval struct {
+	ID       string   `json:"id"`
+	Untagged []string `json:"untagged"`
+	Deleted  bool     `json:"deleted"`
 }
 
 // Run is one run of a captured log and what the log says of it:

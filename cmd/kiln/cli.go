@@ -64,7 +64,7 @@ never hidden.`,
 	root.PersistentFlags().StringVar(&c.stateDir, "state-dir", envOr(client.StateDirEnv, client.DefaultStateDir), "kilnd's state `directory` (env "+client.StateDirEnv+")")
 	root.PersistentFlags().StringVar(&c.addr, "addr", os.Getenv(client.AddrEnv), "kilnd's TCP `address`, instead of its unix socket (env "+client.AddrEnv+")")
 	root.PersistentFlags().BoolVar(&c.json, "json", false, "print JSON for scripts")
-	root.AddCommand(c.sandboxCmd(), c.execCmd(), c.logsCmd(), c.attachCmd(), c.psCmd(), c.waitCmd(), c.killCmd(), c.shellCmd(), c.runCmd(), c.cpCmd(), c.portForwardCmd(), c.previewCmd(), c.watchCmd())
+	root.AddCommand(c.sandboxCmd(), c.execCmd(), c.logsCmd(), c.attachCmd(), c.psCmd(), c.waitCmd(), c.killCmd(), c.shellCmd(), c.runCmd(), c.cpCmd(), c.portForwardCmd(), c.previewCmd(), c.watchCmd(), c.imageCmd())
 	err := root.ExecuteContext(ctx)
 	var ee exitError
 	switch {
@@ -158,6 +158,7 @@ func (c *cli) sandboxCmd() *cobra.Command {
 		Example: `  kiln sandbox create
   kiln sandbox create --memory 512M --pids 256 --cpus 1.5 --idle-timeout 10m
   kiln sandbox create --runtime gvisor
+  kiln sandbox create --image busybox
   kiln sandbox create --egress allow --egress-deny 203.0.113.0/24
   kiln sandbox create --egress-allow 192.0.2.10 --egress-allow 198.51.100.0/24`,
 		Args: cobra.NoArgs,
@@ -198,6 +199,7 @@ func (c *cli) sandboxCmd() *cobra.Command {
 		},
 	}
 	create.Flags().StringVar(&o.Hostname, "hostname", "", "the sandbox's hostname")
+	create.Flags().StringVar(&o.Image, "image", "", "an `image` kilnd has (kiln image pull) as the root, its config the defaults of every process")
 	create.Flags().StringVar(&o.Rootfs, "rootfs", "", "a root filesystem: a `directory` in kilnd's images directory, instead of the host's /usr and /etc")
 	create.Flags().StringVar(&o.Runtime, "runtime", "", "the kind of sandbox: namespaces (the default) or gvisor (gVisor's kernel between the sandbox\nand the host's; kilnd --runtimes says which this host has)")
 	create.Flags().String("memory", "", "memory limit (e.g. 512M; 0 for none; default kilnd's, 1GiB)")

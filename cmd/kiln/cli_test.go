@@ -9,6 +9,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/sandkiln/sandkiln/internal/image/imagetest"
 	"io"
 	"net"
 	"net/http"
@@ -242,6 +244,8 @@ func TestHelpGolden(t *testing.T) {
 		"port-forward":   {"port-forward", "--help"},
 		"preview":        {"preview", "--help"},
 		"watch":          {"watch", "--help"},
+		"image":          {"image", "--help"},
+		"image-pull":     {"image", "pull", "--help"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			var out, errs bytes.Buffer
@@ -613,5 +617,47 @@ func TestExtractLocalRefusesEscapes(t *testing.T) {
 				t.Errorf("the parent's mode became %v", fi.Mode().Perm())
 			}
 		})
+	}
+}
+
+// TestImageCommands pulls, lists, runs, imports and removes images with
+// kiln as a user would, from a registry on loopback.
+func TestImageCommands(t *testing.T) {
+	state := kilnd(t)
+	reg := imagetest.StartRegistry(t)
+	box := imagetest.Image(t, v1.Config{Env: []string{"PATH=/bin"}, Cmd: []string{"echo", "from the image"}}, imagetest.Busybox(t, "sh", "echo", "cat"))
+	ref := reg.Push(t, "box:1", box)
+	code, out, errs := kiln(t, state, "", "image", "pull", ref)
+	if code != 0 || !strings.HasPrefix(out, "sha256:") || !strings.Contains(errs, ": downloading\n") {
+		t.Fatalf("image pull: %d %q %q", code, out, errs)
+	}
+	id := strings.TrimSpace(out)
+	if code, out, _ := kiln(t, state, "", "image", "ls"); code != 0 || !strings.Contains(out, ref+"  ") || !strings.Contains(out, imageID(id)) {
+		t.Errorf("image ls: %d %q", code, out)
+	}
+	if code, out, errs := kiln(t, state, "", "run", "--rm", "--image", ref, "--", "cat", "/etc/hostname"); code == 0 || !strings.Contains(errs, "No such file") {
+		t.Errorf("run --image with a command of its own: %d %q %q", code, out, errs)
+	}
+	// The file must be the image's: a bare busybox has no /etc at all.
+	code, out, errs = kiln(t, state, "", "run", "--rm", "--image", ref, "--", "echo", "mine")
+	if code != 0 || out != "mine\n" {
+		t.Errorf("run --image: %d %q %q", code, out, errs)
+	}
+	tarPath := filepath.Join(t.TempDir(), "saved.tar")
+	if err := os.WriteFile(tarPath, imagetest.Save(t, map[string]v1.Image{"example.test/saved:1": box}), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// The same image: it has both names now.
+	if code, out, errs := kiln(t, state, "", "image", "import", tarPath); code != 0 || out != ref+" example.test/saved:1\n" {
+		t.Errorf("image import: %d %q %q", code, out, errs)
+	}
+	if code, out, errs := kiln(t, state, "", "image", "rm", ref); code != 0 || out != "Untagged: "+ref+"\n" {
+		t.Errorf("image rm of one of two names: %d %q %q", code, out, errs)
+	}
+	if code, out, errs := kiln(t, state, "", "image", "rm", "example.test/saved:1"); code != 0 || out != "Untagged: example.test/saved:1\nDeleted: "+id+"\n" {
+		t.Errorf("image rm of the last name: %d %q %q", code, out, errs)
+	}
+	if code, _, errs := kiln(t, state, "", "image", "inspect", ref); code == 0 || !strings.Contains(errs, "not found") {
+		t.Errorf("inspect of a removed image: %d %q", code, errs)
 	}
 }

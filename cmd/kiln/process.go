@@ -605,6 +605,7 @@ With -t it runs on a terminal instead, interactively.
 	sf.add(cmd, false)
 	cmd.Flags().BoolVar(&rm, "rm", false, "remove the sandbox afterwards (its captured logs kept)")
 	cmd.Flags().BoolVarP(&tty, "tty", "t", false, "run on a terminal, interactively")
+	cmd.Flags().StringVar(&opts.Image, "image", "", "an `image` kilnd has (kiln image pull) as the root, its config the command's defaults")
 	cmd.Flags().StringVar(&opts.Rootfs, "rootfs", "", "a root filesystem: a `directory` in kilnd's images directory, instead of the host's /usr and /etc")
 	cmd.Flags().StringVar(&opts.Runtime, "runtime", "", "the kind of sandbox: namespaces (the default) or gvisor")
 	network = networkFlags(cmd)

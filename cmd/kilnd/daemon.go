@@ -73,6 +73,8 @@ Flags:
 	egressRange := fs.String("egress-range", egress.DefaultRange.String(), "the IPv4 `CIDR` the addresses of sandboxes with a network come from, a /30 each; it must\nbe unused on the host")
 	var egressDNS repeated
 	fs.Var(&egressDNS, "egress-dns", "a name server (an IPv4 `address`) for sandboxes with a network (repeatable; default: the host's,\nfrom /etc/resolv.conf or, if that names only loopback ones, systemd-resolved's)")
+	var insecure repeated
+	fs.Var(&insecure, "insecure-registry", "a registry (`host[:port]`) images are pulled from over plain HTTP; those on loopback addresses\nalways are, every other one over TLS only (repeatable)")
 	captureBuffer := fs.String("capture-buffer", "8MiB", "per captured process, the `size` of output held for its log writer while it catches up\n(64KiB to 1GiB): a burst beyond it, faster than the disk, is dropped and counted")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -131,7 +133,7 @@ Flags:
 	}
 	cfg := daemon.Config{StateDir: *stateDir, Listen: *listen, AllowOrigins: allow, AllowHosts: hosts, Exe: exe, Env: sandboxEnv, Images: *images,
 		Runsc: *runsc, RunscPlatform: *runscPlatform, CaptureQueue: queue, FlowGrace: *flowGrace, DefaultLimits: &limits,
-		EgressRange: erange, EgressDNS: dns}
+		EgressRange: erange, EgressDNS: dns, InsecureRegistries: insecure}
 	if *runtimes {
 		return printRuntimes(cfg)
 	}

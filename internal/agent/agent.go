@@ -41,6 +41,9 @@ type Config struct {
 	Env []string
 	// Dir is the default working directory.
 	Dir string
+	// Entrypoint and Cmd, an image's, are what a request of no command
+	// runs (api.ImageConfig.Command); without them it is refused.
+	Entrypoint, Cmd []string
 	// Logs is the directory under which captured processes get theirs
 	// (one per process id); nil refuses capture.
 	Logs *capture.Dir
@@ -137,6 +140,11 @@ func decode(w http.ResponseWriter, r *http.Request, v any) error {
 
 // spec turns a request into a process spec, checking every bound.
 func (s *Server) spec(req api.ExecRequest, finite bool) (process.Spec, error) {
+	if req.Command == "" {
+		if argv := (api.ImageConfig{Entrypoint: s.cfg.Entrypoint, Cmd: s.cfg.Cmd}).Command(req.Args); len(argv) > 0 {
+			req.Command, req.Args = argv[0], argv[1:]
+		}
+	}
 	if err := req.Check(finite); err != nil {
 		return process.Spec{}, err
 	}

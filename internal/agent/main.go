@@ -61,7 +61,11 @@ func run() error {
 	// Readers of a captured process take what its ring no longer holds
 	// from its log, which the agent writes and may read.
 	table := process.NewTable(process.TableConfig{Logs: in.Logs.OpenSub})
-	srv := New(Config{Table: table, Env: in.Config.Env, Dir: "/workspace", Logs: in.Logs, Launch: in.Spawner.Start, OOMKills: in.OOMKills,
+	dir := in.Config.Dir
+	if dir == "" {
+		dir = "/workspace"
+	}
+	srv := New(Config{Table: table, Env: in.Config.Env, Dir: dir, Entrypoint: in.Config.Entrypoint, Cmd: in.Config.Cmd, Logs: in.Logs, Launch: in.Spawner.Start, OOMKills: in.OOMKills,
 		Capture: capture.Options{QueueBytes: in.Config.CaptureQueue}, FlowGrace: in.Config.FlowGrace})
 	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, ConnContext: withConn}
 	served := make(chan error, 1)

@@ -50,6 +50,11 @@ var Routes = []Route{
 	{"GET", "/sandboxes/{id}/previews", false},
 	{"DELETE", "/sandboxes/{id}/previews/{preview}", false},
 	{"", "/preview/", true}, // its own token, in the path
+	{"GET", "/images", false},
+	{"POST", "/images/pull", false},
+	{"POST", "/images/import", false},
+	{"GET", "/images/{name...}", false},
+	{"DELETE", "/images/{name...}", false},
 }
 
 // Handler is kilnd's API. Over TCP (tcp set) every request but the open
@@ -101,7 +106,12 @@ func (d *Daemon) Handler(tcp bool) http.Handler {
 		"POST /sandboxes/{id}/previews":             d.createPreview(tcp),
 		"GET /sandboxes/{id}/previews":              d.listPreviews,
 		"DELETE /sandboxes/{id}/previews/{preview}": d.revokePreview,
-		"/preview/": d.servePreview,
+		"/preview/":                d.servePreview,
+		"GET /images":              d.listImages,
+		"POST /images/pull":        d.pullImage,
+		"POST /images/import":      d.importImage,
+		"GET /images/{name...}":    d.getImage,
+		"DELETE /images/{name...}": d.removeImage,
 	}
 	m := http.NewServeMux()
 	open := map[string]bool{}

@@ -31,6 +31,7 @@ import (
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/egress"
 	"github.com/sandkiln/sandkiln/internal/errdefs"
+	"github.com/sandkiln/sandkiln/internal/image"
 	"github.com/sandkiln/sandkiln/internal/reply"
 	"github.com/sandkiln/sandkiln/internal/sandbox"
 )
@@ -76,7 +77,10 @@ type Config struct {
 	// are given (empty: the host's, egress.HostResolvers).
 	EgressRange netip.Prefix
 	EgressDNS   []netip.Addr
-	Log         *slog.Logger
+	// InsecureRegistries are the registries (host or host:port) images
+	// are pulled from over plain HTTP, beside those on loopback addresses.
+	InsecureRegistries []string
+	Log                *slog.Logger
 }
 
 // DefaultLimits are a sandbox's limits unless kilnd is told otherwise: no
@@ -127,6 +131,11 @@ type record struct {
 	Previews []preview `json:"previews,omitempty"`
 	// Network is its place on the network beyond its loopback, if any.
 	Network *egress.Attachment `json:"network,omitempty"`
+	// Image is the image it was made from, as its create named it;
+	// ImageID that image's ID, which keeps it from removal while the
+	// sandbox runs.
+	Image   string `json:"image,omitempty"`
+	ImageID string `json:"image_id,omitempty"`
 }
 
 // entry is a known sandbox and, while it runs, the route to its agent.
@@ -153,10 +162,16 @@ type Daemon struct {
 	disks    *sandbox.Disks
 	disksErr error
 
-	// mu guards sandboxes. Creating and deleting a sandbox happen outside
-	// it; the entry is added once the sandbox runs.
-	mu        sync.Mutex
-	sandboxes map[string]*entry
+	// images are the OCI images sandboxes are made from.
+	images *image.Store
+
+	// mu guards sandboxes and imageLeases (the images creates in progress
+	// use, by ID). Creating and deleting a sandbox happen outside it; the
+	// entry is added once the sandbox runs. The image store calls in
+	// with its own lock held (imageInUse): nothing holding mu calls it.
+	mu          sync.Mutex
+	sandboxes   map[string]*entry
+	imageLeases map[string]int
 
 	// backends make sandboxes, by runtime name; unavailable says why
 	// those this host cannot run are missing.
@@ -218,6 +233,9 @@ func New(cfg Config) (*Daemon, error) {
 	}
 	d := &Daemon{cfg: cfg, log: cfg.Log, sandboxes: map[string]*entry{}, closing: make(chan struct{})}
 	d.backends, d.unavailable = Backends(cfg)
+	if d.images, err = image.Open(filepath.Join(cfg.StateDir, imagesDir), image.Options{Insecure: cfg.InsecureRegistries}); err != nil {
+		return nil, fmt.Errorf("kilnd: images: %w", err)
+	}
 	d.metrics = newMetrics(d)
 	if d.token, err = loadToken(filepath.Join(cfg.StateDir, TokenName)); err != nil {
 		return nil, err
@@ -572,7 +590,7 @@ func (d *Daemon) infoOf(e *entry) Info {
 
 func (e *entry) info() Info {
 	i := Info{ID: e.rec.ID, State: e.rec.State, CreatedAt: e.rec.CreatedAt, StoppedAt: e.rec.StoppedAt,
-		Hostname: e.rec.Hostname, Rootfs: e.rec.Rootfs, Limits: e.rec.Limits, Reason: e.rec.Reason,
+		Hostname: e.rec.Hostname, Rootfs: e.rec.Rootfs, Image: e.rec.Image, ImageID: e.rec.ImageID, Limits: e.rec.Limits, Reason: e.rec.Reason,
 		Exit: e.rec.Exit, IdleTimeoutSeconds: e.rec.IdleTimeout, Runtime: runtimeOf(e.rec)}
 	if e.rec.State == StateRunning && e.sb != nil {
 		i.AgentPID = e.sb.AgentPID()
@@ -588,6 +606,27 @@ func (e *entry) info() Info {
 // Create makes a sandbox and records it.
 func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	limits := req.Limits.Apply(*d.cfg.DefaultLimits)
+	var img image.Image
+	var layers []string
+	if req.Image != "" {
+		if req.Rootfs != "" {
+			return Info{}, fmt.Errorf("%w: an image or a rootfs, not both", errdefs.ErrInvalidArgument)
+		}
+		var release func()
+		var err error
+		if img, layers, release, err = d.imageRoot(req.Image); err != nil {
+			return Info{}, err
+		}
+		defer release()
+		if req.Init != nil && req.Init.Command == "" {
+			// The image's command, as docker run has it.
+			if argv := apiImage(img).Config.Command(req.Init.Args); len(argv) > 0 {
+				init := *req.Init
+				init.Command, init.Args = argv[0], argv[1:]
+				req.Init = &init
+			}
+		}
+	}
 	if err := validateCreate(req, limits); err != nil {
 		return Info{}, err
 	}
@@ -632,19 +671,26 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	rec := record{ID: id, State: StateRunning, CreatedAt: began.UTC(), Hostname: req.Hostname,
 		Rootfs: req.Rootfs, Limits: limits, Init: req.Init, IdleTimeout: req.IdleTimeoutSeconds,
 		Runtime: backend.Name(), Disk: diskImage}
+	if req.Image != "" {
+		rec.Image, rec.ImageID = req.Image, img.ID
+	}
 	if rec.Hostname == "" {
 		rec.Hostname = "kiln-" + id[:8]
 	}
 	opts := sandbox.Options{
 		Dir: d.sandboxDir(id), ID: id, Hostname: req.Hostname,
-		Rootfs: req.Rootfs, Limits: limits, Disk: diskMount, Env: d.cfg.Env, Init: req.Init, CaptureQueue: d.cfg.CaptureQueue,
+		Rootfs: req.Rootfs, Layers: layers, Limits: limits, Disk: diskMount, Env: d.cfg.Env, Init: req.Init, CaptureQueue: d.cfg.CaptureQueue,
 		FlowGrace: d.cfg.FlowGrace,
+		Workdir:   img.Config.WorkingDir, Entrypoint: img.Config.Entrypoint, Cmd: img.Config.Cmd,
 		// The record is written while the agent sets itself up (a backend
 		// that cannot say when it runs has it written once it answers).
 		Started: func(state json.RawMessage) error {
 			rec.Sandbox = state
 			return d.save(rec)
 		},
+	}
+	if req.Image != "" {
+		opts.Env = withEnv(d.cfg.Env, img.Config.Env)
 	}
 	if egress.Wanted(req.Network) {
 		if err := d.plug(id, runtime, *req.Network, &rec, &opts); err != nil {
@@ -686,6 +732,18 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	d.mu.Unlock()
 	d.log.Info("sandbox created", "id", id, "runtime", backend.Name(), "agent", sb.AgentPID())
 	return d.infoOf(e), nil
+}
+
+// withEnv is base with env's entries added, each replacing base's of the
+// same name: an image's environment over kilnd's.
+func withEnv(base, env []string) []string {
+	out := slices.Clone(base)
+	for _, e := range env {
+		name, _, _ := strings.Cut(e, "=")
+		out = slices.DeleteFunc(out, func(b string) bool { return strings.HasPrefix(b, name+"=") })
+		out = append(out, e)
+	}
+	return out
 }
 
 // validateCreate checks a create request, with the limits it comes to,

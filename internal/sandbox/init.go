@@ -48,8 +48,13 @@ type AgentConfig struct {
 	Work   string   `json:"work,omitempty"`
 	// UIDBase is the host uid (and gid) the sandbox's root maps to.
 	UIDBase int `json:"uid_base"`
-	// Env is the processes' base environment.
-	Env []string `json:"env"`
+	// Env is the processes' base environment; Dir their default working
+	// directory (empty: /workspace); Entrypoint and Cmd what one of no
+	// command of its own runs (api.ImageConfig.Command).
+	Env        []string `json:"env"`
+	Dir        string   `json:"dir,omitempty"`
+	Entrypoint []string `json:"entrypoint,omitempty"`
+	Cmd        []string `json:"cmd,omitempty"`
 	// PidsLimited says fdTasks is passed: the processes' pids group.
 	PidsLimited bool `json:"pids_limited,omitempty"`
 	// MemoryLimited says fdMemoryTasks is passed: their memory group.

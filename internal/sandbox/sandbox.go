@@ -46,8 +46,13 @@ type Options struct {
 	// UIDBase is the first host uid of the range the sandbox's users map
 	// to (default DefaultUIDBase).
 	UIDBase int
-	// Env is the base environment of the sandbox's processes.
-	Env []string
+	// Env is the base environment of the sandbox's processes; Workdir
+	// their default working directory (default /workspace); Entrypoint and
+	// Cmd, an image's, what one of no command of its own runs
+	// (api.ImageConfig.Command).
+	Env             []string
+	Workdir         string
+	Entrypoint, Cmd []string
 	// Ready bounds the wait for the agent to answer.
 	Ready time.Duration
 	// Init, when set, is the command whose exit ends the sandbox.
@@ -158,7 +163,7 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 	}()
 	cfg := AgentConfig{
 		ID: o.ID, Hostname: o.Hostname, Root: filepath.Join(o.Dir, rootName),
-		UIDBase: o.UIDBase, Env: o.Env, Init: o.Init,
+		UIDBase: o.UIDBase, Env: o.Env, Init: o.Init, Dir: o.Workdir, Entrypoint: o.Entrypoint, Cmd: o.Cmd,
 		CaptureQueue: o.CaptureQueue, FlowGrace: o.FlowGrace, TmpfsBytes: o.Limits.MemoryBytes, PidsMax: o.Limits.Pids,
 	}
 	for _, d := range []string{rootName, LogsName} {
