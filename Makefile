@@ -20,9 +20,10 @@ check:
 	$(STATICCHECK) ./...
 	cd interop && $(GO) vet ./... && $(GO) tool -modfile=../tools/go.mod staticcheck ./...
 
-# The engine's figures beside their baselines, written to bench/results/.
+# The engine's figures beside their baselines, written to bench/results/;
+# kilnd linked statically, as the README runs it.
 bench:
-	$(GO) run ./bench -out bench/results
+	CGO_ENABLED=0 $(GO) run ./bench -out bench/results
 
 # sandkiln beside cmd > file, a pipe, supervisord, s6-log, tmux, dtach,
 # runc and runsc on the same input, written to bench/results/<date>-compare.md.

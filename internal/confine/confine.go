@@ -238,6 +238,10 @@ func Main() {
 		assembled <- program{insts, err}
 	}()
 	unix.Prctl(unix.PR_SET_NAME, uintptr(unsafePointer("kiln-spawner")), 0, 0, 0) // the main thread's, as ps shows
+	// Its loader is done: the agent may take the root from under it.
+	if writeReply(connFD, reply{Running: true}) != nil {
+		os.Exit(1)
+	}
 	go serve()
 	select {}
 }

@@ -30,10 +30,13 @@ type request struct {
 	Setpgid bool     `json:"setpgid,omitempty"`
 }
 
-// reply is the spawner's answer: Ready once, at its start, or Error; then
-// for each request a PID, or the Errno or Error that stopped it.
+// reply is the spawner's answer: Running first, once its program runs
+// (its loader has opened its libraries); then Ready once it has confined
+// itself, or Error; then for each request a PID, or the Errno or Error
+// that stopped it.
 type reply struct {
-	Ready bool   `json:"ready,omitempty"`
+	Running bool `json:"running,omitempty"`
+	Ready   bool `json:"ready,omitempty"`
 	PID   int    `json:"pid,omitempty"`
 	Errno int    `json:"errno,omitempty"`
 	Error string `json:"error,omitempty"`
@@ -162,8 +165,9 @@ type Spawner struct {
 	mu     sync.Mutex
 	conn   *net.UnixConn
 	helper *exec.Cmd
-	gone   chan struct{} // closed once the helper has been waited for
-	ready  bool          // it said so
+	gone    chan struct{} // closed once the helper has been waited for
+	running bool          // it said so
+	ready   bool          // it said so
 	closed bool
 }
 
@@ -174,6 +178,24 @@ type Spawner struct {
 func NewSpawner(exe *os.File, cfg Config, groups []*os.File, start func(*exec.Cmd) error) *Spawner {
 	cfg.Groups = len(groups)
 	return &Spawner{exe: exe, cfg: cfg, groups: groups, start: start}
+}
+
+// UserNamespace opens the user namespace of the spawner that runs (one is
+// started unless it does): the sandbox's, in which every process it
+// starts runs.
+func (s *Spawner) UserNamespace() (*os.File, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.conn == nil {
+		if err := s.begin(); err != nil {
+			return nil, err
+		}
+	}
+	f, err := os.Open(fmt.Sprintf("/proc/%d/ns/user", s.helper.Process.Pid))
+	if err != nil {
+		return nil, fmt.Errorf("confine: the spawner's user namespace: %w", err)
+	}
+	return f, nil
 }
 
 // Start starts cmd's program through the spawner, with cmd's arguments,
@@ -283,6 +305,44 @@ func (s *Spawner) AwaitReady() error {
 	return s.ensure()
 }
 
+// AwaitRunning starts the spawner unless it runs, and waits until its
+// program does (a dynamically linked one's loader has opened its
+// libraries), not until it is ready.
+func (s *Spawner) AwaitRunning() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.conn == nil {
+		if err := s.begin(); err != nil {
+			return err
+		}
+	}
+	if err := s.awaitRunning(); err != nil {
+		s.stop()
+		return fmt.Errorf("confine: the sandbox's spawner did not start: %w", err)
+	}
+	return nil
+}
+
+// awaitRunning reads the spawner's first reply, once. s.mu is held.
+func (s *Spawner) awaitRunning() error {
+	if s.running {
+		return nil
+	}
+	s.conn.SetDeadline(time.Now().Add(readyTimeout))
+	r, err := readReply(s.conn)
+	if err == nil && !r.Running {
+		err = errors.New(r.Error)
+		if r.Error == "" {
+			err = errors.New("its first message was not that it runs")
+		}
+	}
+	if err != nil {
+		return err
+	}
+	s.running = true
+	return nil
+}
+
 // ensure makes sure a spawner runs and is ready. s.mu is held.
 func (s *Spawner) ensure() error {
 	if s.conn != nil {
@@ -300,8 +360,12 @@ func (s *Spawner) ensure() error {
 	if s.ready {
 		return nil
 	}
-	s.conn.SetDeadline(time.Now().Add(readyTimeout))
-	r, err := readReply(s.conn)
+	err := s.awaitRunning()
+	var r reply
+	if err == nil {
+		s.conn.SetDeadline(time.Now().Add(readyTimeout))
+		r, err = readReply(s.conn)
+	}
 	if err == nil && !r.Ready {
 		err = errors.New(r.Error)
 	}
@@ -349,7 +413,7 @@ func (s *Spawner) begin() error {
 		cmd.Wait()
 		close(gone)
 	}()
-	s.conn, s.helper, s.gone, s.ready = conn, cmd, gone, false
+	s.conn, s.helper, s.gone, s.running, s.ready = conn, cmd, gone, false, false
 	// Before it forks anything: it has not read a request yet.
 	adj := fmt.Sprintf("/proc/%d/oom_score_adj", cmd.Process.Pid)
 	if err := os.WriteFile(adj, []byte(strconv.Itoa(OOMScoreAdj)), 0); err != nil {

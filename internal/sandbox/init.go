@@ -41,8 +41,10 @@ type AgentConfig struct {
 	// Rootfs, when set, is a root filesystem directory used (read-only,
 	// with a writable layer in Upper and Work) instead of the host's.
 	Rootfs string `json:"rootfs,omitempty"`
-	// Lowers are where its layers (id-mapped, the top one first: fdRootfs,
-	// then fdLast+1 on) are mounted.
+	// Layers are its layers' host directories, the top one first, and
+	// Lowers where the agent mounts each, id-mapped by the sandbox's user
+	// namespace (its spawner's).
+	Layers []string `json:"layers,omitempty"`
 	Lowers []string `json:"lowers,omitempty"`
 	Upper  string   `json:"upper,omitempty"`
 	Work   string   `json:"work,omitempty"`
@@ -110,7 +112,8 @@ const (
 	fdListener = 3 // the unix socket kilnd serves the agent's API through
 	fdLogs     = 4 // the sandbox's capture directory on the host
 	fdTasks    = 5 // the v1 pids group's tasks file, when pids are limited
-	fdRootfs   = 6 // the given rootfs as a detached, id-mapped mount
+	// (Descriptor 6 was once the rootfs as a detached, id-mapped mount:
+	// the agent now makes that mount itself.)
 	// fdMemoryTasks is the v1 memory group's tasks file, when memory is
 	// limited.
 	fdMemoryTasks = 7
@@ -169,7 +172,7 @@ func eachHostDir(root string, bind func(host, target string) error) error {
 // under a writable overlay) read-only, private /tmp, writable /workspace,
 // a minimal /dev, its own /proc; then pivot_root, and the old root
 // detached so nothing of the host stays reachable.
-func setupRoot(cfg AgentConfig) error {
+func setupRoot(cfg AgentConfig, userns *os.File) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make mounts private: %w", err)
 	}
@@ -182,18 +185,21 @@ func setupRoot(cfg AgentConfig) error {
 	}
 	root := cfg.Root
 	if cfg.Rootfs != "" {
-		// The layers arrive as detached mounts whose owners are mapped
-		// into the sandbox's range (its root's files belong to the
-		// sandbox's root); they become the overlay's lower layers.
+		// Each layer, its owners mapped into the sandbox's range by its
+		// user namespace (the image's root's files are the sandbox's
+		// root's), becomes one of the overlay's lower layers.
+		if userns == nil {
+			return errors.New("no user namespace to map the rootfs with")
+		}
 		for i, lower := range cfg.Lowers {
-			fd := fdRootfs
-			if i > 0 {
-				fd = fdLast + i
+			fd, err := idmapTree(cfg.Layers[i], int(userns.Fd()))
+			if err == nil {
+				err = unix.MoveMount(fd, "", unix.AT_FDCWD, lower, unix.MOVE_MOUNT_F_EMPTY_PATH)
+				unix.Close(fd)
 			}
-			if err := unix.MoveMount(fd, "", unix.AT_FDCWD, lower, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+			if err != nil {
 				return fmt.Errorf("mount the rootfs: %w", err)
 			}
-			unix.Close(fd)
 		}
 		// Paths relative to the sandbox's directory: the overlay's
 		// options, in the sandbox's mount table, name no host path.
@@ -735,11 +741,18 @@ func Enter() (*Inside, error) {
 	// exec: in a sandbox with an image, which has none of them, that must
 	// be done before the root is the image's.
 	if cfg.Rootfs != "" && needsLoader(exe) {
-		if err := spawner.AwaitReady(); err != nil {
+		if err := spawner.AwaitRunning(); err != nil {
 			return nil, fmt.Errorf("sandbox: %w", err)
 		}
 	}
-	if err := setupRoot(cfg); err != nil {
+	var userns *os.File
+	if len(cfg.Layers) > 0 {
+		if userns, err = spawner.UserNamespace(); err != nil {
+			return nil, fmt.Errorf("sandbox: %w", err)
+		}
+		defer userns.Close()
+	}
+	if err := setupRoot(cfg, userns); err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
 	if err := unix.Sethostname([]byte(cfg.Hostname)); err != nil {

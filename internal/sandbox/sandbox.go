@@ -213,7 +213,7 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 		return nil, err
 	}
 	if len(lowers) > 0 {
-		cfg.Rootfs = lowers[0]
+		cfg.Rootfs, cfg.Layers = lowers[0], lowers
 		for i := range lowers {
 			cfg.Lowers = append(cfg.Lowers, filepath.Join(o.Dir, lowerName(i)))
 			if err := os.Mkdir(cfg.Lowers[i], 0o755); err != nil {
@@ -335,20 +335,6 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 	}
 	if await != nil {
 		cmd.ExtraFiles[fdNetwork-3] = await
-	}
-	if len(lowers) > 0 {
-		trees, err := idmapped(o.Exe, lowers, o.UIDBase)
-		if err != nil {
-			return nil, err
-		}
-		for i, t := range trees {
-			defer t.Close()
-			if i == 0 {
-				cmd.ExtraFiles[fdRootfs-3] = t
-			} else {
-				cmd.ExtraFiles = append(cmd.ExtraFiles, t) // fdLast+i
-			}
-		}
 	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Cloneflags:  unix.CLONE_NEWPID | unix.CLONE_NEWNS | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC | unix.CLONE_NEWNET,
@@ -544,18 +530,28 @@ func idmapped(exe string, dirs []string, base int) (trees []*os.File, err error)
 		}
 	}()
 	for _, dir := range dirs {
-		fd, err := unix.OpenTree(unix.AT_FDCWD, dir, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
+		fd, err := idmapTree(dir, int(ns.Fd()))
 		if err != nil {
-			return nil, fmt.Errorf("sandbox: rootfs %s: open_tree: %w", dir, err)
-		}
-		attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP, Userns_fd: uint64(ns.Fd())}
-		if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, &attr); err != nil {
-			unix.Close(fd)
-			return nil, fmt.Errorf("sandbox: rootfs %s: id-map the mount: %w", dir, err)
+			return nil, err
 		}
 		trees = append(trees, os.NewFile(uintptr(fd), "rootfs"))
 	}
 	return trees, nil
+}
+
+// idmapTree returns a detached copy of the mount tree at dir whose owners
+// are shifted by the user namespace userns's mapping.
+func idmapTree(dir string, userns int) (int, error) {
+	fd, err := unix.OpenTree(unix.AT_FDCWD, dir, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
+	if err != nil {
+		return -1, fmt.Errorf("sandbox: rootfs %s: open_tree: %w", dir, err)
+	}
+	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP, Userns_fd: uint64(userns)}
+	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, &attr); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("sandbox: rootfs %s: id-map the mount: %w", dir, err)
+	}
+	return fd, nil
 }
 
 // InitExit reads the exit of the sandbox's init command, which the agent
