@@ -50,14 +50,14 @@ type kilndResult struct {
 	// and why, if this host cannot build it).
 	imageCreates, imageFirstExecs []time.Duration
 	imageSkipped                  string
-	execs      []time.Duration
-	firstBytes []time.Duration
-	gvisor     gvisorFigures
-	wsBytes    int64
-	wsReps     []wsSample
-	idle       idleMemory
-	filter     filterCost
-	skipped    string
+	execs                         []time.Duration
+	firstBytes                    []time.Duration
+	gvisor                        gvisorFigures
+	wsBytes                       int64
+	wsReps                        []wsSample
+	idle                          idleMemory
+	filter                        filterCost
+	skipped                       string
 }
 
 type wsSample struct {
