@@ -22,6 +22,11 @@ type ExecRequest struct {
 	Env map[string]string `json:"env,omitempty"`
 	// Cwd is the working directory; empty is the sandbox's default.
 	Cwd string `json:"cwd,omitempty"`
+	// User runs the process as a user of the sandbox's, as docker exec
+	// --user does: NAME, UID, NAME:GROUP or UID:GID, names from the
+	// sandbox's /etc/passwd and /etc/group; empty is its image's user, or
+	// root. A user other than root holds no capabilities.
+	User string `json:"user,omitempty"`
 	// Stdin is "pipe" (write with POST …/stdin) or "closed" (the default).
 	Stdin string `json:"stdin,omitempty"`
 	// TTY runs the process on a terminal of that size: one combined output
@@ -71,6 +76,7 @@ const DefaultMaxOutput = 1 << 20
 const (
 	MaxBody     = 1 << 20   // bytes of a JSON request body
 	MaxArgs     = 4096      // command plus arguments
+	MaxUser     = 256       // a request's user
 	MaxEnv      = 1024      // environment entries
 	MaxArgvEnv  = 256 << 10 // bytes of command, arguments and environment together
 	MaxStdin    = 64 << 10  // bytes of one stdin write
@@ -629,6 +635,9 @@ func (r ExecRequest) Check(finite bool) error {
 	}
 	if len(r.Env) > MaxEnv {
 		return fmt.Errorf("%w: %d environment entries, at most %d", ErrTooLarge, len(r.Env), MaxEnv)
+	}
+	if len(r.User) > MaxUser || strings.IndexByte(r.User, 0) >= 0 {
+		return fmt.Errorf("%w: user: at most %d bytes, no NUL", ErrInvalid, MaxUser)
 	}
 	size := 0
 	for _, a := range append([]string{r.Command, r.Cwd}, r.Args...) {

@@ -206,6 +206,15 @@ func (c *Client) requestAs(ctx context.Context, hc *http.Client, method, path st
 	if ctype != "" {
 		req.Header.Set("Content-Type", ctype)
 	}
+	// A regular file's length from where it is read on: sent with it,
+	// rather than in chunks, its content goes by sendfile.
+	if f, ok := body.(*os.File); ok {
+		if fi, err := f.Stat(); err == nil && fi.Mode().IsRegular() {
+			if at, err := f.Seek(0, io.SeekCurrent); err == nil && at <= fi.Size() {
+				req.ContentLength = fi.Size() - at
+			}
+		}
+	}
 	for k, v := range header {
 		req.Header.Set(k, v)
 	}

@@ -20,6 +20,9 @@ type ExecOptions struct {
 	Shell   string
 	Env     map[string]string
 	Cwd     string
+	// User runs the command as a user of the sandbox's (see
+	// api.ExecRequest.User).
+	User string
 	// MaxOutputBytes bounds the output kept, both streams together: 1 to
 	// 1 MiB, default 1 MiB. Output beyond it is counted, not kept.
 	MaxOutputBytes int64
@@ -55,7 +58,7 @@ func (s *Sandbox) Exec(ctx context.Context, o ExecOptions) (ExecResult, error) {
 	}
 	if o.OnOutput == nil {
 		var r api.ExecResult
-		req := api.ExecRequest{Command: o.Command, Args: o.Args, Env: o.Env, Cwd: o.Cwd, MaxOutputBytes: o.MaxOutputBytes, TimeoutMS: o.TimeoutMS}
+		req := api.ExecRequest{Command: o.Command, Args: o.Args, Env: o.Env, Cwd: o.Cwd, User: o.User, MaxOutputBytes: o.MaxOutputBytes, TimeoutMS: o.TimeoutMS}
 		resp, sent, err := s.c.request(ctx, s.c.stream, "POST", s.path("/exec"), nil, jsonBody(req), "application/json")
 		if err != nil {
 			if _, ok := err.(*Error); !ok && sent {
@@ -83,7 +86,7 @@ func (s *Sandbox) Exec(ctx context.Context, o ExecOptions) (ExecResult, error) {
 	}
 	// This handle's Output is the command's one reader: held, nothing of
 	// it is lost, only cut at MaxOutputBytes.
-	p, err := s.Start(ctx, StartOptions{Command: o.Command, Args: o.Args, Env: o.Env, Cwd: o.Cwd, Format: Bytes, Flow: api.FlowBlock})
+	p, err := s.Start(ctx, StartOptions{Command: o.Command, Args: o.Args, Env: o.Env, Cwd: o.Cwd, User: o.User, Format: Bytes, Flow: api.FlowBlock})
 	if err != nil {
 		return ExecResult{}, err
 	}

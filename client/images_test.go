@@ -27,11 +27,13 @@ func TestImages(t *testing.T) {
 	}
 	ctx := ctxT(t)
 	reg := imagetest.StartRegistry(t)
-	base := imagetest.Busybox(t, "sh", "cat", "ls", "echo", "env", "pwd", "sleep")
+	base := imagetest.Busybox(t, "sh", "cat", "ls", "echo", "env", "pwd", "sleep", "id", "ln", "rm")
 	mid := imagetest.Layer(t,
 		imagetest.Entry{Name: "etc/", Type: tar.TypeDir},
 		imagetest.Entry{Name: "etc/a", Body: "a\n"},
 		imagetest.Entry{Name: "etc/b", Body: "b\n"},
+		imagetest.Entry{Name: "etc/passwd", Body: "root:x:0:0:root:/root:/bin/sh\napp:x:1000:1000::/home/app:/bin/sh\n"},
+		imagetest.Entry{Name: "etc/group", Body: "root:x:0:\napp:x:1000:\nextra:x:2000:app\n"},
 		imagetest.Entry{Name: "data/", Type: tar.TypeDir},
 		imagetest.Entry{Name: "data/x", Body: "x\n"})
 	top := imagetest.Layer(t,
@@ -39,7 +41,7 @@ func TestImages(t *testing.T) {
 		imagetest.Entry{Name: "data/.wh..wh..opq"},
 		imagetest.Entry{Name: "data/z", Body: "z\n"},
 		imagetest.Entry{Name: "srv/app/", Type: tar.TypeDir})
-	cfg := v1.Config{Env: []string{"PATH=/bin", "GREETING=hello"}, WorkingDir: "/srv/app",
+	cfg := v1.Config{Env: []string{"PATH=/bin", "GREETING=hello"}, WorkingDir: "/srv/app", User: "app",
 		Entrypoint: []string{"/bin/sh", "-c"}, Cmd: []string{"echo $GREETING from $(pwd)"}}
 	ref := reg.Push(t, "tools/box:v1", imagetest.Image(t, cfg, base, mid, top))
 
@@ -83,13 +85,34 @@ func TestImages(t *testing.T) {
 		{"the image's command, env and working directory", client.ExecOptions{}, "hello from /srv/app\n"},
 		{"arguments to its entrypoint", client.ExecOptions{Args: []string{"echo bye"}}, "bye\n"},
 		{"a command of its own", client.ExecOptions{Command: "pwd"}, "/srv/app\n"},
-		{"the layers stacked", client.ExecOptions{Shell: "ls /etc /data; cat /etc/b"}, "/data:\nz\n\n/etc:\nb\nb\n"},
+		{"the layers stacked", client.ExecOptions{Shell: "ls /etc /data; cat /etc/b"}, "/data:\nz\n\n/etc:\nb\ngroup\npasswd\nb\n"},
+		{"the image's user, its groups and home", client.ExecOptions{Shell: "id -u; id -g; id -G; echo $HOME"}, "1000\n1000\n1000 2000\n/home/app\n"},
+		{"a user of the request's", client.ExecOptions{Shell: "id -u; id -G", User: "root"}, "0\n0\n"},
+		{"by number, in no file", client.ExecOptions{Shell: "id -u; id -g; id -G", User: "1234:5678"}, "1234\n5678\n5678\n"},
 		{"the image's PATH", client.ExecOptions{Shell: "env | grep ^PATH="}, "PATH=/bin\n"},
 	} {
 		res, err := sb.Exec(ctx, tc.o)
 		if err != nil || string(res.Stdout) != tc.want || res.ExitCode == nil || *res.ExitCode != 0 {
 			t.Errorf("%s: %q %q %+v, %v; want %q", tc.name, res.Stdout, res.Stderr, res.Exit, err, tc.want)
 		}
+	}
+	if _, err := sb.Exec(ctx, client.ExecOptions{Command: "id", User: "nobody-here"}); !client.IsInvalid(err) || !strings.Contains(err.Error(), "no such user") {
+		t.Errorf("an unknown user: %v", err)
+	}
+	// The sandbox's own files, which its root may replace with a link to
+	// what only the agent could read: refused, not followed.
+	if _, err := sb.Exec(ctx, client.ExecOptions{Shell: "ln -sf /proc/1/environ /etc/group", User: "root"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sb.Exec(ctx, client.ExecOptions{Command: "id"}); !client.IsInvalid(err) || !strings.Contains(err.Error(), "/etc/group") {
+		t.Errorf("/etc/group a link to the agent's environment: %v", err)
+	}
+	if _, err := sb.Exec(ctx, client.ExecOptions{Shell: "rm /etc/group", User: "root"}); err != nil {
+		t.Fatal(err)
+	}
+	// A user other than root has no capabilities: root's files are not its.
+	if res, err := sb.Exec(ctx, client.ExecOptions{Shell: "echo x > /etc/b"}); err != nil || res.ExitCode == nil || *res.ExitCode == 0 {
+		t.Errorf("a user writing root's file: %+v, %v", res.Exit, err)
 	}
 	if _, err := c.RemoveImage(ctx, ref); !client.IsFailedPrecondition(err) {
 		t.Errorf("removing an image a sandbox runs from: %v", err)

@@ -40,6 +40,9 @@ type StartOptions struct {
 	Shell   string
 	Env     map[string]string
 	Cwd     string
+	// User runs the process as a user of the sandbox's (see
+	// api.ExecRequest.User).
+	User string
 	// Stdin opens a pipe for Write and CloseStdin; without it stdin is
 	// closed.
 	Stdin bool
@@ -139,7 +142,7 @@ func (s *Sandbox) Start(ctx context.Context, o StartOptions) (*Process, error) {
 		}
 		o.Command, o.Args = "/bin/sh", []string{"-c", o.Shell}
 	}
-	req := api.ExecRequest{Command: o.Command, Args: o.Args, Env: o.Env, Cwd: o.Cwd, TTY: o.Terminal, Capture: o.Capture, Flow: o.Flow}
+	req := api.ExecRequest{Command: o.Command, Args: o.Args, Env: o.Env, Cwd: o.Cwd, User: o.User, TTY: o.Terminal, Capture: o.Capture, Flow: o.Flow}
 	if o.Stdin {
 		req.Stdin = api.StdinPipe
 	}

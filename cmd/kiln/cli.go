@@ -302,6 +302,7 @@ func (c *cli) sandboxCmd() *cobra.Command {
 type startFlags struct {
 	env        []string
 	cwd        string
+	user       string
 	stdin      bool
 	capture    bool
 	foreground bool // kiln reads its output to the end: held, bytes
@@ -311,7 +312,8 @@ type startFlags struct {
 // of one run in the foreground (kiln exec, kiln run).
 func (f *startFlags) add(cmd *cobra.Command, detached bool) {
 	cmd.Flags().StringArrayVarP(&f.env, "env", "e", nil, "set an environment variable (`NAME=VALUE`, repeatable)")
-	cmd.Flags().StringVarP(&f.cwd, "workdir", "w", "", "working directory (default /workspace)")
+	cmd.Flags().StringVarP(&f.cwd, "workdir", "w", "", "working directory (default the image's, or /workspace)")
+	cmd.Flags().StringVarP(&f.user, "user", "u", "", "run as a user of the sandbox's: `NAME`, UID, NAME:GROUP or UID:GID (default the image's, or root)")
 	cmd.Flags().BoolVar(&f.capture, "capture", false, "keep the output durably in the sandbox's captured logs")
 	f.foreground = !detached
 	if detached {
@@ -321,8 +323,13 @@ func (f *startFlags) add(cmd *cobra.Command, detached bool) {
 	}
 }
 
+// options are the process's start options; an empty argv runs the image's
+// command.
 func (f *startFlags) options(argv []string) (client.StartOptions, error) {
-	o := client.StartOptions{Command: argv[0], Args: argv[1:], Cwd: f.cwd, Stdin: f.stdin, Capture: f.capture}
+	o := client.StartOptions{Cwd: f.cwd, User: f.user, Stdin: f.stdin, Capture: f.capture}
+	if len(argv) > 0 {
+		o.Command, o.Args = argv[0], argv[1:]
+	}
 	if f.foreground {
 		o.Flow, o.Format = api.FlowBlock, client.Bytes
 	}

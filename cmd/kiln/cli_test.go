@@ -625,7 +625,7 @@ func TestExtractLocalRefusesEscapes(t *testing.T) {
 func TestImageCommands(t *testing.T) {
 	state := kilnd(t)
 	reg := imagetest.StartRegistry(t)
-	box := imagetest.Image(t, v1.Config{Env: []string{"PATH=/bin"}, Cmd: []string{"echo", "from the image"}}, imagetest.Busybox(t, "sh", "echo", "cat"))
+	box := imagetest.Image(t, v1.Config{Env: []string{"PATH=/bin"}, Cmd: []string{"echo", "from the image"}}, imagetest.Busybox(t, "sh", "echo", "cat", "id"))
 	ref := reg.Push(t, "box:1", box)
 	code, out, errs := kiln(t, state, "", "image", "pull", ref)
 	if code != 0 || !strings.HasPrefix(out, "sha256:") || !strings.Contains(errs, ": downloading\n") {
@@ -637,6 +637,12 @@ func TestImageCommands(t *testing.T) {
 	}
 	if code, out, errs := kiln(t, state, "", "run", "--rm", "--image", ref, "--", "cat", "/etc/hostname"); code == 0 || !strings.Contains(errs, "No such file") {
 		t.Errorf("run --image with a command of its own: %d %q %q", code, out, errs)
+	}
+	if code, out, errs := kiln(t, state, "", "run", "--rm", "--image", ref); code != 0 || out != "from the image\n" {
+		t.Errorf("run --image, its own command: %d %q %q", code, out, errs)
+	}
+	if code, out, errs := kiln(t, state, "", "run", "--rm", "--image", ref, "-u", "1234:5678", "--", "sh", "-c", "echo $(id -u):$(id -g)"); code != 0 || out != "1234:5678\n" {
+		t.Errorf("run --image -u: %d %q %q", code, out, errs)
 	}
 	// The file must be the image's: a bare busybox has no /etc at all.
 	code, out, errs = kiln(t, state, "", "run", "--rm", "--image", ref, "--", "echo", "mine")

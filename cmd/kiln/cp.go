@@ -192,7 +192,7 @@ func writeLocalTar(w io.Writer, src, name string) (int64, error) {
 				return err
 			}
 			defer f.Close()
-			n, err := io.Copy(tw, io.LimitReader(f, h.Size))
+			n, err := io.CopyBuffer(tw, struct{ io.Reader }{io.LimitReader(f, h.Size)}, copyBuf())
 			total += n
 			if err == nil && n < h.Size {
 				err = fmt.Errorf("%s shrank while it was copied", p)
@@ -269,7 +269,7 @@ func extractLocal(dir, top, rename string, tr *tar.Reader) (int64, error) {
 			if err != nil {
 				return total, err
 			}
-			n, err := io.Copy(f, tr)
+			n, err := io.CopyBuffer(struct{ io.Writer }{f}, tr, copyBuf())
 			total += n
 			if cerr := f.Close(); err == nil {
 				err = cerr
@@ -358,3 +358,9 @@ watcher, and events it no longer holds are said as a gap with their count.`,
 	cmd.Flags().Uint64Var(&after, "after", 0, "with --id, the last event `number` seen")
 	return cmd
 }
+
+// copyBuf is a buffer for copying a file's content: large, as the
+// kernel's pipes and sockets move bytes fastest in large writes (the
+// writer's and reader's own ReadFrom and WriteTo are hidden, which would
+// copy 32 KiB at a time).
+func copyBuf() []byte { return make([]byte, 1<<20) }

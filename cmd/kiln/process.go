@@ -511,7 +511,7 @@ func (c *cli) shellCmd() *cobra.Command {
 				argv = args[1:]
 			}
 			return c.withClient(func(cl *client.Client) error {
-				return c.terminal(cmd.Context(), cl.Handle(args[0]), argv)
+				return c.terminal(cmd.Context(), cl.Handle(args[0]), argv, "")
 			})
 		},
 	}
@@ -520,7 +520,7 @@ func (c *cli) shellCmd() *cobra.Command {
 
 // terminal runs argv on a terminal in sb: this terminal in raw mode, its
 // size followed, input sent as typed.
-func (c *cli) terminal(ctx context.Context, sb *client.Sandbox, argv []string) error {
+func (c *cli) terminal(ctx context.Context, sb *client.Sandbox, argv []string, user string) error {
 	size := api.TTY{Cols: 80, Rows: 24}
 	in, isFile := c.stdin.(*os.File)
 	isTerm := isFile && term.IsTerminal(int(in.Fd()))
@@ -529,7 +529,11 @@ func (c *cli) terminal(ctx context.Context, sb *client.Sandbox, argv []string) e
 			size = api.TTY{Cols: uint16(w), Rows: uint16(h)}
 		}
 	}
-	p, err := sb.Start(ctx, client.StartOptions{Command: argv[0], Args: argv[1:], Terminal: &size, Stdin: true,
+	var command string
+	if len(argv) > 0 {
+		command, argv = argv[0], argv[1:]
+	}
+	p, err := sb.Start(ctx, client.StartOptions{Command: command, Args: argv, User: user, Terminal: &size, Stdin: true,
 		Env: map[string]string{"TERM": envOr("TERM", "xterm-256color")}, Format: client.Bytes, Flow: api.FlowBlock})
 	if err != nil {
 		return err
@@ -564,7 +568,7 @@ func (c *cli) runCmd() *cobra.Command {
 		network func() *api.Network
 	)
 	cmd := &cobra.Command{
-		Use:   "run [--rm] [-i] [-t] -- CMD [ARG...]",
+		Use:   "run [--rm] [-i] [-t] [--image IMAGE] -- [CMD [ARG...]]",
 		Short: "Create a sandbox, run a command in it attached, exit with its code",
 		Long: `Creates a sandbox and runs a command in it in the foreground, as kiln exec does: its stdout to
 kiln's stdout, its stderr to kiln's stderr, its stdin closed unless -i sends kiln's stdin to it.
@@ -572,8 +576,14 @@ With -t it runs on a terminal instead, interactively.
 ` + foregroundExit,
 		Example: `  kiln run --rm -- sh -c 'echo hello; exit 7'; echo $?   # hello, then 7
   kiln run -t -- python3                                  # interactive
-  kiln run --rm --egress allow -- curl -sI https://example.com`,
-		Args: cobra.MinimumNArgs(1),
+  kiln run --rm --egress allow -- curl -sI https://example.com
+  kiln run --rm --image busybox                           # the image's own command`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 && opts.Image == "" {
+				return errors.New("kiln run: a command to run (after --), unless --image gives one")
+			}
+			return nil
+		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return c.withClient(func(cl *client.Client) error {
 				ctx := cmd.Context()
@@ -588,7 +598,7 @@ With -t it runs on a terminal instead, interactively.
 					fmt.Fprintln(c.stderr, "kiln: sandbox", sb.ID)
 				}
 				if tty {
-					return c.terminal(ctx, sb, args)
+					return c.terminal(ctx, sb, args, sf.user)
 				}
 				o, err := sf.options(args)
 				if err != nil {

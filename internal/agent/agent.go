@@ -2,6 +2,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -44,6 +45,9 @@ type Config struct {
 	// Entrypoint and Cmd, an image's, are what a request of no command
 	// runs (api.ImageConfig.Command); without them it is refused.
 	Entrypoint, Cmd []string
+	// User, an image's, is who a request of no user runs as (empty:
+	// root).
+	User string
 	// Logs is the directory under which captured processes get theirs
 	// (one per process id); nil refuses capture.
 	Logs *capture.Dir
@@ -160,6 +164,18 @@ func (s *Server) spec(req api.ExecRequest, finite bool) (process.Spec, error) {
 		env = append(env, k+"="+req.Env[k])
 	}
 	spec := process.Spec{Argv: argv, Env: env, Dir: req.Cwd, Launch: s.cfg.Launch, OOMKills: s.cfg.OOMKills, FlowGrace: s.cfg.FlowGrace}
+	if name := cmp.Or(req.User, s.cfg.User); name != "" && name != "root" && name != "0" && name != "0:0" && name != "root:root" {
+		u, err := lookupUser(name)
+		if err != nil {
+			return process.Spec{}, err
+		}
+		spec.Credential = u.cred
+		// Its home, as docker sets it, unless the request says.
+		if _, set := req.Env["HOME"]; !set && u.home != "" {
+			spec.Env = slices.DeleteFunc(spec.Env, func(e string) bool { return strings.HasPrefix(e, "HOME=") })
+			spec.Env = append(spec.Env, "HOME="+u.home)
+		}
+	}
 	if req.Flow == api.FlowBlock {
 		spec.Flow = process.FlowBlock
 	}

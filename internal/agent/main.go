@@ -65,7 +65,7 @@ func run() error {
 	if dir == "" {
 		dir = "/workspace"
 	}
-	srv := New(Config{Table: table, Env: in.Config.Env, Dir: dir, Entrypoint: in.Config.Entrypoint, Cmd: in.Config.Cmd, Logs: in.Logs, Launch: in.Spawner.Start, OOMKills: in.OOMKills,
+	srv := New(Config{Table: table, Env: in.Config.Env, Dir: dir, Entrypoint: in.Config.Entrypoint, Cmd: in.Config.Cmd, User: in.Config.User, Logs: in.Logs, Launch: in.Spawner.Start, OOMKills: in.OOMKills,
 		Capture: capture.Options{QueueBytes: in.Config.CaptureQueue}, FlowGrace: in.Config.FlowGrace})
 	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, ConnContext: withConn}
 	served := make(chan error, 1)

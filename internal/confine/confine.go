@@ -289,6 +289,10 @@ func spawn(req request, files []int) reply {
 			Cloneflags: unix.CLONE_PARENT,
 		},
 	}
+	if u := req.User; u != nil {
+		// Its groups set too: none but its own unless it has more.
+		attr.Sys.Credential = &syscall.Credential{Uid: u.UID, Gid: u.GID, Groups: append([]uint32{}, u.Groups...)}
+	}
 	pid, err := syscall.ForkExec(req.Path, req.Args, attr)
 	if err != nil {
 		var errno syscall.Errno

@@ -28,6 +28,16 @@ type request struct {
 	Setsid  bool     `json:"setsid,omitempty"`
 	Setctty bool     `json:"setctty,omitempty"`
 	Setpgid bool     `json:"setpgid,omitempty"`
+	// User, when set, is who the process runs as, in the sandbox's user
+	// namespace.
+	User *credential `json:"user,omitempty"`
+}
+
+// credential is a process's uid, gid and supplementary groups.
+type credential struct {
+	UID    uint32   `json:"uid"`
+	GID    uint32   `json:"gid"`
+	Groups []uint32 `json:"groups,omitempty"`
 }
 
 // reply is the spawner's answer: Running first, once its program runs
@@ -35,11 +45,11 @@ type request struct {
 // itself, or Error; then for each request a PID, or the Errno or Error
 // that stopped it.
 type reply struct {
-	Running bool `json:"running,omitempty"`
-	Ready   bool `json:"ready,omitempty"`
-	PID   int    `json:"pid,omitempty"`
-	Errno int    `json:"errno,omitempty"`
-	Error string `json:"error,omitempty"`
+	Running bool   `json:"running,omitempty"`
+	Ready   bool   `json:"ready,omitempty"`
+	PID     int    `json:"pid,omitempty"`
+	Errno   int    `json:"errno,omitempty"`
+	Error   string `json:"error,omitempty"`
 }
 
 // Bounds of a message: a request carries at most the kernel's argument
@@ -162,13 +172,13 @@ type Spawner struct {
 	groups []*os.File
 	start  func(*exec.Cmd) error
 
-	mu     sync.Mutex
-	conn   *net.UnixConn
-	helper *exec.Cmd
+	mu      sync.Mutex
+	conn    *net.UnixConn
+	helper  *exec.Cmd
 	gone    chan struct{} // closed once the helper has been waited for
 	running bool          // it said so
 	ready   bool          // it said so
-	closed bool
+	closed  bool
 }
 
 // NewSpawner makes a Spawner that runs exe (an open descriptor of kilnd's
@@ -209,6 +219,9 @@ func (s *Spawner) Start(cmd *exec.Cmd) (*os.Process, error) {
 	}
 	if a := cmd.SysProcAttr; a != nil {
 		req.Setsid, req.Setctty, req.Setpgid = a.Setsid, a.Setctty, a.Setpgid
+		if c := a.Credential; c != nil {
+			req.User = &credential{UID: c.Uid, GID: c.Gid, Groups: c.Groups}
+		}
 	}
 	var fds [3]int
 	for i, v := range []any{cmd.Stdin, cmd.Stdout, cmd.Stderr} {

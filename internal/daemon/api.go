@@ -228,6 +228,9 @@ func (d *Daemon) forward(w http.ResponseWriter, r *http.Request) {
 		d.relay(w, r, e)
 		return
 	}
+	if d.handover(w, r, e) {
+		return
+	}
 	p.ServeHTTP(w, r)
 }
 

@@ -681,7 +681,7 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		Dir: d.sandboxDir(id), ID: id, Hostname: req.Hostname,
 		Rootfs: req.Rootfs, Layers: layers, Limits: limits, Disk: diskMount, Env: d.cfg.Env, Init: req.Init, CaptureQueue: d.cfg.CaptureQueue,
 		FlowGrace: d.cfg.FlowGrace,
-		Workdir:   img.Config.WorkingDir, Entrypoint: img.Config.Entrypoint, Cmd: img.Config.Cmd,
+		Workdir:   img.Config.WorkingDir, Entrypoint: img.Config.Entrypoint, Cmd: img.Config.Cmd, User: img.Config.User,
 		// The record is written while the agent sets itself up (a backend
 		// that cannot say when it runs has it written once it answers).
 		Started: func(state json.RawMessage) error {

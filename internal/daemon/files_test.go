@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -82,6 +83,24 @@ func TestFilesHostile(t *testing.T) {
 	}
 	if _, err := os.Stat("/planted"); err == nil {
 		t.Error("a file landed on the host")
+	}
+	// kilnd served that GET with the file the agent handed over, and a
+	// range of it too.
+	req, _ := http.NewRequest("GET", "http://"+k.addr+"/sandboxes/"+sb+"/files/etc/hostname", nil)
+	req.Header.Set("Authorization", "Bearer "+k.d.Token())
+	req.Header.Set("Range", "bytes=1-3")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusPartialContent || string(b) != hostname[1:4] {
+		t.Errorf("a range of a file: %d %q, want 206 %q", resp.StatusCode, b, hostname[1:4])
+	}
+	code, metrics := k.do("GET", "/metrics", k.d.Token(), nil)
+	if code != 200 || !regexp.MustCompile(`kilnd_file_transfers_total\{how="handover",method="GET"\} [1-9]`).Match(metrics) {
+		t.Errorf("no GET handed over: %s", grepLines(metrics, "kilnd_file_transfers"))
 	}
 }
 

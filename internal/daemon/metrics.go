@@ -14,6 +14,7 @@ type metrics struct {
 	requests *prometheus.CounterVec
 	creates  prometheus.Histogram
 	stopped  *prometheus.CounterVec
+	files    *prometheus.CounterVec
 }
 
 func newMetrics(d *Daemon) *metrics {
@@ -29,9 +30,17 @@ func newMetrics(d *Daemon) *metrics {
 		stopped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kilnd_sandboxes_ended_total", Help: "Sandboxes that stopped or were deleted, by how.",
 		}, []string{"how"}),
+		files: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kilnd_file_transfers_total", Help: "Files read (GET) or written (PUT) through kilnd, by method and how: handed over by the agent to kilnd, or proxied.",
+		}, []string{"method", "how"}),
+	}
+	for _, method := range []string{"GET", "PUT"} {
+		for _, how := range []string{"handover", "proxy"} {
+			m.files.WithLabelValues(method, how)
+		}
 	}
 	sandboxes := prometheus.NewDesc("kilnd_sandboxes", "Sandboxes known to kilnd, by state.", []string{"state"}, nil)
-	reg.MustRegister(m.requests, m.creates, m.stopped,
+	reg.MustRegister(m.requests, m.creates, m.stopped, m.files,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		collectorFunc{desc: sandboxes, collect: func(ch chan<- prometheus.Metric) {
 			counts := map[string]int{StateRunning: 0, StateStopped: 0, StateDeleted: 0}

@@ -5,7 +5,6 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -45,6 +44,8 @@ func (s *Server) Register(m *http.ServeMux) {
 	m.HandleFunc("POST /files/{path...}", s.post)
 	m.HandleFunc("GET /archive", s.getArchive)
 	m.HandleFunc("PUT /archive", s.putArchive)
+	m.HandleFunc("GET "+handoverPrefix+"{path...}", s.handover)
+	m.HandleFunc("PUT "+handoverPrefix+"{path...}", s.handover)
 }
 
 // maxPath bounds a path, as the kernel's PATH_MAX does.
@@ -344,8 +345,7 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 		reply.Error(w, err)
 		return
 	}
-	w.Header().Set("Content-Type", "application/octet-stream")
-	http.ServeContent(w, r, "", c.h.Entry.ModTime, f)
+	Serve(w, r, f, *c.h.Entry)
 }
 
 // onlyWriter hides a file's ReadFrom, whose generic copy reads the body
@@ -377,24 +377,7 @@ func (s *Server) put(w http.ResponseWriter, r *http.Request) {
 		reply.Error(w, err)
 		return
 	}
-	n, err := io.CopyBuffer(onlyWriter{f}, r.Body, make([]byte, 1<<20))
-	if err != nil {
-		var errno syscall.Errno
-		if errors.As(err, &errno) {
-			reply.Error(w, errnoError(header{Error: fmt.Sprintf("%s: wrote %d bytes of the body, then: %v", p, n, errno), Errno: int(errno)}))
-			return
-		}
-		reply.Error(w, fmt.Errorf("%w: %s: wrote %d bytes of the body, then the body failed: %v", errdefs.ErrInvalidArgument, p, n, err))
-		return
-	}
-	fi, err := f.Stat()
-	if err != nil {
-		reply.Error(w, fmt.Errorf("%w: %v", errdefs.ErrInternal, err))
-		return
-	}
-	e := *c.h.Entry
-	e.Size, e.ModTime = fi.Size(), fi.ModTime().UTC()
-	reply.JSON(w, http.StatusOK, e)
+	Write(w, r.Body, f, p, *c.h.Entry)
 }
 
 // remove deletes a file, an empty directory, or with ?recursive=true a

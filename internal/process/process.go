@@ -87,8 +87,10 @@ type Spec struct {
 	// Env is the complete environment; nil inherits this process's.
 	Env []string
 	// Dir is the working directory; empty inherits this process's.
-	Dir   string
-	Stdin StdinMode
+	Dir string
+	// Credential, when set, is the user the process runs as.
+	Credential *syscall.Credential
+	Stdin      StdinMode
 	// Terminal, when set, runs the process on a PTY of that size: one
 	// combined output stream, input through the terminal.
 	Terminal *WindowSize
@@ -296,7 +298,7 @@ func startProcess(id string, spec Spec, drainFor time.Duration, onDone func()) (
 			return nil, fmt.Errorf("process: size terminal: %w", err)
 		}
 		cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Credential: spec.Credential}
 		childEnds = append(childEnds, slave)
 		in, err := dupFile(master)
 		if err != nil {
@@ -308,7 +310,7 @@ func startProcess(id string, spec Spec, drainFor time.Duration, onDone func()) (
 		p.stdin = stdin.New(in)
 		streams = []ring.Stream{ring.PTY}
 	} else {
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: spec.Credential}
 		for range 2 {
 			r, w, err := os.Pipe()
 			if err != nil {

@@ -454,7 +454,7 @@ var allCaps = []string{
 func (g *GVisor) spec(o Options, workspace, root string) (*specs.Spec, error) {
 	cfg := AgentConfig{
 		ID: o.ID, Hostname: o.Hostname, Env: o.Env, Init: o.Init, Guest: RuntimeGVisor, UIDBase: o.UIDBase,
-		Dir: o.Workdir, Entrypoint: o.Entrypoint, Cmd: o.Cmd,
+		Dir: o.Workdir, Entrypoint: o.Entrypoint, Cmd: o.Cmd, User: o.User,
 		CaptureQueue: o.CaptureQueue, FlowGrace: o.FlowGrace, PidsMax: o.Limits.Pids,
 	}
 	raw, err := json.Marshal(cfg)

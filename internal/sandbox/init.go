@@ -57,6 +57,7 @@ type AgentConfig struct {
 	Dir        string   `json:"dir,omitempty"`
 	Entrypoint []string `json:"entrypoint,omitempty"`
 	Cmd        []string `json:"cmd,omitempty"`
+	User       string   `json:"user,omitempty"` // who a process of no user runs as
 	// PidsLimited says fdTasks is passed: the processes' pids group.
 	PidsLimited bool `json:"pids_limited,omitempty"`
 	// MemoryLimited says fdMemoryTasks is passed: their memory group.

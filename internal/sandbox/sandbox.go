@@ -53,6 +53,8 @@ type Options struct {
 	Env             []string
 	Workdir         string
 	Entrypoint, Cmd []string
+	// User, an image's, is who a process of no user runs as.
+	User string
 	// Ready bounds the wait for the agent to answer.
 	Ready time.Duration
 	// Init, when set, is the command whose exit ends the sandbox.
@@ -163,7 +165,7 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 	}()
 	cfg := AgentConfig{
 		ID: o.ID, Hostname: o.Hostname, Root: filepath.Join(o.Dir, rootName),
-		UIDBase: o.UIDBase, Env: o.Env, Init: o.Init, Dir: o.Workdir, Entrypoint: o.Entrypoint, Cmd: o.Cmd,
+		UIDBase: o.UIDBase, Env: o.Env, Init: o.Init, Dir: o.Workdir, Entrypoint: o.Entrypoint, Cmd: o.Cmd, User: o.User,
 		CaptureQueue: o.CaptureQueue, FlowGrace: o.FlowGrace, TmpfsBytes: o.Limits.MemoryBytes, PidsMax: o.Limits.Pids,
 	}
 	for _, d := range []string{rootName, LogsName} {
