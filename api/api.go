@@ -440,7 +440,7 @@ type CreateSandbox struct {
 // host's own addresses and the private, loopback, link-local, shared
 // and multicast ranges refused, then the rest reached with egress
 // "allow" and refused with "none". kilnd's own TCP port is never
-// reached. IPv4 only.
+// reached. IPv4 only; both runtimes.
 type Network struct {
 	// Egress is "none" (the default: only Allow) or "allow" (everything
 	// but the refused above).

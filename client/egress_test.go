@@ -104,6 +104,25 @@ func TestEgress(t *testing.T) {
 		}
 	}
 	check("created")
+	// gVisor's netstack on the same link, under the same rules.
+	if gv, _, err := c.CreateSandbox(ctx, client.SandboxOptions{Runtime: "gvisor", Network: &api.Network{Egress: api.EgressAllow, Deny: []string{up.Private.String()}}}); client.IsUnavailable(err) && strings.Contains(err.Error(), "not available on this host") {
+		t.Logf("gvisor not checked: %v", err)
+	} else if err != nil {
+		t.Fatal(err)
+	} else {
+		if got := fetch(gv, web); got != saw {
+			t.Errorf("gvisor, egress allow, by name: %q, want %q", got, saw)
+		}
+		if got := fetch(gv, "http://"+net.JoinHostPort(up.HostAddr.String(), apiPort)+"/"); !strings.Contains(got, "refused") {
+			t.Errorf("gvisor: kilnd's port: %q, want refused", got)
+		}
+		if got := fetch(gv, "http://"+up.Private.String()+":8080/"); !strings.HasPrefix(got, "error:") {
+			t.Errorf("gvisor: a denied address: %q", got)
+		}
+		if err := gv.Delete(ctx, true); err != nil {
+			t.Fatal(err)
+		}
+	}
 	res, err := open.Exec(ctx, client.ExecOptions{Command: "cat", Args: []string{"/etc/resolv.conf"}})
 	if err != nil || string(res.Stdout) != "nameserver "+up.Addr.String()+"\n" {
 		t.Errorf("resolv.conf with a network: %q, %v", res.Stdout, err)

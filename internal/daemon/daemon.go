@@ -693,7 +693,7 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		opts.Env = withEnv(d.cfg.Env, img.Config.Env)
 	}
 	if egress.Wanted(req.Network) {
-		if err := d.plug(id, runtime, *req.Network, &rec, &opts); err != nil {
+		if err := d.plug(id, *req.Network, &rec, &opts); err != nil {
 			if disk != nil {
 				d.disks.Release(diskImage)
 			}

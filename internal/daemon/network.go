@@ -39,10 +39,7 @@ func (d *Daemon) apiPort() uint16 {
 // plug gives sandbox id, about to be made, its place on the network with
 // policy p: its address and rules now, into rec; its link once its agent
 // runs, through opts. unplug undoes it.
-func (d *Daemon) plug(id, runtime string, p api.Network, rec *record, opts *sandbox.Options) error {
-	if runtime != sandbox.RuntimeNamespaces {
-		return fmt.Errorf("%w: a network beyond the loopback is not available with the %s runtime (only %s)", errdefs.ErrUnavailable, runtime, sandbox.RuntimeNamespaces)
-	}
+func (d *Daemon) plug(id string, p api.Network, rec *record, opts *sandbox.Options) error {
 	m, err := d.network()
 	if err != nil {
 		return fmt.Errorf("%w: a network beyond the loopback: %v", errdefs.ErrUnavailable, err)
@@ -59,9 +56,7 @@ func (d *Daemon) plug(id, runtime string, p api.Network, rec *record, opts *sand
 	for _, r := range m.Resolvers() {
 		opts.Resolvers = append(opts.Resolvers, r.String())
 	}
-	opts.Network = func(pid int) error {
-		return m.Attach(fmt.Sprintf("/proc/%d/ns/net", pid), a)
-	}
+	opts.Network = func(nsPath string) error { return m.Attach(nsPath, a) }
 	return nil
 }
 

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"syscall"
@@ -125,6 +126,10 @@ type guestSandbox struct {
 	// LayerMounts are those of its image's other layers, below
 	// ImageMount's.
 	LayerMounts []string `json:"layer_mounts,omitempty"`
+	// NetNS is the bind mount of its network namespace, when it has a
+	// network beyond its loopback: runsc's sandbox runs in it, its netstack
+	// on the namespace's link.
+	NetNS string `json:"netns,omitempty"`
 
 	g *GVisor
 }
@@ -183,7 +188,7 @@ func (s *guestSandbox) forget() error {
 			errs = append(errs, err)
 		}
 	}
-	for _, m := range append([]string{s.RootMount, s.ImageMount}, append(s.LayerMounts, s.DiskMount)...) {
+	for _, m := range append([]string{s.RootMount, s.ImageMount}, append(s.LayerMounts, s.DiskMount, s.NetNS)...) {
 		if m == "" {
 			continue
 		}
@@ -324,7 +329,25 @@ func (g *GVisor) Create(ctx context.Context, o Options) (_ Instance, err error) 
 		}
 		cleanup = append(cleanup, func() { unix.Unmount(sb.RootMount, unix.MNT_DETACH) })
 	}
-	spec, err := g.spec(o, workspace, sb.RootMount)
+	network := "none"
+	if o.Network != nil {
+		// A namespace of its own, connected before runsc takes its link.
+		sb.NetNS = filepath.Join(o.Dir, netnsName)
+		if err := newNetns(sb.NetNS); err != nil {
+			return nil, fmt.Errorf("sandbox: %w", err)
+		}
+		cleanup = append(cleanup, func() { unix.Unmount(sb.NetNS, unix.MNT_DETACH) })
+		if err := o.Network(sb.NetNS); err != nil {
+			return nil, fmt.Errorf("sandbox: connect its network: %w", err)
+		}
+		network = "sandbox"
+		if sb.RootMount != "" {
+			if err := imageResolvConf(sb.RootMount, o.Resolvers, o.UIDBase); err != nil {
+				return nil, fmt.Errorf("sandbox: %w", err)
+			}
+		}
+	}
+	spec, err := g.spec(o, workspace, sb.RootMount, sb.NetNS)
 	if err != nil {
 		return nil, err
 	}
@@ -372,7 +395,7 @@ func (g *GVisor) Create(ctx context.Context, o Options) (_ Instance, err error) 
 	if platform == "" {
 		platform = "systrap"
 	}
-	args := []string{"--root", g.Root, "--platform", platform, "--network", "none", "--ignore-cgroups",
+	args := []string{"--root", g.Root, "--platform", platform, "--network", network, "--ignore-cgroups",
 		"--host-uds", "create", "--in-sandbox-cgroup", "v2", "--overlay2", overlay, "run", "--bundle", bundle, sb.Container}
 	// runsc starts in the sandbox's groups, so that the sentry and the
 	// file server it forks are held by them from the start: kilnd's
@@ -390,6 +413,7 @@ func (g *GVisor) Create(ctx context.Context, o Options) (_ Instance, err error) 
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("sandbox: start runsc: %w", err)
 	}
+	o.Network = nil // connected already
 	if err := running(ctx, &sb.Sandbox, sb, cmd, o, " in gVisor", nil); err != nil {
 		return nil, err
 	}
@@ -426,7 +450,8 @@ func (g *GVisor) Adopt(state json.RawMessage) (Instance, error) {
 // disk.
 func (g *GVisor) EndLeftover(id, dir string) error {
 	err := EndLeftover(id)
-	sb := &guestSandbox{Container: "kiln-" + id, Root: g.Root, DiskMount: filepath.Join(dir, diskName), ImageMount: filepath.Join(dir, lowerName(0)), RootMount: filepath.Join(dir, rootName), g: g}
+	sb := &guestSandbox{Container: "kiln-" + id, Root: g.Root, DiskMount: filepath.Join(dir, diskName), ImageMount: filepath.Join(dir, lowerName(0)),
+		RootMount: filepath.Join(dir, rootName), NetNS: filepath.Join(dir, netnsName), g: g}
 	sb.LayerMounts, _ = filepath.Glob(filepath.Join(dir, lowerName(0)+".*"))
 	return errors.Join(err, sb.forget())
 }
@@ -451,7 +476,7 @@ var allCaps = []string{
 // one, the host's system directories read-only with the sandbox's own
 // /etc files, as on the host backend; the workspace; the agent's handles
 // in guestDir.
-func (g *GVisor) spec(o Options, workspace, root string) (*specs.Spec, error) {
+func (g *GVisor) spec(o Options, workspace, root, netns string) (*specs.Spec, error) {
 	cfg := AgentConfig{
 		ID: o.ID, Hostname: o.Hostname, Env: o.Env, Init: o.Init, Guest: RuntimeGVisor, UIDBase: o.UIDBase,
 		Dir: o.Workdir, Entrypoint: o.Entrypoint, Cmd: o.Cmd, User: o.User,
@@ -494,7 +519,7 @@ func (g *GVisor) spec(o Options, workspace, root string) (*specs.Spec, error) {
 	r := &specs.Root{Path: root}
 	if root == "" {
 		r = &specs.Root{Path: filepath.Join(o.Dir, rootName), Readonly: true}
-		binds, err := hostRoot(r.Path, filepath.Join(o.Dir, "etc"), o.Hostname)
+		binds, err := hostRoot(r.Path, filepath.Join(o.Dir, "etc"), o.Hostname, o.Resolvers)
 		if err != nil {
 			return nil, err
 		}
@@ -520,7 +545,7 @@ func (g *GVisor) spec(o Options, workspace, root string) (*specs.Spec, error) {
 		Mounts:   mounts,
 		Linux: &specs.Linux{
 			Namespaces: []specs.LinuxNamespace{{Type: specs.PIDNamespace}, {Type: specs.MountNamespace},
-				{Type: specs.IPCNamespace}, {Type: specs.UTSNamespace}, {Type: specs.NetworkNamespace}},
+				{Type: specs.IPCNamespace}, {Type: specs.UTSNamespace}, {Type: specs.NetworkNamespace, Path: netns}},
 		},
 	}, nil
 }
@@ -529,7 +554,7 @@ func (g *GVisor) spec(o Options, workspace, root string) (*specs.Spec, error) {
 // built from the host's system directories, and in etc the sandbox's own
 // /etc files; it returns the binds (host path, path inside) that fill
 // it.
-func hostRoot(root, etc, hostname string) ([][2]string, error) {
+func hostRoot(root, etc, hostname string, resolvers []string) ([][2]string, error) {
 	if err := os.Mkdir(root, 0o755); err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
@@ -557,7 +582,7 @@ func hostRoot(root, etc, hostname string) ([][2]string, error) {
 	if err := os.Mkdir(etc, 0o755); err != nil {
 		return nil, err
 	}
-	for _, f := range etcFiles(hostname, nil) {
+	for _, f := range etcFiles(hostname, resolvers) {
 		if fi, err := os.Lstat(filepath.Join("/etc", f[0])); err != nil || !fi.Mode().IsRegular() {
 			continue
 		}
@@ -611,4 +636,46 @@ func (c *Cgroups) joinDirs() []string {
 		dirs = append(dirs, dir)
 	}
 	return dirs
+}
+
+// netnsName is a gVisor sandbox's network namespace's bind mount in its
+// directory.
+const netnsName = "netns"
+
+// newNetns makes a network namespace and binds it at path, a file it
+// makes, which keeps it until it is unmounted. It is made on a thread of
+// its own, brought back to kilnd's namespace after.
+func newNetns(path string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return err
+	}
+	f.Close()
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := os.Open("/proc/thread-self/ns/net")
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- err
+			return
+		}
+		defer orig.Close()
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("a network namespace: %w", err)
+			return
+		}
+		err = unix.Mount("/proc/thread-self/ns/net", path, "", unix.MS_BIND, "")
+		// Back, or the thread is not fit for others: it then ends with
+		// this goroutine, still locked.
+		if unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET) == nil {
+			runtime.UnlockOSThread()
+		}
+		if err != nil {
+			err = fmt.Errorf("bind its network namespace: %w", err)
+		}
+		errc <- err
+	}()
+	return <-errc
 }

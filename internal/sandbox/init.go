@@ -236,7 +236,7 @@ func setupRoot(cfg AgentConfig, userns *os.File) error {
 			return fmt.Errorf("mount the rootfs overlay: %w", err)
 		}
 		if cfg.Network {
-			if err := imageResolvConf(root, cfg); err != nil {
+			if err := imageResolvConf(root, cfg.Resolvers, cfg.UIDBase); err != nil {
 				return err
 			}
 		}
@@ -437,7 +437,7 @@ func ownEtc(root, hostname string, resolvers []string) error {
 // resolvers: /etc/resolv.conf written in its writable layer, the
 // sandbox's root's to change, in place of whatever the image had there (a
 // link included: resolved in root, it is not followed out of it).
-func imageResolvConf(root string, cfg AgentConfig) error {
+func imageResolvConf(root string, resolvers []string, owner int) error {
 	r, err := os.OpenRoot(root)
 	if err != nil {
 		return err
@@ -451,9 +451,9 @@ func imageResolvConf(root string, cfg AgentConfig) error {
 			return fmt.Errorf("/etc/resolv.conf: %w", err)
 		}
 	}
-	err = r.WriteFile("etc/resolv.conf", []byte(resolvConf(cfg.Resolvers)), 0o644)
+	err = r.WriteFile("etc/resolv.conf", []byte(resolvConf(resolvers)), 0o644)
 	if err == nil {
-		err = r.Lchown("etc/resolv.conf", cfg.UIDBase, cfg.UIDBase)
+		err = r.Lchown("etc/resolv.conf", owner, owner)
 	}
 	if err != nil {
 		return fmt.Errorf("/etc/resolv.conf: %w", err)

@@ -71,12 +71,12 @@ type Options struct {
 	// the sandbox and is Create's.
 	Started func(state json.RawMessage) error
 	// Network, when set, connects the sandbox beyond its loopback: it is
-	// called with the agent's pid (whose network namespace is the
-	// sandbox's) after Started, and the agent waits for it before it
-	// answers or starts the init command. An error ends the sandbox.
-	// Resolvers are then the name servers of its resolv.conf. The
-	// namespaces runtime alone has it.
-	Network   func(pid int) error
+	// called with the path of the sandbox's network namespace (its
+	// agent's /proc/PID/ns/net, after Started, the agent waiting for it
+	// before it answers or starts the init command; gVisor's, before runsc
+	// starts in it). An error ends the sandbox. Resolvers are then the
+	// name servers of its resolv.conf.
+	Network   func(nsPath string) error
 	Resolvers []string
 }
 
@@ -382,7 +382,7 @@ func running(ctx context.Context, s *Sandbox, inst Instance, cmd *exec.Cmd, o Op
 		}
 	}
 	if o.Network != nil {
-		if err := o.Network(s.PID); err != nil {
+		if err := o.Network(fmt.Sprintf("/proc/%d/ns/net", s.PID)); err != nil {
 			return fmt.Errorf("sandbox: connect its network: %w", err)
 		}
 		if _, err := connected.Write([]byte{1}); err != nil {
