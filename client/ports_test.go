@@ -189,9 +189,27 @@ func TestPorts(t *testing.T) {
 	if err != nil || len(list) != 1 || list[0].ID != pv.ID || list[0].Token != "" {
 		t.Errorf("previews: %+v %v", list, err)
 	}
+	// A WebSocket through the preview, open when it is revoked: it ends.
+	wsURL := "ws" + strings.TrimPrefix(pv.URL, "http") + "ws"
+	ws, _, err = websocket.Dial(ctx, wsURL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.CloseNow()
+	if err := ws.Write(ctx, websocket.MessageText, []byte("hi")); err != nil {
+		t.Fatal(err)
+	}
+	if _, b, err := ws.Read(ctx); err != nil || string(b) != "echo: hi" {
+		t.Fatalf("a WebSocket through the preview: %q, %v", b, err)
+	}
 	if err := sb.RevokePreview(ctx, pv.ID); err != nil {
 		t.Fatal(err)
 	}
+	rctx, rcancel := context.WithTimeout(ctx, 10*time.Second)
+	if _, b, err := ws.Read(rctx); err == nil || rctx.Err() != nil {
+		t.Errorf("a WebSocket through a revoked preview still open: %q, %v", b, err)
+	}
+	rcancel()
 	if code, _, _ := get(pv.URL + "page"); code != http.StatusUnauthorized {
 		t.Errorf("a revoked preview: %d", code)
 	}

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -273,6 +274,13 @@ func (d *Daemon) relay(w http.ResponseWriter, r *http.Request, e *entry) {
 		return
 	}
 	defer conn.Close()
+	// Hijacked, the connection is no longer the server's to watch: it
+	// ends with the request's context (a preview revoked or expired).
+	stop := context.AfterFunc(r.Context(), func() {
+		conn.Close()
+		agentConn.Close()
+	})
+	defer stop()
 	// The server's request deadlines no longer apply: a watcher stays as
 	// long as it reads. (Writes get their own deadline below.)
 	conn.SetDeadline(time.Time{})

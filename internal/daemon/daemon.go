@@ -165,13 +165,16 @@ type Daemon struct {
 	// images are the OCI images sandboxes are made from.
 	images *image.Store
 
-	// mu guards sandboxes and imageLeases (the images creates in progress
+	// mu guards sandboxes, previewing and imageLeases (the images creates in progress
 	// use, by ID). Creating and deleting a sandbox happen outside it; the
 	// entry is added once the sandbox runs. The image store calls in
 	// with its own lock held (imageInUse): nothing holding mu calls it.
 	mu          sync.Mutex
 	sandboxes   map[string]*entry
 	imageLeases map[string]int
+	// previewing ends what each preview serves (by its token's hash):
+	// revoked, it reaches nothing, WebSockets open through it included.
+	previewing map[string]map[*struct{}]context.CancelFunc
 
 	// backends make sandboxes, by runtime name; unavailable says why
 	// those this host cannot run are missing.

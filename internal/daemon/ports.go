@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
@@ -164,6 +165,9 @@ func (d *Daemon) revokePreview(w http.ResponseWriter, r *http.Request) {
 		reply.Error(w, err)
 		return
 	}
+	for _, cancel := range d.previewing[e.rec.Previews[i].Hash] {
+		cancel()
+	}
 	e.rec = kept
 	w.WriteHeader(http.StatusNoContent)
 }
@@ -177,14 +181,37 @@ func (d *Daemon) servePreview(w http.ResponseWriter, r *http.Request) {
 	hash := tokenHash(token)
 	now := time.Now()
 	var id string
+	var expires time.Time
 	port := 0
 	d.mu.Lock()
 	for _, e := range d.sandboxes {
 		for _, p := range e.rec.Previews {
 			if p.Hash == hash && now.Before(p.ExpiresAt) && e.rec.State != StateDeleted {
-				id, port = e.rec.ID, p.Port
+				id, port, expires = e.rec.ID, p.Port, p.ExpiresAt
 			}
 		}
+	}
+	// What it serves (a WebSocket's relay too) ends when it expires or
+	// is revoked.
+	ctx, cancel := context.WithDeadline(r.Context(), expires)
+	defer cancel()
+	key := new(struct{})
+	if port != 0 {
+		if d.previewing == nil {
+			d.previewing = map[string]map[*struct{}]context.CancelFunc{}
+		}
+		if d.previewing[hash] == nil {
+			d.previewing[hash] = map[*struct{}]context.CancelFunc{}
+		}
+		d.previewing[hash][key] = cancel
+		defer func() {
+			d.mu.Lock()
+			delete(d.previewing[hash], key)
+			if len(d.previewing[hash]) == 0 {
+				delete(d.previewing, hash)
+			}
+			d.mu.Unlock()
+		}()
 	}
 	d.mu.Unlock()
 	if port == 0 {
@@ -196,7 +223,7 @@ func (d *Daemon) servePreview(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// The sandbox's own port route, under the preview's prefix.
-	out := r.Clone(r.Context())
+	out := r.Clone(ctx)
 	raw := "/sandboxes/" + url.PathEscape(id) + "/ports/" + strconv.Itoa(port) + "/" + path
 	u := *r.URL
 	u.RawPath = raw
