@@ -150,10 +150,15 @@ Flags:
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := d.Serve(ctx); err != nil {
+	err = d.Serve(ctx)
+	// Its own goroutines, and what its runtimes share (runsc's empty
+	// network namespace); the sandboxes run on, for the next kilnd.
+	d.Close()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
+	log.Info("kilnd stopped; its sandboxes run on")
 	return 0
 }
 
