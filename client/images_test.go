@@ -3,6 +3,7 @@ package client_test
 import (
 	"archive/tar"
 	"bytes"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/client"
+	"github.com/sandkiln/sandkiln/internal/daemon/daemontest"
 	"github.com/sandkiln/sandkiln/internal/image/imagetest"
 )
 
@@ -20,7 +22,19 @@ import (
 // the image kept while a sandbox runs from it; then imports one from a
 // docker save tar.
 func TestImages(t *testing.T) {
-	k := startKilndOn(t, "")
+	if os.Geteuid() != 0 {
+		t.Skip("kilnd needs root")
+	}
+	// A kilnd of its own: it restarts it.
+	k, err := daemontest.Start(t.TempDir(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if k != nil {
+			k.Close()
+		}
+	}()
 	c, err := client.New(client.Options{StateDir: k.State})
 	if err != nil {
 		t.Fatal(err)
@@ -116,6 +130,22 @@ func TestImages(t *testing.T) {
 	}
 	if _, err := c.RemoveImage(ctx, ref); !client.IsFailedPrecondition(err) {
 		t.Errorf("removing an image a sandbox runs from: %v", err)
+	}
+	// A new kilnd adopts the sandbox, and keeps its image for it.
+	err = k.Stop()
+	state := k.State
+	k = nil
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k, err = daemontest.Start(state, ""); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := sb.Exec(ctx, client.ExecOptions{}); err != nil || string(res.Stdout) != "hello from /srv/app\n" {
+		t.Errorf("after a restart, the image's command: %q, %v", res.Stdout, err)
+	}
+	if _, err := c.RemoveImage(ctx, ref); !client.IsFailedPrecondition(err) {
+		t.Errorf("after a restart, removing an image a sandbox runs from: %v", err)
 	}
 	if err := sb.Delete(ctx, true); err != nil {
 		t.Fatal(err)
