@@ -623,7 +623,7 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		defer release()
 		if req.Init != nil && req.Init.Command == "" {
 			// The image's command, as docker run has it.
-			if argv := apiImage(img).Config.Command(req.Init.Args); len(argv) > 0 {
+			if argv := img.Config.Command(req.Init.Args); len(argv) > 0 {
 				init := *req.Init
 				init.Command, init.Args = argv[0], argv[1:]
 				req.Init = &init

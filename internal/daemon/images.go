@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"slices"
 	"strings"
 	"sync"
 
@@ -171,16 +170,12 @@ func streamImages(w http.ResponseWriter, run func(progress func(image.Progress))
 	enc.Encode(out)
 }
 
-// apiImage is img on the wire.
+// apiImage is img on the wire: its names a list, if an empty one.
 func apiImage(img image.Image) api.Image {
-	c := img.Config
-	out := api.Image{ID: img.ID, Names: slices.Clone(img.Names), Digest: img.Digest, Layers: slices.Clone(img.Layers), Size: img.Size,
-		Created: img.Created, Added: img.Added, Platform: img.Platform,
-		Config: api.ImageConfig{Env: c.Env, WorkingDir: c.WorkingDir, User: c.User, Entrypoint: c.Entrypoint, Cmd: c.Cmd}}
-	if out.Names == nil {
-		out.Names = []string{}
+	if img.Names == nil {
+		img.Names = []string{}
 	}
-	return out
+	return img
 }
 
 // imageRoot finds a create's image and holds it for the create: its

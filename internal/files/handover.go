@@ -50,9 +50,7 @@ func (s *Server) handover(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer c.finish()
-	if op == "get" && c.h.Entry != nil && c.h.Entry.Type == api.FileDir {
-		w.Header().Set("Content-Type", "application/json")
-		io.Copy(w, io.LimitReader(c.body(), maxListing))
+	if op == "get" && c.listing(w) {
 		return
 	}
 	f, err := c.regular()

@@ -335,9 +335,7 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer c.finish()
-	if c.h.Entry != nil && c.h.Entry.Type == api.FileDir {
-		w.Header().Set("Content-Type", "application/json")
-		io.Copy(w, io.LimitReader(c.body(), maxListing))
+	if c.listing(w) {
 		return
 	}
 	f, err := c.regular()
@@ -346,6 +344,16 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	Serve(w, r, f, *c.h.Entry)
+}
+
+// listing answers with a directory's listing, if the call's path is one.
+func (c *call) listing(w http.ResponseWriter) bool {
+	if c.h.Entry == nil || c.h.Entry.Type != api.FileDir {
+		return false
+	}
+	w.Header().Set("Content-Type", "application/json")
+	io.Copy(w, io.LimitReader(c.body(), maxListing))
+	return true
 }
 
 // onlyWriter hides a file's ReadFrom, whose generic copy reads the body

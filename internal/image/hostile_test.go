@@ -32,80 +32,80 @@ func TestHostileLayers(t *testing.T) {
 	}{
 		{
 			name:    "dot-dot",
-			entries: func(string) []entry { return []entry{{name: "../../../sentinel/x", body: "bad"}} },
+			entries: func(string) []entry { return []entry{{Name: "../../../sentinel/x", Body: "bad"}} },
 			class:   errdefs.ErrInvalidArgument, member: "../../../sentinel/x",
 		},
 		{
 			name:    "dot-dot inside",
-			entries: func(string) []entry { return []entry{{name: "a/../../../../sentinel/x", body: "bad"}} },
+			entries: func(string) []entry { return []entry{{Name: "a/../../../../sentinel/x", Body: "bad"}} },
 			class:   errdefs.ErrInvalidArgument, member: "a/../../../../sentinel/x",
 		},
 		{
 			name:    "absolute",
-			entries: func(s string) []entry { return []entry{{name: s + "/x", body: "bad"}} },
+			entries: func(s string) []entry { return []entry{{Name: s + "/x", Body: "bad"}} },
 			class:   errdefs.ErrInvalidArgument, member: "/x",
 		},
 		{
 			name: "through a symlink to /",
 			entries: func(s string) []entry {
-				return []entry{{name: "a", typ: tar.TypeSymlink, link: "/"}, {name: "a" + s + "/x", body: "bad"}}
+				return []entry{{Name: "a", Type: tar.TypeSymlink, Link: "/"}, {Name: "a" + s + "/x", Body: "bad"}}
 			},
 			class: errdefs.ErrInvalidArgument, member: "a" + "/",
 		},
 		{
 			name: "through a symlink up",
 			entries: func(string) []entry {
-				return []entry{{name: "a", typ: tar.TypeSymlink, link: "../../.."}, {name: "a/sentinel/x", body: "bad"}}
+				return []entry{{Name: "a", Type: tar.TypeSymlink, Link: "../../.."}, {Name: "a/sentinel/x", Body: "bad"}}
 			},
 			class: errdefs.ErrInvalidArgument, member: "a/sentinel/x",
 		},
 		{
 			name: "through a symlink inside",
 			entries: func(string) []entry {
-				return []entry{{name: "b/", typ: tar.TypeDir}, {name: "a", typ: tar.TypeSymlink, link: "b"}, {name: "a/x", body: "bad"}}
+				return []entry{{Name: "b/", Type: tar.TypeDir}, {Name: "a", Type: tar.TypeSymlink, Link: "b"}, {Name: "a/x", Body: "bad"}}
 			},
 			class: errdefs.ErrInvalidArgument, member: "a/x",
 		},
 		{
 			name: "beneath a file",
 			entries: func(string) []entry {
-				return []entry{{name: "a", body: "file"}, {name: "a/x", body: "bad"}}
+				return []entry{{Name: "a", Body: "file"}, {Name: "a/x", Body: "bad"}}
 			},
 			class: errdefs.ErrInvalidArgument, member: "a/x",
 		},
 		{
 			name:    "hard link up",
-			entries: func(string) []entry { return []entry{{name: "h", typ: tar.TypeLink, link: "../../etc/passwd"}} },
+			entries: func(string) []entry { return []entry{{Name: "h", Type: tar.TypeLink, Link: "../../etc/passwd"}} },
 			class:   errdefs.ErrInvalidArgument, member: "h",
 		},
 		{
 			name:    "hard link to the sentinel",
-			entries: func(s string) []entry { return []entry{{name: "h", typ: tar.TypeLink, link: s + "/file"}} },
+			entries: func(s string) []entry { return []entry{{Name: "h", Type: tar.TypeLink, Link: s + "/file"}} },
 			class:   errdefs.ErrInvalidArgument, member: "h",
 		},
 		{
 			name: "hard link to an escaping symlink",
 			entries: func(s string) []entry {
-				return []entry{{name: "s", typ: tar.TypeSymlink, link: s + "/file"}, {name: "h", typ: tar.TypeLink, link: "s"}}
+				return []entry{{Name: "s", Type: tar.TypeSymlink, Link: s + "/file"}, {Name: "h", Type: tar.TypeLink, Link: "s"}}
 			},
 			class: errdefs.ErrInvalidArgument, member: "h",
 		},
 		{
 			name: "hard link to nothing",
 			entries: func(string) []entry {
-				return []entry{{name: "h", typ: tar.TypeLink, link: "later"}, {name: "later", body: "x"}}
+				return []entry{{Name: "h", Type: tar.TypeLink, Link: "later"}, {Name: "later", Body: "x"}}
 			},
 			class: errdefs.ErrInvalidArgument, member: "h",
 		},
 		{
 			name:    "whiteout of dot-dot",
-			entries: func(string) []entry { return []entry{{name: "a/.wh..."}} },
+			entries: func(string) []entry { return []entry{{Name: "a/.wh..."}} },
 			class:   errdefs.ErrInvalidArgument, member: "a/.wh...",
 		},
 		{
 			name: "symlink replaced, not followed",
 			entries: func(s string) []entry {
-				return []entry{{name: "a", typ: tar.TypeSymlink, link: s}, {name: "a/", typ: tar.TypeDir}, {name: "a/x", body: "ok"}}
+				return []entry{{Name: "a", Type: tar.TypeSymlink, Link: s}, {Name: "a/", Type: tar.TypeDir}, {Name: "a/x", Body: "ok"}}
 			},
 			want: map[string]fileWant{
 				".":   {mode: os.ModeDir | 0o755},
@@ -116,7 +116,7 @@ func TestHostileLayers(t *testing.T) {
 		{
 			name: "devices skipped",
 			entries: func(string) []entry {
-				return []entry{{name: "dev/null", typ: tar.TypeChar}, {name: "dev/sda", typ: tar.TypeBlock}, {name: "f", body: "f"}}
+				return []entry{{Name: "dev/null", Type: tar.TypeChar}, {Name: "dev/sda", Type: tar.TypeBlock}, {Name: "f", Body: "f"}}
 			},
 			want: map[string]fileWant{
 				".": {mode: os.ModeDir | 0o755},
@@ -196,13 +196,13 @@ func checkEmpty(t *testing.T, dirs ...string) {
 
 func TestDiffIDMismatch(t *testing.T) {
 	reg := newRegistry(t)
-	img := newImage(t, layer(t, entry{name: "f", body: "real"}))
+	img := newImage(t, layer(t, entry{Name: "f", Body: "real"}))
 	cf, err := img.ConfigFile()
 	if err != nil {
 		t.Fatal(err)
 	}
 	cf = cf.DeepCopy()
-	other, err := layer(t, entry{name: "f", body: "claimed"}).DiffID()
+	other, err := layer(t, entry{Name: "f", Body: "claimed"}).DiffID()
 	if err != nil {
 		t.Fatal(err)
 	}

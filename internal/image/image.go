@@ -14,12 +14,12 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
+	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/errdefs"
 )
 
@@ -42,41 +42,15 @@ type Options struct {
 	Platform *v1.Platform
 }
 
-// Config is what an image's config says about the processes started from
-// it.
-type Config struct {
-	Env        []string `json:"env,omitempty"`
-	WorkingDir string   `json:"working_dir,omitempty"`
-	User       string   `json:"user,omitempty"`
-	Entrypoint []string `json:"entrypoint,omitempty"`
-	Cmd        []string `json:"cmd,omitempty"`
-}
+// Config is what an image's config says of the processes started from
+// it; Image is a stored image (see api.Image). A Store's answers are the
+// caller's own copies.
+type (
+	Config = api.ImageConfig
+	Image  = api.Image
+)
 
-// Image is a stored image. Its slices are the caller's own copies.
-type Image struct {
-	// ID is "sha256:" and the hex of the config blob's digest.
-	ID string `json:"id"`
-	// Names are the fully qualified references it is known by, e.g.
-	// "index.docker.io/library/busybox:latest", sorted. A name is on one
-	// image at most; an image without one is reached by its ID.
-	Names []string `json:"names"`
-	// Digest is the digest of the manifest (or index) it was pulled by,
-	// "sha256:…"; empty for an import that did not say.
-	Digest string `json:"digest,omitempty"`
-	// Layers are the diffIDs of its layers ("sha256:…"), bottom first.
-	Layers []string `json:"layers"`
-	// Size is the bytes of its unpacked layers' regular files.
-	Size int64 `json:"size"`
-	// Created is the config's creation time, zero if it has none.
-	Created time.Time `json:"created"`
-	// Added is when it was last pulled or imported.
-	Added time.Time `json:"added"`
-	// Platform is "os/arch" or "os/arch/variant".
-	Platform string `json:"platform"`
-	Config   Config `json:"config"`
-}
-
-func (img Image) clone() Image {
+func clone(img Image) Image {
 	img.Names = slices.Clone(img.Names)
 	img.Layers = slices.Clone(img.Layers)
 	img.Config.Env = slices.Clone(img.Config.Env)
@@ -324,7 +298,7 @@ func (s *Store) List() []Image {
 	s.mu.Lock()
 	list := make([]Image, 0, len(s.images))
 	for _, img := range s.images {
-		list = append(list, img.clone())
+		list = append(list, clone(img))
 	}
 	s.mu.Unlock()
 	slices.SortFunc(list, func(a, b Image) int {
@@ -346,7 +320,7 @@ func (s *Store) Get(ref string) (Image, error) {
 	if err != nil {
 		return Image{}, err
 	}
-	return s.images[id].clone(), nil
+	return clone(s.images[id]), nil
 }
 
 // lookupLocked returns the ID of the image ref names, and whether ref was
@@ -420,14 +394,14 @@ func (s *Store) Remove(ref string, inUse func(id string) bool) (Image, error) {
 	}
 	images := maps.Clone(s.images)
 	if rest := slices.DeleteFunc(slices.Clone(img.Names), func(n string) bool { return slices.Contains(removed, n) }); len(rest) > 0 {
-		kept := img.clone()
+		kept := clone(img)
 		kept.Names = rest
 		images[id] = kept
 		if err := s.save(images, s.layers); err != nil {
 			return Image{}, err
 		}
 		img.Names = removed
-		return img.clone(), nil
+		return clone(img), nil
 	}
 	if inUse != nil && inUse(id) {
 		return Image{}, fmt.Errorf("%w: image: image %s is in use by a sandbox", errdefs.ErrFailedPrecondition, ref)
@@ -439,7 +413,7 @@ func (s *Store) Remove(ref string, inUse func(id string) bool) (Image, error) {
 	}
 	trash = s.moveToTrash(gone)
 	img.Names = removed
-	return img.clone(), nil
+	return clone(img), nil
 }
 
 func hexes(diffIDs []string) []string {

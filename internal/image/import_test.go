@@ -50,10 +50,10 @@ func mustRef(t *testing.T, s string) name.Reference {
 }
 
 func TestImportDockerSave(t *testing.T) {
-	shared := layer(t, entry{name: "shared", body: "s"})
-	a := newImage(t, shared, layer(t, entry{name: "a", body: "a"}))
-	b := newImage(t, shared, layer(t, entry{name: "b", body: "b"}))
-	c := newImage(t, layer(t, entry{name: "c", body: "c"}))
+	shared := layer(t, entry{Name: "shared", Body: "s"})
+	a := newImage(t, shared, layer(t, entry{Name: "a", Body: "a"}))
+	b := newImage(t, shared, layer(t, entry{Name: "b", Body: "b"}))
+	c := newImage(t, layer(t, entry{Name: "c", Body: "c"}))
 	var buf bytes.Buffer
 	err := tarball.MultiRefWrite(map[name.Reference]v1.Image{
 		mustRef(t, "example.com/a:v1"):    a,
@@ -160,11 +160,11 @@ func ociTar(t *testing.T, a, b, c, host, foreign v1.Image) []byte {
 }
 
 func TestImportOCILayout(t *testing.T) {
-	a := newImage(t, layer(t, entry{name: "a", body: "a"}))
-	b := newImage(t, layer(t, entry{name: "b", body: "b"}))
-	c := newImage(t, layer(t, entry{name: "c", body: "c"}))
-	host := newImage(t, layer(t, entry{name: "host", body: "h"}))
-	foreign := newImage(t, layer(t, entry{name: "foreign", body: "f"}))
+	a := newImage(t, layer(t, entry{Name: "a", Body: "a"}))
+	b := newImage(t, layer(t, entry{Name: "b", Body: "b"}))
+	c := newImage(t, layer(t, entry{Name: "c", Body: "c"}))
+	host := newImage(t, layer(t, entry{Name: "host", Body: "h"}))
+	foreign := newImage(t, layer(t, entry{Name: "foreign", Body: "f"}))
 	cf, err := foreign.ConfigFile()
 	if err != nil {
 		t.Fatal(err)
@@ -206,12 +206,12 @@ func TestImportRefusesGarbage(t *testing.T) {
 	}{
 		{"not a tar", strings.Repeat("garbage ", 200), errdefs.ErrInvalidArgument},
 		{"empty", "", errdefs.ErrInvalidArgument},
-		{"neither format", tarOf(entry{name: "hello", body: "x"}), errdefs.ErrInvalidArgument},
-		{"bad manifest.json", tarOf(entry{name: "manifest.json", body: "{"}), errdefs.ErrInvalidArgument},
-		{"missing config", tarOf(entry{name: "manifest.json", body: `[{"Config":"c.json","Layers":["l.tar"]}]`}), errdefs.ErrInvalidArgument},
-		{"bad config", tarOf(entry{name: "manifest.json", body: `[{"Config":"c.json","Layers":["l.tar"]}]`}, entry{name: "c.json", body: "nope"}, entry{name: "l.tar", body: ""}), errdefs.ErrInvalidArgument},
-		{"bad index.json", tarOf(entry{name: "index.json", body: `{"manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"sha256:../../x"}]}`}), errdefs.ErrInvalidArgument},
-		{"link loop", tarOf(entry{name: "manifest.json", typ: tar.TypeSymlink, link: "manifest.json"}), errdefs.ErrInvalidArgument},
+		{"neither format", tarOf(entry{Name: "hello", Body: "x"}), errdefs.ErrInvalidArgument},
+		{"bad manifest.json", tarOf(entry{Name: "manifest.json", Body: "{"}), errdefs.ErrInvalidArgument},
+		{"missing config", tarOf(entry{Name: "manifest.json", Body: `[{"Config":"c.json","Layers":["l.tar"]}]`}), errdefs.ErrInvalidArgument},
+		{"bad config", tarOf(entry{Name: "manifest.json", Body: `[{"Config":"c.json","Layers":["l.tar"]}]`}, entry{Name: "c.json", Body: "nope"}, entry{Name: "l.tar", Body: ""}), errdefs.ErrInvalidArgument},
+		{"bad index.json", tarOf(entry{Name: "index.json", Body: `{"manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"sha256:../../x"}]}`}), errdefs.ErrInvalidArgument},
+		{"link loop", tarOf(entry{Name: "manifest.json", Type: tar.TypeSymlink, Link: "manifest.json"}), errdefs.ErrInvalidArgument},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -102,7 +102,7 @@ func (s *Store) install(ctx context.Context, src *source, progress func(Progress
 	// whether a sandbox uses it).
 	for _, n := range img.Names {
 		if other, ok := s.names[n]; ok && other != img.ID {
-			o := images[other].clone()
+			o := clone(images[other])
 			o.Names = slices.DeleteFunc(o.Names, func(x string) bool { return x == n })
 			images[other] = o
 		}
@@ -112,7 +112,7 @@ func (s *Store) install(ctx context.Context, src *source, progress func(Progress
 		return Image{}, err
 	}
 	report(progress, Progress{Status: StatusDone, Bytes: img.Size})
-	return img.clone(), nil
+	return clone(img), nil
 }
 
 // describe checks src's config and returns the image it makes (without

@@ -1,89 +1,28 @@
 package image
 
 import (
-	"archive/tar"
-	"bytes"
 	"errors"
-	"io"
-	"log"
-	"net/http"
-	"net/http/httptest"
-	"net/url"
-	"runtime"
 	"testing"
-	"time"
 
 	"github.com/google/go-containerregistry/pkg/authn"
-	"github.com/google/go-containerregistry/pkg/name"
-	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
-	"github.com/google/go-containerregistry/pkg/v1/remote"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"go.uber.org/goleak"
 
 	"github.com/sandkiln/sandkiln/internal/errdefs"
+	"github.com/sandkiln/sandkiln/internal/image/imagetest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // entry is one member of a layer tar a test writes.
-type entry struct {
-	name     string
-	typ      byte // tar.TypeReg unless set
-	body     string
-	mode     int64
-	uid, gid int
-	link     string
-}
+type entry = imagetest.Entry
 
-var testTime = time.Date(2024, 5, 6, 7, 8, 9, 0, time.UTC)
+var testTime = imagetest.ModTime
 
-func layerTar(t testing.TB, entries ...entry) []byte {
-	t.Helper()
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	for _, e := range entries {
-		hdr := &tar.Header{Name: e.name, Typeflag: e.typ, Mode: e.mode, Uid: e.uid, Gid: e.gid, Linkname: e.link, ModTime: testTime, Format: tar.FormatPAX}
-		if hdr.Typeflag == 0 {
-			hdr.Typeflag = tar.TypeReg
-		}
-		if hdr.Mode == 0 {
-			hdr.Mode = 0o644
-			if hdr.Typeflag == tar.TypeDir {
-				hdr.Mode = 0o755
-			}
-		}
-		if hdr.Typeflag == tar.TypeReg {
-			hdr.Size = int64(len(e.body))
-		}
-		if hdr.Typeflag == tar.TypeChar {
-			hdr.Devmajor, hdr.Devminor = 1, 3
-		}
-		if err := tw.WriteHeader(hdr); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := io.WriteString(tw, e.body); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := tw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return buf.Bytes()
-}
+func layerTar(t testing.TB, entries ...entry) []byte { return imagetest.Tar(t, entries...) }
 
 // layer is a layer of entries, gzipped as a registry serves it.
-func layer(t *testing.T, entries ...entry) v1.Layer {
-	t.Helper()
-	b := layerTar(t, entries...)
-	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil })
-	if err != nil {
-		t.Fatal(err)
-	}
-	return l
-}
+func layer(t *testing.T, entries ...entry) v1.Layer { return imagetest.Layer(t, entries...) }
 
 var testConfig = v1.Config{
 	Env:        []string{"PATH=/bin", "A=b"},
@@ -95,63 +34,27 @@ var testConfig = v1.Config{
 
 // newImage is an image of layers (bottom first) for this host.
 func newImage(t *testing.T, layers ...v1.Layer) v1.Image {
-	t.Helper()
-	img, err := mutate.AppendLayers(empty.Image, layers...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cf, err := img.ConfigFile()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cf = cf.DeepCopy()
-	cf.OS, cf.Architecture = "linux", runtime.GOARCH
-	cf.Created = v1.Time{Time: testTime}
-	cf.Config = testConfig
-	img, err = mutate.ConfigFile(img, cf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return img
+	return imagetest.Image(t, testConfig, layers...)
 }
 
-// testRegistry is a registry on loopback, and the transport tests reach it
-// (and stores use) with.
+// testRegistry is a registry on loopback.
 type testRegistry struct {
+	*imagetest.Registry
 	host string
-	tr   *http.Transport
 }
 
 func newRegistry(t *testing.T) *testRegistry {
-	t.Helper()
-	srv := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	t.Cleanup(func() {
-		tr.CloseIdleConnections()
-		srv.Close()
-	})
-	u, err := url.Parse(srv.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &testRegistry{host: u.Host, tr: tr}
+	r := imagetest.StartRegistry(t)
+	return &testRegistry{Registry: r, host: r.Host}
 }
 
 // push writes img as repo:tag and returns its fully qualified name.
 func (r *testRegistry) push(t *testing.T, repoTag string, img v1.Image) string {
-	t.Helper()
-	ref, err := name.ParseReference(r.host + "/" + repoTag)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := remote.Write(ref, img, remote.WithTransport(r.tr)); err != nil {
-		t.Fatal(err)
-	}
-	return ref.Name()
+	return r.Push(t, repoTag, img)
 }
 
 func (r *testRegistry) options() Options {
-	return Options{Transport: r.tr, Keychain: authn.NewMultiKeychain()}
+	return Options{Transport: r.Transport(), Keychain: authn.NewMultiKeychain()}
 }
 
 func openStore(t *testing.T, dir string, o Options) *Store {

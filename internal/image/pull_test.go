@@ -28,14 +28,14 @@ func busyboxImage(t *testing.T) (layerEntries []entry) {
 		t.Skipf("no busybox to build the image from: %v", err)
 	}
 	return []entry{
-		{name: "bin/", typ: tar.TypeDir},
-		{name: "bin/busybox", body: string(bb), mode: 0o755},
-		{name: "bin/sh", typ: tar.TypeSymlink, link: "busybox", uid: 7, gid: 8},
-		{name: "etc/secret", body: "s", mode: 0o600, uid: 1000, gid: 1001},
-		{name: "usr/bin/su", body: "su", mode: 0o4755},
-		{name: "tmp/", typ: tar.TypeDir, mode: 0o1777},
-		{name: "run/fifo", typ: tar.TypeFifo, mode: 0o640},
-		{name: "bin/ls", typ: tar.TypeLink, link: "bin/busybox"},
+		{Name: "bin/", Type: tar.TypeDir},
+		{Name: "bin/busybox", Body: string(bb), Mode: 0o755},
+		{Name: "bin/sh", Type: tar.TypeSymlink, Link: "busybox", UID: 7, GID: 8},
+		{Name: "etc/secret", Body: "s", Mode: 0o600, UID: 1000, GID: 1001},
+		{Name: "usr/bin/su", Body: "su", Mode: 0o4755},
+		{Name: "tmp/", Type: tar.TypeDir, Mode: 0o1777},
+		{Name: "run/fifo", Type: tar.TypeFifo, Mode: 0o640},
+		{Name: "bin/ls", Type: tar.TypeLink, Link: "bin/busybox"},
 	}
 }
 
@@ -56,7 +56,7 @@ func TestPull(t *testing.T) {
 		Names:    []string{reg.host + "/busybox:latest"},
 		Digest:   digestOf(t, img.Digest),
 		Layers:   diffIDs(t, img),
-		Size:     int64(len(entries[1].body)) + 1 + 2,
+		Size:     int64(len(entries[1].Body)) + 1 + 2,
 		Created:  testTime,
 		Platform: "linux/" + runtime.GOARCH,
 		Config: Config{
@@ -87,8 +87,8 @@ func TestPull(t *testing.T) {
 	checkTree(t, dirs[0], map[string]fileWant{
 		".":           {mode: os.ModeDir | 0o755},
 		"bin":         {mode: os.ModeDir | 0o755},
-		"bin/busybox": {mode: 0o755, body: entries[1].body, links: 2},
-		"bin/ls":      {mode: 0o755, body: entries[1].body, links: 2},
+		"bin/busybox": {mode: 0o755, body: entries[1].Body, links: 2},
+		"bin/ls":      {mode: 0o755, body: entries[1].Body, links: 2},
 		"bin/sh":      {mode: os.ModeSymlink | 0o777, link: "busybox", uid: 7, gid: 8},
 		"etc":         {mode: os.ModeDir | 0o755},
 		"etc/secret":  {mode: 0o600, body: "s", uid: 1000, gid: 1001},
@@ -170,7 +170,7 @@ func implicitDir(dir string, want map[string]fileWant) bool {
 
 func TestPullErrors(t *testing.T) {
 	reg := newRegistry(t)
-	reg.push(t, "there:v1", newImage(t, layer(t, entry{name: "f", body: "x"})))
+	reg.push(t, "there:v1", newImage(t, layer(t, entry{Name: "f", Body: "x"})))
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -274,9 +274,9 @@ func TestTLSOnlyRefusesRedirectToPlainHTTP(t *testing.T) {
 func TestOverlayOfWhiteouts(t *testing.T) {
 	reg := newRegistry(t)
 	img := newImage(t,
-		layer(t, entry{name: "etc/", typ: tar.TypeDir}, entry{name: "etc/hostname", body: "h"}, entry{name: "data/w", body: "w"}),
-		layer(t, entry{name: "etc/a", body: "a"}, entry{name: "etc/b", body: "b"}, entry{name: "data/x", body: "x"}, entry{name: "data/y", body: "y"}),
-		layer(t, entry{name: "etc/.wh.a"}, entry{name: "data/.wh..wh..opq"}, entry{name: "data/z", body: "z"}),
+		layer(t, entry{Name: "etc/", Type: tar.TypeDir}, entry{Name: "etc/hostname", Body: "h"}, entry{Name: "data/w", Body: "w"}),
+		layer(t, entry{Name: "etc/a", Body: "a"}, entry{Name: "etc/b", Body: "b"}, entry{Name: "data/x", Body: "x"}, entry{Name: "data/y", Body: "y"}),
+		layer(t, entry{Name: "etc/.wh.a"}, entry{Name: "data/.wh..wh..opq"}, entry{Name: "data/z", Body: "z"}),
 	)
 	ref := reg.push(t, "layered:v1", img)
 	s := openStore(t, t.TempDir(), reg.options())
@@ -328,9 +328,9 @@ func TestOverlayOfWhiteouts(t *testing.T) {
 // Two pulls sharing a layer, at once, unpack it once and both succeed.
 func TestConcurrentPullsShareLayers(t *testing.T) {
 	reg := newRegistry(t)
-	shared := layer(t, entry{name: "shared/big", body: string(make([]byte, 3<<20))})
-	refA := reg.push(t, "a:v1", newImage(t, shared, layer(t, entry{name: "a", body: "a"})))
-	refB := reg.push(t, "b:v1", newImage(t, shared, layer(t, entry{name: "b", body: "b"})))
+	shared := layer(t, entry{Name: "shared/big", Body: string(make([]byte, 3<<20))})
+	refA := reg.push(t, "a:v1", newImage(t, shared, layer(t, entry{Name: "a", Body: "a"})))
+	refB := reg.push(t, "b:v1", newImage(t, shared, layer(t, entry{Name: "b", Body: "b"})))
 	sharedID := digestOf(t, shared.DiffID)
 	s := openStore(t, t.TempDir(), reg.options())
 

@@ -21,9 +21,9 @@ import (
 // which share their bottom layer.
 func twoImages(t *testing.T, s *Store) (a, b Image) {
 	t.Helper()
-	shared := layer(t, entry{name: "shared", body: "s"})
-	ia := newImage(t, shared, layer(t, entry{name: "a", body: "a"}))
-	ib := newImage(t, shared, layer(t, entry{name: "b", body: "b"}))
+	shared := layer(t, entry{Name: "shared", Body: "s"})
+	ia := newImage(t, shared, layer(t, entry{Name: "a", Body: "a"}))
+	ib := newImage(t, shared, layer(t, entry{Name: "b", Body: "b"}))
 	var buf bytes.Buffer
 	err := tarball.MultiRefWrite(map[name.Reference]v1.Image{
 		mustRef(t, "example.com/a:v1"): ia,
@@ -206,12 +206,12 @@ func TestReopen(t *testing.T) {
 func TestRepullMovesName(t *testing.T) {
 	reg := newRegistry(t)
 	s := openStore(t, t.TempDir(), reg.options())
-	ref := reg.push(t, "moving:v1", newImage(t, layer(t, entry{name: "v", body: "1"})))
+	ref := reg.push(t, "moving:v1", newImage(t, layer(t, entry{Name: "v", Body: "1"})))
 	old, err := s.Pull(context.Background(), ref, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	reg.push(t, "moving:v1", newImage(t, layer(t, entry{name: "v", body: "2"})))
+	reg.push(t, "moving:v1", newImage(t, layer(t, entry{Name: "v", Body: "2"})))
 	cur, err := s.Pull(context.Background(), ref, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -26,50 +26,50 @@ func TestUnpackWithinALayer(t *testing.T) {
 	}{
 		{
 			name:    "file replaces file",
-			entries: []entry{{name: "f", body: "one"}, {name: "f", body: "two", mode: 0o600}},
+			entries: []entry{{Name: "f", Body: "one"}, {Name: "f", Body: "two", Mode: 0o600}},
 			want:    map[string]fileWant{".": {mode: os.ModeDir | 0o755}, "f": {mode: 0o600, body: "two"}},
 		},
 		{
 			name:    "file replaces directory",
-			entries: []entry{{name: "d/", typ: tar.TypeDir}, {name: "d/x", body: "x"}, {name: "d", body: "file"}},
+			entries: []entry{{Name: "d/", Type: tar.TypeDir}, {Name: "d/x", Body: "x"}, {Name: "d", Body: "file"}},
 			want:    map[string]fileWant{".": {mode: os.ModeDir | 0o755}, "d": {mode: 0o644, body: "file"}},
 		},
 		{
 			name:    "directory kept, its mode changed",
-			entries: []entry{{name: "d/x", body: "x"}, {name: "d/", typ: tar.TypeDir, mode: 0o700}},
+			entries: []entry{{Name: "d/x", Body: "x"}, {Name: "d/", Type: tar.TypeDir, Mode: 0o700}},
 			want:    map[string]fileWant{".": {mode: os.ModeDir | 0o755}, "d": {mode: os.ModeDir | 0o700}, "d/x": {mode: 0o644, body: "x"}},
 		},
 		{
 			name:    "whiteout then directory",
-			entries: []entry{{name: ".wh.d"}, {name: "d/", typ: tar.TypeDir}, {name: "d/x", body: "x"}},
+			entries: []entry{{Name: ".wh.d"}, {Name: "d/", Type: tar.TypeDir}, {Name: "d/x", Body: "x"}},
 			want:    map[string]fileWant{".": {mode: os.ModeDir | 0o755}, "d": {mode: os.ModeDir | 0o755}, "d/x": {mode: 0o644, body: "x"}},
 			opaque:  []string{"d"},
 		},
 		{
 			name:    "whiteout then a member beneath it",
-			entries: []entry{{name: ".wh.d"}, {name: "d/x", body: "x"}},
+			entries: []entry{{Name: ".wh.d"}, {Name: "d/x", Body: "x"}},
 			want:    map[string]fileWant{".": {mode: os.ModeDir | 0o755}, "d": {mode: os.ModeDir | 0o755}, "d/x": {mode: 0o644, body: "x"}},
 			opaque:  []string{"d"},
 		},
 		{
 			name:    "opaque root",
-			entries: []entry{{name: "./.wh..wh..opq"}, {name: ".wh..wh.plnk/1.2"}},
+			entries: []entry{{Name: "./.wh..wh..opq"}, {Name: ".wh..wh.plnk/1.2"}},
 			want:    map[string]fileWant{".": {mode: os.ModeDir | 0o755}},
 			opaque:  []string{"."},
 		},
 		{
 			name:    "root attributes",
-			entries: []entry{{name: "./", typ: tar.TypeDir, mode: 0o700, uid: 3, gid: 4}},
+			entries: []entry{{Name: "./", Type: tar.TypeDir, Mode: 0o700, UID: 3, GID: 4}},
 			want:    map[string]fileWant{".": {mode: os.ModeDir | 0o700, uid: 3, gid: 4}},
 		},
 		{
 			name:    "long name",
-			entries: []entry{{name: strings.Repeat("a/", 2048) + "f", body: "x"}},
+			entries: []entry{{Name: strings.Repeat("a/", 2048) + "f", Body: "x"}},
 			class:   errdefs.ErrInvalidArgument,
 		},
 		{
 			name:    "root as a file",
-			entries: []entry{{name: ".", body: "x"}},
+			entries: []entry{{Name: ".", Body: "x"}},
 			class:   errdefs.ErrInvalidArgument,
 		},
 	}
@@ -102,9 +102,9 @@ func TestUnpackWithinALayer(t *testing.T) {
 // Whatever the tar, unpacking writes nothing beside the layer's directory.
 func FuzzUnpack(f *testing.F) {
 	for _, entries := range [][]entry{
-		{{name: "a/b", body: "x"}, {name: "a/.wh.c"}, {name: "a/.wh..wh..opq"}},
-		{{name: "s", typ: tar.TypeSymlink, link: "../.."}, {name: "h", typ: tar.TypeLink, link: "s"}},
-		{{name: "d/", typ: tar.TypeDir}, {name: "d", body: "f"}, {name: "d/x", body: "x"}},
+		{{Name: "a/b", Body: "x"}, {Name: "a/.wh.c"}, {Name: "a/.wh..wh..opq"}},
+		{{Name: "s", Type: tar.TypeSymlink, Link: "../.."}, {Name: "h", Type: tar.TypeLink, Link: "s"}},
+		{{Name: "d/", Type: tar.TypeDir}, {Name: "d", Body: "f"}, {Name: "d/x", Body: "x"}},
 	} {
 		f.Add(layerTar(f, entries...))
 	}

@@ -174,6 +174,18 @@ func StartUpstream(t *testing.T) *Upstream {
 // inNewNetns runs f on a thread moved from its namespace (orig) into a
 // new one (ns), and brings the thread back.
 func inNewNetns(t *testing.T, f func(orig, ns netns.NsHandle) error) error {
+	return onThread(func() (netns.NsHandle, error) {
+		ns, err := netns.New()
+		if err == nil {
+			t.Cleanup(func() { ns.Close() })
+		}
+		return ns, err
+	}, f)
+}
+
+// onThread runs f on a locked thread that enter moves from its namespace
+// (orig) into another (ns), and brings the thread back.
+func onThread(enter func() (netns.NsHandle, error), f func(orig, ns netns.NsHandle) error) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
@@ -183,12 +195,12 @@ func inNewNetns(t *testing.T, f func(orig, ns netns.NsHandle) error) error {
 			return
 		}
 		defer orig.Close()
-		ns, err := netns.New()
+		ns, err := enter()
 		if err != nil {
+			netns.Set(orig)
 			errc <- err
 			return
 		}
-		t.Cleanup(func() { ns.Close() })
 		err = f(orig, ns)
 		// Back, or the thread is not fit for others: it then ends with
 		// this goroutine, still locked.
@@ -251,26 +263,7 @@ func InNetns(nsPath string, f func() error) error {
 		return err
 	}
 	defer ns.Close()
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer orig.Close()
-		if err := netns.Set(ns); err != nil {
-			errc <- err
-			return
-		}
-		err = f()
-		if netns.Set(orig) == nil {
-			runtime.UnlockOSThread()
-		}
-		errc <- err
-	}()
-	return <-errc
+	return onThread(func() (netns.NsHandle, error) { return ns, netns.Set(ns) }, func(_, _ netns.NsHandle) error { return f() })
 }
 
 // Dial connects to addr (network "tcp" or "udp") from the namespace at

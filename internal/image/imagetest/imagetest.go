@@ -36,8 +36,8 @@ type Entry struct {
 // ModTime is every member's modification time.
 var ModTime = time.Date(2024, 5, 6, 7, 8, 9, 0, time.UTC)
 
-// Layer is a layer of entries.
-func Layer(t testing.TB, entries ...Entry) v1.Layer {
+// Tar is a layer's tar of entries (a character device is 1:3).
+func Tar(t testing.TB, entries ...Entry) []byte {
 	t.Helper()
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
@@ -55,6 +55,9 @@ func Layer(t testing.TB, entries ...Entry) v1.Layer {
 		if hdr.Typeflag == tar.TypeReg {
 			hdr.Size = int64(len(e.Body))
 		}
+		if hdr.Typeflag == tar.TypeChar {
+			hdr.Devmajor, hdr.Devminor = 1, 3
+		}
 		if err := tw.WriteHeader(hdr); err != nil {
 			t.Fatal(err)
 		}
@@ -65,7 +68,13 @@ func Layer(t testing.TB, entries ...Entry) v1.Layer {
 	if err := tw.Close(); err != nil {
 		t.Fatal(err)
 	}
-	b := buf.Bytes()
+	return buf.Bytes()
+}
+
+// Layer is a layer of entries, as a registry serves it.
+func Layer(t testing.TB, entries ...Entry) v1.Layer {
+	t.Helper()
+	b := Tar(t, entries...)
 	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil })
 	if err != nil {
 		t.Fatal(err)
@@ -132,6 +141,9 @@ func StartRegistry(t testing.TB) *Registry {
 	}
 	return &Registry{Host: u.Host, tr: tr}
 }
+
+// Transport is what reaches it (and nothing else, kept idle with it).
+func (r *Registry) Transport() http.RoundTripper { return r.tr }
 
 // Push writes img as repoTag ("name:tag") and returns its reference.
 func (r *Registry) Push(t testing.TB, repoTag string, img v1.Image) string {
