@@ -371,11 +371,14 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 // telling the agent through connected), and waits until the agent
 // answers; where names the runtime in the error.
 func running(ctx context.Context, s *Sandbox, inst Instance, cmd *exec.Cmd, o Options, where string, connected *os.File) error {
+	// Its start time before anything waits for it: until then an agent
+	// that exited at once is a zombie whose /proc entry is still there.
+	started, err := startTime(cmd.Process.Pid)
 	s.reap(cmd)
-	var err error
-	if s.Started, err = startTime(s.PID); err != nil {
-		return fmt.Errorf("sandbox: %w", err)
+	if err != nil {
+		return fmt.Errorf("sandbox: the agent's start time: %w", err)
 	}
+	s.Started = started
 	if o.Started != nil {
 		if err := o.Started(inst.State()); err != nil {
 			return err
