@@ -22,6 +22,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -188,9 +189,9 @@ type Daemon struct {
 
 	metrics *metrics
 
-	// tcpIP and tcpPort are where the TCP listener listens, once it does.
-	tcpIP   net.IP
-	tcpPort string
+	// tcp is where the TCP listener listens, once it does (set by Serve,
+	// read by requests and by TCPAddr's callers).
+	tcp atomic.Pointer[net.TCPAddr]
 
 	// netMu guards net, made when a sandbox first needs it (so that a
 	// kilnd whose sandboxes have no network never touches the host's
@@ -471,7 +472,7 @@ func agentExited(sb sandbox.Instance) string {
 // watch waits, in a goroutine, for a running sandbox's agent to exit, and
 // then records the sandbox stopped (with its init command's exit).
 func (d *Daemon) watch(e *entry) {
-	sb := e.sb
+	sb, id := e.sb, e.rec.ID
 	d.wg.Go(func() {
 		sb.AwaitExit(d.closing)
 		select {
@@ -487,7 +488,7 @@ func (d *Daemon) watch(e *entry) {
 		}
 		reason := agentExited(sb) // before End takes its groups
 		sb.End()
-		d.unplug(e.rec.ID)
+		d.unplug(id)
 		d.mu.Lock()
 		defer d.mu.Unlock()
 		if e.deleting || e.rec.State != StateRunning {
@@ -934,10 +935,20 @@ func clip(s string) string {
 // TCPAddr is the address the TCP listener listens on, once Serve has
 // started it; empty without one.
 func (d *Daemon) TCPAddr() string {
-	if d.tcpPort == "" {
+	ip, port := d.tcpAddr()
+	if port == "" {
 		return ""
 	}
-	return net.JoinHostPort(d.tcpIP.String(), d.tcpPort)
+	return net.JoinHostPort(ip.String(), port)
+}
+
+// tcpAddr is the TCP listener's address and port, empty without one.
+func (d *Daemon) tcpAddr() (net.IP, string) {
+	a := d.tcp.Load()
+	if a == nil {
+		return nil, ""
+	}
+	return a.IP, strconv.Itoa(a.Port)
 }
 
 // Serve serves the API on the unix socket (no token: its mode keeps
@@ -956,8 +967,7 @@ func (d *Daemon) Serve(ctx context.Context) error {
 		if tl, err = net.Listen("tcp", d.cfg.Listen); err != nil {
 			return fmt.Errorf("kilnd: %w", err)
 		}
-		a := tl.Addr().(*net.TCPAddr)
-		d.tcpIP, d.tcpPort = a.IP, strconv.Itoa(a.Port)
+		d.tcp.Store(tl.Addr().(*net.TCPAddr))
 	}
 	d.readopt()
 	os.Remove(sock)
@@ -1119,14 +1129,15 @@ func (d *Daemon) hostAllowed(r *http.Request) bool {
 			return true
 		}
 	}
-	if port != d.tcpPort {
+	tcpIP, tcpPort := d.tcpAddr()
+	if port != tcpPort {
 		return false
 	}
 	if host == "localhost" || strings.HasSuffix(host, ".localhost") {
 		return true // RFC 6761: never resolved elsewhere
 	}
 	ip := net.ParseIP(host)
-	return ip != nil && (ip.IsLoopback() || !d.tcpIP.IsUnspecified() && ip.Equal(d.tcpIP))
+	return ip != nil && (ip.IsLoopback() || !tcpIP.IsUnspecified() && ip.Equal(tcpIP))
 }
 
 // originAllowed refuses requests a web page makes behind a user's back:

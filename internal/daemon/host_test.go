@@ -33,7 +33,8 @@ func TestHostAllowed(t *testing.T) {
 		{net.IPv4zero, []string{"kiln.example.com:80"}, "kiln.example.com", true},
 	}
 	for _, tc := range tests {
-		d := &Daemon{cfg: Config{AllowHosts: tc.allow}, tcpIP: tc.listen, tcpPort: "7777"}
+		d := &Daemon{cfg: Config{AllowHosts: tc.allow}}
+		d.tcp.Store(&net.TCPAddr{IP: tc.listen, Port: 7777})
 		if got := d.hostAllowed(&http.Request{Host: tc.host}); got != tc.want {
 			t.Errorf("listening on %v, allowed %v: Host %q allowed %v, want %v", tc.listen, tc.allow, tc.host, got, tc.want)
 		}

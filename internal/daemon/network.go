@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"fmt"
-	"strconv"
 
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/egress"
@@ -32,8 +31,10 @@ func (d *Daemon) network() (*egress.Manager, error) {
 
 // apiPort is the TCP port kilnd's API listens on, zero if none.
 func (d *Daemon) apiPort() uint16 {
-	p, _ := strconv.ParseUint(d.tcpPort, 10, 16)
-	return uint16(p)
+	if a := d.tcp.Load(); a != nil {
+		return uint16(a.Port)
+	}
+	return 0
 }
 
 // plug gives sandbox id, about to be made, its place on the network with

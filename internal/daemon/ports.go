@@ -115,14 +115,15 @@ func (d *Daemon) previewBase(r *http.Request, tcp bool) (string, error) {
 	if tcp {
 		return "http://" + r.Host, nil
 	}
-	if d.tcpPort == "" {
+	tcpIP, tcpPort := d.tcpAddr()
+	if tcpPort == "" {
 		return "", errdefs.New(errdefs.ErrFailedPrecondition, "kilnd: a preview URL needs kilnd's TCP listener (--listen)")
 	}
 	host := "127.0.0.1"
-	if d.tcpIP != nil && !d.tcpIP.IsUnspecified() {
-		host = d.tcpIP.String()
+	if tcpIP != nil && !tcpIP.IsUnspecified() {
+		host = tcpIP.String()
 	}
-	return "http://" + net.JoinHostPort(host, d.tcpPort), nil
+	return "http://" + net.JoinHostPort(host, tcpPort), nil
 }
 
 // listPreviews serves GET /sandboxes/{id}/previews: the previews not
