@@ -22,4 +22,17 @@ func TestOpenAPIValid(t *testing.T) {
 	if n := len(doc.Paths.Map()); n < 25 {
 		t.Errorf("%d paths, want every route's", n)
 	}
+	// Every operation named, once: a generated client's methods.
+	seen := map[string]string{}
+	for path, item := range doc.Paths.Map() {
+		for method, op := range item.Operations() {
+			where := method + " " + path
+			if op.OperationID == "" {
+				t.Errorf("%s has no operationId", where)
+			} else if other, dup := seen[op.OperationID]; dup {
+				t.Errorf("%s and %s are both %s", where, other, op.OperationID)
+			}
+			seen[op.OperationID] = where
+		}
+	}
 }
