@@ -310,14 +310,6 @@ func (s *Spawner) Begin() error {
 	return s.begin()
 }
 
-// AwaitReady starts the spawner unless it runs, and waits until it has
-// confined itself.
-func (s *Spawner) AwaitReady() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.ensure()
-}
-
 // AwaitRunning starts the spawner unless it runs, and waits until its
 // program does (a dynamically linked one's loader has opened its
 // libraries), not until it is ready.

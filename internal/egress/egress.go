@@ -214,14 +214,6 @@ func (m *Manager) Release(id string) error {
 	return errors.Join(err, m.unlink(a.Iface))
 }
 
-// Attached returns sandbox id's attachment, if it has one.
-func (m *Manager) Attached(id string) (Attachment, bool) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	a, ok := m.attached[id]
-	return a, ok
-}
-
 // ifaceSuffix is the part of a sandbox's id its interface is named by: the
 // end of a UUIDv7, which is random (its start is the time).
 func ifaceSuffix(id string) string {

@@ -148,7 +148,7 @@ func TestPolicy(t *testing.T) {
 	if body, err := egresstest.Get(open, web); !egresstest.Refused(err) {
 		t.Fatalf("before adoption: GET = %q, %v; want refused (no rules for it)", body, err)
 	}
-	a, _ := m.Attached("0190aaaa-0000-7000-8000-000000000001")
+	a := openAddr
 	m2, err := egress.New(egress.Config{Resolvers: []netip.Addr{up.Addr}, APIPort: port(apiSrv)}, map[string]egress.Attachment{"0190aaaa-0000-7000-8000-000000000001": a})
 	if err != nil {
 		t.Fatal(err)
