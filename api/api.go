@@ -234,7 +234,9 @@ const (
 	// subprotocol gets too.
 	ProtocolRaw = "kiln.raw"
 	// TokenProtocolPrefix carries the bearer token for clients that cannot
-	// set headers: offer "kiln.token.<token>" beside the protocol wanted.
+	// set headers (a browser's WebSocket): offer "kiln.token.<token>"
+	// beside the protocol wanted. Offered alone, it is the protocol the
+	// answer names, and the connection speaks kiln.raw.
 	TokenProtocolPrefix = "kiln.token."
 	// ProtocolTCP is GET /sandboxes/{id}/tcp/{port}'s: its binary
 	// messages are a TCP connection's bytes, each way.

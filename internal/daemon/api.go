@@ -14,6 +14,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/rs/cors"
+
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/errdefs"
 	"github.com/sandkiln/sandkiln/internal/reply"
@@ -127,11 +129,7 @@ func (d *Daemon) Handler(tcp bool) http.Handler {
 		reply.Error(w, errdefs.New(errdefs.ErrNotFound, fmt.Sprintf("kilnd: no route %s %s", r.Method, r.URL.Path)))
 	})
 	h := d.metrics.instrument(m)
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if tcp && !d.hostAllowed(r) {
-			reply.Error(w, errdefs.New(errdefs.ErrPermissionDenied, "kilnd: host "+clip(r.Host)+" is not one kilnd serves (see --allow-host)"))
-			return
-		}
+	guarded := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !d.originAllowed(r) {
 			reply.Error(w, errdefs.New(errdefs.ErrPermissionDenied, "kilnd: origin "+clip(r.Header.Get("Origin"))+" is not allowed (see --allow-origin)"))
 			return
@@ -152,6 +150,43 @@ func (d *Daemon) Handler(tcp bool) http.Handler {
 		r.Header.Del(api.PrefixHeader)
 		h.ServeHTTP(w, r)
 	})
+	withCORS := d.cors().Handler(guarded)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if tcp && !d.hostAllowed(r) {
+			reply.Error(w, errdefs.New(errdefs.ErrPermissionDenied, "kilnd: host "+clip(r.Host)+" is not one kilnd serves (see --allow-host)"))
+			return
+		}
+		if appPath(r.URL.Path) {
+			guarded.ServeHTTP(w, r)
+			return
+		}
+		withCORS.ServeHTTP(w, r)
+	})
+}
+
+// cors lets the pages of the origins kilnd allows (its own and
+// --allow-origin's) call the API from a browser: a preflight is answered
+// before authentication (it carries no token), and the answers to the
+// calls themselves name the origin, never "*". Credentials are never
+// allowed: the API takes a bearer token, set by the page, not cookies.
+func (d *Daemon) cors() *cors.Cors {
+	return cors.New(cors.Options{
+		AllowOriginRequestFunc: func(r *http.Request, origin string) bool { return d.originAllowed(r) },
+		AllowedMethods:         []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodDelete},
+		AllowedHeaders:         []string{"Authorization", "Content-Type", "Range"},
+		ExposedHeaders:         []string{api.ErrorHeader, api.PathStatHeader, "Content-Range", "Accept-Ranges", "WWW-Authenticate"},
+		MaxAge:                 600,
+	})
+}
+
+// appPath says the path is a sandbox's app's (a port's proxy or a
+// preview): its answers, and their CORS headers, are the app's to give.
+func appPath(p string) bool {
+	if strings.HasPrefix(p, previewPrefix) {
+		return true
+	}
+	segs := strings.SplitN(p, "/", 5) // "", sandboxes, id, ports, rest
+	return len(segs) == 5 && segs[1] == "sandboxes" && segs[3] == "ports"
 }
 
 func defaultString(s, def string) string {
@@ -256,11 +291,18 @@ func (d *Daemon) relay(w http.ResponseWriter, r *http.Request, e *entry) {
 	out.URL = &url.URL{Path: path, RawPath: rawPath, RawQuery: r.URL.RawQuery}
 	out.Host, out.RequestURI = "agent", ""
 	stripCredentials(r, out.Header)
+	// A client that offers the token protocol alone (a browser's
+	// WebSocket cannot set a header) speaks the default, kiln.raw; its
+	// handshake fails unless the answer names a protocol it offered.
+	var echo string
+	if protos := offeredProtocols(r); len(protos) > 0 && !slices.ContainsFunc(protos, func(p string) bool { return !isTokenProtocol(p) }) {
+		echo = protos[0]
+	}
 	if err := out.Write(agentConn); err != nil {
 		reply.Error(w, fmt.Errorf("%w: sandbox %s: agent: %v", errdefs.ErrUnavailable, id, err))
 		return
 	}
-	sent, upgraded, err := readAnswer(w, out, agentConn)
+	sent, upgraded, err := readAnswer(w, out, agentConn, echo)
 	if err != nil {
 		reply.Error(w, fmt.Errorf("%w: sandbox %s: agent: %v", errdefs.ErrUnavailable, id, err))
 		return

@@ -86,14 +86,22 @@ func freeAddr(t *testing.T) string {
 // start runs a kilnd on state (a new one when empty).
 func start(t *testing.T, state string) *kilnd {
 	t.Helper()
+	return startConfig(t, daemon.Config{StateDir: state})
+}
+
+// startConfig is start with more of kilnd's configuration; it chooses the
+// state directory (unless set) and the TCP address.
+func startConfig(t *testing.T, cfg daemon.Config) *kilnd {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("kilnd needs root")
 	}
-	if state == "" {
-		state = t.TempDir()
+	if cfg.StateDir == "" {
+		cfg.StateDir = t.TempDir()
 	}
-	k := &kilnd{t: t, state: state, addr: freeAddr(t)}
-	dk, err := daemontest.Start(state, k.addr)
+	k := &kilnd{t: t, state: cfg.StateDir, addr: freeAddr(t)}
+	cfg.Listen = k.addr
+	dk, err := daemontest.StartConfig(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

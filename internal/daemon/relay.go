@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"syscall"
 	"time"
 
@@ -34,7 +35,10 @@ const maxAnswerHead = 64 << 10
 // it relays as an ordinary response and returns upgraded false: the
 // client's connection stays kilnd's, so a client that reuses it for its
 // next request reaches kilnd again, not this agent.
-func readAnswer(w http.ResponseWriter, out *http.Request, agentConn net.Conn) (sent []byte, upgraded bool, err error) {
+//
+// A protocol, when set, is named in the switch's head if the agent named
+// none (see relay).
+func readAnswer(w http.ResponseWriter, out *http.Request, agentConn net.Conn, protocol string) (sent []byte, upgraded bool, err error) {
 	// The agent answers at once; one that does not within the relay's
 	// timeout is as good as gone.
 	agentConn.SetReadDeadline(time.Now().Add(relayWriteTimeout))
@@ -47,7 +51,15 @@ func readAnswer(w http.ResponseWriter, out *http.Request, agentConn net.Conn) (s
 		return nil, false, err
 	}
 	if resp.StatusCode == http.StatusSwitchingProtocols {
-		return seen.Bytes(), true, nil
+		if protocol == "" || resp.Header.Get("Sec-WebSocket-Protocol") != "" {
+			return seen.Bytes(), true, nil
+		}
+		// The head ends with an empty line; what follows it (buffered) is
+		// the agent's first messages.
+		b := seen.Bytes()
+		end := len(b) - br.Buffered() - len("\r\n")
+		sent = append(slices.Clip(b[:end]), "Sec-WebSocket-Protocol: "+protocol+"\r\n"...)
+		return append(sent, b[end:]...), true, nil
 	}
 	defer resp.Body.Close()
 	lr.N = maxAnswerHead // for the body: an error's, small
