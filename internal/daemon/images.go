@@ -170,10 +170,14 @@ func streamImages(w http.ResponseWriter, run func(progress func(image.Progress))
 	enc.Encode(out)
 }
 
-// apiImage is img on the wire: its names a list, if an empty one.
+// apiImage is img on the wire: its names and layers lists, if empty ones
+// (an image of no layer has none), never null.
 func apiImage(img image.Image) api.Image {
 	if img.Names == nil {
 		img.Names = []string{}
+	}
+	if img.Layers == nil {
+		img.Layers = []string{}
 	}
 	return img
 }
