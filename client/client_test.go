@@ -34,7 +34,10 @@ func TestMain(m *testing.M) {
 		os.Exit(0)
 	}
 	code := m.Run()
-	stopExampleKilnd()
+	if err := stopExampleKilnd(); err != nil {
+		fmt.Fprintln(os.Stderr, "the examples' kilnd:", err)
+		code = 1
+	}
 	if code == 0 {
 		if err := goleak.Find(); err != nil {
 			fmt.Fprintln(os.Stderr, "goleak:", err)

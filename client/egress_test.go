@@ -45,7 +45,9 @@ func TestEgress(t *testing.T) {
 	stopped := false
 	t.Cleanup(func() {
 		if !stopped {
-			k.Close()
+			if err := k.Close(); err != nil {
+				t.Errorf("kilnd: %v", err)
+			}
 		}
 	})
 	c, err := client.New(client.Options{StateDir: cfg.StateDir})

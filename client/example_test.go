@@ -37,11 +37,15 @@ func exampleClient() *client.Client {
 	return c
 }
 
-func stopExampleKilnd() {
-	if example.k != nil {
-		example.k.Close()
-		os.RemoveAll(example.k.State)
+// stopExampleKilnd stops the examples' kilnd, if they started one; its
+// error says what went wrong, answers that did not match the OpenAPI
+// document among them.
+func stopExampleKilnd() error {
+	if example.k == nil {
+		return nil
 	}
+	defer os.RemoveAll(example.k.State)
+	return example.k.Close()
 }
 
 // A build whose progress is shown as it happens, then its exit code.

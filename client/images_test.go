@@ -32,7 +32,9 @@ func TestImages(t *testing.T) {
 	}
 	defer func() {
 		if k != nil {
-			k.Close()
+			if err := k.Close(); err != nil {
+				t.Errorf("kilnd: %v", err)
+			}
 		}
 	}()
 	c, err := client.New(client.Options{StateDir: k.State})

@@ -82,6 +82,10 @@ type Config struct {
 	// are pulled from over plain HTTP, beside those on loopback addresses.
 	InsecureRegistries []string
 	Log                *slog.Logger
+	// Wrap, when set, is put around the API's handler, the socket's and
+	// the TCP listener's, as Serve serves them: a test holds every answer
+	// to the OpenAPI document with it.
+	Wrap func(http.Handler) http.Handler
 }
 
 // DefaultLimits are a sandbox's limits unless kilnd is told otherwise: no
@@ -984,10 +988,16 @@ func (d *Daemon) Serve(ctx context.Context) error {
 		}
 		return fmt.Errorf("kilnd: %w", err)
 	}
-	servers := []*http.Server{newServer(d.Handler(false))}
+	handler := func(tcp bool) http.Handler {
+		if d.cfg.Wrap != nil {
+			return d.cfg.Wrap(d.Handler(tcp))
+		}
+		return d.Handler(tcp)
+	}
+	servers := []*http.Server{newServer(handler(false))}
 	listeners := []net.Listener{ul}
 	if tl != nil {
-		servers = append(servers, newServer(d.Handler(true)))
+		servers = append(servers, newServer(handler(true)))
 		listeners = append(listeners, tl)
 	}
 	errs := make(chan error, len(servers))
@@ -997,7 +1007,11 @@ func (d *Daemon) Serve(ctx context.Context) error {
 	d.mu.Lock()
 	n := len(d.sandboxes)
 	d.mu.Unlock()
-	d.log.Info("kilnd serving", "socket", sock, "listen", d.cfg.Listen, "sandboxes", n)
+	listen := "" // the address bound: a port 0 asked for is chosen now
+	if tl != nil {
+		listen = tl.Addr().String()
+	}
+	d.log.Info("kilnd serving", "socket", sock, "listen", listen, "sandboxes", n)
 	var serr error
 	select {
 	case <-ctx.Done():

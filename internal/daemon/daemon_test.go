@@ -108,7 +108,7 @@ func startConfig(t *testing.T, cfg daemon.Config) *kilnd {
 	k.d = dk.Daemon
 	k.stop = func() {
 		if err := dk.Stop(); err != nil {
-			t.Errorf("serve: %v", err)
+			t.Errorf("kilnd: %v", err)
 		}
 	}
 	return k

@@ -11,8 +11,11 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"testing"
 	"time"
 
+	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/internal/apitest"
 	"github.com/sandkiln/sandkiln/internal/daemon"
 )
 
@@ -21,6 +24,10 @@ var Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME=/r
 
 // Kilnd is a running kilnd. The test binary's TestMain must run
 // agent.Main when sandbox.IsAgent reports true.
+//
+// In a test binary, every answer kilnd gives is held to its OpenAPI
+// document (apitest.Validator): Stop and Close report those that did not
+// match, so the test that owns the kilnd fails with them.
 type Kilnd struct {
 	State  string
 	Daemon *daemon.Daemon
@@ -34,7 +41,8 @@ func Start(state, listen string) (*Kilnd, error) {
 }
 
 // StartConfig is Start with more of kilnd's configuration; what it leaves
-// out is the tests' (the agent the test binary, Env, runsc in PATH).
+// out is the tests' (the agent the test binary, Env, runsc in PATH, and
+// in a test binary the OpenAPI validator as its Wrap).
 func StartConfig(cfg daemon.Config) (*Kilnd, error) {
 	if os.Geteuid() != 0 {
 		return nil, errors.New("kilnd needs root")
@@ -49,6 +57,14 @@ func StartConfig(cfg daemon.Config) (*Kilnd, error) {
 		// gVisor where runsc is in PATH (and new enough: daemon.Backends).
 		cfg.Runsc, _ = exec.LookPath("runsc")
 	}
+	var openapi *apitest.Validator
+	if cfg.Wrap == nil && testing.Testing() {
+		var err error
+		if openapi, err = apitest.NewValidator(api.OpenAPI); err != nil {
+			return nil, err
+		}
+		cfg.Wrap = openapi.Wrap
+	}
 	state := cfg.StateDir
 	d, err := daemon.New(cfg)
 	if err != nil {
@@ -61,6 +77,11 @@ func StartConfig(cfg daemon.Config) (*Kilnd, error) {
 		cancel()
 		err := <-served
 		d.Close()
+		// Serve has waited for its handlers, and so for their checks
+		// (but those of hijacked connections still open).
+		if openapi != nil {
+			err = errors.Join(err, openapi.Err())
+		}
 		return err
 	}}
 	deadline := time.Now().Add(time.Minute)
@@ -84,10 +105,12 @@ func StartConfig(cfg daemon.Config) (*Kilnd, error) {
 	}
 }
 
-// Stop stops serving; sandboxes keep running, as with a real kilnd.
+// Stop stops serving; sandboxes keep running, as with a real kilnd. Its
+// error includes the answers that did not match the OpenAPI document.
 func (k *Kilnd) Stop() error { return k.stop() }
 
-// Close deletes every sandbox, their logs too, and stops serving.
+// Close deletes every sandbox, their logs too, and stops serving; its
+// error is Stop's and the deletions'.
 func (k *Kilnd) Close() error {
 	var errs []error
 	for _, s := range k.Daemon.List() {
