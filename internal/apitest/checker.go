@@ -1,4 +1,4 @@
-// Package apitest holds a process API's watchers to the kiln.v1 stream contract, and runs the contract's scenarios against any server that serves the API.
+// Package apitest holds a process API's watchers to the kiln.v1 stream contract, runs the contract's scenarios against any server that serves the API, and holds a server's answers to its OpenAPI document.
 package apitest
 
 import (
