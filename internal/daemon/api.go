@@ -171,11 +171,11 @@ func (d *Daemon) Handler(tcp bool) http.Handler {
 // allowed: the API takes a bearer token, set by the page, not cookies.
 func (d *Daemon) cors() *cors.Cors {
 	return cors.New(cors.Options{
-		AllowOriginRequestFunc: func(r *http.Request, origin string) bool { return d.originAllowed(r) },
-		AllowedMethods:         []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodDelete},
-		AllowedHeaders:         []string{"Authorization", "Content-Type", "Range"},
-		ExposedHeaders:         []string{api.ErrorHeader, api.PathStatHeader, "Content-Range", "Accept-Ranges", "WWW-Authenticate"},
-		MaxAge:                 600,
+		AllowOriginVaryRequestFunc: func(r *http.Request, origin string) (bool, []string) { return d.originAllowed(r), nil },
+		AllowedMethods:             []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodDelete},
+		AllowedHeaders:             []string{"Authorization", "Content-Type", "Range"},
+		ExposedHeaders:             []string{api.ErrorHeader, api.PathStatHeader, "Content-Range", "Accept-Ranges", "WWW-Authenticate"},
+		MaxAge:                     600,
 	})
 }
 

@@ -196,6 +196,12 @@ func (k *kilnd) server(sb string) apitest.Server {
 			return http.DefaultClient.Do(r)
 		},
 		Dial: func(ctx context.Context, url string, protocols []string) (*websocket.Conn, *http.Response, error) {
+			if len(protocols) == 0 {
+				// Offered alone, the token would be the protocol answered
+				// (TestTokenProtocolAlone); a client offering none sends a
+				// header.
+				return websocket.Dial(ctx, url, &websocket.DialOptions{HTTPHeader: http.Header{"Authorization": {"Bearer " + tok}}})
+			}
 			return websocket.Dial(ctx, url, &websocket.DialOptions{Subprotocols: slices.Concat(protocols, []string{api.TokenProtocolPrefix + tok})})
 		},
 	}
