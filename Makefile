@@ -2,7 +2,7 @@
 GO ?= go
 STATICCHECK = $(GO) tool -modfile=tools/go.mod staticcheck
 
-.PHONY: test check bench compare fuzz faults soak
+.PHONY: test check bench compare fuzz faults soak sdk-test
 
 # The whole test suite: formatting, vet, staticcheck, every test under the
 # race detector (the interop module's too: sandkiln's files and streams
@@ -12,6 +12,18 @@ test: check
 	$(GO) test -race -count=1 ./...
 	cd interop && $(GO) test -race -count=1 ./...
 	$(GO) test -run='^$$' -bench=. -benchtime=1x ./...
+	$(MAKE) sdk-test
+
+# The TypeScript SDK: built with tsc, its suite run against a real kilnd on
+# Node 20 (with ws), Node 22 (its own WebSocket) and Bun, and its npm pack
+# installed into an empty project. Node 22 and Bun come from npm, pinned
+# in its lock file.
+SDK = sdk/typescript
+sdk-test: $(SDK)/node_modules/.package-lock.json
+	cd $(SDK) && npm run --silent build && npm run --silent test:all
+
+$(SDK)/node_modules/.package-lock.json: $(SDK)/package-lock.json
+	cd $(SDK) && npm ci --no-audit --no-fund --loglevel=error
 
 check:
 	@out=$$(gofmt -l $$(git ls-files --cached --others --exclude-standard '*.go' 2>/dev/null || find . -name '*.go')); \

@@ -1,0 +1,648 @@
+// The client, its sandboxes, and what a sandbox offers: processes,
+// terminals, exec, files, previews.
+
+import { SandkilnError } from "./errors.js";
+import { message, Transport } from "./http.js";
+import {
+  checkSize,
+  exitOf,
+  LIMITS,
+  ProcessHandle,
+  TerminalHandle,
+  type ByteChunk,
+  type Chunk,
+  type Exit,
+  type Handle,
+  type HandleOwner,
+  type HandleSettings,
+  type ProcessReference,
+  type SignalOptions,
+  type TextChunk,
+} from "./process.js";
+import { StreamDecoder } from "./utf8.js";
+import type { components } from "./wire.js";
+
+type Schemas = components["schemas"];
+/** A sandbox as kilnd describes it. */
+export type SandboxInfo = Schemas["Sandbox"];
+/** What a sandbox is created with (the body of POST /sandboxes). */
+export type SandboxOptions = Schemas["CreateSandbox"];
+export type FileInfo = Schemas["FileInfo"];
+export type Preview = Schemas["Preview"];
+export type ImageInfo = Schemas["Image"];
+
+export interface ClientOptions {
+  /** kilnd's URL ("http://127.0.0.1:7777"); default $KILN_ADDR (a host:port or a URL). */
+  url?: string;
+  /** kilnd's token; default $KILN_TOKEN. */
+  token?: string;
+}
+
+/** What a sandbox reference holds: enough to find it again. */
+export interface SandboxReference {
+  kind: "sandbox";
+  id: string;
+}
+
+function env(name: string): string | undefined {
+  const p = (globalThis as { process?: { env?: Record<string, string | undefined> } }).process;
+  return p?.env?.[name] || undefined;
+}
+
+/** Talks to one kilnd. */
+export class Client {
+  /** @internal */
+  readonly transport: Transport;
+  readonly sandboxes: Sandboxes;
+  readonly images: Images;
+
+  constructor(options: ClientOptions = {}) {
+    let url = options.url ?? env("KILN_ADDR");
+    if (!url) throw new SandkilnError("INVALID_ARGUMENT", "Client: a url is needed (or KILN_ADDR)");
+    if (url.startsWith("tcp://")) url = "http://" + url.slice("tcp://".length);
+    if (!/^https?:\/\//.test(url)) url = "http://" + url;
+    try {
+      new URL(url);
+    } catch {
+      throw new SandkilnError("INVALID_ARGUMENT", `Client: url ${JSON.stringify(url)} is not a URL`);
+    }
+    this.transport = new Transport(url, options.token ?? env("KILN_TOKEN"));
+    this.sandboxes = new Sandboxes(this);
+    this.images = new Images(this.transport);
+  }
+
+  /** Says kilnd answers. */
+  async health(options: SignalOptions = {}): Promise<boolean> {
+    await this.transport.call("GET", "/healthz", { idempotent: true, signal: options.signal });
+    return true;
+  }
+
+  /** Nothing to release: connections belong to their handles. Present for symmetry with the seed's workflows. */
+  async close(): Promise<void> {
+    for (const s of this.sandboxes.known) s.letGoHandles();
+  }
+}
+
+export class Sandboxes {
+  /** @internal Sandboxes of this client that have handles. */
+  readonly known = new Set<Sandbox>();
+  private readonly client: Client;
+
+  /** @internal */
+  constructor(client: Client) {
+    this.client = client;
+  }
+
+  /**
+   * Creates a sandbox and resolves once it is ready. If the answer is
+   * lost the error is OUTCOME_UNKNOWN: list the sandboxes before creating
+   * another.
+   */
+  async create(options: SandboxOptions & SignalOptions = {}): Promise<Sandbox> {
+    const { signal, ...body } = options;
+    const info = await this.client.transport.call<SandboxInfo>("POST", "/sandboxes", { json: body, signal });
+    return this.handle(info);
+  }
+
+  /** The sandbox of an id or a saved reference; NOT_FOUND if kilnd has none. */
+  async get(idOrReference: string | SandboxReference | { id: string }, options: SignalOptions = {}): Promise<Sandbox> {
+    const id = typeof idOrReference === "string" ? idOrReference : idOrReference.id;
+    if (!id) throw new SandkilnError("INVALID_ARGUMENT", "sandboxes.get: an id or a reference is needed");
+    const info = await this.client.transport.call<SandboxInfo>("GET", `/sandboxes/${encodeURIComponent(id)}`, {
+      idempotent: true, signal: options.signal,
+    });
+    return this.handle(info);
+  }
+
+  /** Every sandbox kilnd has. */
+  async list(options: SignalOptions = {}): Promise<SandboxInfo[]> {
+    return (await this.client.transport.call<SandboxInfo[] | null>("GET", "/sandboxes", { idempotent: true, signal: options.signal })) ?? [];
+  }
+
+  private handle(info: SandboxInfo): Sandbox {
+    const s = new Sandbox(this.client.transport, info, this);
+    return s;
+  }
+}
+
+/** A handle on a sandbox. */
+export class Sandbox implements HandleOwner {
+  readonly id: string;
+  /** kilnd's description when the handle was made (see refresh()). */
+  info: SandboxInfo;
+  readonly processes: Processes;
+  readonly terminals: Terminals;
+  readonly files: Files;
+  readonly previews: Previews;
+  /** @internal */
+  readonly transport: Transport;
+  private readonly handles = new Set<Handle<Chunk>>();
+  private readonly registry: Sandboxes;
+
+  /** @internal */
+  constructor(transport: Transport, info: SandboxInfo, registry: Sandboxes) {
+    this.transport = transport;
+    this.info = info;
+    this.id = info.id;
+    this.registry = registry;
+    this.processes = new Processes(this);
+    this.terminals = new Terminals(this);
+    this.files = new Files(this);
+    this.previews = new Previews(this);
+  }
+
+  /** What client.sandboxes.get() takes to find this sandbox again; plain JSON. */
+  get reference(): SandboxReference {
+    return { kind: "sandbox", id: this.id };
+  }
+
+  /** @internal */
+  path(rest: string): string {
+    return `/sandboxes/${encodeURIComponent(this.id)}${rest}`;
+  }
+
+  /** @internal */
+  adopt<H extends Handle<Chunk>>(h: H): H {
+    this.handles.add(h as Handle<Chunk>);
+    this.registry.known.add(this);
+    return h;
+  }
+
+  /** @internal */
+  release(h: Handle<Chunk>): void {
+    this.handles.delete(h);
+    if (this.handles.size === 0) this.registry.known.delete(this);
+  }
+
+  /** @internal */
+  letGoHandles(): void {
+    for (const h of [...this.handles]) h.letGo();
+  }
+
+  /** Asks kilnd for the sandbox's description again. */
+  async refresh(options: SignalOptions = {}): Promise<SandboxInfo> {
+    this.info = await this.transport.call<SandboxInfo>("GET", this.path(""), { idempotent: true, signal: options.signal });
+    return this.info;
+  }
+
+  /**
+   * Deletes the sandbox: its processes are killed; its captured logs stay
+   * unless removeLogs. Handles of it made through this client refuse
+   * further requests.
+   */
+  async destroy(options: { removeLogs?: boolean } & SignalOptions = {}): Promise<void> {
+    this.letGoHandles();
+    try {
+      await this.transport.call("DELETE", this.path(""), {
+        query: { remove_logs: options.removeLogs ? true : undefined }, idempotent: true, signal: options.signal,
+      });
+    } catch (err) {
+      if (err instanceof SandkilnError && err.code === "NOT_FOUND") return;
+      throw err;
+    }
+  }
+
+  /**
+   * Runs a command to its end and returns its output (at most
+   * maxOutputBytes, default and ceiling 1 MiB, kept; the totals say how
+   * much there was). With onOutput, the output's text is given to it as it
+   * comes, each call awaited, and the exact bytes are kept from the same
+   * run; the command is never run twice.
+   */
+  async exec(input: ExecInput, options: ExecOptions = {}): Promise<ExecOutput> {
+    const argv = argvOf(input.command);
+    if ((input as { deadlineSeconds?: unknown }).deadlineSeconds !== undefined && options.onOutput) {
+      throw new SandkilnError("INVALID_ARGUMENT", "exec with onOutput has no deadline: pass a signal to bound the wait");
+    }
+    const max = input.maxOutputBytes ?? LIMITS.maxFiniteOutput;
+    if (!Number.isInteger(max) || max < 1 || max > LIMITS.maxFiniteOutput) {
+      throw new SandkilnError("INVALID_ARGUMENT", `maxOutputBytes ${max}: want 1 to ${LIMITS.maxFiniteOutput}`);
+    }
+    if (!options.onOutput) return this.execFinite(input, argv, max, options.signal);
+    return this.execLive(input, argv, max, options.onOutput, options.signal);
+  }
+
+  private async execFinite(input: ExecInput, argv: string[], max: number, signal: AbortSignal | undefined): Promise<ExecOutput> {
+    if (input.stdin !== undefined) {
+      // A finite exec has no stdin; a live one does.
+      return this.execLive(input, argv, max, async () => {}, signal);
+    }
+    const deadline = (input as { deadlineSeconds?: number }).deadlineSeconds;
+    const r = await this.transport.call<Schemas["ExecResult"]>("POST", this.path("/exec"), {
+      json: {
+        command: argv[0], args: argv.slice(1), env: input.env, cwd: input.cwd, user: input.user, max_output_bytes: max,
+        timeout_ms: deadline ? Math.round(deadline * 1000) : undefined,
+      },
+      signal, unbounded: true,
+    });
+    return {
+      ...exitOf(r),
+      stdout: r.stdout ?? "",
+      stderr: r.stderr ?? "",
+      stdoutBytes: r.stdout_bytes ?? 0,
+      stderrBytes: r.stderr_bytes ?? 0,
+      truncated: r.truncated ?? false,
+      timedOut: r.timed_out ?? false,
+    };
+  }
+
+  private async execLive(input: ExecInput, argv: string[], max: number,
+    onOutput: (chunk: { stream: "stdout" | "stderr"; text: string }) => unknown, signal: AbortSignal | undefined): Promise<ExecOutput> {
+    const stdin = input.stdin === undefined ? undefined : typeof input.stdin === "string" ? new TextEncoder().encode(input.stdin) : input.stdin;
+    const child = await this.processes.start({
+      command: { kind: "argv", argv }, env: input.env, cwd: input.cwd, user: input.user,
+      stdin: stdin ? "pipe" : "closed", output: { mode: "stream", format: "bytes" }, signal,
+    });
+    const kept: Record<"stdout" | "stderr", Uint8Array[]> = { stdout: [], stderr: [] };
+    const totals = { stdout: 0, stderr: 0 };
+    let keptBytes = 0;
+    let truncated = false;
+    const decoders = { stdout: new StreamDecoder(), stderr: new StreamDecoder() };
+    const result = (exit: Exit | undefined): ExecOutput => ({
+      ...(exit ?? { exitCode: null, signal: null, oomKilled: false }),
+      stdout: new TextDecoder().decode(concat(kept.stdout)),
+      stderr: new TextDecoder().decode(concat(kept.stderr)),
+      stdoutBytes: totals.stdout, stderrBytes: totals.stderr, truncated, timedOut: false,
+    });
+    try {
+      const feeding = (async () => {
+        if (!stdin) return;
+        for (let i = 0; i < stdin.length; i += LIMITS.maxWriteBytes) {
+          await child.write(stdin.subarray(i, i + LIMITS.maxWriteBytes), { signal });
+        }
+        await child.closeStdin({ signal });
+      })();
+      try {
+        for await (const chunk of child.output({ signal })) {
+          const s = chunk.stream as "stdout" | "stderr";
+          if (chunk.lost) {
+            truncated = true;
+            totals[s] += chunk.lost;
+            continue;
+          }
+          totals[s] += chunk.bytes.length;
+          const room = max - keptBytes;
+          if (chunk.bytes.length > room) truncated = true;
+          if (room > 0) {
+            const piece = chunk.bytes.subarray(0, room);
+            kept[s].push(piece);
+            keptBytes += piece.length;
+          }
+          const text = decoders[s].decode(chunk.bytes);
+          if (text) await onOutput({ stream: s, text });
+        }
+        for (const s of ["stdout", "stderr"] as const) {
+          const text = decoders[s].flush();
+          if (text) await onOutput({ stream: s, text });
+        }
+      } catch (err) {
+        let exit: Exit | undefined;
+        try {
+          const st = await child.status();
+          exit = st.exit;
+        } catch {
+          // the exit stays unconfirmed
+        }
+        if (err instanceof SandkilnError && err.code !== "INTERNAL" && (err.code === "WAIT_ABORTED" || err.code === "UNAVAILABLE")) {
+          throw new SandkilnError(err.code, err.message, { cause: err, confirmedExit: exit, output: result(exit) });
+        }
+        throw new SandkilnError("INTERNAL", `exec: the output callback failed: ${message(err)}`, {
+          cause: err, confirmedExit: exit, output: result(exit),
+        });
+      }
+      await feeding;
+      const exit = await child.wait({ signal });
+      return result(exit);
+    } finally {
+      await child.detach();
+    }
+  }
+}
+
+function concat(parts: Uint8Array[]): Uint8Array {
+  const out = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
+  let at = 0;
+  for (const p of parts) {
+    out.set(p, at);
+    at += p.length;
+  }
+  return out;
+}
+
+/** A command: an argv run directly, or a shell script (/bin/sh -c). */
+export type Command = { kind: "argv"; argv: string[] } | { kind: "shell"; script: string };
+
+function argvOf(c: Command | undefined): string[] {
+  if (c?.kind === "argv" && Array.isArray(c.argv) && c.argv.length > 0 && c.argv.every((a) => typeof a === "string")) return c.argv;
+  if (c?.kind === "shell" && typeof c.script === "string") return ["/bin/sh", "-c", c.script];
+  throw new SandkilnError("INVALID_ARGUMENT", 'command: want { kind: "argv", argv: [program, ...args] } or { kind: "shell", script }');
+}
+
+export interface ExecInput {
+  command: Command;
+  cwd?: string;
+  env?: Record<string, string>;
+  user?: string;
+  /** Input, written then closed. */
+  stdin?: string | Uint8Array;
+  /** Output kept, both streams together: 1 to 1 MiB (the default). */
+  maxOutputBytes?: number;
+  /** Ordinary exec only: kill the command after this long. */
+  deadlineSeconds?: number;
+}
+
+export interface ExecOptions extends SignalOptions {
+  onOutput?: (chunk: { stream: "stdout" | "stderr"; text: string }) => unknown;
+}
+
+export interface ExecOutput extends Exit {
+  stdout: string;
+  stderr: string;
+  stdoutBytes: number;
+  stderrBytes: number;
+  /** Output beyond maxOutputBytes was not kept, or was lost before it was read. */
+  truncated: boolean;
+  timedOut: boolean;
+}
+
+export interface StartOptions extends SignalOptions {
+  command: Command;
+  cwd?: string;
+  env?: Record<string, string>;
+  /** A user of the sandbox's: NAME, UID, NAME:GROUP or UID:GID. */
+  user?: string;
+  /** "pipe" for write() and closeStdin(); "closed" (the default) for none. */
+  stdin?: "pipe" | "closed";
+  output?: {
+    /** "stream" for long-running work; "finite" (the default) keeps at most maxOutputBytes. */
+    mode?: "stream" | "finite";
+    format?: "text" | "bytes";
+    /** Finite mode's bound, 1 to 1 MiB (the default). */
+    maxOutputBytes?: number;
+    /** A consumer that falls behind: the connection is made again from where it stood ("resume", the default), or the output fails with OUTPUT_CAPACITY. */
+    overflow?: "resume" | "fail";
+    /** "block": this handle is given every byte, the process waiting for it if need be. Needs mode "stream". */
+    flow?: "drop" | "block";
+  };
+  /** Keep the output durably in the sandbox's captured logs. */
+  capture?: boolean;
+}
+
+type TextStart = StartOptions & { output?: { format?: "text" } };
+type ByteStart = StartOptions & { output: { format: "bytes" } };
+
+function settingsOf(o: StartOptions, terminal: boolean): HandleSettings {
+  const out = o.output ?? {};
+  const mode = out.mode ?? "finite";
+  if (mode !== "stream" && mode !== "finite") throw new SandkilnError("INVALID_ARGUMENT", `output.mode ${JSON.stringify(mode)}: want "stream" or "finite"`);
+  const format = terminal ? "bytes" : out.format ?? "text";
+  if (format !== "text" && format !== "bytes") throw new SandkilnError("INVALID_ARGUMENT", `output.format ${JSON.stringify(format)}: want "text" or "bytes"`);
+  if (mode === "stream" && out.maxOutputBytes !== undefined) {
+    throw new SandkilnError("INVALID_ARGUMENT", "output.maxOutputBytes belongs to finite mode, not stream mode");
+  }
+  const max = out.maxOutputBytes ?? LIMITS.maxFiniteOutput;
+  if (!Number.isInteger(max) || max < 1 || max > LIMITS.maxFiniteOutput) {
+    throw new SandkilnError("INVALID_ARGUMENT", `output.maxOutputBytes ${max}: want 1 to ${LIMITS.maxFiniteOutput}`);
+  }
+  if (out.flow === "block" && mode !== "stream") throw new SandkilnError("INVALID_ARGUMENT", 'output.flow "block" needs mode "stream"');
+  if ((o as { deadlineSeconds?: unknown }).deadlineSeconds !== undefined) {
+    throw new SandkilnError("INVALID_ARGUMENT", "processes.start() cannot guarantee a runtime deadline: it takes no deadlineSeconds; terminate() it instead");
+  }
+  if (o.stdin !== undefined && o.stdin !== "pipe" && o.stdin !== "closed") {
+    throw new SandkilnError("INVALID_ARGUMENT", `stdin ${JSON.stringify(o.stdin)}: want "pipe" or "closed"`);
+  }
+  return {
+    format, mode, maxOutputBytes: max, overflow: out.overflow ?? "resume", hold: out.flow === "block", terminal,
+    stdinPipe: terminal || o.stdin === "pipe",
+  };
+}
+
+/** Starts a process and resolves with its id, once kilnd has it; a lost answer is OUTCOME_UNKNOWN (never started again). */
+async function startOn(s: Sandbox, o: StartOptions, settings: HandleSettings, tty?: { cols: number; rows: number }): Promise<string> {
+  const argv = argvOf(o.command);
+  const st = await s.transport.call<{ id: string }>("POST", s.path("/exec-stream"), {
+    json: {
+      command: argv[0], args: argv.slice(1), env: o.env, cwd: o.cwd, user: o.user,
+      stdin: settings.stdinPipe ? "pipe" : undefined, tty, capture: o.capture || undefined,
+      flow: settings.hold ? "block" : undefined,
+    },
+    signal: o.signal,
+  });
+  return st.id;
+}
+
+function checkReference(s: Sandbox, ref: ProcessReference, kind: ProcessReference["kind"]): void {
+  if (!ref || ref.version !== 1 || ref.kind !== kind || typeof ref.process !== "string") {
+    throw new SandkilnError("INVALID_ARGUMENT", `not a ${kind} reference`);
+  }
+  if (ref.sandbox !== s.id) throw new SandkilnError("INVALID_ARGUMENT", `the reference is of sandbox ${ref.sandbox}, not ${s.id}`);
+  if (!(Date.parse(ref.expiresAt) > Date.now())) throw new SandkilnError("FAILED_PRECONDITION", `the reference expired at ${ref.expiresAt}`);
+}
+
+export class Processes {
+  private readonly s: Sandbox;
+
+  /** @internal */
+  constructor(s: Sandbox) {
+    this.s = s;
+  }
+
+  /** Starts a process and returns its handle at once. */
+  start(options: ByteStart): Promise<ProcessHandle<ByteChunk>>;
+  start(options: TextStart): Promise<ProcessHandle<TextChunk>>;
+  async start(options: StartOptions): Promise<ProcessHandle<Chunk>> {
+    const settings = settingsOf(options, false);
+    const id = await startOn(this.s, options, settings);
+    return this.s.adopt(new ProcessHandle<Chunk>(this.s, id, settings));
+  }
+
+  /**
+   * Returns to the process of a reference: its output resumes where the
+   * reference stood, a gap reported only for bytes evicted since (with
+   * their count). It never starts a process.
+   */
+  async reopen(ref: ProcessReference, options: SignalOptions = {}): Promise<ProcessHandle<Chunk>> {
+    checkReference(this.s, ref, "process");
+    await this.s.transport.call("GET", this.s.path(`/exec-stream/${encodeURIComponent(ref.process)}`), { idempotent: true, signal: options.signal });
+    return this.s.adopt(new ProcessHandle<Chunk>(this.s, ref.process, settingsFrom(ref), ref));
+  }
+
+  /** The sandbox's processes, running and finished. */
+  async list(options: SignalOptions = {}): Promise<Schemas["Process"][]> {
+    return (await this.s.transport.call<Schemas["Process"][] | null>("GET", this.s.path("/exec-stream"), { idempotent: true, signal: options.signal })) ?? [];
+  }
+}
+
+function settingsFrom(ref: ProcessReference): HandleSettings {
+  return {
+    format: ref.format, mode: ref.mode, maxOutputBytes: ref.maxOutputBytes, overflow: ref.overflow, hold: ref.hold,
+    terminal: ref.kind === "terminal", stdinPipe: ref.stdin.pipe,
+  };
+}
+
+export interface TerminalStartOptions extends SignalOptions {
+  command: Command;
+  columns?: number;
+  rows?: number;
+  cwd?: string;
+  env?: Record<string, string>;
+  user?: string;
+  capture?: boolean;
+}
+
+export class Terminals {
+  private readonly s: Sandbox;
+
+  /** @internal */
+  constructor(s: Sandbox) {
+    this.s = s;
+  }
+
+  /** Starts a program on a terminal (80x24 unless said). */
+  async start(options: TerminalStartOptions): Promise<TerminalHandle> {
+    const columns = options.columns ?? 80;
+    const rows = options.rows ?? 24;
+    checkSize(columns, rows);
+    const settings = settingsOf({ ...options, stdin: "pipe", output: { mode: "stream", format: "bytes" } }, true);
+    const id = await startOn(this.s, options, settings, { cols: columns, rows });
+    return this.s.adopt(new TerminalHandle(this.s, id, settings));
+  }
+
+  /** Returns to a terminal of a reference, as processes.reopen does. */
+  async reopen(ref: ProcessReference, options: SignalOptions = {}): Promise<TerminalHandle> {
+    checkReference(this.s, ref, "terminal");
+    await this.s.transport.call("GET", this.s.path(`/exec-stream/${encodeURIComponent(ref.process)}`), { idempotent: true, signal: options.signal });
+    return this.s.adopt(new TerminalHandle(this.s, ref.process, settingsFrom(ref), ref));
+  }
+}
+
+function filePath(p: string): string {
+  if (!p.startsWith("/")) throw new SandkilnError("INVALID_ARGUMENT", `path ${JSON.stringify(p)}: want an absolute path in the sandbox`);
+  const segs = p.split("/").filter((x) => x !== "");
+  return "/files/" + segs.map(encodeURIComponent).join("/");
+}
+
+/** A sandbox's files, read and written by its root, confined as its processes are. */
+export class Files {
+  private readonly s: Sandbox;
+
+  /** @internal */
+  constructor(s: Sandbox) {
+    this.s = s;
+  }
+
+  /** A file's content. */
+  async read(path: string, options: SignalOptions = {}): Promise<Uint8Array> {
+    const resp = await this.s.transport.fetch("GET", this.s.path(filePath(path)), { idempotent: true, unbounded: true, signal: options.signal });
+    if (resp.headers.get("content-type")?.startsWith("application/json")) {
+      throw new SandkilnError("INVALID_ARGUMENT", `${path} is a directory: use files.list`);
+    }
+    return new Uint8Array(await resp.arrayBuffer());
+  }
+
+  /** A file's content as UTF-8 text. */
+  async readText(path: string, options: SignalOptions = {}): Promise<string> {
+    return new TextDecoder().decode(await this.read(path, options));
+  }
+
+  /** Writes a file whole (its parent directories made). */
+  async write(path: string, data: string | Uint8Array, options: { mode?: string } & SignalOptions = {}): Promise<FileInfo> {
+    const bytes = typeof data === "string" ? new TextEncoder().encode(data) : data;
+    return this.s.transport.call<FileInfo>("PUT", this.s.path(filePath(path)), {
+      bytes, query: { mode: options.mode }, idempotent: true, unbounded: true, signal: options.signal,
+    });
+  }
+
+  /** A directory's entries. */
+  async list(path: string, options: SignalOptions = {}): Promise<FileInfo[]> {
+    const got = await this.s.transport.call<FileInfo[] | FileInfo>("GET", this.s.path(filePath(path) + "/"), { idempotent: true, signal: options.signal });
+    if (!Array.isArray(got)) throw new SandkilnError("INVALID_ARGUMENT", `${path} is not a directory`);
+    return got;
+  }
+
+  /** What the path is (a final link not followed). */
+  async stat(path: string, options: SignalOptions = {}): Promise<FileInfo> {
+    return this.s.transport.call<FileInfo>("GET", this.s.path(filePath(path)), { query: { stat: true }, idempotent: true, signal: options.signal });
+  }
+
+  /** Removes a file or an empty directory; with recursive, a directory and all in it. */
+  async remove(path: string, options: { recursive?: boolean } & SignalOptions = {}): Promise<void> {
+    await this.s.transport.call("DELETE", this.s.path(filePath(path)), {
+      query: { recursive: options.recursive || undefined }, idempotent: true, signal: options.signal,
+    });
+  }
+
+  /** Makes a directory and its parents. */
+  async mkdir(path: string, options: SignalOptions = {}): Promise<FileInfo> {
+    return this.s.transport.call<FileInfo>("POST", this.s.path(filePath(path)), { query: { op: "mkdir" }, idempotent: true, signal: options.signal });
+  }
+}
+
+/** Preview URLs: a sandbox's port reached without kilnd's token. */
+export class Previews {
+  private readonly s: Sandbox;
+
+  /** @internal */
+  constructor(s: Sandbox) {
+    this.s = s;
+  }
+
+  /** A preview of the port; its url (and token) are given this once. Starting a server does not publish its port: this does. */
+  async create(options: { port: number; ttlSeconds?: number } & SignalOptions): Promise<Preview> {
+    return this.s.transport.call<Preview>("POST", this.s.path("/previews"), {
+      json: { port: options.port, ttl_seconds: options.ttlSeconds }, signal: options.signal,
+    });
+  }
+
+  async list(options: SignalOptions = {}): Promise<Preview[]> {
+    return (await this.s.transport.call<Preview[] | null>("GET", this.s.path("/previews"), { idempotent: true, signal: options.signal })) ?? [];
+  }
+
+  async revoke(id: string, options: SignalOptions = {}): Promise<void> {
+    await this.s.transport.call("DELETE", this.s.path(`/previews/${encodeURIComponent(id)}`), { idempotent: true, signal: options.signal });
+  }
+}
+
+/** The OCI images kilnd keeps. */
+export class Images {
+  private readonly t: Transport;
+
+  /** @internal */
+  constructor(t: Transport) {
+    this.t = t;
+  }
+
+  async list(options: SignalOptions = {}): Promise<ImageInfo[]> {
+    return (await this.t.call<ImageInfo[] | null>("GET", "/images", { idempotent: true, signal: options.signal })) ?? [];
+  }
+
+  async get(name: string, options: SignalOptions = {}): Promise<ImageInfo> {
+    return this.t.call<ImageInfo>("GET", "/images/" + name.split("/").map(encodeURIComponent).join("/"), { idempotent: true, signal: options.signal });
+  }
+
+  /** Pulls an image, telling onProgress of each step; resolves with the image. */
+  async pull(ref: string, options: { onProgress?: (p: Schemas["ImageProgress"]) => void } & SignalOptions = {}): Promise<ImageInfo> {
+    const resp = await this.t.fetch("POST", "/images/pull", { json: { ref }, idempotent: true, unbounded: true, signal: options.signal });
+    const reader = resp.body!.pipeThrough(new TextDecoderStream()).getReader();
+    let buf = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (value) buf += value;
+      let nl: number;
+      while ((nl = buf.indexOf("\n")) >= 0) {
+        const line = buf.slice(0, nl);
+        buf = buf.slice(nl + 1);
+        if (!line.trim()) continue;
+        const p = JSON.parse(line) as Schemas["ImageProgress"];
+        options.onProgress?.(p);
+        if (p.status === "error") throw SandkilnError.fromAnswer(200, { error: p.error }, `pull ${ref}`);
+        if (p.status === "done" && p.images?.[0]) return p.images[0];
+      }
+      if (done) throw new SandkilnError("UNAVAILABLE", `pull ${ref}: the answer ended before the image`);
+    }
+  }
+
+  async remove(name: string, options: SignalOptions = {}): Promise<void> {
+    await this.t.call("DELETE", "/images/" + name.split("/").map(encodeURIComponent).join("/"), { idempotent: true, signal: options.signal });
+  }
+}

@@ -1,0 +1,821 @@
+// A handle on one process: its output (replay, then live, resumed from
+// offsets), its input (in order, each write once), its exit (confirmed,
+// never guessed) and its control.
+
+import { SandkilnError } from "./errors.js";
+import { CONTROL_TIMEOUT_MS, message, type Transport } from "./http.js";
+import { openSocket, type Socket } from "./socket.js";
+import { encodeUTF8, StreamDecoder } from "./utf8.js";
+import type { components } from "./wire.js";
+
+type WireExit = components["schemas"]["Exit"];
+type WireProcess = components["schemas"]["Process"];
+
+/** The output streams: stdout and stderr, or a terminal's one. */
+export type StreamName = "stdout" | "stderr" | "terminal";
+
+/** Output as text: one streaming UTF-8 decoder per stream. */
+export interface TextChunk {
+  stream: StreamName;
+  text: string;
+  /** Where the chunk's bytes begin in the stream. */
+  offset: number;
+  /** Bytes the process had written on all its streams before this chunk. */
+  seq: number;
+  /** Non-zero: a gap, not output. That many bytes of the stream, before offset, were evicted before this handle read them. */
+  lost: number;
+}
+
+/** Output as the exact bytes. */
+export interface ByteChunk {
+  stream: StreamName;
+  bytes: Uint8Array;
+  offset: number;
+  seq: number;
+  lost: number;
+}
+
+export type Chunk = TextChunk | ByteChunk;
+
+/** How a process ended. */
+export interface Exit {
+  /** The exit code, or null when a signal ended it. */
+  exitCode: number | null;
+  /** The signal that ended it ("SIGKILL"), or null. */
+  signal: string | null;
+  /** The kernel's out-of-memory killer ended it. */
+  oomKilled: boolean;
+}
+
+/** What a handle's output accounted for of one stream. */
+export interface StreamCount {
+  /** Bytes up to where the output stands: delivered or lost. */
+  bytes: number;
+  lostBytes: number;
+  ended: boolean;
+}
+
+/** A confirmed exit, and how complete this handle's output is. */
+export interface WaitResult extends Exit {
+  /** True only when the output reached every stream's end with no gap. A wait that returns before the output drained says false; a later one can say true. */
+  outputComplete: boolean;
+  streams: Record<string, StreamCount>;
+}
+
+export interface ProcessStatus {
+  state: "running" | "exited" | "unknown";
+  exit?: Exit;
+  observedAt: Date;
+  /** Why the state is unknown, when it is. */
+  error?: SandkilnError;
+}
+
+export interface TerminateResult {
+  status: "requested" | "not-found" | "exited";
+}
+
+export interface SignalOptions {
+  signal?: AbortSignal;
+}
+
+/** What reopen needs to return to a process. Keep it private: it names the process and where this handle's output stood. */
+export interface ProcessReference {
+  kind: "process" | "terminal";
+  version: 1;
+  sandbox: string;
+  process: string;
+  /** Where the output stands, per stream: a reopened handle resumes there. */
+  offsets: Record<string, number>;
+  /** Bytes reported lost to this handle, per stream. */
+  lost: Record<string, number>;
+  ended: Record<string, boolean>;
+  stdin: { pipe: boolean; offset: number; closed: boolean };
+  format: "text" | "bytes";
+  mode: "stream" | "finite";
+  maxOutputBytes: number;
+  overflow: "resume" | "fail";
+  hold: boolean;
+  expiresAt: string;
+}
+
+/** Bounds of the seed's contract. */
+export const LIMITS = {
+  /** One delivered chunk. */
+  maxChunkBytes: 16 << 10,
+  /** The unread output queue. */
+  maxQueuedBytes: 64 << 10,
+  maxQueuedChunks: 256,
+  /** One write. */
+  maxWriteBytes: 64 << 10,
+  /** The input queue, the write in progress included. */
+  maxInputBytes: 256 << 10,
+  maxInputCalls: 256,
+  /** Finite mode's output. */
+  maxFiniteOutput: 1 << 20,
+  /** A reference's life. */
+  referenceLifetimeMs: 24 * 60 * 60 * 1000,
+} as const;
+
+/** How much a holding handle (flow block) takes between acks. */
+const ACK_EVERY = 256 << 10;
+
+/** The most of one message from kilnd: a frame's header and a ring block. */
+const FRAME_HEADER = 17;
+
+const STREAMS: Record<number, StreamName> = { 1: "stdout", 2: "stderr", 3: "terminal" };
+
+export interface HandleSettings {
+  format: "text" | "bytes";
+  mode: "stream" | "finite";
+  maxOutputBytes: number;
+  overflow: "resume" | "fail";
+  hold: boolean;
+  terminal: boolean;
+  stdinPipe: boolean;
+}
+
+/** The sandbox a handle belongs to, as the handle needs it. */
+export interface HandleOwner {
+  readonly id: string;
+  readonly transport: Transport;
+  /** Forgets a handle that was detached. */
+  release(h: Handle<Chunk>): void;
+}
+
+/** One chunk on its way, with where its stream stands once delivered. */
+interface Pending {
+  chunk: Chunk;
+  /** Where the stream stands once it is delivered (bytes of a character held back excluded). */
+  next: number;
+  end: boolean;
+  /** Nothing to show: only the end to record. */
+  silent: boolean;
+  size: number;
+}
+
+type Item = { kind: "chunk"; p: Pending } | { kind: "closed"; code: number; reason: string } | { kind: "error"; err: SandkilnError };
+
+/** The items of one output connection, in order, for the one consumer. */
+class Queue {
+  private items: Item[] = [];
+  /** The connection was let go: its later messages are not queued. */
+  stopped = false;
+  /** Called once the queue is half empty again (a paused connection resumes). */
+  onLow: (() => void) | undefined;
+  private wake: (() => void) | undefined;
+  bytes = 0;
+  chunks = 0;
+
+  push(it: Item): void {
+    if (it.kind === "chunk") {
+      this.bytes += it.p.size;
+      if (this.merge(it.p)) return;
+      this.chunks++;
+    }
+    this.items.push(it);
+    this.wake?.();
+  }
+
+  /**
+   * Joins p to the last chunk queued when it continues it (the same
+   * stream, its next bytes, output both) and the two fit in one chunk:
+   * a program writing short lines would otherwise fill the queue's 256
+   * chunks with a few KiB. Nothing is reordered: only the last chunk
+   * grows, and the consumer has not seen it.
+   */
+  private merge(p: Pending): boolean {
+    const last = this.items.at(-1);
+    if (last?.kind !== "chunk") return false;
+    const a = last.p;
+    if (a.end || p.end || a.chunk.lost || p.chunk.lost || a.chunk.stream !== p.chunk.stream) return false;
+    if (a.chunk.offset + a.size !== p.chunk.offset || a.size + p.size > LIMITS.maxChunkBytes) return false;
+    if ("text" in a.chunk && "text" in p.chunk) a.chunk.text += p.chunk.text;
+    else if ("bytes" in a.chunk && "bytes" in p.chunk) {
+      const b = new Uint8Array(a.size + p.size);
+      b.set(a.chunk.bytes);
+      b.set(p.chunk.bytes, a.size);
+      a.chunk.bytes = b;
+    } else return false;
+    a.size += p.size;
+    a.next = p.next;
+    a.silent = false;
+    this.wake?.();
+    return true;
+  }
+
+  async take(signal: AbortSignal | undefined): Promise<Item> {
+    while (this.items.length === 0) {
+      if (signal?.aborted) throw abortedWait("output", signal);
+      await new Promise<void>((resolve) => {
+        const done = () => {
+          this.wake = undefined;
+          signal?.removeEventListener("abort", done);
+          resolve();
+        };
+        this.wake = done;
+        signal?.addEventListener("abort", done, { once: true });
+      });
+    }
+    const it = this.items.shift()!;
+    if (it.kind === "chunk") {
+      this.bytes -= it.p.size;
+      this.chunks--;
+    }
+    if (this.onLow && this.bytes <= LIMITS.maxQueuedBytes / 2 && this.chunks <= LIMITS.maxQueuedChunks / 2) {
+      const f = this.onLow;
+      this.onLow = undefined;
+      f();
+    }
+    return it;
+  }
+
+  clear(): void {
+    this.items = [];
+    this.bytes = this.chunks = 0;
+    this.wake?.();
+  }
+}
+
+function abortedWait(what: string, signal: AbortSignal): SandkilnError {
+  return new SandkilnError("WAIT_ABORTED", `${what}: aborted`, { cause: signal.reason });
+}
+
+/** Races p against the caller's signal: an abort ends this wait only. */
+function waitFor<T>(p: Promise<T>, signal: AbortSignal | undefined, what: string): Promise<T> {
+  if (!signal) return p;
+  if (signal.aborted) return Promise.reject(abortedWait(what, signal));
+  return new Promise<T>((resolve, reject) => {
+    const onAbort = () => reject(abortedWait(what, signal));
+    signal.addEventListener("abort", onAbort, { once: true });
+    p.then(
+      (v) => {
+        signal.removeEventListener("abort", onAbort);
+        resolve(v);
+      },
+      (e) => {
+        signal.removeEventListener("abort", onAbort);
+        reject(e);
+      },
+    );
+  });
+}
+
+/** kilnd names signals as kill -l does ("KILL"); the SDK as the seed does ("SIGKILL"). */
+export function exitOf(e: WireExit): Exit {
+  const sig = e.signal ? (e.signal.startsWith("SIG") ? e.signal : "SIG" + e.signal) : null;
+  return { exitCode: e.exit_code ?? null, signal: sig, oomKilled: e.oom_killed ?? false };
+}
+
+/**
+ * What processes and terminals have in common. Its methods may be called
+ * concurrently; its output has one consumer at a time.
+ */
+export abstract class Handle<C extends Chunk> {
+  /** The process's id in its sandbox. */
+  readonly id: string;
+  protected readonly owner: HandleOwner;
+  protected readonly settings: HandleSettings;
+
+  private offsets: Record<string, number> = {};
+  private lostBy: Record<string, number> = {};
+  private ended: Record<string, boolean> = {};
+  private exit: Exit | undefined;
+  private delivered = 0; // bytes given out, for finite mode's bound
+  private gone = false;
+  private reading = false;
+  private socket: Socket | undefined;
+  private queue: Queue | undefined;
+  private references: ProcessReference[] = [];
+
+  // Input: writes go one after another, each at the offset the last left.
+  private stdinOffset = 0;
+  private stdinClosed = false;
+  private closing: Promise<void> | undefined;
+  private uncertain: SandkilnError | undefined;
+  private inputTail: Promise<unknown> = Promise.resolve();
+  private inputBytes = 0;
+  private inputCalls = 0;
+
+  private terminating: Promise<TerminateResult> | undefined;
+  private terminateError: SandkilnError | undefined;
+
+  /** @internal */
+  constructor(owner: HandleOwner, id: string, settings: HandleSettings, ref?: ProcessReference) {
+    this.owner = owner;
+    this.id = id;
+    this.settings = settings;
+    if (ref) {
+      this.offsets = { ...ref.offsets };
+      this.lostBy = { ...ref.lost };
+      this.ended = { ...ref.ended };
+      this.stdinOffset = ref.stdin.offset;
+      this.stdinClosed = ref.stdin.closed;
+    }
+  }
+
+  private get streams(): StreamName[] {
+    return this.settings.terminal ? ["terminal"] : ["stdout", "stderr"];
+  }
+
+  private path(rest = ""): string {
+    return `/sandboxes/${encodeURIComponent(this.owner.id)}/exec-stream/${encodeURIComponent(this.id)}${rest}`;
+  }
+
+  /** True when bytes were evicted before this handle read them (a gap); lostBytes says how many. */
+  get outputGap(): boolean {
+    return this.lostBytes > 0;
+  }
+
+  /** Bytes reported lost to this handle, all streams together. */
+  get lostBytes(): number {
+    return Object.values(this.lostBy).reduce((a, b) => a + b, 0);
+  }
+
+  /**
+   * The output, replay then live, from where this handle stands (the
+   * beginning, or where a reopened handle's reference stood), until every
+   * stream ended. A gap is a chunk with lost set and no output. If the
+   * connection breaks, the iterator fails with UNAVAILABLE, and calling
+   * output() again resumes from the last chunk delivered, nothing repeated.
+   *
+   * A consumer that falls behind fills the queue (64 KiB, 256 chunks): the
+   * connection is then let go and, once the queue is read, made again from
+   * where the output stands, so nothing is dropped unless kilnd evicted it
+   * meanwhile (a gap, its bytes counted). With output.overflow "fail" the
+   * output fails with OUTPUT_CAPACITY instead, as a queue that cannot
+   * resume would.
+   *
+   * In finite mode leaving the loop detaches the handle; in stream mode it
+   * only stops reading.
+   */
+  async *output(options: SignalOptions = {}): AsyncGenerator<C, void, undefined> {
+    const { signal } = options;
+    if (this.gone) throw this.detachedError();
+    if (this.reading) throw new SandkilnError("OUTPUT_IN_USE", `process ${this.id}: its output has a consumer already`);
+    this.reading = true;
+    let unacked = 0;
+    try {
+      let q = await this.connect(signal);
+      for (;;) {
+        const it = await q.take(signal);
+        if (it.kind === "error") throw it.err;
+        if (it.kind === "closed") {
+          if (this.gone) throw this.detachedError();
+          if (it.code === 1000 && it.reason !== "paused") return;
+          if (it.reason === "paused") {
+            q = await this.connect(signal);
+            continue;
+          }
+          throw new SandkilnError(
+            "UNAVAILABLE",
+            `process ${this.id}: output interrupted (${it.code}${it.reason ? " " + it.reason : ""}); call output() again to resume`,
+          );
+        }
+        const p = it.p;
+        this.deliver(p);
+        if (p.silent) continue;
+        yield p.chunk as C;
+        if (this.gone) throw this.detachedError();
+        unacked += p.size;
+        if (this.settings.hold && unacked >= ACK_EVERY && this.socket) {
+          unacked = 0;
+          this.socket.send(JSON.stringify({ type: "ack", offsets: { ...this.offsets } }));
+        }
+      }
+    } finally {
+      this.hangUp();
+      this.reading = false;
+      if (this.settings.mode === "finite") await this.detach();
+    }
+  }
+
+  /** Opens an output connection from where the handle stands; its messages go to a new queue. */
+  private async connect(signal: AbortSignal | undefined): Promise<Queue> {
+    this.hangUp();
+    const query: Record<string, number | string> = {};
+    for (const s of this.streams) if (this.offsets[s]) query[s] = this.offsets[s]!;
+    if (this.settings.hold) Object.assign(query, { flow: "block", ack: "true" });
+    const { url, protocols } = this.owner.transport.socket(this.path("/logs"), query, "kiln.v1");
+    const q = new Queue();
+    this.queue = q;
+    // Where each stream stands once what is queued is delivered.
+    const at: Record<string, number> = { ...this.offsets };
+    const decoders: Record<string, StreamDecoder> = {};
+    const decoder = (s: string) => (decoders[s] ??= new StreamDecoder());
+    const pos = (s: string) => (at[s] ?? 0) + (this.settings.format === "text" ? decoder(s).held : 0);
+    const put = (p: Pending) => {
+      at[p.chunk.stream] = Math.max(at[p.chunk.stream] ?? 0, p.next);
+      q.push({ kind: "chunk", p });
+    };
+    const gap = (stream: StreamName, from: number, to: number) => {
+      // What the decoder held of a cut character first, then the gap.
+      if (this.settings.format === "text" && decoder(stream).held > 0) {
+        const text = decoder(stream).flush();
+        put(this.pending(stream, from, 0, text, new Uint8Array(0), from, 0, false));
+      }
+      put(this.pending(stream, to, 0, "", new Uint8Array(0), to, to - from, false));
+    };
+    let finiteLeft = this.settings.mode === "finite" ? this.settings.maxOutputBytes - this.delivered : Infinity;
+    const onMessage = (data: unknown) => {
+      if (typeof data === "string") {
+        let m: { type?: string; stream?: StreamName; from?: number; to?: number; total_bytes?: number } & WireExit;
+        try {
+          m = JSON.parse(data);
+        } catch {
+          return;
+        }
+        switch (m.type) {
+          case "gap":
+            if (m.stream && m.to !== undefined) gap(m.stream, Math.max(m.from ?? 0, pos(m.stream)), m.to);
+            break;
+          case "end": {
+            if (!m.stream || m.total_bytes === undefined) break;
+            if (m.total_bytes > pos(m.stream)) gap(m.stream, pos(m.stream), m.total_bytes);
+            const text = this.settings.format === "text" ? decoder(m.stream).flush() : "";
+            put(this.pending(m.stream, m.total_bytes, 0, text, new Uint8Array(0), m.total_bytes, 0, true));
+            break;
+          }
+          case "exit":
+            // Last, after every stream's end: the output is whole without
+            // waiting for the close (a network can hold that back).
+            this.exit = exitOf(m);
+            q.push({ kind: "closed", code: 1000, reason: "" });
+            q.stopped = true;
+            break;
+        }
+        return;
+      }
+      const b = new Uint8Array(data as ArrayBuffer);
+      if (b.length < FRAME_HEADER) return;
+      const stream = STREAMS[b[0]!];
+      if (!stream) return;
+      const view = new DataView(b.buffer, b.byteOffset, b.byteLength);
+      const offset = Number(view.getBigUint64(1));
+      const seq = Number(view.getBigUint64(9));
+      if (offset > pos(stream)) gap(stream, pos(stream), offset); // a jump kilnd did not explain is reported all the same
+      let payload = b.subarray(FRAME_HEADER);
+      if (payload.length > finiteLeft) {
+        payload = payload.subarray(0, finiteLeft);
+        finiteLeft = 0;
+        this.putPieces(stream, offset, seq, payload, decoder, put);
+        this.stop(q, new SandkilnError("OUTPUT_CAPACITY",
+          `process ${this.id}: finite output is at most ${this.settings.maxOutputBytes} bytes; start it with output: { mode: "stream" } for more`));
+        return;
+      }
+      finiteLeft -= payload.length;
+      this.putPieces(stream, offset, seq, payload, decoder, put);
+      if (q.bytes > LIMITS.maxQueuedBytes || q.chunks > LIMITS.maxQueuedChunks) {
+        if (this.settings.overflow === "fail") {
+          this.stop(q, new SandkilnError("OUTPUT_CAPACITY",
+            `process ${this.id}: the output queue is full (${LIMITS.maxQueuedBytes} bytes, ${LIMITS.maxQueuedChunks} chunks); read output as it arrives`));
+        } else if (!q.onLow) {
+          this.pause(q);
+        }
+      }
+    };
+    let socket: Socket | undefined;
+    const handlers = {
+      message: (data: unknown) => {
+        if (this.queue === q && !q.stopped) onMessage(data);
+      },
+      close: (code: number, reason: string) => {
+        if (this.socket === socket) this.socket = undefined;
+        if (!q.stopped) q.push({ kind: "closed", code, reason });
+      },
+    };
+    try {
+      socket = await openSocket(url, protocols, handlers, signal);
+    } catch (err) {
+      q.stopped = true;
+      if (signal?.aborted) throw abortedWait("output", signal);
+      throw await this.whyNotOpen(err);
+    }
+    if (this.gone) {
+      q.stopped = true;
+      socket.close(1000);
+      throw this.detachedError();
+    }
+    this.socket = socket;
+    return q;
+  }
+
+  /** Queues a frame's data in chunks of at most 16 KiB. */
+  private putPieces(stream: StreamName, offset: number, seq: number, data: Uint8Array,
+    decoder: (s: string) => StreamDecoder, put: (p: Pending) => void): void {
+    for (let i = 0; i < data.length; i += LIMITS.maxChunkBytes) {
+      const piece = data.subarray(i, i + LIMITS.maxChunkBytes);
+      const end = offset + i + piece.length;
+      if (this.settings.format === "text") {
+        const d = decoder(stream);
+        const text = d.decode(piece);
+        put(this.pending(stream, offset + i, seq + i, text, piece, end - d.held, 0, false));
+      } else {
+        put(this.pending(stream, offset + i, seq + i, "", piece.slice(), end, 0, false));
+      }
+    }
+  }
+
+  private pending(stream: StreamName, offset: number, seq: number, text: string, bytes: Uint8Array,
+    next: number, lost: number, end: boolean): Pending {
+    const chunk: Chunk = this.settings.format === "text"
+      ? { stream, text, offset, seq, lost }
+      : { stream, bytes: lost > 0 || end ? new Uint8Array(0) : bytes, offset, seq, lost };
+    const silent = lost === 0 && (this.settings.format === "text" ? text === "" : bytes.length === 0 || end);
+    return { chunk, next, end, silent, size: this.settings.format === "text" ? bytes.length : bytes.length };
+  }
+
+  /**
+   * Holds the connection back until the queue is read: a socket that can
+   * pause (ws's) stops reading, and TCP holds kilnd back; one that cannot
+   * (the WebSocket of browsers, Node 22 and Bun) is let go and made again
+   * from where the output stands once the queue is read.
+   */
+  private pause(q: Queue): void {
+    const s = this.socket;
+    if (s?.pause && s.resume) {
+      s.pause();
+      q.onLow = () => s.resume!();
+      return;
+    }
+    this.stop(q, undefined);
+  }
+
+  /** Lets the connection go: its queue ends with err, or, without one, says the output paused. */
+  private stop(q: Queue, err: SandkilnError | undefined): void {
+    q.stopped = true; // what comes after is not this queue's
+    this.hangUp();
+    q.push(err ? { kind: "error", err } : { kind: "closed", code: 1000, reason: "paused" });
+  }
+
+  private hangUp(): void {
+    const s = this.socket;
+    this.socket = undefined;
+    s?.close(1000);
+  }
+
+  /** Why an output connection did not open: a browser says nothing, so kilnd is asked. */
+  private async whyNotOpen(err: unknown): Promise<SandkilnError> {
+    try {
+      await this.owner.transport.call<WireProcess>("GET", this.path(), { idempotent: true });
+    } catch (e) {
+      if (e instanceof SandkilnError && e.status !== undefined) return e;
+    }
+    return new SandkilnError("UNAVAILABLE", `process ${this.id}: output: ${message(err)}; call output() again to resume`, { cause: err });
+  }
+
+  private deliver(p: Pending): void {
+    const s = p.chunk.stream;
+    this.offsets[s] = Math.max(this.offsets[s] ?? 0, p.next);
+    if (p.chunk.lost) this.lostBy[s] = (this.lostBy[s] ?? 0) + p.chunk.lost;
+    if (p.end) this.ended[s] = true;
+    if (!p.chunk.lost) this.delivered += p.size;
+    for (const r of this.references) this.fillReference(r);
+  }
+
+  private complete(): boolean {
+    return this.lostBytes === 0 && this.streams.every((s) => this.ended[s]);
+  }
+
+  /**
+   * Waits for a confirmed exit. It has no timeout of its own: abort the
+   * signal to stop waiting (WAIT_ABORTED), which cancels only this wait.
+   * A connection that breaks fails the wait (UNAVAILABLE); it never
+   * guesses an exit.
+   */
+  async wait(options: SignalOptions = {}): Promise<WaitResult> {
+    if (this.gone) throw this.detachedError();
+    const e = await this.owner.transport.call<WireExit>("GET", this.path("/wait"), {
+      idempotent: true, unbounded: true, signal: options.signal,
+    });
+    this.exit = exitOf(e);
+    const streams: Record<string, StreamCount> = {};
+    for (const s of this.streams) {
+      streams[s] = { bytes: this.offsets[s] ?? 0, lostBytes: this.lostBy[s] ?? 0, ended: this.ended[s] ?? false };
+    }
+    return { ...this.exit, outputComplete: this.complete(), streams };
+  }
+
+  /**
+   * What is known of the process now, without its output. Unknown when
+   * kilnd cannot say (the error says why); an exit already confirmed stays.
+   */
+  async status(options: SignalOptions = {}): Promise<ProcessStatus> {
+    if (this.gone) throw this.detachedError();
+    try {
+      const p = await this.owner.transport.call<WireProcess>("GET", this.path(), { idempotent: true, signal: options.signal });
+      if (p.state === "exited") {
+        this.exit = exitOf(p);
+        return { state: "exited", exit: this.exit, observedAt: new Date() };
+      }
+      return { state: "running", observedAt: new Date() };
+    } catch (err) {
+      if (err instanceof SandkilnError && err.code === "WAIT_ABORTED") throw err;
+      const error = err instanceof SandkilnError ? err : new SandkilnError("UNAVAILABLE", message(err), { cause: err });
+      if (this.exit) return { state: "exited", exit: this.exit, observedAt: new Date(), error };
+      return { state: "unknown", observedAt: new Date(), error };
+    }
+  }
+
+  /** Sends a signal ("SIGTERM", "SIGINT", "9") to the process's group. A process may ignore it: wait() confirms the exit. */
+  async signal(name: string, options: SignalOptions = {}): Promise<void> {
+    if (this.gone) throw this.detachedError();
+    await this.owner.transport.call("POST", this.path("/signal"), { json: { signal: name }, signal: options.signal });
+  }
+
+  /**
+   * Asks for the process group to be killed (SIGKILL). Success does not
+   * prove the exit: call wait(). Concurrent callers share one request, an
+   * abort stopping only its caller's wait; if the answer is lost, this
+   * and every later call fail with the same OUTCOME_UNKNOWN, nothing sent
+   * again.
+   */
+  terminate(options: SignalOptions = {}): Promise<TerminateResult> {
+    if (this.gone) return Promise.reject(this.detachedError());
+    if (this.terminateError) return Promise.reject(this.terminateError);
+    this.terminating ??= (async (): Promise<TerminateResult> => {
+      try {
+        const p = await this.owner.transport.call<WireProcess>("DELETE", this.path());
+        if (p.state === "exited") this.exit = exitOf(p);
+        return { status: p.state === "exited" ? "exited" : "requested" };
+      } catch (err) {
+        if (err instanceof SandkilnError && err.code === "NOT_FOUND") return { status: "not-found" };
+        if (err instanceof SandkilnError && err.code === "OUTCOME_UNKNOWN") this.terminateError = err;
+        throw err;
+      } finally {
+        this.terminating = undefined;
+      }
+    })();
+    return waitFor(this.terminating, options.signal, "terminate");
+  }
+
+  /**
+   * Sends data to the process's input after every earlier write: a
+   * string as UTF-8, bytes exactly. At most 64 KiB a write, and 256 KiB
+   * and 256 calls queued. Success means kilnd accepted it, not that the
+   * program read it. If the answer is lost, delivery is unknown and input
+   * is disabled (INPUT_UNCERTAIN); nothing is sent twice.
+   */
+  async write(data: string | Uint8Array, options: SignalOptions = {}): Promise<void> {
+    const bytes = typeof data === "string" ? encodeUTF8(data) : data.slice();
+    this.inputAllowed();
+    if (bytes.length > LIMITS.maxWriteBytes) {
+      throw new SandkilnError("INVALID_ARGUMENT", `a write carries at most ${LIMITS.maxWriteBytes} bytes, not ${bytes.length}: split it and await each`);
+    }
+    if (this.inputBytes + bytes.length > LIMITS.maxInputBytes || this.inputCalls + 1 > LIMITS.maxInputCalls) {
+      throw new SandkilnError("INPUT_CAPACITY",
+        `the input queue holds ${LIMITS.maxInputBytes} bytes and ${LIMITS.maxInputCalls} calls; await earlier writes`);
+    }
+    this.inputBytes += bytes.length;
+    this.inputCalls++;
+    return this.enqueue(async () => {
+      try {
+        if (options.signal?.aborted) throw abortedWait("write", options.signal); // not sent: no effect
+        this.inputAllowed();
+        const acc = await this.owner.transport.call<{ accepted: number }>("POST", this.path("/stdin"), {
+          query: { offset: this.stdinOffset }, bytes, signal: options.signal,
+        });
+        this.stdinOffset = Math.max(this.stdinOffset, acc.accepted);
+      } catch (err) {
+        throw this.inputFailed(err);
+      } finally {
+        this.inputBytes -= bytes.length;
+        this.inputCalls--;
+      }
+    });
+  }
+
+  /** Sends end-of-input once every earlier write is delivered; closing again does nothing. */
+  protected closeInput(options: SignalOptions = {}): Promise<void> {
+    if (this.stdinClosed) return Promise.resolve();
+    if (this.closing) return waitFor(this.closing, options.signal, "closeStdin");
+    try {
+      this.inputAllowed();
+    } catch (err) {
+      return Promise.reject(err);
+    }
+    this.closing = this.enqueue(async () => {
+      try {
+        if (this.gone) throw this.detachedError();
+        if (this.uncertain) throw this.uncertain;
+        await this.owner.transport.call("POST", this.path("/stdin/close"));
+        this.stdinClosed = true;
+      } catch (err) {
+        throw this.inputFailed(err);
+      } finally {
+        this.closing = undefined;
+      }
+    });
+    return waitFor(this.closing, options.signal, "closeStdin");
+  }
+
+  private enqueue<T>(run: () => Promise<T>): Promise<T> {
+    const p = this.inputTail.then(run);
+    this.inputTail = p.catch(() => undefined);
+    return p;
+  }
+
+  private inputAllowed(): void {
+    if (this.gone) throw this.detachedError();
+    if (!this.settings.stdinPipe) throw new SandkilnError("STDIN_CLOSED", `process ${this.id} has no stdin pipe: start it with stdin: "pipe"`);
+    if (this.uncertain) throw this.uncertain;
+    if (this.stdinClosed || this.closing) throw new SandkilnError("STDIN_CLOSED", `process ${this.id}: stdin is closed`);
+  }
+
+  private inputFailed(err: unknown): unknown {
+    if (err instanceof SandkilnError && err.code === "OUTCOME_UNKNOWN") {
+      this.uncertain = new SandkilnError("INPUT_UNCERTAIN",
+        `process ${this.id}: an earlier input's delivery is unknown; input is disabled`, { cause: err });
+    }
+    return err;
+  }
+
+  /**
+   * A reference to return to the process with reopen(), after
+   * disconnect(). It follows this handle until the handle is let go, so a
+   * reference taken before disconnect() resumes exactly where the output
+   * stood at the end. It refuses while an end-of-input is unacknowledged or
+   * input delivery is uncertain.
+   */
+  reference(): ProcessReference {
+    if (this.gone) throw this.detachedError();
+    if (this.closing) throw new SandkilnError("FAILED_PRECONDITION", `process ${this.id}: end-of-input is not acknowledged yet`);
+    if (this.uncertain) throw this.uncertain;
+    const r = {} as ProcessReference;
+    this.fillReference(r);
+    this.references.push(r);
+    return r;
+  }
+
+  private fillReference(r: ProcessReference): void {
+    Object.assign(r, {
+      kind: this.settings.terminal ? "terminal" : "process",
+      version: 1,
+      sandbox: this.owner.id,
+      process: this.id,
+      offsets: { ...this.offsets },
+      lost: { ...this.lostBy },
+      ended: { ...this.ended },
+      stdin: { pipe: this.settings.stdinPipe, offset: this.stdinOffset, closed: this.stdinClosed },
+      format: this.settings.format,
+      mode: this.settings.mode,
+      maxOutputBytes: this.settings.maxOutputBytes,
+      overflow: this.settings.overflow,
+      hold: this.settings.hold,
+      expiresAt: r.expiresAt ?? new Date(Date.now() + LIMITS.referenceLifetimeMs).toISOString(),
+    } satisfies ProcessReference);
+  }
+
+  /** Releases this handle's connections, leaving the process and its stdin as they are; the handle refuses what comes after. */
+  async disconnect(): Promise<void> {
+    this.letGo();
+  }
+
+  /** Releases this handle's connections and discards unread output. It never kills the process. Calling it again is safe. */
+  async detach(): Promise<void> {
+    this.letGo();
+  }
+
+  /** @internal Lets the handle go (a detach, or its sandbox destroyed through this client). */
+  letGo(): void {
+    if (this.gone) return;
+    this.gone = true;
+    this.references = [];
+    const q = this.queue;
+    if (q) q.stopped = true;
+    this.hangUp();
+    q?.clear();
+    q?.push({ kind: "error", err: this.detachedError() });
+    this.owner.release(this as Handle<Chunk>);
+  }
+
+  private detachedError(): SandkilnError {
+    return new SandkilnError("DETACHED", `process ${this.id}: the handle was detached or disconnected`);
+  }
+}
+
+/** A process on pipes: separate stdout and stderr, input with an explicit end. */
+export class ProcessHandle<C extends Chunk = TextChunk> extends Handle<C> {
+  /** Sends end-of-input (EOF) after earlier writes; later writes reject. Repeated closes send nothing. */
+  closeStdin(options: SignalOptions = {}): Promise<void> {
+    return this.closeInput(options);
+  }
+}
+
+/** A process on a terminal: one output stream of bytes, input through the terminal (Ctrl+D is input, not a close). */
+export class TerminalHandle extends Handle<ByteChunk> {
+  /** Changes the terminal's size. */
+  async resize(size: { columns: number; rows: number }, options: SignalOptions = {}): Promise<void> {
+    checkSize(size.columns, size.rows);
+    await this.owner.transport.call("POST", `/sandboxes/${encodeURIComponent(this.owner.id)}/exec-stream/${encodeURIComponent(this.id)}/resize`, {
+      json: { cols: size.columns, rows: size.rows }, idempotent: true, signal: options.signal,
+    });
+  }
+}
+
+export function checkSize(columns: number, rows: number): void {
+  for (const [name, v] of [["columns", columns], ["rows", rows]] as const) {
+    if (!Number.isInteger(v) || v < 1 || v > 4096) throw new SandkilnError("INVALID_ARGUMENT", `${name} ${v}: want 1 to 4096`);
+  }
+}
+
+export { CONTROL_TIMEOUT_MS };

@@ -1,0 +1,49 @@
+// The seed's three recipes, run as a user would run them, against a real kilnd.
+
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+
+import { Client } from "../dist/index.js";
+import { buildWithProgress, interactiveWorker, serverWorkspace } from "../dist-examples/recipes.js";
+import { startKilnd } from "./kilnd.mjs";
+
+let kilnd, client, sandbox;
+
+before(async () => {
+  kilnd = await startKilnd();
+  client = new Client({ url: kilnd.url, token: kilnd.token });
+  sandbox = await client.sandboxes.create();
+});
+
+after(async () => {
+  await sandbox?.destroy();
+  await kilnd?.stop();
+});
+
+test("buildWithProgress", async () => {
+  const lines = [];
+  const { result } = await buildWithProgress(sandbox, (l) => lines.push(l));
+  assert.deepEqual(lines, ["stdout: [build] fetch", "stdout: [build] compile", "stdout: [build] link", "stderr: warning: 1 unused"]);
+  assert.equal(result.exitCode, 0);
+  assert.equal(result.outputComplete, true);
+});
+
+test("interactiveWorker", async () => {
+  const r = await interactiveWorker(sandbox, ["first request", "second request"]);
+  assert.deepEqual(r.answers, ["done: FIRST REQUEST", "done: SECOND REQUEST"]);
+  assert.equal(r.out.status, "fulfilled");
+  assert.equal(r.exit.status, "fulfilled");
+  assert.equal(r.exit.value.exitCode, 0);
+  assert.ok(["running", "exited"].includes(r.status.state));
+});
+
+test("serverWorkspace", async () => {
+  const own = new Client({ url: kilnd.url, token: kilnd.token });
+  const r = await serverWorkspace(own);
+  assert.equal(r.page, "<h1>hello from the sandbox</h1>\n");
+  assert.deepEqual(r.terminated, { status: "requested" });
+  assert.equal(r.exit.signal, "SIGKILL");
+  assert.ok(r.logs.some((l) => l.includes("GET / ")), r.logs.join("\n"));
+  const left = await client.sandboxes.list();
+  assert.deepEqual(left.map((s) => s.id), [sandbox.id]); // its own sandbox destroyed
+});

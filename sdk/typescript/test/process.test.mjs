@@ -1,0 +1,419 @@
+// The SDK against a real kilnd: the streaming seed's contract, and where
+// kiln.v1 does better than it (resuming from offsets, exact gaps).
+
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import net from "node:net";
+
+import { Client, SandkilnError, LIMITS, readProcessLines } from "../dist/index.js";
+import { startKilnd } from "./kilnd.mjs";
+
+let kilnd, client, sandbox;
+
+before(async () => {
+  kilnd = await startKilnd();
+  client = new Client({ url: kilnd.url, token: kilnd.token });
+  sandbox = await client.sandboxes.create();
+});
+
+after(async () => {
+  await sandbox?.destroy();
+  await client?.close();
+  await kilnd?.stop();
+});
+
+const sh = (script) => ({ kind: "argv", argv: ["sh", "-c", script] });
+
+async function collect(child, options) {
+  const out = { stdout: "", stderr: "", terminal: "" };
+  let lost = 0;
+  for await (const c of child.output(options)) {
+    if (c.lost) lost += c.lost;
+    else out[c.stream] += c.text ?? new TextDecoder().decode(c.bytes);
+  }
+  return { ...out, lost };
+}
+
+async function rejects(p, code) {
+  await assert.rejects(p, (err) => {
+    assert.ok(err instanceof SandkilnError, `not a SandkilnError: ${err}`);
+    assert.equal(err.code, code, err.message);
+    return true;
+  });
+}
+
+test("the seed's for i in 1 2 3: lines, then the exit", async () => {
+  const child = await sandbox.processes.start({
+    command: sh("for i in 1 2 3; do echo line-$i; done; echo oops >&2; exit 3"),
+    output: { mode: "stream" },
+  });
+  const out = await collect(child);
+  assert.equal(out.stdout, "line-1\nline-2\nline-3\n");
+  assert.equal(out.stderr, "oops\n");
+  const r = await child.wait();
+  assert.equal(r.exitCode, 3);
+  assert.equal(r.signal, null);
+  assert.equal(r.outputComplete, true);
+  assert.deepEqual(r.streams.stdout, { bytes: 21, lostBytes: 0, ended: true });
+  const st = await child.status();
+  assert.equal(st.state, "exited");
+  assert.equal(st.exit.exitCode, 3);
+  assert.ok(st.observedAt instanceof Date);
+  await child.detach();
+  await child.detach(); // again is safe
+});
+
+test("input in order, strings and bytes, then EOF", async () => {
+  const child = await sandbox.processes.start({ command: { kind: "argv", argv: ["cat"] }, stdin: "pipe", output: { mode: "stream" } });
+  const output = collect(child);
+  await child.write("first request\n");
+  await child.write(new TextEncoder().encode("second request\n"));
+  await child.write(""); // checks input is allowed; no close
+  const writes = [];
+  for (let i = 0; i < 50; i++) writes.push(child.write(`w${i}\n`)); // not awaited one by one: still in order
+  await Promise.all(writes);
+  await child.closeStdin();
+  await child.closeStdin(); // once
+  await rejects(child.write("late\n"), "STDIN_CLOSED");
+  const [out, r] = await Promise.all([output, child.wait()]);
+  let want = "first request\nsecond request\n";
+  for (let i = 0; i < 50; i++) want += `w${i}\n`;
+  assert.equal(out.stdout, want);
+  assert.equal(r.exitCode, 0);
+  await child.detach();
+});
+
+test("input bounds: 64 KiB a write, 256 KiB and 256 calls queued", async () => {
+  const child = await sandbox.processes.start({ command: { kind: "argv", argv: ["sh", "-c", "cat >/dev/null; sleep 30"] }, stdin: "pipe", output: { mode: "stream" } });
+  await rejects(child.write(new Uint8Array(LIMITS.maxWriteBytes + 1)), "INVALID_ARGUMENT");
+  // Queued at once: the 257th call is refused locally, the others go.
+  const calls = [];
+  for (let i = 0; i < LIMITS.maxInputCalls; i++) calls.push(child.write("x"));
+  await rejects(child.write("x"), "INPUT_CAPACITY");
+  await Promise.all(calls);
+  const big = [];
+  for (let i = 0; i < 4; i++) big.push(child.write(new Uint8Array(LIMITS.maxWriteBytes)));
+  await rejects(child.write("y"), "INPUT_CAPACITY"); // 256 KiB queued: full
+  await Promise.all(big);
+  await child.write("z"); // room again
+  const st = await sandbox.transport.call("GET", sandbox.path(`/exec-stream/${child.id}`));
+  assert.equal(st.stdin.accepted, LIMITS.maxInputCalls + 4 * LIMITS.maxWriteBytes + 1);
+  await child.terminate();
+  await child.wait();
+  await child.detach();
+  const none = await sandbox.processes.start({ command: { kind: "argv", argv: ["true"] } });
+  await rejects(none.write("x"), "STDIN_CLOSED");
+  await none.detach();
+});
+
+test("all 256 byte values on stdout, invalid UTF-8 and NUL on stderr, exactly", async () => {
+  const all = new Uint8Array(256 * 1024);
+  for (let i = 0; i < all.length; i++) all[i] = i % 256;
+  const child = await sandbox.processes.start({
+    command: sh("cat; printf 'a\\000b\\377\\376c\\300' >&2"), stdin: "pipe", output: { mode: "stream", format: "bytes" },
+  });
+  const parts = { stdout: [], stderr: [] };
+  const reading = (async () => {
+    for await (const c of child.output()) {
+      assert.ok(c.bytes.length <= LIMITS.maxChunkBytes, `a chunk of ${c.bytes.length} bytes`);
+      parts[c.stream].push(c.bytes);
+    }
+  })();
+  for (let i = 0; i < all.length; i += LIMITS.maxWriteBytes) await child.write(all.subarray(i, i + LIMITS.maxWriteBytes));
+  await child.closeStdin();
+  await reading;
+  assert.deepEqual(Buffer.concat(parts.stdout), Buffer.from(all));
+  assert.deepEqual(Buffer.concat(parts.stderr), Buffer.from([0x61, 0, 0x62, 0xff, 0xfe, 0x63, 0xc0]));
+  assert.equal((await child.wait()).outputComplete, true);
+  await child.detach();
+});
+
+test("text: characters split across frames decode whole, invalid bytes become U+FFFD", async () => {
+  // é (2 bytes), € (3), 😀 (4), each written byte by byte with a pause, then a cut character at the end.
+  const child = await sandbox.processes.start({
+    command: sh("for b in '\\303' '\\251' '\\342' '\\202' '\\254' '\\360' '\\237' '\\230' '\\200'; do printf \"$b\"; sleep 0.05; done; printf 'x\\377y\\342\\202'"),
+    output: { mode: "stream" },
+  });
+  const out = await collect(child);
+  assert.equal(out.stdout, "é€😀x\uFFFDy\uFFFD");
+  await child.detach();
+});
+
+test("wait with an abort signal: WAIT_ABORTED, the process untouched", async () => {
+  const child = await sandbox.processes.start({ command: sh("sleep 30"), output: { mode: "stream" } });
+  const ac = new AbortController();
+  const waiting = child.wait({ signal: ac.signal });
+  ac.abort();
+  await rejects(waiting, "WAIT_ABORTED");
+  assert.equal((await child.status()).state, "running");
+  // Concurrent terminates share one request.
+  const [a, b] = await Promise.all([child.terminate(), child.terminate()]);
+  assert.deepEqual(a, { status: "requested" });
+  assert.deepEqual(b, a);
+  const r = await child.wait();
+  assert.equal(r.signal, "SIGKILL");
+  assert.equal(r.exitCode, null);
+  assert.deepEqual(await child.terminate(), { status: "exited" });
+  await child.detach();
+  await rejects(child.status(), "DETACHED");
+});
+
+test("start refuses what it cannot honour, before starting", async () => {
+  await rejects(sandbox.processes.start({ command: sh("true"), deadlineSeconds: 5 }), "INVALID_ARGUMENT");
+  await rejects(sandbox.processes.start({ command: sh("true"), output: { mode: "stream", maxOutputBytes: 10 } }), "INVALID_ARGUMENT");
+  await rejects(sandbox.processes.start({ command: sh("true"), output: { maxOutputBytes: LIMITS.maxFiniteOutput + 1 } }), "INVALID_ARGUMENT");
+  await rejects(sandbox.processes.start({ command: { kind: "argv", argv: [] } }), "INVALID_ARGUMENT");
+  const ac = new AbortController();
+  ac.abort();
+  await rejects(sandbox.processes.start({ command: sh("true"), signal: ac.signal }), "WAIT_ABORTED");
+  await rejects(sandbox.processes.start({ command: { kind: "argv", argv: ["/no/such/program"] } }), "INVALID_ARGUMENT");
+});
+
+test("finite mode: at most maxOutputBytes, then OUTPUT_CAPACITY; leaving the loop detaches", async () => {
+  const child = await sandbox.processes.start({ command: sh("head -c 5000 /dev/zero"), output: { format: "bytes", maxOutputBytes: 4096 } });
+  let got = 0;
+  await rejects((async () => {
+    for await (const c of child.output()) got += c.bytes.length;
+  })(), "OUTPUT_CAPACITY");
+  assert.equal(got, 4096);
+  await rejects(child.wait(), "DETACHED");
+
+  const small = await sandbox.processes.start({ command: sh("echo one; echo two") });
+  for await (const c of small.output()) {
+    assert.equal(c.text.startsWith("one"), true);
+    break;
+  }
+  await rejects(small.status(), "DETACHED");
+});
+
+test("a slow consumer: by default the output pauses and resumes, nothing lost", async () => {
+  const total = 200 * 1024; // od makes it 640 KiB: within the ring, nothing can be evicted
+  const child = await sandbox.processes.start({ command: sh(`head -c ${total} /dev/urandom | od -An -v -tx1`), output: { mode: "stream" } });
+  let text = "";
+  for await (const c of child.output()) {
+    assert.equal(c.lost, 0);
+    text += c.text;
+    await new Promise((r) => setTimeout(r, 1)); // slower than the output
+  }
+  assert.equal(text.replace(/\s+/g, "").length, 2 * total);
+  assert.equal((await child.wait()).outputComplete, true);
+  await child.detach();
+});
+
+test("a slow consumer with overflow fail: OUTPUT_CAPACITY after the queued chunks; output() again resumes exactly", async () => {
+  const total = 600 * 1024;
+  const child = await sandbox.processes.start({ command: sh(`head -c ${total} /dev/zero`), output: { mode: "stream", format: "bytes", overflow: "fail" } });
+  await child.wait(); // all of it waits in kilnd's ring
+  // Each overflow fails the output after the chunks queued; each output()
+  // again resumes after the last chunk delivered.
+  let got = 0;
+  let overflows = 0;
+  for (let done = false; !done; ) {
+    try {
+      for await (const c of child.output()) {
+        assert.equal(c.offset, got, "a chunk repeated or skipped");
+        got += c.bytes.length;
+        await new Promise((r) => setTimeout(r, 1));
+      }
+      done = true;
+    } catch (err) {
+      assert.equal(err.code, "OUTPUT_CAPACITY", err.message);
+      overflows++;
+    }
+  }
+  assert.ok(overflows > 0);
+  assert.equal(got, total);
+  assert.equal((await child.wait()).outputComplete, true);
+  await child.detach();
+});
+
+test("one consumer at a time", async () => {
+  const child = await sandbox.processes.start({ command: sh("sleep 2; echo done"), output: { mode: "stream" } });
+  const first = collect(child);
+  await new Promise((r) => setTimeout(r, 50));
+  await rejects(collect(child), "OUTPUT_IN_USE");
+  assert.equal((await first).stdout, "done\n");
+  await child.detach();
+});
+
+test("disconnect, reference, reopen: the output resumes where it stood, nothing repeated, complete", async () => {
+  const child = await sandbox.processes.start({
+    command: sh("echo one; read x; echo two; echo err >&2"), stdin: "pipe", output: { mode: "stream" },
+  });
+  const ref = child.reference(); // before disconnect, as the seed does it: it follows the handle
+  let first = "";
+  for await (const c of child.output()) {
+    first += c.text;
+    if (first === "one\n") break;
+  }
+  await child.disconnect();
+  const saved = JSON.parse(JSON.stringify({ sandbox: sandbox.reference, process: ref }));
+  assert.equal(saved.process.offsets.stdout, 4);
+  await rejects(child.write("x\n"), "DETACHED");
+
+  const other = new Client({ url: kilnd.url, token: kilnd.token });
+  const again = await other.sandboxes.get(saved.sandbox);
+  const reopened = await again.processes.reopen(saved.process);
+  await reopened.write("go\n");
+  const rest = await collect(reopened);
+  assert.equal(rest.stdout, "two\n");
+  assert.equal(rest.stderr, "err\n");
+  assert.equal(reopened.outputGap, false);
+  const r = await reopened.wait();
+  assert.equal(r.outputComplete, true);
+  await reopened.detach();
+  await other.close();
+
+  await rejects(sandbox.processes.reopen({ ...saved.process, sandbox: "other" }), "INVALID_ARGUMENT");
+  await rejects(sandbox.processes.reopen({ ...saved.process, expiresAt: new Date(Date.now() - 1).toISOString() }), "FAILED_PRECONDITION");
+  await rejects(sandbox.processes.reopen({ ...saved.process, process: "01a22779-5cfd-7451-9354-2e19949d5c7f" }), "NOT_FOUND");
+});
+
+test("reopen after eviction: a gap of exactly the evicted bytes, outputComplete false", async () => {
+  const total = 3 << 20; // three times the ring
+  const child = await sandbox.processes.start({ command: sh(`head -c ${total} /dev/zero`), output: { mode: "stream", format: "bytes" } });
+  const ref = child.reference();
+  await child.disconnect();
+  const q = await sandbox.processes.reopen(ref);
+  await q.wait();
+  let got = 0;
+  let lost = 0;
+  for await (const c of q.output()) {
+    if (c.lost) lost += c.lost;
+    got += c.bytes.length;
+  }
+  assert.ok(lost > 0);
+  assert.equal(got + lost, total);
+  assert.equal(q.outputGap, true);
+  assert.equal(q.lostBytes, lost);
+  assert.equal((await q.wait()).outputComplete, false);
+  await q.detach();
+});
+
+test("a connection dropped mid-output: output() again resumes without loss or repeat", async () => {
+  // A proxy that cuts every connection after 64 KiB from kilnd; the
+  // output is live, in small writes, so each connection brings some.
+  const upstream = new URL(kilnd.url);
+  const proxy = net.createServer((c) => {
+    const u = net.connect(Number(upstream.port), upstream.hostname);
+    let n = 0;
+    u.on("data", (d) => {
+      n += d.length;
+      c.write(d);
+      if (n > 64 * 1024) {
+        c.destroy();
+        u.destroy();
+      }
+    });
+    c.on("data", (d) => u.write(d));
+    c.on("end", () => u.end());
+    u.on("end", () => c.end());
+    c.on("error", () => u.destroy());
+    u.on("error", () => c.destroy());
+  });
+  await new Promise((r) => proxy.listen(0, "127.0.0.1", r));
+  try {
+    const cut = new Client({ url: `http://127.0.0.1:${proxy.address().port}`, token: kilnd.token });
+    const lines = 50000;
+    const child = await sandbox.processes.start({ command: sh(`i=0; while [ $i -lt ${lines} ]; do i=$((i+1)); echo $i; done`), output: { mode: "stream" } });
+    const via = await (await cut.sandboxes.get(sandbox.id)).processes.reopen(child.reference());
+    await child.detach();
+    let text = "";
+    let breaks = 0;
+    for (;;) {
+      try {
+        for await (const c of via.output()) text += c.text;
+        break;
+      } catch (err) {
+        assert.equal(err.code, "UNAVAILABLE", err.message);
+        breaks++;
+        assert.ok(breaks < 100, `${breaks} breaks, ${text.length} bytes: ${err.message}\nkilnd:\n${kilnd.log().slice(-3000)}`);
+      }
+    }
+    assert.ok(breaks >= 1, `${breaks} breaks`);
+    let want = "";
+    for (let i = 1; i <= lines; i++) want += i + "\n";
+    assert.equal(text, want);
+    assert.equal(via.outputGap, false);
+    await via.detach();
+    await cut.close();
+  } finally {
+    proxy.close();
+  }
+});
+
+test("terminals: echo hi read back, resize, no closeStdin", async () => {
+  const term = await sandbox.terminals.start({ command: { kind: "argv", argv: ["sh"] }, columns: 80, rows: 24 });
+  assert.equal(typeof term.closeStdin, "undefined");
+  let seen = "";
+  const reading = (async () => {
+    for await (const c of term.output()) {
+      assert.equal(c.stream, "terminal");
+      assert.ok(c.bytes instanceof Uint8Array);
+      seen += new TextDecoder().decode(c.bytes);
+    }
+  })();
+  await term.resize({ columns: 120, rows: 40 });
+  await term.write("stty size; echo h''i\n");
+  await term.write("exit 4\n");
+  await reading;
+  assert.match(seen, /40 120/);
+  assert.match(seen, /\bhi\r?\n/);
+  assert.equal((await term.wait()).exitCode, 4);
+  await rejects(term.resize({ columns: 0, rows: 1 }), "INVALID_ARGUMENT");
+  await term.detach();
+});
+
+test("exec: bounded, and with onOutput, the text live and the bytes kept", async () => {
+  const plain = await sandbox.exec({ command: sh("echo out; echo err >&2; exit 2") });
+  assert.deepEqual([plain.exitCode, plain.stdout, plain.stderr, plain.truncated], [2, "out\n", "err\n", false]);
+  const seen = [];
+  const live = await sandbox.exec(
+    { command: { kind: "argv", argv: ["sh", "-c", "cat; echo done >&2"] }, stdin: "hello\n", maxOutputBytes: 4 },
+    { onOutput: async (c) => seen.push(`${c.stream}:${c.text}`) },
+  );
+  assert.deepEqual(seen.sort(), ["stderr:done\n", "stdout:hello\n"]);
+  assert.equal(live.exitCode, 0);
+  assert.equal(live.truncated, true);
+  assert.equal(live.stdoutBytes, 6);
+  assert.equal(live.stdout + live.stderr, "hell");
+  await rejects(sandbox.exec({ command: sh("true"), deadlineSeconds: 1 }, { onOutput: () => {} }), "INVALID_ARGUMENT");
+  await assert.rejects(
+    sandbox.exec({ command: sh("echo x; exit 5") }, { onOutput: () => { throw new Error("boom"); } }),
+    (err) => err.code === "INTERNAL" && err.cause.message === "boom",
+  );
+});
+
+test("readProcessLines over a real process", async () => {
+  const child = await sandbox.processes.start({ command: sh("printf 'a\\r\\nb\\n'; echo e >&2; printf 'tail'"), output: { mode: "stream" } });
+  const lines = [];
+  for await (const l of readProcessLines(child.output(), { maxLineBytes: 100 })) lines.push(l);
+  assert.deepEqual(lines.filter((l) => l.stream === "stdout").map((l) => [l.text, l.partial]), [["a", false], ["b", false], ["tail", true]]);
+  assert.deepEqual(lines.filter((l) => l.stream === "stderr").map((l) => l.text), ["e"]);
+  await child.detach();
+});
+
+test("errors carry kilnd's code", async () => {
+  await rejects(client.sandboxes.get("nope"), "NOT_FOUND");
+  const wrong = new Client({ url: kilnd.url, token: "wrong" });
+  await rejects(wrong.sandboxes.list(), "UNAUTHENTICATED");
+  const closed = net.createServer();
+  await new Promise((r) => closed.listen(0, "127.0.0.1", r));
+  const port = closed.address().port;
+  await new Promise((r) => closed.close(r));
+  const down = new Client({ url: `http://127.0.0.1:${port}`, token: "x" });
+  await rejects(down.sandboxes.list(), "UNAVAILABLE");
+  await rejects(down.sandboxes.create(), "UNAVAILABLE"); // refused: never sent, so not unknown
+});
+
+test("files and previews", async () => {
+  await sandbox.files.write("/workspace/dir/a.txt", "hello");
+  assert.equal(await sandbox.files.readText("/workspace/dir/a.txt"), "hello");
+  const names = (await sandbox.files.list("/workspace/dir")).map((f) => f.name);
+  assert.deepEqual(names, ["a.txt"]);
+  await sandbox.files.remove("/workspace/dir", { recursive: true });
+  await rejects(sandbox.files.stat("/workspace/dir"), "NOT_FOUND");
+  const p = await sandbox.previews.create({ port: 8080, ttlSeconds: 60 });
+  assert.match(p.url, /\/preview\//);
+  await sandbox.previews.revoke(p.id);
+});
