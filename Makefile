@@ -2,7 +2,7 @@
 GO ?= go
 STATICCHECK = $(GO) tool -modfile=tools/go.mod staticcheck
 
-.PHONY: test check bench compare fuzz faults soak sdk-test
+.PHONY: test check bench compare fuzz faults soak sdk-test console-test
 
 # The whole test suite: formatting, vet, staticcheck, every test under the
 # race detector (the interop module's too: sandkiln's files and streams
@@ -13,6 +13,7 @@ test: check
 	cd interop && $(GO) test -race -count=1 ./...
 	$(GO) test -run='^$$' -bench=. -benchtime=1x ./...
 	$(MAKE) sdk-test
+	$(MAKE) console-test
 
 # The TypeScript SDK: built with tsc, its suite run against a real kilnd on
 # Node 20 (with ws), Node 22 (its own WebSocket) and Bun, and its npm pack
@@ -24,6 +25,20 @@ sdk-test: $(SDK)/node_modules/.package-lock.json
 
 $(SDK)/node_modules/.package-lock.json: $(SDK)/package-lock.json
 	cd $(SDK) && npm ci --no-audit --no-fund --loglevel=error
+
+# The web console: built with Vite into internal/console/dist, which kilnd
+# embeds and the repository keeps (so that a clone builds kilnd without
+# npm); the build must leave it as committed. Then it is driven in
+# headless Chromium (Debian's, by playwright-core) against a real kilnd.
+CONSOLE = web/console
+console-test: $(CONSOLE)/node_modules/.package-lock.json
+	cd $(CONSOLE) && npm run --silent build
+	@if [ -n "$$(git status --porcelain -- internal/console/dist)" ]; then \
+		echo "internal/console/dist is not what web/console builds: commit the build"; git status --short -- internal/console/dist; exit 1; fi
+	cd $(CONSOLE) && npm test
+
+$(CONSOLE)/node_modules/.package-lock.json: $(CONSOLE)/package-lock.json
+	cd $(CONSOLE) && npm ci --no-audit --no-fund --loglevel=error
 
 check:
 	@out=$$(gofmt -l $$(git ls-files --cached --others --exclude-standard '*.go' 2>/dev/null || find . -name '*.go')); \

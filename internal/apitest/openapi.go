@@ -96,6 +96,9 @@ var trailingParam = regexp.MustCompile(`\{([^}/]+)\}$`)
 // parameter, /sandboxes/ID/nothing, is so held to that template's
 // operation; kilnd answers it 404, which they all document.)
 func muxPattern(template string) string {
+	if template == "/" {
+		return "/{$}" // the root alone, not every path
+	}
 	return trailingParam.ReplaceAllString(template, "{$1...}")
 }
 

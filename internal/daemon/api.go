@@ -33,6 +33,8 @@ type Route struct {
 // Routes are kilnd's routes. The process routes are forwarded to the
 // sandbox's agent.
 var Routes = []Route{
+	{"GET", "/{$}", true}, // the web console; it asks for the token itself
+	{"GET", "/assets/{file}", true},
 	{"GET", "/healthz", true},
 	{"GET", "/openapi.yaml", true},
 	{"GET", "/metrics", false},
@@ -65,6 +67,8 @@ var Routes = []Route{
 // out.
 func (d *Daemon) Handler(tcp bool) http.Handler {
 	handlers := map[string]http.HandlerFunc{
+		"GET /{$}":           d.console.ServeIndex,
+		"GET /assets/{file}": d.console.ServeAsset,
 		"GET /healthz": func(w http.ResponseWriter, r *http.Request) {
 			reply.JSON(w, http.StatusOK, map[string]string{"status": "ok"})
 		},
@@ -122,7 +126,7 @@ func (d *Daemon) Handler(tcp bool) http.Handler {
 		key := strings.TrimSpace(rt.Method + " " + rt.Pattern)
 		m.Handle(key, handlers[key])
 		if rt.Open {
-			open[rt.Pattern] = true
+			open[key] = true
 		}
 	}
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
@@ -134,7 +138,7 @@ func (d *Daemon) Handler(tcp bool) http.Handler {
 			reply.Error(w, errdefs.New(errdefs.ErrPermissionDenied, "kilnd: origin "+clip(r.Header.Get("Origin"))+" is not allowed (see --allow-origin)"))
 			return
 		}
-		if tcp && !open[r.URL.Path] && !strings.HasPrefix(r.URL.Path, previewPrefix) && !d.authorized(r) {
+		if _, pattern := m.Handler(r); tcp && !open[pattern] && !strings.HasPrefix(r.URL.Path, previewPrefix) && !d.authorized(r) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="kilnd"`)
 			reply.Error(w, errdefs.New(errdefs.ErrUnauthenticated, "kilnd: a bearer token is required (the token file in kilnd's state directory)"))
 			return

@@ -30,6 +30,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/internal/console"
 	"github.com/sandkiln/sandkiln/internal/egress"
 	"github.com/sandkiln/sandkiln/internal/errdefs"
 	"github.com/sandkiln/sandkiln/internal/image"
@@ -192,6 +193,7 @@ type Daemon struct {
 	wg      sync.WaitGroup
 
 	metrics *metrics
+	console *console.Handler
 
 	// tcp is where the TCP listener listens, once it does (set by Serve,
 	// read by requests and by TCPAddr's callers).
@@ -245,6 +247,9 @@ func New(cfg Config) (*Daemon, error) {
 		return nil, fmt.Errorf("kilnd: images: %w", err)
 	}
 	d.metrics = newMetrics(d)
+	if d.console, err = console.New(); err != nil {
+		return nil, fmt.Errorf("kilnd: the web console: %w", err)
+	}
 	if d.token, err = loadToken(filepath.Join(cfg.StateDir, TokenName)); err != nil {
 		return nil, err
 	}

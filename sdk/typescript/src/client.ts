@@ -467,6 +467,26 @@ export class Processes {
     return this.s.adopt(new ProcessHandle<Chunk>(this.s, ref.process, settingsFrom(ref), ref));
   }
 
+  /**
+   * A handle on a process of the sandbox's, by its id (one another client
+   * started, say), its output read from the beginning (what kilnd still
+   * has of it). A terminal's handle is a TerminalHandle.
+   */
+  async get(id: string, options: { format?: "text" | "bytes" } & SignalOptions = {}): Promise<ProcessHandle<Chunk> | TerminalHandle> {
+    const p = await this.s.transport.call<Schemas["Process"]>("GET", this.s.path(`/exec-stream/${encodeURIComponent(id)}`), {
+      idempotent: true, signal: options.signal,
+    });
+    const terminal = p.terminal ?? false;
+    const ref: ProcessReference = {
+      kind: terminal ? "terminal" : "process", version: 1, sandbox: this.s.id, process: id, offsets: {}, lost: {}, ended: {},
+      stdin: { pipe: p.stdin !== undefined, offset: p.stdin?.accepted ?? 0, closed: p.stdin?.closed ?? true },
+      format: terminal ? "bytes" : options.format ?? "text", mode: "stream", maxOutputBytes: LIMITS.maxFiniteOutput,
+      overflow: "resume", hold: false, expiresAt: new Date(Date.now() + LIMITS.referenceLifetimeMs).toISOString(),
+    };
+    const settings = settingsFrom(ref);
+    return this.s.adopt(terminal ? new TerminalHandle(this.s, id, settings, ref) : new ProcessHandle<Chunk>(this.s, id, settings, ref));
+  }
+
   /** The sandbox's processes, running and finished. */
   async list(options: SignalOptions = {}): Promise<Schemas["Process"][]> {
     return (await this.s.transport.call<Schemas["Process"][] | null>("GET", this.s.path("/exec-stream"), { idempotent: true, signal: options.signal })) ?? [];

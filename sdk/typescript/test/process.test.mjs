@@ -417,3 +417,22 @@ test("files and previews", async () => {
   assert.match(p.url, /\/preview\//);
   await sandbox.previews.revoke(p.id);
 });
+
+test("processes.get: a handle on a process another client started, from its beginning", async () => {
+  const started = await sandbox.processes.start({ command: sh("echo a; echo b >&2"), output: { mode: "stream" } });
+  await started.wait();
+  await started.detach();
+  const other = new Client({ url: kilnd.url, token: kilnd.token });
+  const again = await (await other.sandboxes.get(sandbox.id)).processes.get(started.id);
+  const out = await collect(again);
+  assert.deepEqual([out.stdout, out.stderr], ["a\n", "b\n"]);
+  assert.equal((await again.wait()).outputComplete, true);
+  await again.detach();
+  const term = await sandbox.terminals.start({ command: sh("echo t") });
+  const t = await sandbox.processes.get(term.id);
+  assert.equal(typeof t.resize, "function");
+  await t.wait();
+  await t.detach();
+  await term.detach();
+  await rejects(sandbox.processes.get("01a22779-5cfd-7451-9354-2e19949d5c7f"), "NOT_FOUND");
+});

@@ -1,0 +1,485 @@
+// kilnd's web console: sandboxes, processes, live logs and terminals, and
+// files, through the TypeScript SDK. The token is kept in sessionStorage,
+// never in a URL; what is open is kept in the URL's fragment, so a reload
+// shows it again.
+
+import "@xterm/xterm/css/xterm.css";
+import "./style.css";
+
+import { FitAddon } from "@xterm/addon-fit";
+import { Terminal } from "@xterm/xterm";
+import {
+  Client,
+  ProcessHandle,
+  SandkilnError,
+  TerminalHandle,
+  type Chunk,
+  type FileInfo,
+  type Sandbox,
+  type SandboxInfo,
+  type WaitResult,
+} from "@sandkiln/sdk";
+
+// The page's policy allows inline styles by nonce alone; the terminal
+// writes its styles into style elements it makes, which get the nonce here.
+const nonce = (document.querySelector('meta[name="kiln-csp-nonce"]') as HTMLMetaElement | null)?.nonce ?? "";
+const createElement = Document.prototype.createElement;
+Document.prototype.createElement = function (this: Document, tag: string, options?: ElementCreationOptions) {
+  const el = createElement.call(this, tag, options);
+  if (nonce && tag.toLowerCase() === "style") el.nonce = nonce;
+  return el;
+} as typeof createElement;
+
+const TOKEN_KEY = "kiln.token";
+/** The most of a log's text kept on the page; older output is let go (and said so). */
+const MAX_LOG_CHARS = 4 << 20;
+
+type Child = Node | string | null | undefined | false;
+
+/** An element with attributes and children; text is always text, never markup. */
+function h<K extends keyof HTMLElementTagNameMap>(tag: K, attrs: Record<string, string> = {}, ...children: Child[]): HTMLElementTagNameMap[K] {
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, v);
+  for (const c of children) if (c) el.append(c);
+  return el;
+}
+
+function button(label: string, onClick: () => unknown, attrs: Record<string, string> = {}): HTMLButtonElement {
+  const b = h("button", { type: "button", ...attrs }, label);
+  b.onclick = async () => {
+    b.disabled = true;
+    try {
+      await onClick();
+    } catch (err) {
+      report(err);
+    } finally {
+      b.disabled = false;
+    }
+  };
+  return b;
+}
+
+const app = document.getElementById("app")!;
+const toast = h("div", { id: "toast", role: "alert" });
+
+function report(err: unknown): void {
+  const msg = err instanceof SandkilnError ? `${err.code}: ${err.message}` : err instanceof Error ? err.message : String(err);
+  toast.textContent = msg;
+  toast.hidden = false;
+  if (err instanceof SandkilnError && err.code === "UNAUTHENTICATED") logout("the token was refused");
+}
+
+function short(id: string): string {
+  return id.slice(-12);
+}
+
+function exitText(r: { exitCode: number | null; signal: string | null; oomKilled?: boolean }): string {
+  if (r.exitCode !== null) return `process exited with code ${r.exitCode}`;
+  if (r.signal) return `process killed by signal ${r.signal}${r.oomKilled ? ": out of memory" : ""}`;
+  return "process exit unknown";
+}
+
+// What the URL's fragment keeps: the sandbox and process open.
+function place(): { sandbox?: string; process?: string } {
+  const q = new URLSearchParams(location.hash.slice(1));
+  return { sandbox: q.get("sandbox") ?? undefined, process: q.get("process") ?? undefined };
+}
+
+function go(p: { sandbox?: string; process?: string }): void {
+  const q = new URLSearchParams();
+  if (p.sandbox) q.set("sandbox", p.sandbox);
+  if (p.process) q.set("process", p.process);
+  history.replaceState(null, "", "#" + q.toString());
+}
+
+// ---- log in ----
+
+function login(error?: string): void {
+  app.replaceChildren();
+  const input = h("input", { type: "password", id: "token", autocomplete: "current-password", placeholder: "kilnd's token", required: "" });
+  const form = h("form", { id: "login" },
+    h("h1", {}, "sandkiln"),
+    h("label", { for: "token" }, "Token (the token file in kilnd's state directory)"),
+    input,
+    h("button", { type: "submit" }, "Log in"),
+    error ? h("p", { class: "error" }, error) : null);
+  form.onsubmit = async (ev) => {
+    ev.preventDefault();
+    const token = input.value.trim();
+    const client = new Client({ url: location.origin, token });
+    try {
+      await client.sandboxes.list();
+    } catch (err) {
+      login(err instanceof SandkilnError && err.code === "UNAUTHENTICATED" ? "kilnd refused that token" : String(err));
+      return;
+    }
+    sessionStorage.setItem(TOKEN_KEY, token);
+    main(client);
+  };
+  app.append(form);
+  input.focus();
+}
+
+function logout(why?: string): void {
+  sessionStorage.removeItem(TOKEN_KEY);
+  viewer?.close();
+  login(why);
+}
+
+// ---- the main view ----
+
+let viewer: { close(): void } | undefined;
+let refreshTimer: number | undefined;
+
+function main(client: Client): void {
+  app.replaceChildren();
+  toast.hidden = true;
+  const sandboxList = h("tbody");
+  const sandboxPanel = h("section", { id: "sandbox" });
+  const view = h("section", { id: "viewer" });
+  app.append(
+    h("header", {}, h("h1", {}, "sandkiln"), button("Log out", () => logout())),
+    toast,
+    h("main", {},
+      h("section", { id: "sandboxes" },
+        h("h2", {}, "Sandboxes"),
+        createForm(client, () => refresh()),
+        h("table", {}, h("thead", {}, h("tr", {}, h("th", {}, "id"), h("th", {}, "state"), h("th", {}, "limits"), h("th", {}))), sandboxList)),
+      sandboxPanel,
+      view));
+  let open: Sandbox | undefined;
+
+  const refresh = async () => {
+    const list = await client.sandboxes.list();
+    sandboxList.replaceChildren(...list.map((s) => sandboxRow(s)));
+    if (open) await showSandbox(open, false);
+  };
+
+  const sandboxRow = (s: SandboxInfo) => {
+    const tr = h("tr", { "data-sandbox": s.id, class: open?.id === s.id ? "selected" : "" },
+      h("td", { class: "id", title: s.id }, short(s.id)),
+      h("td", { class: "state" }, s.state),
+      h("td", {}, limitsText(s)),
+      h("td", {},
+        button("Open", async () => {
+          open = await client.sandboxes.get(s.id);
+          go({ sandbox: s.id });
+          await refresh();
+        }),
+        button("Delete", async () => {
+          if (open?.id === s.id) {
+            open = undefined;
+            viewer?.close();
+            sandboxPanel.replaceChildren();
+            view.replaceChildren();
+            go({});
+          }
+          await (await client.sandboxes.get(s.id)).destroy();
+          await refresh();
+        })));
+    return tr;
+  };
+
+  const showSandbox = async (sb: Sandbox, reset: boolean) => {
+    const info = await sb.refresh();
+    const procs = await sb.processes.list();
+    const rows = procs.map((p) => h("tr", { "data-process": p.id },
+      h("td", { class: "id", title: p.id }, short(p.id)),
+      h("td", { class: "command" }, [p.command, ...(p.args ?? [])].join(" ").replace(/[\n\r]/g, "⏎")),
+      h("td", { class: "state" }, p.state === "exited" ? exitText({ exitCode: p.exit_code ?? null, signal: p.signal ?? null, oomKilled: p.oom_killed }) : p.terminal ? "running (terminal)" : "running"),
+      h("td", {},
+        button(p.terminal ? "Open" : "Logs", () => openProcess(sb, p.id)),
+        p.state === "running" && button("TERM", async () => withHandle(sb, p.id, (hd) => hd.signal("SIGTERM"))),
+        p.state === "running" && button("Kill", async () => withHandle(sb, p.id, (hd) => hd.terminate())))));
+    const body = h("tbody", {}, ...rows);
+    if (!reset && sandboxPanel.dataset.sandbox === sb.id) {
+      sandboxPanel.querySelector("#processes tbody")?.replaceWith(body);
+      const st = sandboxPanel.querySelector(".sandbox-state");
+      if (st) st.textContent = info.state + (info.reason ? `: ${info.reason}` : "");
+      return;
+    }
+    sandboxPanel.dataset.sandbox = sb.id;
+    sandboxPanel.replaceChildren(
+      h("h2", {}, "Sandbox ", h("span", { class: "id", title: sb.id }, short(sb.id))),
+      h("p", {}, "State: ", h("span", { class: "sandbox-state" }, info.state), " · ", limitsText(info), info.image ? ` · image ${info.image}` : ""),
+      startForm(sb, (id) => openProcess(sb, id), () => refresh()),
+      h("table", { id: "processes" }, h("thead", {}, h("tr", {}, h("th", {}, "process"), h("th", {}, "command"), h("th", {}, "state"), h("th", {}))), body),
+      filesPanel(sb));
+  };
+
+  const openProcess = async (sb: Sandbox, id: string) => {
+    go({ sandbox: sb.id, process: id });
+    viewer?.close();
+    const handle = await sb.processes.get(id, { format: "text" });
+    viewer = handle instanceof TerminalHandle ? terminalView(view, handle, () => refresh()) : logView(view, handle as ProcessHandle<Chunk>, () => refresh());
+    await refresh();
+  };
+
+  // What the URL's fragment names opens again.
+  (async () => {
+    const p = place();
+    if (p.sandbox) {
+      try {
+        open = await client.sandboxes.get(p.sandbox);
+      } catch (err) {
+        report(err);
+        go({});
+      }
+    }
+    await refresh();
+    if (open && p.process) await openProcess(open, p.process);
+  })().catch(report);
+
+  window.clearInterval(refreshTimer);
+  refreshTimer = window.setInterval(() => refresh().catch(report), 3000);
+}
+
+async function withHandle(sb: Sandbox, id: string, f: (h: ProcessHandle<Chunk> | TerminalHandle) => Promise<unknown>): Promise<void> {
+  const hd = await sb.processes.get(id);
+  try {
+    await f(hd);
+  } finally {
+    await hd.detach();
+  }
+}
+
+function limitsText(s: SandboxInfo): string {
+  const l = s.limits ?? {};
+  const parts: string[] = [];
+  if (l.memory_bytes) parts.push(`${Math.round(l.memory_bytes / (1 << 20))} MiB`);
+  if (l.cpus) parts.push(`${l.cpus} CPU`);
+  if (l.pids) parts.push(`${l.pids} pids`);
+  if (l.disk_bytes) parts.push(`${Math.round(l.disk_bytes / (1 << 30))} GiB disk`);
+  return parts.join(", ") || "no limits";
+}
+
+function createForm(client: Client, done: () => Promise<void>): HTMLFormElement {
+  const memory = h("input", { type: "number", name: "memory", min: "0", placeholder: "memory MiB (default)" });
+  const cpus = h("input", { type: "number", name: "cpus", min: "0", step: "0.1", placeholder: "CPUs (default)" });
+  const pids = h("input", { type: "number", name: "pids", min: "0", placeholder: "pids (default)" });
+  const image = h("input", { type: "text", name: "image", placeholder: "image (optional)" });
+  const form = h("form", { id: "create" }, memory, cpus, pids, image, h("button", { type: "submit" }, "Create sandbox"));
+  form.onsubmit = async (ev) => {
+    ev.preventDefault();
+    const limits: Record<string, number> = {};
+    if (memory.value) limits.memory_bytes = Math.round(Number(memory.value) * (1 << 20));
+    if (cpus.value) limits.cpus = Number(cpus.value);
+    if (pids.value) limits.pids = Number(pids.value);
+    const submit = form.querySelector("button")!;
+    submit.disabled = true;
+    try {
+      await client.sandboxes.create({ limits, ...(image.value ? { image: image.value } : {}) });
+      await done();
+    } catch (err) {
+      report(err);
+    } finally {
+      submit.disabled = false;
+    }
+  };
+  return form;
+}
+
+function startForm(sb: Sandbox, opened: (id: string) => Promise<void>, done: () => Promise<void>): HTMLFormElement {
+  const script = h("input", { type: "text", name: "command", placeholder: "a command line (sh -c)", size: "50" });
+  const terminal = h("input", { type: "checkbox", name: "terminal", id: "start-terminal" });
+  const capture = h("input", { type: "checkbox", name: "capture", id: "start-capture" });
+  const form = h("form", { id: "start" }, script,
+    h("label", {}, terminal, " terminal"), h("label", {}, capture, " capture"),
+    h("button", { type: "submit" }, "Start"));
+  form.onsubmit = async (ev) => {
+    ev.preventDefault();
+    const command = script.value.trim() ? { kind: "shell" as const, script: script.value } : { kind: "argv" as const, argv: ["sh"] };
+    try {
+      if (terminal.checked) {
+        const t = await sb.terminals.start({ command, capture: capture.checked });
+        const id = t.id;
+        await t.detach();
+        await opened(id);
+      } else {
+        const p = await sb.processes.start({ command, capture: capture.checked, output: { mode: "stream" } });
+        const id = p.id;
+        await p.detach();
+        await opened(id);
+      }
+      await done();
+    } catch (err) {
+      report(err);
+    }
+  };
+  return form;
+}
+
+/** Reads a handle's output to its end, resuming by offsets across breaks. */
+async function follow(handle: ProcessHandle<Chunk> | TerminalHandle, signal: AbortSignal, status: HTMLElement,
+  take: (c: Chunk) => void): Promise<WaitResult | undefined> {
+  let wait = 250;
+  for (;;) {
+    try {
+      status.textContent = "following";
+      for await (const c of handle.output({ signal })) {
+        take(c);
+        wait = 250;
+      }
+      break;
+    } catch (err) {
+      if (signal.aborted) return undefined;
+      if (!(err instanceof SandkilnError) || err.code !== "UNAVAILABLE") throw err;
+      // The connection broke: resume from where the output stands.
+      status.textContent = `reconnecting in ${wait} ms: ${err.message}`;
+      await new Promise((r) => setTimeout(r, wait));
+      wait = Math.min(2 * wait, 5000);
+    }
+  }
+  status.textContent = "waiting for the exit";
+  const r = await handle.wait({ signal });
+  status.textContent = "ended";
+  return r;
+}
+
+function summary(r: WaitResult): string {
+  return Object.entries(r.streams)
+    .map(([s, c]) => `${s}: ${c.bytes} bytes${c.lostBytes ? `, ${c.lostBytes} lost` : ""}`)
+    .join(" · ") + (r.outputComplete ? " · complete" : " · incomplete");
+}
+
+function logView(view: HTMLElement, handle: ProcessHandle<Chunk>, done: () => Promise<void>): { close(): void } {
+  const ac = new AbortController();
+  const log = h("pre", { id: "log", "aria-live": "polite" });
+  const status = h("p", { id: "log-status" }, "connecting");
+  const foot = h("p", { id: "log-summary" });
+  view.replaceChildren(h("h2", {}, "Logs of ", h("span", { class: "id", title: handle.id }, short(handle.id))), status, log, foot);
+  let kept = 0;
+  let last: HTMLSpanElement | undefined;
+  const add = (el: HTMLElement, size: number) => {
+    log.append(el);
+    kept += size;
+    while (kept > MAX_LOG_CHARS && log.firstChild) {
+      const first = log.firstChild as HTMLElement;
+      kept -= first.textContent?.length ?? 0;
+      first.remove();
+      if (!log.querySelector(".trimmed")) log.prepend(h("span", { class: "trimmed" }, "[older output not shown]\n"));
+    }
+    if (log.scrollHeight - log.scrollTop - log.clientHeight < 80) log.scrollTop = log.scrollHeight;
+  };
+  (async () => {
+    const r = await follow(handle, ac.signal, status, (c) => {
+      if (c.lost) {
+        last = undefined;
+        const gap = h("span", { class: "gap", "data-lost": String(c.lost), "data-stream": c.stream }, `[${c.lost} bytes of ${c.stream} lost]\n`);
+        add(gap, gap.textContent!.length);
+        return;
+      }
+      const text = "text" in c ? c.text : new TextDecoder().decode(c.bytes);
+      if (last && last.dataset.stream === c.stream && (last.textContent?.length ?? 0) < 64 << 10) {
+        last.append(text);
+        kept += text.length;
+        if (log.scrollHeight - log.scrollTop - log.clientHeight < 80) log.scrollTop = log.scrollHeight;
+        return;
+      }
+      last = h("span", { class: c.stream, "data-stream": c.stream }, text);
+      add(last, text.length);
+    });
+    if (!r) return;
+    add(h("span", { class: "exit" }, `[${exitText(r)}]\n`), 0);
+    foot.textContent = summary(r);
+    await done();
+  })().catch((err) => {
+    if (!ac.signal.aborted) {
+      status.textContent = "stopped";
+      report(err);
+    }
+  });
+  return {
+    close() {
+      ac.abort();
+      handle.detach();
+    },
+  };
+}
+
+function terminalView(view: HTMLElement, handle: TerminalHandle, done: () => Promise<void>): { close(): void } {
+  const ac = new AbortController();
+  const box = h("div", { id: "terminal" });
+  const status = h("p", { id: "log-status" }, "connecting");
+  const foot = h("p", { id: "log-summary" });
+  view.replaceChildren(h("h2", {}, "Terminal ", h("span", { class: "id", title: handle.id }, short(handle.id))), status, box, foot);
+  const term = new Terminal({ cursorBlink: true, fontSize: 13, fontFamily: "ui-monospace, monospace", scrollback: 5000 });
+  const fit = new FitAddon();
+  term.loadAddon(fit);
+  term.open(box);
+  fit.fit();
+  const resize = () => handle.resize({ columns: term.cols, rows: term.rows }).catch(() => {});
+  resize();
+  term.onResize(resize);
+  const onWindow = () => fit.fit();
+  window.addEventListener("resize", onWindow);
+  // Input in order: each write waits for the one before.
+  let typing: Promise<unknown> = Promise.resolve();
+  term.onData((d) => {
+    typing = typing.then(() => handle.write(d)).catch(report);
+  });
+  term.focus();
+  (async () => {
+    const r = await follow(handle, ac.signal, status, (c) => {
+      if (c.lost) term.write(`\r\n[${c.lost} bytes lost]\r\n`);
+      else if ("bytes" in c) term.write(c.bytes);
+    });
+    if (!r) return;
+    term.write(`\r\n[${exitText(r)}]\r\n`);
+    foot.textContent = summary(r);
+    await done();
+  })().catch((err) => {
+    if (!ac.signal.aborted) report(err);
+  });
+  return {
+    close() {
+      ac.abort();
+      window.removeEventListener("resize", onWindow);
+      handle.detach();
+      term.dispose();
+    },
+  };
+}
+
+function filesPanel(sb: Sandbox): HTMLElement {
+  const at = h("input", { type: "text", name: "path", value: "/workspace", size: "40" });
+  const list = h("tbody");
+  const upload = h("input", { type: "file", name: "upload" });
+  const show = async () => {
+    const dir = at.value.replace(/\/+$/, "") || "/";
+    const entries: FileInfo[] = await sb.files.list(dir);
+    const join = (n: string) => (dir === "/" ? "/" + n : dir + "/" + n);
+    list.replaceChildren(
+      ...(dir !== "/" ? [h("tr", {}, h("td", {}, button("..", () => { at.value = dir.replace(/\/[^/]*$/, "") || "/"; return show(); })), h("td", {}), h("td", {}))] : []),
+      ...entries.map((e) => h("tr", { "data-file": e.name },
+        h("td", {}, e.type === "dir" ? button(e.name + "/", () => { at.value = join(e.name); return show(); }) : e.name),
+        h("td", {}, e.type === "dir" ? "" : String(e.size)),
+        h("td", {}, e.type === "file" && button("Download", async () => {
+          const bytes = await sb.files.read(join(e.name));
+          const url = URL.createObjectURL(new Blob([bytes as BlobPart]));
+          const a = h("a", { href: url, download: e.name });
+          a.click();
+          setTimeout(() => URL.revokeObjectURL(url), 10_000);
+        })))));
+  };
+  upload.onchange = async () => {
+    const f = upload.files?.[0];
+    if (!f) return;
+    try {
+      const dir = at.value.replace(/\/+$/, "");
+      await sb.files.write(`${dir}/${f.name}`, new Uint8Array(await f.arrayBuffer()));
+      upload.value = "";
+      await show();
+    } catch (err) {
+      report(err);
+    }
+  };
+  const panel = h("div", { id: "files" }, h("h3", {}, "Files"), h("div", {}, at, button("List", show), " upload: ", upload), h("table", {}, list));
+  return panel;
+}
+
+// ---- start ----
+
+const token = sessionStorage.getItem(TOKEN_KEY);
+if (token) main(new Client({ url: location.origin, token }));
+else login();

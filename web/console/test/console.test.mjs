@@ -1,0 +1,140 @@
+// The web console in headless Chromium against a real kilnd: log in, make
+// a sandbox, run a command and read its lines and exit, type into a
+// terminal, see a gap with its exact count, reload and see the same log,
+// with nothing the page's policy refused. Screenshots of each state go to
+// test/artifacts/.
+
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { mkdirSync, existsSync } from "node:fs";
+import { fileURLToPath } from "node:url";
+
+import { chromium } from "playwright-core";
+
+import { startKilnd } from "../../../sdk/typescript/test/kilnd.mjs";
+
+const artifacts = fileURLToPath(new URL("./artifacts/", import.meta.url));
+const executablePath = process.env.CHROMIUM ?? "/usr/bin/chromium";
+
+let kilnd, browser, page;
+const problems = []; // what the page said went wrong: policy refusals, errors
+
+async function api(method, path, body) {
+  const resp = await fetch(kilnd.url + path, {
+    method,
+    headers: { Authorization: "Bearer " + kilnd.token, "Content-Type": "application/json" },
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  assert.ok(resp.ok, `${method} ${path}: ${resp.status} ${await resp.clone().text()}`);
+  return resp.status === 204 ? undefined : resp.json();
+}
+
+async function shot(name) {
+  await page.screenshot({ path: artifacts + name + ".png", fullPage: true });
+}
+
+before(async () => {
+  assert.ok(existsSync(executablePath), `no Chromium at ${executablePath} (apt-get install chromium, or set CHROMIUM)`);
+  mkdirSync(artifacts, { recursive: true });
+  kilnd = await startKilnd();
+  browser = await chromium.launch({
+    executablePath,
+    headless: true,
+    // No network but kilnd's loopback: nothing Chromium reaches for on its own.
+    args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+      "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"],
+  });
+  page = await browser.newPage({ viewport: { width: 1280, height: 1000 } });
+  page.on("console", (m) => {
+    if (m.type() === "error" || /Content Security Policy/i.test(m.text())) problems.push(`console: ${m.text()}`);
+  });
+  page.on("pageerror", (e) => problems.push(`page error: ${e.message}`));
+  page.on("response", (r) => { if (r.status() >= 400) problems.push(`answer: ${r.status()} ${r.request().method()} ${r.url()}`); });
+});
+
+after(async () => {
+  await browser?.close();
+  await kilnd?.stop();
+});
+
+test("the console, as a user uses it", async () => {
+  const resp = await page.goto(kilnd.url + "/");
+  assert.match(resp.headers()["content-security-policy"], /script-src 'self'; style-src 'self' 'nonce-/);
+  await page.waitForSelector("#login");
+  await shot("01-login");
+
+  // A wrong token is told so; the right one logs in.
+  await page.fill("#token", "wrong");
+  await page.click("#login button[type=submit]");
+  await page.waitForSelector("#login .error");
+  problems.length = 0; // the refused token's 401 is the browser's to log
+  await page.fill("#token", kilnd.token);
+  await page.click("#login button[type=submit]");
+  await page.waitForSelector("text=Log out");
+  assert.equal(await page.evaluate(() => location.href.includes(sessionStorage.getItem("kiln.token"))), false, "the token is in the URL");
+
+  // A sandbox.
+  await page.click("#create button[type=submit]");
+  const row = await page.waitForSelector("tr[data-sandbox]");
+  const sb = await row.getAttribute("data-sandbox");
+  await row.$("text=Open").then((b) => b.click());
+  await page.waitForSelector("#start");
+  await shot("02-sandbox");
+
+  // The seed's command: three lines, then the exit.
+  await page.fill("#start input[name=command]", "for i in 1 2 3; do echo line-$i; sleep 1; done");
+  await page.click("#start button[type=submit]");
+  await page.waitForSelector("#log .exit", { timeout: 30_000 });
+  assert.equal(await page.textContent("#log"), "line-1\nline-2\nline-3\n[process exited with code 0]\n");
+  assert.match(await page.textContent("#log-summary"), /stdout: 21 bytes · stderr: 0 bytes · complete/);
+  await shot("03-log");
+
+  // A reload shows the same log, replayed.
+  await page.reload();
+  await page.waitForSelector("#log .exit", { timeout: 30_000 });
+  assert.equal(await page.textContent("#log"), "line-1\nline-2\nline-3\n[process exited with code 0]\n");
+  await shot("04-reloaded");
+
+  // stdout and stderr told apart.
+  await page.fill("#start input[name=command]", "echo out; echo err >&2");
+  await page.click("#start button[type=submit]");
+  await page.waitForSelector("#log .exit");
+  assert.equal(await page.textContent("#log .stdout"), "out\n");
+  assert.equal(await page.textContent("#log .stderr"), "err\n");
+
+  // A terminal: type, read it back.
+  await page.fill("#start input[name=command]", "");
+  await page.check("#start-terminal");
+  await page.click("#start button[type=submit]");
+  await page.waitForSelector("#terminal .xterm-rows");
+  await page.click("#terminal");
+  await page.keyboard.type("echo h''i\n");
+  await page.waitForFunction(() => [...document.querySelectorAll("#terminal .xterm-rows > div")].some((r) => r.textContent.trim() === "hi"),
+    null, { timeout: 15_000 });
+  await shot("05-terminal");
+  await page.keyboard.type("exit\n");
+  await page.waitForFunction(() => document.querySelector("#log-summary")?.textContent?.includes("terminal:"), null, { timeout: 15_000 });
+  await page.uncheck("#start-terminal");
+
+  // A 4 MiB burst nobody watched: the ring kept its last MiB, and the
+  // console says exactly how much was lost.
+  const total = 4 << 20;
+  const st = await api("POST", `/sandboxes/${sb}/exec-stream`, { command: "sh", args: ["-c", `head -c ${total} /dev/zero | tr '\\0' a`] });
+  await api("GET", `/sandboxes/${sb}/exec-stream/${st.id}/wait`);
+  await page.goto(`${kilnd.url}/#sandbox=${sb}&process=${st.id}`);
+  await page.reload();
+  await page.waitForSelector("#log .exit", { timeout: 30_000 });
+  const got = await page.evaluate(() => ({
+    lost: [...document.querySelectorAll("#log .gap")].reduce((n, g) => n + Number(g.getAttribute("data-lost")), 0),
+    gap: document.querySelector("#log .gap")?.textContent,
+    delivered: [...document.querySelectorAll("#log .stdout")].reduce((n, s) => n + s.textContent.length, 0),
+    summary: document.querySelector("#log-summary")?.textContent,
+  }));
+  assert.ok(got.lost > 0, JSON.stringify(got));
+  assert.equal(got.delivered + got.lost, total);
+  assert.equal(got.gap, `[${got.lost} bytes of stdout lost]\n`);
+  assert.match(got.summary, new RegExp(`stdout: ${total} bytes, ${got.lost} lost`));
+  await shot("06-gap");
+
+  assert.deepEqual(problems, [], "the page reported problems");
+});
