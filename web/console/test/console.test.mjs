@@ -6,7 +6,8 @@
 
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { mkdirSync, existsSync } from "node:fs";
+import { mkdirSync, existsSync, readFileSync } from "node:fs";
+import http from "node:http";
 import { fileURLToPath } from "node:url";
 
 import { chromium } from "playwright-core";
@@ -17,6 +18,7 @@ const artifacts = fileURLToPath(new URL("./artifacts/", import.meta.url));
 const executablePath = process.env.CHROMIUM ?? "/usr/bin/chromium";
 
 let kilnd, browser, page;
+const pages = {};
 const problems = []; // what the page said went wrong: policy refusals, errors
 
 async function api(method, path, body) {
@@ -36,7 +38,16 @@ async function shot(name) {
 before(async () => {
   assert.ok(existsSync(executablePath), `no Chromium at ${executablePath} (apt-get install chromium, or set CHROMIUM)`);
   mkdirSync(artifacts, { recursive: true });
-  kilnd = await startKilnd();
+  // Two pages of other origins: one kilnd allows, one it does not.
+  for (const name of ["allowed", "foreign"]) {
+    const server = http.createServer((req, res) => {
+      res.writeHead(200, { "Content-Type": "text/html" });
+      res.end(`<!doctype html><title>${name}</title>`);
+    });
+    await new Promise((r) => server.listen(0, "127.0.0.1", r));
+    pages[name] = { server, origin: `http://127.0.0.1:${server.address().port}` };
+  }
+  kilnd = await startKilnd("--allow-origin", pages.allowed.origin);
   browser = await chromium.launch({
     executablePath,
     headless: true,
@@ -53,6 +64,7 @@ before(async () => {
 });
 
 after(async () => {
+  for (const p of Object.values(pages)) p.server.close();
   await browser?.close();
   await kilnd?.stop();
 });
@@ -136,5 +148,55 @@ test("the console, as a user uses it", async () => {
   assert.match(got.summary, new RegExp(`stdout: ${total} bytes, ${got.lost} lost`));
   await shot("06-gap");
 
+  // Files: upload one, see it listed, download it.
+  await page.setInputFiles("#files input[type=file]", { name: "notes.txt", mimeType: "text/plain", buffer: Buffer.from("from the browser\n") });
+  await page.waitForSelector('#files tr[data-file="notes.txt"]');
+  const [download] = await Promise.all([page.waitForEvent("download"), page.click('#files tr[data-file="notes.txt"] >> text=Download')]);
+  const saved = artifacts + "notes.txt";
+  await download.saveAs(saved);
+  assert.equal(readFileSync(saved, "utf8"), "from the browser\n");
+  assert.equal(await (await fetch(`${kilnd.url}/sandboxes/${sb}/files/workspace/notes.txt`, { headers: { Authorization: "Bearer " + kilnd.token } })).text(), "from the browser\n");
+  await shot("07-files");
+
   assert.deepEqual(problems, [], "the page reported problems");
+});
+
+test("another origin's page: CORS for the one kilnd allows, none for the other; the token protocol alone", async () => {
+  const sb = (await api("GET", "/sandboxes"))[0].id;
+  const st = await api("POST", `/sandboxes/${sb}/exec-stream`, { command: "echo", args: ["raw"] });
+  await api("GET", `/sandboxes/${sb}/exec-stream/${st.id}/wait`);
+  const other = await browser.newPage();
+  const call = (origin) => other.goto(origin).then(() => other.evaluate(async ({ url, token }) => {
+    try {
+      const r = await fetch(url + "/sandboxes", { method: "GET", headers: { Authorization: "Bearer " + token, "Content-Type": "application/json" } });
+      return { status: r.status, ids: (await r.json()).map((s) => s.id) };
+    } catch (err) {
+      return { error: String(err) };
+    }
+  }, { url: kilnd.url, token: kilnd.token }));
+  // The preflight (Authorization and a JSON type are not simple) is answered without the token.
+  assert.deepEqual(await call(pages.allowed.origin), { status: 200, ids: [sb] });
+  const refused = await call(pages.foreign.origin);
+  assert.match(refused.error ?? "", /TypeError/, JSON.stringify(refused));
+
+  // A browser's WebSocket offering only kiln.token.TOKEN opens, and speaks kiln.raw.
+  await other.goto(pages.allowed.origin);
+  const raw = await other.evaluate(({ url, token }) => new Promise((resolve) => {
+    const ws = new WebSocket(url, ["kiln.token." + token]);
+    ws.binaryType = "arraybuffer";
+    let text = "";
+    ws.onmessage = (ev) => { text += typeof ev.data === "string" ? ev.data : new TextDecoder().decode(ev.data); };
+    ws.onclose = (ev) => resolve({ protocol: ws.protocol, text, code: ev.code });
+    ws.onerror = () => {};
+  }), { url: `${kilnd.url.replace("http", "ws")}/sandboxes/${sb}/exec-stream/${st.id}/logs`, token: kilnd.token });
+  assert.deepEqual(raw, { protocol: "kiln.token." + kilnd.token, text: "raw\n[process exited with code 0]\n", code: 1000 });
+  // From the foreign origin the WebSocket is refused.
+  await other.goto(pages.foreign.origin);
+  const foreign = await other.evaluate((url) => new Promise((resolve) => {
+    const ws = new WebSocket(url);
+    ws.onopen = () => resolve("open");
+    ws.onclose = (ev) => resolve(`closed ${ev.code}`);
+  }), `${kilnd.url.replace("http", "ws")}/sandboxes/${sb}/exec-stream/${st.id}/logs`);
+  assert.equal(foreign, "closed 1006");
+  await other.close();
 });
