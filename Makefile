@@ -16,9 +16,9 @@ test: check
 	$(MAKE) console-test
 
 # The TypeScript SDK: built with tsc, its suite run against a real kilnd on
-# Node 20 (with ws), Node 22 (its own WebSocket) and Bun, and its npm pack
-# installed into an empty project. Node 22 and Bun come from npm, pinned
-# in its lock file.
+# Node 20 (with ws), Node 22 (its own WebSocket), Bun and Deno, and its npm
+# pack installed into an empty project. Node 22, Bun and Deno come from
+# npm, pinned in its lock file.
 SDK = sdk/typescript
 sdk-test: $(SDK)/node_modules/.package-lock.json
 	cd $(SDK) && npm run --silent build && npm run --silent test:all

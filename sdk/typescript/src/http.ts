@@ -134,7 +134,10 @@ async function errorBody(resp: Response): Promise<unknown> {
 function connectionRefused(err: unknown): boolean {
   const e = err as { code?: unknown; cause?: { code?: unknown } } | null;
   const code = e?.cause?.code ?? e?.code; // Node's fetch has it in the cause, Bun's on the error
-  return code === "ECONNREFUSED" || code === "ENOTFOUND" || code === "EAI_AGAIN" || code === "ConnectionRefused";
+  if (code === "ECONNREFUSED" || code === "ENOTFOUND" || code === "EAI_AGAIN" || code === "ConnectionRefused") return true;
+  // Deno's says it in words alone: "tcp connect error: Connection refused".
+  const cause = (e?.cause as { message?: unknown } | undefined)?.message;
+  return typeof cause === "string" && /\btcp connect error\b|\bdns error\b/.test(cause);
 }
 
 export function message(err: unknown): string {
