@@ -18,32 +18,53 @@ function binary() {
   return out;
 }
 
-/** Starts kilnd; resolves with { url, token, stop }. */
-export async function startKilnd(...flags) {
-  if (process.getuid?.() !== 0) throw new Error("kilnd needs root");
-  const state = mkdtempSync(join(tmpdir(), "sandkiln-sdk-"));
-  const child = spawn(binary(), ["--state-dir", state, "--listen", "127.0.0.1:0", "--allow-host", "127.0.0.1", ...flags], { stdio: ["ignore", "ignore", "pipe"] });
+/** Runs kilnd on state, listening on listen; resolves once it serves, with its URL. */
+async function run(state, listen, flags) {
+  const child = spawn(binary(), ["--state-dir", state, "--listen", listen, "--allow-host", "127.0.0.1", ...flags], { stdio: ["ignore", "ignore", "pipe"] });
   // A test run that ends early (a timeout, a failed hook) takes its
   // kilnd with it; its sandboxes are deleted by stop() alone, which the
   // tests' after hooks call.
   const kill = () => child.kill("SIGKILL");
   process.on("exit", kill);
-  let log = "";
-  const url = await new Promise((resolve, reject) => {
+  const k = { child, log: "", kill };
+  k.url = await new Promise((resolve, reject) => {
     child.stderr.setEncoding("utf8");
     child.stderr.on("data", (s) => {
-      log += s;
-      const m = /msg="kilnd serving".* listen=(\S+)/.exec(log);
+      k.log += s;
+      const m = /msg="kilnd serving".* listen=(\S+)/.exec(k.log);
       if (m) resolve("http://" + m[1]);
     });
-    child.on("exit", (code) => reject(new Error(`kilnd exited (${code}):\n${log}`)));
+    child.on("exit", (code) => reject(new Error(`kilnd exited (${code}):\n${k.log}`)));
   });
+  return k;
+}
+
+async function end(k) {
+  const exited = new Promise((r) => k.child.on("exit", r));
+  k.child.kill("SIGTERM");
+  await exited;
+  process.off("exit", k.kill);
+}
+
+/** Starts kilnd; resolves with { url, token, state, log, restart, stop }. */
+export async function startKilnd(...flags) {
+  if (process.getuid?.() !== 0) throw new Error("kilnd needs root");
+  const state = mkdtempSync(join(tmpdir(), "sandkiln-sdk-"));
+  let k = await run(state, "127.0.0.1:0", flags);
+  const url = k.url;
   const token = readFileSync(join(state, "token"), "utf8").trim();
+  let logs = "";
   return {
     url,
     token,
     state,
-    log: () => log,
+    log: () => logs + k.log,
+    /** Stops kilnd and starts it again on the same state and address: its sandboxes go on, and it adopts them. */
+    async restart() {
+      await end(k);
+      logs += k.log;
+      k = await run(state, new URL(url).host, flags);
+    },
     async stop() {
       // kilnd leaves its sandboxes running when it stops, as it should:
       // delete them first.
@@ -52,10 +73,7 @@ export async function startKilnd(...flags) {
       for (const s of list ?? []) {
         await fetch(url + "/sandboxes/" + s.id + "?remove_logs=true", { method: "DELETE", headers: auth });
       }
-      const exited = new Promise((r) => child.on("exit", r));
-      child.kill("SIGTERM");
-      await exited;
-      process.off("exit", kill);
+      await end(k);
       if (existsSync(state)) rmSync(state, { recursive: true, force: true });
     },
   };

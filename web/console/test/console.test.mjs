@@ -114,6 +114,21 @@ test("the console, as a user uses it", async () => {
   assert.equal(await page.textContent("#log .stdout"), "out\n");
   assert.equal(await page.textContent("#log .stderr"), "err\n");
 
+  // kilnd restarted mid-follow: the page resumes from the offsets it had,
+  // every line once.
+  await page.fill("#start input[name=command]", "i=0; while [ $i -lt 15 ]; do i=$((i+1)); echo n-$i; sleep 0.2; done");
+  await page.click("#start button[type=submit]");
+  await page.waitForFunction(() => document.querySelector("#log")?.textContent.includes("n-3\n"));
+  await kilnd.restart();
+  await page.waitForSelector("#log .exit", { timeout: 30_000 });
+  let want = "";
+  for (let i = 1; i <= 15; i++) want += `n-${i}\n`;
+  assert.equal(await page.textContent("#log"), want + "[process exited with code 0]\n");
+  await shot("05-resumed");
+  // What the browser said while kilnd was away is not a problem.
+  const away = problems.filter((p) => !/ERR_CONNECTION_REFUSED|ERR_EMPTY_RESPONSE|WebSocket connection to/.test(p));
+  problems.splice(0, problems.length, ...away);
+
   // A terminal: type, read it back.
   await page.fill("#start input[name=command]", "");
   await page.check("#start-terminal");
@@ -123,7 +138,7 @@ test("the console, as a user uses it", async () => {
   await page.keyboard.type("echo h''i\n");
   await page.waitForFunction(() => [...document.querySelectorAll("#terminal .xterm-rows > div")].some((r) => r.textContent.trim() === "hi"),
     null, { timeout: 15_000 });
-  await shot("05-terminal");
+  await shot("06-terminal");
   await page.keyboard.type("exit\n");
   await page.waitForFunction(() => document.querySelector("#log-summary")?.textContent?.includes("terminal:"), null, { timeout: 15_000 });
   await page.uncheck("#start-terminal");
@@ -146,7 +161,7 @@ test("the console, as a user uses it", async () => {
   assert.equal(got.delivered + got.lost, total);
   assert.equal(got.gap, `[${got.lost} bytes of stdout lost]\n`);
   assert.match(got.summary, new RegExp(`stdout: ${total} bytes, ${got.lost} lost`));
-  await shot("06-gap");
+  await shot("07-gap");
 
   // Files: upload one, see it listed, download it.
   await page.setInputFiles("#files input[type=file]", { name: "notes.txt", mimeType: "text/plain", buffer: Buffer.from("from the browser\n") });
@@ -156,7 +171,7 @@ test("the console, as a user uses it", async () => {
   await download.saveAs(saved);
   assert.equal(readFileSync(saved, "utf8"), "from the browser\n");
   assert.equal(await (await fetch(`${kilnd.url}/sandboxes/${sb}/files/workspace/notes.txt`, { headers: { Authorization: "Bearer " + kilnd.token } })).text(), "from the browser\n");
-  await shot("07-files");
+  await shot("08-files");
 
   assert.deepEqual(problems, [], "the page reported problems");
 });
