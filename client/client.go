@@ -37,8 +37,10 @@ const (
 type Options struct {
 	// StateDir is kilnd's state directory: its socket and token are there.
 	StateDir string
-	// Addr, when set, is kilnd's TCP address (host:port); the token is
-	// then required: Token, $KILN_TOKEN, or the token file in StateDir.
+	// Addr, when set, is kilnd's TCP address (host:port, tcp://host:port
+	// or http://host:port); the token is then required: Token,
+	// $KILN_TOKEN, or the token file in StateDir. unix:///path names a
+	// socket instead.
 	Addr  string
 	Token string
 	// Timeout bounds each control request (not waits or output streams);
@@ -70,9 +72,15 @@ func New(o Options) (*Client, error) {
 		o.Timeout = 30 * time.Second
 	}
 	c := &Client{timeout: o.Timeout}
+	addr, sock, err := parseAddr(o.Addr)
+	if err != nil {
+		return nil, err
+	}
+	if addr == "" && sock == "" {
+		sock = filepath.Join(o.StateDir, "kilnd.sock")
+	}
 	var tr *http.Transport
-	if o.Addr == "" {
-		sock := filepath.Join(o.StateDir, "kilnd.sock")
+	if sock != "" {
 		tr = &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var d net.Dialer
 			return d.DialContext(ctx, "unix", sock)
@@ -80,7 +88,7 @@ func New(o Options) (*Client, error) {
 		c.base = "http://kilnd"
 	} else {
 		tr = &http.Transport{}
-		c.base = "http://" + o.Addr
+		c.base = "http://" + addr
 		c.token = o.Token
 		if c.token == "" {
 			c.token = os.Getenv(TokenEnv)
@@ -88,7 +96,7 @@ func New(o Options) (*Client, error) {
 		if c.token == "" {
 			b, err := os.ReadFile(filepath.Join(o.StateDir, "token"))
 			if err != nil {
-				return nil, fmt.Errorf("client: a token is needed for %s: %w", o.Addr, err)
+				return nil, fmt.Errorf("client: a token is needed for %s: %w", addr, err)
 			}
 			c.token = strings.TrimSpace(string(b))
 		}
@@ -101,6 +109,40 @@ func New(o Options) (*Client, error) {
 	c.hc = &http.Client{Transport: tr, CheckRedirect: noRedirect}
 	c.stream = &http.Client{Transport: tr, CheckRedirect: noRedirect}
 	return c, nil
+}
+
+// parseAddr reads where kilnd is, in the forms DOCKER_HOST is written
+// in: host:port, tcp://host:port or http://host:port (TCP, with the
+// token), or unix:///path (a socket, without). Empty is neither.
+func parseAddr(s string) (addr, sock string, err error) {
+	bad := func(why string) error {
+		return fmt.Errorf("client: address %q: %s; want host:port, tcp://host:port, http://host:port or unix:///path", s, why)
+	}
+	switch scheme, rest, found := strings.Cut(s, "://"); {
+	case s == "":
+		return "", "", nil
+	case !found:
+		addr = s
+	case scheme == "unix":
+		if !filepath.IsAbs(rest) {
+			return "", "", bad("a socket's path must be absolute")
+		}
+		return "", rest, nil
+	case scheme == "tcp" || scheme == "http":
+		addr = strings.TrimSuffix(rest, "/")
+	case scheme == "https":
+		return "", "", bad("kilnd serves plain HTTP (put a TLS proxy in front of it, or use its unix socket)")
+	default:
+		return "", "", bad("unknown scheme " + strconv.Quote(scheme))
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil || host == "" || port == "" || strings.ContainsAny(addr, "/?#@") {
+		return "", "", bad("not a host and port")
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return "", "", bad("port " + strconv.Quote(port))
+	}
+	return addr, "", nil
 }
 
 // Close releases idle connections.

@@ -12,6 +12,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/docker/go-units"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
@@ -62,7 +63,7 @@ never hidden.`,
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.PersistentFlags().StringVar(&c.stateDir, "state-dir", envOr(client.StateDirEnv, client.DefaultStateDir), "kilnd's state `directory` (env "+client.StateDirEnv+")")
-	root.PersistentFlags().StringVar(&c.addr, "addr", os.Getenv(client.AddrEnv), "kilnd's TCP `address`, instead of its unix socket (env "+client.AddrEnv+")")
+	root.PersistentFlags().StringVar(&c.addr, "addr", os.Getenv(client.AddrEnv), "kilnd's `address`: host:port, tcp://host:port or http://host:port (TCP, with the token), or\nunix:///path (a socket); default the state directory's socket (env "+client.AddrEnv+")")
 	root.PersistentFlags().BoolVar(&c.json, "json", false, "print JSON for scripts")
 	root.AddCommand(c.sandboxCmd(), c.execCmd(), c.logsCmd(), c.attachCmd(), c.psCmd(), c.waitCmd(), c.killCmd(), c.shellCmd(), c.runCmd(), c.cpCmd(), c.portForwardCmd(), c.previewCmd(), c.watchCmd(), c.imageCmd())
 	err := root.ExecuteContext(ctx)
@@ -346,21 +347,13 @@ func (f *startFlags) options(argv []string) (client.StartOptions, error) {
 	return o, nil
 }
 
-// parseBytes reads 512M, 2G, 1048576.
+// parseBytes reads a size as docker run --memory does: 1048576, 512m,
+// 1.5G, 2GiB (binary multiples). Anything else, "2x" or "10abc", is
+// refused, never read as far as it goes.
 func parseBytes(s string) (int64, error) {
-	mult := int64(1)
-	t := strings.ToUpper(strings.TrimSuffix(strings.TrimSuffix(strings.ToUpper(s), "B"), "I"))
-	switch {
-	case strings.HasSuffix(t, "K"):
-		mult, t = 1<<10, strings.TrimSuffix(t, "K")
-	case strings.HasSuffix(t, "M"):
-		mult, t = 1<<20, strings.TrimSuffix(t, "M")
-	case strings.HasSuffix(t, "G"):
-		mult, t = 1<<30, strings.TrimSuffix(t, "G")
+	n, err := units.RAMInBytes(s)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("size %q: want a byte count such as 1048576, 512M or 1.5G", s)
 	}
-	var n int64
-	if _, err := fmt.Sscan(t, &n); err != nil || n <= 0 {
-		return 0, fmt.Errorf("size %q: want a byte count such as 512M", s)
-	}
-	return n * mult, nil
+	return n, nil
 }

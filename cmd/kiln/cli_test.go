@@ -667,3 +667,24 @@ func TestImageCommands(t *testing.T) {
 		t.Errorf("inspect of a removed image: %d %q", code, errs)
 	}
 }
+
+// TestParseBytes: sizes as docker run --memory reads them; what is not a
+// size is refused whole (it used to be read as far as it went: "2x" as
+// 2, "10abc" as 10, "1.5G" as 1 GiB).
+func TestParseBytes(t *testing.T) {
+	for in, want := range map[string]int64{
+		"1048576": 1 << 20, "512m": 512 << 20, "512M": 512 << 20, "512MiB": 512 << 20, "512mb": 512 << 20,
+		"1.5G": 3 << 29, "2g": 2 << 30, "64k": 64 << 10, "1T": 1 << 40,
+	} {
+		if got, err := parseBytes(in); err != nil || got != want {
+			t.Errorf("%q: %d %v, want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"2x", "10abc", "", "-1G", "0", "G", "1.5.5G", "1 0M"} {
+		if got, err := parseBytes(in); err == nil {
+			t.Errorf("%q: read as %d, want an error", in, got)
+		} else if !strings.Contains(err.Error(), "want a byte count") {
+			t.Errorf("%q: %v", in, err)
+		}
+	}
+}
