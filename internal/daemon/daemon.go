@@ -688,10 +688,10 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		rec.Image, rec.ImageID = req.Image, img.ID
 	}
 	if rec.Hostname == "" {
-		rec.Hostname = "kiln-" + id[:8]
+		rec.Hostname = sandbox.DefaultHostname(id)
 	}
 	opts := sandbox.Options{
-		Dir: d.sandboxDir(id), ID: id, Hostname: req.Hostname,
+		Dir: d.sandboxDir(id), ID: id, Hostname: rec.Hostname,
 		Rootfs: req.Rootfs, Layers: layers, Limits: limits, Disk: diskMount, Env: d.cfg.Env, Init: req.Init, CaptureQueue: d.cfg.CaptureQueue,
 		FlowGrace: d.cfg.FlowGrace,
 		Workdir:   img.Config.WorkingDir, Entrypoint: img.Config.Entrypoint, Cmd: img.Config.Cmd, User: img.Config.User,

@@ -210,7 +210,7 @@ func (s *guestSandbox) Destroy(keepLogs bool) error {
 // Create implements Backend.
 func (g *GVisor) Create(ctx context.Context, o Options) (_ Instance, err error) {
 	if o.Hostname == "" {
-		o.Hostname = "kiln-" + o.ID[:min(8, len(o.ID))]
+		o.Hostname = DefaultHostname(o.ID)
 	}
 	if o.Ready == 0 {
 		o.Ready = 30 * time.Second // a kernel starts first

@@ -21,13 +21,22 @@ import (
 	"github.com/sandkiln/sandkiln/api"
 )
 
+// DefaultHostname is a sandbox's hostname when its request names none:
+// "kiln-" and the id's last 12 hex digits, as Docker names a container's.
+// In a UUIDv7 those are random; its first ones are its time, the same for
+// sandboxes made in the same millisecond.
+func DefaultHostname(id string) string {
+	id = strings.ReplaceAll(id, "-", "")
+	return "kiln-" + id[max(0, len(id)-12):]
+}
+
 // Options describe a sandbox to create.
 type Options struct {
 	// Dir is the sandbox's directory in kilnd's state directory; it must
 	// not exist yet. The sandbox's files (agent socket, captured logs,
 	// workspace) live there, outside anything the sandbox can see.
 	Dir string
-	// ID names the sandbox; Hostname defaults to "kiln-" and its start.
+	// ID names the sandbox; Hostname defaults to DefaultHostname's.
 	ID       string
 	Hostname string
 	// Exe is the binary to re-execute as the agent.
@@ -147,7 +156,7 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 		o.UIDBase = DefaultUIDBase
 	}
 	if o.Hostname == "" {
-		o.Hostname = "kiln-" + o.ID[:min(8, len(o.ID))]
+		o.Hostname = DefaultHostname(o.ID)
 	}
 	if o.Ready == 0 {
 		o.Ready = 10 * time.Second
