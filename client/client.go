@@ -390,10 +390,16 @@ func (s *Sandbox) CapturedLogs(ctx context.Context) ([]api.CapturedLog, error) {
 	return out, s.c.call(ctx, "GET", s.path("/logs"), nil, nil, &out, true)
 }
 
-// LogOptions select a captured log's output.
+// NoLines is LogOptions.Tail for none of the lines kept: with Follow,
+// only what the process writes next.
+const NoLines = -1
+
+// LogOptions select a captured log's output; the zero value is all of it.
 type LogOptions struct {
-	Stream       string // "stdout", "stderr" or "" for both
-	Tail         int    // the last N lines; negative for all
+	Stream string // "stdout", "stderr" or "" for both
+	// Tail, when positive, keeps the last N lines; zero (unset) keeps them
+	// all, and NoLines none (to follow only what comes next).
+	Tail         int
 	Since, Until time.Time
 	Follow       bool
 	// Records asks for NDJSON api.LogRecord values (with each record's
@@ -410,8 +416,11 @@ func (s *Sandbox) CapturedLog(ctx context.Context, pid string, o LogOptions) (*C
 	if o.Stream != "" {
 		q.Set("stream", o.Stream)
 	}
-	if o.Tail >= 0 {
+	switch {
+	case o.Tail > 0:
 		q.Set("tail", strconv.Itoa(o.Tail))
+	case o.Tail < 0:
+		q.Set("tail", "0")
 	}
 	if !o.Since.IsZero() {
 		q.Set("since", o.Since.Format(time.RFC3339Nano))

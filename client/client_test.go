@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -604,5 +605,59 @@ func TestExecResumesABrokenConnection(t *testing.T) {
 	}
 	if string(out) != want.String() || resumed < 2 {
 		t.Fatalf("Follow, resumed %d times: %d bytes of %d, equal %v", resumed, len(out), want.Len(), string(out) == want.String())
+	}
+}
+
+// TestCapturedLogTail: LogOptions' zero value is the whole log (it used to
+// send tail=0 and return nothing); Tail keeps the last lines, NoLines none.
+func TestCapturedLogTail(t *testing.T) {
+	_, sb := kilnd(t)
+	ctx := ctxT(t)
+	p, err := sb.Start(ctx, client.StartOptions{Command: "seq", Args: []string{"5"}, Capture: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	read := func(o client.LogOptions) string {
+		t.Helper()
+		out, err := sb.CapturedLog(ctx, p.ID, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer out.Close()
+		b, err := io.ReadAll(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	// The log's writer ends its run just after the exit: wait for the run's
+	// record to say it is whole.
+	for complete := false; !complete; {
+		logs, err := sb.CapturedLogs(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range logs {
+			complete = complete || l.Process == p.ID && l.Complete
+		}
+		if !complete {
+			select {
+			case <-ctx.Done():
+				t.Fatal("the captured log never said it was complete")
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	}
+	if got := read(client.LogOptions{}); got != "1\n2\n3\n4\n5\n" {
+		t.Errorf("the zero LogOptions: %q", got)
+	}
+	if got := read(client.LogOptions{Tail: 2}); got != "4\n5\n" {
+		t.Errorf("Tail 2: %q", got)
+	}
+	if got := read(client.LogOptions{Tail: client.NoLines}); got != "" {
+		t.Errorf("NoLines: %q", got)
 	}
 }

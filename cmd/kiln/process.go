@@ -223,7 +223,13 @@ instead, if the process was started with --capture, and each run's completeness 
 						return err
 					}
 				}
-				o := client.LogOptions{Tail: tail, Follow: follow, Records: timestamps}
+				o := client.LogOptions{Follow: follow, Records: timestamps}
+				switch {
+				case tail == 0:
+					o.Tail = client.NoLines
+				case tail > 0:
+					o.Tail = tail
+				}
 				if stdout {
 					o.Stream = "stdout"
 				} else if stderr {
