@@ -210,7 +210,7 @@ func (c *cli) sandboxCmd() *cobra.Command {
 	create.Flags().Duration("idle-timeout", 0, "delete the sandbox (keeping its logs) after this long unused")
 	network = networkFlags(create)
 	ls := &cobra.Command{
-		Use: "ls", Short: "List sandboxes", Args: cobra.NoArgs,
+		Use: "ls", Aliases: []string{"list"}, Short: "List sandboxes", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cl, err := c.client()
 			if err != nil {
@@ -249,7 +249,7 @@ func (c *cli) sandboxCmd() *cobra.Command {
 	}
 	var removeLogs bool
 	rm := &cobra.Command{
-		Use: "rm SANDBOX...", Short: "Remove sandboxes: everything in them is killed, their captured logs kept", Args: cobra.MinimumNArgs(1),
+		Use: "rm SANDBOX...", Aliases: []string{"remove"}, Short: "Remove sandboxes: everything in them is killed, their captured logs kept", Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cl, err := c.client()
 			if err != nil {

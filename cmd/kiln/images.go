@@ -82,7 +82,7 @@ prints each one's name (or ID, if it has none).`,
 		},
 	}
 	ls := &cobra.Command{
-		Use: "ls", Short: "List images, one line per name", Args: cobra.NoArgs,
+		Use: "ls", Aliases: []string{"list"}, Short: "List images, one line per name", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return c.withClient(func(cl *client.Client) error {
 				list, err := cl.Images(cmd.Context())
