@@ -98,7 +98,7 @@ func testIsolation(t *testing.T, runtime string) {
 		wantOut      string // a substring of stdout, when set
 	}{
 		{"root inside", "id -u", 0, "0"},
-		{"own hostname", "hostname", 0, "kiln-" + sb.ID[:8]},
+		{"own hostname", "hostname", 0, sandbox.DefaultHostname(sb.ID)},
 		{"only its own processes", "ls /proc | grep -c '^[0-9]'", 0, ""},
 		{"host /usr is read-only", "touch /usr/kiln-probe", 1, ""},
 		{"host /etc is read-only", "touch /etc/kiln-probe", 1, ""},
