@@ -77,7 +77,7 @@ export class Client {
     return true;
   }
 
-  /** Nothing to release: connections belong to their handles. Present for symmetry with the seed's workflows. */
+  /** Lets go of every handle made through this client (their connections close); kilnd and its sandboxes are left as they are. */
   async close(): Promise<void> {
     for (const s of this.sandboxes.known) s.letGoHandles();
   }
@@ -120,8 +120,7 @@ export class Sandboxes {
   }
 
   private handle(info: SandboxInfo): Sandbox {
-    const s = new Sandbox(this.client.transport, info, this);
-    return s;
+    return new Sandbox(this.client.transport, info, this);
   }
 }
 
@@ -303,7 +302,7 @@ export class Sandbox implements HandleOwner {
         } catch {
           // the exit stays unconfirmed
         }
-        if (err instanceof SandkilnError && err.code !== "INTERNAL" && (err.code === "WAIT_ABORTED" || err.code === "UNAVAILABLE")) {
+        if (err instanceof SandkilnError && (err.code === "WAIT_ABORTED" || err.code === "UNAVAILABLE")) {
           throw new SandkilnError(err.code, err.message, { cause: err, confirmedExit: exit, output: result(exit) });
         }
         throw new SandkilnError("INTERNAL", `exec: the output callback failed: ${message(err)}`, {

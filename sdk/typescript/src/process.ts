@@ -3,7 +3,7 @@
 // never guessed) and its control.
 
 import { SandkilnError } from "./errors.js";
-import { CONTROL_TIMEOUT_MS, message, type Transport } from "./http.js";
+import { message, type Transport } from "./http.js";
 import { openSocket, type Socket } from "./socket.js";
 import { encodeUTF8, StreamDecoder } from "./utf8.js";
 import type { components } from "./wire.js";
@@ -521,7 +521,7 @@ export abstract class Handle<C extends Chunk> {
       ? { stream, text, offset, seq, lost }
       : { stream, bytes: lost > 0 || end ? new Uint8Array(0) : bytes, offset, seq, lost };
     const silent = lost === 0 && (this.settings.format === "text" ? text === "" : bytes.length === 0 || end);
-    return { chunk, next, end, silent, size: this.settings.format === "text" ? bytes.length : bytes.length };
+    return { chunk, next, end, silent, size: bytes.length };
   }
 
   /**
@@ -818,4 +818,3 @@ export function checkSize(columns: number, rows: number): void {
   }
 }
 
-export { CONTROL_TIMEOUT_MS };
