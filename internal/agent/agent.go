@@ -341,13 +341,24 @@ func toAPI(st process.Status) api.Process {
 	return p
 }
 
+// terminate answers with the process as it was when the kill was sent,
+// so "exited" means it had exited before and nothing was sent; a status
+// read after the kill could already show the exit the kill caused.
 func (s *Server) terminate(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("pid")
-	if err := s.cfg.Table.Terminate(id); err != nil && !errors.Is(err, process.ErrFinished) {
+	before, err := s.cfg.Table.Status(id)
+	if err != nil {
 		writeError(w, err)
 		return
 	}
-	s.status(w, r)
+	switch err := s.cfg.Table.Terminate(id); {
+	case errors.Is(err, process.ErrFinished):
+		s.status(w, r)
+	case err != nil:
+		writeError(w, err)
+	default:
+		writeJSON(w, http.StatusOK, toAPI(before))
+	}
 }
 
 // wait blocks until the exit is observed or the client goes away.

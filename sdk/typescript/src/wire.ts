@@ -1389,7 +1389,7 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description status after the request */
+            /** @description the process as it was when the kill was sent; state exited means it had already exited and nothing was sent */
             200: {
                 headers: {
                     [name: string]: unknown;
