@@ -204,6 +204,15 @@ type ErrorBody struct {
 	Message string `json:"message"`
 }
 
+// Version describes a build of kiln or kilnd (GET /version).
+type Version struct {
+	Version   string `json:"version"`            // the module's version, or "devel"
+	Revision  string `json:"revision,omitempty"` // the commit built
+	Modified  bool   `json:"modified,omitempty"` // the tree built had changes
+	GoVersion string `json:"go_version"`
+	Platform  string `json:"platform"` // GOOS/GOARCH
+}
+
 // Error codes, each with one HTTP status.
 const (
 	CodeInvalid      = "invalid_argument"    // 400
@@ -223,6 +232,11 @@ const (
 	// CodeBadGateway: a sandbox's port answered badly, or nothing listens
 	// on it.
 	CodeBadGateway = "bad_gateway" // 502
+	// CodeCommandNotFound and CodeNotExecutable: a process's program is
+	// not there, or cannot be run (not executable, a directory, not a
+	// program the kernel can load).
+	CodeCommandNotFound = "command_not_found" // 400
+	CodeNotExecutable   = "not_executable"    // 400
 )
 
 // WebSocket subprotocols of GET …/logs.

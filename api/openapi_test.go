@@ -58,6 +58,7 @@ var wireTypes = map[string]struct {
 	"Sandbox":       {reflect.TypeFor[api.Sandbox](), false},
 	"CreateSandbox": {reflect.TypeFor[api.CreateSandbox](), true},
 	"Limits":        {reflect.TypeFor[api.Limits](), false},
+	"Version":       {reflect.TypeFor[api.Version](), false},
 	"Network":       {reflect.TypeFor[api.Network](), false},
 	"ExecRequest":   {reflect.TypeFor[api.ExecRequest](), true},
 	"TTY":           {reflect.TypeFor[api.TTY](), true},
@@ -123,7 +124,7 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 func TestOpenAPIErrorCodes(t *testing.T) {
 	codes := []string{api.CodeInvalid, api.CodeUnauthorized, api.CodeForbidden, api.CodeNotFound, api.CodeMethod,
 		api.CodeConflict, api.CodeTooLarge, api.CodeOutOfRange, api.CodePrecondition, api.CodeUnavailable,
-		api.CodeUnknown, api.CodeInternal, api.CodeBadGateway}
+		api.CodeUnknown, api.CodeInternal, api.CodeBadGateway, api.CodeCommandNotFound, api.CodeNotExecutable}
 	var enum []string
 	for _, v := range loadOpenAPI(t).Components.Schemas["ErrorCode"].Value.Enum {
 		enum = append(enum, v.(string))

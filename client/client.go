@@ -96,7 +96,7 @@ func New(o Options) (*Client, error) {
 		if c.token == "" {
 			b, err := os.ReadFile(filepath.Join(o.StateDir, "token"))
 			if err != nil {
-				return nil, fmt.Errorf("client: a token is needed for %s: %w", addr, err)
+				return nil, fmt.Errorf("%w %s: give Options.Token, set $%s, or a StateDir holding kilnd's token file (%v)", ErrNoToken, addr, TokenEnv, err)
 			}
 			c.token = strings.TrimSpace(string(b))
 		}
@@ -178,11 +178,24 @@ func IsNotFound(err error) bool { return hasCode(err, api.CodeNotFound) }
 // IsOutOfRange reports offsets beyond what a process has produced.
 func IsOutOfRange(err error) bool { return hasCode(err, api.CodeOutOfRange) }
 
-// IsInvalid reports a request kilnd refused as malformed, or as too large
-// (IsTooLarge tells which).
+// ErrNoToken: a TCP address was given and no token was found for it. No
+// request was sent.
+var ErrNoToken = errors.New("client: kilnd's token is needed for")
+
+// IsInvalid reports a request kilnd refused as malformed, as too large
+// (IsTooLarge tells which), or as a process whose program is not there or
+// cannot be run (IsCommandNotFound, IsNotExecutable).
 func IsInvalid(err error) bool {
-	return hasCode(err, api.CodeInvalid) || hasCode(err, api.CodeTooLarge)
+	return hasCode(err, api.CodeInvalid) || hasCode(err, api.CodeTooLarge) || IsCommandNotFound(err) || IsNotExecutable(err)
 }
+
+// IsCommandNotFound reports a process that did not start because its
+// program is not there: no such path, or no such name in its PATH.
+func IsCommandNotFound(err error) bool { return hasCode(err, api.CodeCommandNotFound) }
+
+// IsNotExecutable reports a process that did not start because its
+// program cannot be run: not executable, a directory, or not a program.
+func IsNotExecutable(err error) bool { return hasCode(err, api.CodeNotExecutable) }
 
 // IsTooLarge reports a request past one of the API's bounds: a body, a
 // stdin write, or a command's arguments and environment.
@@ -360,6 +373,12 @@ func (c *Client) Sandboxes(ctx context.Context) ([]api.Sandbox, error) {
 	return out, c.call(ctx, "GET", "/sandboxes", nil, nil, &out, true)
 }
 
+// ServerVersion is the build of the kilnd answering.
+func (c *Client) ServerVersion(ctx context.Context) (api.Version, error) {
+	var v api.Version
+	return v, c.call(ctx, "GET", "/version", nil, nil, &v, true)
+}
+
 // Info describes the sandbox now.
 func (s *Sandbox) Info(ctx context.Context) (api.Sandbox, error) {
 	var info api.Sandbox
@@ -409,8 +428,8 @@ type LogOptions struct {
 
 // CapturedLog reads a process's captured output as it was written (what
 // remains of it after rotation). Read it to the end, then Runs says what
-// the log holds of each run; with Follow it goes on until ctx ends. The
-// caller closes it.
+// the log holds of each run; with Follow it goes on until the process has
+// ended and the log says so (or ctx ends). The caller closes it.
 func (s *Sandbox) CapturedLog(ctx context.Context, pid string, o LogOptions) (*CapturedOutput, error) {
 	q := url.Values{}
 	if o.Stream != "" {

@@ -127,6 +127,12 @@ type Process struct {
 	termErr   error // a terminate whose outcome is unknown, returned again
 }
 
+// Sandbox is the sandbox the process runs in.
+func (p *Process) Sandbox() *Sandbox { return p.s }
+
+// Terminal reports whether the process runs on a terminal.
+func (p *Process) Terminal() bool { return p.terminal }
+
 func newProcess(s *Sandbox, id string, format Format, terminal, stdin bool) *Process {
 	return &Process{s: s, ID: id, format: format, terminal: terminal, stdin: stdin,
 		offsets: map[string]int64{}, ended: map[string]bool{}, lostBy: map[string]int64{}}

@@ -30,6 +30,8 @@ func TestErrorCodes(t *testing.T) {
 		{process.ErrNotFound, api.CodeNotFound},
 		{process.ErrFinished, api.CodePrecondition},
 		{process.ErrStart, api.CodeInvalid},
+		{process.ErrNoCommand, api.CodeCommandNotFound},
+		{process.ErrNotExecutable, api.CodeNotExecutable},
 		{process.ErrNoStdin, api.CodeInvalid},
 		{process.ErrNotTerminal, api.CodeInvalid},
 		{process.ErrTerminalEOF, api.CodeInvalid},

@@ -19,6 +19,7 @@ import (
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/errdefs"
 	"github.com/sandkiln/sandkiln/internal/reply"
+	"github.com/sandkiln/sandkiln/internal/version"
 )
 
 // Route is one of kilnd's routes: a method (empty: any) and a pattern.
@@ -36,6 +37,7 @@ var Routes = []Route{
 	{"GET", "/{$}", true}, // the web console; it asks for the token itself
 	{"GET", "/assets/{file}", true},
 	{"GET", "/healthz", true},
+	{"GET", "/version", false},
 	{"GET", "/openapi.yaml", true},
 	{"GET", "/metrics", false},
 	{"POST", "/sandboxes", false},
@@ -75,6 +77,9 @@ func (d *Daemon) Handler(tcp bool) http.Handler {
 		"GET /openapi.yaml": func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Type", "application/yaml")
 			w.Write(api.OpenAPI)
+		},
+		"GET /version": func(w http.ResponseWriter, r *http.Request) {
+			reply.JSON(w, http.StatusOK, version.Get())
 		},
 		"GET /metrics":    d.metrics.handler.ServeHTTP,
 		"POST /sandboxes": d.createHandler,
@@ -138,10 +143,12 @@ func (d *Daemon) Handler(tcp bool) http.Handler {
 			reply.Error(w, errdefs.New(errdefs.ErrPermissionDenied, "kilnd: origin "+clip(r.Header.Get("Origin"))+" is not allowed (see --allow-origin)"))
 			return
 		}
-		if _, pattern := m.Handler(r); tcp && !open[pattern] && !strings.HasPrefix(r.URL.Path, previewPrefix) && !d.authorized(r) {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="kilnd"`)
-			reply.Error(w, errdefs.New(errdefs.ErrUnauthenticated, "kilnd: a bearer token is required (the token file in kilnd's state directory)"))
-			return
+		if _, pattern := m.Handler(r); tcp && !open[pattern] && !strings.HasPrefix(r.URL.Path, previewPrefix) {
+			if err := d.authorized(r); err != nil {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="kilnd"`)
+				reply.Error(w, err)
+				return
+			}
 		}
 		// Refused rather than redirected to the cleaned path: a client
 		// that follows the redirect would reach another file than it named.

@@ -1106,17 +1106,28 @@ func newServer(h http.Handler) *http.Server {
 // authorized checks a TCP request's token: the Authorization header, or
 // a WebSocket subprotocol kiln.token.<token> for clients that cannot set
 // headers.
-func (d *Daemon) authorized(r *http.Request) bool {
+// authorized is nil for a request with kilnd's token, and otherwise says
+// whether a token was missing or was not kilnd's.
+func (d *Daemon) authorized(r *http.Request) error {
 	want := []byte(d.token)
+	presented, found := "", false
 	if t, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
-		return subtle.ConstantTimeCompare([]byte(strings.TrimSpace(t)), want) == 1
-	}
-	for _, p := range offeredProtocols(r) {
-		if t, ok := strings.CutPrefix(p, api.TokenProtocolPrefix); ok {
-			return subtle.ConstantTimeCompare([]byte(t), want) == 1
+		presented, found = strings.TrimSpace(t), true
+	} else {
+		for _, p := range offeredProtocols(r) {
+			if t, ok := strings.CutPrefix(p, api.TokenProtocolPrefix); ok {
+				presented, found = t, true
+				break
+			}
 		}
 	}
-	return false
+	switch {
+	case !found:
+		return errdefs.New(errdefs.ErrUnauthenticated, "kilnd: a bearer token is required (the token file in kilnd's state directory)")
+	case subtle.ConstantTimeCompare([]byte(presented), want) != 1:
+		return errdefs.New(errdefs.ErrUnauthenticated, "kilnd: the bearer token is not kilnd's (compare it with the token file in kilnd's state directory)")
+	}
+	return nil
 }
 
 func offeredProtocols(r *http.Request) []string {

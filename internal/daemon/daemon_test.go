@@ -235,11 +235,12 @@ func TestSeedCurlExample(t *testing.T) {
 func TestAuthAndOrigin(t *testing.T) {
 	k := start(t, "")
 	defer k.cleanup()
-	if code, _ := k.do("GET", "/sandboxes", "", nil); code != 401 {
-		t.Errorf("no token: %d", code)
+	// Each refusal says which it is: no token, or one that is not kilnd's.
+	if code, body := k.do("GET", "/sandboxes", "", nil); code != 401 || !strings.Contains(string(body), "a bearer token is required") {
+		t.Errorf("no token: %d %s", code, body)
 	}
-	if code, _ := k.do("GET", "/sandboxes", "wrong", nil); code != 401 {
-		t.Errorf("wrong token: %d", code)
+	if code, body := k.do("GET", "/sandboxes", "wrong", nil); code != 401 || !strings.Contains(string(body), "the bearer token is not kilnd's") {
+		t.Errorf("wrong token: %d %s", code, body)
 	}
 	req, _ := http.NewRequest("GET", "http://"+k.addr+"/sandboxes", nil)
 	req.Header.Set("Authorization", "Bearer "+k.d.Token())
@@ -373,28 +374,34 @@ func TestCapturedLogsFilterAndFollow(t *testing.T) {
 		code, b := k.do("GET", "/sandboxes/"+sb+"/logs/"+st.ID+query, k.d.Token(), nil)
 		return code, string(b)
 	}
-	// Follow until the third line arrives.
-	req, _ := http.NewRequest("GET", "http://"+k.addr+"/sandboxes/"+sb+"/logs/"+st.ID+"?follow=1&stream=stdout", nil)
-	req.Header.Set("Authorization", "Bearer "+k.d.Token())
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got []byte
-	buf := make([]byte, 64)
-	for !bytes.Contains(got, []byte("o3\n")) {
-		n, err := resp.Body.Read(buf)
-		got = append(got, buf[:n]...)
+	// Following ends with the process, while it runs and after it ended,
+	// from the agent and from the log alone.
+	follow := func(query string) string {
+		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, "GET", "http://"+k.addr+"/sandboxes/"+sb+"/logs/"+st.ID+"?follow=1&stream=stdout"+query, nil)
+		req.Header.Set("Authorization", "Bearer "+k.d.Token())
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		got, err := io.ReadAll(resp.Body)
 		if err != nil {
 			t.Fatalf("follow: %v after %q", err, got)
 		}
+		return string(got)
 	}
-	resp.Body.Close()
-	if string(got) != "o1\no2\no3\n" {
+	if got := follow("&source=log"); got != "o1\no2\no3\n" {
 		t.Errorf("followed %q", got)
 	}
 	var w api.Exit
 	k.json("GET", "/sandboxes/"+sb+"/exec-stream/"+st.ID+"/wait", nil, &w)
+	for q, want := range map[string]string{"": "o1\no2\no3\n", "&source=log": "o1\no2\no3\n", "&tail=2": "o2\no3\n"} {
+		if got := follow(q); got != want {
+			t.Errorf("followed %s after the exit: %q, want %q", q, got, want)
+		}
+	}
 	if code, body := get("?stream=stderr"); code != 200 || body != "e1\n" {
 		t.Errorf("stderr: %d %q", code, body)
 	}

@@ -120,7 +120,7 @@ func FuzzCredentials(f *testing.F) {
 			r.Header.Set("Sec-WebSocket-Protocol", protocols)
 		}
 		offered := offeredProtocols(r)
-		if d.authorized(r) {
+		if d.authorized(r) == nil {
 			bearer, isBearer := strings.CutPrefix(auth, "Bearer ")
 			if !(isBearer && strings.TrimSpace(bearer) == token) && !(!isBearer && slices.Contains(offered, api.TokenProtocolPrefix+token)) {
 				t.Fatalf("authorized with Authorization %q and protocols %q", auth, protocols)

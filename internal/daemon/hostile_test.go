@@ -99,12 +99,18 @@ func hostileBearer(token string) http.Header {
 // error body, its code the one for the status, as valid UTF-8.
 func hostileRefused(t *testing.T, what string, r hostileReply, status int) {
 	t.Helper()
+	want := map[int]string{400: api.CodeInvalid, 401: api.CodeUnauthorized, 403: api.CodeForbidden, 404: api.CodeNotFound, 413: api.CodeTooLarge}[status]
+	hostileRefusedWith(t, what, r, status, want)
+}
+
+// hostileRefusedWith is hostileRefused with the error code to expect.
+func hostileRefusedWith(t *testing.T, what string, r hostileReply, status int, want string) {
+	t.Helper()
 	var e api.Error
 	if r.code != status || json.Unmarshal(r.body, &e) != nil || e.Error.Message == "" {
 		t.Errorf("%s: %d %.300q, want %d with an error body", what, r.code, r.body, status)
 		return
 	}
-	want := map[int]string{400: api.CodeInvalid, 401: api.CodeUnauthorized, 403: api.CodeForbidden, 404: api.CodeNotFound, 413: api.CodeTooLarge}[status]
 	if e.Error.Code != want {
 		t.Errorf("%s: error code %q, want %q", what, e.Error.Code, want)
 	}
@@ -367,7 +373,8 @@ func TestHostileNonUTF8(t *testing.T) {
 	} else if !strings.Contains("\n"+res.Stdout, "\nK\uFFFD=v\uFFFD\n") {
 		t.Errorf("a non-UTF-8 variable reached the process as %q", res.Stdout)
 	}
-	hostileRefused(t, "a non-UTF-8 command", c.as("POST", inSB+"/exec-stream", `{"command":"`+"\xff\xfe"+`"}`), 400)
+	// Read as U+FFFD U+FFFD, a name no program has.
+	hostileRefusedWith(t, "a non-UTF-8 command", c.as("POST", inSB+"/exec-stream", `{"command":"`+"\xff\xfe"+`"}`), 400, api.CodeCommandNotFound)
 	hostileRefused(t, "a non-UTF-8 working directory", c.as("POST", inSB+"/exec-stream", `{"command":"true","cwd":"/`+"\xff"+`"}`), 400)
 	hostileRefused(t, "a non-UTF-8 hostname", c.as("POST", "/sandboxes", `{"hostname":"`+"\xff"+`"}`), 400)
 

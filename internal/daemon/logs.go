@@ -279,10 +279,27 @@ func (d *Daemon) readLog(w http.ResponseWriter, r *http.Request) {
 	rc := http.NewResponseController(w)
 	rc.Flush()
 	rd.SetFollow(true)
+	// Following ends with the process: once it is not live and the log's
+	// last run has its end record, or has not had one for a whole idle
+	// check after the process was seen gone (its writer died with it).
+	goneBefore := false
 	for {
-		e, err := rd.Next(ctx)
+		wait, cancel := context.WithTimeout(ctx, followCheck)
+		e, err := rd.Next(wait)
+		cancel()
 		if err != nil {
-			return // the client left
+			if ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
+				return // the client left
+			}
+			if d.processLive(ctx, r.PathValue("id"), pid) {
+				goneBefore = false
+				continue
+			}
+			if goneBefore || lastRunEnded(rd.Runs()) {
+				return
+			}
+			goneBefore = true
+			continue
 		}
 		if e.Gap == 0 && !lq.filter.Selects(e.Record) {
 			continue
@@ -293,6 +310,56 @@ func (d *Daemon) readLog(w http.ResponseWriter, r *http.Request) {
 		}
 		rc.Flush()
 	}
+}
+
+// followCheck is how long a followed log may be quiet before kilnd looks
+// whether its process still lives.
+const followCheck = time.Second
+
+// lastRunEnded reports whether the last run of a log was ended by its
+// writer: nothing more comes of it.
+func lastRunEnded(runs []capture.Run) bool {
+	if len(runs) == 0 {
+		return false
+	}
+	switch runs[len(runs)-1].State {
+	case capture.Lossless, capture.Lossy, capture.RetentionLoss:
+		return true
+	}
+	return false
+}
+
+// processLive reports whether process pid of sandbox id may still write
+// output: its sandbox runs and its agent has it running, or cannot say.
+func (d *Daemon) processLive(ctx context.Context, id, pid string) bool {
+	e, err := d.get(id)
+	if err != nil {
+		return false
+	}
+	d.mu.Lock()
+	sb, running := e.sb, e.proxy != nil
+	d.mu.Unlock()
+	if !running {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", "http://agent/exec-stream/"+url.PathEscape(pid), nil)
+	tr := sandbox.Transport(sb.Dial)
+	tr.DisableKeepAlives = true // one question, now and then
+	resp, err := (&http.Client{Transport: tr}).Do(req)
+	if err != nil {
+		return true // cannot say
+	}
+	defer resp.Body.Close()
+	var st api.Process
+	switch {
+	case resp.StatusCode == http.StatusNotFound:
+		return false
+	case resp.StatusCode != http.StatusOK || json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&st) != nil:
+		return true
+	}
+	return st.State != api.StateExited
 }
 
 // readFromAgent serves the output of process pid as its sandbox's agent

@@ -31,6 +31,11 @@ var (
 	ErrInternal       = &Class{"internal"}
 	// ErrBadGateway: a sandbox's port, proxied, did not answer well.
 	ErrBadGateway = &Class{"bad gateway"}
+	// ErrCommandNotFound and ErrNotExecutable: a process could not start
+	// because its program is not there, or is there and cannot be run
+	// (a shell's 127 and 126).
+	ErrCommandNotFound = &Class{"command not found"}
+	ErrNotExecutable   = &Class{"not executable"}
 )
 
 // New returns an error of class whose message is msg alone: errors.Is

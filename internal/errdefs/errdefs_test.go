@@ -40,6 +40,8 @@ var answers = []struct {
 	{errdefs.ErrOutcomeUnknown, api.CodeUnknown, 502},
 	{errdefs.ErrInternal, api.CodeInternal, 500},
 	{errdefs.ErrBadGateway, api.CodeBadGateway, 502},
+	{errdefs.ErrCommandNotFound, api.CodeCommandNotFound, 400},
+	{errdefs.ErrNotExecutable, api.CodeNotExecutable, 400},
 }
 
 // Each class answers with its code and status, and the body carries the

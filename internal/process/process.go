@@ -28,14 +28,18 @@ import (
 // Errors of the engine, each of an errdefs class. Callers test with
 // errors.Is; each error names the value that was wrong.
 var (
-	ErrInvalid     = errdefs.New(errdefs.ErrInvalidArgument, "invalid argument")
-	ErrNotFound    = errdefs.New(errdefs.ErrNotFound, "not found")
-	ErrFinished    = errdefs.New(errdefs.ErrFailedPrecondition, "process has finished")
-	ErrStart       = errdefs.New(errdefs.ErrInvalidArgument, "process could not start")
-	ErrNoStdin     = errdefs.New(errdefs.ErrInvalidArgument, "process has no stdin pipe")
-	ErrNotTerminal = errdefs.New(errdefs.ErrInvalidArgument, "process has no terminal")
-	ErrTerminalEOF = errdefs.New(errdefs.ErrInvalidArgument, "a terminal has no end-of-input; send Ctrl-D as input")
-	ErrOutOfRange  = ring.ErrOutOfRange
+	ErrInvalid  = errdefs.New(errdefs.ErrInvalidArgument, "invalid argument")
+	ErrNotFound = errdefs.New(errdefs.ErrNotFound, "not found")
+	ErrFinished = errdefs.New(errdefs.ErrFailedPrecondition, "process has finished")
+	ErrStart    = errdefs.New(errdefs.ErrInvalidArgument, "process could not start")
+	// ErrNoCommand and ErrNotExecutable are the start failures a shell
+	// tells apart (127 and 126): no such program, and one it cannot run.
+	ErrNoCommand     = errdefs.New(errdefs.ErrCommandNotFound, "command not found")
+	ErrNotExecutable = errdefs.New(errdefs.ErrNotExecutable, "not executable")
+	ErrNoStdin       = errdefs.New(errdefs.ErrInvalidArgument, "process has no stdin pipe")
+	ErrNotTerminal   = errdefs.New(errdefs.ErrInvalidArgument, "process has no terminal")
+	ErrTerminalEOF   = errdefs.New(errdefs.ErrInvalidArgument, "a terminal has no end-of-input; send Ctrl-D as input")
+	ErrOutOfRange    = ring.ErrOutOfRange
 	// ErrCapture: the capture the process asked for could not begin (its
 	// directory cannot be written), so it was not started. The request
 	// was good; the host's storage is not.
@@ -359,7 +363,7 @@ func startProcess(id string, spec Spec, drainFor time.Duration, onDone func()) (
 		if p.stdin != nil {
 			p.stdin.Stop()
 		}
-		return nil, fmt.Errorf("%w: %s: %v", ErrStart, argv[0], unwrapExecErr(err))
+		return nil, startError(argv[0], unwrapExecErr(err))
 	}
 	p.started = time.Now()
 	for i, s := range streams {
@@ -375,6 +379,23 @@ func notDir(err error) error {
 	}
 	return errors.Unwrap(err)
 }
+
+// startError says why prog did not start, of the class a shell's exit code
+// tells apart: not there (127), there but not runnable (126), or another
+// failure.
+func startError(prog string, err error) error {
+	class := ErrStart
+	switch {
+	case errors.Is(err, errNotInPath) || errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR):
+		class = ErrNoCommand
+	case errors.Is(err, unix.EACCES) || errors.Is(err, unix.ENOEXEC) || errors.Is(err, unix.EISDIR) || errors.Is(err, unix.EPERM):
+		class = ErrNotExecutable
+	}
+	return fmt.Errorf("%w: %s: %v", class, prog, err)
+}
+
+// errNotInPath is lookPath's: no directory of PATH has the program.
+var errNotInPath = errors.New("executable file not found in PATH")
 
 func unwrapExecErr(err error) error {
 	var pe *os.PathError
@@ -423,7 +444,7 @@ func resolveArgv(spec Spec) ([]string, error) {
 		}
 		found, err := lookPath(prog, path, spec.Dir)
 		if err != nil {
-			return nil, fmt.Errorf("%w: %s: %v", ErrStart, prog, err)
+			return nil, startError(prog, err)
 		}
 		prog = found
 	}
@@ -454,7 +475,7 @@ func lookPath(prog, path, dir string) (string, error) {
 	if denied != nil {
 		return "", denied
 	}
-	return "", errors.New("executable file not found in PATH")
+	return "", errNotInPath
 }
 
 // growPipe raises a pipe's buffer to 1 MiB where the system allows it:

@@ -232,14 +232,23 @@ func TestStartFailuresAreErrors(t *testing.T) {
 	if err := os.WriteFile(noexec, []byte("#!/bin/sh\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// Executable, and not a program the kernel can load: ENOEXEC.
+	garbage := dir + "/garbage"
+	if err := os.WriteFile(garbage, []byte{0x7f, 'E', 'L', 'F', 0, 0, 0, 0}, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name string
 		spec Spec
 		want error
 	}{
-		{"no such program", Spec{Argv: []string{"/no/such/program"}}, ErrStart},
-		{"not in PATH", Spec{Argv: []string{"no-such-program-here"}}, ErrStart},
-		{"not executable", Spec{Argv: []string{noexec}}, ErrStart},
+		{"no such program", Spec{Argv: []string{"/no/such/program"}}, ErrNoCommand},
+		{"a file for a directory in the path", Spec{Argv: []string{noexec + "/x"}}, ErrNoCommand},
+		{"not in PATH", Spec{Argv: []string{"no-such-program-here"}}, ErrNoCommand},
+		{"not executable", Spec{Argv: []string{noexec}}, ErrNotExecutable},
+		{"not executable, found in PATH", Spec{Argv: []string{"script"}, Env: []string{"PATH=" + dir}}, ErrNotExecutable},
+		{"a directory", Spec{Argv: []string{dir}}, ErrNotExecutable},
+		{"not a program", Spec{Argv: []string{garbage}}, ErrNotExecutable},
 		{"bad working directory", Spec{Argv: []string{"true"}, Dir: dir + "/missing"}, ErrStart},
 		{"working directory is a file", Spec{Argv: []string{"true"}, Dir: noexec}, ErrStart},
 		{"empty argv", Spec{}, ErrInvalid},

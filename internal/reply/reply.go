@@ -41,6 +41,8 @@ var answers = map[*errdefs.Class]answer{
 	errdefs.ErrOutcomeUnknown:     {api.CodeUnknown, http.StatusBadGateway},
 	errdefs.ErrInternal:           {api.CodeInternal, http.StatusInternalServerError},
 	errdefs.ErrBadGateway:         {api.CodeBadGateway, http.StatusBadGateway},
+	errdefs.ErrCommandNotFound:    {api.CodeCommandNotFound, http.StatusBadRequest},
+	errdefs.ErrNotExecutable:      {api.CodeNotExecutable, http.StatusBadRequest},
 }
 
 // Code returns the API code and HTTP status err answers with: those of its

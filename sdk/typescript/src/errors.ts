@@ -54,6 +54,8 @@ const fromWire: Record<string, ErrorCode> = {
   unavailable: "UNAVAILABLE",
   outcome_unknown: "OUTCOME_UNKNOWN",
   bad_gateway: "UNAVAILABLE",
+  command_not_found: "INVALID_ARGUMENT",
+  not_executable: "INVALID_ARGUMENT",
   internal: "INTERNAL",
 };
 

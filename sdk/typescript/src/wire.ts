@@ -58,6 +58,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/version": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** which build of kilnd this is */
+        get: operations["getVersion"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/metrics": {
         parameters: {
             query?: never;
@@ -638,10 +655,21 @@ export interface components {
             message: string;
         };
         /**
-         * @description each code has one status: invalid_argument 400, unauthenticated 401, permission_denied 403, not_found 404, method_not_allowed 405, already_exists 409, failed_precondition 412, too_large 413, out_of_range 416 (output evicted before the offset asked for), internal 500, outcome_unknown 502 (the sandbox's agent took the request and no answer came back: it may or may not have taken effect), bad_gateway 502 (a sandbox's port answered badly, or nothing listens on it), unavailable 503
+         * @description each code has one status: invalid_argument 400, unauthenticated 401, permission_denied 403, not_found 404, method_not_allowed 405, already_exists 409, failed_precondition 412, too_large 413, out_of_range 416 (output evicted before the offset asked for), internal 500, outcome_unknown 502 (the sandbox's agent took the request and no answer came back: it may or may not have taken effect), bad_gateway 502 (a sandbox's port answered badly, or nothing listens on it), unavailable 503, command_not_found 400 and not_executable 400 (a process's program is not there, or cannot be run)
          * @enum {string}
          */
-        ErrorCode: "invalid_argument" | "unauthenticated" | "permission_denied" | "not_found" | "method_not_allowed" | "already_exists" | "failed_precondition" | "too_large" | "out_of_range" | "internal" | "outcome_unknown" | "bad_gateway" | "unavailable";
+        ErrorCode: "invalid_argument" | "unauthenticated" | "permission_denied" | "not_found" | "method_not_allowed" | "already_exists" | "failed_precondition" | "too_large" | "out_of_range" | "internal" | "outcome_unknown" | "bad_gateway" | "unavailable" | "command_not_found" | "not_executable";
+        Version: {
+            /** @description the module's version, or devel for a build from a checkout */
+            version: string;
+            /** @description the commit built */
+            revision?: string;
+            /** @description the tree built had changes */
+            modified?: boolean;
+            go_version: string;
+            /** @description GOOS/GOARCH */
+            platform: string;
+        };
         Preview: {
             id: string;
             port: number;
@@ -1102,6 +1130,28 @@ export interface operations {
                     };
                 };
             };
+            403: components["responses"]["Error"];
+        };
+    };
+    getVersion: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the build */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Version"];
+                };
+            };
+            401: components["responses"]["Error"];
             403: components["responses"]["Error"];
         };
     };
@@ -1651,6 +1701,7 @@ export interface operations {
                 /** @description RFC 3339 time or a duration back from now */
                 since?: string;
                 until?: string;
+                /** @description go on with what is written, until the process has ended and its log says so (or a second after, when its writer ended without a word) */
                 follow?: boolean;
                 format?: "raw" | "json";
                 source?: "best" | "log";
