@@ -188,7 +188,7 @@ func TestStartOutputWait(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.ExitCode == nil || *r.ExitCode != 3 || !r.OutputComplete {
+	if r.Exit.Code() != 3 || !r.OutputComplete {
 		t.Errorf("result %+v", r)
 	}
 	// Bytes keep what text replaced.
@@ -279,7 +279,7 @@ func TestDisconnectThenReopen(t *testing.T) {
 	if got != want.String() || lost != 0 {
 		t.Errorf("got %q (lost %d)", got, lost)
 	}
-	if r, err := q.Wait(ctx); err != nil || !r.OutputComplete || *r.ExitCode != 0 {
+	if r, err := q.Wait(ctx); err != nil || !r.OutputComplete || r.Exit.Code() != 0 {
 		t.Errorf("wait %+v, %v", r, err)
 	}
 }
@@ -300,7 +300,7 @@ func TestTerminateStatusAndErrors(t *testing.T) {
 		t.Errorf("terminate %q, %v", got, err)
 	}
 	r, err := p.Wait(ctx)
-	if err != nil || r.Signal != "KILL" {
+	if err != nil || r.Exit.Signal() != "KILL" {
 		t.Errorf("wait %+v, %v", r, err)
 	}
 	if st, _ := p.Status(ctx); st.State != client.Exited {
@@ -324,7 +324,7 @@ func TestExec(t *testing.T) {
 	_, sb := kilnd(t)
 	ctx := ctxT(t)
 	r, err := sb.Exec(ctx, client.ExecOptions{Shell: "echo out; echo err >&2; exit 2"})
-	if err != nil || string(r.Stdout) != "out\n" || string(r.Stderr) != "err\n" || *r.ExitCode != 2 {
+	if err != nil || string(r.Stdout) != "out\n" || string(r.Stderr) != "err\n" || r.Exit.Code() != 2 {
 		t.Errorf("exec %+v, %v", r, err)
 	}
 	var seen []string
@@ -555,7 +555,7 @@ func TestFlowBlockResumesWithoutLoss(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.ExitCode == nil || *r.ExitCode != 6 || !r.OutputComplete || r.Streams["stdout"] != (client.StreamCount{Bytes: size, Ended: true}) {
+	if r.Exit.Code() != 6 || !r.OutputComplete || r.Streams["stdout"] != (client.StreamCount{Bytes: size, Ended: true}) {
 		t.Fatalf("result %+v", r)
 	}
 	res, err := sb.Exec(ctx, client.ExecOptions{Shell: "sha256sum < /workspace/r"})
@@ -586,8 +586,8 @@ func TestExecResumesABrokenConnection(t *testing.T) {
 	var got strings.Builder
 	res, err := sb.Exec(ctx, client.ExecOptions{Shell: "seq 1 400000; exit 3",
 		OnOutput: func(ch client.Chunk) error { got.WriteString(ch.Text); return nil }})
-	if err != nil || res.ExitCode == nil || *res.ExitCode != 3 || got.String() != want.String() || p.Cuts() < 2 {
-		t.Fatalf("Exec through %d cuts: %v, exit %v, %d bytes of %d, equal %v", p.Cuts(), err, res.ExitCode, got.Len(), want.Len(), got.String() == want.String())
+	if err != nil || res.Exit.Code() != 3 || got.String() != want.String() || p.Cuts() < 2 {
+		t.Fatalf("Exec through %d cuts: %v, exit %v, %d bytes of %d, equal %v", p.Cuts(), err, res.Exit, got.Len(), want.Len(), got.String() == want.String())
 	}
 
 	proc, err := sb.Start(ctx, client.StartOptions{Command: "seq", Args: []string{"1", "400000"}, Format: client.Bytes, Flow: api.FlowBlock})

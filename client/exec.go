@@ -34,7 +34,7 @@ type ExecOptions struct {
 
 // ExecResult is a finished command: its exit and kept output.
 type ExecResult struct {
-	api.Exit
+	Exit           Exit
 	Stdout, Stderr []byte
 	// Truncated is set when output beyond MaxOutputBytes was not kept (or
 	// was lost before it could be read).
@@ -70,7 +70,7 @@ func (s *Sandbox) Exec(ctx context.Context, o ExecOptions) (ExecResult, error) {
 		if err := decodeJSON(resp.Body, &r); err != nil {
 			return ExecResult{}, fmt.Errorf("%w: exec: %w", ErrOutcomeUnknown, err)
 		}
-		res := ExecResult{Exit: r.Exit, Truncated: r.Truncated, TimedOut: r.TimedOut}
+		res := ExecResult{Exit: ExitOf(r.Exit), Truncated: r.Truncated, TimedOut: r.TimedOut}
 		res.Stdout, err = exact(r.Stdout, r.StdoutBase64)
 		if err == nil {
 			res.Stderr, err = exact(r.Stderr, r.StderrBase64)

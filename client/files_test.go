@@ -21,7 +21,7 @@ func inside(t *testing.T, sb *client.Sandbox, script string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.ExitCode == nil || *r.ExitCode != 0 {
+	if r.Exit.Code() != 0 {
 		t.Fatalf("%q: %+v, stderr %q", script, r.Exit, r.Stderr)
 	}
 	return string(r.Stdout)

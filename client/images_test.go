@@ -108,7 +108,7 @@ func TestImages(t *testing.T) {
 		{"the image's PATH", client.ExecOptions{Shell: "env | grep ^PATH="}, "PATH=/bin\n"},
 	} {
 		res, err := sb.Exec(ctx, tc.o)
-		if err != nil || string(res.Stdout) != tc.want || res.ExitCode == nil || *res.ExitCode != 0 {
+		if err != nil || string(res.Stdout) != tc.want || res.Exit.Code() != 0 {
 			t.Errorf("%s: %q %q %+v, %v; want %q", tc.name, res.Stdout, res.Stderr, res.Exit, err, tc.want)
 		}
 	}
@@ -127,7 +127,7 @@ func TestImages(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A user other than root has no capabilities: root's files are not its.
-	if res, err := sb.Exec(ctx, client.ExecOptions{Shell: "echo x > /etc/b"}); err != nil || res.ExitCode == nil || *res.ExitCode == 0 {
+	if res, err := sb.Exec(ctx, client.ExecOptions{Shell: "echo x > /etc/b"}); err != nil || res.Exit.Code() == 0 {
 		t.Errorf("a user writing root's file: %+v, %v", res.Exit, err)
 	}
 	if _, err := c.RemoveImage(ctx, ref); !client.IsFailedPrecondition(err) {

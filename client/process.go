@@ -526,7 +526,7 @@ func (c *Client) dial(ctx context.Context, path string, q url.Values, protocol s
 
 // Result is a confirmed exit.
 type Result struct {
-	api.Exit
+	Exit Exit
 	// OutputComplete is true only when this handle's output reached the
 	// end of every stream with no gap. A wait that returns before the
 	// output drained says false; a later one can say true.
@@ -563,7 +563,7 @@ func (p *Process) Wait(ctx context.Context) (Result, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.exit = &e
-	r := Result{Exit: e, OutputComplete: p.completeLocked(), Streams: map[string]StreamCount{}}
+	r := Result{Exit: ExitOf(e), OutputComplete: p.completeLocked(), Streams: map[string]StreamCount{}}
 	for _, s := range p.streams() {
 		r.Streams[s] = StreamCount{Bytes: p.offsets[s], Lost: p.lostBy[s], Ended: p.ended[s]}
 	}

@@ -123,11 +123,11 @@ func sizeFlag(f *pflag.FlagSet, name string) (*int64, error) {
 }
 
 // exitCode is the shell's convention: the code, or 128 + the signal.
-func exitCode(e api.Exit) int {
-	if e.ExitCode != nil {
-		return *e.ExitCode
+func exitCode(e client.Exit) int {
+	if e.Signal() == "" && e.Known() {
+		return e.Code()
 	}
-	if sig := unix.SignalNum("SIG" + e.Signal); sig != 0 {
+	if sig := unix.SignalNum("SIG" + e.Signal()); sig != 0 {
 		return 128 + int(sig)
 	}
 	return 1

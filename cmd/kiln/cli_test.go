@@ -337,7 +337,7 @@ func TestExecIsLossless(t *testing.T) {
 // command has ended, for output complete or not.
 func TestForegroundOutcome(t *testing.T) {
 	seven := 7
-	complete := client.Result{Exit: api.Exit{ExitCode: &seven}, OutputComplete: true,
+	complete := client.Result{Exit: client.ExitOf(api.Exit{ExitCode: &seven}), OutputComplete: true,
 		Streams: map[string]client.StreamCount{"stdout": {Bytes: 10, Ended: true}, "stderr": {Ended: true}}}
 	cut := complete
 	cut.OutputComplete = false

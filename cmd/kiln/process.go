@@ -129,7 +129,7 @@ func (c *cli) outcome(r client.Result, foreground bool) error {
 			api.Exit
 			OutputComplete bool                          `json:"output_complete"`
 			Streams        map[string]client.StreamCount `json:"streams"`
-		}{r.Exit, r.OutputComplete, r.Streams})
+		}{r.Exit.API(), r.OutputComplete, r.Streams})
 	}
 	c.sayOOM(r.Exit)
 	if foreground && !r.OutputComplete {
@@ -143,8 +143,8 @@ func (c *cli) outcome(r client.Result, foreground bool) error {
 
 // sayOOM tells the user when the out-of-memory killer ended the process:
 // its exit code (137) alone does not.
-func (c *cli) sayOOM(e api.Exit) {
-	if e.OOMKilled {
+func (c *cli) sayOOM(e client.Exit) {
+	if e.OOMKilled() {
 		fmt.Fprintln(c.stderr, "kiln: the process was killed out of memory: it reached the sandbox's memory limit")
 	}
 }
