@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"strings"
 	"syscall"
@@ -26,11 +27,65 @@ type exitError struct{ code int }
 
 func (e exitError) Error() string { return fmt.Sprintf("exit code %d", e.code) }
 
+// kiln's own exit codes, Docker's, told apart from the process's by the
+// error that ended kiln, never by its text.
+const (
+	exitKiln          = 125 // kiln's own failure: usage, no kilnd, a refusal by kilnd
+	exitNotExecutable = 126 // the command is there and cannot be run
+	exitNotFound      = 127 // no such command
+	exitInterrupted   = 130 // Ctrl-C (SIGINT) or SIGTERM ended kiln itself
+)
+
+// exitCodesHelp is the exit codes' part of kiln --help.
+const exitCodesHelp = `
+Exit codes: a command run in the foreground (run, exec, shell, wait, logs -f) gives its own
+exit code, or 128+N when signal N killed it. kiln's own are:
+  123  the command's output could not all be delivered (how much was lost is said)
+  125  kiln failed: bad usage, kilnd not reachable, or kilnd refused the request
+  126  the command cannot be run (not executable, a directory, not a program)
+  127  the command was not found
+  130  kiln was interrupted (Ctrl-C); the process runs on`
+
+// usageError is bad usage: unknown commands and flags, wrong arguments.
+type usageError struct {
+	err error
+	cmd string // the command whose --help to read
+}
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+// usage makes a command's argument checks say their errors are usage, and
+// a group of commands refuse a command it does not have (cobra would show
+// its help and exit 0).
+func usage(cmd *cobra.Command) {
+	if !cmd.Runnable() && cmd.HasSubCommands() && cmd.HasParent() {
+		cmd.RunE = func(c *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return usageError{fmt.Errorf("unknown command %q for %q", args[0], c.CommandPath()), c.CommandPath()}
+			}
+			return c.Help()
+		}
+	}
+	if check := cmd.Args; check != nil {
+		cmd.Args = func(c *cobra.Command, args []string) error {
+			if err := check(c, args); err != nil {
+				return usageError{err, c.CommandPath()}
+			}
+			return nil
+		}
+	}
+	for _, sub := range cmd.Commands() {
+		usage(sub)
+	}
+}
+
 // cli holds what every command shares.
 type cli struct {
 	stdin          io.Reader
 	stdout, stderr io.Writer
 	stateDir, addr string
+	output         string
 	json           bool
 }
 
@@ -64,31 +119,112 @@ never hidden.`,
 	root.SetErr(stderr)
 	root.PersistentFlags().StringVar(&c.stateDir, "state-dir", envOr(client.StateDirEnv, client.DefaultStateDir), "kilnd's state `directory` (env "+client.StateDirEnv+")")
 	root.PersistentFlags().StringVar(&c.addr, "addr", os.Getenv(client.AddrEnv), "kilnd's `address`: host:port, tcp://host:port or http://host:port (TCP, with the token), or\nunix:///path (a socket); default the state directory's socket (env "+client.AddrEnv+")")
-	root.PersistentFlags().BoolVar(&c.json, "json", false, "print JSON for scripts")
-	root.AddCommand(c.sandboxCmd(), c.execCmd(), c.logsCmd(), c.attachCmd(), c.psCmd(), c.waitCmd(), c.killCmd(), c.shellCmd(), c.runCmd(), c.cpCmd(), c.portForwardCmd(), c.previewCmd(), c.watchCmd(), c.imageCmd())
-	err := root.ExecuteContext(ctx)
+	root.PersistentFlags().BoolVar(&c.json, "json", false, "print JSON for scripts (errors too, on stderr); the same as -o json")
+	root.PersistentFlags().StringVarP(&c.output, "output", "o", "", "output `format`: table (the default), wide (tables without truncation) or json")
+	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
+		switch c.output {
+		case "", "table", "wide":
+		case "json":
+			c.json = true
+		default:
+			return usageError{fmt.Errorf("--output %q: want table, wide or json", c.output), cmd.CommandPath()}
+		}
+		return nil
+	}
+	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error { return usageError{err, cmd.CommandPath()} })
+	root.SetHelpTemplate(root.HelpTemplate() + "{{if not .HasParent}}" + exitCodesHelp + "\n{{end}}")
+	root.AddCommand(c.sandboxCmd(), c.execCmd(), c.logsCmd(), c.attachCmd(), c.psCmd(), c.waitCmd(), c.killCmd(), c.shellCmd(), c.runCmd(), c.cpCmd(), c.portForwardCmd(), c.previewCmd(), c.watchCmd(), c.imageCmd(), c.versionCmd())
+	root.InitDefaultHelpCmd()
+	root.InitDefaultCompletionCmd()
+	usage(root)
+	// An unknown command is found before anything runs, as cobra finds it;
+	// its error is JSON if the flags ask, though cobra parses none then.
+	err := func() error {
+		if _, _, err := root.Find(args); err != nil {
+			f := pflag.NewFlagSet("kiln", pflag.ContinueOnError)
+			f.ParseErrorsAllowlist.UnknownFlags = true
+			f.SetOutput(io.Discard)
+			f.BoolVar(&c.json, "json", false, "")
+			f.StringVarP(&c.output, "output", "o", "", "")
+			f.Parse(args)
+			c.json = c.json || c.output == "json"
+			return usageError{err, "kiln"}
+		}
+		return root.ExecuteContext(ctx)
+	}()
+	code := exitCodeOf(ctx, err)
+	// A process's own exit code, and Ctrl-C, need no more words.
+	if code != 0 && !errors.As(err, new(exitError)) && code != exitInterrupted {
+		c.sayError(err, code)
+	}
+	return code
+}
+
+// exitCodeOf is the exit code err ends kiln with, decided from the
+// error's type and kilnd's code, never its text.
+func exitCodeOf(ctx context.Context, err error) int {
 	var ee exitError
 	switch {
 	case err == nil:
 		return 0
 	case errors.As(err, &ee):
 		return ee.code
+	case ctx.Err() != nil:
+		return exitInterrupted
+	case client.IsCommandNotFound(err):
+		return exitNotFound
+	case client.IsNotExecutable(err):
+		return exitNotExecutable
 	}
-	fmt.Fprintln(stderr, "kiln:", explain(err))
-	if strings.Contains(err.Error(), "unknown command") || strings.Contains(err.Error(), "flag") || strings.Contains(err.Error(), "arg") {
-		return 2
+	return exitKiln
+}
+
+// sayError writes err on stderr, as a line for people with what to do, or
+// with --json as {"error": {"code", "message", "exit_code"}}: kilnd's code
+// when kilnd refused, else usage, unavailable or internal.
+func (c *cli) sayError(err error, code int) {
+	var ue usageError
+	isUsage := errors.As(err, &ue)
+	if c.json {
+		kind := "internal"
+		var ce *client.Error
+		switch {
+		case errors.As(err, &ce):
+			kind = ce.Code
+		case isUsage:
+			kind = "usage"
+		case isUnreachable(err):
+			kind = api.CodeUnavailable
+		}
+		enc := json.NewEncoder(c.stderr)
+		enc.Encode(map[string]any{"error": map[string]any{"code": kind, "message": err.Error(), "exit_code": code}})
+		return
 	}
-	return 1
+	fmt.Fprintln(c.stderr, "kiln:", explain(err))
+	if isUsage {
+		fmt.Fprintf(c.stderr, "See '%s --help'.\n", ue.cmd)
+	}
+}
+
+// isUnreachable reports kilnd not answering at all: nothing listens, or
+// its socket is not there.
+func isUnreachable(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
 }
 
 // explain adds what to do to the errors people meet first.
 func explain(err error) string {
 	msg := err.Error()
 	switch {
-	case errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED):
-		return msg + "\n  is kilnd running? Start it with: sudo kilnd (or point --state-dir / --addr at it)"
-	case errors.Is(err, syscall.EACCES):
+	case errors.Is(err, client.ErrNoToken):
+		return msg + "\n  set $KILN_TOKEN to kilnd's token (kilnd prints where it is), or --state-dir to a directory holding it"
+	case isUnreachable(err) && errors.Is(err, syscall.EACCES):
 		return msg + "\n  kilnd's socket is root's: run kiln with sudo, or use --addr with the token"
+	case isUnreachable(err):
+		return msg + "\n  is kilnd running? Start it with: sudo kilnd (or point --state-dir / --addr at it)"
+	case client.IsUnauthenticated(err):
+		return msg + "\n  the token comes from $KILN_TOKEN, else STATE_DIR/token"
 	}
 	return msg
 }
@@ -133,6 +269,33 @@ func exitCode(e client.Exit) int {
 	return 1
 }
 
+// limitFlags adds the flags of a sandbox's limits to cmd; the function
+// returns what they ask for. A limit not given is kilnd's default; 0 is
+// none.
+func limitFlags(cmd *cobra.Command) func(*pflag.FlagSet) (api.LimitsRequest, error) {
+	cmd.Flags().String("memory", "", "memory limit (e.g. 512M; 0 for none; default kilnd's, 1GiB)")
+	cmd.Flags().String("disk", "", "disk quota for /workspace and the image's writable layer (e.g. 2G; 0 for none; default kilnd's, 10GiB)")
+	cmd.Flags().Int64("pids", 0, "process limit (0 for none; default kilnd's, 1024)")
+	cmd.Flags().Float64("cpus", 0, "CPU limit in cores (0 for none; default kilnd's, 1)")
+	return func(f *pflag.FlagSet) (l api.LimitsRequest, err error) {
+		if l.MemoryBytes, err = sizeFlag(f, "memory"); err != nil {
+			return l, err
+		}
+		if l.DiskBytes, err = sizeFlag(f, "disk"); err != nil {
+			return l, err
+		}
+		if f.Changed("pids") {
+			n, _ := f.GetInt64("pids")
+			l.Pids = &n
+		}
+		if f.Changed("cpus") {
+			n, _ := f.GetFloat64("cpus")
+			l.CPUs = &n
+		}
+		return l, nil
+	}
+}
+
 // networkFlags adds the flags of a sandbox's network to cmd; the function
 // returns what they ask for (nil: loopback only).
 func networkFlags(cmd *cobra.Command) func() *api.Network {
@@ -153,6 +316,7 @@ func (c *cli) sandboxCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "sandbox", Short: "Create, list, inspect and remove sandboxes"}
 	var o api.CreateSandbox
 	var network func() *api.Network
+	var limits func(*pflag.FlagSet) (api.LimitsRequest, error)
 	create := &cobra.Command{
 		Use:   "create",
 		Short: "Create a sandbox and print its id",
@@ -169,21 +333,8 @@ func (c *cli) sandboxCmd() *cobra.Command {
 				return err
 			}
 			defer cl.Close()
-			// A limit not given is kilnd's default; 0 is none.
-			f := cmd.Flags()
-			if o.Limits.MemoryBytes, err = sizeFlag(f, "memory"); err != nil {
+			if o.Limits, err = limits(cmd.Flags()); err != nil {
 				return err
-			}
-			if o.Limits.DiskBytes, err = sizeFlag(f, "disk"); err != nil {
-				return err
-			}
-			if f.Changed("pids") {
-				n, _ := f.GetInt64("pids")
-				o.Limits.Pids = &n
-			}
-			if f.Changed("cpus") {
-				n, _ := f.GetFloat64("cpus")
-				o.Limits.CPUs = &n
 			}
 			idle, _ := cmd.Flags().GetDuration("idle-timeout")
 			o.IdleTimeoutSeconds = int64(idle / time.Second)
@@ -203,10 +354,7 @@ func (c *cli) sandboxCmd() *cobra.Command {
 	create.Flags().StringVar(&o.Image, "image", "", "an `image` kilnd has (kiln image pull) as the root, its config the defaults of every process")
 	create.Flags().StringVar(&o.Rootfs, "rootfs", "", "a root filesystem: a `directory` in kilnd's images directory, instead of the host's /usr and /etc")
 	create.Flags().StringVar(&o.Runtime, "runtime", "", "the kind of sandbox: namespaces (the default) or gvisor (gVisor's kernel between the sandbox\nand the host's; kilnd --runtimes says which this host has)")
-	create.Flags().String("memory", "", "memory limit (e.g. 512M; 0 for none; default kilnd's, 1GiB)")
-	create.Flags().String("disk", "", "disk quota for /workspace and the image's writable layer (e.g. 2G; 0 for none; default kilnd's, 10GiB)")
-	create.Flags().Int64("pids", 0, "process limit (0 for none; default kilnd's, 1024)")
-	create.Flags().Float64("cpus", 0, "CPU limit in cores (0 for none; default kilnd's, 1)")
+	limits = limitFlags(create)
 	create.Flags().Duration("idle-timeout", 0, "delete the sandbox (keeping its logs) after this long unused")
 	network = networkFlags(create)
 	ls := &cobra.Command{
@@ -307,6 +455,8 @@ type startFlags struct {
 	stdin      bool
 	capture    bool
 	foreground bool // kiln reads its output to the end: held, bytes
+	tty        bool // on a terminal (foreground only)
+	detachKeys string
 }
 
 // add adds the flags: of a detached process (kiln sandbox exec-stream) or
@@ -321,7 +471,22 @@ func (f *startFlags) add(cmd *cobra.Command, detached bool) {
 		cmd.Flags().BoolVarP(&f.stdin, "stdin", "i", false, "open a stdin pipe (write with kiln attach --stdin)")
 	} else {
 		cmd.Flags().BoolVarP(&f.stdin, "interactive", "i", false, "send kiln's stdin to the command (end of input closes its stdin; without -i it is closed)")
+		cmd.Flags().BoolVarP(&f.tty, "tty", "t", false, "run on a terminal; with -i, interactively (kiln's stdin must be a terminal)")
+		cmd.Flags().StringVar(&f.detachKeys, "detach-keys", defaultDetachKeys, "with -it, the `keys` that detach, leaving the command running: characters or ctrl-<key>, comma separated")
 	}
+}
+
+// parse is options, and the detach keys, with their errors as usage.
+func (f *startFlags) parse(cmd *cobra.Command, argv []string) (client.StartOptions, []byte, error) {
+	o, err := f.options(argv)
+	if err != nil {
+		return o, nil, usageError{err, cmd.CommandPath()}
+	}
+	keys, err := parseDetachKeys(f.detachKeys)
+	if err != nil {
+		return o, nil, usageError{err, cmd.CommandPath()}
+	}
+	return o, keys, nil
 }
 
 // options are the process's start options; an empty argv runs the image's

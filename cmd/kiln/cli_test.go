@@ -155,15 +155,10 @@ func TestHelpAndErrors(t *testing.T) {
 			t.Errorf("%v: %d %q", args, code, errs.String())
 		}
 	}
+	// The exit codes of errors: TestExitCodes.
 	var out, errs bytes.Buffer
-	code := run(context.Background(), []string{"--state-dir", t.TempDir(), "sandbox", "ls"}, strings.NewReader(""), &out, &errs)
-	if code != 1 || !strings.Contains(errs.String(), "is kilnd running?") {
-		t.Errorf("no kilnd: %d %q", code, errs.String())
-	}
-	out.Reset()
-	errs.Reset()
-	if code := run(context.Background(), []string{"exec"}, strings.NewReader(""), &out, &errs); code != 2 {
-		t.Errorf("missing arguments: %d %q", code, errs.String())
+	if code := run(context.Background(), []string{"--help"}, strings.NewReader(""), &out, &errs); code != 0 || !strings.Contains(out.String(), "127  the command was not found") {
+		t.Errorf("kiln --help does not say the exit codes: %d %q", code, out.String())
 	}
 }
 
@@ -171,57 +166,125 @@ func TestHelpAndErrors(t *testing.T) {
 // sandbox's shell gets the window's size and follows its changes, runs
 // what is typed, and its exit code is kiln's.
 func TestShellInATerminal(t *testing.T) {
-	if _, err := exec.LookPath("tmux"); err != nil {
-		t.Skip("needs tmux")
-	}
 	state := kilnd(t)
 	_, out, _ := kiln(t, state, "", "sandbox", "create")
 	sb := strings.TrimSpace(out)
+	tm := newTmux(t, state, "shell", sb)
+	tm.screen("#")
+	tm.keys("echo $((6*7)); stty size", "Enter")
+	tm.screen("42")
+	tm.screen("30 100")
+	tm.run("resize-window", "-x", "120", "-y", "40")
+	tm.keys("clear; stty size", "Enter")
+	tm.screen("40 120")
+	tm.keys("exit 3", "Enter")
+	if rc := tm.exit(); rc != "3" {
+		t.Errorf("kiln shell exited %s, want 3", rc)
+	}
+}
+
+// TestDetachKeys: in a real terminal, ctrl-p ctrl-q leaves kiln shell with
+// 0 and the shell running, unharmed; kiln attach -i comes back to it, in
+// raw mode (the sandbox's terminal echoes, not this one), and its exit
+// code is kiln's. A lone ctrl-p is sent on to the process.
+func TestDetachKeys(t *testing.T) {
+	state := kilnd(t)
+	_, out, _ := kiln(t, state, "", "sandbox", "create")
+	sb := strings.TrimSpace(out)
+	tm := newTmux(t, state, "shell", sb)
+	tm.screen("#")
+	tm.keys("echo marker-$((40+2))", "Enter")
+	tm.screen("marker-42")
+	tm.keys("C-p", "C-q")
+	if rc := tm.exit(); rc != "0" {
+		t.Fatalf("detached kiln shell exited %s, want 0", rc)
+	}
+	tm.screen("kiln: detached; the process runs on")
+	_, ps, _ := kiln(t, state, "", "ps", sb)
+	var pid string
+	for line := range strings.Lines(ps) {
+		if f := strings.Fields(line); len(f) > 1 && f[1] == "running" && strings.Contains(line, "sh -l") {
+			pid = f[0]
+		}
+	}
+	if pid == "" {
+		t.Fatalf("the shell is not running after the detach:\n%s", ps)
+	}
+	tm = newTmux(t, state, "attach", "-i", sb, pid)
+	tm.screen("marker-42") // the output from the beginning
+	// ctrl-p then x: not the sequence, so both go to the shell, whose
+	// line editor takes ctrl-p as "previous line" or ignores it.
+	tm.keys("C-p", "x")
+	// Raw mode: Ctrl-C goes to the shell as a byte, not to kiln as SIGINT.
+	tm.keys("C-c")
+	tm.keys("echo still-$((2+3))", "Enter")
+	tm.screen("still-5")
+	tm.keys("exit 5", "Enter")
+	if rc := tm.exit(); rc != "5" {
+		t.Errorf("kiln attach exited %s, want the shell's 5", rc)
+	}
+}
+
+// tmuxSession is kiln run in a real terminal: a tmux window of 100x30.
+type tmuxSession struct {
+	t            *testing.T
+	sock, rcFile string
+}
+
+// newTmux runs kiln with args in a new tmux session, keeping its exit code.
+func newTmux(t *testing.T, state string, args ...string) *tmuxSession {
+	t.Helper()
+	if _, err := exec.LookPath("tmux"); err != nil {
+		t.Skip("needs tmux")
+	}
 	dir := t.TempDir()
-	sock, rcFile := filepath.Join(dir, "tmux.sock"), filepath.Join(dir, "rc")
-	tmux := func(args ...string) string {
-		t.Helper()
-		out, err := exec.Command("tmux", append([]string{"-S", sock}, args...)...).CombinedOutput()
-		if err != nil {
-			t.Fatalf("tmux %v: %v %s", args, err, out)
-		}
-		return string(out)
+	tm := &tmuxSession{t: t, sock: filepath.Join(dir, "tmux.sock"), rcFile: filepath.Join(dir, "rc")}
+	line := fmt.Sprintf("%s=1 %s --state-dir %s %s; echo $? > %s; sleep 30", asCLIEnv, os.Args[0], state, strings.Join(args, " "), tm.rcFile)
+	tm.run("new-session", "-d", "-x", "100", "-y", "30", "sh", "-c", line)
+	t.Cleanup(func() { exec.Command("tmux", "-S", tm.sock, "kill-server").Run() })
+	return tm
+}
+
+func (tm *tmuxSession) run(args ...string) string {
+	tm.t.Helper()
+	out, err := exec.Command("tmux", append([]string{"-S", tm.sock}, args...)...).CombinedOutput()
+	if err != nil {
+		tm.t.Fatalf("tmux %v: %v %s", args, err, out)
 	}
-	line := fmt.Sprintf("%s=1 %s --state-dir %s shell %s; echo $? > %s; sleep 30", asCLIEnv, os.Args[0], state, sb, rcFile)
-	tmux("new-session", "-d", "-x", "100", "-y", "30", "sh", "-c", line)
-	defer exec.Command("tmux", "-S", sock, "kill-server").Run()
-	screen := func(want string) {
-		t.Helper()
-		deadline := time.Now().Add(20 * time.Second)
-		for {
-			got := tmux("capture-pane", "-p")
-			if strings.Contains(got, want) {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("the screen never showed %q:\n%q", want, got)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
-	screen("#")
-	tmux("send-keys", "echo $((6*7)); stty size", "Enter")
-	screen("42")
-	screen("30 100")
-	tmux("resize-window", "-x", "120", "-y", "40")
-	tmux("send-keys", "clear; stty size", "Enter")
-	screen("40 120")
-	tmux("send-keys", "exit 3", "Enter")
+	return string(out)
+}
+
+func (tm *tmuxSession) keys(keys ...string) {
+	tm.t.Helper()
+	tm.run(append([]string{"send-keys"}, keys...)...)
+}
+
+// screen waits for the window to show want.
+func (tm *tmuxSession) screen(want string) {
+	tm.t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		if b, err := os.ReadFile(rcFile); err == nil && strings.TrimSpace(string(b)) != "" {
-			if rc := strings.TrimSpace(string(b)); rc != "3" {
-				t.Errorf("kiln shell exited %s, want 3", rc)
-			}
+		got := tm.run("capture-pane", "-p")
+		if strings.Contains(got, want) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("kiln shell did not exit")
+			tm.t.Fatalf("the screen never showed %q:\n%q", want, got)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// exit waits for kiln's exit code.
+func (tm *tmuxSession) exit() string {
+	tm.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if b, err := os.ReadFile(tm.rcFile); err == nil && strings.TrimSpace(string(b)) != "" {
+			return strings.TrimSpace(string(b))
+		}
+		if time.Now().After(deadline) {
+			tm.t.Fatal("kiln did not exit")
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

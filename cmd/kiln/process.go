@@ -9,11 +9,15 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
 	"golang.org/x/term"
 
@@ -24,23 +28,52 @@ import (
 // foreground follows a command started in the foreground (held output,
 // bytes), sending it kiln's stdin when asked to.
 func (c *cli) foreground(ctx context.Context, p *client.Process, input bool) error {
-	if input {
-		go c.pumpInput(ctx, p, false)
+	return c.session(ctx, p, sessionOptions{input: input, foreground: true})
+}
+
+// sessionOptions say how kiln is attached to a process.
+type sessionOptions struct {
+	input      bool   // send kiln's stdin to the process
+	terminal   bool   // the process is on a terminal: end of input is not sent as a close
+	detachKeys []byte // typed in the input, they detach (none: never)
+	foreground bool   // kiln's exit is the process's, or 123 when output was lost
+}
+
+// session follows p's output to its end while sending it kiln's input,
+// until the detach keys are typed: then kiln leaves the process running
+// and exits 0.
+func (c *cli) session(ctx context.Context, p *client.Process, o sessionOptions) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	detached := make(chan struct{})
+	if o.input {
+		go c.pumpInput(ctx, p, o.terminal, &detacher{seq: o.detachKeys}, func() {
+			close(detached)
+			cancel()
+		})
 	}
-	return c.follow(ctx, p, true)
+	err := c.follow(ctx, p, o.foreground)
+	select {
+	case <-detached:
+		fmt.Fprintf(c.stderr, "\r\nkiln: detached; the process runs on (kiln attach -i %s %s)\r\n", p.Sandbox().ID, p.ID)
+		return nil
+	default:
+		return err
+	}
 }
 
 // copyOutput writes a process's output as it comes, stdout and terminal
-// output to stdout and stderr to stderr, and says what was lost. A broken
-// connection is resumed from the last byte written, nothing repeated, for
-// as long as resume says; a held process's output waits for kiln meanwhile.
-func (c *cli) copyOutput(ctx context.Context, p *client.Process) error {
-	return c.copyUntil(ctx, p, nil)
+// output to stdout and stderr to stderr, and says what was lost; or, with
+// asJSON, each chunk and gap as a JSON line on stdout. A broken connection
+// is resumed from the last byte written, nothing repeated, for as long as
+// resume says; a held process's output waits for kiln meanwhile.
+func (c *cli) copyOutput(ctx context.Context, p *client.Process, asJSON bool) error {
+	return c.copyUntil(ctx, p, asJSON, nil)
 }
 
 // copyUntil is copyOutput that stops, if until is set, once until says so
 // of where the streams stand.
-func (c *cli) copyUntil(ctx context.Context, p *client.Process, until func(pos map[string]int64) bool) error {
+func (c *cli) copyUntil(ctx context.Context, p *client.Process, asJSON bool, until func(pos map[string]int64) bool) error {
 	pos := map[string]int64{}
 	if until != nil && until(pos) {
 		return nil
@@ -59,7 +92,11 @@ func (c *cli) copyUntil(ctx context.Context, p *client.Process, until func(pos m
 		if err != nil {
 			return err
 		}
-		if ch.Lost > 0 {
+		if asJSON {
+			if err := c.printChunk(ch); err != nil {
+				return err
+			}
+		} else if ch.Lost > 0 {
 			fmt.Fprintf(c.stderr, "kiln: %d bytes of %s lost before offset %d\n", ch.Lost, ch.Stream, ch.Offset)
 		} else {
 			w := c.stdout
@@ -76,6 +113,26 @@ func (c *cli) copyUntil(ctx context.Context, p *client.Process, until func(pos m
 		}
 	}
 	return nil
+}
+
+// printChunk writes a chunk as a JSON line: its stream and offset, and its
+// bytes as text when they are UTF-8, else base64; or the bytes it lost.
+func (c *cli) printChunk(ch client.Chunk) error {
+	out := struct {
+		Stream string `json:"stream"`
+		Offset int64  `json:"offset"`
+		Text   string `json:"text,omitempty"`
+		Base64 string `json:"base64,omitempty"`
+		Lost   int64  `json:"lost,omitempty"`
+	}{Stream: ch.Stream, Offset: ch.Offset, Lost: ch.Lost}
+	switch {
+	case ch.Lost > 0:
+	case utf8.Valid(ch.Bytes):
+		out.Text = string(ch.Bytes)
+	default:
+		out.Base64 = base64.StdEncoding.EncodeToString(ch.Bytes)
+	}
+	return json.NewEncoder(c.stdout).Encode(out)
 }
 
 // resume is how kiln resumes a broken connection: the SDK's defaults,
@@ -101,7 +158,9 @@ kiln gives up, with 123, when it cannot reconnect for 25 seconds.`
 // A foreground command's whose output was not all delivered exits with
 // exitIncomplete instead.
 func (c *cli) follow(ctx context.Context, p *client.Process, foreground bool) error {
-	if err := c.copyOutput(ctx, p); err != nil {
+	// A foreground command's output is its own, bytes; --json is the
+	// summary on stderr.
+	if err := c.copyOutput(ctx, p, c.json && !foreground); err != nil {
 		if foreground && errors.Is(err, client.ErrInterrupted) {
 			// The command's outcome is unknown here, and its output
 			// incomplete: kiln's own code, never one it could have had.
@@ -165,18 +224,25 @@ func (c *cli) execCmd() *cobra.Command {
 		Short: "Run a command in a sandbox: its stdout to stdout, stderr to stderr, its exit code as kiln's",
 		Long: `Runs a command in a sandbox in the foreground: its stdout to kiln's stdout, its stderr to
 kiln's stderr. Its stdin is closed unless -i sends kiln's stdin to it (end of input closes it).
+With -t it runs on a terminal, its output and errors both on kiln's stdout; -it makes it
+interactive, this terminal in raw mode, and the detach keys (ctrl-p,ctrl-q) leave it running.
 ` + foregroundExit,
 		Example: `  kiln exec $SB -- make test
   kiln exec $SB -- cat out.tar > out.tar
-  seq 5 | kiln exec -i $SB -- wc -l`,
+  seq 5 | kiln exec -i $SB -- wc -l
+  kiln exec -it $SB -- python3`,
 		Args: cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			o, keys, err := sf.parse(cmd, args[1:])
+			if err != nil {
+				return err
+			}
 			return c.withClient(func(cl *client.Client) error {
-				o, err := sf.options(args[1:])
-				if err != nil {
-					return err
+				sb := cl.Handle(args[0])
+				if sf.tty {
+					return c.terminal(cmd.Context(), sb, o, keys)
 				}
-				p, err := cl.Handle(args[0]).Start(cmd.Context(), o)
+				p, err := sb.Start(cmd.Context(), o)
 				if err != nil {
 					return err
 				}
@@ -191,66 +257,83 @@ kiln's stderr. Its stdin is closed unless -i sends kiln's stdin to it (end of in
 func (c *cli) logsCmd() *cobra.Command {
 	var (
 		follow, timestamps, stdout, stderr bool
-		tail                               int
-		since                              string
+		tail, since, until                 string
 	)
 	cmd := &cobra.Command{
 		Use:   "logs SANDBOX PROCESS",
 		Short: "Show a process's output: replay, then with -f the live tail; its captured log once it is gone",
 		Long: `Shows what the sandbox still holds of the process's output from the beginning and, with -f,
-follows it to the process's exit. Once the process is gone (or with --tail, --since,
---timestamps, which need the record of when each line was written) the captured log is read
-instead, if the process was started with --capture, and each run's completeness is shown.`,
+follows it to the process's exit (kiln then exits with its code). Once the process is gone (or
+with --tail, --since, --until, --timestamps, --stdout or --stderr, which need the record of
+when each line was written) the captured log is read instead, if the process was started
+with --capture, and each run's completeness is shown.
+
+With --json each line of output is a JSON object: from the sandbox, {stream, offset, text or
+base64} and gaps {stream, offset, lost}; from the captured log, its records {time, stream,
+text or base64, partial} and gaps {gap}.`,
 		Example: `  kiln logs -f $SB $P
-  kiln logs --tail 20 --stderr $SB $P`,
+  kiln logs -n 20 --stderr $SB $P
+  kiln logs --since 10m --until 5m -t $SB $P`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if stdout && stderr {
-				return errors.New("--stdout and --stderr together: leave both out for both streams")
+				return usageError{errors.New("--stdout and --stderr together: leave both out for both streams"), cmd.CommandPath()}
 			}
+			o := client.LogOptions{Follow: follow, Records: timestamps || c.json}
+			switch n, err := strconv.Atoi(tail); {
+			case tail == "all":
+			case err != nil || n < 0:
+				return usageError{fmt.Errorf("--tail %q: want a number of lines, or all", tail), cmd.CommandPath()}
+			case n == 0:
+				o.Tail = client.NoLines
+			default:
+				o.Tail = n
+			}
+			if stdout {
+				o.Stream = "stdout"
+			} else if stderr {
+				o.Stream = "stderr"
+			}
+			for _, t := range []struct {
+				flag, value string
+				to          *time.Time
+			}{{"--since", since, &o.Since}, {"--until", until, &o.Until}} {
+				if t.value == "" {
+					continue
+				}
+				v, err := parseTime(t.flag, t.value)
+				if err != nil {
+					return usageError{err, cmd.CommandPath()}
+				}
+				*t.to = v
+			}
+			fromLog := tail != "all" || since != "" || until != "" || timestamps || stdout || stderr
 			return c.withClient(func(cl *client.Client) error {
 				ctx := cmd.Context()
 				sb := cl.Handle(args[0])
-				if tail < 0 && since == "" && !timestamps && !stdout && !stderr {
+				if !fromLog {
 					p, err := sb.Process(ctx, args[1], client.Bytes)
 					if err == nil {
 						if follow {
 							return c.follow(ctx, p, false)
 						}
-						return c.retained(ctx, sb, p)
+						return c.retained(ctx, p)
 					}
 					if !client.IsNotFound(err) {
 						return err
 					}
-				}
-				o := client.LogOptions{Follow: follow, Records: timestamps}
-				switch {
-				case tail == 0:
-					o.Tail = client.NoLines
-				case tail > 0:
-					o.Tail = tail
-				}
-				if stdout {
-					o.Stream = "stdout"
-				} else if stderr {
-					o.Stream = "stderr"
-				}
-				if since != "" {
-					t, err := parseSince(since)
-					if err != nil {
-						return err
-					}
-					o.Since = t
+					// Gone from the sandbox: its log, if it was captured;
+					// following it ends as the log does.
 				}
 				body, err := sb.CapturedLog(ctx, args[1], o)
 				if err != nil {
 					if client.IsNotFound(err) {
-						return fmt.Errorf("no output of %s: the process is gone and was not captured (start it with --capture to keep its output)", args[1])
+						return c.noLog(ctx, sb, args[1], err)
 					}
 					return err
 				}
 				defer body.Close()
-				if timestamps {
+				if o.Records {
 					err = c.printRecords(body)
 				} else {
 					_, err = io.Copy(c.stdout, body)
@@ -260,20 +343,39 @@ instead, if the process was started with --capture, and each run's completeness 
 				for _, r := range body.Runs() {
 					fmt.Fprintf(c.stderr, "kiln: captured run %s: %s%s\n", shortID(r.ID), r.State, droppedText(r))
 				}
-				if err != nil && ctx.Err() == nil {
-					return err
-				}
-				return nil
+				return err
 			})
 		},
 	}
 	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "follow the output until the process exits")
-	cmd.Flags().IntVar(&tail, "tail", -1, "only the last `N` lines (from the captured log)")
-	cmd.Flags().StringVar(&since, "since", "", "only output after `T` (RFC 3339, or a duration such as 10m; from the captured log)")
+	cmd.Flags().StringVarP(&tail, "tail", "n", "all", "only the last `N` lines, or all (from the captured log)")
+	cmd.Flags().StringVar(&since, "since", "", "only output after `T` (RFC 3339, or a duration such as 10m: that long ago; from the captured log)")
+	cmd.Flags().StringVar(&until, "until", "", "only output before `T` (RFC 3339, or a duration such as 10m: that long ago; from the captured log)")
 	cmd.Flags().BoolVarP(&timestamps, "timestamps", "t", false, "show when each line was written (from the captured log)")
 	cmd.Flags().BoolVar(&stdout, "stdout", false, "stdout only (from the captured log)")
 	cmd.Flags().BoolVar(&stderr, "stderr", false, "stderr only (from the captured log)")
 	return cmd
+}
+
+// noLog says why a process has no captured log: the sandbox is not there,
+// the process runs or ran without --capture, or no process had that id.
+func (c *cli) noLog(ctx context.Context, sb *client.Sandbox, pid string, logErr error) error {
+	if _, err := sb.Info(ctx); err != nil {
+		return err
+	}
+	p, err := sb.Process(ctx, pid, client.Bytes)
+	switch {
+	case err == nil:
+		st, _ := p.Status(ctx)
+		how := "runs"
+		if st.State == client.Exited {
+			how = "ran"
+		}
+		return fmt.Errorf("process %s %s without --capture, so it has no captured log for --tail, --since, --until, --timestamps, --stdout or --stderr; without them, kiln logs shows what the sandbox holds of its output", pid, how)
+	case client.IsNotFound(err):
+		return fmt.Errorf("no process %s in sandbox %s: none running or recently ended has that id, and none left a captured log (start processes with --capture to keep their output): %w", pid, sb.ID, logErr)
+	}
+	return err
 }
 
 // printRecords prints captured records, each line prefixed with the time
@@ -288,6 +390,12 @@ func (c *cli) printRecords(body io.Reader) error {
 				return nil
 			}
 			return err
+		}
+		if c.json {
+			if err := json.NewEncoder(c.stdout).Encode(r); err != nil {
+				return err
+			}
+			continue
 		}
 		if r.Gap != 0 {
 			fmt.Fprintf(c.stderr, "kiln: %s of the captured log lost to rotation while reading\n", gapBytes(r.Gap))
@@ -325,13 +433,13 @@ func gapBytes(n int64) string {
 
 // retained prints what the sandbox holds of the output now, without
 // following it.
-func (c *cli) retained(ctx context.Context, sb *client.Sandbox, p *client.Process) error {
+func (c *cli) retained(ctx context.Context, p *client.Process) error {
 	st, err := p.Status(ctx)
 	if err != nil {
 		return err
 	}
 	if st.State == client.Exited {
-		return c.copyOutput(ctx, p)
+		return c.copyOutput(ctx, p, c.json)
 	}
 	// Read until the positions reached at the request, then stop.
 	target := map[string]int64{}
@@ -340,7 +448,7 @@ func (c *cli) retained(ctx context.Context, sb *client.Sandbox, p *client.Proces
 			target[name] = s.TotalBytes
 		}
 	}
-	return c.copyUntil(ctx, p, func(pos map[string]int64) bool {
+	return c.copyUntil(ctx, p, c.json, func(pos map[string]int64) bool {
 		for name, t := range target {
 			if pos[name] < t {
 				return false
@@ -350,13 +458,14 @@ func (c *cli) retained(ctx context.Context, sb *client.Sandbox, p *client.Proces
 	})
 }
 
-func parseSince(s string) (time.Time, error) {
+// parseTime reads a flag's time: RFC 3339, or a duration that long ago.
+func parseTime(flag, s string) (time.Time, error) {
 	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
 		return t, nil
 	}
 	d, err := time.ParseDuration(s)
 	if err != nil || d < 0 {
-		return time.Time{}, fmt.Errorf("--since %q: want an RFC 3339 time or a duration such as 10m", s)
+		return time.Time{}, fmt.Errorf("%s %q: want an RFC 3339 time or a duration such as 10m", flag, s)
 	}
 	return time.Now().Add(-d), nil
 }
@@ -385,43 +494,129 @@ func droppedText(r api.Run) string {
 }
 
 func (c *cli) attachCmd() *cobra.Command {
-	var withStdin bool
+	var (
+		withStdin bool
+		keys      string
+	)
 	cmd := &cobra.Command{
 		Use:   "attach SANDBOX PROCESS",
 		Short: "Follow a process's output from the beginning; with --stdin, send this terminal's input to it",
-		Args:  cobra.ExactArgs(2),
+		Long: `Follows a process's output from the beginning, then live, to its exit; kiln exits with the
+process's code. With --stdin, kiln's input goes to the process: to a process on a terminal,
+this terminal is switched to raw mode (every key is sent, Ctrl-C too) and its size followed.
+The detach keys (ctrl-p,ctrl-q unless --detach-keys) leave the process running and end kiln
+with 0; Ctrl-C on kiln itself does the same for a process without input.`,
+		Example: `  kiln attach $SB $P
+  kiln attach -i $SB $P                      # type into it; ctrl-p ctrl-q to leave it running`,
+		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			seq, err := parseDetachKeys(keys)
+			if err != nil {
+				return usageError{err, cmd.CommandPath()}
+			}
 			return c.withClient(func(cl *client.Client) error {
 				ctx := cmd.Context()
 				p, err := cl.Handle(args[0]).Process(ctx, args[1], client.Bytes)
 				if err != nil {
 					return err
 				}
-				if withStdin {
-					go c.pumpInput(ctx, p, false)
+				if withStdin && p.Terminal() {
+					restore, err := c.rawTerminal(ctx, p)
+					if err != nil {
+						return err
+					}
+					defer restore()
 				}
-				return c.follow(ctx, p, false)
+				return c.session(ctx, p, sessionOptions{input: withStdin, terminal: p.Terminal(), detachKeys: seq})
 			})
 		},
 	}
 	cmd.Flags().BoolVarP(&withStdin, "stdin", "i", false, "send stdin to the process (end of input closes its stdin)")
+	cmd.Flags().StringVar(&keys, "detach-keys", defaultDetachKeys, "the `keys` that detach, leaving the process running: characters or ctrl-<key>, comma separated")
 	return cmd
 }
 
+// rawTerminal switches kiln's terminal, when its stdin is one, to raw mode
+// and sends its size to p now and at each change; restore undoes it.
+func (c *cli) rawTerminal(ctx context.Context, p *client.Process) (restore func(), err error) {
+	in, ok := c.stdin.(*os.File)
+	if !ok || !term.IsTerminal(int(in.Fd())) {
+		return func() {}, nil
+	}
+	fd := int(in.Fd())
+	old, err := term.MakeRaw(fd)
+	if err != nil {
+		return nil, err
+	}
+	resize := func() {
+		if w, h, err := term.GetSize(fd); err == nil {
+			p.Resize(ctx, api.TTY{Cols: uint16(w), Rows: uint16(h)})
+		}
+	}
+	resize()
+	winch := make(chan os.Signal, 1)
+	signal.Notify(winch, unix.SIGWINCH)
+	done := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-winch:
+				resize()
+			case <-done:
+				return
+			}
+		}
+	}()
+	return func() {
+		signal.Stop(winch)
+		close(done)
+		term.Restore(fd, old)
+	}, nil
+}
+
+// stdinIsTerminal reports whether kiln's input is a terminal.
+func (c *cli) stdinIsTerminal() bool {
+	in, ok := c.stdin.(*os.File)
+	return ok && term.IsTerminal(int(in.Fd()))
+}
+
+// errNotTTY is Docker's refusal of -it without a terminal to read.
+var errNotTTY = errors.New("the input device is not a TTY: -t with -i needs a terminal as kiln's stdin (leave out -t to pipe input)")
+
 // pumpInput sends c.stdin to the process in writes of at most 64 KiB; at
 // end of input it closes the process's stdin (not a terminal's: there
-// end-of-input is Ctrl-D, sent as input).
-func (c *cli) pumpInput(ctx context.Context, p *client.Process, terminal bool) {
+// end-of-input is Ctrl-D, sent as input). When the input types keys's
+// sequence it stops, sending none of it, and calls detach.
+func (c *cli) pumpInput(ctx context.Context, p *client.Process, terminal bool, keys *detacher, detach func()) {
 	buf := make([]byte, 32<<10)
+	send := func(b []byte) bool {
+		if len(b) == 0 {
+			return true
+		}
+		if err := p.Write(ctx, b); err != nil {
+			if ctx.Err() == nil {
+				fmt.Fprintln(c.stderr, "\r\nkiln: input:", err)
+			}
+			return false
+		}
+		return true
+	}
 	for {
 		n, err := c.stdin.Read(buf)
 		if n > 0 {
-			if werr := p.Write(ctx, buf[:n]); werr != nil {
-				fmt.Fprintln(c.stderr, "\r\nkiln: input:", werr)
+			out, done := keys.feed(buf[:n])
+			if !send(out) {
+				return
+			}
+			if done {
+				detach()
 				return
 			}
 		}
 		if err != nil {
+			if !send(keys.heldBytes()) {
+				return
+			}
 			if !terminal {
 				p.CloseStdin(ctx)
 			}
@@ -449,9 +644,9 @@ func (c *cli) psCmd() *cobra.Command {
 					if p.State == api.StateExited {
 						exit = strings.TrimPrefix(p.Exit.String(), "process ")
 					}
-					cmdline := strings.Join(append([]string{p.Command}, p.Args...), " ")
-					if len(cmdline) > 60 {
-						cmdline = cmdline[:57] + "..."
+					cmdline := commandLine(p.Command, p.Args)
+					if c.output != "wide" && utf8.RuneCountInString(cmdline) > 60 {
+						cmdline = string([]rune(cmdline)[:57]) + "..."
 					}
 					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", p.ID, p.State, exit, p.StartedAt.Local().Format(time.TimeOnly), cmdline)
 				}
@@ -459,6 +654,71 @@ func (c *cli) psCmd() *cobra.Command {
 			})
 		},
 	}
+}
+
+// commandLine is a command as a shell would read it back: words with
+// spaces, quotes or other special characters quoted, and newlines, tabs
+// and other control characters escaped, so that one process is one line.
+func commandLine(command string, args []string) string {
+	words := make([]string, 0, 1+len(args))
+	for _, w := range append([]string{command}, args...) {
+		words = append(words, shellWord(w))
+	}
+	return strings.Join(words, " ")
+}
+
+func shellWord(w string) string {
+	if w == "" {
+		return "''"
+	}
+	plain, printable := true, true
+	for _, r := range w {
+		switch {
+		case r < ' ' || r == 0x7f || !unicode.IsPrint(r) && r != ' ':
+			printable = false
+		case !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-_./:=@%+,", r)):
+			plain = false
+		}
+	}
+	switch {
+	case !printable || !utf8.ValidString(w):
+		return "$" + ansiC(w)
+	case plain:
+		return w
+	}
+	return "'" + strings.ReplaceAll(w, "'", `'\''`) + "'"
+}
+
+// ansiC quotes w as bash's $'...': control characters and bytes that are
+// not UTF-8 escaped.
+func ansiC(w string) string {
+	var b strings.Builder
+	b.WriteByte('\'')
+	for i := 0; i < len(w); {
+		r, size := utf8.DecodeRuneInString(w[i:])
+		switch {
+		case r == utf8.RuneError && size == 1:
+			fmt.Fprintf(&b, `\x%02x`, w[i])
+		case r == '\n':
+			b.WriteString(`\n`)
+		case r == '\t':
+			b.WriteString(`\t`)
+		case r == '\r':
+			b.WriteString(`\r`)
+		case r == '\'' || r == '\\':
+			b.WriteByte('\\')
+			b.WriteRune(r)
+		case r < ' ' || r == 0x7f:
+			fmt.Fprintf(&b, `\x%02x`, r)
+		case !unicode.IsPrint(r):
+			fmt.Fprintf(&b, `\u%04x`, r)
+		default:
+			b.WriteRune(r)
+		}
+		i += size
+	}
+	b.WriteByte('\'')
+	return b.String()
 }
 
 func (c *cli) waitCmd() *cobra.Command {
@@ -498,7 +758,15 @@ func (c *cli) killCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return p.Signal(cmd.Context(), sig)
+				err = p.Signal(cmd.Context(), sig)
+				if client.IsFailedPrecondition(err) {
+					// Already exited: what kill is for is done.
+					if st, serr := p.Status(cmd.Context()); serr == nil && st.State == client.Exited {
+						fmt.Fprintf(c.stderr, "kiln: process %s has already exited (%s); nothing to signal\n", p.ID, strings.TrimPrefix(st.Exit.String(), "process "))
+						return nil
+					}
+				}
+				return err
 			})
 		},
 	}
@@ -507,81 +775,85 @@ func (c *cli) killCmd() *cobra.Command {
 }
 
 func (c *cli) shellCmd() *cobra.Command {
+	var keys string
 	cmd := &cobra.Command{
 		Use:   "shell SANDBOX [-- CMD [ARG...]]",
 		Short: "An interactive terminal in a sandbox (sh, or CMD), its exit code as kiln's",
-		Args:  cobra.MinimumNArgs(1),
+		Long: `Runs sh (or CMD) on a terminal in the sandbox, as docker exec -it does: this terminal in raw
+mode, its size followed. The detach keys (ctrl-p,ctrl-q unless --detach-keys) leave the shell
+running: kiln attach -i SANDBOX PROCESS comes back to it.`,
+		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			argv := []string{"sh", "-l"}
 			if len(args) > 1 {
 				argv = args[1:]
 			}
+			seq, err := parseDetachKeys(keys)
+			if err != nil {
+				return usageError{err, cmd.CommandPath()}
+			}
 			return c.withClient(func(cl *client.Client) error {
-				return c.terminal(cmd.Context(), cl.Handle(args[0]), argv, "")
+				o := client.StartOptions{Command: argv[0], Args: argv[1:], Stdin: true}
+				return c.terminal(cmd.Context(), cl.Handle(args[0]), o, seq)
 			})
 		},
 	}
+	cmd.Flags().StringVar(&keys, "detach-keys", defaultDetachKeys, "the `keys` that detach, leaving the shell running: characters or ctrl-<key>, comma separated")
 	return cmd
 }
 
-// terminal runs argv on a terminal in sb: this terminal in raw mode, its
-// size followed, input sent as typed.
-func (c *cli) terminal(ctx context.Context, sb *client.Sandbox, argv []string, user string) error {
+// terminal runs o's command on a terminal in sb: with o.Stdin, this terminal in raw mode, its size followed,
+// input sent as typed until the detach keys.
+func (c *cli) terminal(ctx context.Context, sb *client.Sandbox, o client.StartOptions, detachKeys []byte) error {
+	if o.Stdin && !c.stdinIsTerminal() {
+		return errNotTTY
+	}
 	size := api.TTY{Cols: 80, Rows: 24}
-	in, isFile := c.stdin.(*os.File)
-	isTerm := isFile && term.IsTerminal(int(in.Fd()))
-	if isTerm {
+	if in, ok := c.stdin.(*os.File); ok {
 		if w, h, err := term.GetSize(int(in.Fd())); err == nil {
 			size = api.TTY{Cols: uint16(w), Rows: uint16(h)}
 		}
 	}
-	var command string
-	if len(argv) > 0 {
-		command, argv = argv[0], argv[1:]
+	if o.Env == nil {
+		o.Env = map[string]string{}
 	}
-	p, err := sb.Start(ctx, client.StartOptions{Command: command, Args: argv, User: user, Terminal: &size, Stdin: true,
-		Env: map[string]string{"TERM": envOr("TERM", "xterm-256color")}, Format: client.Bytes, Flow: api.FlowBlock})
+	if _, ok := o.Env["TERM"]; !ok {
+		o.Env["TERM"] = envOr("TERM", "xterm-256color")
+	}
+	o.Terminal, o.Format, o.Flow = &size, client.Bytes, api.FlowBlock
+	p, err := sb.Start(ctx, o)
 	if err != nil {
 		return err
 	}
-	if isTerm {
-		old, err := term.MakeRaw(int(in.Fd()))
+	if o.Stdin {
+		restore, err := c.rawTerminal(ctx, p)
 		if err != nil {
 			return err
 		}
-		defer term.Restore(int(in.Fd()), old)
-		winch := make(chan os.Signal, 1)
-		signal.Notify(winch, unix.SIGWINCH)
-		defer signal.Stop(winch)
-		go func() {
-			for range winch {
-				if w, h, err := term.GetSize(int(in.Fd())); err == nil {
-					p.Resize(ctx, api.TTY{Cols: uint16(w), Rows: uint16(h)})
-				}
-			}
-		}()
+		defer restore()
 	}
-	go c.pumpInput(ctx, p, true)
-	return c.follow(ctx, p, true)
+	return c.session(ctx, p, sessionOptions{input: o.Stdin, terminal: true, detachKeys: detachKeys, foreground: true})
 }
 
 func (c *cli) runCmd() *cobra.Command {
 	var (
 		sf      startFlags
 		rm      bool
-		tty     bool
 		opts    api.CreateSandbox
 		network func() *api.Network
+		limits  func(*pflag.FlagSet) (api.LimitsRequest, error)
 	)
 	cmd := &cobra.Command{
 		Use:   "run [--rm] [-i] [-t] [--image IMAGE] -- [CMD [ARG...]]",
 		Short: "Create a sandbox, run a command in it attached, exit with its code",
 		Long: `Creates a sandbox and runs a command in it in the foreground, as kiln exec does: its stdout to
 kiln's stdout, its stderr to kiln's stderr, its stdin closed unless -i sends kiln's stdin to it.
-With -t it runs on a terminal instead, interactively.
+With -t it runs on a terminal instead; -it makes it interactive (ctrl-p,ctrl-q detach). The
+sandbox's limits are those of kiln sandbox create.
 ` + foregroundExit,
 		Example: `  kiln run --rm -- sh -c 'echo hello; exit 7'; echo $?   # hello, then 7
-  kiln run -t -- python3                                  # interactive
+  kiln run -it -- python3                                 # interactive
+  kiln run --rm --memory 256M --pids 64 -- make -j4
   kiln run --rm --egress allow -- curl -sI https://example.com
   kiln run --rm --image busybox                           # the image's own command`,
 		Args: func(cmd *cobra.Command, args []string) error {
@@ -591,9 +863,16 @@ With -t it runs on a terminal instead, interactively.
 			return nil
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
+			o, keys, err := sf.parse(cmd, args)
+			if err != nil {
+				return err
+			}
+			if opts.Limits, err = limits(cmd.Flags()); err != nil {
+				return err
+			}
+			opts.Network = network()
 			return c.withClient(func(cl *client.Client) error {
 				ctx := cmd.Context()
-				opts.Network = network()
 				sb, _, err := cl.CreateSandbox(ctx, opts)
 				if err != nil {
 					return err
@@ -603,12 +882,8 @@ With -t it runs on a terminal instead, interactively.
 				} else {
 					fmt.Fprintln(c.stderr, "kiln: sandbox", sb.ID)
 				}
-				if tty {
-					return c.terminal(ctx, sb, args, sf.user)
-				}
-				o, err := sf.options(args)
-				if err != nil {
-					return err
+				if sf.tty {
+					return c.terminal(ctx, sb, o, keys)
 				}
 				p, err := sb.Start(ctx, o)
 				if err != nil {
@@ -620,7 +895,7 @@ With -t it runs on a terminal instead, interactively.
 	}
 	sf.add(cmd, false)
 	cmd.Flags().BoolVar(&rm, "rm", false, "remove the sandbox afterwards (its captured logs kept)")
-	cmd.Flags().BoolVarP(&tty, "tty", "t", false, "run on a terminal, interactively")
+	limits = limitFlags(cmd)
 	cmd.Flags().StringVar(&opts.Image, "image", "", "an `image` kilnd has (kiln image pull) as the root, its config the command's defaults")
 	cmd.Flags().StringVar(&opts.Rootfs, "rootfs", "", "a root filesystem: a `directory` in kilnd's images directory, instead of the host's /usr and /etc")
 	cmd.Flags().StringVar(&opts.Runtime, "runtime", "", "the kind of sandbox: namespaces (the default) or gvisor")
