@@ -218,7 +218,7 @@ func explain(err error) string {
 	msg := err.Error()
 	switch {
 	case errors.Is(err, client.ErrNoToken):
-		return msg + "\n  set $KILN_TOKEN to kilnd's token (kilnd prints where it is), or --state-dir to a directory holding it"
+		return msg + "\n  set $KILN_TOKEN to kilnd's token (kilnd logs its file at start: token=...), or --state-dir to a directory holding it"
 	case isUnreachable(err) && errors.Is(err, syscall.EACCES):
 		return msg + "\n  kilnd's socket is root's: run kiln with sudo, or use --addr with the token"
 	case isUnreachable(err):

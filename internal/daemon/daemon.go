@@ -1016,7 +1016,8 @@ func (d *Daemon) Serve(ctx context.Context) error {
 	if tl != nil {
 		listen = tl.Addr().String()
 	}
-	d.log.Info("kilnd serving", "socket", sock, "listen", listen, "sandboxes", n)
+	// Where TCP clients find the token (its value is never logged).
+	d.log.Info("kilnd serving", "socket", sock, "listen", listen, "token", filepath.Join(d.cfg.StateDir, TokenName), "sandboxes", n)
 	var serr error
 	select {
 	case <-ctx.Done():
