@@ -547,8 +547,8 @@ func TestCopy(t *testing.T) {
 	if code, _, errs := kiln(t, state, "", "cp", src, sb+":/workspace"); code != 0 || !strings.Contains(errs, "copied 11 B to") {
 		t.Fatalf("cp in: %d %q", code, errs)
 	}
-	if code, _, errs := kiln(t, state, "", "cp", src, sb+":/workspace/renamed"); code != 0 {
-		t.Fatalf("cp in, renamed: %d %q", code, errs)
+	if code, _, errs := kiln(t, state, "", "--json", "cp", src, sb+":/workspace/renamed"); code != 0 || errs != `{"bytes":11,"to":"`+sb+`:/workspace/renamed"}`+"\n" {
+		t.Fatalf("cp in, renamed, --json: %d %q", code, errs)
 	}
 	code, out, _ := kiln(t, state, "", "exec", sb, "--", "sh", "-c",
 		"cd /workspace && stat -c '%n %u %a' proj/a.txt proj/sub/b.txt renamed/a.txt && readlink proj/link")

@@ -3,6 +3,7 @@ package main
 import (
 	"archive/tar"
 	"cmp"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -104,8 +105,21 @@ func (c *cli) copyOut(cmd *cobra.Command, sb *client.Sandbox, src, dst string) e
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(c.stderr, "copied %s to %s\n", bytesText(n), dst)
+	c.copied(n, dst)
 	return nil
+}
+
+// copied says what a copy wrote, on stderr (stdout may be the tar): a
+// line, or with --json {"bytes", "to"}.
+func (c *cli) copied(n int64, dst string) {
+	if c.json {
+		json.NewEncoder(c.stderr).Encode(struct {
+			Bytes int64  `json:"bytes"`
+			To    string `json:"to"`
+		}{n, dst})
+		return
+	}
+	fmt.Fprintf(c.stderr, "copied %s to %s\n", bytesText(n), dst)
 }
 
 // copyIn copies the local src (or a tar on stdin, for "-") to the
@@ -148,7 +162,7 @@ func (c *cli) copyIn(cmd *cobra.Command, sb *client.Sandbox, src, dst string) er
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(c.stderr, "copied %s to %s:%s\n", bytesText(n), sb.ID, dst)
+	c.copied(n, sb.ID+":"+dst)
 	return nil
 }
 

@@ -125,10 +125,18 @@ prints each one's name (or ID, if it has none).`,
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return c.withClient(func(cl *client.Client) error {
+				var removed []api.ImageRemoval
+				if c.json {
+					defer func() { c.printJSON(removed) }()
+				}
 				for _, name := range args {
 					rm, err := cl.RemoveImage(cmd.Context(), name)
 					if err != nil {
 						return err
+					}
+					removed = append(removed, rm)
+					if c.json {
+						continue
 					}
 					for _, n := range rm.Untagged {
 						fmt.Fprintln(c.stdout, "Untagged:", n)

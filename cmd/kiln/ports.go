@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -73,7 +74,14 @@ It runs until interrupted.`,
 						return err
 					}
 					listeners = append(listeners, l)
-					fmt.Fprintf(c.stdout, "Forwarding from %s -> %d\n", l.Addr(), s.remote)
+					if c.json {
+						json.NewEncoder(c.stdout).Encode(struct {
+							Local  string `json:"local"`
+							Remote int    `json:"remote"`
+						}{l.Addr().String(), s.remote})
+					} else {
+						fmt.Fprintf(c.stdout, "Forwarding from %s -> %d\n", l.Addr(), s.remote)
+					}
 					wg.Go(func() { c.accept(ctx, sb, l, s.remote, &mu) })
 				}
 				<-ctx.Done()
