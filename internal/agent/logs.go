@@ -173,7 +173,7 @@ func (s *Server) logsHTTP(w http.ResponseWriter, r *http.Request, st process.Sta
 		return
 	}
 	for {
-		e, err := a.Next(ctx)
+		e, err := a.NextMerged(ctx, maxMerged)
 		if err != nil {
 			return // EOF, or the client left
 		}
@@ -283,7 +283,10 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request, id string, st pro
 	}
 	var frame []byte
 	for {
-		e, err := a.Next(ctx)
+		// A watcher that is behind gets what continues a chunk in one
+		// message: a message per chunk of a small-write program costs more
+		// than the bytes (headers, a write each, a read each).
+		e, err := a.NextMerged(ctx, maxMerged)
 		if errors.Is(err, io.EOF) {
 			c.Close(websocket.StatusNormalClosure, "")
 			return
@@ -324,6 +327,11 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request, id string, st pro
 		}
 	}
 }
+
+// maxMerged bounds the output one watcher's message carries when chunks
+// are joined (see process.Attachment.NextMerged); a chunk larger by itself
+// goes whole, as before. Clients read messages of up to 1 MiB.
+const maxMerged = 256 << 10
 
 // keepalive pings the client until ctx ends; a client that does not answer
 // within writeTimeout is dropped.

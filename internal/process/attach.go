@@ -41,6 +41,8 @@ type Attachment struct {
 	// plus its length), 0 before any.
 	pos    ring.Offsets
 	seqEnd uint64
+	// merged holds the Data NextMerged joined, until its next call.
+	merged []byte
 
 	// log opens the process's captured log; nil if it has none. caught,
 	// for a process still running, waits until what its pumps pushed is
@@ -87,6 +89,51 @@ func (a *Attachment) Next(ctx context.Context) (Event, error) {
 		}
 		return a.returned(e), nil
 	}
+}
+
+// NextMerged is Next, except that a Data event is joined by the Data events
+// that follow it without waiting and continue it exactly (the same
+// stream, each starting at the offset and seq the one before ended), up to
+// max bytes: for a reader that is behind, fewer and larger messages, the
+// offset and seq those of the first, no byte or order changed. A merged
+// event's Data is the attachment's, valid until the next call.
+func (a *Attachment) NextMerged(ctx context.Context, max int) (Event, error) {
+	e, err := a.Next(ctx)
+	if err != nil || e.Kind != ring.Data {
+		return e, err
+	}
+	joined := false
+	for n := len(e.Data); ; {
+		next, ok := a.peekData()
+		if !ok || next.Stream != e.Stream || next.Offset != e.Offset+int64(n) || next.Seq != e.Seq+uint64(n) || n+len(next.Data) > max {
+			break
+		}
+		if !joined {
+			// e's Data is the ring's until Next is called again.
+			a.merged = append(a.merged[:0], e.Data...)
+			joined = true
+		}
+		got, err := a.Next(ctx) // next, without waiting
+		if err != nil {
+			return Event{}, err
+		}
+		a.merged = append(a.merged, got.Data...)
+		n += len(got.Data)
+	}
+	if joined {
+		e.Data = a.merged
+	}
+	return e, nil
+}
+
+// peekData returns the next event when it is Data that Next returns at
+// once from the ring, as it is there: not a replay, nor one held back.
+func (a *Attachment) peekData() (ring.Event, bool) {
+	if a.rep != nil || a.held != nil || len(a.pending) > 0 || a.cur == nil {
+		return ring.Event{}, false
+	}
+	e, ok := a.cur.Peek()
+	return e, ok && e.Kind == ring.Data
 }
 
 // returned notes what Next returns.

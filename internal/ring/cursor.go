@@ -95,6 +95,16 @@ func (c *Cursor) Position() Offsets {
 	return p
 }
 
+// Peek returns the event Next returns next when Next would not wait for
+// it, without taking it: its Data stays valid until Next has returned it
+// and is called again.
+func (c *Cursor) Peek() (Event, bool) {
+	if c.next == len(c.batch) {
+		return Event{}, false
+	}
+	return c.batch[c.next], true
+}
+
 // Next returns the next event, waiting for one while the streams are open.
 // It returns io.EOF once every stream has ended, and ctx's error if ctx ends
 // first. The Data of the previous event is invalid once Next is called.
