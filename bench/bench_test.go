@@ -32,7 +32,7 @@ func TestRun(t *testing.T) {
 		tombstones:    20,
 		running:       10,
 		out:           t.TempDir(),
-		sections:      map[string]bool{"throughput": true, "capture": true, "lossless": true, "kilnd": true, "files": true, "ports": true, "tombstone": true, "running": true},
+		sections:      map[string]bool{"throughput": true, "capture": true, "lossless": true, "kilnd": true, "attach": true, "files": true, "ports": true, "tombstone": true, "running": true},
 		cmdline:       "bench -size 8M -reps 1",
 		stdout:        &out,
 		progress:      io.Discard,
@@ -54,6 +54,7 @@ func TestRun(t *testing.T) {
 		"## Capture of ordinary work", "| shell loop, 200 lines |", "| burst | ",
 		"| flow block / raw pipe |", "Flow block delivered every byte in every rep: ",
 		"| upload, one file |", "| download, a tree |", "Added by kilnd's proxy, p50: ",
+		"## Attach at the socket's speed", "| 8 KiB writes (head -c) | 1 |", "flow block ≥ 0.8× relay |",
 	} {
 		if !strings.Contains(report, want) {
 			t.Errorf("report lacks %q:\n%s", want, report)

@@ -35,7 +35,7 @@ type config struct {
 // (`-only compare`): it needs tools of other projects and writes a report
 // of its own.
 var (
-	allSections   = []string{"throughput", "capture", "lossless", "kilnd", "files", "ports", "tombstone", "running"}
+	allSections   = []string{"throughput", "capture", "lossless", "kilnd", "attach", "files", "ports", "tombstone", "running"}
 	extraSections = []string{"compare"}
 )
 

@@ -33,6 +33,9 @@ func renderReport(cfg config, res results) string {
 	if res.files != nil {
 		writeFiles(&b, res.files)
 	}
+	if res.attach != nil {
+		writeAttach(&b, res.attach)
+	}
 	if res.ports != nil {
 		writePorts(&b, res.ports)
 	}

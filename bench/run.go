@@ -20,6 +20,7 @@ type results struct {
 	kilnd      *kilndResult
 	files      *filesResult
 	ports      *portsResult
+	attach     *attachResult
 	tombstones *tombstoneResult
 	running    *runningResult
 	compare    *compareResult
@@ -76,6 +77,12 @@ func run(ctx context.Context, cfg config) (err error) {
 			return fmt.Errorf("kilnd: %w", err)
 		}
 	}
+	if cfg.has("attach") {
+		var err error
+		if res.attach, err = measureAttach(ctx, cfg); err != nil {
+			return fmt.Errorf("attach: %w", err)
+		}
+	}
 	if cfg.has("files") {
 		var err error
 		if res.files, err = measureFiles(ctx, cfg); err != nil {
@@ -118,7 +125,7 @@ func run(ctx context.Context, cfg config) (err error) {
 	if res.compare != nil {
 		reports["compare"] = renderCompare(cfg, res)
 	}
-	if res.throughput != nil || res.capture != nil || res.lossless != nil || res.kilnd != nil || res.files != nil || res.ports != nil || res.tombstones != nil || res.running != nil {
+	if res.throughput != nil || res.capture != nil || res.lossless != nil || res.kilnd != nil || res.attach != nil || res.files != nil || res.ports != nil || res.tombstones != nil || res.running != nil {
 		reports["engine"] = renderReport(cfg, res)
 	}
 	for _, name := range []string{"engine", "compare"} {
