@@ -102,7 +102,10 @@ export interface paths {
         /** list sandboxes (deleted ones are not listed) */
         get: operations["listSandboxes"];
         put?: never;
-        /** create a sandbox */
+        /**
+         * create a sandbox
+         * @description A name, when given, must be free: one a sandbox not deleted has is refused 409 (already_exists), and nothing is made.
+         */
         post: operations["createSandbox"];
         delete?: never;
         options?: never;
@@ -115,6 +118,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
             };
             cookie?: never;
@@ -135,6 +139,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
             };
             cookie?: never;
@@ -160,6 +165,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
             };
             cookie?: never;
@@ -180,6 +186,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 pid: components["parameters"]["Process"];
             };
@@ -201,6 +208,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 pid: components["parameters"]["Process"];
             };
@@ -221,6 +229,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 pid: components["parameters"]["Process"];
             };
@@ -241,6 +250,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 pid: components["parameters"]["Process"];
             };
@@ -261,6 +271,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 pid: components["parameters"]["Process"];
             };
@@ -281,6 +292,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 pid: components["parameters"]["Process"];
             };
@@ -301,6 +313,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 pid: components["parameters"]["Process"];
             };
@@ -342,6 +355,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
             };
             cookie?: never;
@@ -361,6 +375,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 pid: components["parameters"]["Process"];
             };
@@ -389,6 +404,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 /** @description the absolute path inside the sandbox without its leading slash (files/workspace/a.txt is /workspace/a.txt); its slashes are the path's, each segment escaped; it must be clean (no "..", "." or empty segment) */
                 path: string;
@@ -421,6 +437,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
             };
             cookie?: never;
@@ -448,6 +465,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 port: number;
                 /** @description the app's path, its slashes its own */
@@ -479,6 +497,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 port: number;
             };
@@ -499,6 +518,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
             };
             cookie?: never;
@@ -519,6 +539,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 preview: string;
             };
@@ -704,6 +725,9 @@ export interface components {
             disk_bytes?: number;
         };
         CreateSandbox: {
+            /** @description finds the sandbox wherever its id is taken, until it is deleted: a DNS label (RFC 1123, lower case), unique among the sandboxes not deleted; the sandbox's hostname unless hostname is given */
+            name?: string;
+            /** @description default the name, or kiln- and the last 12 hex digits of the id */
             hostname?: string;
             /** @description a root filesystem: a directory in kilnd's images directory (a name, or a path inside it); default the host's /usr and /etc read-only */
             rootfs?: string;
@@ -788,6 +812,8 @@ export interface components {
         };
         Sandbox: {
             id: string;
+            /** @description the name it was created with, if any */
+            name?: string;
             /** @enum {string} */
             state: "running" | "stopped" | "deleted";
             /** Format: date-time */
@@ -1026,6 +1052,7 @@ export interface components {
         };
     };
     parameters: {
+        /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
         Sandbox: string;
         Process: string;
     };
@@ -1196,6 +1223,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
             413: components["responses"]["Error"];
             500: components["responses"]["Error"];
             503: components["responses"]["Error"];
@@ -1206,6 +1234,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
             };
             cookie?: never;
@@ -1221,6 +1250,7 @@ export interface operations {
                     "application/json": components["schemas"]["Sandbox"];
                 };
             };
+            400: components["responses"]["Error"];
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
@@ -1233,6 +1263,7 @@ export interface operations {
             };
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
             };
             cookie?: never;
@@ -1257,6 +1288,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
             };
             cookie?: never;
@@ -1291,6 +1323,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
             };
             cookie?: never;
@@ -1306,6 +1339,7 @@ export interface operations {
                     "application/json": components["schemas"]["Process"][];
                 };
             };
+            400: components["responses"]["Error"];
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
@@ -1319,6 +1353,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
             };
             cookie?: never;
@@ -1353,6 +1388,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 pid: components["parameters"]["Process"];
             };
@@ -1369,6 +1405,7 @@ export interface operations {
                     "application/json": components["schemas"]["Process"];
                 };
             };
+            400: components["responses"]["Error"];
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
@@ -1382,6 +1419,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 pid: components["parameters"]["Process"];
             };
@@ -1398,6 +1436,7 @@ export interface operations {
                     "application/json": components["schemas"]["Process"];
                 };
             };
+            400: components["responses"]["Error"];
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
@@ -1411,6 +1450,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 pid: components["parameters"]["Process"];
             };
@@ -1427,6 +1467,7 @@ export interface operations {
                     "application/json": components["schemas"]["Exit"];
                 };
             };
+            400: components["responses"]["Error"];
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
@@ -1440,6 +1481,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 pid: components["parameters"]["Process"];
             };
@@ -1475,6 +1517,7 @@ export interface operations {
             };
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 pid: components["parameters"]["Process"];
             };
@@ -1510,6 +1553,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 pid: components["parameters"]["Process"];
             };
@@ -1538,6 +1582,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 pid: components["parameters"]["Process"];
             };
@@ -1584,6 +1629,7 @@ export interface operations {
             };
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 pid: components["parameters"]["Process"];
             };
@@ -1622,6 +1668,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
             };
             cookie?: never;
@@ -1637,6 +1684,7 @@ export interface operations {
                     "application/json": components["schemas"]["CapturedLog"][];
                 };
             };
+            400: components["responses"]["Error"];
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
@@ -1657,6 +1705,7 @@ export interface operations {
             };
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 pid: components["parameters"]["Process"];
             };
@@ -1695,6 +1744,7 @@ export interface operations {
             };
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 /** @description the absolute path inside the sandbox without its leading slash (files/workspace/a.txt is /workspace/a.txt); its slashes are the path's, each segment escaped; it must be clean (no "..", "." or empty segment) */
                 path: string;
@@ -1757,6 +1807,7 @@ export interface operations {
             };
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 /** @description the absolute path inside the sandbox without its leading slash (files/workspace/a.txt is /workspace/a.txt); its slashes are the path's, each segment escaped; it must be clean (no "..", "." or empty segment) */
                 path: string;
@@ -1799,6 +1850,7 @@ export interface operations {
             };
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 /** @description the absolute path inside the sandbox without its leading slash (files/workspace/a.txt is /workspace/a.txt); its slashes are the path's, each segment escaped; it must be clean (no "..", "." or empty segment) */
                 path: string;
@@ -1842,6 +1894,7 @@ export interface operations {
             };
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 /** @description the absolute path inside the sandbox without its leading slash (files/workspace/a.txt is /workspace/a.txt); its slashes are the path's, each segment escaped; it must be clean (no "..", "." or empty segment) */
                 path: string;
@@ -1874,6 +1927,7 @@ export interface operations {
             };
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
             };
             cookie?: never;
@@ -1910,6 +1964,7 @@ export interface operations {
             };
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
             };
             cookie?: never;
@@ -1944,6 +1999,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 port: number;
                 /** @description the app's path, its slashes its own */
@@ -1975,6 +2031,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 port: number;
                 /** @description the app's path, its slashes its own */
@@ -1999,6 +2056,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 port: number;
             };
@@ -2027,6 +2085,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
             };
             cookie?: never;
@@ -2042,6 +2101,7 @@ export interface operations {
                     "application/json": components["schemas"]["Preview"][];
                 };
             };
+            400: components["responses"]["Error"];
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
@@ -2052,6 +2112,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
             };
             cookie?: never;
@@ -2084,6 +2145,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 preview: string;
             };
@@ -2098,6 +2160,7 @@ export interface operations {
                 };
                 content?: never;
             };
+            400: components["responses"]["Error"];
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
