@@ -169,7 +169,8 @@ kiln's stderr. Its stdin is closed unless -i sends kiln's stdin to it (end of in
 		Example: `  kiln exec $SB -- make test
   kiln exec $SB -- cat out.tar > out.tar
   seq 5 | kiln exec -i $SB -- wc -l`,
-		Args: cobra.MinimumNArgs(2),
+		Args:              cobra.MinimumNArgs(2),
+		ValidArgsFunction: c.complete(sandboxArg),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return c.withClient(func(cl *client.Client) error {
 				o, err := sf.options(args[1:])
@@ -203,7 +204,8 @@ follows it to the process's exit. Once the process is gone (or with --tail, --si
 instead, if the process was started with --capture, and each run's completeness is shown.`,
 		Example: `  kiln logs -f $SB $P
   kiln logs --tail 20 --stderr $SB $P`,
-		Args: cobra.ExactArgs(2),
+		Args:              cobra.ExactArgs(2),
+		ValidArgsFunction: c.complete(sandboxArg, processArg),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if stdout && stderr {
 				return errors.New("--stdout and --stderr together: leave both out for both streams")
@@ -387,9 +389,10 @@ func droppedText(r api.Run) string {
 func (c *cli) attachCmd() *cobra.Command {
 	var withStdin bool
 	cmd := &cobra.Command{
-		Use:   "attach SANDBOX PROCESS",
-		Short: "Follow a process's output from the beginning; with --stdin, send this terminal's input to it",
-		Args:  cobra.ExactArgs(2),
+		Use:               "attach SANDBOX PROCESS",
+		Short:             "Follow a process's output from the beginning; with --stdin, send this terminal's input to it",
+		Args:              cobra.ExactArgs(2),
+		ValidArgsFunction: c.complete(sandboxArg, processArg),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return c.withClient(func(cl *client.Client) error {
 				ctx := cmd.Context()
@@ -433,6 +436,7 @@ func (c *cli) pumpInput(ctx context.Context, p *client.Process, terminal bool) {
 func (c *cli) psCmd() *cobra.Command {
 	return &cobra.Command{
 		Use: "ps SANDBOX", Short: "List a sandbox's processes", Args: cobra.ExactArgs(1),
+		ValidArgsFunction: c.complete(sandboxArg),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return c.withClient(func(cl *client.Client) error {
 				list, err := cl.Handle(args[0]).Processes(cmd.Context())
@@ -464,6 +468,7 @@ func (c *cli) psCmd() *cobra.Command {
 func (c *cli) waitCmd() *cobra.Command {
 	return &cobra.Command{
 		Use: "wait SANDBOX PROCESS", Short: "Wait for a process's exit and exit with its code", Args: cobra.ExactArgs(2),
+		ValidArgsFunction: c.complete(sandboxArg, processArg),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return c.withClient(func(cl *client.Client) error {
 				p, err := cl.Handle(args[0]).Process(cmd.Context(), args[1], client.Bytes)
@@ -491,7 +496,8 @@ func (c *cli) killCmd() *cobra.Command {
 	var sig string
 	cmd := &cobra.Command{
 		Use: "kill SANDBOX PROCESS", Short: "Signal a process's group (SIGKILL unless -s)", Args: cobra.ExactArgs(2),
-		Example: `  kiln kill -s TERM $SB $P`,
+		ValidArgsFunction: c.complete(sandboxArg, processArg),
+		Example:           `  kiln kill -s TERM $SB $P`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return c.withClient(func(cl *client.Client) error {
 				p, err := cl.Handle(args[0]).Process(cmd.Context(), args[1], client.Bytes)
@@ -508,9 +514,10 @@ func (c *cli) killCmd() *cobra.Command {
 
 func (c *cli) shellCmd() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "shell SANDBOX [-- CMD [ARG...]]",
-		Short: "An interactive terminal in a sandbox (sh, or CMD), its exit code as kiln's",
-		Args:  cobra.MinimumNArgs(1),
+		Use:               "shell SANDBOX [-- CMD [ARG...]]",
+		Short:             "An interactive terminal in a sandbox (sh, or CMD), its exit code as kiln's",
+		Args:              cobra.MinimumNArgs(1),
+		ValidArgsFunction: c.complete(sandboxArg),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			argv := []string{"sh", "-l"}
 			if len(args) > 1 {
