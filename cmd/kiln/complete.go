@@ -99,6 +99,24 @@ func processArg(ctx context.Context, cl *client.Client, args []string, toComplet
 	return out
 }
 
+// loggedProcessArg completes a process kiln logs can show: those of
+// processArg, and those with a captured log, which outlive the sandbox.
+func loggedProcessArg(ctx context.Context, cl *client.Client, args []string, toComplete string) []cobra.Completion {
+	out := processArg(ctx, cl, args, toComplete)
+	logs, err := cl.Handle(args[0]).CapturedLogs(ctx)
+	if err != nil {
+		return out
+	}
+	for _, l := range logs {
+		// A completion is its choice, a tab and its description.
+		known := slices.ContainsFunc(out, func(c cobra.Completion) bool { return strings.HasPrefix(c, l.Process+"\t") })
+		if strings.HasPrefix(l.Process, toComplete) && !known {
+			out = append(out, cobra.CompletionWithDesc(l.Process, "captured"))
+		}
+	}
+	return out
+}
+
 // previewArg completes a preview of the sandbox args[0]: the ids of
 // those not expired, with their ports as their descriptions.
 func previewArg(ctx context.Context, cl *client.Client, args []string, toComplete string) []cobra.Completion {

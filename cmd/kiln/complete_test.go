@@ -126,32 +126,36 @@ func TestCompletionInBash(t *testing.T) {
 	other := strings.TrimSpace(out)
 	_, out, _ = kiln(t, state, "", "sandbox", "exec-stream", web, "--", "true")
 	p := strings.TrimSpace(out)
-	env := []string{client.StateDirEnv + "=" + state, client.AddrEnv + "="}
-
-	for _, tc := range []struct {
-		line string
-		want []string
-	}{
-		{"kiln logs ", []string{web, "web", other}},
-		{"kiln logs w", []string{"web"}},
-		{"kiln sandbox rm web ", []string{web, other}},
-		{"kiln logs web ", []string{p}},
-		{"kiln kill " + web + " ", []string{p}},
-		{"kiln logs web " + p + " ", nil},
-	} {
-		got, stderr := b.complete(t, env, tc.line)
+	kilndEnv := []string{client.StateDirEnv + "=" + state, client.AddrEnv + "="}
+	expect := func(env []string, line string, want ...string) {
+		t.Helper()
+		got, stderr := b.complete(t, env, line)
 		slices.Sort(got)
-		slices.Sort(tc.want)
-		if !slices.Equal(got, tc.want) || stderr != "" {
-			t.Errorf("%q completes to %q (stderr %q), want %q", tc.line, got, stderr, tc.want)
+		slices.Sort(want)
+		if !slices.Equal(got, want) || stderr != "" {
+			t.Errorf("%q completes to %q (stderr %q), want %q", line, got, stderr, want)
 		}
 	}
+	expect(kilndEnv, "kiln logs ", web, "web", other)
+	expect(kilndEnv, "kiln logs w", "web")
+	expect(kilndEnv, "kiln sandbox rm web ", web, other)
+	expect(kilndEnv, "kiln logs web ", p)
+	expect(kilndEnv, "kiln kill "+web+" ", p)
+	expect(kilndEnv, "kiln logs web "+p+" ")
+
+	// Once its sandbox is removed, a captured process is still one kiln
+	// logs shows, and completes; the sandbox itself no longer does.
+	_, out, _ = kiln(t, state, "", "sandbox", "exec-stream", "--capture", other, "--", "true")
+	q := strings.TrimSpace(out)
+	kiln(t, state, "", "wait", other, q)
+	if code, _, errs := kiln(t, state, "", "sandbox", "rm", other); code != 0 {
+		t.Fatalf("rm: %d %q", code, errs)
+	}
+	expect(kilndEnv, "kiln logs "+other+" ", q)
+	expect(kilndEnv, "kiln logs ", web, "web")
 
 	// No kilnd on the socket: nothing, at once.
-	got, stderr := b.complete(t, []string{client.StateDirEnv + "=" + t.TempDir(), client.AddrEnv + "="}, "kiln logs ")
-	if len(got) != 0 || stderr != "" {
-		t.Errorf("without kilnd: %q (stderr %q), want nothing", got, stderr)
-	}
+	expect([]string{client.StateDirEnv + "=" + t.TempDir(), client.AddrEnv + "="}, "kiln logs ")
 	// A kilnd that takes the connection and never answers: nothing, once
 	// the completion's own timeout ends the wait.
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -168,8 +172,5 @@ func TestCompletionInBash(t *testing.T) {
 			defer c.Close()
 		}
 	}()
-	got, stderr = b.complete(t, []string{client.AddrEnv + "=" + l.Addr().String(), client.TokenEnv + "=x"}, "kiln ps ")
-	if len(got) != 0 || stderr != "" {
-		t.Errorf("with a kilnd that never answers: %q (stderr %q), want nothing", got, stderr)
-	}
+	expect([]string{client.AddrEnv + "=" + l.Addr().String(), client.TokenEnv + "=x"}, "kiln ps ")
 }

@@ -205,7 +205,7 @@ instead, if the process was started with --capture, and each run's completeness 
 		Example: `  kiln logs -f $SB $P
   kiln logs --tail 20 --stderr $SB $P`,
 		Args:              cobra.ExactArgs(2),
-		ValidArgsFunction: c.complete(sandboxArg, processArg),
+		ValidArgsFunction: c.complete(sandboxArg, loggedProcessArg),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if stdout && stderr {
 				return errors.New("--stdout and --stderr together: leave both out for both streams")
