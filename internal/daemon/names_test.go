@@ -2,10 +2,13 @@ package daemon_test
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"net/http"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/sandkiln/sandkiln/api"
@@ -210,5 +213,42 @@ func TestSandboxNameSurvivesRestart(t *testing.T) {
 	k2.refuses("POST", "/sandboxes", `{"name":"keeper"}`, 409, api.CodeConflict, `"keeper"`)
 	if ids := k2.ids(); !slices.Equal(ids, []string{info.ID}) {
 		t.Errorf("after a refused create: %v, want only %s", ids, info.ID)
+	}
+}
+
+// TestSandboxNameRace: creates asking for the same name at once get it
+// once; the others are refused and leave nothing behind.
+func TestSandboxNameRace(t *testing.T) {
+	k := start(t, "")
+	defer k.cleanup()
+	const n = 4
+	codes := make([]int, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			req, _ := http.NewRequest("POST", "http://"+k.addr+"/sandboxes", strings.NewReader(`{"name":"race"}`))
+			req.Header.Set("Authorization", "Bearer "+k.d.Token())
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			resp.Body.Close()
+			codes[i] = resp.StatusCode
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(codes)
+	if want := []int{200, 409, 409, 409}; !slices.Equal(codes, want) {
+		t.Errorf("answers %v, want %v", codes, want)
+	}
+	var list []daemon.Info
+	k.json("GET", "/sandboxes", nil, &list)
+	if len(list) != 1 || list[0].Name != "race" {
+		t.Errorf("listed %+v, want one sandbox named race", list)
 	}
 }
