@@ -420,6 +420,12 @@ func (r LimitsRequest) Apply(defaults Limits) Limits {
 
 // CreateSandbox is the body of POST /sandboxes.
 type CreateSandbox struct {
+	// Name, when set, finds the sandbox wherever its id is taken, until it
+	// is deleted: a DNS label (RFC 1123: a-z, 0-9 and '-', 1 to 63
+	// characters, not beginning or ending with '-'), unique among the
+	// sandboxes not deleted. It is the sandbox's hostname unless Hostname
+	// says otherwise.
+	Name     string `json:"name,omitempty"`
 	Hostname string `json:"hostname,omitempty"`
 	// Rootfs is a root filesystem directory in kilnd's images directory (a
 	// name, or a path inside it), used under a writable overlay; empty uses
@@ -484,7 +490,9 @@ const (
 
 // Sandbox describes a sandbox.
 type Sandbox struct {
-	ID        string     `json:"id"`
+	ID string `json:"id"`
+	// Name is the name it was created with, if any.
+	Name      string     `json:"name,omitempty"`
 	State     string     `json:"state"`
 	CreatedAt time.Time  `json:"created_at"`
 	StoppedAt *time.Time `json:"stopped_at,omitempty"`

@@ -336,7 +336,8 @@ func (c *Client) call(ctx context.Context, method, path string, query url.Values
 
 // Sandbox is a handle on a sandbox.
 type Sandbox struct {
-	c  *Client
+	c *Client
+	// ID is the sandbox's id; in a handle from Handle, what it was given.
 	ID string
 }
 
@@ -354,18 +355,23 @@ func (c *Client) CreateSandbox(ctx context.Context, o SandboxOptions) (*Sandbox,
 	return &Sandbox{c: c, ID: info.ID}, info, nil
 }
 
-// Sandbox returns a handle on the sandbox id, checking that it exists.
-func (c *Client) Sandbox(ctx context.Context, id string) (*Sandbox, error) {
-	s := &Sandbox{c: c, ID: id}
-	if _, err := s.Info(ctx); err != nil {
+// Sandbox returns a handle on a sandbox, checking that it exists: ref is
+// its id, its name, or a prefix of its id no other sandbox's has (one
+// that two share is an IsInvalid error). The handle holds the full id,
+// so it keeps to that sandbox after its name passes to another.
+func (c *Client) Sandbox(ctx context.Context, ref string) (*Sandbox, error) {
+	info, err := c.Handle(ref).Info(ctx)
+	if err != nil {
 		return nil, err
 	}
-	return s, nil
+	return &Sandbox{c: c, ID: info.ID}, nil
 }
 
-// Handle returns a handle on sandbox id without asking kilnd whether it
-// exists (the first call through it will).
-func (c *Client) Handle(id string) *Sandbox { return &Sandbox{c: c, ID: id} }
+// Handle returns a handle on the sandbox ref (an id, a name or a unique
+// prefix of an id, as Sandbox takes) without asking kilnd whether it
+// exists (the first call through it will). Each call finds the sandbox
+// ref stands for then.
+func (c *Client) Handle(ref string) *Sandbox { return &Sandbox{c: c, ID: ref} }
 
 // Sandboxes lists the sandboxes not deleted.
 func (c *Client) Sandboxes(ctx context.Context) ([]api.Sandbox, error) {

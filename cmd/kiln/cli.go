@@ -140,7 +140,9 @@ never hidden.`,
 	// An unknown command is found before anything runs, as cobra finds it;
 	// its error is JSON if the flags ask, though cobra parses none then.
 	err := func() error {
-		if _, _, err := root.Find(args); err != nil {
+		// (cobra adds its shell completion's hidden commands as it runs.)
+		completing := len(args) > 0 && (args[0] == cobra.ShellCompRequestCmd || args[0] == cobra.ShellCompNoDescRequestCmd)
+		if _, _, err := root.Find(args); err != nil && !completing {
 			f := pflag.NewFlagSet("kiln", pflag.ContinueOnError)
 			f.ParseErrorsAllowlist.UnknownFlags = true
 			f.SetOutput(io.Discard)
@@ -321,6 +323,7 @@ func (c *cli) sandboxCmd() *cobra.Command {
 		Use:   "create",
 		Short: "Create a sandbox and print its id",
 		Example: `  kiln sandbox create
+  kiln sandbox create --name web                # then kiln exec web -- …, kiln shell web
   kiln sandbox create --memory 512M --pids 256 --cpus 1.5 --idle-timeout 10m
   kiln sandbox create --runtime gvisor
   kiln sandbox create --image busybox
@@ -350,7 +353,8 @@ func (c *cli) sandboxCmd() *cobra.Command {
 			return nil
 		},
 	}
-	create.Flags().StringVar(&o.Hostname, "hostname", "", "the sandbox's hostname")
+	create.Flags().StringVar(&o.Name, "name", "", "a `name` that finds the sandbox wherever kiln takes one, until it is removed: a-z, 0-9 and '-'\n(a DNS label), also its hostname")
+	create.Flags().StringVar(&o.Hostname, "hostname", "", "the sandbox's hostname (default its name, or kiln- and the end of its id)")
 	create.Flags().StringVar(&o.Image, "image", "", "an `image` kilnd has (kiln image pull) as the root, its config the defaults of every process")
 	create.Flags().StringVar(&o.Rootfs, "rootfs", "", "a root filesystem: a `directory` in kilnd's images directory, instead of the host's /usr and /etc")
 	create.Flags().StringVar(&o.Runtime, "runtime", "", "the kind of sandbox: namespaces (the default) or gvisor (gVisor's kernel between the sandbox\nand the host's; kilnd --runtimes says which this host has)")
@@ -373,15 +377,16 @@ func (c *cli) sandboxCmd() *cobra.Command {
 				return c.printJSON(list)
 			}
 			w := tabwriter.NewWriter(c.stdout, 2, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "ID\tSTATE\tRUNTIME\tCREATED\tHOSTNAME")
+			fmt.Fprintln(w, "ID\tNAME\tSTATE\tRUNTIME\tCREATED\tHOSTNAME")
 			for _, s := range list {
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", s.ID, s.State, s.Runtime, s.CreatedAt.Local().Format(time.DateTime), s.Hostname)
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", s.ID, s.Name, s.State, s.Runtime, s.CreatedAt.Local().Format(time.DateTime), s.Hostname)
 			}
 			return w.Flush()
 		},
 	}
 	inspect := &cobra.Command{
 		Use: "inspect SANDBOX", Short: "Describe a sandbox as JSON", Args: cobra.ExactArgs(1),
+		ValidArgsFunction: c.complete(sandboxArg),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cl, err := c.client()
 			if err != nil {
@@ -398,6 +403,7 @@ func (c *cli) sandboxCmd() *cobra.Command {
 	var removeLogs bool
 	rm := &cobra.Command{
 		Use: "rm SANDBOX...", Aliases: []string{"remove"}, Short: "Remove sandboxes: everything in them is killed, their captured logs kept", Args: cobra.MinimumNArgs(1),
+		ValidArgsFunction: c.completeEach(sandboxArg),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cl, err := c.client()
 			if err != nil {
@@ -420,7 +426,8 @@ func (c *cli) sandboxCmd() *cobra.Command {
 		Short: "Start a detached process and print its id; its output is kept whether or not anyone watches",
 		Example: `  P=$(kiln sandbox exec-stream $SB -- sh -c 'for i in 1 2 3; do echo line-$i; sleep 1; done')
   kiln logs -f $SB $P`,
-		Args: cobra.MinimumNArgs(2),
+		Args:              cobra.MinimumNArgs(2),
+		ValidArgsFunction: c.complete(sandboxArg),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cl, err := c.client()
 			if err != nil {

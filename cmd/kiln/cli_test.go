@@ -339,7 +339,7 @@ func TestHelpGolden(t *testing.T) {
 // times made stable.
 func TestTablesGolden(t *testing.T) {
 	state := kilnd(t)
-	_, out, _ := kiln(t, state, "", "sandbox", "create", "--hostname", "golden")
+	_, out, _ := kiln(t, state, "", "sandbox", "create", "--name", "golden", "--hostname", "golden-host")
 	sb := strings.TrimSpace(out)
 	_, out, _ = kiln(t, state, "", "sandbox", "exec-stream", sb, "--", "sh", "-c", "exit 3")
 	p := strings.TrimSpace(out)
@@ -749,5 +749,37 @@ func TestParseBytes(t *testing.T) {
 		} else if !strings.Contains(err.Error(), "want a byte count") {
 			t.Errorf("%q: %v", in, err)
 		}
+	}
+}
+
+// TestSandboxNamesAndPrefixes: a sandbox created with --name is reached
+// by that name and by a prefix of its id on every command, listed with
+// it, and its hostname is the name; a name taken is refused, naming it.
+func TestSandboxNamesAndPrefixes(t *testing.T) {
+	state := kilnd(t)
+	code, out, errs := kiln(t, state, "", "sandbox", "create", "--name", "web")
+	id := strings.TrimSpace(out)
+	if code != 0 || len(id) != 36 {
+		t.Fatalf("create --name web: %d %q %q", code, out, errs)
+	}
+	if code, out, _ := kiln(t, state, "", "exec", "web", "--", "cat", "/proc/sys/kernel/hostname"); code != 0 || out != "web\n" {
+		t.Errorf("exec web hostname: %d %q", code, out)
+	}
+	code, out, _ = kiln(t, state, "", "--json", "sandbox", "inspect", id[:len(id)-4])
+	var info api.Sandbox
+	if code != 0 || json.Unmarshal([]byte(out), &info) != nil || info.ID != id || info.Name != "web" {
+		t.Errorf("inspect by prefix: %d %q", code, out)
+	}
+	if code, _, errs := kiln(t, state, "", "sandbox", "create", "--name", "web"); code != exitKiln || !strings.Contains(errs, `sandbox name "web" is taken`) {
+		t.Errorf("a second web: %d %q", code, errs)
+	}
+	if code, _, errs := kiln(t, state, "", "sandbox", "create", "--name", "Web"); code == 0 || !strings.Contains(errs, `sandbox name "Web"`) {
+		t.Errorf("an upper-case name: %d %q", code, errs)
+	}
+	if code, _, errs := kiln(t, state, "", "sandbox", "rm", "web"); code != 0 {
+		t.Fatalf("rm web: %d %q", code, errs)
+	}
+	if code, _, errs := kiln(t, state, "", "ps", "web"); code != exitKiln || !strings.Contains(errs, `no sandbox "web"`) {
+		t.Errorf("ps web after rm: %d %q", code, errs)
 	}
 }

@@ -335,7 +335,8 @@ watch; --id and --after resume it from the last number seen, within 30 seconds o
 watcher, and events it no longer holds are said as a gap with their count.`,
 		Example: `  kiln watch $SB /workspace
   kiln watch $SB /workspace --id ID --after 42`,
-		Args: cobra.ExactArgs(2),
+		Args:              cobra.ExactArgs(2),
+		ValidArgsFunction: c.complete(sandboxArg),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return c.withClient(func(cl *client.Client) error {
 				w, err := cl.Handle(args[0]).WatchFiles(cmd.Context(), args[1], client.WatchOptions{ID: id, After: after})

@@ -43,7 +43,8 @@ It runs until interrupted.`,
 		Example: `  kiln port-forward $SB 8000            # localhost:8000 is the sandbox's port 8000
   kiln port-forward $SB 9000:8000 5432   # localhost:9000 to 8000, and 5432 to 5432
   kiln port-forward $SB 0:8000           # any free local port (printed)`,
-		Args: cobra.MinimumNArgs(2),
+		Args:              cobra.MinimumNArgs(2),
+		ValidArgsFunction: c.complete(sandboxArg),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var specs []forwardSpec
 			for _, a := range args[1:] {
@@ -145,7 +146,8 @@ work under it; absolute paths ("/static/app.js") leave it.`,
 		Example: `  kiln preview $SB 8000 --ttl 30m
   kiln preview ls $SB
   kiln preview rm $SB ID`,
-		Args: cobra.ExactArgs(2),
+		Args:              cobra.ExactArgs(2),
+		ValidArgsFunction: c.complete(sandboxArg),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			port, err := strconv.Atoi(args[1])
 			if err != nil {
@@ -168,6 +170,7 @@ work under it; absolute paths ("/static/app.js") leave it.`,
 	cmd.Flags().DurationVar(&ttl, "ttl", time.Hour, "how long the URL works")
 	ls := &cobra.Command{
 		Use: "ls SANDBOX", Short: "List a sandbox's previews that have not expired", Args: cobra.ExactArgs(1),
+		ValidArgsFunction: c.complete(sandboxArg),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return c.withClient(func(cl *client.Client) error {
 				list, err := cl.Handle(args[0]).Previews(cmd.Context())
@@ -187,6 +190,7 @@ work under it; absolute paths ("/static/app.js") leave it.`,
 	}
 	rm := &cobra.Command{
 		Use: "rm SANDBOX ID", Short: "Revoke a preview at once", Args: cobra.ExactArgs(2),
+		ValidArgsFunction: c.complete(sandboxArg, previewArg),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return c.withClient(func(cl *client.Client) error {
 				if err := cl.Handle(args[0]).RevokePreview(cmd.Context(), args[1]); err != nil {

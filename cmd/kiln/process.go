@@ -231,7 +231,8 @@ interactive, this terminal in raw mode, and the detach keys (ctrl-p,ctrl-q) leav
   kiln exec $SB -- cat out.tar > out.tar
   seq 5 | kiln exec -i $SB -- wc -l
   kiln exec -it $SB -- python3`,
-		Args: cobra.MinimumNArgs(2),
+		Args:              cobra.MinimumNArgs(2),
+		ValidArgsFunction: c.complete(sandboxArg),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o, keys, err := sf.parse(cmd, args[1:])
 			if err != nil {
@@ -274,7 +275,8 @@ text or base64, partial} and gaps {gap}.`,
 		Example: `  kiln logs -f $SB $P
   kiln logs -n 20 --stderr $SB $P
   kiln logs --since 10m --until 5m -t $SB $P`,
-		Args: cobra.ExactArgs(2),
+		Args:              cobra.ExactArgs(2),
+		ValidArgsFunction: c.complete(sandboxArg, loggedProcessArg),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if stdout && stderr {
 				return usageError{errors.New("--stdout and --stderr together: leave both out for both streams"), cmd.CommandPath()}
@@ -508,7 +510,8 @@ The detach keys (ctrl-p,ctrl-q unless --detach-keys) leave the process running a
 with 0; Ctrl-C on kiln itself does the same for a process without input.`,
 		Example: `  kiln attach $SB $P
   kiln attach -i $SB $P                      # type into it; ctrl-p ctrl-q to leave it running`,
-		Args: cobra.ExactArgs(2),
+		Args:              cobra.ExactArgs(2),
+		ValidArgsFunction: c.complete(sandboxArg, processArg),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			seq, err := parseDetachKeys(keys)
 			if err != nil {
@@ -628,6 +631,7 @@ func (c *cli) pumpInput(ctx context.Context, p *client.Process, terminal bool, k
 func (c *cli) psCmd() *cobra.Command {
 	return &cobra.Command{
 		Use: "ps SANDBOX", Short: "List a sandbox's processes", Args: cobra.ExactArgs(1),
+		ValidArgsFunction: c.complete(sandboxArg),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return c.withClient(func(cl *client.Client) error {
 				list, err := cl.Handle(args[0]).Processes(cmd.Context())
@@ -724,6 +728,7 @@ func ansiC(w string) string {
 func (c *cli) waitCmd() *cobra.Command {
 	return &cobra.Command{
 		Use: "wait SANDBOX PROCESS", Short: "Wait for a process's exit and exit with its code", Args: cobra.ExactArgs(2),
+		ValidArgsFunction: c.complete(sandboxArg, processArg),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return c.withClient(func(cl *client.Client) error {
 				p, err := cl.Handle(args[0]).Process(cmd.Context(), args[1], client.Bytes)
@@ -751,7 +756,8 @@ func (c *cli) killCmd() *cobra.Command {
 	var sig string
 	cmd := &cobra.Command{
 		Use: "kill SANDBOX PROCESS", Short: "Signal a process's group (SIGKILL unless -s)", Args: cobra.ExactArgs(2),
-		Example: `  kiln kill -s TERM $SB $P`,
+		ValidArgsFunction: c.complete(sandboxArg, processArg),
+		Example:           `  kiln kill -s TERM $SB $P`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return c.withClient(func(cl *client.Client) error {
 				p, err := cl.Handle(args[0]).Process(cmd.Context(), args[1], client.Bytes)
@@ -782,7 +788,8 @@ func (c *cli) shellCmd() *cobra.Command {
 		Long: `Runs sh (or CMD) on a terminal in the sandbox, as docker exec -it does: this terminal in raw
 mode, its size followed. The detach keys (ctrl-p,ctrl-q unless --detach-keys) leave the shell
 running: kiln attach -i SANDBOX PROCESS comes back to it.`,
-		Args: cobra.MinimumNArgs(1),
+		Args:              cobra.MinimumNArgs(1),
+		ValidArgsFunction: c.complete(sandboxArg),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			argv := []string{"sh", "-l"}
 			if len(args) > 1 {

@@ -113,7 +113,9 @@ const (
 // record is a sandbox's small JSON file, written atomically on every
 // change, from which a restarted kilnd finds it again.
 type record struct {
-	ID        string         `json:"id"`
+	ID string `json:"id"`
+	// Name is the name it was created with, if any (see Daemon.names).
+	Name      string         `json:"name,omitempty"`
 	State     string         `json:"state"`
 	CreatedAt time.Time      `json:"created_at"`
 	StoppedAt *time.Time     `json:"stopped_at,omitempty"`
@@ -171,12 +173,22 @@ type Daemon struct {
 	// images are the OCI images sandboxes are made from.
 	images *image.Store
 
-	// mu guards sandboxes, previewing and imageLeases (the images creates in progress
-	// use, by ID). Creating and deleting a sandbox happen outside it; the
-	// entry is added once the sandbox runs. The image store calls in
-	// with its own lock held (imageInUse): nothing holding mu calls it.
-	mu          sync.Mutex
-	sandboxes   map[string]*entry
+	// mu guards sandboxes, names, live, previewing and imageLeases (the
+	// images creates in progress use, by ID). Creating and deleting a
+	// sandbox happen outside it; the entry is added once the sandbox
+	// runs. The image store calls in with its own lock held (imageInUse):
+	// nothing holding mu calls it.
+	mu        sync.Mutex
+	sandboxes map[string]*entry // by id, deleted ones too (their logs stay)
+	// names are the names of the sandboxes not deleted, and of those
+	// being created, to their ids: a create claims its name before
+	// anything is made, so that two creates cannot both take it, and
+	// the delete that ends a sandbox frees it.
+	names map[string]string
+	// live are the ids of the sandboxes not deleted, in order (v7 ids
+	// sort by creation): List's order, and where a prefix of an id is
+	// looked up, by binary search.
+	live        []string
 	imageLeases map[string]int
 	// previewing ends what each preview serves (by its token's hash):
 	// revoked, it reaches nothing, WebSockets open through it included.
@@ -241,7 +253,7 @@ func New(cfg Config) (*Daemon, error) {
 	if err := os.MkdirAll(cfg.Images, 0o700); err != nil {
 		return nil, fmt.Errorf("kilnd: images directory: %w", err)
 	}
-	d := &Daemon{cfg: cfg, log: cfg.Log, sandboxes: map[string]*entry{}, closing: make(chan struct{})}
+	d := &Daemon{cfg: cfg, log: cfg.Log, sandboxes: map[string]*entry{}, names: map[string]string{}, closing: make(chan struct{})}
 	d.backends, d.unavailable = Backends(cfg)
 	if d.images, err = image.Open(filepath.Join(cfg.StateDir, imagesDir), image.Options{Insecure: cfg.InsecureRegistries}); err != nil {
 		return nil, fmt.Errorf("kilnd: images: %w", err)
@@ -411,7 +423,7 @@ func (d *Daemon) recover() error {
 			if e.sb != nil && e.sb.Alive() {
 				e = d.route(rec, e.sb)
 				e.lastUsed = time.Now()
-				d.sandboxes[rec.ID] = e
+				d.recovered(e)
 				if rec.Network != nil {
 					if d.adopted == nil {
 						d.adopted = map[string]egress.Attachment{}
@@ -427,9 +439,103 @@ func (d *Daemon) recover() error {
 			}
 			d.stopped(e, "the agent was gone when kilnd started (host reboot or agent killed)")
 		}
-		d.sandboxes[rec.ID] = e
+		d.recovered(e)
 	}
 	return nil
+}
+
+// recovered adds a sandbox of an earlier run to those kilnd knows, with
+// its name: the first record read that has a name keeps it (the records
+// of one kilnd never share one; a state directory put together by hand
+// might).
+func (d *Daemon) recovered(e *entry) {
+	if name := e.rec.Name; name != "" && e.rec.State != StateDeleted {
+		if other, taken := d.names[name]; taken {
+			d.log.Error("two sandboxes have the same name; the second is found by its id only", "name", name, "id", other, "second", e.rec.ID)
+		} else {
+			d.names[name] = e.rec.ID
+		}
+	}
+	d.add(e)
+}
+
+// add makes e one of the sandboxes kilnd knows (its name, if it has one,
+// claimed already). Called with d.mu held, or from New.
+func (d *Daemon) add(e *entry) {
+	id := e.rec.ID
+	d.sandboxes[id] = e
+	if e.rec.State != StateDeleted {
+		if i, found := slices.BinarySearch(d.live, id); !found {
+			d.live = slices.Insert(d.live, i, id)
+		}
+	}
+}
+
+// forget leaves a deleted sandbox to be found by its exact id alone (its
+// captured logs may stay): its name is free and its id's prefixes find
+// other sandboxes. Called with d.mu held.
+func (d *Daemon) forget(e *entry) {
+	id := e.rec.ID
+	if e.rec.Name != "" && d.names[e.rec.Name] == id {
+		delete(d.names, e.rec.Name)
+	}
+	if i, found := slices.BinarySearch(d.live, id); found {
+		d.live = slices.Delete(d.live, i, i+1)
+	}
+}
+
+// claimName reserves name for the sandbox id that a create is making;
+// the create frees it with freeName if it fails.
+func (d *Daemon) claimName(name, id string) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if other, taken := d.names[name]; taken {
+		return fmt.Errorf("%w: sandbox name %q is taken by sandbox %s", errdefs.ErrAlreadyExists, name, other)
+	}
+	d.names[name] = id
+	return nil
+}
+
+func (d *Daemon) freeName(name, id string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.names[name] == id {
+		delete(d.names, name)
+	}
+}
+
+// lookup finds the sandbox ref stands for, as Docker finds a container:
+// the sandbox whose id it is (a deleted one too), else the one it names,
+// else the one not deleted whose id it begins. A prefix that two or more
+// ids begin with is refused. Called with d.mu held.
+func (d *Daemon) lookup(ref string) (*entry, error) {
+	if e, ok := d.sandboxes[ref]; ok {
+		return e, nil
+	}
+	if id, ok := d.names[ref]; ok {
+		if e, ok := d.sandboxes[id]; ok {
+			return e, nil
+		}
+		// Claimed by a create that has not made it yet: it may still be
+		// a prefix.
+	}
+	if ref != "" {
+		i, _ := slices.BinarySearch(d.live, ref)
+		n := 0
+		for _, id := range d.live[i:] {
+			if !strings.HasPrefix(id, ref) {
+				break
+			}
+			n++
+		}
+		switch {
+		case n == 1:
+			return d.sandboxes[d.live[i]], nil
+		case n > 1:
+			return nil, fmt.Errorf("%w: sandbox prefix %q matches %d sandboxes: give more of the id, or its name", errdefs.ErrInvalidArgument, clip(ref), n)
+		}
+	}
+	return nil, fmt.Errorf("%w: no sandbox %q", errdefs.ErrNotFound, clip(ref))
 }
 
 // runtimeOf is the runtime that made a sandbox.
@@ -602,7 +708,7 @@ func (d *Daemon) infoOf(e *entry) Info {
 }
 
 func (e *entry) info() Info {
-	i := Info{ID: e.rec.ID, State: e.rec.State, CreatedAt: e.rec.CreatedAt, StoppedAt: e.rec.StoppedAt,
+	i := Info{ID: e.rec.ID, Name: e.rec.Name, State: e.rec.State, CreatedAt: e.rec.CreatedAt, StoppedAt: e.rec.StoppedAt,
 		Hostname: e.rec.Hostname, Rootfs: e.rec.Rootfs, Image: e.rec.Image, ImageID: e.rec.ImageID, Limits: e.rec.Limits, Reason: e.rec.Reason,
 		Exit: e.rec.Exit, IdleTimeoutSeconds: e.rec.IdleTimeout, Runtime: runtimeOf(e.rec)}
 	if e.rec.State == StateRunning && e.sb != nil {
@@ -654,6 +760,18 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	if why := d.unavailable[runtime]; why != nil {
 		return Info{}, fmt.Errorf("%w: runtime %s is not available on this host: %v", errdefs.ErrUnavailable, runtime, why)
 	}
+	id := uuid.Must(uuid.NewV7()).String()
+	created := false
+	if req.Name != "" {
+		if err := d.claimName(req.Name, id); err != nil {
+			return Info{}, err
+		}
+		defer func() {
+			if !created {
+				d.freeName(req.Name, id)
+			}
+		}()
+	}
 	if d.disks == nil && limits.DiskBytes > 0 {
 		if req.Limits.DiskBytes != nil {
 			return Info{}, fmt.Errorf("%w: a disk quota: %v", errdefs.ErrUnavailable, d.disksErr)
@@ -679,13 +797,15 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		return Info{}, err
 	}
 	req.Rootfs = rootfs
-	id := uuid.Must(uuid.NewV7()).String()
 	began := time.Now()
-	rec := record{ID: id, State: StateRunning, CreatedAt: began.UTC(), Hostname: req.Hostname,
+	rec := record{ID: id, Name: req.Name, State: StateRunning, CreatedAt: began.UTC(), Hostname: req.Hostname,
 		Rootfs: req.Rootfs, Limits: limits, Init: req.Init, IdleTimeout: req.IdleTimeoutSeconds,
 		Runtime: backend.Name(), Disk: diskImage}
 	if req.Image != "" {
 		rec.Image, rec.ImageID = req.Image, img.ID
+	}
+	if rec.Hostname == "" {
+		rec.Hostname = req.Name
 	}
 	if rec.Hostname == "" {
 		rec.Hostname = sandbox.DefaultHostname(id)
@@ -740,10 +860,11 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	e := d.route(rec, sb)
 	e.lastUsed = time.Now()
 	d.mu.Lock()
-	d.sandboxes[id] = e
+	d.add(e)
 	d.watch(e)
 	d.mu.Unlock()
-	d.log.Info("sandbox created", "id", id, "runtime", backend.Name(), "agent", sb.AgentPID())
+	created = true
+	d.log.Info("sandbox created", "id", id, "name", req.Name, "runtime", backend.Name(), "agent", sb.AgentPID())
 	return d.infoOf(e), nil
 }
 
@@ -765,6 +886,9 @@ func validateCreate(req CreateRequest, limits api.Limits) error {
 	if err := ValidateLimits(limits); err != nil {
 		return err
 	}
+	if req.Name != "" && !isLabel(req.Name) {
+		return fmt.Errorf("%w: sandbox name %q: want a DNS label (RFC 1123): a-z, 0-9 and '-', 1 to 63 characters, not beginning or ending with '-'", errdefs.ErrInvalidArgument, clip(req.Name))
+	}
 	if len(req.Hostname) > 63 || strings.ContainsFunc(req.Hostname, func(r rune) bool {
 		return !(r == '-' || r == '.' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z')
 	}) {
@@ -779,6 +903,17 @@ func validateCreate(req CreateRequest, limits api.Limits) error {
 		}
 	}
 	return egress.Validate(req.Network)
+}
+
+// isLabel reports whether s is a DNS label as RFC 1123 has it, in lower
+// case: what a sandbox's name must be, since it becomes its hostname.
+func isLabel(s string) bool {
+	if len(s) < 1 || len(s) > 63 || s[0] == '-' || s[len(s)-1] == '-' {
+		return false
+	}
+	return !strings.ContainsFunc(s, func(r rune) bool {
+		return !(r == '-' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z')
+	})
 }
 
 // ValidateLimits checks limits: each zero (none) or within its bounds.
@@ -838,12 +973,17 @@ const (
 	maxIdleTimeout = 365 * 24 * 3600 // a year, in seconds
 )
 
-func (d *Daemon) get(id string) (*entry, error) {
+// get finds a sandbox not deleted by its id, its name or a unique
+// prefix of its id (lookup).
+func (d *Daemon) get(ref string) (*entry, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	e, ok := d.sandboxes[id]
-	if !ok || e.rec.State == StateDeleted {
-		return nil, fmt.Errorf("%w: no sandbox %q", errdefs.ErrNotFound, clip(id))
+	e, err := d.lookup(ref)
+	if err != nil {
+		return nil, err
+	}
+	if e.rec.State == StateDeleted {
+		return nil, fmt.Errorf("%w: no sandbox %q", errdefs.ErrNotFound, clip(ref))
 	}
 	// A running sandbox whose agent died is stopped, as soon as anyone
 	// looks; its watcher, woken by the same exit, ends its cgroups.
@@ -857,14 +997,8 @@ func (d *Daemon) get(id string) (*entry, error) {
 // List returns every sandbox not deleted, oldest first.
 func (d *Daemon) List() []Info {
 	d.mu.Lock()
-	ids := make([]string, 0, len(d.sandboxes))
-	for id, e := range d.sandboxes {
-		if e.rec.State != StateDeleted {
-			ids = append(ids, id)
-		}
-	}
+	ids := slices.Clone(d.live)
 	d.mu.Unlock()
-	slices.Sort(ids) // v7 ids sort by creation
 	out := make([]Info, 0, len(ids))
 	for _, id := range ids {
 		if e, err := d.get(id); err == nil {
@@ -874,28 +1008,33 @@ func (d *Daemon) List() []Info {
 	return out
 }
 
-// Delete kills everything in a sandbox and removes it; its captured logs
-// stay unless removeLogs.
-func (d *Daemon) Delete(id string, removeLogs bool) error {
-	return d.delete(id, removeLogs, false)
+// Delete kills everything in a sandbox (named by its id, its name or a
+// unique prefix of its id) and removes it; its captured logs stay unless
+// removeLogs. Its name is free once it returns.
+func (d *Daemon) Delete(ref string, removeLogs bool) error {
+	return d.delete(ref, removeLogs, false)
 }
 
 // delete is Delete; claimed says the caller already marked the entry
 // deleting.
-func (d *Daemon) delete(id string, removeLogs, claimed bool) error {
+func (d *Daemon) delete(ref string, removeLogs, claimed bool) error {
 	d.mu.Lock()
-	e, ok := d.sandboxes[id]
-	if !ok || e.rec.State == StateDeleted || (e.deleting && !claimed) {
+	e, err := d.lookup(ref)
+	if err != nil {
 		d.mu.Unlock()
-		return fmt.Errorf("%w: no sandbox %q", errdefs.ErrNotFound, clip(id))
+		return err
 	}
+	if e.rec.State == StateDeleted || (e.deleting && !claimed) {
+		d.mu.Unlock()
+		return fmt.Errorf("%w: no sandbox %q", errdefs.ErrNotFound, clip(ref))
+	}
+	id := e.rec.ID
 	rec, sb := e.rec, e.sb
 	proxy := e.proxy
 	e.proxy = nil
 	e.deleting = true
 	d.mu.Unlock()
 	if rec.Sandbox != nil && sb == nil {
-		var err error
 		if sb, err = d.adopt(rec); err != nil {
 			d.mu.Lock()
 			e.deleting = false
@@ -920,6 +1059,7 @@ func (d *Daemon) delete(id string, removeLogs, claimed bool) error {
 	d.unplug(id)
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.forget(e)
 	if removeLogs {
 		os.RemoveAll(d.sandboxDir(id))
 		delete(d.sandboxes, id)

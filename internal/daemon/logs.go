@@ -43,33 +43,32 @@ func runInfos(runs []capture.Run) ([]api.Run, bool) {
 	return out, complete
 }
 
-// logsDir opens a sandbox's capture directory, running or not: logs stay
-// readable after the sandbox stopped or was deleted.
-func (d *Daemon) logsDir(id string) (*capture.Dir, error) {
-	if _, err := uuid.Parse(id); err != nil {
-		return nil, fmt.Errorf("%w: no sandbox %q", errdefs.ErrNotFound, clip(id))
-	}
+// logsDir opens the capture directory of the sandbox ref stands for, and
+// says its id, running or not: logs stay readable after the sandbox
+// stopped or was deleted (by its id, then: its name is another's to take).
+func (d *Daemon) logsDir(ref string) (*capture.Dir, string, error) {
 	d.mu.Lock()
-	_, ok := d.sandboxes[id]
+	e, err := d.lookup(ref)
 	d.mu.Unlock()
-	if !ok {
-		return nil, fmt.Errorf("%w: no sandbox %q", errdefs.ErrNotFound, clip(id))
+	if err != nil {
+		return nil, "", err
 	}
+	id := e.rec.ID
 	dir, err := capture.OpenDir(filepath.Join(d.sandboxDir(id), sandbox.LogsName))
 	switch {
 	case errors.Is(err, os.ErrNotExist):
-		return nil, fmt.Errorf("%w: sandbox %s has no captured logs", errdefs.ErrNotFound, id)
+		return nil, "", fmt.Errorf("%w: sandbox %s has no captured logs", errdefs.ErrNotFound, id)
 	case errors.Is(err, unix.ELOOP), errors.Is(err, unix.ENOTDIR):
 		// Someone on the host replaced it; kilnd does not follow links.
-		return nil, fmt.Errorf("%w: sandbox %s: its capture directory is no longer a directory", errdefs.ErrUnavailable, id)
+		return nil, "", fmt.Errorf("%w: sandbox %s: its capture directory is no longer a directory", errdefs.ErrUnavailable, id)
 	}
-	return dir, err
+	return dir, id, err
 }
 
 // listLogs answers GET /sandboxes/{id}/logs: every captured process with
 // its runs' completeness.
 func (d *Daemon) listLogs(w http.ResponseWriter, r *http.Request) {
-	dir, err := d.logsDir(r.PathValue("id"))
+	dir, _, err := d.logsDir(r.PathValue("id"))
 	if err != nil {
 		reply.Error(w, err)
 		return
@@ -190,7 +189,7 @@ func (d *Daemon) readLog(w http.ResponseWriter, r *http.Request) {
 		reply.Error(w, err)
 		return
 	}
-	dir, err := d.logsDir(r.PathValue("id"))
+	dir, id, err := d.logsDir(r.PathValue("id"))
 	if err != nil {
 		reply.Error(w, err)
 		return
@@ -207,7 +206,7 @@ func (d *Daemon) readLog(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer sub.Close()
-	if lq.whole() && d.readFromAgent(w, r, pid, sub, lq) {
+	if lq.whole() && d.readFromAgent(w, r, id, pid, sub, lq) {
 		return
 	}
 	rd := capture.NewReader(sub, capture.ReadOptions{})
@@ -368,8 +367,8 @@ func (d *Daemon) processLive(ctx context.Context, id, pid string) bool {
 // it (the sandbox does not run, or no longer knows the process): the
 // caller reads the log then. The runs of the log come as trailers, with
 // Kiln-Lost: per stream, the bytes of the output neither held.
-func (d *Daemon) readFromAgent(w http.ResponseWriter, r *http.Request, pid string, logs *capture.Dir, lq logQuery) bool {
-	e, err := d.get(r.PathValue("id"))
+func (d *Daemon) readFromAgent(w http.ResponseWriter, r *http.Request, id, pid string, logs *capture.Dir, lq logQuery) bool {
+	e, err := d.get(id)
 	if err != nil {
 		return false
 	}

@@ -104,7 +104,11 @@ export class Sandboxes {
     return this.handle(info);
   }
 
-  /** The sandbox of an id or a saved reference; NOT_FOUND if kilnd has none. */
+  /**
+   * The sandbox of an id, a name, a prefix of an id no other sandbox's
+   * has, or a saved reference; NOT_FOUND if kilnd has none, INVALID_ARGUMENT
+   * for a prefix two sandboxes share. The handle holds the full id.
+   */
   async get(idOrReference: string | SandboxReference | { id: string }, options: SignalOptions = {}): Promise<Sandbox> {
     const id = typeof idOrReference === "string" ? idOrReference : idOrReference.id;
     if (!id) throw new SandkilnError("INVALID_ARGUMENT", "sandboxes.get: an id or a reference is needed");
@@ -127,6 +131,8 @@ export class Sandboxes {
 /** A handle on a sandbox. */
 export class Sandbox implements HandleOwner {
   readonly id: string;
+  /** The name it was created with, if any. */
+  readonly name: string | undefined;
   /** kilnd's description when the handle was made (see refresh()). */
   info: SandboxInfo;
   readonly processes: Processes;
@@ -143,6 +149,7 @@ export class Sandbox implements HandleOwner {
     this.transport = transport;
     this.info = info;
     this.id = info.id;
+    this.name = info.name;
     this.registry = registry;
     this.processes = new Processes(this);
     this.terminals = new Terminals(this);

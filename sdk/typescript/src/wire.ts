@@ -119,7 +119,10 @@ export interface paths {
         /** list sandboxes (deleted ones are not listed) */
         get: operations["listSandboxes"];
         put?: never;
-        /** create a sandbox */
+        /**
+         * create a sandbox
+         * @description A name, when given, must be free: one a sandbox not deleted has is refused 409 (already_exists), and nothing is made.
+         */
         post: operations["createSandbox"];
         delete?: never;
         options?: never;
@@ -132,6 +135,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
             };
             cookie?: never;
@@ -152,6 +156,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
             };
             cookie?: never;
@@ -177,6 +182,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
             };
             cookie?: never;
@@ -197,6 +203,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 pid: components["parameters"]["Process"];
             };
@@ -218,6 +225,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 pid: components["parameters"]["Process"];
             };
@@ -238,6 +246,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 pid: components["parameters"]["Process"];
             };
@@ -258,6 +267,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 pid: components["parameters"]["Process"];
             };
@@ -278,6 +288,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 pid: components["parameters"]["Process"];
             };
@@ -298,6 +309,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 pid: components["parameters"]["Process"];
             };
@@ -318,6 +330,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 pid: components["parameters"]["Process"];
             };
@@ -359,6 +372,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
             };
             cookie?: never;
@@ -378,6 +392,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 pid: components["parameters"]["Process"];
             };
@@ -406,6 +421,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 /** @description the absolute path inside the sandbox without its leading slash (files/workspace/a.txt is /workspace/a.txt); its slashes are the path's, each segment escaped; it must be clean (no "..", "." or empty segment) */
                 path: string;
@@ -438,6 +454,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
             };
             cookie?: never;
@@ -465,6 +482,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 port: number;
                 /** @description the app's path, its slashes its own */
@@ -496,6 +514,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 port: number;
             };
@@ -516,6 +535,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
             };
             cookie?: never;
@@ -536,6 +556,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 preview: string;
             };
@@ -732,6 +753,9 @@ export interface components {
             disk_bytes?: number;
         };
         CreateSandbox: {
+            /** @description finds the sandbox wherever its id is taken, until it is deleted: a DNS label (RFC 1123, lower case), unique among the sandboxes not deleted; the sandbox's hostname unless hostname is given */
+            name?: string;
+            /** @description default the name, or kiln- and the last 12 hex digits of the id */
             hostname?: string;
             /** @description a root filesystem: a directory in kilnd's images directory (a name, or a path inside it); default the host's /usr and /etc read-only */
             rootfs?: string;
@@ -816,6 +840,8 @@ export interface components {
         };
         Sandbox: {
             id: string;
+            /** @description the name it was created with, if any */
+            name?: string;
             /** @enum {string} */
             state: "running" | "stopped" | "deleted";
             /** Format: date-time */
@@ -1054,6 +1080,7 @@ export interface components {
         };
     };
     parameters: {
+        /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
         Sandbox: string;
         Process: string;
     };
@@ -1246,6 +1273,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
             413: components["responses"]["Error"];
             500: components["responses"]["Error"];
             503: components["responses"]["Error"];
@@ -1256,6 +1284,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
             };
             cookie?: never;
@@ -1271,6 +1300,7 @@ export interface operations {
                     "application/json": components["schemas"]["Sandbox"];
                 };
             };
+            400: components["responses"]["Error"];
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
@@ -1283,6 +1313,7 @@ export interface operations {
             };
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
             };
             cookie?: never;
@@ -1307,6 +1338,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
             };
             cookie?: never;
@@ -1341,6 +1373,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
             };
             cookie?: never;
@@ -1356,6 +1389,7 @@ export interface operations {
                     "application/json": components["schemas"]["Process"][];
                 };
             };
+            400: components["responses"]["Error"];
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
@@ -1369,6 +1403,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
             };
             cookie?: never;
@@ -1403,6 +1438,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 pid: components["parameters"]["Process"];
             };
@@ -1419,6 +1455,7 @@ export interface operations {
                     "application/json": components["schemas"]["Process"];
                 };
             };
+            400: components["responses"]["Error"];
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
@@ -1432,6 +1469,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 pid: components["parameters"]["Process"];
             };
@@ -1448,6 +1486,7 @@ export interface operations {
                     "application/json": components["schemas"]["Process"];
                 };
             };
+            400: components["responses"]["Error"];
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
@@ -1461,6 +1500,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 pid: components["parameters"]["Process"];
             };
@@ -1477,6 +1517,7 @@ export interface operations {
                     "application/json": components["schemas"]["Exit"];
                 };
             };
+            400: components["responses"]["Error"];
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
@@ -1490,6 +1531,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 pid: components["parameters"]["Process"];
             };
@@ -1525,6 +1567,7 @@ export interface operations {
             };
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 pid: components["parameters"]["Process"];
             };
@@ -1560,6 +1603,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 pid: components["parameters"]["Process"];
             };
@@ -1588,6 +1632,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 pid: components["parameters"]["Process"];
             };
@@ -1634,6 +1679,7 @@ export interface operations {
             };
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 pid: components["parameters"]["Process"];
             };
@@ -1672,6 +1718,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
             };
             cookie?: never;
@@ -1687,6 +1734,7 @@ export interface operations {
                     "application/json": components["schemas"]["CapturedLog"][];
                 };
             };
+            400: components["responses"]["Error"];
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
@@ -1708,6 +1756,7 @@ export interface operations {
             };
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 pid: components["parameters"]["Process"];
             };
@@ -1746,6 +1795,7 @@ export interface operations {
             };
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 /** @description the absolute path inside the sandbox without its leading slash (files/workspace/a.txt is /workspace/a.txt); its slashes are the path's, each segment escaped; it must be clean (no "..", "." or empty segment) */
                 path: string;
@@ -1808,6 +1858,7 @@ export interface operations {
             };
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 /** @description the absolute path inside the sandbox without its leading slash (files/workspace/a.txt is /workspace/a.txt); its slashes are the path's, each segment escaped; it must be clean (no "..", "." or empty segment) */
                 path: string;
@@ -1850,6 +1901,7 @@ export interface operations {
             };
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 /** @description the absolute path inside the sandbox without its leading slash (files/workspace/a.txt is /workspace/a.txt); its slashes are the path's, each segment escaped; it must be clean (no "..", "." or empty segment) */
                 path: string;
@@ -1893,6 +1945,7 @@ export interface operations {
             };
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 /** @description the absolute path inside the sandbox without its leading slash (files/workspace/a.txt is /workspace/a.txt); its slashes are the path's, each segment escaped; it must be clean (no "..", "." or empty segment) */
                 path: string;
@@ -1925,6 +1978,7 @@ export interface operations {
             };
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
             };
             cookie?: never;
@@ -1961,6 +2015,7 @@ export interface operations {
             };
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
             };
             cookie?: never;
@@ -1995,6 +2050,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 port: number;
                 /** @description the app's path, its slashes its own */
@@ -2026,6 +2082,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 port: number;
                 /** @description the app's path, its slashes its own */
@@ -2050,6 +2107,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 port: number;
             };
@@ -2078,6 +2136,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
             };
             cookie?: never;
@@ -2093,6 +2152,7 @@ export interface operations {
                     "application/json": components["schemas"]["Preview"][];
                 };
             };
+            400: components["responses"]["Error"];
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
@@ -2103,6 +2163,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
             };
             cookie?: never;
@@ -2135,6 +2196,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["Sandbox"];
                 preview: string;
             };
@@ -2149,6 +2211,7 @@ export interface operations {
                 };
                 content?: never;
             };
+            400: components["responses"]["Error"];
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];

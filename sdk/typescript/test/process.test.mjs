@@ -436,3 +436,20 @@ test("processes.get: a handle on a process another client started, from its begi
   await term.detach();
   await rejects(sandbox.processes.get("01a22779-5cfd-7451-9354-2e19949d5c7f"), "NOT_FOUND");
 });
+
+test("names: create with one, get by it, the handle holding the full id; a name taken is ALREADY_EXISTS", async () => {
+  const named = await client.sandboxes.create({ name: "sdk-named" });
+  try {
+    assert.equal(named.name, "sdk-named");
+    assert.equal(named.info.hostname, "sdk-named");
+    const got = await client.sandboxes.get("sdk-named");
+    assert.equal(got.id, named.id);
+    assert.equal(got.name, "sdk-named");
+    await rejects(client.sandboxes.create({ name: "sdk-named" }), "ALREADY_EXISTS");
+    await rejects(client.sandboxes.create({ name: "Not_A_Label" }), "INVALID_ARGUMENT");
+    assert.equal(sandbox.name, undefined);
+  } finally {
+    await named.destroy();
+  }
+  await rejects(client.sandboxes.get("sdk-named"), "NOT_FOUND");
+});
