@@ -42,6 +42,7 @@ var Routes = []Route{
 	{"GET", "/sandboxes", false},
 	{"GET", "/sandboxes/{id}", false},
 	{"DELETE", "/sandboxes/{id}", false},
+	{"GET", "/sandboxes/{id}/stats", false},
 	{"GET", "/sandboxes/{id}/logs", false},
 	{"GET", "/sandboxes/{id}/logs/{pid}", false},
 	{"", "/sandboxes/{id}/exec", false},
@@ -101,6 +102,7 @@ func (d *Daemon) Handler(tcp bool) http.Handler {
 			}
 			w.WriteHeader(http.StatusNoContent)
 		},
+		"GET /sandboxes/{id}/stats":                 d.statsHandler,
 		"GET /sandboxes/{id}/logs":                  d.listLogs,
 		"GET /sandboxes/{id}/logs/{pid}":            d.readLog,
 		"/sandboxes/{id}/exec":                      d.forward,
