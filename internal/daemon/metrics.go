@@ -26,10 +26,9 @@ type metrics struct {
 	files    *prometheus.CounterVec
 	// started counts process starts the agents answered with success,
 	// by kind; relayed WebSockets, by what they reach, opened and open.
-	started       *prometheus.CounterVec
-	wsOpened      *prometheus.CounterVec
-	wsOpen        *prometheus.GaugeVec
-	sandboxSeries []*prometheus.Desc
+	started  *prometheus.CounterVec
+	wsOpened *prometheus.CounterVec
+	wsOpen   *prometheus.GaugeVec
 }
 
 // Kinds of process start (the route the start came by).
