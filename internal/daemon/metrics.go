@@ -66,7 +66,7 @@ func newMetrics(d *Daemon) *metrics {
 	m := &metrics{
 		requests: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "kilnd_api_request_duration_seconds",
-			Help:    "Time kilnd took to answer API requests, by route (the pattern matched, \"none\" for a request refused before routing), method and status code; a WebSocket is counted when it switches protocols (code 101), the time until then.",
+			Help:    "Time kilnd took to answer API requests, by route (the pattern matched, \"none\" for a request refused before routing), method (OTHER for a method HTTP does not define) and status code; a WebSocket is counted when it switches protocols (code 101), the time until then.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 4, 10),
 		}, []string{"route", "method", "code"}),
 		creates: prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -211,11 +211,22 @@ func (m *metrics) instrument(h http.Handler) http.Handler {
 			if route == "" {
 				route = "none"
 			}
-			m.requests.WithLabelValues(route, r.Method, strconv.Itoa(code)).Observe(time.Since(began).Seconds())
+			m.requests.WithLabelValues(route, methodLabel(r.Method), strconv.Itoa(code)).Observe(time.Since(began).Seconds())
 		}
 		h.ServeHTTP(ow, r)
 		ow.done()
 	})
+}
+
+// methodLabel is a request's method as a label: a client may send any
+// token as a method, and each would be a series of its own.
+func methodLabel(m string) string {
+	switch m {
+	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
+		http.MethodDelete, http.MethodOptions, http.MethodConnect, http.MethodTrace:
+		return m
+	}
+	return "OTHER"
 }
 
 // observedWriter reports a request's status once: when a WebSocket

@@ -136,7 +136,15 @@ func TestSandboxMetrics(t *testing.T) {
 	k.awaitSample("the watcher gone", func(v float64) bool { return v == 0 }, "kilnd_relayed_websockets", `kind="output"`)
 
 	k.json("GET", "/sandboxes/"+big.ID, nil, nil)
+	k.do("BREW", "/sandboxes/"+big.ID, k.d.Token(), nil) // a method of a client's making
+	k.do("GET", "/sandboxes/"+big.ID, "", nil)           // refused before routing: no token
 	body = k.scrape()
+	if v, ok := sample(body, "kilnd_api_request_duration_seconds_count", `route="/"`, `method="OTHER"`, `code="404"`); !ok || v != 1 {
+		t.Errorf("a BREW answered %v times (%v): %s", v, ok, grepLines(body, `method="OTHER"`))
+	}
+	if v, ok := sample(body, "kilnd_api_request_duration_seconds_count", `route="none"`, `method="GET"`, `code="401"`); !ok || v != 1 {
+		t.Errorf("a GET without a token answered %v times (%v)", v, ok)
+	}
 	if v, ok := sample(body, "kilnd_processes_started_total", `kind="exec_stream"`); !ok || v != 2 {
 		t.Errorf("processes started %v (%v), want 2", v, ok)
 	}
