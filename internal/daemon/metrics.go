@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"bufio"
+	"io"
 	"net"
 	"net/http"
 	"runtime"
@@ -254,6 +255,15 @@ func (w *observedWriter) Write(b []byte) (int, error) {
 		w.code = http.StatusOK
 	}
 	return w.ResponseWriter.Write(b)
+}
+
+// ReadFrom keeps the server's own ReadFrom, its sendfile, for the files
+// kilnd hands out.
+func (w *observedWriter) ReadFrom(r io.Reader) (int64, error) {
+	if w.code == 0 {
+		w.code = http.StatusOK
+	}
+	return io.Copy(w.ResponseWriter, r)
 }
 
 // Hijack is only ever asked for to switch protocols, the hijacker writing
