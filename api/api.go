@@ -513,6 +513,29 @@ type Sandbox struct {
 	ImageID string `json:"image_id,omitempty"`
 }
 
+// SandboxStats are a running sandbox's resource figures, read from its
+// cgroups when asked. A figure the host's cgroups do not keep for it (on
+// a host with cgroup v1 controllers, those of a controller it has no
+// limit on) is left out, as is a limit it does not have.
+type SandboxStats struct {
+	// CPUSeconds is the CPU time its processes, the agent among them,
+	// have used since it was created.
+	CPUSeconds float64 `json:"cpu_seconds"`
+	// MemoryBytes and MemoryPeakBytes are its memory now and at most.
+	MemoryBytes      *int64 `json:"memory_bytes,omitempty"`
+	MemoryPeakBytes  *int64 `json:"memory_peak_bytes,omitempty"`
+	MemoryLimitBytes *int64 `json:"memory_limit_bytes,omitempty"`
+	// Pids counts its tasks (threads included).
+	Pids      *int64 `json:"pids,omitempty"`
+	PidsLimit *int64 `json:"pids_limit,omitempty"`
+	// OOMKills counts the kernel's out-of-memory kills in it.
+	OOMKills *int64 `json:"oom_kills,omitempty"`
+	// Processes counts the processes its agent runs now (those started
+	// through the API), when the agent answered.
+	Processes *int      `json:"processes,omitempty"`
+	ReadAt    time.Time `json:"read_at"`
+}
+
 // Image is an OCI image kilnd keeps, that sandboxes start from.
 type Image struct {
 	// ID is "sha256:" and the hex digest of its config.

@@ -56,6 +56,7 @@ var wireTypes = map[string]struct {
 	request bool
 }{
 	"Sandbox":       {reflect.TypeFor[api.Sandbox](), false},
+	"SandboxStats":  {reflect.TypeFor[api.SandboxStats](), false},
 	"CreateSandbox": {reflect.TypeFor[api.CreateSandbox](), true},
 	"Limits":        {reflect.TypeFor[api.Limits](), false},
 	"Version":       {reflect.TypeFor[api.Version](), false},

@@ -391,6 +391,14 @@ func (s *Sandbox) Info(ctx context.Context) (api.Sandbox, error) {
 	return info, s.c.call(ctx, "GET", "/sandboxes/"+url.PathEscape(s.ID), nil, nil, &info, true)
 }
 
+// Stats reads the running sandbox's CPU, memory and pids figures from its
+// cgroups. A stopped sandbox's answer is an error IsFailedPrecondition
+// reports.
+func (s *Sandbox) Stats(ctx context.Context) (api.SandboxStats, error) {
+	var st api.SandboxStats
+	return st, s.c.call(ctx, "GET", s.path("/stats"), nil, nil, &st, true)
+}
+
 // Delete kills everything in the sandbox and removes it; its captured
 // logs stay unless removeLogs.
 func (s *Sandbox) Delete(ctx context.Context, removeLogs bool) error {

@@ -309,6 +309,7 @@ func TestHelpGolden(t *testing.T) {
 		"watch":          {"watch", "--help"},
 		"image":          {"image", "--help"},
 		"image-pull":     {"image", "pull", "--help"},
+		"stats":          {"stats", "--help"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			var out, errs bytes.Buffer

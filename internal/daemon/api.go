@@ -44,6 +44,7 @@ var Routes = []Route{
 	{"GET", "/sandboxes", false},
 	{"GET", "/sandboxes/{id}", false},
 	{"DELETE", "/sandboxes/{id}", false},
+	{"GET", "/sandboxes/{id}/stats", false},
 	{"GET", "/sandboxes/{id}/logs", false},
 	{"GET", "/sandboxes/{id}/logs/{pid}", false},
 	{"", "/sandboxes/{id}/exec", false},
@@ -106,6 +107,7 @@ func (d *Daemon) Handler(tcp bool) http.Handler {
 			}
 			w.WriteHeader(http.StatusNoContent)
 		},
+		"GET /sandboxes/{id}/stats":                 d.statsHandler,
 		"GET /sandboxes/{id}/logs":                  d.listLogs,
 		"GET /sandboxes/{id}/logs/{pid}":            d.readLog,
 		"/sandboxes/{id}/exec":                      d.forward,
@@ -137,7 +139,6 @@ func (d *Daemon) Handler(tcp bool) http.Handler {
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		reply.Error(w, errdefs.New(errdefs.ErrNotFound, fmt.Sprintf("kilnd: no route %s %s", r.Method, r.URL.Path)))
 	})
-	h := d.metrics.instrument(m)
 	guarded := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !d.originAllowed(r) {
 			reply.Error(w, errdefs.New(errdefs.ErrPermissionDenied, "kilnd: origin "+clip(r.Header.Get("Origin"))+" is not allowed (see --allow-origin)"))
@@ -159,10 +160,10 @@ func (d *Daemon) Handler(tcp bool) http.Handler {
 		}
 		// Set by kilnd alone, for the agent.
 		r.Header.Del(api.PrefixHeader)
-		h.ServeHTTP(w, r)
+		m.ServeHTTP(w, r)
 	})
 	withCORS := d.cors().Handler(guarded)
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return d.metrics.instrument(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if tcp && !d.hostAllowed(r) {
 			reply.Error(w, errdefs.New(errdefs.ErrPermissionDenied, "kilnd: host "+clip(r.Host)+" is not one kilnd serves (see --allow-host)"))
 			return
@@ -172,7 +173,7 @@ func (d *Daemon) Handler(tcp bool) http.Handler {
 			return
 		}
 		withCORS.ServeHTTP(w, r)
-	})
+	}))
 }
 
 // cors lets the pages of the origins kilnd allows (its own and
@@ -275,10 +276,34 @@ func (d *Daemon) forward(w http.ResponseWriter, r *http.Request) {
 		d.relay(w, r, e)
 		return
 	}
+	if kind := startKind(r); kind != "" {
+		ow := &observedWriter{ResponseWriter: w, observe: func(code int) {
+			if code/100 == 2 {
+				d.metrics.started.WithLabelValues(kind).Inc()
+			}
+		}}
+		defer ow.done()
+		w = ow
+	}
 	if d.handover(w, r, e) {
 		return
 	}
 	p.ServeHTTP(w, r)
+}
+
+// startKind says which kind of process start r is, or "" for another
+// call.
+func startKind(r *http.Request) string {
+	if r.Method != http.MethodPost {
+		return ""
+	}
+	switch r.Pattern {
+	case "/sandboxes/{id}/exec":
+		return startExec
+	case "/sandboxes/{id}/exec-stream":
+		return startExecStream
+	}
+	return ""
 }
 
 // relay serves a WebSocket by joining the client's connection to one to
@@ -327,6 +352,11 @@ func (d *Daemon) relay(w http.ResponseWriter, r *http.Request, e *entry) {
 		return
 	}
 	defer conn.Close()
+	kind := wsKind(path)
+	d.metrics.wsOpened.WithLabelValues(kind).Inc()
+	open := d.metrics.wsOpen.WithLabelValues(kind)
+	open.Inc()
+	defer open.Dec()
 	// Hijacked, the connection is no longer the server's to watch: it
 	// ends with the request's context (a preview revoked or expired).
 	stop := context.AfterFunc(r.Context(), func() {

@@ -573,7 +573,7 @@ func TestOpenAPIMatchesRoutes(t *testing.T) {
 		}
 	}
 	code, body := k.do("GET", "/metrics", k.d.Token(), nil)
-	if code != 200 || !strings.Contains(string(body), `kilnd_sandboxes{state="running"} 2`) || !strings.Contains(string(body), "kilnd_api_requests_total") {
+	if code != 200 || !strings.Contains(string(body), `kilnd_sandboxes{state="running"} 2`) || !strings.Contains(string(body), "kilnd_api_request_duration_seconds_count") {
 		t.Errorf("metrics: %d\n%s", code, grepLines(body, "kilnd_"))
 	}
 	if code, _ := k.do("GET", "/openapi.yaml", "", nil); code != 200 {

@@ -499,7 +499,7 @@ func (k *kilnd) faultPosts() int {
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	for sc.Scan() {
 		line := sc.Text()
-		if strings.HasPrefix(line, "kilnd_api_requests_total{") && strings.Contains(line, `method="post"`) {
+		if strings.HasPrefix(line, "kilnd_api_request_duration_seconds_count{") && strings.Contains(line, `method="POST"`) {
 			v, _ := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
 			n += int(v)
 		}

@@ -1,28 +1,74 @@
 package daemon
 
 import (
+	"bufio"
+	"io"
+	"net"
 	"net/http"
+	"strconv"
+	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/sandkiln/sandkiln/internal/sandbox"
+	"github.com/sandkiln/sandkiln/internal/version"
 )
 
 // metrics are kilnd's Prometheus figures, in a registry of its own.
 type metrics struct {
 	handler  http.Handler
-	requests *prometheus.CounterVec
+	requests *prometheus.HistogramVec
 	creates  prometheus.Histogram
 	stopped  *prometheus.CounterVec
 	files    *prometheus.CounterVec
+	// started counts process starts the agents answered with success,
+	// by kind; relayed WebSockets, by what they reach, opened and open.
+	started  *prometheus.CounterVec
+	wsOpened *prometheus.CounterVec
+	wsOpen   *prometheus.GaugeVec
+}
+
+// Kinds of process start (the route the start came by).
+const (
+	startExec       = "exec"
+	startExecStream = "exec_stream"
+)
+
+// What a relayed WebSocket reaches, from its path at the agent.
+const (
+	wsOutput = "output" // a process's output: a watcher
+	wsFiles  = "files"  // a watch of the sandbox's files
+	wsTCP    = "tcp"    // a port forwarded
+	wsPort   = "port"   // an app's own WebSocket, through a port's proxy
+	wsOther  = "other"
+)
+
+// wsKind says what the WebSocket to the agent's path p reaches.
+func wsKind(p string) string {
+	switch {
+	case strings.HasPrefix(p, "/exec-stream/") && strings.HasSuffix(p, "/logs"):
+		return wsOutput
+	case strings.HasPrefix(p, "/files/"):
+		return wsFiles
+	case strings.HasPrefix(p, "/tcp/"):
+		return wsTCP
+	case strings.HasPrefix(p, "/ports/"):
+		return wsPort
+	}
+	return wsOther
 }
 
 func newMetrics(d *Daemon) *metrics {
 	reg := prometheus.NewRegistry()
 	m := &metrics{
-		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kilnd_api_requests_total", Help: "API requests answered, by method and status code.",
-		}, []string{"method", "code"}),
+		requests: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "kilnd_api_request_duration_seconds",
+			Help:    "Time kilnd took to answer API requests, by route (the pattern matched, \"none\" for a request refused before routing), method (OTHER for a method HTTP does not define) and status code; a WebSocket is counted when it switches protocols (code 101), the time until then.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 4, 10),
+		}, []string{"route", "method", "code"}),
 		creates: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "kilnd_sandbox_create_seconds", Help: "Time from a create request to a sandbox whose agent answers.",
 			Buckets: prometheus.ExponentialBuckets(0.002, 2, 12),
@@ -33,16 +79,39 @@ func newMetrics(d *Daemon) *metrics {
 		files: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kilnd_file_transfers_total", Help: "Files read (GET) or written (PUT) through kilnd, by method and how: handed over by the agent to kilnd, or proxied.",
 		}, []string{"method", "how"}),
+		started: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kilnd_processes_started_total",
+			Help: "Processes started through kilnd, counted when the sandbox's agent answered the start with success, by kind: exec (run to its end; its answer comes when it has ended) or exec_stream (detached).",
+		}, []string{"kind"}),
+		wsOpened: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kilnd_relayed_websockets_opened_total",
+			Help: "WebSockets kilnd relayed to a sandbox's agent, counted when the agent switched protocols, by what they reach: output (a watcher of a process's output), files (a file watch), tcp (a port forwarded), port (an app's WebSocket), other.",
+		}, []string{"kind"}),
+		wsOpen: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "kilnd_relayed_websockets",
+			Help: "WebSockets kilnd relays to sandboxes' agents now, by what they reach (as kilnd_relayed_websockets_opened_total).",
+		}, []string{"kind"}),
+	}
+	for _, how := range []string{"stopped", "deleted"} {
+		m.stopped.WithLabelValues(how)
 	}
 	for _, method := range []string{"GET", "PUT"} {
 		for _, how := range []string{"handover", "proxy"} {
 			m.files.WithLabelValues(method, how)
 		}
 	}
+	for _, kind := range []string{startExec, startExecStream} {
+		m.started.WithLabelValues(kind)
+	}
+	for _, kind := range []string{wsOutput, wsFiles, wsTCP, wsPort, wsOther} {
+		m.wsOpened.WithLabelValues(kind)
+		m.wsOpen.WithLabelValues(kind)
+	}
 	sandboxes := prometheus.NewDesc("kilnd_sandboxes", "Sandboxes known to kilnd, by state.", []string{"state"}, nil)
-	reg.MustRegister(m.requests, m.creates, m.stopped, m.files,
+	reg.MustRegister(m.requests, m.creates, m.stopped, m.files, m.started, m.wsOpened, m.wsOpen,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		collectorFunc{desc: sandboxes, collect: func(ch chan<- prometheus.Metric) {
+		buildInfo(),
+		collectorFunc{descs: []*prometheus.Desc{sandboxes}, collect: func(ch chan<- prometheus.Metric) {
 			counts := map[string]int{StateRunning: 0, StateStopped: 0, StateDeleted: 0}
 			d.mu.Lock()
 			for _, e := range d.sandboxes {
@@ -52,20 +121,181 @@ func newMetrics(d *Daemon) *metrics {
 			for state, n := range counts {
 				ch <- prometheus.MustNewConstMetric(sandboxes, prometheus.GaugeValue, float64(n), state)
 			}
-		}})
+		}},
+		sandboxCollector(d))
 	m.handler = promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
 	return m
 }
 
-// instrument counts every answered request.
+// buildInfo is kilnd_build_info: which kilnd this is, as GET /version
+// says.
+func buildInfo() prometheus.Collector {
+	v := version.Get()
+	revision := v.Revision
+	if revision == "" {
+		revision = "unknown"
+	}
+	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name:        "kilnd_build_info",
+		Help:        "Always 1; its labels say which kilnd this is: its module version (devel when built from a work tree), Go version and VCS revision.",
+		ConstLabels: prometheus.Labels{"version": v.Version, "goversion": v.GoVersion, "revision": revision},
+	}, func() float64 { return 1 })
+}
+
+// sandboxCollector reads each running sandbox's cgroups at every scrape:
+// nothing polls between scrapes. A figure a sandbox's cgroups do not keep
+// on this host (see sandbox.Stats) has no series.
+func sandboxCollector(d *Daemon) prometheus.Collector {
+	label := []string{"sandbox"}
+	cpu := prometheus.NewDesc("kilnd_sandbox_cpu_seconds_total", "CPU time a running sandbox's processes, its agent among them, have used, from its cgroup.", label, nil)
+	mem := prometheus.NewDesc("kilnd_sandbox_memory_bytes", "Memory a running sandbox's processes use now, from its memory cgroup (v1 memory.usage_in_bytes, v2 memory.current).", label, nil)
+	peak := prometheus.NewDesc("kilnd_sandbox_memory_peak_bytes", "The most memory a running sandbox's processes have used at once (v1 memory.max_usage_in_bytes, v2 memory.peak).", label, nil)
+	memLimit := prometheus.NewDesc("kilnd_sandbox_memory_limit_bytes", "A running sandbox's memory limit; no series without one.", label, nil)
+	pids := prometheus.NewDesc("kilnd_sandbox_pids", "Tasks (threads included) in a running sandbox's pids cgroup now.", label, nil)
+	pidsLimit := prometheus.NewDesc("kilnd_sandbox_pids_limit", "A running sandbox's limit of tasks; no series without one.", label, nil)
+	ooms := prometheus.NewDesc("kilnd_sandbox_oom_kills_total", "Processes the kernel's out-of-memory killer ended in a running sandbox's memory cgroup.", label, nil)
+	return collectorFunc{descs: []*prometheus.Desc{cpu, mem, peak, memLimit, pids, pidsLimit, ooms}, collect: func(ch chan<- prometheus.Metric) {
+		type running struct {
+			id string
+			sb sandbox.Instance
+		}
+		var list []running
+		d.mu.Lock()
+		for id, e := range d.sandboxes {
+			if e.rec.State == StateRunning && !e.deleting && e.sb != nil {
+				list = append(list, running{id, e.sb})
+			}
+		}
+		d.mu.Unlock()
+		// Read outside the lock: a read of cgroup files is quick, but
+		// never worth holding up the API for.
+		for _, r := range list {
+			st, err := r.sb.Stats()
+			if err != nil {
+				continue // ended since: it is running no more
+			}
+			ch <- prometheus.MustNewConstMetric(cpu, prometheus.CounterValue, st.CPUSeconds, r.id)
+			for _, f := range []struct {
+				desc *prometheus.Desc
+				kind prometheus.ValueType
+				v    *int64
+			}{
+				{mem, prometheus.GaugeValue, st.MemoryBytes},
+				{peak, prometheus.GaugeValue, st.MemoryPeakBytes},
+				{memLimit, prometheus.GaugeValue, st.MemoryLimitBytes},
+				{pids, prometheus.GaugeValue, st.Pids},
+				{pidsLimit, prometheus.GaugeValue, st.PidsLimit},
+				{ooms, prometheus.CounterValue, st.OOMKills},
+			} {
+				if f.v != nil {
+					ch <- prometheus.MustNewConstMetric(f.desc, f.kind, float64(*f.v), r.id)
+				}
+			}
+		}
+	}}
+}
+
+// instrument times every request kilnd answers, by the route its mux
+// matched (r.Pattern, which the mux sets on the request it routes).
 func (m *metrics) instrument(h http.Handler) http.Handler {
-	return promhttp.InstrumentHandlerCounter(m.requests, h)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ow := &observedWriter{ResponseWriter: w}
+		began := time.Now()
+		ow.observe = func(code int) {
+			route := r.Pattern // set by mux once it routed r
+			if route == "" {
+				route = "none"
+			}
+			m.requests.WithLabelValues(route, methodLabel(r.Method), strconv.Itoa(code)).Observe(time.Since(began).Seconds())
+		}
+		h.ServeHTTP(ow, r)
+		ow.done()
+	})
+}
+
+// methodLabel is a request's method as a label: a client may send any
+// token as a method, and each would be a series of its own.
+func methodLabel(m string) string {
+	switch m {
+	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
+		http.MethodDelete, http.MethodOptions, http.MethodConnect, http.MethodTrace:
+		return m
+	}
+	return "OTHER"
+}
+
+// observedWriter reports a request's status once: when a WebSocket
+// switches protocols (WriteHeader(101), or the connection hijacked to
+// write its own switch), since a hijacked connection's handler returns
+// only when it closes; otherwise when the handler returns.
+type observedWriter struct {
+	http.ResponseWriter
+	observe  func(code int)
+	code     int // the status written; 0 before
+	observed bool
+}
+
+func (w *observedWriter) WriteHeader(code int) {
+	if code == http.StatusSwitchingProtocols {
+		w.report(code)
+	} else if w.code == 0 && code >= 200 {
+		w.code = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *observedWriter) Write(b []byte) (int, error) {
+	if w.code == 0 {
+		w.code = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// ReadFrom keeps the server's own ReadFrom, its sendfile, for the files
+// kilnd hands out.
+func (w *observedWriter) ReadFrom(r io.Reader) (int64, error) {
+	if w.code == 0 {
+		w.code = http.StatusOK
+	}
+	return io.Copy(w.ResponseWriter, r)
+}
+
+// Hijack is only ever asked for to switch protocols, the hijacker writing
+// the 101 itself.
+func (w *observedWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	conn, brw, err := http.NewResponseController(w.ResponseWriter).Hijack()
+	if err == nil {
+		w.report(http.StatusSwitchingProtocols)
+	}
+	return conn, brw, err
+}
+
+// Unwrap gives http.ResponseController the writer's other methods.
+func (w *observedWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func (w *observedWriter) report(code int) {
+	if !w.observed {
+		w.observed = true
+		w.observe(code)
+	}
+}
+
+// done reports the status when nothing did before: the handler returned.
+func (w *observedWriter) done() {
+	if w.code == 0 {
+		w.code = http.StatusOK
+	}
+	w.report(w.code)
 }
 
 type collectorFunc struct {
-	desc    *prometheus.Desc
+	descs   []*prometheus.Desc
 	collect func(chan<- prometheus.Metric)
 }
 
-func (c collectorFunc) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+func (c collectorFunc) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range c.descs {
+		ch <- d
+	}
+}
 func (c collectorFunc) Collect(ch chan<- prometheus.Metric) { c.collect(ch) }

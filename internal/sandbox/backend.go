@@ -51,6 +51,9 @@ type Instance interface {
 	// State is what Adopt needs to find the sandbox again: opaque to
 	// kilnd, recorded with the sandbox.
 	State() json.RawMessage
+	// Stats reads the sandbox's resource figures from its cgroups; it
+	// fails once the sandbox has ended.
+	Stats() (Stats, error)
 	// ExitReason says why the agent ended, once it has, when the backend
 	// knows more than that it exited; empty otherwise.
 	ExitReason() string

@@ -151,6 +151,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/sandboxes/{id}/stats": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                id: components["parameters"]["Sandbox"];
+            };
+            cookie?: never;
+        };
+        /** a running sandbox's CPU, memory and pids figures, read from its cgroups now */
+        get: operations["getSandboxStats"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/sandboxes/{id}/exec": {
         parameters: {
             query?: never;
@@ -838,6 +858,23 @@ export interface components {
             /** @description the sandbox's address, in a sandbox's description; ignored in a request */
             address?: string;
         };
+        /** @description A figure the host's cgroups do not keep for the sandbox (on a host with cgroup v1 controllers, those of a controller it has no limit on) is left out, as is a limit it does not have. */
+        SandboxStats: {
+            /** @description CPU time its processes, the agent among them, have used */
+            cpu_seconds: number;
+            memory_bytes?: number;
+            memory_peak_bytes?: number;
+            memory_limit_bytes?: number;
+            /** @description its tasks, threads included */
+            pids?: number;
+            pids_limit?: number;
+            /** @description the kernel's out-of-memory kills in it */
+            oom_kills?: number;
+            /** @description processes its agent runs now, when the agent answered */
+            processes?: number;
+            /** Format: date-time */
+            read_at: string;
+        };
         Sandbox: {
             id: string;
             /** @description the name it was created with, if any */
@@ -1331,6 +1368,33 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+        };
+    };
+    getSandboxStats: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                id: components["parameters"]["Sandbox"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the figures */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SandboxStats"];
+                };
+            };
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            412: components["responses"]["Error"];
         };
     };
     exec: {
