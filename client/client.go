@@ -339,6 +339,10 @@ type Sandbox struct {
 	c *Client
 	// ID is the sandbox's id; in a handle from Handle, what it was given.
 	ID string
+	// Described is what kilnd said of the sandbox when the handle was made:
+	// as created (CreateSandbox) or found (Sandbox); empty from Handle.
+	// Info asks again.
+	Described api.Sandbox
 }
 
 // SandboxOptions describe a sandbox to create.
@@ -347,12 +351,12 @@ type SandboxOptions = api.CreateSandbox
 // CreateSandbox creates a sandbox and returns once it is ready. If the
 // answer is lost, the error is ErrOutcomeUnknown: list the sandboxes
 // before creating another.
-func (c *Client) CreateSandbox(ctx context.Context, o SandboxOptions) (*Sandbox, api.Sandbox, error) {
+func (c *Client) CreateSandbox(ctx context.Context, o SandboxOptions) (*Sandbox, error) {
 	var info api.Sandbox
 	if err := c.call(ctx, "POST", "/sandboxes", nil, o, &info, false); err != nil {
-		return nil, info, err
+		return nil, err
 	}
-	return &Sandbox{c: c, ID: info.ID}, info, nil
+	return &Sandbox{c: c, ID: info.ID, Described: info}, nil
 }
 
 // Sandbox returns a handle on a sandbox, checking that it exists: ref is
@@ -364,7 +368,7 @@ func (c *Client) Sandbox(ctx context.Context, ref string) (*Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Sandbox{c: c, ID: info.ID}, nil
+	return &Sandbox{c: c, ID: info.ID, Described: info}, nil
 }
 
 // Handle returns a handle on the sandbox ref (an id, a name or a unique

@@ -94,7 +94,7 @@ func clientOf(t *testing.T, state string) (*client.Client, *client.Sandbox) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	sb, _, err := c.CreateSandbox(ctxT(t), client.SandboxOptions{})
+	sb, err := c.CreateSandbox(ctxT(t), client.SandboxOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

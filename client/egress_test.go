@@ -57,10 +57,11 @@ func TestEgress(t *testing.T) {
 	ctx := ctxT(t)
 	create := func(n *api.Network) (*client.Sandbox, api.Sandbox) {
 		t.Helper()
-		sb, info, err := c.CreateSandbox(ctx, client.SandboxOptions{Network: n})
+		sb, err := c.CreateSandbox(ctx, client.SandboxOptions{Network: n})
 		if err != nil {
 			t.Fatal(err)
 		}
+		info := sb.Described
 		return sb, info
 	}
 	fetch := func(sb *client.Sandbox, url string) string {
@@ -107,7 +108,7 @@ func TestEgress(t *testing.T) {
 	}
 	check("created")
 	// gVisor's netstack on the same link, under the same rules.
-	if gv, _, err := c.CreateSandbox(ctx, client.SandboxOptions{Runtime: "gvisor", Network: &api.Network{Egress: api.EgressAllow, Deny: []string{up.Private.String()}}}); client.IsUnavailable(err) && strings.Contains(err.Error(), "not available on this host") {
+	if gv, err := c.CreateSandbox(ctx, client.SandboxOptions{Runtime: "gvisor", Network: &api.Network{Egress: api.EgressAllow, Deny: []string{up.Private.String()}}}); client.IsUnavailable(err) && strings.Contains(err.Error(), "not available on this host") {
 		t.Logf("gvisor not checked: %v", err)
 	} else if err != nil {
 		t.Fatal(err)

@@ -112,11 +112,11 @@ func TestContextEndsDuringCall(t *testing.T) {
 		call func(context.Context, *client.Client) error
 	}{
 		{"create, no answer", false, func(ctx context.Context, c *client.Client) error {
-			_, _, err := c.CreateSandbox(ctx, client.SandboxOptions{})
+			_, err := c.CreateSandbox(ctx, client.SandboxOptions{})
 			return err
 		}},
 		{"create, half an answer", true, func(ctx context.Context, c *client.Client) error {
-			_, _, err := c.CreateSandbox(ctx, client.SandboxOptions{})
+			_, err := c.CreateSandbox(ctx, client.SandboxOptions{})
 			return err
 		}},
 		{"exec, no answer", false, func(ctx context.Context, c *client.Client) error {

@@ -53,7 +53,7 @@ func Example_buildWithProgress() {
 	ctx := context.Background()
 	c := exampleClient()
 	defer c.Close()
-	sb, _, err := c.CreateSandbox(ctx, client.SandboxOptions{})
+	sb, err := c.CreateSandbox(ctx, client.SandboxOptions{})
 	if err != nil {
 		panic(err)
 	}
@@ -89,7 +89,7 @@ func Example_interactiveWorker() {
 	ctx := context.Background()
 	c := exampleClient()
 	defer c.Close()
-	sb, _, err := c.CreateSandbox(ctx, client.SandboxOptions{})
+	sb, err := c.CreateSandbox(ctx, client.SandboxOptions{})
 	if err != nil {
 		panic(err)
 	}
@@ -132,7 +132,7 @@ func Example_serverWorkspace() {
 	ctx := context.Background()
 	c := exampleClient()
 	defer c.Close()
-	sb, _, err := c.CreateSandbox(ctx, client.SandboxOptions{})
+	sb, err := c.CreateSandbox(ctx, client.SandboxOptions{})
 	if err != nil {
 		panic(err)
 	}

@@ -86,10 +86,11 @@ func TestImages(t *testing.T) {
 		t.Errorf("image by its ID's prefix: %+v, %v", got, err)
 	}
 
-	sb, info, err := c.CreateSandbox(ctx, client.SandboxOptions{Image: ref})
+	sb, err := c.CreateSandbox(ctx, client.SandboxOptions{Image: ref})
 	if err != nil {
 		t.Fatal(err)
 	}
+	info := sb.Described
 	if info.Image != ref || info.ImageID != img.ID {
 		t.Errorf("sandbox from an image: image %q, id %q", info.Image, info.ImageID)
 	}
@@ -158,7 +159,7 @@ func TestImages(t *testing.T) {
 	if _, err := c.Image(ctx, ref); !client.IsNotFound(err) {
 		t.Errorf("a removed image: %v", err)
 	}
-	if _, _, err := c.CreateSandbox(ctx, client.SandboxOptions{Image: ref}); !client.IsNotFound(err) || !strings.Contains(err.Error(), "kiln image pull") {
+	if _, err := c.CreateSandbox(ctx, client.SandboxOptions{Image: ref}); !client.IsNotFound(err) || !strings.Contains(err.Error(), "kiln image pull") {
 		t.Errorf("a sandbox from an image kilnd has not: %v", err)
 	}
 	if _, err := c.PullImage(ctx, reg.Host+"/tools/box:nope", nil); !client.IsNotFound(err) {
@@ -174,7 +175,7 @@ func TestImages(t *testing.T) {
 	if len(imported) != 1 || !slices.Equal(imported[0].Names, []string{"example.test/saved:1"}) {
 		t.Fatalf("imported %+v", imported)
 	}
-	sb, _, err = c.CreateSandbox(ctx, client.SandboxOptions{Image: "example.test/saved:1"})
+	sb, err = c.CreateSandbox(ctx, client.SandboxOptions{Image: "example.test/saved:1"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,10 +12,11 @@ import (
 func TestSandboxByName(t *testing.T) {
 	c, _ := kilnd(t)
 	ctx := ctxT(t)
-	sb, info, err := c.CreateSandbox(ctx, client.SandboxOptions{Name: "sdk"})
+	sb, err := c.CreateSandbox(ctx, client.SandboxOptions{Name: "sdk"})
 	if err != nil {
 		t.Fatal(err)
 	}
+	info := sb.Described
 	if info.Name != "sdk" || info.Hostname != "sdk" {
 		t.Errorf("created %+v, want name and hostname sdk", info)
 	}
@@ -25,10 +26,10 @@ func TestSandboxByName(t *testing.T) {
 			t.Errorf("Sandbox(%q): %v, %v; want the handle of %s", ref, got, err, sb.ID)
 		}
 	}
-	if _, _, err := c.CreateSandbox(ctx, client.SandboxOptions{Name: "sdk"}); !client.IsAlreadyExists(err) {
+	if _, err := c.CreateSandbox(ctx, client.SandboxOptions{Name: "sdk"}); !client.IsAlreadyExists(err) {
 		t.Errorf("a name taken: %v, want already exists", err)
 	}
-	if _, _, err := c.CreateSandbox(ctx, client.SandboxOptions{Name: "SDK"}); !client.IsInvalid(err) {
+	if _, err := c.CreateSandbox(ctx, client.SandboxOptions{Name: "SDK"}); !client.IsInvalid(err) {
 		t.Errorf("an upper-case name: %v, want invalid", err)
 	}
 	// Through a handle by name, a process call reaches the sandbox.

@@ -47,7 +47,7 @@ func TestStats(t *testing.T) {
 	}
 
 	// A sandbox whose init command ended has stopped.
-	stopped, _, err := c.CreateSandbox(ctxT(t), client.SandboxOptions{Init: &api.ExecRequest{Command: "true"}})
+	stopped, err := c.CreateSandbox(ctxT(t), client.SandboxOptions{Init: &api.ExecRequest{Command: "true"}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -342,10 +342,11 @@ func (c *cli) sandboxCmd() *cobra.Command {
 			idle, _ := cmd.Flags().GetDuration("idle-timeout")
 			o.IdleTimeoutSeconds = int64(idle / time.Second)
 			o.Network = network()
-			_, info, err := cl.CreateSandbox(cmd.Context(), o)
+			sb, err := cl.CreateSandbox(cmd.Context(), o)
 			if err != nil {
 				return err
 			}
+			info := sb.Described
 			if c.json {
 				return c.printJSON(info)
 			}

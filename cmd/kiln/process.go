@@ -880,7 +880,7 @@ sandbox's limits are those of kiln sandbox create.
 			opts.Network = network()
 			return c.withClient(func(cl *client.Client) error {
 				ctx := cmd.Context()
-				sb, _, err := cl.CreateSandbox(ctx, opts)
+				sb, err := cl.CreateSandbox(ctx, opts)
 				if err != nil {
 					return err
 				}
