@@ -532,8 +532,28 @@ type SandboxStats struct {
 	OOMKills *int64 `json:"oom_kills,omitempty"`
 	// Processes counts the processes its agent runs now (those started
 	// through the API), when the agent answered.
-	Processes *int      `json:"processes,omitempty"`
-	ReadAt    time.Time `json:"read_at"`
+	Processes *int `json:"processes,omitempty"`
+	// Counts are what its agent has counted since the sandbox started,
+	// when the agent answered.
+	Counts *AgentCounts `json:"counts,omitempty"`
+	ReadAt time.Time    `json:"read_at"`
+}
+
+// AgentCounts are what a sandbox's agent has counted since it started:
+// the processes it started and, of those that finished, how they ended
+// and what their captured logs kept; the watchers of their output, and
+// what those were told they lost.
+type AgentCounts struct {
+	ProcessesStarted    int64 `json:"processes_started"`
+	ExitedZero          int64 `json:"exited_zero"`
+	ExitedNonZero       int64 `json:"exited_nonzero"`
+	Signaled            int64 `json:"signaled"`
+	OOMKilled           int64 `json:"oom_killed"` // of Signaled
+	CaptureWrittenBytes int64 `json:"capture_written_bytes"`
+	CaptureDroppedBytes int64 `json:"capture_dropped_bytes"`
+	WatchersAttached    int64 `json:"watchers_attached"`
+	WatcherGaps         int64 `json:"watcher_gaps"`
+	WatcherLostBytes    int64 `json:"watcher_lost_bytes"`
 }
 
 // Image is an OCI image kilnd keeps, that sandboxes start from.

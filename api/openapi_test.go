@@ -60,6 +60,7 @@ var wireTypes = map[string]struct {
 	"CreateSandbox": {reflect.TypeFor[api.CreateSandbox](), true},
 	"Limits":        {reflect.TypeFor[api.Limits](), false},
 	"Version":       {reflect.TypeFor[api.Version](), false},
+	"AgentCounts":   {reflect.TypeFor[api.AgentCounts](), false},
 	"Network":       {reflect.TypeFor[api.Network](), false},
 	"ExecRequest":   {reflect.TypeFor[api.ExecRequest](), true},
 	"TTY":           {reflect.TypeFor[api.TTY](), true},

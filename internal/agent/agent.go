@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 	"unicode/utf8"
@@ -69,6 +70,9 @@ type Config struct {
 type Server struct {
 	cfg Config
 	mux *http.ServeMux
+	// Watchers of output: attached, and the gaps and bytes they were told
+	// they lost.
+	watchers, gaps, lost atomic.Int64
 }
 
 // New makes a Server.
@@ -92,6 +96,7 @@ func (s *Server) routes() {
 	m.HandleFunc("POST /exec", s.exec)
 	m.HandleFunc("POST /exec-stream", s.startStream)
 	m.HandleFunc("GET /exec-stream", s.list)
+	m.HandleFunc("GET /counts", s.counts)
 	m.HandleFunc("GET /exec-stream/{pid}", s.status)
 	m.HandleFunc("DELETE /exec-stream/{pid}", s.terminate)
 	m.HandleFunc("GET /exec-stream/{pid}/wait", s.wait)
@@ -339,6 +344,16 @@ func toAPI(st process.Status) api.Process {
 		p.ExitedAt = &t
 	}
 	return p
+}
+
+// counts answers with what this agent has counted (api.AgentCounts).
+func (s *Server) counts(w http.ResponseWriter, r *http.Request) {
+	t := s.cfg.Table.Tally()
+	writeJSON(w, http.StatusOK, api.AgentCounts{
+		ProcessesStarted: t.Started, ExitedZero: t.ExitedZero, ExitedNonZero: t.ExitedNonZero, Signaled: t.Signaled, OOMKilled: t.OOMKilled,
+		CaptureWrittenBytes: t.CaptureWritten, CaptureDroppedBytes: t.CaptureDropped,
+		WatchersAttached: s.watchers.Load(), WatcherGaps: s.gaps.Load(), WatcherLostBytes: s.lost.Load(),
+	})
 }
 
 // terminate answers with the process as it was when the kill was sent,

@@ -136,6 +136,7 @@ func (s *Server) logs(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer a.Close()
+	s.watchers.Add(1)
 	if strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
 		s.watch(w, r, id, st, a, withStdin, ao.Hold)
 		return
@@ -183,6 +184,7 @@ func (s *Server) logsHTTP(w http.ResponseWriter, r *http.Request, st process.Sta
 		case ring.Data:
 			_, werr = w.Write(e.Data)
 		case ring.Gap:
+			s.lostTo(e)
 			_, werr = io.WriteString(w, lostLine(e.Event))
 		case ring.Exit:
 			_, werr = fmt.Fprintf(w, "[%s]\n", toExit(&e.Exit))
@@ -306,6 +308,7 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request, id string, st pro
 				ok = send(websocket.MessageBinary, e.Data)
 			}
 		case ring.Gap:
+			s.lostTo(e)
 			if v1 {
 				ok = sendJSON(api.Gap{Type: api.TypeGap, Stream: streamName(e.Stream), From: e.Offset, To: e.To, LostBytes: e.Lost()})
 			} else {
@@ -325,6 +328,14 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request, id string, st pro
 		if !ok {
 			return
 		}
+	}
+}
+
+// lostTo counts a gap a watcher is told of, and its bytes when known.
+func (s *Server) lostTo(e process.Event) {
+	s.gaps.Add(1)
+	if n := e.Lost(); n > 0 {
+		s.lost.Add(n)
 	}
 }
 

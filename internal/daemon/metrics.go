@@ -2,17 +2,20 @@ package daemon
 
 import (
 	"bufio"
+	"context"
 	"io"
 	"net"
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/sandbox"
 	"github.com/sandkiln/sandkiln/internal/version"
 )
@@ -154,22 +157,59 @@ func sandboxCollector(d *Daemon) prometheus.Collector {
 	pids := prometheus.NewDesc("kilnd_sandbox_pids", "Tasks (threads included) in a running sandbox's pids cgroup now.", label, nil)
 	pidsLimit := prometheus.NewDesc("kilnd_sandbox_pids_limit", "A running sandbox's limit of tasks; no series without one.", label, nil)
 	ooms := prometheus.NewDesc("kilnd_sandbox_oom_kills_total", "Processes the kernel's out-of-memory killer ended in a running sandbox's memory cgroup.", label, nil)
-	return collectorFunc{descs: []*prometheus.Desc{cpu, mem, peak, memLimit, pids, pidsLimit, ooms}, collect: func(ch chan<- prometheus.Metric) {
+	// What each sandbox's agent counted, since the sandbox started.
+	started := prometheus.NewDesc("kilnd_sandbox_processes_started_total", "Processes a running sandbox's agent has started, as it counts them.", label, nil)
+	exited := prometheus.NewDesc("kilnd_sandbox_processes_exited_total", "Processes of a running sandbox that have finished (exited, their output drained), by outcome: exit_zero, exit_nonzero or signal, as its agent counts them.", []string{"sandbox", "outcome"}, nil)
+	written := prometheus.NewDesc("kilnd_sandbox_capture_written_bytes_total", "Bytes of finished captured processes' output a running sandbox's captured logs hold, as its agent counts them.", label, nil)
+	dropped := prometheus.NewDesc("kilnd_sandbox_capture_dropped_bytes_total", "Bytes of finished captured processes' output their captured logs lost (a full queue, a failed write), as a running sandbox's agent counts them.", label, nil)
+	watchers := prometheus.NewDesc("kilnd_sandbox_watchers_attached_total", "Readers of a process's output a running sandbox's agent has served (WebSocket watchers and plain reads).", label, nil)
+	gaps := prometheus.NewDesc("kilnd_sandbox_watcher_gaps_total", "Gaps a running sandbox's agent told its watchers of: output evicted before they read it.", label, nil)
+	lost := prometheus.NewDesc("kilnd_sandbox_watcher_lost_bytes_total", "Bytes of output a running sandbox's agent told its watchers they lost, in those gaps.", label, nil)
+	return collectorFunc{descs: []*prometheus.Desc{cpu, mem, peak, memLimit, pids, pidsLimit, ooms, started, exited, written, dropped, watchers, gaps, lost}, collect: func(ch chan<- prometheus.Metric) {
 		type running struct {
 			id string
 			sb sandbox.Instance
+			t  http.RoundTripper // to its agent; nil while it has none
 		}
 		var list []running
 		d.mu.Lock()
 		for id, e := range d.sandboxes {
 			if e.rec.State == StateRunning && !e.deleting && e.sb != nil {
-				list = append(list, running{id, e.sb})
+				r := running{id: id, sb: e.sb}
+				if e.proxy != nil {
+					r.t = e.proxy.Transport
+				}
+				list = append(list, r)
 			}
 		}
 		d.mu.Unlock()
+		ts := make([]http.RoundTripper, len(list))
+		for i, r := range list {
+			ts[i] = r.t
+		}
+		counts := agentsCounts(ts)
 		// Read outside the lock: a read of cgroup files is quick, but
 		// never worth holding up the API for.
-		for _, r := range list {
+		for i, r := range list {
+			if c := counts[i]; c != nil {
+				for _, f := range []struct {
+					desc   *prometheus.Desc
+					v      int64
+					labels []string
+				}{
+					{started, c.ProcessesStarted, nil},
+					{exited, c.ExitedZero, []string{"exit_zero"}},
+					{exited, c.ExitedNonZero, []string{"exit_nonzero"}},
+					{exited, c.Signaled, []string{"signal"}},
+					{written, c.CaptureWrittenBytes, nil},
+					{dropped, c.CaptureDroppedBytes, nil},
+					{watchers, c.WatchersAttached, nil},
+					{gaps, c.WatcherGaps, nil},
+					{lost, c.WatcherLostBytes, nil},
+				} {
+					ch <- prometheus.MustNewConstMetric(f.desc, prometheus.CounterValue, float64(max(f.v, 0)), append([]string{r.id}, f.labels...)...)
+				}
+			}
 			st, err := r.sb.Stats()
 			if err != nil {
 				continue // ended since: it is running no more
@@ -193,6 +233,30 @@ func sandboxCollector(d *Daemon) prometheus.Collector {
 			}
 		}
 	}}
+}
+
+// maxAgentQuestions bounds the agents one scrape asks at once.
+const maxAgentQuestions = 16
+
+// agentsCounts asks the agent behind each transport (nil: none) what it
+// has counted, a few at a time, each within agentListTimeout; an agent
+// that does not answer has nil.
+func agentsCounts(ts []http.RoundTripper) []*api.AgentCounts {
+	out := make([]*api.AgentCounts, len(ts))
+	sem := make(chan struct{}, maxAgentQuestions)
+	var wg sync.WaitGroup
+	for i, rt := range ts {
+		if rt == nil {
+			continue
+		}
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			out[i] = agentCounts(context.Background(), rt)
+		})
+	}
+	wg.Wait()
+	return out
 }
 
 // instrument times every request kilnd answers, by the route its mux

@@ -194,3 +194,62 @@ func promtoolCheck(t *testing.T, body []byte) {
 		t.Errorf("promtool check metrics: %v\n%s", err, out)
 	}
 }
+
+// TestAgentCountsMetrics: what a sandbox's agent counts reaches the scrape
+// and the stats answer: processes by how they ended, what a captured log
+// kept, and what a watcher that came late was told it lost, exactly.
+func TestAgentCountsMetrics(t *testing.T) {
+	k := start(t, "")
+	defer k.cleanup()
+	sb := k.sandbox()
+	label := `sandbox="` + sb + `"`
+	for _, req := range []api.ExecRequest{
+		{Command: "true"},
+		{Command: "sh", Args: []string{"-c", "exit 3"}},
+		{Command: "echo", Args: []string{"hello"}, Capture: true},
+	} {
+		k.faultWait(sb, k.faultStart(sb, req))
+	}
+	sleeper := k.faultStart(sb, api.ExecRequest{Command: "sleep", Args: []string{"600"}})
+	k.json("DELETE", "/sandboxes/"+sb+"/exec-stream/"+sleeper, nil, nil)
+	k.faultWait(sb, sleeper)
+	// 16 MiB nobody reads: the ring keeps its last MiB; a reader after the
+	// exit is told of the rest as a gap.
+	const written = 16 << 20
+	flood := k.faultStart(sb, api.ExecRequest{Command: "head", Args: []string{"-c", strconv.Itoa(written), "/dev/zero"}})
+	k.faultWait(sb, flood)
+	code, out := k.do("GET", "/sandboxes/"+sb+"/exec-stream/"+flood+"/logs", k.d.Token(), nil)
+	got := int64(bytes.Count(out, []byte{0}))
+	if code != 200 || got == 0 || got >= written {
+		t.Fatalf("a late reader: %d, %d bytes of output", code, got)
+	}
+
+	body := k.awaitSample("five processes finished", func(v float64) bool { return v == 3 }, "kilnd_sandbox_processes_exited_total", label, `outcome="exit_zero"`)
+	for _, want := range []struct {
+		name   string
+		labels []string
+		v      float64
+	}{
+		{"kilnd_sandbox_processes_started_total", nil, 5},
+		{"kilnd_sandbox_processes_exited_total", []string{`outcome="exit_nonzero"`}, 1},
+		{"kilnd_sandbox_processes_exited_total", []string{`outcome="signal"`}, 1},
+		{"kilnd_sandbox_capture_written_bytes_total", nil, float64(len("hello\n"))},
+		{"kilnd_sandbox_capture_dropped_bytes_total", nil, 0},
+		{"kilnd_sandbox_watchers_attached_total", nil, 1},
+		{"kilnd_sandbox_watcher_gaps_total", nil, 1},
+		{"kilnd_sandbox_watcher_lost_bytes_total", nil, float64(written - got)},
+	} {
+		if v, ok := sample(body, want.name, append([]string{label}, want.labels...)...); !ok || v != want.v {
+			t.Errorf("%s%v = %v (%v), want %v", want.name, want.labels, v, ok, want.v)
+		}
+	}
+	promtoolCheck(t, body)
+
+	var st api.SandboxStats
+	k.json("GET", "/sandboxes/"+sb+"/stats", nil, &st)
+	want := api.AgentCounts{ProcessesStarted: 5, ExitedZero: 3, ExitedNonZero: 1, Signaled: 1, CaptureWrittenBytes: 6,
+		WatchersAttached: 1, WatcherGaps: 1, WatcherLostBytes: written - got}
+	if st.Counts == nil || *st.Counts != want {
+		t.Errorf("stats counts %+v, want %+v", st.Counts, want)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"time"
 
@@ -13,8 +14,9 @@ import (
 	"github.com/sandkiln/sandkiln/internal/sandbox"
 )
 
-// agentListTimeout bounds the question to an agent how many processes it
-// runs: a stats answer does without the count rather than wait on it.
+// agentListTimeout bounds a question to an agent (how many processes it
+// runs, what it has counted): a stats answer or a scrape does without the
+// figures rather than wait on them.
 const agentListTimeout = 2 * time.Second
 
 // Stats reads a running sandbox's figures from its cgroups, and asks its
@@ -39,8 +41,43 @@ func (d *Daemon) Stats(ctx context.Context, id string) (api.SandboxStats, error)
 	out.ReadAt = time.Now().UTC()
 	if p != nil {
 		out.Processes = agentProcesses(ctx, p.Transport)
+		out.Counts = agentCounts(ctx, p.Transport)
 	}
 	return out, nil
+}
+
+// maxAgentAnswer bounds what kilnd reads of an agent's answer to its own
+// questions: the agent is inside the sandbox, and answers as it likes.
+const maxAgentAnswer = 4 << 20
+
+// agentCounts asks the agent behind t what it has counted; nil when it
+// does not answer.
+func agentCounts(ctx context.Context, t http.RoundTripper) *api.AgentCounts {
+	var c api.AgentCounts
+	if askAgent(ctx, t, "/counts", &c) != nil {
+		return nil
+	}
+	return &c
+}
+
+// askAgent GETs path of the agent behind t into out, within
+// agentListTimeout and maxAgentAnswer.
+func askAgent(ctx context.Context, t http.RoundTripper, path string, out any) error {
+	ctx, cancel := context.WithTimeout(ctx, agentListTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, "GET", "http://agent"+path, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := t.RoundTrip(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("agent: GET %s: %s", path, resp.Status)
+	}
+	return json.NewDecoder(io.LimitReader(resp.Body, maxAgentAnswer)).Decode(out)
 }
 
 func wireStats(s sandbox.Stats) api.SandboxStats {
@@ -51,19 +88,8 @@ func wireStats(s sandbox.Stats) api.SandboxStats {
 // agentProcesses counts the processes the agent behind t runs now; nil
 // when it does not answer.
 func agentProcesses(ctx context.Context, t http.RoundTripper) *int {
-	ctx, cancel := context.WithTimeout(ctx, agentListTimeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, "GET", "http://agent/exec-stream", nil)
-	if err != nil {
-		return nil
-	}
-	resp, err := t.RoundTrip(req)
-	if err != nil {
-		return nil
-	}
-	defer resp.Body.Close()
 	var procs []api.Process
-	if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&procs) != nil {
+	if askAgent(ctx, t, "/exec-stream", &procs) != nil {
 		return nil
 	}
 	n := 0

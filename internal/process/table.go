@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -54,6 +55,63 @@ type Table struct {
 	tombs  map[uuid.UUID]*tombstone
 	lru    tombstone // sentinel of the tombstones' LRU list; lru.next is the newest
 	closed bool
+
+	counts tableCounts
+}
+
+// Tally is what a table has seen since it was made: processes started,
+// and of those that have finished (exited and drained), how they ended
+// and what their capture kept.
+type Tally struct {
+	Started int64
+	// ExitedZero, ExitedNonZero and Signaled count finished processes by
+	// how they ended; OOMKilled those of Signaled the out-of-memory
+	// killer ended.
+	ExitedZero, ExitedNonZero, Signaled, OOMKilled int64
+	// CaptureWritten and CaptureDropped are the bytes of finished captured
+	// processes' output their logs hold, and those they lost.
+	CaptureWritten, CaptureDropped int64
+}
+
+type tableCounts struct {
+	started, exitedZero, exitedNonZero, signaled, oomKilled atomic.Int64
+	captureWritten, captureDropped                          atomic.Int64
+}
+
+// Tally reports what the table has seen.
+func (t *Table) Tally() Tally {
+	c := &t.counts
+	return Tally{Started: c.started.Load(), ExitedZero: c.exitedZero.Load(), ExitedNonZero: c.exitedNonZero.Load(),
+		Signaled: c.signaled.Load(), OOMKilled: c.oomKilled.Load(),
+		CaptureWritten: c.captureWritten.Load(), CaptureDropped: c.captureDropped.Load()}
+}
+
+// count notes how a finished process ended and what its capture kept.
+func (c *tableCounts) count(st Status) {
+	switch {
+	case st.Exit == nil:
+	case st.Exit.Signal != 0:
+		c.signaled.Add(1)
+		if st.Exit.OOMKilled {
+			c.oomKilled.Add(1)
+		}
+	case st.Exit.Code == 0:
+		c.exitedZero.Add(1)
+	default:
+		c.exitedNonZero.Add(1)
+	}
+	if st.Capture == nil {
+		return
+	}
+	var total, dropped int64
+	for _, n := range st.Totals {
+		total += n
+	}
+	for _, n := range st.Capture.Dropped {
+		dropped += n
+	}
+	c.captureWritten.Add(max(total-dropped, 0))
+	c.captureDropped.Add(dropped)
 }
 
 // entry is a live process with its attachment count and grace timer.
@@ -124,6 +182,7 @@ func (t *Table) Start(spec Spec) (string, error) {
 		p.openLog = t.opener(id.String())
 	}
 	t.live[id] = &entry{p: p}
+	t.counts.started.Add(1)
 	return id.String(), nil
 }
 
@@ -328,6 +387,7 @@ func (t *Table) drained(id uuid.UUID) {
 		return
 	}
 	e.drained = true
+	t.counts.count(e.p.Status())
 	if e.readers == 0 && !t.closed {
 		t.armLocked(id, e)
 	}

@@ -872,8 +872,23 @@ export interface components {
             oom_kills?: number;
             /** @description processes its agent runs now, when the agent answered */
             processes?: number;
+            counts?: components["schemas"]["AgentCounts"];
             /** Format: date-time */
             read_at: string;
+        };
+        /** @description what the sandbox's agent has counted since the sandbox started, when it answered: the processes it started and, of those that finished (exited, their output drained), how they ended and what their captured logs kept; the readers of their output it served, and the gaps and bytes it told them they lost */
+        AgentCounts: {
+            processes_started: number;
+            exited_zero: number;
+            exited_nonzero: number;
+            signaled: number;
+            /** @description of those signaled, the ones the out-of-memory killer ended */
+            oom_killed: number;
+            capture_written_bytes: number;
+            capture_dropped_bytes: number;
+            watchers_attached: number;
+            watcher_gaps: number;
+            watcher_lost_bytes: number;
         };
         Sandbox: {
             id: string;
