@@ -159,7 +159,7 @@ func TestStartFailureEndsTheRunEmpty(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := process.Start("p", process.Spec{Argv: []string{"/no/such/program"}, Capture: w}); !errors.Is(err, process.ErrStart) {
+	if _, err := process.Start("p", process.Spec{Argv: []string{"/no/such/program"}, Capture: w}); !errors.Is(err, process.ErrNoCommand) {
 		t.Fatalf("start: %v", err)
 	}
 	<-w.Done()
