@@ -554,6 +554,10 @@ type AgentCounts struct {
 	WatchersAttached    int64 `json:"watchers_attached"`
 	WatcherGaps         int64 `json:"watcher_gaps"`
 	WatcherLostBytes    int64 `json:"watcher_lost_bytes"`
+	// DiskUsedBytes and DiskSizeBytes are the use of the sandbox's own
+	// disk now (its /workspace and writable layer), when it has one.
+	DiskUsedBytes *int64 `json:"disk_used_bytes,omitempty"`
+	DiskSizeBytes *int64 `json:"disk_size_bytes,omitempty"`
 }
 
 // Image is an OCI image kilnd keeps, that sandboxes start from.

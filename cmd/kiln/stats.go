@@ -44,7 +44,8 @@ as their cgroups count them. CPU % is the CPU time used between two reads over t
 between them (100% is one core busy). On a terminal the table is redrawn every 2 seconds
 until interrupted; elsewhere, or with --no-stream or --json, it is printed once, after
 two reads a second apart. A figure the host does not keep for a sandbox is shown as "-"
-(on a host with cgroup v1 controllers, memory and pids of a sandbox without their limit).`,
+(on a host with cgroup v1 controllers, memory and pids of a sandbox without their limit;
+disk, of a sandbox without a disk of its own, which its agent reads).`,
 		Example: `  kiln stats                     # every running sandbox, redrawn until Ctrl-C
   kiln stats $SB --no-stream     # one sandbox, printed once
   kiln stats --json              # for scripts: cpu_percent beside the API's figures`,
@@ -173,7 +174,7 @@ func statsRows(before, after []statsRow) []statsRow {
 
 func printStats(w io.Writer, rows []statsRow) error {
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "SANDBOX\tCPU %\tMEM USAGE / LIMIT\tMEM %\tPIDS\tOOM")
+	fmt.Fprintln(tw, "SANDBOX\tCPU %\tMEM USAGE / LIMIT\tMEM %\tPIDS\tOOM\tDISK USAGE / SIZE")
 	for _, r := range rows {
 		mem, memPct := "-", "-"
 		if r.MemoryBytes != nil {
@@ -184,7 +185,11 @@ func printStats(w io.Writer, rows []statsRow) error {
 			}
 			mem = units.BytesSize(float64(*r.MemoryBytes)) + " / " + limit
 		}
-		fmt.Fprintf(tw, "%s\t%.2f%%\t%s\t%s\t%s\t%s\n", r.Sandbox, r.CPUPercent, mem, memPct, count(r.Pids), count(r.OOMKills))
+		disk := "-"
+		if c := r.Counts; c != nil && c.DiskUsedBytes != nil && c.DiskSizeBytes != nil {
+			disk = units.BytesSize(float64(*c.DiskUsedBytes)) + " / " + units.BytesSize(float64(*c.DiskSizeBytes))
+		}
+		fmt.Fprintf(tw, "%s\t%.2f%%\t%s\t%s\t%s\t%s\t%s\n", r.Sandbox, r.CPUPercent, mem, memPct, count(r.Pids), count(r.OOMKills), disk)
 	}
 	return tw.Flush()
 }

@@ -30,10 +30,10 @@ func TestStats(t *testing.T) {
 		t.Fatalf("stats: %d %s", code, errs)
 	}
 	lines := strings.Split(strings.TrimSpace(out), "\n")
-	if len(lines) != 2 || !regexp.MustCompile(`^SANDBOX +CPU % +MEM USAGE / LIMIT +MEM % +PIDS +OOM$`).MatchString(lines[0]) {
+	if len(lines) != 2 || !regexp.MustCompile(`^SANDBOX +CPU % +MEM USAGE / LIMIT +MEM % +PIDS +OOM +DISK USAGE / SIZE$`).MatchString(lines[0]) {
 		t.Fatalf("stats:\n%s", out)
 	}
-	row := regexp.MustCompile(`^` + sb + ` +(\d+\.\d\d)% +\d+(\.\d+)?[KM]iB / 1GiB +\d+\.\d\d% +(\d+) +0$`).FindStringSubmatch(lines[1])
+	row := regexp.MustCompile(`^` + sb + ` +(\d+\.\d\d)% +\d+(\.\d+)?[KM]iB / 1GiB +\d+\.\d\d% +(\d+) +0 +\d+(\.\d+)?[KMG]iB / \d+(\.\d+)?GiB$`).FindStringSubmatch(lines[1])
 	if row == nil {
 		t.Fatalf("row %q", lines[1])
 	}

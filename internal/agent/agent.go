@@ -63,7 +63,11 @@ type Config struct {
 	// FlowGrace is how long the output of a process started with flow
 	// block waits for its holding watcher (zero: process.DefaultFlowGrace).
 	FlowGrace time.Duration
-	Log       *slog.Logger
+	// Disk is a directory on the sandbox's own disk, whose use GET /counts
+	// reports; empty when the sandbox has none (its /workspace is then a
+	// directory of the host's, whose use is not the sandbox's).
+	Disk string
+	Log  *slog.Logger
 }
 
 // Server is the HTTP face of a process table.
@@ -349,11 +353,18 @@ func toAPI(st process.Status) api.Process {
 // counts answers with what this agent has counted (api.AgentCounts).
 func (s *Server) counts(w http.ResponseWriter, r *http.Request) {
 	t := s.cfg.Table.Tally()
-	writeJSON(w, http.StatusOK, api.AgentCounts{
+	c := api.AgentCounts{
 		ProcessesStarted: t.Started, ExitedZero: t.ExitedZero, ExitedNonZero: t.ExitedNonZero, Signaled: t.Signaled, OOMKilled: t.OOMKilled,
 		CaptureWrittenBytes: t.CaptureWritten, CaptureDroppedBytes: t.CaptureDropped,
 		WatchersAttached: s.watchers.Load(), WatcherGaps: s.gaps.Load(), WatcherLostBytes: s.lost.Load(),
-	})
+	}
+	var fs unix.Statfs_t
+	if s.cfg.Disk != "" && unix.Statfs(s.cfg.Disk, &fs) == nil {
+		size, free := int64(fs.Blocks)*fs.Bsize, int64(fs.Bfree)*fs.Bsize
+		used := size - free
+		c.DiskUsedBytes, c.DiskSizeBytes = &used, &size
+	}
+	writeJSON(w, http.StatusOK, c)
 }
 
 // terminate answers with the process as it was when the kill was sent,

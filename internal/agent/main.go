@@ -65,8 +65,12 @@ func run() error {
 	if dir == "" {
 		dir = "/workspace"
 	}
+	disk := ""
+	if in.Config.Disk != "" {
+		disk = "/workspace" // on the sandbox's disk, with the writable layer
+	}
 	srv := New(Config{Table: table, Env: in.Config.Env, Dir: dir, Entrypoint: in.Config.Entrypoint, Cmd: in.Config.Cmd, User: in.Config.User, Logs: in.Logs, Launch: in.Spawner.Start, OOMKills: in.OOMKills,
-		Capture: capture.Options{QueueBytes: in.Config.CaptureQueue}, FlowGrace: in.Config.FlowGrace})
+		Capture: capture.Options{QueueBytes: in.Config.CaptureQueue}, FlowGrace: in.Config.FlowGrace, Disk: disk})
 	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, ConnContext: withConn}
 	served := make(chan error, 1)
 	go func() { served <- hs.Serve(in.Listener) }()

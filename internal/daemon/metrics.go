@@ -165,7 +165,9 @@ func sandboxCollector(d *Daemon) prometheus.Collector {
 	watchers := prometheus.NewDesc("kilnd_sandbox_watchers_attached_total", "Readers of a process's output a running sandbox's agent has served (WebSocket watchers and plain reads).", label, nil)
 	gaps := prometheus.NewDesc("kilnd_sandbox_watcher_gaps_total", "Gaps a running sandbox's agent told its watchers of: output evicted before they read it.", label, nil)
 	lost := prometheus.NewDesc("kilnd_sandbox_watcher_lost_bytes_total", "Bytes of output a running sandbox's agent told its watchers they lost, in those gaps.", label, nil)
-	return collectorFunc{descs: []*prometheus.Desc{cpu, mem, peak, memLimit, pids, pidsLimit, ooms, started, exited, written, dropped, watchers, gaps, lost}, collect: func(ch chan<- prometheus.Metric) {
+	diskUsed := prometheus.NewDesc("kilnd_sandbox_disk_used_bytes", "Bytes used of a running sandbox's own disk (its /workspace and writable layer), as its agent reads it; no series without one.", label, nil)
+	diskSize := prometheus.NewDesc("kilnd_sandbox_disk_size_bytes", "The size of a running sandbox's own disk (its quota); no series without one.", label, nil)
+	return collectorFunc{descs: []*prometheus.Desc{cpu, mem, peak, memLimit, pids, pidsLimit, ooms, started, exited, written, dropped, watchers, gaps, lost, diskUsed, diskSize}, collect: func(ch chan<- prometheus.Metric) {
 		type running struct {
 			id string
 			sb sandbox.Instance
@@ -208,6 +210,10 @@ func sandboxCollector(d *Daemon) prometheus.Collector {
 					{lost, c.WatcherLostBytes, nil},
 				} {
 					ch <- prometheus.MustNewConstMetric(f.desc, prometheus.CounterValue, float64(max(f.v, 0)), append([]string{r.id}, f.labels...)...)
+				}
+				if c.DiskUsedBytes != nil && c.DiskSizeBytes != nil {
+					ch <- prometheus.MustNewConstMetric(diskUsed, prometheus.GaugeValue, float64(max(*c.DiskUsedBytes, 0)), r.id)
+					ch <- prometheus.MustNewConstMetric(diskSize, prometheus.GaugeValue, float64(max(*c.DiskSizeBytes, 0)), r.id)
 				}
 			}
 			st, err := r.sb.Stats()

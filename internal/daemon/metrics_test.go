@@ -204,6 +204,7 @@ func TestAgentCountsMetrics(t *testing.T) {
 	sb := k.sandbox()
 	label := `sandbox="` + sb + `"`
 	for _, req := range []api.ExecRequest{
+		{Command: "sh", Args: []string{"-c", "head -c 5M /dev/urandom > /workspace/five; sync"}},
 		{Command: "true"},
 		{Command: "sh", Args: []string{"-c", "exit 3"}},
 		{Command: "echo", Args: []string{"hello"}, Capture: true},
@@ -224,13 +225,23 @@ func TestAgentCountsMetrics(t *testing.T) {
 		t.Fatalf("a late reader: %d, %d bytes of output", code, got)
 	}
 
-	body := k.awaitSample("five processes finished", func(v float64) bool { return v == 3 }, "kilnd_sandbox_processes_exited_total", label, `outcome="exit_zero"`)
+	body := k.awaitSample("six processes finished", func(v float64) bool { return v == 4 }, "kilnd_sandbox_processes_exited_total", label, `outcome="exit_zero"`)
+	// The sandbox's own disk (kilnd's default quota), 5 MiB written on it.
+	var info api.Sandbox
+	k.json("GET", "/sandboxes/"+sb, nil, &info)
+	quota := float64(info.Limits.DiskBytes)
+	if v, ok := sample(body, "kilnd_sandbox_disk_size_bytes", label); !ok || v <= quota/2 || v > quota {
+		t.Errorf("disk size %v (%v), want about the quota %v", v, ok, quota)
+	}
+	if v, ok := sample(body, "kilnd_sandbox_disk_used_bytes", label); !ok || v < 5<<20 {
+		t.Errorf("disk used %v (%v), want at least the 5 MiB written", v, ok)
+	}
 	for _, want := range []struct {
 		name   string
 		labels []string
 		v      float64
 	}{
-		{"kilnd_sandbox_processes_started_total", nil, 5},
+		{"kilnd_sandbox_processes_started_total", nil, 6},
 		{"kilnd_sandbox_processes_exited_total", []string{`outcome="exit_nonzero"`}, 1},
 		{"kilnd_sandbox_processes_exited_total", []string{`outcome="signal"`}, 1},
 		{"kilnd_sandbox_capture_written_bytes_total", nil, float64(len("hello\n"))},
@@ -247,9 +258,13 @@ func TestAgentCountsMetrics(t *testing.T) {
 
 	var st api.SandboxStats
 	k.json("GET", "/sandboxes/"+sb+"/stats", nil, &st)
-	want := api.AgentCounts{ProcessesStarted: 5, ExitedZero: 3, ExitedNonZero: 1, Signaled: 1, CaptureWrittenBytes: 6,
+	want := api.AgentCounts{ProcessesStarted: 6, ExitedZero: 4, ExitedNonZero: 1, Signaled: 1, CaptureWrittenBytes: 6,
 		WatchersAttached: 1, WatcherGaps: 1, WatcherLostBytes: written - got}
-	if st.Counts == nil || *st.Counts != want {
-		t.Errorf("stats counts %+v, want %+v", st.Counts, want)
+	if st.Counts == nil || st.Counts.DiskUsedBytes == nil || st.Counts.DiskSizeBytes == nil || *st.Counts.DiskUsedBytes < 5<<20 {
+		t.Fatalf("stats counts %+v: no disk use, or less than was written", st.Counts)
+	}
+	st.Counts.DiskUsedBytes, st.Counts.DiskSizeBytes = nil, nil
+	if *st.Counts != want {
+		t.Errorf("stats counts %+v, want %+v", *st.Counts, want)
 	}
 }

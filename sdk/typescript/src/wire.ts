@@ -889,6 +889,9 @@ export interface components {
             watchers_attached: number;
             watcher_gaps: number;
             watcher_lost_bytes: number;
+            /** @description the use of the sandbox's own disk now (its /workspace and writable layer), when it has one */
+            disk_used_bytes?: number;
+            disk_size_bytes?: number;
         };
         Sandbox: {
             id: string;
