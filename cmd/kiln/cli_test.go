@@ -215,8 +215,12 @@ func TestDetachKeys(t *testing.T) {
 	// ctrl-p then x: not the sequence, so both go to the shell, whose
 	// line editor takes ctrl-p as "previous line" or ignores it.
 	tm.keys("C-p", "x")
-	// Raw mode: Ctrl-C goes to the shell as a byte, not to kiln as SIGINT.
+	// Raw mode: Ctrl-C goes to the shell as a byte, not to kiln as SIGINT:
+	// the sandbox's terminal echoes it, and the shell, interrupted, gives
+	// a new prompt (typing on before it would race the shell's discarding
+	// of what it had read).
 	tm.keys("C-c")
+	tm.screen("^C\n#")
 	tm.keys("echo still-$((2+3))", "Enter")
 	tm.screen("still-5")
 	tm.keys("exit 5", "Enter")
