@@ -15,7 +15,6 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/sandkiln/sandkiln/api"
-	"github.com/sandkiln/sandkiln/internal/daemon"
 )
 
 // The attach matrix: one writer at three write sizes, read by a kiln.v1
@@ -62,22 +61,11 @@ func measureAttach(ctx context.Context, cfg config) (*attachResult, error) {
 		res.skipped = "kilnd needs root"
 		return res, nil
 	}
-	state, err := os.MkdirTemp("", "sandkiln-bench-attach-")
+	c, sb, done, err := kilndSandbox(ctx, "attach", "")
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(state)
-	k, c, err := startKilnd(state)
-	if err != nil {
-		return nil, err
-	}
-	defer k.Close()
-	defer c.http.CloseIdleConnections()
-	var sb daemon.Info
-	if err := c.call(ctx, "POST", "/sandboxes", map[string]any{}, &sb); err != nil {
-		return nil, err
-	}
-	defer c.call(ctx, "DELETE", "/sandboxes/"+sb.ID+"?remove_logs=true", nil, nil)
+	defer done()
 	dialOpts := &websocket.DialOptions{HTTPClient: c.http, Subprotocols: []string{api.ProtocolV1}}
 	for _, w := range attachWriters {
 		res.cases = append(res.cases, attachCase{name: w.name})

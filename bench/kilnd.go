@@ -418,6 +418,34 @@ func drainCommand(cmd *exec.Cmd, want int64) (time.Duration, error) {
 	return time.Since(start), err
 }
 
+// kilndSandbox runs a kilnd of its own in this process (on TCP too when
+// listen is set) on a fresh state directory, with one sandbox; done
+// deletes the sandbox and stops kilnd.
+func kilndSandbox(ctx context.Context, name, listen string) (c client, sb daemon.Info, done func(), err error) {
+	state, err := os.MkdirTemp("", "sandkiln-bench-"+name+"-")
+	if err != nil {
+		return client{}, sb, nil, err
+	}
+	k, c, err := startKilndOn(state, listen)
+	if err != nil {
+		os.RemoveAll(state)
+		return client{}, sb, nil, err
+	}
+	stop := func() {
+		c.http.CloseIdleConnections()
+		k.Close()
+		os.RemoveAll(state)
+	}
+	if err := c.call(ctx, "POST", "/sandboxes", map[string]any{}, &sb); err != nil {
+		stop()
+		return client{}, sb, nil, err
+	}
+	return c, sb, func() {
+		c.call(context.WithoutCancel(ctx), "DELETE", "/sandboxes/"+sb.ID+"?remove_logs=true", nil, nil)
+		stop()
+	}, nil
+}
+
 // startKilnd runs a kilnd in this process on state, and a client of its
 // unix socket.
 func startKilnd(state string) (*daemontest.Kilnd, client, error) {

@@ -56,22 +56,11 @@ func measurePorts(ctx context.Context, cfg config) (*portsResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	state, err := os.MkdirTemp("", "sandkiln-bench-ports-")
+	c, sb, done, err := kilndSandbox(ctx, "ports", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(state)
-	k, c, err := startKilndOn(state, "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	defer k.Close()
-	defer c.http.CloseIdleConnections()
-	var sb daemon.Info
-	if err := c.call(ctx, "POST", "/sandboxes", map[string]any{}, &sb); err != nil {
-		return nil, err
-	}
-	defer c.call(ctx, "DELETE", "/sandboxes/"+sb.ID+"?remove_logs=true", nil, nil)
+	defer done()
 	f, err := os.Open(exe)
 	if err != nil {
 		return nil, err
