@@ -44,7 +44,7 @@ exit code, or 128+N when signal N killed it. kiln's own are:
   125  kiln failed: bad usage, kilnd not reachable, or kilnd refused the request
   126  the command cannot be run (not executable, a directory, not a program)
   127  the command was not found
-  130  kiln was interrupted (Ctrl-C); the process runs on`
+  130  kiln was interrupted (Ctrl-C); the process runs on (run --rm removes it with its sandbox)`
 
 // usageError is bad usage: unknown commands and flags, wrong arguments.
 type usageError struct {
@@ -87,6 +87,7 @@ type cli struct {
 	stateDir, addr string
 	output         string
 	json           bool
+	removing       bool // kiln run --rm: the sandbox goes when kiln does
 }
 
 func (c *cli) client() (*client.Client, error) {

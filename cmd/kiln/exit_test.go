@@ -126,39 +126,48 @@ func TestExitCodes(t *testing.T) {
 	}
 }
 
-// TestInterruptedLogs: Ctrl-C on logs -f ends kiln with 130 and no error
-// of its own; the process runs on.
-func TestInterruptedLogs(t *testing.T) {
+// TestInterrupted: Ctrl-C ends kiln with 130 and no error of its own;
+// the process runs on, and a foreground command says where it is.
+func TestInterrupted(t *testing.T) {
 	state := kilnd(t)
 	_, out, _ := kiln(t, state, "", "sandbox", "create")
 	sb := strings.TrimSpace(out)
 	_, out, _ = kiln(t, state, "", "sandbox", "exec-stream", sb, "--", "sh", "-c", "echo started; sleep 600")
 	p := strings.TrimSpace(out)
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	pr, pw := io.Pipe()
-	var errs bytes.Buffer
-	code := make(chan int, 1)
-	go func() {
-		code <- run(ctx, []string{"--state-dir", state, "logs", "-f", sb, p}, strings.NewReader(""), pw, &errs)
-		pw.Close()
-	}()
-	line := make([]byte, len("started\n"))
-	if _, err := io.ReadFull(pr, line); err != nil || string(line) != "started\n" {
-		t.Fatalf("logs -f: %q %v", line, err)
-	}
-	cancel() // what Ctrl-C does: main's signal context ends
-	go io.Copy(io.Discard, pr)
-	select {
-	case c := <-code:
-		if c != 130 || errs.Len() != 0 {
-			t.Errorf("interrupted: exit %d, stderr %q; want 130 and nothing", c, errs.String())
+	interrupt := func(args ...string) (int, string) {
+		t.Helper()
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		pr, pw := io.Pipe()
+		var errs bytes.Buffer
+		code := make(chan int, 1)
+		go func() {
+			code <- run(ctx, append([]string{"--state-dir", state}, args...), strings.NewReader(""), pw, &errs)
+			pw.Close()
+		}()
+		line := make([]byte, len("started\n"))
+		if _, err := io.ReadFull(pr, line); err != nil || string(line) != "started\n" {
+			t.Fatalf("%v: %q %v", args, line, err)
 		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("logs -f did not end on Ctrl-C")
+		cancel() // what Ctrl-C does: main's signal context ends
+		go io.Copy(io.Discard, pr)
+		select {
+		case c := <-code:
+			return c, errs.String()
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%v did not end on Ctrl-C", args)
+		}
+		return 0, ""
 	}
-	if c, out, _ := kiln(t, state, "", "ps", sb); c != 0 || !strings.Contains(out, "running") {
-		t.Errorf("the process after Ctrl-C: %d %q", c, out)
+	if c, errs := interrupt("logs", "-f", sb, p); c != 130 || errs != "" {
+		t.Errorf("logs -f interrupted: exit %d, stderr %q; want 130 and nothing", c, errs)
+	}
+	c, errs := interrupt("exec", sb, "--", "sh", "-c", "echo started; exec sleep 600")
+	if c != 130 || !strings.Contains(errs, "kiln: interrupted; the process runs on: kiln attach "+sb+" ") {
+		t.Errorf("exec interrupted: exit %d, stderr %q", c, errs)
+	}
+	if c, out, _ := kiln(t, state, "", "ps", sb); c != 0 || strings.Count(out, "running") != 2 {
+		t.Errorf("the processes after Ctrl-C: %d %q", c, out)
 	}
 }
 

@@ -42,8 +42,8 @@ type sessionOptions struct {
 // session follows p's output to its end while sending it kiln's input,
 // until the detach keys are typed: then kiln leaves the process running
 // and exits 0.
-func (c *cli) session(ctx context.Context, p *client.Process, o sessionOptions) error {
-	ctx, cancel := context.WithCancel(ctx)
+func (c *cli) session(parent context.Context, p *client.Process, o sessionOptions) error {
+	ctx, cancel := context.WithCancel(parent)
 	defer cancel()
 	detached := make(chan struct{})
 	if o.input {
@@ -58,8 +58,12 @@ func (c *cli) session(ctx context.Context, p *client.Process, o sessionOptions) 
 		fmt.Fprintf(c.stderr, "\r\nkiln: detached; the process runs on (kiln attach -i %s %s)\r\n", p.Sandbox().ID, p.ID)
 		return nil
 	default:
-		return err
 	}
+	if parent.Err() != nil && !c.removing {
+		// Ctrl-C ends kiln, not the process: say where it is.
+		fmt.Fprintf(c.stderr, "\r\nkiln: interrupted; the process runs on: kiln attach %s %s, or kiln kill %[1]s %[2]s\r\n", p.Sandbox().ID, p.ID)
+	}
+	return err
 }
 
 // copyOutput writes a process's output as it comes, stdout and terminal
@@ -885,6 +889,7 @@ sandbox's limits are those of kiln sandbox create.
 					return err
 				}
 				if rm {
+					c.removing = true
 					defer sb.Delete(context.WithoutCancel(ctx), false)
 				} else {
 					fmt.Fprintln(c.stderr, "kiln: sandbox", sb.ID)
