@@ -511,7 +511,8 @@ func (c *cli) attachCmd() *cobra.Command {
 process's code. With --stdin, kiln's input goes to the process: to a process on a terminal,
 this terminal is switched to raw mode (every key is sent, Ctrl-C too) and its size followed.
 The detach keys (ctrl-p,ctrl-q unless --detach-keys) leave the process running and end kiln
-with 0; Ctrl-C on kiln itself does the same for a process without input.`,
+with 0. Without --stdin, or to a process not on a terminal, Ctrl-C ends kiln (130) and leaves
+the process running too.`,
 		Example: `  kiln attach $SB $P
   kiln attach -i $SB $P                      # type into it; ctrl-p ctrl-q to leave it running`,
 		Args:              cobra.ExactArgs(2),
