@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"strconv"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -272,6 +273,28 @@ func exitCode(e client.Exit) int {
 	return 1
 }
 
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// sizeOrNone is a limit in bytes as docker shows sizes, or "none".
+func sizeOrNone(n int64) string {
+	if n <= 0 {
+		return "none"
+	}
+	return units.BytesSize(float64(n))
+}
+
+func numOrNone[T int64 | float64](n T) string {
+	if n <= 0 {
+		return "none"
+	}
+	return strconv.FormatFloat(float64(n), 'f', -1, 64)
+}
+
 // limitFlags adds the flags of a sandbox's limits to cmd; the function
 // returns what they ask for. A limit not given is kilnd's default; 0 is
 // none.
@@ -379,9 +402,19 @@ func (c *cli) sandboxCmd() *cobra.Command {
 				return c.printJSON(list)
 			}
 			w := tabwriter.NewWriter(c.stdout, 2, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "ID\tNAME\tSTATE\tRUNTIME\tCREATED\tHOSTNAME")
+			wide := c.output == "wide"
+			head := "ID\tNAME\tSTATE\tRUNTIME\tCREATED\tHOSTNAME"
+			if wide {
+				head += "\tIMAGE\tMEMORY\tPIDS\tCPUS\tDISK"
+			}
+			fmt.Fprintln(w, head)
 			for _, s := range list {
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", s.ID, s.Name, s.State, s.Runtime, s.CreatedAt.Local().Format(time.DateTime), s.Hostname)
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s", s.ID, s.Name, s.State, s.Runtime, s.CreatedAt.Local().Format(time.DateTime), s.Hostname)
+				if wide {
+					l := s.Limits
+					fmt.Fprintf(w, "\t%s\t%s\t%s\t%s\t%s", orDash(s.Image), sizeOrNone(l.MemoryBytes), numOrNone(l.Pids), numOrNone(l.CPUs), sizeOrNone(l.DiskBytes))
+				}
+				fmt.Fprintln(w)
 			}
 			return w.Flush()
 		},

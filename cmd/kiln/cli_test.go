@@ -350,9 +350,10 @@ func TestTablesGolden(t *testing.T) {
 	p := strings.TrimSpace(out)
 	kiln(t, state, "", "wait", sb, p)
 	_, ls, _ := kiln(t, state, "", "sandbox", "ls")
+	_, wide, _ := kiln(t, state, "", "sandbox", "ls", "-o", "wide")
 	_, ps, _ := kiln(t, state, "", "ps", sb)
 	stable := strings.NewReplacer(sb, "SANDBOX-ID", p, "PROCESS-ID")
-	got := stable.Replace(ls + "\n" + ps)
+	got := stable.Replace(ls + "\n" + wide + "\n" + ps)
 	got = regexp.MustCompile(`\d{4}-\d\d-\d\d \d\d:\d\d:\d\d|\d\d:\d\d:\d\d`).ReplaceAllString(got, "TIME")
 	path := filepath.Join("testdata", "tables.golden")
 	if *update {
