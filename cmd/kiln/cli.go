@@ -122,7 +122,7 @@ never hidden.`,
 	root.PersistentFlags().StringVar(&c.stateDir, "state-dir", envOr(client.StateDirEnv, client.DefaultStateDir), "kilnd's state `directory` (env "+client.StateDirEnv+")")
 	root.PersistentFlags().StringVar(&c.addr, "addr", os.Getenv(client.AddrEnv), "kilnd's `address`: host:port, tcp://host:port or http://host:port (TCP, with the token), or\nunix:///path (a socket); default the state directory's socket (env "+client.AddrEnv+")")
 	root.PersistentFlags().BoolVar(&c.json, "json", false, "print JSON for scripts (errors too, on stderr); the same as -o json")
-	root.PersistentFlags().StringVarP(&c.output, "output", "o", "", "output `format`: table (the default), wide (tables without truncation) or json")
+	root.PersistentFlags().StringVarP(&c.output, "output", "o", "", "output `format`: table (the default), wide (more columns, nothing truncated) or json")
 	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
 		switch c.output {
 		case "", "table", "wide":
