@@ -19,8 +19,9 @@ type suite struct {
 }
 
 // suites are the v2 set: what depends on how a sandbox's cgroups are made
-// (limits, out-of-memory kills, the cgroup namespace its processes see,
-// a spawner killed and started again) and the daemon's lifecycle (create,
+// (kilnd's refusal without delegated controllers, limits, out-of-memory
+// kills, the cgroup namespace its processes see, a spawner killed and
+// started again) and the daemon's lifecycle (create,
 // delete, restart, an agent killed, leftovers ended, limits per sandbox).
 // Only the namespace backend's subtests: gVisor's runsc, which the host
 // may share with the guest, takes half a minute per sandbox under TCG and
@@ -28,7 +29,7 @@ type suite struct {
 // Bounded so that the run stays within a few minutes of TCG.
 var suites = []suite{
 	{Name: "sandbox", Package: "./internal/sandbox", Timeout: 5 * time.Minute,
-		Run: "^(TestMissingControllers|TestLimits|TestCPULimit|TestOutOfMemoryNeverKillsTheAgent|TestTmpfsWithinTheMemoryLimit|TestSpawnerKilled|TestProbes|TestIsolation)$/^namespaces$"},
+		Run: "^(TestMissingControllers|TestRefusedWithoutDelegation|TestLimits|TestCPULimit|TestOutOfMemoryNeverKillsTheAgent|TestTmpfsWithinTheMemoryLimit|TestSpawnerKilled|TestProbes|TestIsolation)$/^namespaces$"},
 	{Name: "daemon", Package: "./internal/daemon", Timeout: 6 * time.Minute,
 		Run: "^(TestDeleteKeepsCapturedLogs|TestInitCommandEndsTheSandbox|TestAgentKilled|TestUnrecordedSandboxIsEnded|TestRestartWithoutLoss|TestKill9MidStream|TestLimitsSpareOtherSandboxes)$"},
 }
