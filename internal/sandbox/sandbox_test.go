@@ -227,7 +227,19 @@ func TestCPULimit(t *testing.T) {
 	}
 	dir := sb.Cgroups.V1["cpu"]
 	if dir == "" {
-		return // on v2 the agent is born in the sandbox's group
+		// On v2 the limit is on the sandbox's group, and the agent is born
+		// in its leaf there.
+		if b, err := os.ReadFile(filepath.Join(sb.Cgroups.V2, "cpu.max")); err != nil || strings.TrimSpace(string(b)) != "20000 100000" {
+			t.Errorf("the sandbox's cpu.max: %q (%v), want 20000 100000", b, err)
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", sb.PID))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.TrimSpace(string(b)); !strings.HasSuffix(got, "/kiln-"+sb.ID+"/agent") {
+			t.Errorf("the agent's cgroup: %q, want the sandbox's agent leaf", got)
+		}
+		return
 	}
 	// The agent moves itself in without holding anything up: wait for it.
 	deadline := time.Now().Add(10 * time.Second)
