@@ -253,6 +253,13 @@ func New(cfg Config) (*Daemon, error) {
 	if err := os.MkdirAll(cfg.Images, 0o700); err != nil {
 		return nil, fmt.Errorf("kilnd: images directory: %w", err)
 	}
+	// On a pure cgroup v2 host kilnd moves into a leaf of its cgroup and
+	// enables the controllers its sandboxes' groups need: refused now,
+	// saying why, if that cgroup is not delegated to it, rather than at
+	// every create.
+	if err := sandbox.PrepareCgroups(); err != nil {
+		return nil, fmt.Errorf("kilnd: %w", err)
+	}
 	d := &Daemon{cfg: cfg, log: cfg.Log, sandboxes: map[string]*entry{}, names: map[string]string{}, closing: make(chan struct{})}
 	d.backends, d.unavailable = Backends(cfg)
 	if d.images, err = image.Open(filepath.Join(cfg.StateDir, imagesDir), image.Options{Insecure: cfg.InsecureRegistries}); err != nil {

@@ -7,7 +7,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -27,6 +26,14 @@ const cgroupRoot = "/sys/fs/cgroup"
 // host whose controllers are on v1 hierarchies, one v1 group per limited
 // controller. Every group nests under kilnd's own, so the host's
 // accounting of kilnd keeps covering its sandboxes.
+//
+// On a pure v2 host (Leaves) the v2 group holds two leaves, as the v2 rule
+// of no processes beside enabled controllers wants: "agent", where the
+// agent is born, outside the memory and pids limits, and "procs", which
+// holds them: the sandbox's spawner moves in before it forks anything, so
+// every process it starts is born there (a gVisor sandbox's runsc is born
+// there, by CLONE_INTO_CGROUP). The CPU limit is on the group itself: the
+// agent works for its processes, on their share, as on v1.
 type Cgroups struct {
 	V2 string            `json:"v2"`
 	V1 map[string]string `json:"v1,omitempty"` // controller → directory
@@ -39,10 +46,39 @@ type Cgroups struct {
 	// holds the processes, and the agent, outside it, is never the one the
 	// out-of-memory killer picks.
 	MemoryProcs string `json:"memory_procs,omitempty"`
+	// Leaves says V2 has the agent and procs leaves (a pure v2 host).
+	Leaves bool `json:"leaves,omitempty"`
 }
 
-// procsDir is the group below V1[ctrl] that holds the processes, if any.
+// The leaves of a sandbox's v2 group on a pure v2 host.
+const (
+	agentLeaf = "agent"
+	procsLeaf = "procs"
+)
+
+// agentDir is the v2 group the agent is born in.
+func (c *Cgroups) agentDir() string {
+	if c.Leaves {
+		return filepath.Join(c.V2, agentLeaf)
+	}
+	return c.V2
+}
+
+// procsDir2 is the v2 group the sandbox's processes are born in, on a
+// pure v2 host; empty on a hybrid one.
+func (c *Cgroups) procsDir2() string {
+	if c.Leaves {
+		return filepath.Join(c.V2, procsLeaf)
+	}
+	return ""
+}
+
+// procsDir is the group below V1[ctrl] (or, on a pure v2 host, below V2)
+// that holds the processes, if any.
 func (c *Cgroups) procsDir(ctrl string) string {
+	if c.Leaves && (ctrl == "pids" || ctrl == "memory") {
+		return c.procsDir2()
+	}
 	switch ctrl {
 	case "pids":
 		return c.Procs
@@ -100,7 +136,13 @@ func newCgroups(name string, lim Limits) (*Cgroups, error) {
 	if mount == "" {
 		return nil, errors.New("sandbox: no cgroup v2 hierarchy is mounted (needed to kill a sandbox's every process at once)")
 	}
-	cg := &Cgroups{V2: filepath.Join(mount, own2, name), V1: map[string]string{}}
+	parent := filepath.Join(mount, own2)
+	if pure {
+		if parent, err = v2Parent(); err != nil {
+			return nil, err
+		}
+	}
+	cg := &Cgroups{V2: filepath.Join(parent, name), V1: map[string]string{}, Leaves: pure}
 	if err := os.Mkdir(cg.V2, 0o755); err != nil {
 		return nil, fmt.Errorf("sandbox: make cgroup: %w", err)
 	}
@@ -118,30 +160,27 @@ func newCgroups(name string, lim Limits) (*Cgroups, error) {
 		return nil
 	}
 	if pure {
-		// Limits through the v2 controllers the parent delegates. Without
-		// them the limit files do not exist: say which are missing.
-		var want []string
+		for _, leaf := range []string{agentLeaf, procsLeaf} {
+			if err := os.Mkdir(filepath.Join(cg.V2, leaf), 0o755); err != nil {
+				return fail(fmt.Errorf("sandbox: make cgroup: %w", err))
+			}
+		}
+		// The group holds no process itself: its leaves can have the
+		// controllers, the limits on procs alone.
+		if err := set(cg.V2, "cgroup.subtree_control", "+memory +pids"); err != nil {
+			return fail(err)
+		}
+		procs := cg.procsDir2()
 		if lim.MemoryBytes > 0 {
-			want = append(want, "memory")
-		}
-		if lim.Pids > 0 {
-			want = append(want, "pids")
-		}
-		if lim.CPUs > 0 {
-			want = append(want, "cpu")
-		}
-		if missing := missingControllers(cg.V2, want); len(missing) > 0 {
-			return fail(fmt.Errorf("sandbox: limits need the %s controller(s), which kilnd's cgroup %s does not delegate (cgroup.subtree_control)",
-				strings.Join(missing, ", "), filepath.Dir(cg.V2)))
-		}
-		if lim.MemoryBytes > 0 {
-			if err := set(cg.V2, "memory.max", strconv.FormatInt(lim.MemoryBytes, 10)); err != nil {
+			if err := set(procs, "memory.max", strconv.FormatInt(lim.MemoryBytes, 10)); err != nil {
 				return fail(err)
 			}
-			set(cg.V2, "memory.swap.max", "0")
+			// Without swap the limit is the limit (no such file without
+			// swap accounting, where there is nothing to turn off).
+			set(procs, "memory.swap.max", "0")
 		}
 		if lim.Pids > 0 {
-			if err := set(cg.V2, "pids.max", strconv.FormatInt(lim.Pids, 10)); err != nil {
+			if err := set(procs, "pids.max", strconv.FormatInt(lim.Pids, 10)); err != nil {
 				return fail(err)
 			}
 		}
@@ -208,24 +247,20 @@ func newCgroups(name string, lim Limits) (*Cgroups, error) {
 	return cg, nil
 }
 
-// missingControllers lists those of want that the v2 group dir cannot
-// use: not in its cgroup.controllers, which its parent's subtree_control
-// fills.
-func missingControllers(dir string, want []string) []string {
-	b, _ := os.ReadFile(filepath.Join(dir, "cgroup.controllers"))
-	have := strings.Fields(string(b))
-	var missing []string
-	for _, c := range want {
-		if !slices.Contains(have, c) {
-			missing = append(missing, c)
-		}
+// open returns the v2 group the agent is born in, for starting it there.
+func (c *Cgroups) open() (*os.File, error) { return openDir(c.agentDir()) }
+
+// openProcs returns the v2 group the sandbox's processes are born in; nil
+// on a hybrid host, where they are born in the agent's.
+func (c *Cgroups) openProcs() (*os.File, error) {
+	if !c.Leaves {
+		return nil, nil
 	}
-	return missing
+	return openDir(c.procsDir2())
 }
 
-// open returns the v2 group's directory, for starting the agent inside it.
-func (c *Cgroups) open() (*os.File, error) {
-	return os.OpenFile(c.V2, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+func openDir(dir string) (*os.File, error) {
+	return os.OpenFile(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 }
 
 // Populated reports whether any process is left in the sandbox.
@@ -261,7 +296,7 @@ func (c *Cgroups) Kill(timeout time.Duration) error {
 // Destroy removes the groups. They must be empty.
 func (c *Cgroups) Destroy() error {
 	var errs []error
-	for _, dir := range []string{c.Procs, c.MemoryProcs} {
+	for _, dir := range []string{c.Procs, c.MemoryProcs, c.procsDir2()} {
 		if dir == "" {
 			continue
 		}
@@ -272,6 +307,11 @@ func (c *Cgroups) Destroy() error {
 	for _, dir := range c.V1 {
 		if err := unix.Rmdir(dir); err != nil && !errors.Is(err, unix.ENOENT) {
 			errs = append(errs, fmt.Errorf("sandbox: remove %s: %w", dir, err))
+		}
+	}
+	if c.Leaves {
+		if err := unix.Rmdir(c.agentDir()); err != nil && !errors.Is(err, unix.ENOENT) {
+			errs = append(errs, fmt.Errorf("sandbox: remove %s: %w", c.agentDir(), err))
 		}
 	}
 	if err := unix.Rmdir(c.V2); err != nil && !errors.Is(err, unix.ENOENT) {
@@ -287,8 +327,8 @@ func (c *Cgroups) OOMEvents() (*os.File, error) {
 	switch {
 	case c.MemoryProcs != "":
 		return os.Open(filepath.Join(c.MemoryProcs, "memory.oom_control"))
-	case len(c.V1) == 0 && fileExists(filepath.Join(c.V2, "memory.max")):
-		return os.Open(filepath.Join(c.V2, "memory.events"))
+	case c.Leaves && memoryLimited(c.procsDir2()):
+		return os.Open(filepath.Join(c.procsDir2(), "memory.events"))
 	}
 	return nil, nil
 }
@@ -305,9 +345,10 @@ func (c *Cgroups) OOMKills() int64 {
 	return EventIn(b, "oom_kill")
 }
 
-func fileExists(path string) bool {
-	_, err := os.Stat(path)
-	return err == nil
+// memoryLimited reports whether the v2 group dir has a memory limit.
+func memoryLimited(dir string) bool {
+	b, err := os.ReadFile(filepath.Join(dir, "memory.max"))
+	return err == nil && strings.TrimSpace(string(b)) != "max"
 }
 
 // EventIn reads the counter key from an events file's content.
@@ -347,12 +388,18 @@ func EndLeftover(id string) error {
 	if err != nil {
 		return err
 	}
-	mount, _ := v2Mount()
+	mount, pure := v2Mount()
 	if mount == "" {
 		return nil
 	}
+	parent := filepath.Join(mount, own2)
+	if pure {
+		if parent, err = v2Parent(); err != nil {
+			return err
+		}
+	}
 	name := "kiln-" + id
-	cg := &Cgroups{V2: filepath.Join(mount, own2, name), V1: map[string]string{}}
+	cg := &Cgroups{V2: filepath.Join(parent, name), V1: map[string]string{}, Leaves: pure}
 	if _, err := os.Stat(cg.V2); errors.Is(err, os.ErrNotExist) {
 		return nil
 	}

@@ -8,8 +8,9 @@ import (
 )
 
 // TestMissingControllers: on a pure cgroup v2 host, limits need the
-// controllers kilnd's group delegates; those it does not are named, so the
-// create fails saying what to enable instead of with a missing file.
+// controllers kilnd's group is given; those it is not are named, so kilnd
+// refuses to start saying what to delegate instead of failing on a
+// missing file.
 func TestMissingControllers(t *testing.T) {
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "cgroup.controllers"), []byte("cpuset cpu io pids\n"), 0o644); err != nil {

@@ -378,7 +378,12 @@ func (g *GVisor) Create(ctx context.Context, o Options) (_ Instance, err error) 
 		sb.forget()
 		cg.Destroy()
 	})
-	cgf, err := cg.open()
+	// The whole runtime is the sandbox's processes: on a pure v2 host it
+	// is born in the limited procs group.
+	cgf, err := cg.openProcs()
+	if cgf == nil && err == nil {
+		cgf, err = cg.open()
+	}
 	if err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}

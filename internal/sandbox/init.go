@@ -62,6 +62,9 @@ type AgentConfig struct {
 	PidsLimited bool `json:"pids_limited,omitempty"`
 	// MemoryLimited says fdMemoryTasks is passed: their memory group.
 	MemoryLimited bool `json:"memory_limited,omitempty"`
+	// ProcsCgroup says fdProcsCgroup is passed: on a pure v2 host, the
+	// sandbox's procs group's cgroup.procs, which its spawner joins.
+	ProcsCgroup bool `json:"procs_cgroup,omitempty"`
 	// OOMEvents says fdOOMEvents is passed.
 	OOMEvents bool `json:"oom_events,omitempty"`
 	// CPULimited says fdCPUTasks and fdCPUProcs are passed: the sandbox's
@@ -134,7 +137,11 @@ const (
 	// fdNetwork is the pipe the agent waits on for kilnd to connect its
 	// network, when it has one: a byte, or nothing if that failed.
 	fdNetwork = 12
-	fdLast    = fdNetwork
+	// fdProcsCgroup is the sandbox's v2 procs group's cgroup.procs, on a
+	// pure v2 host: the spawner moves into it, and every process it starts
+	// is born there.
+	fdProcsCgroup = 13
+	fdLast        = fdProcsCgroup
 )
 
 // hostDirs are bound read-only from the host when no rootfs is given.
@@ -726,6 +733,14 @@ func Enter() (*Inside, error) {
 		go joinCPU(os.NewFile(fdCPUProcs, "cpu cgroup.procs"))
 	}
 	iso := isolate(cfg.UIDBase)
+	// On a pure v2 host the spawner moves itself, every thread, into the
+	// procs group before it forks anything (the agent stays in its own
+	// leaf, outside the limits): what it allocated to start is charged
+	// outside them, so one the limits killed starts again in a sandbox
+	// whose memory is full.
+	if cfg.ProcsCgroup {
+		groups = append(groups, os.NewFile(fdProcsCgroup, "procs cgroup.procs"))
+	}
 	spawner := confine.NewSpawner(exe, confine.Config{NoFile: noFile(), NProc: nproc(cfg.PidsMax)}, groups,
 		func(cmd *exec.Cmd) error {
 			iso(cmd.SysProcAttr)

@@ -294,6 +294,7 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 	}
 	cfg.PidsLimited, cfg.MemoryLimited, cfg.CPULimited = cg.Procs != "", cg.MemoryProcs != "", cg.V1["cpu"] != ""
 	cfg.OOMEvents = oom != nil
+	cfg.ProcsCgroup = cg.Leaves
 	// The agent waits for its network on a pipe: a byte once kilnd has
 	// connected it, nothing if that failed.
 	var await, connected *os.File
@@ -327,7 +328,8 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 	for _, g := range []struct {
 		fd        int
 		dir, file string
-	}{{fdTasks, cg.Procs, "tasks"}, {fdMemoryTasks, cg.MemoryProcs, "tasks"}, {fdCPUTasks, cg.V1["cpu"], "tasks"}, {fdCPUProcs, cg.V1["cpu"], "cgroup.procs"}} {
+	}{{fdTasks, cg.Procs, "tasks"}, {fdMemoryTasks, cg.MemoryProcs, "tasks"}, {fdCPUTasks, cg.V1["cpu"], "tasks"}, {fdCPUProcs, cg.V1["cpu"], "cgroup.procs"},
+		{fdProcsCgroup, cg.procsDir2(), "cgroup.procs"}} {
 		if g.dir == "" {
 			continue
 		}
