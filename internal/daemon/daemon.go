@@ -995,15 +995,47 @@ func (d *Daemon) get(ref string) (*entry, error) {
 }
 
 // List returns every sandbox not deleted, oldest first.
+//
+// It takes d.mu twice whatever the count: once for the entries, once for
+// their infos. Between the two, outside the lock, it asks each running
+// sandbox whether its agent lives (a read of /proc each): one whose agent
+// died is recorded stopped, as get does, so that a list never shows it
+// running.
 func (d *Daemon) List() []Info {
+	type seen struct {
+		e    *entry
+		sb   sandbox.Instance // when running and not being deleted
+		dead bool
+	}
 	d.mu.Lock()
-	ids := slices.Clone(d.live)
-	d.mu.Unlock()
-	out := make([]Info, 0, len(ids))
-	for _, id := range ids {
-		if e, err := d.get(id); err == nil {
-			out = append(out, d.infoOf(e))
+	all := make([]seen, 0, len(d.live))
+	for _, id := range d.live {
+		e := d.sandboxes[id]
+		s := seen{e: e}
+		if e.rec.State == StateRunning && !e.deleting {
+			s.sb = e.sb
 		}
+		all = append(all, s)
+	}
+	d.mu.Unlock()
+	for i := range all {
+		if sb := all[i].sb; sb != nil {
+			all[i].dead = !sb.Alive()
+		}
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make([]Info, 0, len(all))
+	for _, s := range all {
+		e := s.e
+		if e.rec.State == StateDeleted {
+			continue // deleted meanwhile
+		}
+		if s.dead && e.rec.State == StateRunning && e.sb == s.sb && !e.deleting {
+			d.stopped(e, agentExited(e.sb))
+			e.proxy = nil
+		}
+		out = append(out, e.info())
 	}
 	return out
 }

@@ -636,8 +636,13 @@ func withSocketPath(path string, f func(string) error) error {
 
 // Alive reports whether the agent still runs (and is the same process).
 func (s *Sandbox) Alive() bool {
-	t, err := startTime(s.PID)
-	return err == nil && t == s.Started && !zombie(s.PID)
+	// One read of its stat for both: kilnd's list asks every sandbox.
+	f, err := statFields(s.PID)
+	if err != nil || len(f) < 20 || f[0] == "Z" {
+		return false
+	}
+	t, err := strconv.ParseUint(f[19], 10, 64)
+	return err == nil && t == s.Started
 }
 
 // Destroy kills everything in the sandbox and removes its cgroups and
@@ -754,11 +759,6 @@ func startTime(pid int) (uint64, error) {
 		return 0, fmt.Errorf("short stat of %d", pid)
 	}
 	return strconv.ParseUint(f[19], 10, 64)
-}
-
-func zombie(pid int) bool {
-	f, err := statFields(pid)
-	return err != nil || len(f) < 1 || f[0] == "Z"
 }
 
 // statFields returns /proc/PID/stat's fields after the command name,
