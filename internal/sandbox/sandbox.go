@@ -585,6 +585,15 @@ func (s *Sandbox) InitExit() *InitExit {
 // AwaitExit blocks until the agent has exited or stop is closed; it works
 // for an agent this kilnd started and for one it adopted.
 func (s *Sandbox) AwaitExit(stop <-chan struct{}) {
+	if s.reaped != nil {
+		// Its reaper's channel says it: no descriptor and no goroutine
+		// more per sandbox, of which kilnd may have thousands.
+		select {
+		case <-s.reaped:
+		case <-stop:
+		}
+		return
+	}
 	fd, err := unix.PidfdOpen(s.PID, unix.PIDFD_NONBLOCK)
 	if err != nil {
 		return // gone already
