@@ -22,9 +22,12 @@ const (
 	targetScaleCreateRatio = 2
 	targetScaleSandboxMiB  = 3
 	targetScaleAdopt       = 2 * time.Second
-	scaleFirstStep         = 10              // the step the largest count's create is held to
-	scaleIdleWindow        = 3 * time.Second // kilnd's CPU is read over this long with no request
-	scaleListCalls         = 20
+	scaleFirstStep         = 10 // the step the largest count's create is held to
+	// kilnd's CPU is read over this long with no request, and then what
+	// the sandboxes cost: longer than kilnd keeps an idle connection to an
+	// agent (sandbox.Transport), which holds its buffers.
+	scaleIdleWindow = 6 * time.Second
+	scaleListCalls  = 20
 )
 
 // scaleStep is what the sandboxes cost once there are n of them.
@@ -128,18 +131,6 @@ func measureScale(ctx context.Context, cfg config) (*scaleResult, error) {
 		if st.idleCPU, st.idleWindow, err = idleCPU(ctx, scaleIdleWindow); err != nil {
 			return nil, err
 		}
-		for range scaleListCalls {
-			start := time.Now()
-			var list []daemon.Info
-			if err := c.call(ctx, "GET", "/sandboxes", nil, &list); err != nil {
-				return nil, err
-			}
-			st.list = append(st.list, time.Since(start))
-			if len(list) != n {
-				return nil, fmt.Errorf("GET /sandboxes listed %d sandboxes, want %d", len(list), n)
-			}
-		}
-		c.http.CloseIdleConnections()
 		now := snapshot()
 		st.kilndHeap, st.goroutines, st.fds = now.heap-base.heap, now.goroutines-base.goroutines, countFDs()-baseFDs
 		for _, pid := range agents {
@@ -152,6 +143,17 @@ func measureScale(ctx context.Context, cfg config) (*scaleResult, error) {
 				return nil, fmt.Errorf("agent %d: %w", pid, err)
 			}
 			st.agentPSS, st.spawnerPSS = st.agentPSS+a, st.spawnerPSS+all-a
+		}
+		for range scaleListCalls {
+			start := time.Now()
+			var list []daemon.Info
+			if err := c.call(ctx, "GET", "/sandboxes", nil, &list); err != nil {
+				return nil, err
+			}
+			st.list = append(st.list, time.Since(start))
+			if len(list) != n {
+				return nil, fmt.Errorf("GET /sandboxes listed %d sandboxes, want %d", len(list), n)
+			}
 		}
 		res.steps = append(res.steps, st)
 		fmt.Fprintf(cfg.progress, "scale: %d sandboxes: create p50 %v p99 %v, %.2f MiB each, idle CPU %v in %v, list p50 %v, %d descriptors\n",
@@ -266,10 +268,10 @@ func writeScale(b *strings.Builder, cfg config, s *scaleResult) {
 		return
 	}
 	fmt.Fprintf(b, "A kilnd in this process (its agents and spawners kilnd's own binary, built for the run), called over its unix socket, is given sandboxes one after another (each\n"+
-		"answered, then an exec of `true` in it, so that its spawner is up) to %d; at each step, with every sandbox\n"+
-		"idle: the creates since the step before, what the sandboxes cost (their agents' and spawners' proportional\n"+
-		"set size; kilnd's heap, descriptors and goroutines, growth since before the first), the CPU time this process\n"+
-		"spent in %v with no request (kilnd is in it; the bench only waits), and %d calls of `GET /sandboxes`.\n\n",
+		"answered, then an exec of `true` in it, so that its spawner is up) to %d; at each step: the creates since the\n"+
+		"step before, the CPU time this process spent in %v with no request (kilnd is in it; the bench only waits),\n"+
+		"then, every sandbox idle, what they cost (their agents' and spawners' proportional set size; kilnd's heap,\n"+
+		"descriptors and goroutines, growth since before the first), and %d calls of `GET /sandboxes`.\n\n",
 		cfg.scale, scaleIdleWindow, scaleListCalls)
 	b.WriteString("| sandboxes | create p50 | create p99 | agent PSS MiB | spawner PSS MiB | kilnd heap MiB | MiB per sandbox | kilnd idle CPU | list p50 | list p99 | descriptors per sandbox | goroutines per sandbox |\n" +
 		"|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
