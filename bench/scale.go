@@ -40,6 +40,7 @@ type scaleStep struct {
 	agentPSS, spawnerPSS int64
 	kilndHeap            int64 // kilnd's (this process's) heap growth since before the first
 	fds                  int   // this process's descriptors, growth since before the first
+	tasks                int   // the agents' and spawners' threads, each of which takes a pid
 	goroutines           int   // growth since before the first
 	idleCPU              time.Duration
 	idleWindow           time.Duration
@@ -53,10 +54,13 @@ func (s scaleStep) perSandboxMiB() float64 {
 }
 
 type scaleResult struct {
-	steps   []scaleStep
-	nofile  uint64        // this process's descriptor limit
-	adopt   time.Duration // a new kilnd on the same state: start to serving, every sandbox running
-	adopted int
+	steps []scaleStep
+	// What bounds the count on this host: the kernel's pid_max (every
+	// thread takes a pid) and the memory available before the first.
+	pidMax, memAvailable int64
+	nofile               uint64        // this process's descriptor limit
+	adopt                time.Duration // a new kilnd on the same state: start to serving, every sandbox running
+	adopted              int
 	// Deleting them all, one after another through the API.
 	deleteAll time.Duration
 	skipped   string
@@ -74,6 +78,13 @@ func measureScale(ctx context.Context, cfg config) (*scaleResult, error) {
 	var lim unix.Rlimit
 	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err == nil {
 		res.nofile = lim.Cur
+	}
+	if b, err := os.ReadFile("/proc/sys/kernel/pid_max"); err == nil {
+		res.pidMax, _ = strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	}
+	if v, ok := procField("/proc/meminfo", "MemAvailable"); ok {
+		kb, _ := strconv.ParseInt(strings.TrimSuffix(v, " kB"), 10, 64)
+		res.memAvailable = kb << 10
 	}
 	state, err := os.MkdirTemp("", "sandkiln-bench-scale-")
 	if err != nil {
@@ -143,6 +154,7 @@ func measureScale(ctx context.Context, cfg config) (*scaleResult, error) {
 				return nil, fmt.Errorf("agent %d: %w", pid, err)
 			}
 			st.agentPSS, st.spawnerPSS = st.agentPSS+a, st.spawnerPSS+all-a
+			st.tasks += tasksTree(pid)
 		}
 		for range scaleListCalls {
 			start := time.Now()
@@ -243,6 +255,20 @@ func selfCPU() (time.Duration, error) {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), nil
 }
 
+// tasksTree is the number of threads of a process and its descendants.
+func tasksTree(pid int) int {
+	tasks, _ := filepath.Glob("/proc/" + strconv.Itoa(pid) + "/task/*/children")
+	n := len(tasks)
+	for _, t := range tasks {
+		b, _ := os.ReadFile(t)
+		for _, f := range strings.Fields(string(b)) {
+			child, _ := strconv.Atoi(f)
+			n += tasksTree(child)
+		}
+	}
+	return n
+}
+
 // countFDs is the number of descriptors this process has open.
 func countFDs() int {
 	ents, err := os.ReadDir("/proc/self/fd")
@@ -273,14 +299,15 @@ func writeScale(b *strings.Builder, cfg config, s *scaleResult) {
 		"then, every sandbox idle, what they cost (their agents' and spawners' proportional set size; kilnd's heap,\n"+
 		"descriptors and goroutines, growth since before the first), and %d calls of `GET /sandboxes`.\n\n",
 		cfg.scale, scaleIdleWindow, scaleListCalls)
-	b.WriteString("| sandboxes | create p50 | create p99 | agent PSS MiB | spawner PSS MiB | kilnd heap MiB | MiB per sandbox | kilnd idle CPU | list p50 | list p99 | descriptors per sandbox | goroutines per sandbox |\n" +
-		"|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| sandboxes | create p50 | create p99 | agent PSS MiB | spawner PSS MiB | kilnd heap MiB | MiB per sandbox | kilnd idle CPU | list p50 | list p99 | descriptors per sandbox | goroutines per sandbox | threads per sandbox |\n" +
+		"|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, st := range s.steps {
-		fmt.Fprintf(b, "| %d | %s | %s | %s | %s | %s | %.2f | %.2f%% | %s | %s | %.2f | %.1f |\n", st.n,
+		fmt.Fprintf(b, "| %d | %s | %s | %s | %s | %s | %.2f | %.2f%% | %s | %s | %.2f | %.1f | %.1f |\n", st.n,
 			ms(pct(st.creates, 50)), ms(pct(st.creates, 99)),
 			mib(st.perSandbox(st.agentPSS)), mib(st.perSandbox(st.spawnerPSS)), mib(st.perSandbox(max(0, st.kilndHeap))),
 			st.perSandboxMiB(), 100*st.idleCPU.Seconds()/st.idleWindow.Seconds(),
-			ms(pct(st.list, 50)), ms(pct(st.list, 99)), float64(st.fds)/float64(st.n), float64(st.goroutines)/float64(st.n))
+			ms(pct(st.list, 50)), ms(pct(st.list, 99)), float64(st.fds)/float64(st.n), float64(st.goroutines)/float64(st.n),
+			float64(st.tasks)/float64(st.n))
 	}
 	b.WriteString("\nIdle CPU is a share of one core. Agent, spawner and kilnd heap are per sandbox.\n\n")
 	first, last := s.steps[0], s.steps[len(s.steps)-1]
@@ -292,5 +319,21 @@ func writeScale(b *strings.Builder, cfg config, s *scaleResult) {
 	fmt.Fprintf(b, "| restart: a new kilnd on the same state, start to every one of %d sandboxes listed running | %s | < %v | %s |\n",
 		s.adopted, ms(s.adopt), targetScaleAdopt, verdict(s.adopt < targetScaleAdopt))
 	fmt.Fprintf(b, "| delete all %d, one after another | %s (%s each) | | |\n\n", last.n, ms(s.deleteAll), ms(s.deleteAll/time.Duration(last.n)))
-	fmt.Fprintf(b, "This process's descriptor limit: %s.\n\n", strconv.FormatUint(s.nofile, 10))
+	// The limit: whichever of pids, memory and descriptors runs out first.
+	tasks, mem := float64(last.tasks)/float64(last.n), last.perSandboxMiB()*(1<<20)
+	byPids, byMem := float64(s.pidMax)/tasks, float64(s.memAvailable)/mem
+	byFDs := float64(s.nofile) / (float64(last.fds) / float64(last.n))
+	bound := "pids"
+	if byMem < byPids {
+		bound = "memory"
+	}
+	if byFDs < min(byPids, byMem) {
+		bound = "descriptors"
+	}
+	fmt.Fprintf(b, "What bounds the count on this host, at the figures of %d: pids, %.1f threads per sandbox (its agent's and its\n"+
+		"spawner's; each thread takes a pid) against the kernel's pid_max of %d, shared with the rest of the host, at most\n"+
+		"%.0f sandboxes; memory, %s available before the first at %.2f MiB each, %.0f; kilnd's descriptors, a limit of %d at\n"+
+		"%.2f each, %.0f. The first to run out: **%s**.\n\n",
+		last.n, tasks, s.pidMax, byPids, bytesText(s.memAvailable), last.perSandboxMiB(), byMem, s.nofile,
+		float64(last.fds)/float64(last.n), byFDs, bound)
 }
