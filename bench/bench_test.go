@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/google/go-cmp/cmp"
 )
 
 // TestRun runs the whole benchmark at a tiny size, so it keeps compiling
@@ -66,6 +68,62 @@ func TestRun(t *testing.T) {
 	}
 	if written, err := os.ReadFile(files[0]); err != nil || string(written) != report {
 		t.Errorf("written report differs from the printed one (read error %v)", err)
+	}
+}
+
+// TestScale runs the scale section to 20 sandboxes, measured every 10,
+// with a restart of kilnd between the last step and the deletes.
+func TestScale(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("kilnd needs root")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var out bytes.Buffer
+	cfg := config{
+		scale:     20,
+		scaleStep: 10,
+		out:       t.TempDir(),
+		sections:  map[string]bool{"scale": true},
+		cmdline:   "bench -only scale -scale 20 -scale-step 10",
+		stdout:    &out,
+		progress:  io.Discard,
+	}
+	if testing.Verbose() {
+		cfg.progress = os.Stderr
+	}
+	if err := run(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	report := out.String()
+	for _, want := range []string{
+		"# Scale, ", "| 10 | ", "| 20 | ", "| create p99 at 20 / at 10 |", "| memory per idle sandbox at 20 |",
+		"every one of 20 sandboxes listed running |", "| delete all 20, one after another |",
+	} {
+		if !strings.Contains(report, want) {
+			t.Errorf("report lacks %q:\n%s", want, report)
+		}
+	}
+	files, err := filepath.Glob(filepath.Join(cfg.out, "*.md"))
+	if err != nil || len(files) != 1 || !strings.HasSuffix(files[0], "-scale.md") {
+		t.Fatalf("report files in -out: %v, %v; want one, -scale.md", files, err)
+	}
+}
+
+func TestScaleCounts(t *testing.T) {
+	for _, tc := range []struct {
+		n, step int
+		want    []int
+	}{
+		{1000, 100, []int{10, 100, 200, 300, 400, 500, 600, 700, 800, 900, 1000}},
+		{20, 10, []int{10, 20}},
+		{25, 10, []int{10, 20, 25}},
+		{5, 10, []int{5}},
+		{30, 5, []int{10, 15, 20, 25, 30}},
+	} {
+		if diff := cmp.Diff(tc.want, scaleCounts(tc.n, tc.step)); diff != "" {
+			t.Errorf("scaleCounts(%d, %d) (-want +got):\n%s", tc.n, tc.step, diff)
+		}
 	}
 }
 

@@ -23,6 +23,8 @@ type config struct {
 	readers       []int // reader counts of the engine cases
 	tombstones    int
 	running       int
+	scale         int    // sandboxes the scale section creates
+	scaleStep     int    // and how many between its measurements
 	out           string // report directory; empty writes no file
 	sections      map[string]bool
 	cpuprofile    string
@@ -35,7 +37,7 @@ type config struct {
 // (`-only compare`): it needs tools of other projects and writes a report
 // of its own.
 var (
-	allSections   = []string{"throughput", "capture", "lossless", "kilnd", "attach", "files", "ports", "tombstone", "running"}
+	allSections   = []string{"throughput", "capture", "lossless", "kilnd", "attach", "files", "ports", "tombstone", "running", "scale"}
 	extraSections = []string{"compare"}
 )
 
@@ -57,6 +59,8 @@ func (c config) validate() error {
 		return fmt.Errorf("tombstones %d: must be at least 1", c.tombstones)
 	case c.running < 1:
 		return fmt.Errorf("running %d: must be at least 1", c.running)
+	case c.scale < 1 || c.scaleStep < 1:
+		return fmt.Errorf("scale %d, step %d: must be at least 1", c.scale, c.scaleStep)
 	}
 	return nil
 }

@@ -454,11 +454,16 @@ func startKilnd(state string) (*daemontest.Kilnd, client, error) {
 
 // startKilndOn is startKilnd with a TCP listener on listen too.
 func startKilndOn(state, listen string) (*daemontest.Kilnd, client, error) {
-	k, err := daemontest.Start(state, listen)
+	return startKilndConfig(daemon.Config{StateDir: state, Listen: listen})
+}
+
+// startKilndConfig is startKilnd with more of kilnd's configuration.
+func startKilndConfig(cfg daemon.Config) (*daemontest.Kilnd, client, error) {
+	k, err := daemontest.StartConfig(cfg)
 	if err != nil {
 		return nil, client{}, err
 	}
-	sock := filepath.Join(state, daemon.SocketName)
+	sock := filepath.Join(cfg.StateDir, daemon.SocketName)
 	tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 		var dl net.Dialer
 		return dl.DialContext(ctx, "unix", sock)

@@ -56,7 +56,9 @@ func parseFlags(args []string) (config, error) {
 	readers := fs.String("readers", "1,8,64", "comma-separated reader counts for the engine cases")
 	tombs := fs.Int("tombstones", 2000, "finished processes for the tombstone memory figure")
 	running := fs.Int("running", 200, "idle running processes for the per-process memory figure")
-	out := fs.String("out", "", "also write the report to DIR/<date>-engine.md")
+	scale := fs.Int("scale", 1000, "sandboxes the scale section creates")
+	scaleStep := fs.Int("scale-step", 100, "sandboxes between the scale section's measurements")
+	out := fs.String("out", "", "also write the reports to DIR/<date>-engine.md (and -scale.md, -compare.md)")
 	only := fs.String("only", "", "comma-separated sections to run: "+strings.Join(allSections, ", ")+" (default all), or "+strings.Join(extraSections, ", "))
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of this process to FILE")
 	if err := fs.Parse(args); err != nil {
@@ -69,6 +71,8 @@ func parseFlags(args []string) (config, error) {
 		reps:       *reps,
 		tombstones: *tombs,
 		running:    *running,
+		scale:      *scale,
+		scaleStep:  *scaleStep,
 		out:        *out,
 		cpuprofile: *cpuprofile,
 		captureDir: *captureDir,

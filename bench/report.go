@@ -63,7 +63,9 @@ func writeHeader(b *strings.Builder, cfg config, res results, title string) {
 	fmt.Fprintf(b, "| kernel | %s |\n", m.kernel)
 	fmt.Fprintf(b, "| Go | %s |\n", m.goVersion)
 	fmt.Fprintf(b, "| command | `%s` |\n", cfg.cmdline)
-	if res.compare != nil && title == "Comparison" {
+	if title == "Scale" {
+		fmt.Fprintf(b, "| settings | %d sandboxes, measured every %d |\n\n", cfg.scale, cfg.scaleStep)
+	} else if res.compare != nil && title == "Comparison" {
 		fmt.Fprintf(b, "| settings | capture size %s, terminal size %s, %d %s, %d tombstones |\n\n",
 			bytesText(cfg.captureSize), bytesText(cfg.ttySize), cfg.reps, plural(cfg.reps, "rep"), cfg.tombstones)
 	} else {

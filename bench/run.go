@@ -24,6 +24,7 @@ type results struct {
 	tombstones *tombstoneResult
 	running    *runningResult
 	compare    *compareResult
+	scale      *scaleResult
 }
 
 func run(ctx context.Context, cfg config) (err error) {
@@ -109,6 +110,12 @@ func run(ctx context.Context, cfg config) (err error) {
 		}
 		res.running = &r
 	}
+	if cfg.has("scale") {
+		var err error
+		if res.scale, err = measureScale(ctx, cfg); err != nil {
+			return fmt.Errorf("scale: %w", err)
+		}
+	}
 	if cfg.has("compare") {
 		exe, err := os.Executable()
 		if err != nil {
@@ -120,15 +127,19 @@ func run(ctx context.Context, cfg config) (err error) {
 	}
 	res.elapsed = time.Since(res.started)
 
-	// The comparison has a report of its own; the engine's has the rest.
+	// The comparison and the scale section have reports of their own; the
+	// engine's has the rest.
 	reports := map[string]string{}
+	if res.scale != nil {
+		reports["scale"] = renderScale(cfg, res)
+	}
 	if res.compare != nil {
 		reports["compare"] = renderCompare(cfg, res)
 	}
 	if res.throughput != nil || res.capture != nil || res.lossless != nil || res.kilnd != nil || res.attach != nil || res.files != nil || res.ports != nil || res.tombstones != nil || res.running != nil {
 		reports["engine"] = renderReport(cfg, res)
 	}
-	for _, name := range []string{"engine", "compare"} {
+	for _, name := range []string{"engine", "scale", "compare"} {
 		text, ok := reports[name]
 		if !ok {
 			continue

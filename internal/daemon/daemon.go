@@ -173,7 +173,7 @@ type Daemon struct {
 	// images are the OCI images sandboxes are made from.
 	images *image.Store
 
-	// mu guards sandboxes, names, live, previewing and imageLeases (the
+	// mu guards sandboxes, names, live, previews, previewing and imageLeases (the
 	// images creates in progress use, by ID). Creating and deleting a
 	// sandbox happen outside it; the entry is added once the sandbox
 	// runs. The image store calls in with its own lock held (imageInUse):
@@ -193,6 +193,11 @@ type Daemon struct {
 	// previewing ends what each preview serves (by its token's hash):
 	// revoked, it reaches nothing, WebSockets open through it included.
 	previewing map[string]map[*struct{}]context.CancelFunc
+	// previews are the sandboxes' preview tokens' hashes to their ids, so
+	// that a preview request finds its sandbox without a scan. An entry
+	// may outlive its preview (revoked, expired, its sandbox deleted):
+	// what it names is checked against the sandbox's record.
+	previews map[string]string
 
 	// backends make sandboxes, by runtime name; unavailable says why
 	// those this host cannot run are missing.
@@ -466,11 +471,23 @@ func (d *Daemon) recovered(e *entry) {
 	d.add(e)
 }
 
+// indexPreview records that the preview of hash is sandbox id's. Called
+// with d.mu held.
+func (d *Daemon) indexPreview(hash, id string) {
+	if d.previews == nil {
+		d.previews = map[string]string{}
+	}
+	d.previews[hash] = id
+}
+
 // add makes e one of the sandboxes kilnd knows (its name, if it has one,
 // claimed already). Called with d.mu held, or from New.
 func (d *Daemon) add(e *entry) {
 	id := e.rec.ID
 	d.sandboxes[id] = e
+	for _, p := range e.rec.Previews {
+		d.indexPreview(p.Hash, id)
+	}
 	if e.rec.State != StateDeleted {
 		if i, found := slices.BinarySearch(d.live, id); !found {
 			d.live = slices.Insert(d.live, i, id)
@@ -1002,15 +1019,47 @@ func (d *Daemon) get(ref string) (*entry, error) {
 }
 
 // List returns every sandbox not deleted, oldest first.
+//
+// It takes d.mu twice whatever the count: once for the entries, once for
+// their infos. Between the two, outside the lock, it asks each running
+// sandbox whether its agent lives (a read of /proc each): one whose agent
+// died is recorded stopped, as get does, so that a list never shows it
+// running.
 func (d *Daemon) List() []Info {
+	type seen struct {
+		e    *entry
+		sb   sandbox.Instance // when running and not being deleted
+		dead bool
+	}
 	d.mu.Lock()
-	ids := slices.Clone(d.live)
-	d.mu.Unlock()
-	out := make([]Info, 0, len(ids))
-	for _, id := range ids {
-		if e, err := d.get(id); err == nil {
-			out = append(out, d.infoOf(e))
+	all := make([]seen, 0, len(d.live))
+	for _, id := range d.live {
+		e := d.sandboxes[id]
+		s := seen{e: e}
+		if e.rec.State == StateRunning && !e.deleting {
+			s.sb = e.sb
 		}
+		all = append(all, s)
+	}
+	d.mu.Unlock()
+	for i := range all {
+		if sb := all[i].sb; sb != nil {
+			all[i].dead = !sb.Alive()
+		}
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make([]Info, 0, len(all))
+	for _, s := range all {
+		e := s.e
+		if e.rec.State == StateDeleted {
+			continue // deleted meanwhile
+		}
+		if s.dead && e.rec.State == StateRunning && e.sb == s.sb && !e.deleting {
+			d.stopped(e, agentExited(e.sb))
+			e.proxy = nil
+		}
+		out = append(out, e.info())
 	}
 	return out
 }

@@ -21,7 +21,9 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/google/go-cmp/cmp"
 	"go.uber.org/goleak"
+	"golang.org/x/sys/unix"
 
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/agent"
@@ -739,6 +741,45 @@ func TestManyStreamsManyWatchers(t *testing.T) {
 	}
 	if n > 0 {
 		t.Errorf("%d of %d watchers failed", n, streams*watchers)
+	}
+}
+
+// TestListAfterAgentDied: once a sandbox's agent is dead, the list says
+// the sandbox stopped, whether or not kilnd's watcher of that agent has
+// woken yet; the others stay running.
+func TestListAfterAgentDied(t *testing.T) {
+	k := start(t, "")
+	defer k.cleanup()
+	var victim, other daemon.Info
+	k.json("POST", "/sandboxes", "{}", &victim)
+	k.json("POST", "/sandboxes", "{}", &other)
+	fd, err := unix.PidfdOpen(victim.AgentPID, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if err := unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	// A pidfd polls readable once its process has exited.
+	for {
+		n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, -1)
+		if err == nil && n == 1 {
+			break
+		}
+		if err != nil && err != unix.EINTR {
+			t.Fatal(err)
+		}
+	}
+	var list []daemon.Info
+	k.json("GET", "/sandboxes", nil, &list)
+	states := map[string]string{}
+	for _, s := range list {
+		states[s.ID] = s.State
+	}
+	want := map[string]string{victim.ID: daemon.StateStopped, other.ID: daemon.StateRunning}
+	if diff := cmp.Diff(want, states); diff != "" {
+		t.Errorf("states listed (-want +got):\n%s", diff)
 	}
 }
 

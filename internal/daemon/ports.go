@@ -89,7 +89,13 @@ func (d *Daemon) createPreview(tcp bool) http.HandlerFunc {
 			reply.Error(w, fmt.Errorf("%w: sandbox %s is %s", errdefs.ErrFailedPrecondition, e.rec.ID, e.rec.State))
 			return
 		}
-		e.rec.Previews = slices.DeleteFunc(e.rec.Previews, func(p preview) bool { return now.After(p.ExpiresAt) })
+		e.rec.Previews = slices.DeleteFunc(e.rec.Previews, func(p preview) bool {
+			if now.After(p.ExpiresAt) {
+				delete(d.previews, p.Hash)
+				return true
+			}
+			return false
+		})
 		if len(e.rec.Previews) >= maxPreviews {
 			d.mu.Unlock()
 			reply.Error(w, fmt.Errorf("%w: sandbox %s has %d previews: revoke one first", errdefs.ErrTooLarge, e.rec.ID, maxPreviews))
@@ -99,6 +105,8 @@ func (d *Daemon) createPreview(tcp bool) http.HandlerFunc {
 		err = d.save(e.rec)
 		if err != nil {
 			e.rec.Previews = e.rec.Previews[:len(e.rec.Previews)-1]
+		} else {
+			d.indexPreview(p.Hash, e.rec.ID)
 		}
 		d.mu.Unlock()
 		if err != nil {
@@ -166,6 +174,7 @@ func (d *Daemon) revokePreview(w http.ResponseWriter, r *http.Request) {
 		reply.Error(w, err)
 		return
 	}
+	delete(d.previews, e.rec.Previews[i].Hash)
 	for _, cancel := range d.previewing[e.rec.Previews[i].Hash] {
 		cancel()
 	}
@@ -185,7 +194,7 @@ func (d *Daemon) servePreview(w http.ResponseWriter, r *http.Request) {
 	var expires time.Time
 	port := 0
 	d.mu.Lock()
-	for _, e := range d.sandboxes {
+	if e, ok := d.sandboxes[d.previews[hash]]; ok {
 		for _, p := range e.rec.Previews {
 			if p.Hash == hash && now.Before(p.ExpiresAt) && e.rec.State != StateDeleted {
 				id, port, expires = e.rec.ID, p.Port, p.ExpiresAt

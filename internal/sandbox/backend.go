@@ -65,6 +65,9 @@ const (
 	RuntimeGVisor     = "gvisor"
 )
 
+// idleConnTimeout is how long kilnd keeps an idle connection to an agent.
+const idleConnTimeout = 5 * time.Second
+
 // Transport is an HTTP transport whose every request goes to the agent
 // that dial reaches.
 func Transport(dial func(context.Context) (net.Conn, error)) *http.Transport {
@@ -73,7 +76,10 @@ func Transport(dial func(context.Context) (net.Conn, error)) *http.Transport {
 			return dial(ctx)
 		},
 		MaxIdleConnsPerHost: 16,
-		IdleConnTimeout:     time.Minute,
+		// An idle connection holds its two buffers, half a MiB in all, in
+		// kilnd for each sandbox: a burst of calls reuses it, an idle
+		// sandbox holds none for long (a unix socket dial is cheap).
+		IdleConnTimeout: idleConnTimeout,
 		// A file or a tar going in moves in larger writes than 4 KiB.
 		WriteBufferSize: 256 << 10,
 		ReadBufferSize:  256 << 10,

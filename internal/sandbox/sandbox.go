@@ -587,6 +587,15 @@ func (s *Sandbox) InitExit() *InitExit {
 // AwaitExit blocks until the agent has exited or stop is closed; it works
 // for an agent this kilnd started and for one it adopted.
 func (s *Sandbox) AwaitExit(stop <-chan struct{}) {
+	if s.reaped != nil {
+		// Its reaper's channel says it: no descriptor and no goroutine
+		// more per sandbox, of which kilnd may have thousands.
+		select {
+		case <-s.reaped:
+		case <-stop:
+		}
+		return
+	}
 	fd, err := unix.PidfdOpen(s.PID, unix.PIDFD_NONBLOCK)
 	if err != nil {
 		return // gone already
@@ -638,8 +647,13 @@ func withSocketPath(path string, f func(string) error) error {
 
 // Alive reports whether the agent still runs (and is the same process).
 func (s *Sandbox) Alive() bool {
-	t, err := startTime(s.PID)
-	return err == nil && t == s.Started && !zombie(s.PID)
+	// One read of its stat for both: kilnd's list asks every sandbox.
+	f, err := statFields(s.PID)
+	if err != nil || len(f) < 20 || f[0] == "Z" {
+		return false
+	}
+	t, err := strconv.ParseUint(f[19], 10, 64)
+	return err == nil && t == s.Started
 }
 
 // Destroy kills everything in the sandbox and removes its cgroups and
@@ -756,11 +770,6 @@ func startTime(pid int) (uint64, error) {
 		return 0, fmt.Errorf("short stat of %d", pid)
 	}
 	return strconv.ParseUint(f[19], 10, 64)
-}
-
-func zombie(pid int) bool {
-	f, err := statFields(pid)
-	return err != nil || len(f) < 1 || f[0] == "Z"
 }
 
 // statFields returns /proc/PID/stat's fields after the command name,
