@@ -336,27 +336,17 @@ func (d *Daemon) processLive(ctx context.Context, id, pid string) bool {
 		return false
 	}
 	d.mu.Lock()
-	sb, running := e.sb, e.proxy != nil
+	p := e.proxy
 	d.mu.Unlock()
-	if !running {
+	if p == nil {
 		return false
 	}
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, "GET", "http://agent/exec-stream/"+url.PathEscape(pid), nil)
-	tr := sandbox.Transport(sb.Dial)
-	tr.DisableKeepAlives = true // one question, now and then
-	resp, err := (&http.Client{Transport: tr}).Do(req)
-	if err != nil {
-		return true // cannot say
-	}
-	defer resp.Body.Close()
 	var st api.Process
-	switch {
-	case resp.StatusCode == http.StatusNotFound:
+	switch err := askAgent(ctx, p.Transport, "/exec-stream/"+url.PathEscape(pid), &st); {
+	case errors.Is(err, errdefs.ErrNotFound):
 		return false
-	case resp.StatusCode != http.StatusOK || json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&st) != nil:
-		return true
+	case err != nil:
+		return true // cannot say
 	}
 	return st.State != api.StateExited
 }

@@ -74,7 +74,11 @@ func askAgent(ctx context.Context, t http.RoundTripper, path string, out any) er
 		return err
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
+	switch resp.StatusCode {
+	case http.StatusOK:
+	case http.StatusNotFound:
+		return fmt.Errorf("%w: agent: GET %s", errdefs.ErrNotFound, path)
+	default:
 		return fmt.Errorf("agent: GET %s: %s", path, resp.Status)
 	}
 	return json.NewDecoder(io.LimitReader(resp.Body, maxAgentAnswer)).Decode(out)
