@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandkiln/sandkiln/internal/daemon"
+	"github.com/sandkiln/sandkiln/internal/sandbox"
 )
 
 // The scale section's targets: a create at the largest count within
@@ -25,8 +26,9 @@ const (
 	scaleFirstStep         = 10 // the step the largest count's create is held to
 	// kilnd's CPU is read over this long with no request, and then what
 	// the sandboxes cost: longer than kilnd keeps an idle connection to an
-	// agent (sandbox.Transport), which holds its buffers.
-	scaleIdleWindow = 6 * time.Second
+	// agent (sandbox.Transport), which holds its buffers, and than a
+	// sandbox's spawner outlasts its last process.
+	scaleIdleWindow = sandbox.DefaultSpawnerIdle + 2*time.Second
 	scaleListCalls  = 20
 )
 
@@ -34,17 +36,23 @@ const (
 type scaleStep struct {
 	n int
 	// The creates since the step before (POST /sandboxes answered), each
-	// followed by an exec of `true` so that the sandbox's spawner is up.
+	// followed by an exec of `true`, which starts the sandbox's spawner; at
+	// the first step, as many as at the others, those beyond n deleted.
 	creates []time.Duration
-	// The agents' proportional set size, and their spawners', summed.
+	// The agents' proportional set size, and their spawners', summed, and
+	// how many spawners still ran.
 	agentPSS, spawnerPSS int64
-	kilndHeap            int64 // kilnd's (this process's) heap growth since before the first
-	fds                  int   // this process's descriptors, growth since before the first
-	tasks                int   // the agents' and spawners' threads, each of which takes a pid
-	goroutines           int   // growth since before the first
-	idleCPU              time.Duration
-	idleWindow           time.Duration
-	list                 []time.Duration // GET /sandboxes, every one listed
+	spawners             int
+	// An exec of `true` in the first sandbox, idle (its spawner gone),
+	// then at once again (it is back).
+	wake, warm time.Duration
+	kilndHeap  int64 // kilnd's (this process's) heap growth since before the first
+	fds        int   // this process's descriptors, growth since before the first
+	tasks      int   // the agents' and spawners' threads, each of which takes a pid
+	goroutines int   // growth since before the first
+	idleCPU    time.Duration
+	idleWindow time.Duration
+	list       []time.Duration // GET /sandboxes, every one listed
 }
 
 func (s scaleStep) perSandbox(v int64) int64 { return v / int64(s.n) }
@@ -138,6 +146,23 @@ func measureScale(ctx context.Context, cfg config) (*scaleResult, error) {
 				return nil, fmt.Errorf("sandbox %d: %w", len(ids), err)
 			}
 		}
+		// At the first step, creates beside the few there: each made,
+		// measured, and deleted, so that its p99 is of as many creates as
+		// a later step's, not the slowest of a handful.
+		for len(st.creates) < cfg.scaleStep && n == scaleCounts(cfg.scale, cfg.scaleStep)[0] {
+			start := time.Now()
+			var info daemon.Info
+			if err := c.call(ctx, "POST", "/sandboxes", map[string]any{}, &info); err != nil {
+				return nil, fmt.Errorf("a create at %d sandboxes: %w", n, err)
+			}
+			st.creates = append(st.creates, time.Since(start))
+			if err := execTrue(ctx, c, info.ID); err != nil {
+				return nil, err
+			}
+			if err := c.call(ctx, "DELETE", "/sandboxes/"+info.ID+"?remove_logs=true", nil, nil); err != nil {
+				return nil, err
+			}
+		}
 		c.http.CloseIdleConnections() // an idle kilnd: no connection held open by the client
 		if st.idleCPU, st.idleWindow, err = idleCPU(ctx, scaleIdleWindow); err != nil {
 			return nil, err
@@ -155,6 +180,16 @@ func measureScale(ctx context.Context, cfg config) (*scaleResult, error) {
 			}
 			st.agentPSS, st.spawnerPSS = st.agentPSS+a, st.spawnerPSS+all-a
 			st.tasks += tasksTree(pid)
+			if all > a {
+				st.spawners++
+			}
+		}
+		for _, d := range []*time.Duration{&st.wake, &st.warm} {
+			start := time.Now()
+			if err := execTrue(ctx, c, ids[0]); err != nil {
+				return nil, err
+			}
+			*d = time.Since(start)
 		}
 		for range scaleListCalls {
 			start := time.Now()
@@ -294,18 +329,20 @@ func writeScale(b *strings.Builder, cfg config, s *scaleResult) {
 		return
 	}
 	fmt.Fprintf(b, "A kilnd in this process (its agents and spawners kilnd's own binary, built for the run), called over its unix socket, is given sandboxes one after another (each\n"+
-		"answered, then an exec of `true` in it, so that its spawner is up) to %d; at each step: the creates since the\n"+
-		"step before, the CPU time this process spent in %v with no request (kilnd is in it; the bench only waits),\n"+
-		"then, every sandbox idle, what they cost (their agents' and spawners' proportional set size; kilnd's heap,\n"+
-		"descriptors and goroutines, growth since before the first), and %d calls of `GET /sandboxes`.\n\n",
-		cfg.scale, scaleIdleWindow, scaleListCalls)
-	b.WriteString("| sandboxes | create p50 | create p99 | agent PSS MiB | spawner PSS MiB | kilnd heap MiB | MiB per sandbox | kilnd idle CPU | list p50 | list p99 | descriptors per sandbox | goroutines per sandbox | threads per sandbox |\n" +
-		"|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		"answered, then an exec of `true` in it, which starts its spawner) to %d; at each step: the creates since the\n"+
+		"step before (at the first, as many as a step's, each beyond it deleted after its exec, so that both p99s are of as many), the CPU time this process spent in %v with no request (kilnd is in it; the bench only waits),\n"+
+		"then, every sandbox idle, what they cost (their agents' and spawners' proportional set size, and how many\n"+
+		"spawners still run: one outlasts its sandbox's last process by %v; kilnd's heap, descriptors and goroutines,\n"+
+		"growth since before the first), an exec of `true` in the first sandbox, idle, whose spawner starts again\n"+
+		"(wake), and at once a second (warm), and %d calls of `GET /sandboxes`.\n\n",
+		cfg.scale, scaleIdleWindow, sandbox.DefaultSpawnerIdle, scaleListCalls)
+	b.WriteString("| sandboxes | create p50 | create p99 | agent PSS MiB | spawner PSS MiB | spawners running | kilnd heap MiB | MiB per sandbox | kilnd idle CPU | exec wake | exec warm | list p50 | list p99 | descriptors per sandbox | goroutines per sandbox | threads per sandbox |\n" +
+		"|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, st := range s.steps {
-		fmt.Fprintf(b, "| %d | %s | %s | %s | %s | %s | %.2f | %.2f%% | %s | %s | %.2f | %.1f | %.1f |\n", st.n,
+		fmt.Fprintf(b, "| %d | %s | %s | %s | %s | %d | %s | %.2f | %.2f%% | %s | %s | %s | %s | %.2f | %.1f | %.1f |\n", st.n,
 			ms(pct(st.creates, 50)), ms(pct(st.creates, 99)),
-			mib(st.perSandbox(st.agentPSS)), mib(st.perSandbox(st.spawnerPSS)), mib(st.perSandbox(max(0, st.kilndHeap))),
-			st.perSandboxMiB(), 100*st.idleCPU.Seconds()/st.idleWindow.Seconds(),
+			mib(st.perSandbox(st.agentPSS)), mib(st.perSandbox(st.spawnerPSS)), st.spawners, mib(st.perSandbox(max(0, st.kilndHeap))),
+			st.perSandboxMiB(), 100*st.idleCPU.Seconds()/st.idleWindow.Seconds(), ms(st.wake), ms(st.warm),
 			ms(pct(st.list, 50)), ms(pct(st.list, 99)), float64(st.fds)/float64(st.n), float64(st.goroutines)/float64(st.n),
 			float64(st.tasks)/float64(st.n))
 	}
@@ -330,8 +367,8 @@ func writeScale(b *strings.Builder, cfg config, s *scaleResult) {
 	if byFDs < min(byPids, byMem) {
 		bound = "descriptors"
 	}
-	fmt.Fprintf(b, "What bounds the count on this host, at the figures of %d: pids, %.1f threads per sandbox (its agent's and its\n"+
-		"spawner's; each thread takes a pid) against the kernel's pid_max of %d, shared with the rest of the host, at most\n"+
+	fmt.Fprintf(b, "What bounds the count on this host, at the figures of %d: pids, %.1f threads per sandbox (its agent's, and its\n"+
+		"spawner's while it runs; each thread takes a pid) against the kernel's pid_max of %d, shared with the rest of the host, at most\n"+
 		"%.0f sandboxes; memory, %s available before the first at %.2f MiB each, %.0f; kilnd's descriptors, a limit of %d at\n"+
 		"%.2f each, %.0f. The first to run out: **%s**.\n\n",
 		last.n, tasks, s.pidMax, byPids, bytesText(s.memAvailable), last.perSandboxMiB(), byMem, s.nofile,

@@ -179,6 +179,9 @@ type Spawner struct {
 	running bool          // it said so
 	ready   bool          // it said so
 	closed  bool
+	idle    time.Duration // see StopWhenIdle; zero: never
+	used    time.Time     // the last start's end
+	timer   *time.Timer   // the next idle check, once idle is set
 }
 
 // NewSpawner makes a Spawner that runs exe (an open descriptor of kilnd's
@@ -261,6 +264,7 @@ func (s *Spawner) Start(cmd *exec.Cmd) (*os.Process, error) {
 		}
 		s.stop()
 	}
+	defer s.armIdle()
 	var r reply
 	if err == nil {
 		if r, err = readReply(s.conn); errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
@@ -443,11 +447,84 @@ func (s *Spawner) stop() {
 	s.conn, s.helper, s.gone = nil, nil, nil
 }
 
+// StopWhenIdle makes the spawner end once it has started nothing for d
+// and nothing of the sandbox runs: no process in this pid namespace (the
+// sandbox's, whose first process is the agent) but the agent and the
+// spawner. An idle sandbox then costs its agent alone; its next process
+// starts through a new spawner, as after one that died, which takes a few
+// milliseconds. The sandbox's user namespace ends with the spawner that
+// made it, when no process of it is left; the next one's has the same
+// maps, so nothing of it (files, their owners) tells them apart.
+func (s *Spawner) StopWhenIdle(d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.idle = d
+	s.armIdle()
+}
+
+// armIdle counts the spawner used now and makes sure an idle check comes.
+// s.mu is held.
+func (s *Spawner) armIdle() {
+	if s.idle <= 0 || s.closed {
+		return
+	}
+	s.used = time.Now()
+	if s.timer == nil {
+		s.timer = time.AfterFunc(s.idle, s.idleCheck)
+		return
+	}
+	s.timer.Reset(s.idle)
+}
+
+// idleCheck ends the spawner if it has been idle for s.idle and the
+// sandbox runs nothing; otherwise it looks again later.
+func (s *Spawner) idleCheck() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed || s.conn == nil {
+		return
+	}
+	if since := time.Since(s.used); since < s.idle {
+		s.timer.Reset(s.idle - since)
+		return
+	}
+	if othersRun(s.helper.Process.Pid) {
+		s.timer.Reset(s.idle)
+		return
+	}
+	s.stop()
+}
+
+// othersRun reports whether a process runs in this pid namespace beside
+// this one and the spawner's: one of the sandbox's, or one going.
+// Anything it cannot read counts as running.
+func othersRun(spawner int) bool {
+	d, err := os.Open("/proc")
+	if err != nil {
+		return true
+	}
+	defer d.Close()
+	names, err := d.Readdirnames(-1)
+	if err != nil {
+		return true
+	}
+	self := os.Getpid()
+	for _, n := range names {
+		if pid, err := strconv.Atoi(n); err == nil && pid != self && pid != spawner {
+			return true
+		}
+	}
+	return false
+}
+
 // Close ends the spawner; Start fails from then on.
 func (s *Spawner) Close() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.closed = true
+	if s.timer != nil {
+		s.timer.Stop()
+	}
 	s.stop()
 	for _, f := range s.groups {
 		f.Close()

@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"cmp"
 	"debug/elf"
 	"encoding/json"
 	"errors"
@@ -79,6 +80,10 @@ type AgentConfig struct {
 	// FlowGrace is how long a flow block process's output waits for its
 	// holding watcher (zero: the default).
 	FlowGrace time.Duration `json:"flow_grace,omitempty"`
+	// SpawnerIdle is how long the sandbox's spawner stays once it has
+	// started nothing and nothing of the sandbox runs (zero:
+	// DefaultSpawnerIdle; negative: it stays).
+	SpawnerIdle time.Duration `json:"spawner_idle,omitempty"`
 	// PidsMax is the sandbox's pids limit, zero without one; each process
 	// also gets it as its RLIMIT_NPROC.
 	PidsMax int64 `json:"pids_max,omitempty"`
@@ -756,7 +761,10 @@ func Enter() (*Inside, error) {
 	// A dynamically linked kilnd's loader opens its libraries after the
 	// exec: in a sandbox with an image, which has none of them, that must
 	// be done before the root is the image's.
-	if cfg.Rootfs != "" && needsLoader(exe) {
+	// Nor can a spawner start again there, once the root is the image's:
+	// that one stays.
+	loader := cfg.Rootfs != "" && needsLoader(exe)
+	if loader {
 		if err := spawner.AwaitRunning(); err != nil {
 			return nil, fmt.Errorf("sandbox: %w", err)
 		}
@@ -802,8 +810,17 @@ func Enter() (*Inside, error) {
 			return EventIn(b[:n], "oom_kill")
 		}
 	}
+	if idle := cmp.Or(cfg.SpawnerIdle, DefaultSpawnerIdle); idle > 0 && !loader {
+		spawner.StopWhenIdle(idle)
+	}
 	return in, nil
 }
+
+// DefaultSpawnerIdle is how long a sandbox's spawner outlasts its last
+// process: an idle sandbox then costs its agent alone, about half as much
+// memory and threads, and the process that wakes it waits for a new
+// spawner, a few milliseconds.
+const DefaultSpawnerIdle = 5 * time.Second
 
 // awaitNetwork waits until kilnd has connected the sandbox's network: a
 // byte on f; its end without one is kilnd's failure (or end), and the

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -341,4 +342,74 @@ func TestSpawnerKilled(t *testing.T) {
 	if again := spawnerOf(t, sb); again == first {
 		t.Errorf("the spawner %d is still the one that was killed", first)
 	}
+}
+
+// TestSpawnerStopsWhenIdle: a spawner that has started nothing for its
+// idle time, in a sandbox where nothing runs, ends; one where a process
+// still runs (here one that left its session, the agent's orphan) stays.
+// The next process starts through a new spawner, as the same users with
+// the same maps.
+func TestSpawnerStopsWhenIdle(t *testing.T) {
+	const idle = 200 * time.Millisecond
+	sb := newSandbox(t, sandbox.Options{SpawnerIdle: idle})
+	maps := run(t, sb, "cat /proc/self/uid_map /proc/self/gid_map; touch /workspace/before")
+	first := spawnerOf(t, sb)
+	awaitExit(t, first, time.Minute)
+
+	if got := run(t, sb, "cat /proc/self/uid_map /proc/self/gid_map"); got.Stdout != maps.Stdout {
+		t.Errorf("the maps of a process of the next spawner:\n%s\nbefore:\n%s", got.Stdout, maps.Stdout)
+	}
+	if got := run(t, sb, "stat -c %u:%g /workspace/before && touch /workspace/after && id -u"); strings.Fields(got.Stdout)[0] != "0:0" || code(got) != 0 {
+		t.Errorf("a file made before, after: %+v", got)
+	}
+	second := spawnerOf(t, sb)
+	if second == first {
+		t.Fatalf("the spawner %d is the one that ended", first)
+	}
+	if r := run(t, sb, "setsid sleep 1000 >/dev/null 2>&1 < /dev/null & until pgrep -x sleep >/dev/null; do :; done; echo started"); strings.TrimSpace(r.Stdout) != "started" {
+		t.Fatalf("start a process that outlives its shell: %q %q", r.Stdout, r.Stderr)
+	}
+	// (sleep runs once setsid has left the shell's group, which its end
+	// kills.) Ten idle times and more, with a process running: the spawner stays.
+	if exited(t, second, 20*idle) {
+		t.Fatalf("the spawner ended while a process of the sandbox ran")
+	}
+	if r := run(t, sb, "pkill -x sleep; echo $?"); strings.TrimSpace(r.Stdout) != "0" {
+		t.Fatalf("kill the process that outlived its shell: %+v", r)
+	}
+	third := spawnerOf(t, sb)
+	if third != second {
+		t.Errorf("the spawner was %d while the process ran, then %d", second, third)
+	}
+	awaitExit(t, third, time.Minute)
+}
+
+// awaitExit waits until the process pid has exited, within d.
+func awaitExit(t *testing.T, pid int, d time.Duration) {
+	t.Helper()
+	if !exited(t, pid, d) {
+		t.Fatalf("process %d still runs after %v", pid, d)
+	}
+}
+
+// exited reports whether the process pid exits within d.
+func exited(t *testing.T, pid int, d time.Duration) bool {
+	t.Helper()
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err == unix.ESRCH {
+		return true
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	// A pidfd is readable once its process has exited.
+	n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, int(d.Milliseconds()))
+	for err == unix.EINTR {
+		n, err = unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, int(d.Milliseconds()))
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n > 0
 }

@@ -74,6 +74,9 @@ type Options struct {
 	// FlowGrace is how long a flow block process's output waits for its
 	// holding watcher (zero: process.DefaultFlowGrace).
 	FlowGrace time.Duration
+	// SpawnerIdle is how long the sandbox's spawner outlasts its last
+	// process (zero: DefaultSpawnerIdle; negative: it stays).
+	SpawnerIdle time.Duration
 	// Started, when set, is called with the instance's state (what
 	// Backend.Adopt takes) once its agent runs, before it answers: kilnd
 	// records the sandbox while the agent sets itself up. An error ends
@@ -175,7 +178,7 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 	cfg := AgentConfig{
 		ID: o.ID, Hostname: o.Hostname, Root: filepath.Join(o.Dir, rootName),
 		UIDBase: o.UIDBase, Env: o.Env, Init: o.Init, Dir: o.Workdir, Entrypoint: o.Entrypoint, Cmd: o.Cmd, User: o.User,
-		CaptureQueue: o.CaptureQueue, FlowGrace: o.FlowGrace, TmpfsBytes: o.Limits.MemoryBytes, PidsMax: o.Limits.Pids,
+		CaptureQueue: o.CaptureQueue, FlowGrace: o.FlowGrace, SpawnerIdle: o.SpawnerIdle, TmpfsBytes: o.Limits.MemoryBytes, PidsMax: o.Limits.Pids,
 	}
 	for _, d := range []string{rootName, LogsName} {
 		if err := os.Mkdir(filepath.Join(o.Dir, d), 0o700); err != nil {
