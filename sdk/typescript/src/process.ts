@@ -665,22 +665,55 @@ export abstract class Handle<C extends Chunk> {
       throw new SandkilnError("INPUT_CAPACITY",
         `the input queue holds ${LIMITS.maxInputBytes} bytes and ${LIMITS.maxInputCalls} calls; await earlier writes`);
     }
+    if (options.signal?.aborted) throw abortedWait("write", options.signal);
+    // The write holds its room in the queue until it is sent, fails, or
+    // is cancelled while it waits.
     this.inputBytes += bytes.length;
     this.inputCalls++;
-    return this.enqueue(async () => {
+    let queued = true;
+    const leave = () => {
+      if (!queued) return;
+      queued = false;
+      this.inputBytes -= bytes.length;
+      this.inputCalls--;
+    };
+    const { signal } = options;
+    let sent = false;
+    const run = this.enqueue(async () => {
       try {
-        if (options.signal?.aborted) throw abortedWait("write", options.signal); // not sent: no effect
+        if (signal?.aborted) throw abortedWait("write", signal); // not sent: no effect
         this.inputAllowed();
+        sent = true;
         const acc = await this.owner.transport.call<{ accepted: number }>("POST", this.path("/stdin"), {
-          query: { offset: this.stdinOffset }, bytes, signal: options.signal,
+          query: { offset: this.stdinOffset }, bytes, signal,
         });
         this.stdinOffset = Math.max(this.stdinOffset, acc.accepted);
       } catch (err) {
         throw this.inputFailed(err);
       } finally {
-        this.inputBytes -= bytes.length;
-        this.inputCalls--;
+        leave();
       }
+    });
+    if (!signal) return run;
+    // Cancelled while queued, it rejects at once and is never sent; once
+    // sent, the abort goes to the request (its outcome is then unknown).
+    return new Promise<void>((resolve, reject) => {
+      const onAbort = () => {
+        if (sent) return;
+        leave();
+        reject(abortedWait("write", signal));
+      };
+      signal.addEventListener("abort", onAbort, { once: true });
+      run.then(
+        () => {
+          signal.removeEventListener("abort", onAbort);
+          resolve();
+        },
+        (err) => {
+          signal.removeEventListener("abort", onAbort);
+          reject(err);
+        },
+      );
     });
   }
 
