@@ -346,10 +346,25 @@ export abstract class Handle<C extends Chunk> {
    * resume would.
    *
    * In finite mode leaving the loop detaches the handle; in stream mode it
-   * only stops reading.
+   * only stops reading. Its return() ends it even while it waits for
+   * output (the wait then rejects with WAIT_ABORTED), so a reader that
+   * gives up on a quiet process, readProcessLines with its signal, lets
+   * the output go at once.
    */
-  async *output(options: SignalOptions = {}): AsyncGenerator<C, void, undefined> {
-    const { signal } = options;
+  output(options: SignalOptions = {}): AsyncGenerator<C, void, undefined> {
+    // A generator's return() waits for its pending next(), which for a
+    // quiet process is forever: this one first wakes that wait.
+    const stop = new AbortController();
+    const gen = this.read(options.signal ? AbortSignal.any([options.signal, stop.signal]) : stop.signal);
+    const end = gen.return.bind(gen);
+    gen.return = (v) => {
+      stop.abort();
+      return end(v);
+    };
+    return gen;
+  }
+
+  private async *read(signal: AbortSignal): AsyncGenerator<C, void, undefined> {
     if (this.gone) throw this.detachedError();
     if (this.reading) throw new SandkilnError("OUTPUT_IN_USE", `process ${this.id}: its output has a consumer already`);
     this.reading = true;
