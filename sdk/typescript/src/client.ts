@@ -126,6 +126,11 @@ export class Sandboxes {
   private handle(info: SandboxInfo): Sandbox {
     return new Sandbox(this.client.transport, info, this);
   }
+
+  /** @internal Lets go of the handles on sandbox id, whichever Sandbox of this client made them. */
+  letGo(id: string): void {
+    for (const s of [...this.known]) if (s.id === id) s.letGoHandles();
+  }
 }
 
 /** A handle on a sandbox. */
@@ -194,10 +199,11 @@ export class Sandbox implements HandleOwner {
   /**
    * Deletes the sandbox: its processes are killed; its captured logs stay
    * unless removeLogs. Handles of it made through this client refuse
-   * further requests.
+   * further requests, those made through another Sandbox of the same id
+   * (client.sandboxes.get() again) among them.
    */
   async destroy(options: { removeLogs?: boolean } & SignalOptions = {}): Promise<void> {
-    this.letGoHandles();
+    this.registry.letGo(this.id);
     try {
       await this.transport.call("DELETE", this.path(""), {
         query: { remove_logs: options.removeLogs ? true : undefined }, idempotent: true, signal: options.signal,

@@ -84,6 +84,7 @@ export class Transport {
         body,
         redirect: "manual",
         signal: signals.length > 0 ? AbortSignal.any(signals) : null,
+        ...(o.idempotent ? {} : sentOnce()),
       });
     } catch (err) {
       throw this.lost(what, err, o, timeout);
@@ -120,6 +121,27 @@ export class Transport {
     return new SandkilnError("UNAVAILABLE", `${what}: kilnd at ${this.base} did not answer: ${message(err)}`, { cause: err });
   }
 }
+
+/**
+ * What keeps the runtime from sending a request again by itself. Bun and
+ * Deno send a request again when the pooled connection it went on closes
+ * before the answer (Bun for idempotent methods, DELETE among them; Deno
+ * for any): a lost answer would then become a second terminate, or a
+ * second start. A request the SDK promises to send once goes on a
+ * connection of its own: Bun's keepalive false, Deno's client that keeps
+ * none idle. Elsewhere keepalive false is fetch's default, and Node does
+ * not send again.
+ */
+function sentOnce(): RequestInit {
+  const deno = (globalThis as { Deno?: { createHttpClient?: (o: { poolMaxIdlePerHost: number }) => unknown } }).Deno;
+  if (deno?.createHttpClient) {
+    unpooled ??= deno.createHttpClient({ poolMaxIdlePerHost: 0 });
+    return { client: unpooled } as RequestInit;
+  }
+  return { keepalive: false };
+}
+
+let unpooled: unknown;
 
 async function errorBody(resp: Response): Promise<unknown> {
   try {

@@ -346,10 +346,25 @@ export abstract class Handle<C extends Chunk> {
    * resume would.
    *
    * In finite mode leaving the loop detaches the handle; in stream mode it
-   * only stops reading.
+   * only stops reading. Its return() ends it even while it waits for
+   * output (the wait then rejects with WAIT_ABORTED), so a reader that
+   * gives up on a quiet process, readProcessLines with its signal, lets
+   * the output go at once.
    */
-  async *output(options: SignalOptions = {}): AsyncGenerator<C, void, undefined> {
-    const { signal } = options;
+  output(options: SignalOptions = {}): AsyncGenerator<C, void, undefined> {
+    // A generator's return() waits for its pending next(), which for a
+    // quiet process is forever: this one first wakes that wait.
+    const stop = new AbortController();
+    const gen = this.read(options.signal ? AbortSignal.any([options.signal, stop.signal]) : stop.signal);
+    const end = gen.return.bind(gen);
+    gen.return = (v) => {
+      stop.abort();
+      return end(v);
+    };
+    return gen;
+  }
+
+  private async *read(signal: AbortSignal): AsyncGenerator<C, void, undefined> {
     if (this.gone) throw this.detachedError();
     if (this.reading) throw new SandkilnError("OUTPUT_IN_USE", `process ${this.id}: its output has a consumer already`);
     this.reading = true;
@@ -665,22 +680,55 @@ export abstract class Handle<C extends Chunk> {
       throw new SandkilnError("INPUT_CAPACITY",
         `the input queue holds ${LIMITS.maxInputBytes} bytes and ${LIMITS.maxInputCalls} calls; await earlier writes`);
     }
+    if (options.signal?.aborted) throw abortedWait("write", options.signal);
+    // The write holds its room in the queue until it is sent, fails, or
+    // is cancelled while it waits.
     this.inputBytes += bytes.length;
     this.inputCalls++;
-    return this.enqueue(async () => {
+    let queued = true;
+    const leave = () => {
+      if (!queued) return;
+      queued = false;
+      this.inputBytes -= bytes.length;
+      this.inputCalls--;
+    };
+    const { signal } = options;
+    let sent = false;
+    const run = this.enqueue(async () => {
       try {
-        if (options.signal?.aborted) throw abortedWait("write", options.signal); // not sent: no effect
+        if (signal?.aborted) throw abortedWait("write", signal); // not sent: no effect
         this.inputAllowed();
+        sent = true;
         const acc = await this.owner.transport.call<{ accepted: number }>("POST", this.path("/stdin"), {
-          query: { offset: this.stdinOffset }, bytes, signal: options.signal,
+          query: { offset: this.stdinOffset }, bytes, signal,
         });
         this.stdinOffset = Math.max(this.stdinOffset, acc.accepted);
       } catch (err) {
         throw this.inputFailed(err);
       } finally {
-        this.inputBytes -= bytes.length;
-        this.inputCalls--;
+        leave();
       }
+    });
+    if (!signal) return run;
+    // Cancelled while queued, it rejects at once and is never sent; once
+    // sent, the abort goes to the request (its outcome is then unknown).
+    return new Promise<void>((resolve, reject) => {
+      const onAbort = () => {
+        if (sent) return;
+        leave();
+        reject(abortedWait("write", signal));
+      };
+      signal.addEventListener("abort", onAbort, { once: true });
+      run.then(
+        () => {
+          signal.removeEventListener("abort", onAbort);
+          resolve();
+        },
+        (err) => {
+          signal.removeEventListener("abort", onAbort);
+          reject(err);
+        },
+      );
     });
   }
 

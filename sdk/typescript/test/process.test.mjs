@@ -453,3 +453,179 @@ test("names: create with one, get by it, the handle holding the full id; a name 
   }
   await rejects(client.sandboxes.get("sdk-named"), "NOT_FOUND");
 });
+
+test("destroy lets go of every handle on the sandbox made through this client, whichever Sandbox made it", async () => {
+  const made = await client.sandboxes.create();
+  const child = await made.processes.start({ command: sh("sleep 30"), output: { mode: "stream" } });
+  const again = await (await client.sandboxes.get(made.id)).processes.get(child.id);
+  const mine = await sandbox.processes.start({ command: sh("sleep 30"), output: { mode: "stream" } });
+  await (await client.sandboxes.get(made.id)).destroy(); // a third Sandbox of the same id
+  await rejects(child.status(), "DETACHED");
+  await rejects(child.terminate(), "DETACHED");
+  await rejects(again.wait(), "DETACHED");
+  await rejects(again.signal("SIGTERM"), "DETACHED");
+  assert.equal((await mine.status()).state, "running", "another sandbox's handle was let go");
+  await mine.terminate();
+  await mine.wait();
+  await mine.detach();
+});
+
+test("signal: SIGTERM ends a process that heeds it; one that ignores it runs on until terminate()", async () => {
+  const heeds = await sandbox.processes.start({ command: sh("sleep 30"), output: { mode: "stream" } });
+  await heeds.signal("SIGTERM");
+  const r = await heeds.wait();
+  assert.equal(r.signal, "SIGTERM");
+  assert.equal(r.exitCode, null);
+  await heeds.detach();
+
+  const ignores = await sandbox.processes.start({ command: sh("trap '' TERM; echo ready; while :; do sleep 1; done"), output: { mode: "stream" } });
+  for await (const c of ignores.output()) if (c.text.includes("ready")) break; // the trap is set
+  await ignores.signal("SIGTERM");
+  const ac = new AbortController();
+  const waiting = ignores.wait({ signal: ac.signal });
+  assert.equal((await ignores.status()).state, "running");
+  assert.deepEqual(await ignores.terminate(), { status: "requested" });
+  assert.equal((await waiting).signal, "SIGKILL");
+  await rejects(ignores.signal("NOSUCH"), "INVALID_ARGUMENT");
+  await ignores.detach();
+});
+
+test("terminals: status, signal and terminate; reopen from a reference, its output resumed", async () => {
+  const term = await sandbox.terminals.start({ command: { kind: "argv", argv: ["sh"] }, columns: 4096, rows: 4096 });
+  await rejects(sandbox.terminals.start({ command: { kind: "argv", argv: ["sh"] }, columns: 4097, rows: 24 }), "INVALID_ARGUMENT");
+  await rejects(term.resize({ columns: 80, rows: 4097 }), "INVALID_ARGUMENT");
+  assert.equal((await term.status()).state, "running");
+  const read = async (h, want) => {
+    let seen = "";
+    for await (const c of h.output()) {
+      seen += new TextDecoder().decode(c.bytes);
+      if (want.test(seen)) break;
+    }
+    return seen;
+  };
+  await term.write("stty size; echo o''ne\n");
+  assert.match(await read(term, /\bone\r?\n/), /4096 4096/);
+  await term.signal("SIGTERM"); // an interactive shell ignores it
+  assert.equal((await term.status()).state, "running");
+
+  const ref = JSON.parse(JSON.stringify(term.reference()));
+  assert.equal(ref.kind, "terminal");
+  await term.disconnect();
+  await rejects(term.write("x"), "DETACHED");
+  await rejects(sandbox.processes.reopen(ref), "INVALID_ARGUMENT"); // a terminal's reference is not a process's
+  const back = await sandbox.terminals.reopen(ref);
+  await back.resize({ columns: 100, rows: 30 });
+  await back.write("stty size; echo t''wo\n");
+  const after = await read(back, /\btwo\r?\n/);
+  assert.doesNotMatch(after, /\bone\r?\n/, "output before the reference was repeated");
+  assert.match(after, /30 100/);
+  assert.deepEqual(await back.terminate(), { status: "requested" });
+  assert.equal((await back.wait()).signal, "SIGKILL");
+  assert.equal((await back.status()).state, "exited");
+  await back.detach();
+});
+
+test("outputComplete: false from a wait before the output drained, true from one after; earlier results unchanged", async () => {
+  const child = await sandbox.processes.start({ command: sh("echo a; echo b >&2"), output: { mode: "stream" } });
+  const early = await child.wait(); // nothing read yet
+  assert.equal(early.outputComplete, false);
+  const out = await collect(child);
+  assert.deepEqual([out.stdout, out.stderr], ["a\n", "b\n"]);
+  const late = await child.wait();
+  assert.equal(late.outputComplete, true);
+  assert.equal(early.outputComplete, false);
+  assert.deepEqual(early.streams.stdout, { bytes: 0, lostBytes: 0, ended: false });
+  assert.deepEqual(late.streams.stdout, { bytes: 2, lostBytes: 0, ended: true });
+  await child.detach();
+});
+
+test("text after a gap: the decoder starts again, a cut character one U+FFFD per byte, every byte accounted", async () => {
+  const n = 1 << 20; // 3 MiB of €, three times the ring
+  const child = await sandbox.processes.start({ command: sh(`i=0; while [ $i -lt ${n / 1024} ]; do i=$((i+1)); head -c 1024 /dev/zero | sed 's/\\x00/€/g'; done`), output: { mode: "stream" } });
+  const ref = child.reference();
+  await child.disconnect();
+  const q = await sandbox.processes.reopen(ref);
+  await q.wait();
+  let text = "";
+  let lost = 0;
+  for await (const c of q.output()) {
+    if (c.lost) lost += c.lost;
+    text += c.text;
+  }
+  assert.ok(lost > 0);
+  assert.match(text, /^\uFFFD{0,2}(€)+$/u, `begins ${JSON.stringify(text.slice(0, 4))}`);
+  const replaced = text.length - text.replace(/\uFFFD/g, "").length;
+  assert.equal(lost + replaced + 3 * (text.length - replaced), 3 * n);
+  await q.detach();
+});
+
+test("write copies its bytes: changing them after the call changes nothing sent", async () => {
+  const child = await sandbox.processes.start({ command: { kind: "argv", argv: ["cat"] }, stdin: "pipe", output: { mode: "stream" } });
+  const output = collect(child);
+  const buf = new TextEncoder().encode("abc\n");
+  const writing = child.write(buf);
+  buf.fill(0x7a);
+  await writing;
+  await child.closeStdin();
+  assert.equal((await output).stdout, "abc\n");
+  await child.detach();
+});
+
+test("exec: stdin over 64 KiB split into writes, then EOF; an abort ends the observation only", async () => {
+  const stdin = new Uint8Array(3 * LIMITS.maxWriteBytes + 7);
+  for (let i = 0; i < stdin.length; i++) stdin[i] = (i * 7) % 256;
+  const r = await sandbox.exec({ command: sh("cat >/tmp/in; wc -c </tmp/in; md5sum </tmp/in >&2"), stdin }, { onOutput: () => {} });
+  assert.equal(r.stdout.trim(), String(stdin.length));
+  const { createHash } = await import("node:crypto");
+  assert.equal(r.stderr.split(" ")[0], createHash("md5").update(stdin).digest("hex"));
+
+  const marker = "exec-abort-" + Math.random().toString(36).slice(2);
+  const ac = new AbortController();
+  const seen = [];
+  const err = await sandbox.exec({ command: sh(`echo ${marker}; sleep 30`) }, {
+    signal: ac.signal,
+    onOutput: (c) => {
+      seen.push(c.text);
+      ac.abort();
+    },
+  }).catch((e) => e);
+  assert.equal(err.code, "WAIT_ABORTED", err.message);
+  assert.equal(err.output.stdout, marker + "\n");
+  assert.equal(err.confirmedExit, undefined);
+  assert.deepEqual(seen, [marker + "\n"]);
+  // Not killed, no termination asked.
+  const p = (await sandbox.processes.list()).find((x) => x.args?.some((a) => a.includes(marker)));
+  assert.equal(p.state, "running");
+  await sandbox.transport.call("DELETE", sandbox.path(`/exec-stream/${p.id}`));
+});
+
+test("finite mode at its bounds: maxOutputBytes 0 refused, 1 gives one byte, 1 MiB whole and one byte more refused", async () => {
+  await rejects(sandbox.processes.start({ command: sh("true"), output: { maxOutputBytes: 0 } }), "INVALID_ARGUMENT");
+  await rejects(sandbox.exec({ command: sh("true"), maxOutputBytes: 0 }), "INVALID_ARGUMENT");
+  const read = async (child) => {
+    let got = 0;
+    try {
+      for await (const c of child.output()) got += c.bytes.length;
+      return { got };
+    } catch (err) {
+      return { got, code: err.code };
+    }
+  };
+  const one = await sandbox.processes.start({ command: sh("printf ab"), output: { format: "bytes", maxOutputBytes: 1 } });
+  assert.deepEqual(await read(one), { got: 1, code: "OUTPUT_CAPACITY" });
+  const exact = await sandbox.processes.start({ command: sh(`head -c ${LIMITS.maxFiniteOutput} /dev/zero`), output: { format: "bytes" } });
+  assert.deepEqual(await read(exact), { got: LIMITS.maxFiniteOutput });
+  // The byte over the bound comes once the rest was read: none of it evicted meanwhile.
+  const over = await sandbox.processes.start({ command: sh(`head -c ${LIMITS.maxFiniteOutput} /dev/zero; read x; printf z`), stdin: "pipe", output: { format: "bytes" } });
+  let got = 0;
+  await rejects((async () => {
+    for await (const c of over.output()) {
+      got += c.bytes.length;
+      if (got === LIMITS.maxFiniteOutput) await over.write("\n");
+    }
+  })(), "OUTPUT_CAPACITY");
+  assert.equal(got, LIMITS.maxFiniteOutput);
+  const fifth = await sandbox.exec({ command: sh(`head -c ${LIMITS.maxFiniteOutput + 1} /dev/zero`) });
+  assert.equal(fifth.stdout.length, LIMITS.maxFiniteOutput);
+  assert.equal(fifth.truncated, true);
+});

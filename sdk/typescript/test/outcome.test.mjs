@@ -1,0 +1,254 @@
+// What the SDK says when it cannot know: answers lost on their way back
+// from a real kilnd (a proxy cuts the connection after kilnd acted),
+// answers held back, and kilnd out of reach. The seed's OUTCOME_UNKNOWN,
+// INPUT_UNCERTAIN, status "unknown" and shared terminations.
+
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+
+import { Client, SandkilnError } from "../dist/index.js";
+import { startKilnd } from "./kilnd.mjs";
+import { startProxy } from "./proxy.mjs";
+
+let kilnd, proxy, client, sandbox, via;
+
+before(async () => {
+  kilnd = await startKilnd();
+  proxy = await startProxy(kilnd.url);
+  client = new Client({ url: kilnd.url, token: kilnd.token });
+  sandbox = await client.sandboxes.create();
+  // The same sandbox, reached through the proxy.
+  via = await new Client({ url: proxy.url, token: kilnd.token }).sandboxes.get(sandbox.id);
+});
+
+after(async () => {
+  await sandbox?.destroy();
+  await client?.close();
+  await proxy?.close();
+  await kilnd?.stop();
+});
+
+const sh = (script) => ({ kind: "argv", argv: ["sh", "-c", script] });
+const cat = { kind: "argv", argv: ["cat"] };
+
+async function rejects(p, code) {
+  let caught;
+  await assert.rejects(p, (err) => {
+    assert.ok(err instanceof SandkilnError, `not a SandkilnError: ${err}`);
+    assert.equal(err.code, code, err.message);
+    caught = err;
+    return true;
+  });
+  return caught;
+}
+
+function throws(f, code) {
+  assert.throws(f, (err) => {
+    assert.ok(err instanceof SandkilnError, `not a SandkilnError: ${err}`);
+    assert.equal(err.code, code, err.message);
+    return true;
+  });
+}
+
+const processPath = (child, rest = "") => new RegExp(`^/sandboxes/${sandbox.id}/exec-stream/${child.id}${rest}(\\?|$)`);
+
+/** kilnd's own account of the process, asked directly. */
+const record = (child) => sandbox.transport.call("GET", sandbox.path(`/exec-stream/${child.id}`));
+
+/** Reads child's text output until it is want; stream mode, so leaving the loop leaves the handle usable. */
+async function readUntil(child, want) {
+  let text = "";
+  for await (const c of child.output()) {
+    text += c.text;
+    if (text === want) return text;
+  }
+  return text;
+}
+
+test("a lost terminate acknowledgement: OUTCOME_UNKNOWN, saved for every later call, nothing sent again", async () => {
+  const child = await via.processes.start({ command: sh("sleep 30"), output: { mode: "stream" } });
+  const del = processPath(child);
+  proxy.cutAnswer("DELETE", del);
+  const first = await rejects(child.terminate(), "OUTCOME_UNKNOWN");
+  const second = await rejects(child.terminate(), "OUTCOME_UNKNOWN");
+  assert.equal(second, first, "not the saved failure");
+  await rejects(child.terminate({ signal: AbortSignal.timeout(10_000) }), "OUTCOME_UNKNOWN");
+  assert.equal(proxy.count("DELETE", del), 1, proxy.requests.join("\n"));
+  // kilnd did act; the handle goes on observing.
+  const r = await child.wait();
+  assert.equal(r.signal, "SIGKILL");
+  assert.equal((await child.status()).state, "exited");
+  await rejects(child.terminate(), "OUTCOME_UNKNOWN");
+  assert.equal(proxy.count("DELETE", del), 1);
+  await child.detach();
+});
+
+test("a lost write acknowledgement: OUTCOME_UNKNOWN, then INPUT_UNCERTAIN; never sent again; output, status, wait and terminate go on", async () => {
+  const child = await via.processes.start({ command: cat, stdin: "pipe", output: { mode: "stream" } });
+  const stdin = processPath(child, "/stdin");
+  await child.write("one\n");
+  proxy.cutAnswer("POST", stdin);
+  await rejects(child.write("two\n"), "OUTCOME_UNKNOWN");
+  const uncertain = await rejects(child.write("three\n"), "INPUT_UNCERTAIN");
+  assert.equal(uncertain.cause.code, "OUTCOME_UNKNOWN");
+  await rejects(child.write(""), "INPUT_UNCERTAIN");
+  await rejects(child.closeStdin(), "INPUT_UNCERTAIN");
+  throws(() => child.reference(), "INPUT_UNCERTAIN");
+  assert.equal(proxy.count("POST", stdin), 2, proxy.requests.join("\n"));
+  // It had taken effect: kilnd accepted it, and cat says it back.
+  assert.equal((await record(child)).stdin.accepted, 8);
+  assert.equal(await readUntil(child, "one\ntwo\n"), "one\ntwo\n");
+  assert.equal((await child.status()).state, "running");
+  assert.deepEqual(await child.terminate(), { status: "requested" });
+  assert.equal((await child.wait()).signal, "SIGKILL");
+  assert.equal(proxy.count("POST", stdin), 2);
+  await child.detach();
+});
+
+test("a lost end-of-input acknowledgement: OUTCOME_UNKNOWN, input disabled, reference() refuses", async () => {
+  const child = await via.processes.start({ command: cat, stdin: "pipe", output: { mode: "stream" } });
+  const close = processPath(child, "/stdin/close");
+  await child.write("x\n");
+  proxy.cutAnswer("POST", close);
+  await rejects(child.closeStdin(), "OUTCOME_UNKNOWN");
+  await rejects(child.write("y\n"), "INPUT_UNCERTAIN");
+  await rejects(child.closeStdin(), "INPUT_UNCERTAIN");
+  throws(() => child.reference(), "INPUT_UNCERTAIN");
+  assert.equal(proxy.count("POST", close), 1);
+  // kilnd closed it: cat ends by itself.
+  const r = await child.wait();
+  assert.equal(r.exitCode, 0);
+  assert.equal(proxy.count("POST", close), 1);
+  await child.detach();
+});
+
+test("reference() refuses while end-of-input waits for its acknowledgement, and follows once it came", async () => {
+  const child = await via.processes.start({ command: cat, stdin: "pipe", output: { mode: "stream" } });
+  const held = proxy.hold("POST", processPath(child, "/stdin/close"));
+  const closing = child.closeStdin();
+  await held.answer; // kilnd closed it; the SDK has not heard
+  throws(() => child.reference(), "FAILED_PRECONDITION");
+  await rejects(child.write("late\n"), "STDIN_CLOSED");
+  held.release();
+  await closing;
+  const ref = child.reference();
+  assert.deepEqual(ref.stdin, { pipe: true, offset: 0, closed: true });
+  assert.equal((await child.wait()).exitCode, 0);
+  await child.detach();
+});
+
+test("a write cancelled while queued has no remote effect; the writes around it go in order", async () => {
+  const child = await via.processes.start({ command: cat, stdin: "pipe", output: { mode: "stream" } });
+  const stdin = processPath(child, "/stdin");
+  const held = proxy.hold("POST", stdin);
+  const first = child.write("a\n");
+  const ac = new AbortController();
+  const second = child.write("b\n", { signal: ac.signal });
+  const third = child.write("c\n");
+  await held.answer;
+  ac.abort();
+  await rejects(second, "WAIT_ABORTED");
+  held.release();
+  await first;
+  await third;
+  assert.equal(proxy.count("POST", stdin), 2, proxy.requests.join("\n"));
+  assert.equal((await record(child)).stdin.accepted, 4);
+  await child.closeStdin();
+  assert.equal(await readUntil(child, "a\nc\n"), "a\nc\n");
+  assert.equal((await child.wait()).exitCode, 0);
+  await child.detach();
+});
+
+test("a lost start: OUTCOME_UNKNOWN, and the command never started again", async () => {
+  const start = new RegExp(`^/sandboxes/${sandbox.id}/exec-stream$`);
+  const marker = "lost-start-" + Math.random().toString(36).slice(2);
+  const before = proxy.count("POST", start);
+  proxy.cutAnswer("POST", start);
+  await rejects(via.processes.start({ command: sh(`echo ${marker}; sleep 30`), output: { mode: "stream" } }), "OUTCOME_UNKNOWN");
+  assert.equal(proxy.count("POST", start), before + 1);
+  const started = (await sandbox.processes.list()).filter((p) => p.args?.some((a) => a.includes(marker)));
+  assert.equal(started.length, 1, "it did start, once");
+  await sandbox.transport.call("DELETE", sandbox.path(`/exec-stream/${started[0].id}`));
+
+  // Abandoned after dispatch: the caller's abort while the answer is on its way.
+  const again = "abandoned-start-" + Math.random().toString(36).slice(2);
+  const held = proxy.hold("POST", start);
+  const ac = new AbortController();
+  const starting = via.processes.start({ command: sh(`echo ${again}; sleep 30`), output: { mode: "stream" }, signal: ac.signal });
+  await held.answer;
+  ac.abort();
+  await rejects(starting, "OUTCOME_UNKNOWN");
+  held.release();
+  const abandoned = (await sandbox.processes.list()).filter((p) => p.args?.some((a) => a.includes(again)));
+  assert.equal(abandoned.length, 1);
+  await sandbox.transport.call("DELETE", sandbox.path(`/exec-stream/${abandoned[0].id}`));
+});
+
+test("status(): unknown while kilnd cannot be reached, a local handle proving nothing; a confirmed exit kept", async () => {
+  const child = await via.processes.start({ command: sh("sleep 30"), output: { mode: "stream" } });
+  const get = processPath(child);
+  let cut = proxy.cutRequest("GET", get, Infinity);
+  const st = await child.status();
+  assert.equal(st.state, "unknown");
+  assert.equal(st.exit, undefined);
+  assert.ok(st.observedAt instanceof Date);
+  assert.equal(st.error.code, "UNAVAILABLE", st.error.message);
+  cut.remove();
+  assert.equal((await child.status()).state, "running");
+
+  await child.terminate();
+  const r = await child.wait();
+  cut = proxy.cutRequest("GET", get, Infinity);
+  const after = await child.status();
+  cut.remove();
+  assert.equal(after.state, "exited");
+  assert.deepEqual(after.exit, { exitCode: r.exitCode, signal: r.signal, oomKilled: r.oomKilled });
+  assert.equal(after.error.code, "UNAVAILABLE");
+  await child.detach();
+});
+
+test("wait(): a broken connection fails it as UNAVAILABLE, no exit guessed", async () => {
+  const child = await via.processes.start({ command: sh("sleep 30"), output: { mode: "stream" } });
+  const wait = processPath(child, "/wait");
+  const cut = proxy.cutRequest("GET", wait, Infinity);
+  await rejects(child.wait(), "UNAVAILABLE");
+  cut.remove();
+  assert.equal((await child.status()).state, "running");
+  await child.terminate();
+  assert.equal((await child.wait()).signal, "SIGKILL");
+  await child.detach();
+});
+
+test("concurrent terminates share one request; cancelling one caller stops only its wait", async () => {
+  const child = await via.processes.start({ command: sh("sleep 30"), output: { mode: "stream" } });
+  const del = processPath(child);
+  const held = proxy.hold("DELETE", del);
+  const ac = new AbortController();
+  const a = child.terminate({ signal: ac.signal });
+  const b = child.terminate();
+  const c = child.terminate();
+  let settled = false;
+  b.finally(() => (settled = true)).catch(() => {});
+  await held.answer; // kilnd has answered; the answer is held
+  ac.abort();
+  await rejects(a, "WAIT_ABORTED");
+  assert.equal(settled, false, "b ended with a");
+  held.release();
+  assert.deepEqual(await b, { status: "requested" });
+  assert.deepEqual(await c, { status: "requested" });
+  assert.equal(proxy.count("DELETE", del), 1, proxy.requests.join("\n"));
+  assert.equal((await child.wait()).signal, "SIGKILL");
+  assert.deepEqual(await child.terminate(), { status: "exited" });
+  assert.equal(proxy.count("DELETE", del), 2);
+  await child.detach();
+});
+
+test("terminate(): not-found once another client deleted the sandbox", async () => {
+  const other = await client.sandboxes.create();
+  const child = await other.processes.start({ command: sh("sleep 30"), output: { mode: "stream" } });
+  // Another client's lifecycle call: this one's handles do not know.
+  const resp = await fetch(`${kilnd.url}/sandboxes/${other.id}`, { method: "DELETE", headers: { Authorization: "Bearer " + kilnd.token } });
+  assert.ok(resp.ok, `${resp.status}`);
+  assert.deepEqual(await child.terminate(), { status: "not-found" });
+  await child.detach();
+});
