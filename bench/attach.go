@@ -49,6 +49,7 @@ type attachCase struct {
 
 type attachResult struct {
 	size    int64
+	direct  bool // the client dialed the agent, past kilnd
 	cases   []attachCase
 	skipped string
 }
@@ -65,6 +66,12 @@ func measureAttach(ctx context.Context, cfg config) (*attachResult, error) {
 		return nil, err
 	}
 	defer done()
+	if cfg.attachDirect {
+		if c, err = agentClient(c, sb.ID); err != nil {
+			return nil, err
+		}
+		res.direct = true
+	}
 	dialOpts := &websocket.DialOptions{HTTPClient: c.http, Subprotocols: []string{api.ProtocolV1}}
 	for _, w := range attachWriters {
 		res.cases = append(res.cases, attachCase{name: w.name})
@@ -173,6 +180,9 @@ func writeAttach(b *strings.Builder, r *attachResult) {
 		"from the start request to the exit message. **Drop** is the same without the hold: the writer is never\n"+
 		"slowed, and the client's figure is what it received per second. Frames carry up to 256 KiB: a watcher\n"+
 		"that is behind gets the chunks that continue each other in one.\n\n", bytesText(r.size))
+	if r.direct {
+		b.WriteString("**This run's kiln.v1 client dialed the agent's socket directly (`-attach-direct`), past kilnd's relay.**\n\n")
+	}
 	b.WriteString("| writes | rep | relay GB/s | flow block GB/s | drop GB/s received | drop received of the whole |\n|---|---:|---:|---:|---:|---:|\n")
 	gbps := func(n int64, d time.Duration) float64 { return float64(n) / d.Seconds() / 1e9 }
 	for _, c := range r.cases {

@@ -28,9 +28,12 @@ type config struct {
 	out           string // report directory; empty writes no file
 	sections      map[string]bool
 	cpuprofile    string
-	cmdline       string    // as printed in the report
-	stdout        io.Writer // the report
-	progress      io.Writer // one line per measurement while it runs
+	// attachDirect has the attach section's kiln.v1 client dial the
+	// agent's socket itself, past kilnd: what the kilnd hop costs.
+	attachDirect bool
+	cmdline      string    // as printed in the report
+	stdout       io.Writer // the report
+	progress     io.Writer // one line per measurement while it runs
 }
 
 // allSections run by default; the comparison runs only when asked for

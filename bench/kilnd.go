@@ -89,6 +89,9 @@ type idleMemory struct {
 type client struct {
 	http *http.Client
 	sock string
+	// ws, when set, is an agent's socket, which wsRun dials its
+	// WebSocket to instead of kilnd (see agentClient).
+	ws *http.Client
 }
 
 func (c client) call(ctx context.Context, method, path string, body, out any) error {
@@ -338,7 +341,14 @@ func wsRun(ctx context.Context, c client, sb string, req api.ExecRequest, opts *
 	if err := c.call(ctx, "POST", "/sandboxes/"+sb+"/exec-stream", req, &st); err != nil {
 		return 0, 0, 0, err
 	}
-	conn, _, err := websocket.Dial(ctx, "ws://kilnd/sandboxes/"+sb+"/exec-stream/"+st.ID+"/logs"+query, opts)
+	url := "ws://kilnd/sandboxes/" + sb + "/exec-stream/" + st.ID + "/logs" + query
+	if c.ws != nil {
+		o := *opts
+		o.HTTPClient = c.ws
+		opts = &o
+		url = "ws://agent/exec-stream/" + st.ID + "/logs" + query
+	}
+	conn, _, err := websocket.Dial(ctx, url, opts)
 	if err != nil {
 		return 0, 0, 0, err
 	}
@@ -657,3 +667,19 @@ func writeKilnd(b *strings.Builder, k *kilndResult) {
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond)) }
+
+// agentClient is c with its WebSockets dialed to sandbox sb's agent
+// socket directly, past kilnd's relay (the agent's paths have no
+// /sandboxes/{id} prefix). The socket is where kilnd keeps it, in its
+// state directory beside its own socket.
+func agentClient(c client, sb string) (client, error) {
+	sock := filepath.Join(filepath.Dir(c.sock), "sandboxes", sb, "agent.sock")
+	if _, err := os.Stat(sock); err != nil {
+		return c, fmt.Errorf("agent socket: %w", err)
+	}
+	c.ws = &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var dl net.Dialer
+		return dl.DialContext(ctx, "unix", sock)
+	}}}
+	return c, nil
+}

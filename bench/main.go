@@ -61,6 +61,7 @@ func parseFlags(args []string) (config, error) {
 	out := fs.String("out", "", "also write the reports to DIR/<date>-engine.md (and -scale.md, -compare.md)")
 	only := fs.String("only", "", "comma-separated sections to run: "+strings.Join(allSections, ", ")+" (default all), or "+strings.Join(extraSections, ", "))
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of this process to FILE")
+	attachDirect := fs.Bool("attach-direct", false, "attach section: the kiln.v1 client dials the agent's socket, past kilnd (what the kilnd hop costs)")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
 	}
@@ -68,17 +69,18 @@ func parseFlags(args []string) (config, error) {
 		return config{}, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	cfg := config{
-		reps:       *reps,
-		tombstones: *tombs,
-		running:    *running,
-		scale:      *scale,
-		scaleStep:  *scaleStep,
-		out:        *out,
-		cpuprofile: *cpuprofile,
-		captureDir: *captureDir,
-		cmdline:    strings.Join(append([]string{filepath.Base(os.Args[0])}, args...), " "),
-		stdout:     os.Stdout,
-		progress:   os.Stderr,
+		reps:         *reps,
+		tombstones:   *tombs,
+		running:      *running,
+		scale:        *scale,
+		scaleStep:    *scaleStep,
+		out:          *out,
+		cpuprofile:   *cpuprofile,
+		attachDirect: *attachDirect,
+		captureDir:   *captureDir,
+		cmdline:      strings.Join(append([]string{filepath.Base(os.Args[0])}, args...), " "),
+		stdout:       os.Stdout,
+		progress:     os.Stderr,
 	}
 	var err error
 	if cfg.size, err = parseSize(*size); err != nil {
