@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"iter"
 	"maps"
 	"net/url"
@@ -230,8 +231,9 @@ func (p *Process) Output(ctx context.Context) iter.Seq2[Chunk, error] {
 		p.mu.Unlock()
 		var dec decoders
 		var unacked int64 // bytes given out since the last ack
+		var buf []byte    // each message, read into the same buffer
 		for {
-			typ, data, err := c.Read(ctx)
+			typ, data, err := readMessage(ctx, c, &buf)
 			if websocket.CloseStatus(err) == websocket.StatusNormalClosure {
 				return
 			}
@@ -266,6 +268,36 @@ func (p *Process) Output(ctx context.Context) iter.Seq2[Chunk, error] {
 					}
 				}
 			}
+		}
+	}
+}
+
+// readMessage reads the next message into *buf, grown as it needs, and
+// returns it: valid until the next call. (websocket.Conn.Read allocates
+// each message anew, growing it from 512 bytes: for a stream of 256 KiB
+// frames, most of a reader's time.)
+func readMessage(ctx context.Context, c *websocket.Conn, buf *[]byte) (websocket.MessageType, []byte, error) {
+	typ, r, err := c.Reader(ctx)
+	if err != nil {
+		return 0, nil, err
+	}
+	b := (*buf)[:0]
+	if cap(b) == 0 {
+		b = make([]byte, 0, api.FrameHeader+256<<10)
+	}
+	for {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)] // room for more; the read limit bounds it
+		}
+		n, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err == io.EOF {
+			*buf = b
+			return typ, b, nil
+		}
+		if err != nil {
+			*buf = b
+			return 0, nil, err
 		}
 	}
 }
@@ -442,7 +474,10 @@ func (d *decoders) decode(stream string, b []byte) string {
 	if d.carry == nil {
 		d.carry = map[string][]byte{}
 	}
-	buf := append(d.carry[stream], b...)
+	buf := b
+	if len(d.carry[stream]) > 0 {
+		buf = append(d.carry[stream], b...)
+	}
 	// Keep an incomplete sequence at the end for the next chunk.
 	cut := len(buf)
 	for i := len(buf) - 1; i >= 0 && i >= len(buf)-3; i-- {
