@@ -172,6 +172,8 @@ func TestCompare(t *testing.T) {
 			}
 		} else if !strings.Contains(report, "| "+tool) && !strings.Contains(report, "| **"+tool) {
 			t.Errorf("%s is installed and has no row in the report:\n%s", tool, report)
+		} else if tool == "dtach" && !strings.Contains(report, "The engine on a terminal over dtach: ") {
+			t.Errorf("dtach is installed and the report holds the terminal to no target:\n%s", report)
 		}
 	}
 	files, err := filepath.Glob(filepath.Join(cfg.out, "*.md"))
