@@ -20,6 +20,7 @@ import {
   type TextChunk,
 } from "./process.js";
 import { StreamDecoder } from "./utf8.js";
+import { guarded, ndjson } from "./ndjson.js";
 import type { components } from "./wire.js";
 
 type Schemas = components["schemas"];
@@ -30,6 +31,12 @@ export type SandboxOptions = Schemas["CreateSandbox"];
 export type FileInfo = Schemas["FileInfo"];
 export type Preview = Schemas["Preview"];
 export type ImageInfo = Schemas["Image"];
+/** A running sandbox's CPU, memory and pids figures. */
+export type SandboxStats = Schemas["SandboxStats"];
+/** A line of an image pull's or import's progress. */
+export type ImageProgress = Schemas["ImageProgress"];
+/** A tar to send: bytes, a Blob (a File among them), or a stream. */
+export type TarBody = Uint8Array | Blob | ReadableStream<Uint8Array>;
 
 export interface ClientOptions {
   /** kilnd's URL ("http://127.0.0.1:7777"); default $KILN_ADDR (a host:port or a URL). */
@@ -194,6 +201,11 @@ export class Sandbox implements HandleOwner {
   async refresh(options: SignalOptions = {}): Promise<SandboxInfo> {
     this.info = await this.transport.call<SandboxInfo>("GET", this.path(""), { idempotent: true, signal: options.signal });
     return this.info;
+  }
+
+  /** Its CPU, memory and pids figures, read from its cgroups now; a sandbox that does not run is FAILED_PRECONDITION. */
+  async stats(options: SignalOptions = {}): Promise<SandboxStats> {
+    return this.transport.call<SandboxStats>("GET", this.path("/stats"), { idempotent: true, signal: options.signal });
   }
 
   /**
@@ -604,6 +616,41 @@ export class Files {
     });
   }
 
+  /**
+   * A tar of path (a directory with all in it, or one file), its entries
+   * named from the path's base name, as docker cp gives it, and what the
+   * path is. The tar streams as it is read (no local timeout: the signal
+   * ends it); a failure of the stream is a SandkilnError.
+   */
+  async archive(path: string, options: SignalOptions = {}): Promise<{ info: FileInfo; body: ReadableStream<Uint8Array> }> {
+    filePath(path);
+    const resp = await this.s.transport.fetch("GET", this.s.path("/archive"), {
+      query: { path }, idempotent: true, unbounded: true, signal: options.signal,
+    });
+    let info: FileInfo;
+    try {
+      info = JSON.parse(resp.headers.get("Kiln-Path-Stat") ?? "") as FileInfo;
+    } catch (err) {
+      await resp.body?.cancel();
+      throw new SandkilnError("INTERNAL", `archive ${path}: kilnd's answer has no Kiln-Path-Stat`, { cause: err });
+    }
+    return { info, body: guarded(resp.body!, `archive ${path}`, options.signal) };
+  }
+
+  /**
+   * Extracts a tar into the directory dir, which must exist, and says what
+   * dir is then. Its entries belong to the sandbox's root, permissions and
+   * times kept (setuid and setgid dropped); absolute names, "..", device
+   * nodes and links leading out of dir are refused (PERMISSION_DENIED),
+   * what came before them kept. A stream is sent as it is read.
+   */
+  async extract(dir: string, tar: TarBody, options: SignalOptions = {}): Promise<FileInfo> {
+    filePath(dir);
+    return this.s.transport.call<FileInfo>("PUT", this.s.path("/archive"), {
+      query: { path: dir }, body: tar, contentType: "application/x-tar", idempotent: true, unbounded: true, signal: options.signal,
+    });
+  }
+
   /** Makes a directory and its parents. */
   async mkdir(path: string, options: SignalOptions = {}): Promise<FileInfo> {
     return this.s.transport.call<FileInfo>("POST", this.s.path(filePath(path)), { query: { op: "mkdir" }, idempotent: true, signal: options.signal });
@@ -650,6 +697,24 @@ export class Images {
 
   async get(name: string, options: SignalOptions = {}): Promise<ImageInfo> {
     return this.t.call<ImageInfo>("GET", "/images/" + name.split("/").map(encodeURIComponent).join("/"), { idempotent: true, signal: options.signal });
+  }
+
+  /**
+   * Imports the images of a tar, as docker save or an OCI image layout
+   * writes it (for a host without a registry), telling onProgress of each
+   * line; resolves with the images imported. A tar kilnd cannot read is
+   * INVALID_ARGUMENT.
+   */
+  async import(tar: TarBody, options: { onProgress?: (p: ImageProgress) => void } & SignalOptions = {}): Promise<ImageInfo[]> {
+    const resp = await this.t.fetch("POST", "/images/import", {
+      body: tar, contentType: "application/x-tar", idempotent: true, unbounded: true, signal: options.signal,
+    });
+    for await (const p of ndjson<ImageProgress>(resp.body!, "import", options.signal)) {
+      options.onProgress?.(p);
+      if (p.status === "error") throw SandkilnError.fromAnswer(200, { error: p.error }, "import");
+      if (p.status === "done") return p.images ?? [];
+    }
+    throw new SandkilnError("UNAVAILABLE", "import: the answer ended before it was done");
   }
 
   /** Pulls an image, telling onProgress of each step; resolves with the image. */
