@@ -20,6 +20,7 @@ import {
   type TextChunk,
 } from "./process.js";
 import { StreamDecoder } from "./utf8.js";
+import { Logs } from "./logs.js";
 import { guarded, ndjson } from "./ndjson.js";
 import type { components } from "./wire.js";
 
@@ -151,6 +152,8 @@ export class Sandbox implements HandleOwner {
   readonly terminals: Terminals;
   readonly files: Files;
   readonly previews: Previews;
+  /** The captured logs of its processes started with capture. */
+  readonly logs: Logs;
   /** @internal */
   readonly transport: Transport;
   private readonly handles = new Set<Handle<Chunk>>();
@@ -167,6 +170,7 @@ export class Sandbox implements HandleOwner {
     this.terminals = new Terminals(this);
     this.files = new Files(this);
     this.previews = new Previews(this);
+    this.logs = new Logs(this);
   }
 
   /** What client.sandboxes.get() takes to find this sandbox again; plain JSON. */

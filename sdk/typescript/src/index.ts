@@ -7,6 +7,8 @@ export type {
   SandboxReference, StartOptions, TerminalStartOptions,
 } from "./client.js";
 export type { ImageProgress, SandboxStats, TarBody } from "./client.js";
+export { Logs } from "./logs.js";
+export type { CapturedLog, LogReadOptions, LogRecord } from "./logs.js";
 export { ProcessHandle, TerminalHandle, LIMITS } from "./process.js";
 export type {
   ByteChunk, Chunk, Exit, ProcessReference, ProcessStatus, SignalOptions, StreamCount, StreamName, TerminateResult, TextChunk,

@@ -1,4 +1,4 @@
-// The SDK's archives, stats and image import
+// The SDK's archives, stats, captured logs and image import
 // against a real kilnd.
 
 import { test, before, after } from "node:test";
@@ -202,6 +202,86 @@ test("stats: a running sandbox's figures", async () => {
   const other = await client.sandboxes.create();
   await other.destroy();
   await rejects(other.stats(), "NOT_FOUND");
+});
+
+/** A record's bytes as written: its content, and the newline that ended it unless it is partial. */
+function recordBytes(r) {
+  const content = r.base64 !== undefined ? Uint8Array.from(atob(r.base64), (c) => c.charCodeAt(0)) : enc(r.text ?? "");
+  return r.partial ? content : concat([content, enc("\n")]);
+}
+
+test("logs: a captured process listed, read as its exact bytes, as records of the right streams", async () => {
+  const child = await sandbox.processes.start({
+    command: sh("printf 'out-1\\n'; printf 'err-1\\n' >&2; printf 'bin:\\377\\376\\000\\n'; printf 'err-2\\n' >&2"),
+    capture: true,
+  });
+  assert.equal((await child.wait()).exitCode, 0);
+  await child.detach();
+  const stdout = concat([enc("out-1\nbin:"), Uint8Array.of(0xff, 0xfe, 0), enc("\n")]);
+  const stderr = enc("err-1\nerr-2\n");
+
+  // From the log alone, followed until the log says the process ended.
+  assert.deepEqual(await drain(await sandbox.logs.read(child.id, { stream: "stdout", source: "log", follow: true })), stdout);
+  assert.deepEqual(await drain(await sandbox.logs.read(child.id, { stream: "stderr", source: "log" })), stderr);
+  // The best source (the running sandbox's ring) gives the same bytes.
+  assert.deepEqual(await drain(await sandbox.logs.read(child.id, { stream: "stdout" })), stdout);
+  const both = await drain(await sandbox.logs.read(child.id));
+  assert.equal(both.length, stdout.length + stderr.length);
+
+  const list = await sandbox.logs.list();
+  const mine = list.find((l) => l.process === child.id);
+  assert.ok(mine, JSON.stringify(list));
+  assert.equal(mine.complete, true, JSON.stringify(mine));
+  assert.ok(mine.runs.length >= 1 && mine.runs.every((r) => r.state === "lossless"), JSON.stringify(mine.runs));
+
+  const records = [];
+  for await (const r of sandbox.logs.records(child.id)) records.push(r);
+  assert.ok(records.every((r) => !Number.isNaN(Date.parse(r.time))), JSON.stringify(records));
+  const of = (s) => concat(records.filter((r) => r.stream === s).map(recordBytes));
+  assert.deepEqual(of("stdout"), stdout);
+  assert.deepEqual(of("stderr"), stderr);
+  assert.ok(records.some((r) => r.stream === "stdout" && r.base64 !== undefined), "invalid UTF-8 comes as base64");
+
+  const last = [];
+  for await (const r of sandbox.logs.records(child.id, { stream: "stderr", tail: 1 })) last.push(r);
+  assert.deepEqual(last.map((r) => [r.stream, dec(recordBytes(r))]), [["stderr", "err-2\n"]]);
+
+  await rejects(sandbox.logs.read("01a22779-5cfd-7451-9354-2e19949d5c7f"), "NOT_FOUND");
+  await rejects(sandbox.logs.read(child.id, { tail: -1 }), "INVALID_ARGUMENT");
+});
+
+test("logs: follow on a running process goes on with what it writes and ends once it exits", async () => {
+  const child = await sandbox.processes.start({ command: sh("echo first; read x; echo second $x"), stdin: "pipe", capture: true });
+  const reader = (await sandbox.logs.read(child.id, { follow: true })).getReader();
+  let got = "";
+  while (!got.includes("first\n")) {
+    const { value, done } = await reader.read();
+    assert.ok(!done, `ended before the process did: ${JSON.stringify(got)}`);
+    got += dec(value);
+  }
+  await child.write("go\n"); // read takes it, and the process exits
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    got += dec(value);
+  }
+  assert.equal(got, "first\nsecond go\n");
+  assert.equal((await child.status()).state, "exited");
+  await child.wait();
+  await child.detach();
+});
+
+test("logs: a read aborted by its signal is WAIT_ABORTED", async () => {
+  const child = await sandbox.processes.start({ command: sh("echo once; read x"), stdin: "pipe", capture: true });
+  const ac = new AbortController();
+  const reader = (await sandbox.logs.read(child.id, { follow: true, signal: ac.signal })).getReader();
+  assert.equal(dec((await reader.read()).value), "once\n");
+  const next = reader.read();
+  ac.abort();
+  await rejects(next, "WAIT_ABORTED");
+  await child.closeStdin();
+  await child.wait();
+  await child.detach();
 });
 
 function sha256(b) {
