@@ -22,6 +22,7 @@ import {
 import { StreamDecoder } from "./utf8.js";
 import { Logs } from "./logs.js";
 import { guarded, ndjson } from "./ndjson.js";
+import { Ports } from "./ports.js";
 import type { components } from "./wire.js";
 
 type Schemas = components["schemas"];
@@ -154,6 +155,8 @@ export class Sandbox implements HandleOwner {
   readonly previews: Previews;
   /** The captured logs of its processes started with capture. */
   readonly logs: Logs;
+  /** Its ports: HTTP through kilnd's proxy, and TCP connections. */
+  readonly ports: Ports;
   /** @internal */
   readonly transport: Transport;
   private readonly handles = new Set<Handle<Chunk>>();
@@ -171,6 +174,7 @@ export class Sandbox implements HandleOwner {
     this.files = new Files(this);
     this.previews = new Previews(this);
     this.logs = new Logs(this);
+    this.ports = new Ports(this);
   }
 
   /** What client.sandboxes.get() takes to find this sandbox again; plain JSON. */
@@ -193,12 +197,18 @@ export class Sandbox implements HandleOwner {
   /** @internal */
   release(h: Handle<Chunk>): void {
     this.handles.delete(h);
-    if (this.handles.size === 0) this.registry.known.delete(this);
+    if (this.handles.size === 0 && this.ports.open.size === 0) this.registry.known.delete(this);
+  }
+
+  /** @internal A port connection opened: client.close() and destroy() close it. */
+  watch(): void {
+    this.registry.known.add(this);
   }
 
   /** @internal */
   letGoHandles(): void {
     for (const h of [...this.handles]) h.letGo();
+    for (const c of [...this.ports.open]) void c.close();
   }
 
   /** Asks kilnd for the sandbox's description again. */

@@ -1,4 +1,4 @@
-// The SDK's archives, stats, captured logs and image import
+// The SDK's archives, stats, captured logs, ports and image import
 // against a real kilnd.
 
 import { test, before, after } from "node:test";
@@ -282,6 +282,138 @@ test("logs: a read aborted by its signal is WAIT_ABORTED", async () => {
   await child.closeStdin();
   await child.wait();
   await child.detach();
+});
+
+/** Starts python3 -u with script; resolves once it printed ready, with its handle. */
+async function serve(script) {
+  const child = await sandbox.processes.start({
+    command: { kind: "argv", argv: ["/usr/bin/python3", "-u", "-c", script] }, output: { mode: "stream" },
+  });
+  let out = "";
+  for await (const c of child.output()) {
+    out += c.text;
+    if (out.includes("ready\n")) break;
+  }
+  assert.ok(out.includes("ready\n"), `the server did not start: ${out}`);
+  return child;
+}
+
+test("ports.fetch: a file through kilnd's proxy, a redirect not followed, a closed port bad_gateway", async () => {
+  await sandbox.files.write("/workspace/www/hello.txt", "hello through the proxy\n");
+  await sandbox.files.mkdir("/workspace/www/sub");
+  const server = await serve(`
+import functools, http.server
+h = functools.partial(http.server.SimpleHTTPRequestHandler, directory="/workspace/www")
+s = http.server.ThreadingHTTPServer(("127.0.0.1", 8000), h)
+print("ready")
+s.serve_forever()
+`);
+  try {
+    const resp = await sandbox.ports.fetch(8000, "/hello.txt");
+    assert.equal(resp.status, 200);
+    assert.equal(await resp.text(), "hello through the proxy\n");
+    const missing = await sandbox.ports.fetch(8000, "nope.txt?x=1");
+    assert.equal(missing.status, 404, "the app's own 404 is an answer, not an error");
+    assert.equal(missing.headers.get("kiln-error"), null);
+    await missing.arrayBuffer();
+    const moved = await sandbox.ports.fetch(8000, "/sub");
+    assert.equal(moved.status, 301);
+    assert.match(moved.headers.get("location") ?? "", new RegExp(`/sandboxes/${sandbox.id}/ports/8000/sub/$`));
+    await moved.arrayBuffer();
+    const head = await sandbox.ports.fetch(8000, "/hello.txt", { method: "HEAD" });
+    assert.equal(head.headers.get("content-length"), "24");
+    const post = await sandbox.ports.fetch(8000, "/hello.txt", { method: "POST", body: "x" });
+    assert.equal(post.status, 501, "the app refuses POST: its answer, not an error");
+    await post.arrayBuffer();
+  } finally {
+    await server.terminate();
+    await server.wait();
+    await server.detach();
+  }
+  await rejects(sandbox.ports.fetch(8001, "/"), "UNAVAILABLE", (e) => {
+    assert.equal(e.status, 502);
+    assert.equal(e.kilnCode, "bad_gateway");
+  });
+  await rejects(sandbox.ports.fetch(0, "/"), "INVALID_ARGUMENT");
+});
+
+test("ports.connect: a TCP echo round-trips every byte value and 1 MiB; a closed port is bad_gateway", async () => {
+  const server = await serve(`
+import socket
+l = socket.socket()
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(("127.0.0.1", 9000))
+l.listen(4)
+print("ready")
+while True:
+    c, _ = l.accept()
+    while True:
+        b = c.recv(65536)
+        if not b:
+            break
+        if b == b"bye\\n":
+            c.sendall(b"bye\\n")
+            break
+        c.sendall(b)
+    c.close()
+`);
+  try {
+    const conn = await sandbox.ports.connect(9000);
+    const big = new Uint8Array(1 << 20);
+    for (let i = 0; i < big.length; i++) big[i] = (i * 7 + (i >> 9)) & 0xff;
+    const want = concat([allBytes, big]);
+    const reading = (async () => {
+      const parts = [];
+      let n = 0;
+      for await (const b of conn.readable) {
+        parts.push(b);
+        n += b.length;
+        if (n >= want.length) break;
+      }
+      return concat(parts);
+    })();
+    await conn.write(allBytes);
+    await conn.write(big);
+    assert.deepEqual(await reading, want);
+    // A loop left early leaves the connection open: reading again goes on.
+    await conn.write("again");
+    for await (const b of conn.readable) {
+      assert.equal(dec(b), "again");
+      break;
+    }
+    await conn.close();
+    await conn.closed;
+    await rejects(conn.write("late"), "DETACHED");
+
+    // The server closing ends the readable.
+    const second = await sandbox.ports.connect(9000);
+    await second.write("bye\n");
+    let said = "";
+    for await (const b of second.readable) said += dec(b);
+    assert.equal(said, "bye\n");
+    await second.closed;
+    await rejects(second.write("more"), "UNAVAILABLE");
+
+    // client.close() closes the connections made through the client.
+    const other = new Client({ url: kilnd.url, token: kilnd.token });
+    const third = await (await other.sandboxes.get(sandbox.id)).ports.connect(9000);
+    await third.write("ping");
+    for await (const b of third.readable) {
+      assert.equal(dec(b), "ping");
+      break;
+    }
+    await other.close();
+    await third.closed;
+    await rejects(third.write("after close"), "DETACHED");
+  } finally {
+    await server.terminate();
+    await server.wait();
+    await server.detach();
+  }
+  await rejects(sandbox.ports.connect(9001), "UNAVAILABLE", (e) => {
+    assert.equal(e.status, 502);
+    assert.equal(e.kilnCode, "bad_gateway");
+  });
 });
 
 function sha256(b) {
