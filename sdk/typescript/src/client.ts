@@ -20,6 +20,9 @@ import {
   type TextChunk,
 } from "./process.js";
 import { StreamDecoder } from "./utf8.js";
+import { Logs } from "./logs.js";
+import { guarded, ndjson } from "./ndjson.js";
+import { Ports } from "./ports.js";
 import type { components } from "./wire.js";
 
 type Schemas = components["schemas"];
@@ -30,6 +33,12 @@ export type SandboxOptions = Schemas["CreateSandbox"];
 export type FileInfo = Schemas["FileInfo"];
 export type Preview = Schemas["Preview"];
 export type ImageInfo = Schemas["Image"];
+/** A running sandbox's CPU, memory and pids figures. */
+export type SandboxStats = Schemas["SandboxStats"];
+/** A line of an image pull's or import's progress. */
+export type ImageProgress = Schemas["ImageProgress"];
+/** A tar to send: bytes, a Blob (a File among them), or a stream. */
+export type TarBody = Uint8Array | Blob | ReadableStream<Uint8Array>;
 
 export interface ClientOptions {
   /** kilnd's URL ("http://127.0.0.1:7777"); default $KILN_ADDR (a host:port or a URL). */
@@ -144,6 +153,10 @@ export class Sandbox implements HandleOwner {
   readonly terminals: Terminals;
   readonly files: Files;
   readonly previews: Previews;
+  /** The captured logs of its processes started with capture. */
+  readonly logs: Logs;
+  /** Its ports: HTTP through kilnd's proxy, and TCP connections. */
+  readonly ports: Ports;
   /** @internal */
   readonly transport: Transport;
   private readonly handles = new Set<Handle<Chunk>>();
@@ -160,6 +173,8 @@ export class Sandbox implements HandleOwner {
     this.terminals = new Terminals(this);
     this.files = new Files(this);
     this.previews = new Previews(this);
+    this.logs = new Logs(this);
+    this.ports = new Ports(this);
   }
 
   /** What client.sandboxes.get() takes to find this sandbox again; plain JSON. */
@@ -182,18 +197,29 @@ export class Sandbox implements HandleOwner {
   /** @internal */
   release(h: Handle<Chunk>): void {
     this.handles.delete(h);
-    if (this.handles.size === 0) this.registry.known.delete(this);
+    if (this.handles.size === 0 && this.ports.open.size === 0) this.registry.known.delete(this);
+  }
+
+  /** @internal A port connection opened: client.close() and destroy() close it. */
+  watch(): void {
+    this.registry.known.add(this);
   }
 
   /** @internal */
   letGoHandles(): void {
     for (const h of [...this.handles]) h.letGo();
+    for (const c of [...this.ports.open]) void c.close();
   }
 
   /** Asks kilnd for the sandbox's description again. */
   async refresh(options: SignalOptions = {}): Promise<SandboxInfo> {
     this.info = await this.transport.call<SandboxInfo>("GET", this.path(""), { idempotent: true, signal: options.signal });
     return this.info;
+  }
+
+  /** Its CPU, memory and pids figures, read from its cgroups now; a sandbox that does not run is FAILED_PRECONDITION. */
+  async stats(options: SignalOptions = {}): Promise<SandboxStats> {
+    return this.transport.call<SandboxStats>("GET", this.path("/stats"), { idempotent: true, signal: options.signal });
   }
 
   /**
@@ -604,6 +630,41 @@ export class Files {
     });
   }
 
+  /**
+   * A tar of path (a directory with all in it, or one file), its entries
+   * named from the path's base name, as docker cp gives it, and what the
+   * path is. The tar streams as it is read (no local timeout: the signal
+   * ends it); a failure of the stream is a SandkilnError.
+   */
+  async archive(path: string, options: SignalOptions = {}): Promise<{ info: FileInfo; body: ReadableStream<Uint8Array> }> {
+    filePath(path);
+    const resp = await this.s.transport.fetch("GET", this.s.path("/archive"), {
+      query: { path }, idempotent: true, unbounded: true, signal: options.signal,
+    });
+    let info: FileInfo;
+    try {
+      info = JSON.parse(resp.headers.get("Kiln-Path-Stat") ?? "") as FileInfo;
+    } catch (err) {
+      await resp.body?.cancel();
+      throw new SandkilnError("INTERNAL", `archive ${path}: kilnd's answer has no Kiln-Path-Stat`, { cause: err });
+    }
+    return { info, body: guarded(resp.body!, `archive ${path}`, options.signal) };
+  }
+
+  /**
+   * Extracts a tar into the directory dir, which must exist, and says what
+   * dir is then. Its entries belong to the sandbox's root, permissions and
+   * times kept (setuid and setgid dropped); absolute names, "..", device
+   * nodes and links leading out of dir are refused (PERMISSION_DENIED),
+   * what came before them kept. A stream is sent as it is read.
+   */
+  async extract(dir: string, tar: TarBody, options: SignalOptions = {}): Promise<FileInfo> {
+    filePath(dir);
+    return this.s.transport.call<FileInfo>("PUT", this.s.path("/archive"), {
+      query: { path: dir }, body: tar, contentType: "application/x-tar", idempotent: true, unbounded: true, signal: options.signal,
+    });
+  }
+
   /** Makes a directory and its parents. */
   async mkdir(path: string, options: SignalOptions = {}): Promise<FileInfo> {
     return this.s.transport.call<FileInfo>("POST", this.s.path(filePath(path)), { query: { op: "mkdir" }, idempotent: true, signal: options.signal });
@@ -650,6 +711,24 @@ export class Images {
 
   async get(name: string, options: SignalOptions = {}): Promise<ImageInfo> {
     return this.t.call<ImageInfo>("GET", "/images/" + name.split("/").map(encodeURIComponent).join("/"), { idempotent: true, signal: options.signal });
+  }
+
+  /**
+   * Imports the images of a tar, as docker save or an OCI image layout
+   * writes it (for a host without a registry), telling onProgress of each
+   * line; resolves with the images imported. A tar kilnd cannot read is
+   * INVALID_ARGUMENT.
+   */
+  async import(tar: TarBody, options: { onProgress?: (p: ImageProgress) => void } & SignalOptions = {}): Promise<ImageInfo[]> {
+    const resp = await this.t.fetch("POST", "/images/import", {
+      body: tar, contentType: "application/x-tar", idempotent: true, unbounded: true, signal: options.signal,
+    });
+    for await (const p of ndjson<ImageProgress>(resp.body!, "import", options.signal)) {
+      options.onProgress?.(p);
+      if (p.status === "error") throw SandkilnError.fromAnswer(200, { error: p.error }, "import");
+      if (p.status === "done") return p.images ?? [];
+    }
+    throw new SandkilnError("UNAVAILABLE", "import: the answer ended before it was done");
   }
 
   /** Pulls an image, telling onProgress of each step; resolves with the image. */

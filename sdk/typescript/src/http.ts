@@ -14,6 +14,9 @@ export interface CallOptions {
   /** A JSON body (any value) or bytes. */
   json?: unknown;
   bytes?: Uint8Array;
+  /** A body of any kind (a stream, a Blob, bytes), sent with contentType. */
+  body?: BodyInit | Uint8Array | Blob | ReadableStream<Uint8Array>;
+  contentType?: string;
   /** A repeated call has the same effect: a lost answer is not an unknown outcome. */
   idempotent?: boolean;
   signal?: AbortSignal | undefined;
@@ -21,6 +24,8 @@ export interface CallOptions {
   unbounded?: boolean;
   /** Extra headers. */
   headers?: Record<string, string>;
+  /** Which answers are kilnd's errors (default: a status of 300 or more). */
+  isError?: (resp: Response) => boolean;
 }
 
 /** Where kilnd is and how to prove who we are. */
@@ -75,7 +80,12 @@ export class Transport {
     } else if (o.bytes !== undefined) {
       body = o.bytes as unknown as BodyInit;
       headers["Content-Type"] = "application/octet-stream";
+    } else if (o.body !== undefined) {
+      body = o.body as unknown as BodyInit;
+      if (o.contentType) headers["Content-Type"] = o.contentType;
     }
+    // A stream is sent as it is read: fetch needs to be told (Node's refuses it otherwise).
+    const streamed = typeof ReadableStream !== "undefined" && o.body instanceof ReadableStream;
     let resp: Response;
     try {
       resp = await fetch(this.url(path, o.query), {
@@ -85,11 +95,12 @@ export class Transport {
         redirect: "manual",
         signal: signals.length > 0 ? AbortSignal.any(signals) : null,
         ...(o.idempotent ? {} : sentOnce()),
-      });
+        ...(streamed ? { duplex: "half" } : {}),
+      } as RequestInit);
     } catch (err) {
       throw this.lost(what, err, o, timeout);
     }
-    if (resp.status >= 300) {
+    if (o.isError ? o.isError(resp) : resp.status >= 300) {
       throw SandkilnError.fromAnswer(resp.status, await errorBody(resp), what);
     }
     return resp;

@@ -6,6 +6,10 @@ export type {
   ClientOptions, Command, ExecInput, ExecOptions, ExecOutput, FileInfo, ImageInfo, Preview, SandboxInfo, SandboxOptions,
   SandboxReference, StartOptions, TerminalStartOptions,
 } from "./client.js";
+export type { ImageProgress, SandboxStats, TarBody } from "./client.js";
+export { Logs } from "./logs.js";
+export type { CapturedLog, LogReadOptions, LogRecord } from "./logs.js";
+export { Ports, PortConnection } from "./ports.js";
 export { ProcessHandle, TerminalHandle, LIMITS } from "./process.js";
 export type {
   ByteChunk, Chunk, Exit, ProcessReference, ProcessStatus, SignalOptions, StreamCount, StreamName, TerminateResult, TextChunk,
