@@ -252,3 +252,93 @@ test("terminate(): not-found once another client deleted the sandbox", async () 
   assert.deepEqual(await child.terminate(), { status: "not-found" });
   await child.detach();
 });
+
+/** p, or a failure saying what did not come within ms. */
+function within(p, ms, what) {
+  let timer;
+  const late = new Promise((_, reject) => (timer = setTimeout(() => reject(new Error(`${what}: not within ${ms} ms`)), ms)));
+  return Promise.race([p, late]).finally(() => clearTimeout(timer));
+}
+
+/** kilnd's byte count of a stream of child. */
+const written = async (child, stream = "stdout") => (await record(child)).streams[stream].total_bytes;
+
+/** Waits until kilnd's record of child satisfies ok. */
+async function until(child, ok, what) {
+  const deadline = Date.now() + 20_000;
+  for (;;) {
+    const r = await record(child);
+    if (ok(r)) return r;
+    if (Date.now() > deadline) throw new Error(`${what}: not so within 20 s: ${JSON.stringify(r)}`);
+    await new Promise((res) => setTimeout(res, 20));
+  }
+}
+
+/**
+ * Reads the first chunk of child's output, then nothing until the SDK
+ * has let the output connection go (a queue that overflowed does), then
+ * the rest; resolves with the bytes delivered and the error it ended with.
+ */
+async function overflow(child) {
+  const it = child.output();
+  const first = await it.next();
+  let got = first.value.bytes.length;
+  assert.equal(first.value.offset, 0);
+  await within(proxy.hungUp("GET", processPath(child, "/logs")), 20_000, "the output connection let go");
+  try {
+    for (;;) {
+      const { value, done } = await it.next();
+      if (done) return { got };
+      assert.equal(value.offset, got, "a chunk repeated or skipped");
+      got += value.bytes.length;
+    }
+  } catch (err) {
+    return { got, err };
+  }
+}
+
+test("closeStdin() again, or while the first is on its way, sends end-of-input once; a write after it is refused locally", async () => {
+  const child = await via.processes.start({ command: cat, stdin: "pipe", output: { mode: "stream" } });
+  const close = processPath(child, "/stdin/close");
+  const stdin = processPath(child, "/stdin");
+  await child.write("a\n");
+  const held = proxy.hold("POST", close);
+  const first = child.closeStdin();
+  await held.answer;
+  const second = child.closeStdin(); // shares the one on its way
+  held.release();
+  await Promise.all([first, second]);
+  await child.closeStdin();
+  await child.closeStdin({ signal: AbortSignal.timeout(10_000) });
+  await rejects(child.write("b\n"), "STDIN_CLOSED");
+  await rejects(child.write(""), "STDIN_CLOSED");
+  assert.equal(proxy.count("POST", close), 1, proxy.requests.join("\n"));
+  assert.equal(proxy.count("POST", stdin), 1, proxy.requests.join("\n"));
+  assert.equal(await readUntil(child, "a\n"), "a\n");
+  assert.equal((await child.wait()).exitCode, 0);
+  assert.deepEqual((await record(child)).stdin, { accepted: 2, delivered: 2, closed: true });
+  await child.detach();
+});
+
+test("OUTPUT_CAPACITY does not kill the process: it runs on, takes input, and its real exit is waited for", async () => {
+  const total = 600 * 1024;
+  const child = await via.processes.start({
+    command: sh(`head -c ${total} /dev/zero; read x; echo got-$x; exit 7`), stdin: "pipe",
+    output: { mode: "stream", format: "bytes", overflow: "fail" },
+  });
+  const { got, err } = await overflow(child);
+  assert.equal(err?.code, "OUTPUT_CAPACITY", String(err));
+  assert.ok(got < total, `${got} bytes delivered`);
+  // Still running, as kilnd and the handle say; nothing asked to end it.
+  await until(child, (r) => r.streams.stdout.total_bytes === total, "all of the output written");
+  assert.equal((await record(child)).state, "running");
+  assert.equal((await child.status()).state, "running");
+  await child.write("go\n");
+  const r = await child.wait();
+  assert.deepEqual([r.exitCode, r.signal], [7, null]);
+  assert.equal(r.outputComplete, false);
+  assert.equal(await written(child), total + "got-go\n".length);
+  assert.equal(proxy.count("DELETE", processPath(child)), 0);
+  assert.equal(proxy.count("POST", processPath(child, "/signal")), 0);
+  await child.detach();
+});
