@@ -342,3 +342,35 @@ test("OUTPUT_CAPACITY does not kill the process: it runs on, takes input, and it
   assert.equal(proxy.count("POST", processPath(child, "/signal")), 0);
   await child.detach();
 });
+
+test("an output error does not erase a confirmed exit: after OUTPUT_CAPACITY, and with kilnd cut off, status() and wait() give it", async () => {
+  const total = 600 * 1024;
+  const child = await via.processes.start({ command: sh(`head -c ${total} /dev/zero; exit 5`), output: { mode: "stream", format: "bytes", overflow: "fail" } });
+  const exit = await child.wait();
+  assert.deepEqual([exit.exitCode, exit.signal, exit.oomKilled], [5, null, false]);
+  const want = { exitCode: 5, signal: null, oomKilled: false };
+
+  const { err } = await overflow(child);
+  assert.equal(err?.code, "OUTPUT_CAPACITY", String(err));
+  assert.deepEqual((await child.status()).exit, want);
+  const again = await child.wait();
+  assert.deepEqual([again.exitCode, again.signal, again.outputComplete], [5, null, false]);
+
+  // Every request of this process's now cut: the output fails, the exit stays.
+  const cut = proxy.cutRequest("GET", processPath(child, "(/.*)?"), Infinity);
+  try {
+    await rejects((async () => {
+      for await (const c of child.output()) assert.fail(`output at ${c.offset} through a cut connection`);
+    })(), "UNAVAILABLE");
+    const st = await child.status();
+    assert.equal(st.state, "exited");
+    assert.deepEqual(st.exit, want);
+    assert.equal(st.error.code, "UNAVAILABLE");
+    const cutOff = await child.wait();
+    assert.deepEqual([cutOff.exitCode, cutOff.signal, cutOff.oomKilled, cutOff.outputComplete], [5, null, false, false]);
+  } finally {
+    cut.remove();
+  }
+  assert.deepEqual(exit.exitCode, 5); // earlier results unchanged
+  await child.detach();
+});
