@@ -565,6 +565,11 @@ export abstract class Handle<C extends Chunk> {
   private hangUp(): void {
     const s = this.socket;
     this.socket = undefined;
+    // A paused socket (ws's, held back for a full queue) reads nothing,
+    // so it would not hear kilnd's answer to the close either and keep
+    // the connection for ws's closing timeout (30 s): it reads again,
+    // what comes going nowhere, the queue being let go.
+    s?.resume?.();
     s?.close(1000);
   }
 

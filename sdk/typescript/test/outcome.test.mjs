@@ -374,3 +374,39 @@ test("an output error does not erase a confirmed exit: after OUTPUT_CAPACITY, an
   assert.deepEqual(exit.exitCode, 5); // earlier results unchanged
   await child.detach();
 });
+
+test("detach(): unread output discarded, connections let go, no kill asked; again is safe; the process and its output stay kilnd's", async () => {
+  const total = 200 * 1024;
+  const child = await via.processes.start({ command: sh(`head -c ${total} /dev/zero; exec sleep 30`), stdin: "pipe", output: { mode: "stream", format: "bytes" } });
+  await until(child, (r) => r.streams.stdout.total_bytes === total, "all of the output written");
+  const it = child.output();
+  const first = await it.next();
+  assert.ok(first.value.bytes.length > 0 && first.value.bytes.length < total);
+  await child.detach();
+  // Nothing more is given, although most of the output was never read.
+  await rejects(it.next(), "DETACHED");
+  await within(proxy.hungUp("GET", processPath(child, "/logs")), 20_000, "the output connection let go");
+  await child.detach();
+  await rejects(child.write("x"), "DETACHED");
+  await rejects(child.closeStdin(), "DETACHED");
+  await rejects(child.wait(), "DETACHED");
+  await rejects(child.terminate(), "DETACHED");
+  throws(() => child.reference(), "DETACHED");
+  assert.equal(proxy.count("DELETE", processPath(child)), 0);
+  assert.equal(proxy.count("POST", processPath(child, "/signal")), 0);
+  assert.equal(proxy.count("POST", processPath(child, "/stdin/close")), 0);
+  // kilnd's process runs on, and its output is there for another handle, whole.
+  const r = await record(child);
+  assert.equal(r.state, "running");
+  assert.equal(r.stdin.closed, false);
+  const again = await sandbox.processes.get(child.id, { format: "bytes" });
+  let got = 0;
+  for await (const c of again.output()) {
+    got += c.bytes.length;
+    if (got === total) break;
+  }
+  assert.equal(got, total);
+  await again.terminate();
+  await again.wait();
+  await again.detach();
+});
