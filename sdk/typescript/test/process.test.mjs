@@ -629,3 +629,63 @@ test("finite mode at its bounds: maxOutputBytes 0 refused, 1 gives one byte, 1 M
   assert.equal(fifth.stdout.length, LIMITS.maxFiniteOutput);
   assert.equal(fifth.truncated, true);
 });
+
+test("references: each mismatch refused, and nothing reopened", async () => {
+  const child = await sandbox.processes.start({ command: sh("echo one; sleep 30"), stdin: "pipe", output: { mode: "stream" } });
+  const closed = await sandbox.processes.start({ command: sh("sleep 30"), output: { mode: "stream" } });
+  const term = await sandbox.terminals.start({ command: { kind: "argv", argv: ["sh"] } });
+  const ref = JSON.parse(JSON.stringify(child.reference()));
+  const tref = JSON.parse(JSON.stringify(term.reference()));
+  const other = await client.sandboxes.create();
+  try {
+    const refused = [
+      // not a process reference
+      [() => sandbox.terminals.reopen(ref), "INVALID_ARGUMENT"],
+      [() => sandbox.processes.reopen(tref), "INVALID_ARGUMENT"],
+      [() => sandbox.processes.reopen({ ...ref, version: 2 }), "INVALID_ARGUMENT"],
+      [() => sandbox.processes.reopen({ ...ref, process: "" }), "INVALID_ARGUMENT"],
+      [() => sandbox.processes.reopen(null), "INVALID_ARGUMENT"],
+      // another sandbox's, or its process not in this sandbox
+      [() => other.processes.reopen(ref), "INVALID_ARGUMENT"],
+      [() => other.processes.reopen({ ...ref, sandbox: other.id }), "NOT_FOUND"],
+      // settings no handle has, or the process has not
+      [() => sandbox.processes.reopen({ ...ref, format: "utf16" }), "INVALID_ARGUMENT"],
+      [() => sandbox.processes.reopen({ ...ref, mode: "forever" }), "INVALID_ARGUMENT"],
+      [() => sandbox.processes.reopen({ ...ref, overflow: "drop" }), "INVALID_ARGUMENT"],
+      [() => sandbox.processes.reopen({ ...ref, stdin: { ...ref.stdin, offset: -1 } }), "INVALID_ARGUMENT"],
+      [() => sandbox.processes.reopen({ ...ref, offsets: { stdout: 1.5 } }), "INVALID_ARGUMENT"],
+      [() => sandbox.processes.reopen({ ...ref, process: term.id }), "INVALID_ARGUMENT"], // a terminal, named as a process
+      [() => sandbox.terminals.reopen({ ...tref, process: child.id }), "INVALID_ARGUMENT"], // a process, named as a terminal
+      [() => sandbox.processes.reopen({ ...ref, process: closed.id }), "INVALID_ARGUMENT"], // a pipe it has not
+      [() => sandbox.processes.reopen({ ...ref, stdin: { ...ref.stdin, pipe: false } }), "INVALID_ARGUMENT"], // a pipe it has
+      [() => sandbox.processes.reopen({ ...ref, offsets: { stdout: 1 << 20 } }), "OUT_OF_RANGE"], // beyond what it wrote
+      [() => sandbox.processes.reopen({ ...ref, offsets: { terminal: 0 } }), "INVALID_ARGUMENT"],
+      [() => sandbox.processes.reopen({ ...ref, stdin: { ...ref.stdin, offset: 10 } }), "OUT_OF_RANGE"], // input kilnd never took
+      // expired, or living longer than a reference can
+      [() => sandbox.processes.reopen({ ...ref, expiresAt: new Date(Date.now() - 1).toISOString() }), "FAILED_PRECONDITION"],
+      [() => sandbox.processes.reopen({ ...ref, expiresAt: "never" }), "FAILED_PRECONDITION"],
+      [() => sandbox.processes.reopen({ ...ref, expiresAt: new Date(Date.now() + 48 * 3600_000).toISOString() }), "INVALID_ARGUMENT"],
+    ];
+    for (const [i, [reopen, code]] of refused.entries()) {
+      await assert.rejects(reopen(), (err) => {
+        assert.ok(err instanceof SandkilnError, `#${i}: not a SandkilnError: ${err}`);
+        assert.equal(err.code, code, `#${i}: ${err.message}`);
+        return true;
+      });
+    }
+    // The reference itself still reopens, and the process was touched by none of it.
+    const back = await sandbox.processes.reopen(ref);
+    await back.write("x\n");
+    assert.equal((await back.status()).state, "running");
+    await back.terminate();
+    await back.wait();
+    await back.detach();
+  } finally {
+    await other.destroy();
+    for (const h of [closed, term]) {
+      await h.terminate();
+      await h.detach();
+    }
+    await child.detach();
+  }
+});
