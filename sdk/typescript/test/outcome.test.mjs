@@ -375,6 +375,71 @@ test("an output error does not erase a confirmed exit: after OUTPUT_CAPACITY, an
   await child.detach();
 });
 
+// Each of these holds an answer for 30 s: on one runtime only, so that
+// the suite's four runs do not each wait half a minute.
+const node22 = !globalThis.Bun && !globalThis.Deno && Number(process.versions.node.split(".")[0]) >= 22;
+
+test("30 s local timeouts: input, status, termination and setup give up on a held answer; a wait does not; the process runs on",
+  { skip: node22 ? false : "held answers are timed on Node 22 only" }, async () => {
+    const child = await via.processes.start({ command: cat, stdin: "pipe", output: { mode: "stream" } });
+    const sleeper = await via.processes.start({ command: sh("sleep 120"), output: { mode: "stream" } });
+    const quick = await via.processes.start({ command: sh("exit 3"), output: { mode: "stream" } });
+    const start = new RegExp(`^/sandboxes/${sandbox.id}/exec-stream$`);
+    const marker = "held-start-" + Math.random().toString(36).slice(2);
+    const holds = [
+      proxy.hold("POST", processPath(child, "/stdin")),
+      proxy.hold("GET", processPath(sleeper)),
+      proxy.hold("DELETE", processPath(sleeper)),
+      proxy.hold("POST", start),
+    ];
+    const waitHeld = proxy.hold("GET", processPath(quick, "/wait"));
+    const timed = async (p) => {
+      const t0 = performance.now();
+      const v = await p.then((value) => ({ value }), (error) => ({ error }));
+      return { ...v, ms: performance.now() - t0 };
+    };
+    const waiting = timed(quick.wait());
+    const [write, status, terminate, setup] = await Promise.all([
+      timed(child.write("held\n")),
+      timed(sleeper.status()),
+      timed(sleeper.terminate()),
+      timed(via.processes.start({ command: sh(`echo ${marker}; sleep 120`), output: { mode: "stream" } })),
+    ]);
+    for (const [what, r] of Object.entries({ write, status, terminate, setup })) {
+      assert.ok(r.ms >= 29_900 && r.ms < 45_000, `${what} gave up after ${r.ms} ms`);
+    }
+    assert.equal(write.error?.code, "OUTCOME_UNKNOWN", String(write.error));
+    assert.match(write.error.message, /no answer within 30 s/);
+    await rejects(child.write("next\n"), "INPUT_UNCERTAIN");
+    assert.equal(status.value?.state, "unknown", JSON.stringify(status));
+    assert.equal(status.value.error.code, "UNAVAILABLE");
+    assert.equal(terminate.error?.code, "OUTCOME_UNKNOWN", String(terminate.error));
+    assert.equal(setup.error?.code, "OUTCOME_UNKNOWN", String(setup.error));
+    for (const h of holds) await h.answer; // kilnd did answer each, all along
+    // The wait has no timeout: it is still waiting, and the held answer, once let through, is its exit.
+    let waited = false;
+    waiting.then(() => (waited = true));
+    await new Promise((r) => setImmediate(r));
+    assert.equal(waited, false, "the wait gave up");
+    await waitHeld.answer;
+    waitHeld.release();
+    const w = await waiting;
+    assert.equal(w.value?.exitCode, 3, String(w.error));
+    assert.ok(w.ms >= 29_900);
+    // The timeouts limited the requests, not the processes: kilnd took the
+    // write and the start, and the sleeper was killed by the terminate
+    // whose answer was lost, not by any timeout.
+    assert.equal((await record(child)).stdin.accepted, "held\n".length);
+    assert.equal((await record(child)).state, "running");
+    const started = (await sandbox.processes.list()).filter((p) => p.args?.some((a) => a.includes(marker)));
+    assert.equal(started.length, 1);
+    assert.equal(started[0].state, "running");
+    assert.equal((await record(sleeper)).signal, "KILL");
+    await sandbox.transport.call("DELETE", sandbox.path(`/exec-stream/${started[0].id}`));
+    await sandbox.transport.call("DELETE", sandbox.path(`/exec-stream/${child.id}`));
+    for (const h of [child, sleeper, quick]) await h.detach();
+  });
+
 test("detach(): unread output discarded, connections let go, no kill asked; again is safe; the process and its output stay kilnd's", async () => {
   const total = 200 * 1024;
   const child = await via.processes.start({ command: sh(`head -c ${total} /dev/zero; exec sleep 30`), stdin: "pipe", output: { mode: "stream", format: "bytes" } });
