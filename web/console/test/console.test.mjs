@@ -20,6 +20,7 @@ const executablePath = process.env.CHROMIUM ?? "/usr/bin/chromium";
 let kilnd, browser, page;
 const pages = {};
 const problems = []; // what the page said went wrong: policy refusals, errors
+const urls = []; // every URL the console's page asked for, its WebSockets' among them
 
 async function api(method, path, body) {
   const resp = await fetch(kilnd.url + path, {
@@ -61,6 +62,9 @@ before(async () => {
   });
   page.on("pageerror", (e) => problems.push(`page error: ${e.message}`));
   page.on("response", (r) => { if (r.status() >= 400) problems.push(`answer: ${r.status()} ${r.request().method()} ${r.url()}`); });
+  page.on("request", (r) => urls.push(r.url()));
+  page.on("websocket", (ws) => urls.push(ws.url()));
+  page.on("framenavigated", (f) => urls.push(f.url()));
 });
 
 after(async () => {
@@ -83,7 +87,10 @@ test("the console, as a user uses it", async () => {
   await page.fill("#token", kilnd.token);
   await page.click("#login button[type=submit]");
   await page.waitForSelector("text=Log out");
-  assert.equal(await page.evaluate(() => location.href.includes(sessionStorage.getItem("kiln.token"))), false, "the token is in the URL");
+  // Kept in sessionStorage (not localStorage), and in no URL.
+  assert.deepEqual(await page.evaluate(() => ({ session: sessionStorage.getItem("kiln.token"), local: localStorage.getItem("kiln.token") })),
+    { session: kilnd.token, local: null });
+  assert.ok(!page.url().includes(kilnd.token), "the token is in the URL");
 
   // A sandbox.
   await page.click("#create button[type=submit]");
@@ -214,4 +221,12 @@ test("another origin's page: CORS for the one kilnd allows, none for the other; 
   }), `${kilnd.url.replace("http", "ws")}/sandboxes/${sb}/exec-stream/${st.id}/logs`);
   assert.equal(foreign, "closed 1006");
   await other.close();
+});
+
+test("the token went into no URL the console asked for; nothing the page reported", async () => {
+  assert.ok(urls.length > 10, `${urls.length} URLs`);
+  assert.deepEqual(urls.filter((u) => u.includes(kilnd.token)), []);
+  assert.ok(urls.some((u) => u.startsWith("ws://")), "no WebSocket seen");
+  assert.equal(await page.evaluate(() => sessionStorage.getItem("kiln.token")), kilnd.token);
+  assert.deepEqual(problems, [], "the page reported problems");
 });
