@@ -9,9 +9,17 @@ export async function buildWithProgress(sandbox: Sandbox, onLine: (line: string)
     command: { kind: "argv", argv: ["sh", "-c", "for step in fetch compile link; do echo \"[build] $step\"; sleep 0.2; done; echo 'warning: 1 unused' >&2"] },
     output: { mode: "stream" },
   });
+  // The last lines, kept for a failure report: each chunk goes to the tail
+  // as it goes on to the lines.
   const tail = createProcessTail({ maxLines: 20 });
+  const chunks = (async function* () {
+    for await (const chunk of child.output()) {
+      tail.push(chunk);
+      yield chunk;
+    }
+  })();
   try {
-    for await (const line of readProcessLines(child.output())) {
+    for await (const line of readProcessLines(chunks)) {
       onLine(`${line.stream}: ${line.text}`);
     }
     const result = await child.wait();

@@ -469,12 +469,50 @@ async function startOn(s: Sandbox, o: StartOptions, settings: HandleSettings, tt
   return st.id;
 }
 
+/** Refuses a reference that is not one of kind this SDK makes, of this sandbox, still valid. */
 function checkReference(s: Sandbox, ref: ProcessReference, kind: ProcessReference["kind"]): void {
-  if (!ref || ref.version !== 1 || ref.kind !== kind || typeof ref.process !== "string") {
-    throw new SandkilnError("INVALID_ARGUMENT", `not a ${kind} reference`);
-  }
+  const bad = (why: string) => new SandkilnError("INVALID_ARGUMENT", `not a ${kind} reference: ${why}`);
+  if (!ref || typeof ref !== "object") throw bad("not an object");
+  if (ref.version !== 1) throw bad(`version ${JSON.stringify(ref.version)}`);
+  if (ref.kind !== kind) throw bad(`it is a ${JSON.stringify(ref.kind)} reference`);
+  if (typeof ref.process !== "string" || ref.process === "") throw bad("no process");
   if (ref.sandbox !== s.id) throw new SandkilnError("INVALID_ARGUMENT", `the reference is of sandbox ${ref.sandbox}, not ${s.id}`);
-  if (!(Date.parse(ref.expiresAt) > Date.now())) throw new SandkilnError("FAILED_PRECONDITION", `the reference expired at ${ref.expiresAt}`);
+  // The settings it records are the handle's: ones no handle has are refused, not guessed at.
+  if (ref.format !== "text" && ref.format !== "bytes") throw bad(`format ${JSON.stringify(ref.format)}`);
+  if (kind === "terminal" && ref.format !== "bytes") throw bad("a terminal's output is bytes");
+  if (ref.mode !== "stream" && ref.mode !== "finite") throw bad(`mode ${JSON.stringify(ref.mode)}`);
+  if (ref.overflow !== "resume" && ref.overflow !== "fail") throw bad(`overflow ${JSON.stringify(ref.overflow)}`);
+  if (typeof ref.hold !== "boolean") throw bad("hold");
+  if (!Number.isInteger(ref.maxOutputBytes) || ref.maxOutputBytes < 1 || ref.maxOutputBytes > LIMITS.maxFiniteOutput) throw bad("maxOutputBytes");
+  const st = ref.stdin;
+  if (!st || typeof st.pipe !== "boolean" || typeof st.closed !== "boolean" || !Number.isInteger(st.offset) || st.offset < 0) throw bad("stdin");
+  for (const m of [ref.offsets, ref.lost]) {
+    if (!m || typeof m !== "object" || Object.values(m).some((v) => !Number.isInteger(v) || v < 0)) throw bad("offsets");
+  }
+  if (!ref.ended || typeof ref.ended !== "object") throw bad("ended");
+  const expires = Date.parse(ref.expiresAt);
+  if (!(expires > Date.now())) throw new SandkilnError("FAILED_PRECONDITION", `the reference expired at ${ref.expiresAt}`);
+  // A reference lives 24 hours at most; one that says longer was not made by reference().
+  if (expires > Date.now() + LIMITS.referenceLifetimeMs + 60_000) throw bad(`it says it expires at ${ref.expiresAt}, beyond 24 hours`);
+}
+
+/** Refuses a reference whose settings the process does not have, or whose offsets it never reached. */
+function checkAgainst(ref: ProcessReference, p: Schemas["Process"]): void {
+  const terminal = p.terminal ?? false;
+  if (terminal !== (ref.kind === "terminal")) {
+    throw new SandkilnError("INVALID_ARGUMENT", `process ${ref.process} is ${terminal ? "" : "not "}a terminal; the reference says otherwise`);
+  }
+  if (!terminal && ref.stdin.pipe !== (p.stdin !== undefined)) {
+    throw new SandkilnError("INVALID_ARGUMENT", `process ${ref.process} ${p.stdin ? "has" : "has no"} stdin pipe; the reference says otherwise`);
+  }
+  for (const [stream, at] of Object.entries(ref.offsets)) {
+    const total = p.streams?.[stream]?.total_bytes;
+    if (total === undefined) throw new SandkilnError("INVALID_ARGUMENT", `process ${ref.process} has no stream ${stream}`);
+    if (at > total) throw new SandkilnError("OUT_OF_RANGE", `the reference stands at ${at} bytes of ${stream}; process ${ref.process} wrote ${total}`);
+  }
+  if (ref.stdin.pipe && p.stdin && ref.stdin.offset > p.stdin.accepted) {
+    throw new SandkilnError("OUT_OF_RANGE", `the reference wrote ${ref.stdin.offset} bytes of input; kilnd accepted ${p.stdin.accepted}`);
+  }
 }
 
 export class Processes {
@@ -501,7 +539,8 @@ export class Processes {
    */
   async reopen(ref: ProcessReference, options: SignalOptions = {}): Promise<ProcessHandle<Chunk>> {
     checkReference(this.s, ref, "process");
-    await this.s.transport.call("GET", this.s.path(`/exec-stream/${encodeURIComponent(ref.process)}`), { idempotent: true, signal: options.signal });
+    const p = await this.s.transport.call<Schemas["Process"]>("GET", this.s.path(`/exec-stream/${encodeURIComponent(ref.process)}`), { idempotent: true, signal: options.signal });
+    checkAgainst(ref, p);
     return this.s.adopt(new ProcessHandle<Chunk>(this.s, ref.process, settingsFrom(ref), ref));
   }
 
@@ -569,7 +608,8 @@ export class Terminals {
   /** Returns to a terminal of a reference, as processes.reopen does. */
   async reopen(ref: ProcessReference, options: SignalOptions = {}): Promise<TerminalHandle> {
     checkReference(this.s, ref, "terminal");
-    await this.s.transport.call("GET", this.s.path(`/exec-stream/${encodeURIComponent(ref.process)}`), { idempotent: true, signal: options.signal });
+    const p = await this.s.transport.call<Schemas["Process"]>("GET", this.s.path(`/exec-stream/${encodeURIComponent(ref.process)}`), { idempotent: true, signal: options.signal });
+    checkAgainst(ref, p);
     return this.s.adopt(new TerminalHandle(this.s, ref.process, settingsFrom(ref), ref));
   }
 }

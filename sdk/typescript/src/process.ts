@@ -565,6 +565,11 @@ export abstract class Handle<C extends Chunk> {
   private hangUp(): void {
     const s = this.socket;
     this.socket = undefined;
+    // A paused socket (ws's, held back for a full queue) reads nothing,
+    // so it would not hear kilnd's answer to the close either and keep
+    // the connection for ws's closing timeout (30 s): it reads again,
+    // what comes going nowhere, the queue being let go.
+    s?.resume?.();
     s?.close(1000);
   }
 
@@ -595,14 +600,20 @@ export abstract class Handle<C extends Chunk> {
    * Waits for a confirmed exit. It has no timeout of its own: abort the
    * signal to stop waiting (WAIT_ABORTED), which cancels only this wait.
    * A connection that breaks fails the wait (UNAVAILABLE); it never
-   * guesses an exit.
+   * guesses an exit. An exit already confirmed (by an earlier wait, a
+   * status, or the output's end) is given without asking again: a later
+   * output error or a broken connection does not erase it.
    */
   async wait(options: SignalOptions = {}): Promise<WaitResult> {
     if (this.gone) throw this.detachedError();
-    const e = await this.owner.transport.call<WireExit>("GET", this.path("/wait"), {
-      idempotent: true, unbounded: true, signal: options.signal,
-    });
-    this.exit = exitOf(e);
+    if (!this.exit) {
+      const e = await this.owner.transport.call<WireExit>("GET", this.path("/wait"), {
+        idempotent: true, unbounded: true, signal: options.signal,
+      });
+      this.exit ??= exitOf(e);
+    } else if (options.signal?.aborted) {
+      throw abortedWait("wait", options.signal);
+    }
     const streams: Record<string, StreamCount> = {};
     for (const s of this.streams) {
       streams[s] = { bytes: this.offsets[s] ?? 0, lostBytes: this.lostBy[s] ?? 0, ended: this.ended[s] ?? false };

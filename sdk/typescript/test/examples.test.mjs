@@ -22,8 +22,10 @@ after(async () => {
 
 test("buildWithProgress", async () => {
   const lines = [];
-  const { result } = await buildWithProgress(sandbox, (l) => lines.push(l));
+  const { result, tail } = await buildWithProgress(sandbox, (l) => lines.push(l));
   assert.deepEqual(lines, ["stdout: [build] fetch", "stdout: [build] compile", "stdout: [build] link", "stderr: warning: 1 unused"]);
+  assert.deepEqual(tail.lines.map((l) => `${l.stream}: ${l.text}`).sort(), [...lines].sort());
+  assert.equal(tail.truncated, false);
   assert.equal(result.exitCode, 0);
   assert.equal(result.outputComplete, true);
 });

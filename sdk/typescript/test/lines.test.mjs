@@ -102,12 +102,20 @@ test("readProcessLines: a quiet process waits for output or cancellation; cancel
 });
 
 test("createProcessTail: the last lines of a real process, at once while it is quiet", async () => {
-  const child = await sandbox.processes.start({ command: sh("seq 1 300; echo err >&2; sleep 30"), output: { mode: "stream" } });
+  // stderr's line once all of stdout was pushed: kilnd reads the two pipes
+  // apart, so without the wait for input it could come before the last
+  // stdout lines, and the 200 kept would not hold it.
+  const child = await sandbox.processes.start({ command: sh("seq 1 300; read x; echo err >&2; sleep 30"), stdin: "pipe", output: { mode: "stream" } });
   const tail = createProcessTail({ maxLines: 200 });
   let seen = "";
+  let asked = false;
   for await (const c of child.output()) {
     tail.push(c);
     if (c.stream === "stdout") seen += c.text;
+    if (seen.endsWith("300\n") && !asked) {
+      asked = true;
+      await child.write("\n");
+    }
     if (seen.endsWith("300\n") && tail.snapshot().lines.some((l) => l.stream === "stderr")) break;
   }
   // The process is quiet (sleeping): the snapshot is given at once, not awaited.

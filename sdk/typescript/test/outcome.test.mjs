@@ -252,3 +252,226 @@ test("terminate(): not-found once another client deleted the sandbox", async () 
   assert.deepEqual(await child.terminate(), { status: "not-found" });
   await child.detach();
 });
+
+/** p, or a failure saying what did not come within ms. */
+function within(p, ms, what) {
+  let timer;
+  const late = new Promise((_, reject) => (timer = setTimeout(() => reject(new Error(`${what}: not within ${ms} ms`)), ms)));
+  return Promise.race([p, late]).finally(() => clearTimeout(timer));
+}
+
+/** kilnd's byte count of a stream of child. */
+const written = async (child, stream = "stdout") => (await record(child)).streams[stream].total_bytes;
+
+/** Waits until kilnd's record of child satisfies ok. */
+async function until(child, ok, what) {
+  const deadline = Date.now() + 20_000;
+  for (;;) {
+    const r = await record(child);
+    if (ok(r)) return r;
+    if (Date.now() > deadline) throw new Error(`${what}: not so within 20 s: ${JSON.stringify(r)}`);
+    await new Promise((res) => setTimeout(res, 20));
+  }
+}
+
+/**
+ * Reads the first chunk of child's output, then nothing until the SDK
+ * has let the output connection go (a queue that overflowed does), then
+ * the rest; resolves with the bytes delivered and the error it ended with.
+ */
+async function overflow(child) {
+  const it = child.output();
+  const first = await it.next();
+  let got = first.value.bytes.length;
+  assert.equal(first.value.offset, 0);
+  await within(proxy.hungUp("GET", processPath(child, "/logs")), 20_000, "the output connection let go");
+  try {
+    for (;;) {
+      const { value, done } = await it.next();
+      if (done) return { got };
+      assert.equal(value.offset, got, "a chunk repeated or skipped");
+      got += value.bytes.length;
+    }
+  } catch (err) {
+    return { got, err };
+  }
+}
+
+test("closeStdin() again, or while the first is on its way, sends end-of-input once; a write after it is refused locally", async () => {
+  const child = await via.processes.start({ command: cat, stdin: "pipe", output: { mode: "stream" } });
+  const close = processPath(child, "/stdin/close");
+  const stdin = processPath(child, "/stdin");
+  await child.write("a\n");
+  const held = proxy.hold("POST", close);
+  const first = child.closeStdin();
+  await held.answer;
+  const second = child.closeStdin(); // shares the one on its way
+  held.release();
+  await Promise.all([first, second]);
+  await child.closeStdin();
+  await child.closeStdin({ signal: AbortSignal.timeout(10_000) });
+  await rejects(child.write("b\n"), "STDIN_CLOSED");
+  await rejects(child.write(""), "STDIN_CLOSED");
+  assert.equal(proxy.count("POST", close), 1, proxy.requests.join("\n"));
+  assert.equal(proxy.count("POST", stdin), 1, proxy.requests.join("\n"));
+  assert.equal(await readUntil(child, "a\n"), "a\n");
+  assert.equal((await child.wait()).exitCode, 0);
+  assert.deepEqual((await record(child)).stdin, { accepted: 2, delivered: 2, closed: true });
+  await child.detach();
+});
+
+test("OUTPUT_CAPACITY does not kill the process: it runs on, takes input, and its real exit is waited for", async () => {
+  const total = 600 * 1024;
+  const child = await via.processes.start({
+    command: sh(`head -c ${total} /dev/zero; read x; echo got-$x; exit 7`), stdin: "pipe",
+    output: { mode: "stream", format: "bytes", overflow: "fail" },
+  });
+  const { got, err } = await overflow(child);
+  assert.equal(err?.code, "OUTPUT_CAPACITY", String(err));
+  assert.ok(got < total, `${got} bytes delivered`);
+  // Still running, as kilnd and the handle say; nothing asked to end it.
+  await until(child, (r) => r.streams.stdout.total_bytes === total, "all of the output written");
+  assert.equal((await record(child)).state, "running");
+  assert.equal((await child.status()).state, "running");
+  await child.write("go\n");
+  const r = await child.wait();
+  assert.deepEqual([r.exitCode, r.signal], [7, null]);
+  assert.equal(r.outputComplete, false);
+  assert.equal(await written(child), total + "got-go\n".length);
+  assert.equal(proxy.count("DELETE", processPath(child)), 0);
+  assert.equal(proxy.count("POST", processPath(child, "/signal")), 0);
+  await child.detach();
+});
+
+test("an output error does not erase a confirmed exit: after OUTPUT_CAPACITY, and with kilnd cut off, status() and wait() give it", async () => {
+  const total = 600 * 1024;
+  const child = await via.processes.start({ command: sh(`head -c ${total} /dev/zero; exit 5`), output: { mode: "stream", format: "bytes", overflow: "fail" } });
+  const exit = await child.wait();
+  assert.deepEqual([exit.exitCode, exit.signal, exit.oomKilled], [5, null, false]);
+  const want = { exitCode: 5, signal: null, oomKilled: false };
+
+  const { err } = await overflow(child);
+  assert.equal(err?.code, "OUTPUT_CAPACITY", String(err));
+  assert.deepEqual((await child.status()).exit, want);
+  const again = await child.wait();
+  assert.deepEqual([again.exitCode, again.signal, again.outputComplete], [5, null, false]);
+
+  // Every request of this process's now cut: the output fails, the exit stays.
+  const cut = proxy.cutRequest("GET", processPath(child, "(/.*)?"), Infinity);
+  try {
+    await rejects((async () => {
+      for await (const c of child.output()) assert.fail(`output at ${c.offset} through a cut connection`);
+    })(), "UNAVAILABLE");
+    const st = await child.status();
+    assert.equal(st.state, "exited");
+    assert.deepEqual(st.exit, want);
+    assert.equal(st.error.code, "UNAVAILABLE");
+    const cutOff = await child.wait();
+    assert.deepEqual([cutOff.exitCode, cutOff.signal, cutOff.oomKilled, cutOff.outputComplete], [5, null, false, false]);
+  } finally {
+    cut.remove();
+  }
+  assert.deepEqual(exit.exitCode, 5); // earlier results unchanged
+  await child.detach();
+});
+
+// Each of these holds an answer for 30 s: on one runtime only, so that
+// the suite's four runs do not each wait half a minute.
+const node22 = !globalThis.Bun && !globalThis.Deno && Number(process.versions.node.split(".")[0]) >= 22;
+
+test("30 s local timeouts: input, status, termination and setup give up on a held answer; a wait does not; the process runs on",
+  { skip: node22 ? false : "held answers are timed on Node 22 only" }, async () => {
+    const child = await via.processes.start({ command: cat, stdin: "pipe", output: { mode: "stream" } });
+    const sleeper = await via.processes.start({ command: sh("sleep 120"), output: { mode: "stream" } });
+    const quick = await via.processes.start({ command: sh("exit 3"), output: { mode: "stream" } });
+    const start = new RegExp(`^/sandboxes/${sandbox.id}/exec-stream$`);
+    const marker = "held-start-" + Math.random().toString(36).slice(2);
+    const holds = [
+      proxy.hold("POST", processPath(child, "/stdin")),
+      proxy.hold("GET", processPath(sleeper)),
+      proxy.hold("DELETE", processPath(sleeper)),
+      proxy.hold("POST", start),
+    ];
+    const waitHeld = proxy.hold("GET", processPath(quick, "/wait"));
+    const timed = async (p) => {
+      const t0 = performance.now();
+      const v = await p.then((value) => ({ value }), (error) => ({ error }));
+      return { ...v, ms: performance.now() - t0 };
+    };
+    const waiting = timed(quick.wait());
+    const [write, status, terminate, setup] = await Promise.all([
+      timed(child.write("held\n")),
+      timed(sleeper.status()),
+      timed(sleeper.terminate()),
+      timed(via.processes.start({ command: sh(`echo ${marker}; sleep 120`), output: { mode: "stream" } })),
+    ]);
+    for (const [what, r] of Object.entries({ write, status, terminate, setup })) {
+      assert.ok(r.ms >= 29_900 && r.ms < 45_000, `${what} gave up after ${r.ms} ms`);
+    }
+    assert.equal(write.error?.code, "OUTCOME_UNKNOWN", String(write.error));
+    assert.match(write.error.message, /no answer within 30 s/);
+    await rejects(child.write("next\n"), "INPUT_UNCERTAIN");
+    assert.equal(status.value?.state, "unknown", JSON.stringify(status));
+    assert.equal(status.value.error.code, "UNAVAILABLE");
+    assert.equal(terminate.error?.code, "OUTCOME_UNKNOWN", String(terminate.error));
+    assert.equal(setup.error?.code, "OUTCOME_UNKNOWN", String(setup.error));
+    for (const h of holds) await h.answer; // kilnd did answer each, all along
+    // The wait has no timeout: it is still waiting, and the held answer, once let through, is its exit.
+    let waited = false;
+    waiting.then(() => (waited = true));
+    await new Promise((r) => setImmediate(r));
+    assert.equal(waited, false, "the wait gave up");
+    await waitHeld.answer;
+    waitHeld.release();
+    const w = await waiting;
+    assert.equal(w.value?.exitCode, 3, String(w.error));
+    assert.ok(w.ms >= 29_900);
+    // The timeouts limited the requests, not the processes: kilnd took the
+    // write and the start, and the sleeper was killed by the terminate
+    // whose answer was lost, not by any timeout.
+    assert.equal((await record(child)).stdin.accepted, "held\n".length);
+    assert.equal((await record(child)).state, "running");
+    const started = (await sandbox.processes.list()).filter((p) => p.args?.some((a) => a.includes(marker)));
+    assert.equal(started.length, 1);
+    assert.equal(started[0].state, "running");
+    assert.equal((await record(sleeper)).signal, "KILL");
+    await sandbox.transport.call("DELETE", sandbox.path(`/exec-stream/${started[0].id}`));
+    await sandbox.transport.call("DELETE", sandbox.path(`/exec-stream/${child.id}`));
+    for (const h of [child, sleeper, quick]) await h.detach();
+  });
+
+test("detach(): unread output discarded, connections let go, no kill asked; again is safe; the process and its output stay kilnd's", async () => {
+  const total = 200 * 1024;
+  const child = await via.processes.start({ command: sh(`head -c ${total} /dev/zero; exec sleep 30`), stdin: "pipe", output: { mode: "stream", format: "bytes" } });
+  await until(child, (r) => r.streams.stdout.total_bytes === total, "all of the output written");
+  const it = child.output();
+  const first = await it.next();
+  assert.ok(first.value.bytes.length > 0 && first.value.bytes.length < total);
+  await child.detach();
+  // Nothing more is given, although most of the output was never read.
+  await rejects(it.next(), "DETACHED");
+  await within(proxy.hungUp("GET", processPath(child, "/logs")), 20_000, "the output connection let go");
+  await child.detach();
+  await rejects(child.write("x"), "DETACHED");
+  await rejects(child.closeStdin(), "DETACHED");
+  await rejects(child.wait(), "DETACHED");
+  await rejects(child.terminate(), "DETACHED");
+  throws(() => child.reference(), "DETACHED");
+  assert.equal(proxy.count("DELETE", processPath(child)), 0);
+  assert.equal(proxy.count("POST", processPath(child, "/signal")), 0);
+  assert.equal(proxy.count("POST", processPath(child, "/stdin/close")), 0);
+  // kilnd's process runs on, and its output is there for another handle, whole.
+  const r = await record(child);
+  assert.equal(r.state, "running");
+  assert.equal(r.stdin.closed, false);
+  const again = await sandbox.processes.get(child.id, { format: "bytes" });
+  let got = 0;
+  for await (const c of again.output()) {
+    got += c.bytes.length;
+    if (got === total) break;
+  }
+  assert.equal(got, total);
+  await again.terminate();
+  await again.wait();
+  await again.detach();
+});

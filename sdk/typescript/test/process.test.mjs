@@ -629,3 +629,125 @@ test("finite mode at its bounds: maxOutputBytes 0 refused, 1 gives one byte, 1 M
   assert.equal(fifth.stdout.length, LIMITS.maxFiniteOutput);
   assert.equal(fifth.truncated, true);
 });
+
+test("references: each mismatch refused, and nothing reopened", async () => {
+  const child = await sandbox.processes.start({ command: sh("echo one; sleep 30"), stdin: "pipe", output: { mode: "stream" } });
+  const closed = await sandbox.processes.start({ command: sh("sleep 30"), output: { mode: "stream" } });
+  const term = await sandbox.terminals.start({ command: { kind: "argv", argv: ["sh"] } });
+  const ref = JSON.parse(JSON.stringify(child.reference()));
+  const tref = JSON.parse(JSON.stringify(term.reference()));
+  const other = await client.sandboxes.create();
+  try {
+    const refused = [
+      // not a process reference
+      [() => sandbox.terminals.reopen(ref), "INVALID_ARGUMENT"],
+      [() => sandbox.processes.reopen(tref), "INVALID_ARGUMENT"],
+      [() => sandbox.processes.reopen({ ...ref, version: 2 }), "INVALID_ARGUMENT"],
+      [() => sandbox.processes.reopen({ ...ref, process: "" }), "INVALID_ARGUMENT"],
+      [() => sandbox.processes.reopen(null), "INVALID_ARGUMENT"],
+      // another sandbox's, or its process not in this sandbox
+      [() => other.processes.reopen(ref), "INVALID_ARGUMENT"],
+      [() => other.processes.reopen({ ...ref, sandbox: other.id }), "NOT_FOUND"],
+      // settings no handle has, or the process has not
+      [() => sandbox.processes.reopen({ ...ref, format: "utf16" }), "INVALID_ARGUMENT"],
+      [() => sandbox.processes.reopen({ ...ref, mode: "forever" }), "INVALID_ARGUMENT"],
+      [() => sandbox.processes.reopen({ ...ref, overflow: "drop" }), "INVALID_ARGUMENT"],
+      [() => sandbox.processes.reopen({ ...ref, stdin: { ...ref.stdin, offset: -1 } }), "INVALID_ARGUMENT"],
+      [() => sandbox.processes.reopen({ ...ref, offsets: { stdout: 1.5 } }), "INVALID_ARGUMENT"],
+      [() => sandbox.processes.reopen({ ...ref, process: term.id }), "INVALID_ARGUMENT"], // a terminal, named as a process
+      [() => sandbox.terminals.reopen({ ...tref, process: child.id }), "INVALID_ARGUMENT"], // a process, named as a terminal
+      [() => sandbox.processes.reopen({ ...ref, process: closed.id }), "INVALID_ARGUMENT"], // a pipe it has not
+      [() => sandbox.processes.reopen({ ...ref, stdin: { ...ref.stdin, pipe: false } }), "INVALID_ARGUMENT"], // a pipe it has
+      [() => sandbox.processes.reopen({ ...ref, offsets: { stdout: 1 << 20 } }), "OUT_OF_RANGE"], // beyond what it wrote
+      [() => sandbox.processes.reopen({ ...ref, offsets: { terminal: 0 } }), "INVALID_ARGUMENT"],
+      [() => sandbox.processes.reopen({ ...ref, stdin: { ...ref.stdin, offset: 10 } }), "OUT_OF_RANGE"], // input kilnd never took
+      // expired, or living longer than a reference can
+      [() => sandbox.processes.reopen({ ...ref, expiresAt: new Date(Date.now() - 1).toISOString() }), "FAILED_PRECONDITION"],
+      [() => sandbox.processes.reopen({ ...ref, expiresAt: "never" }), "FAILED_PRECONDITION"],
+      [() => sandbox.processes.reopen({ ...ref, expiresAt: new Date(Date.now() + 48 * 3600_000).toISOString() }), "INVALID_ARGUMENT"],
+    ];
+    for (const [i, [reopen, code]] of refused.entries()) {
+      await assert.rejects(reopen(), (err) => {
+        assert.ok(err instanceof SandkilnError, `#${i}: not a SandkilnError: ${err}`);
+        assert.equal(err.code, code, `#${i}: ${err.message}`);
+        return true;
+      });
+    }
+    // The reference itself still reopens, and the process was touched by none of it.
+    const back = await sandbox.processes.reopen(ref);
+    await back.write("x\n");
+    assert.equal((await back.status()).state, "running");
+    await back.terminate();
+    await back.wait();
+    await back.detach();
+  } finally {
+    await other.destroy();
+    for (const h of [closed, term]) {
+      await h.terminate();
+      await h.detach();
+    }
+    await child.detach();
+  }
+});
+
+test("each chunk owns its bytes: changing one changes no other chunk, and no later read", async () => {
+  const total = 100 * 1024;
+  const pattern = (i) => (i * 31 + 7) % 251;
+  const want = Buffer.alloc(total);
+  for (let i = 0; i < total; i++) want[i] = pattern(i);
+  await sandbox.files.write("/workspace/pattern.bin", want);
+  const child = await sandbox.processes.start({ command: sh("cat /workspace/pattern.bin; cat /workspace/pattern.bin >&2"), output: { mode: "stream", format: "bytes" } });
+  await child.wait(); // all in kilnd's ring: the chunks come in one burst
+  const chunks = [];
+  for await (const c of child.output()) chunks.push(c);
+  assert.ok(chunks.length >= 4, `${chunks.length} chunks`);
+  // Every chunk has a buffer of its own...
+  assert.equal(new Set(chunks.map((c) => c.bytes.buffer)).size, chunks.length);
+  // ...so scribbling over each, in turn, leaves the others as they came.
+  for (const [i, c] of chunks.entries()) {
+    const before = chunks.map((x) => Buffer.from(x.bytes));
+    c.bytes.fill(0xff);
+    for (const [j, x] of chunks.entries()) if (j !== i) assert.deepEqual(Buffer.from(x.bytes), before[j], `chunk ${j} changed with chunk ${i}`);
+  }
+  // A later read of the same output is the original.
+  const again = await sandbox.processes.get(child.id, { format: "bytes" });
+  const parts = { stdout: [], stderr: [] };
+  for await (const c of again.output()) parts[c.stream].push(c.bytes);
+  assert.deepEqual(Buffer.concat(parts.stdout), want);
+  assert.deepEqual(Buffer.concat(parts.stderr), want);
+  await again.detach();
+  await child.detach();
+});
+
+test("exec: a throwing onOutput fails with its cause, the captured bytes, and the exit if it was confirmed; the process is not stopped", async () => {
+  // The exit not yet known: confirmedExit undefined, output what was captured, the process left running.
+  const running = "exec-throws-" + Math.random().toString(36).slice(2);
+  const boom = new Error("boom");
+  const err = await sandbox.exec({ command: sh(`echo ${running}; sleep 30`) }, { onOutput: () => { throw boom; } }).catch((e) => e);
+  assert.ok(err instanceof SandkilnError, String(err));
+  assert.equal(err.code, "INTERNAL");
+  assert.equal(err.cause, boom);
+  assert.equal(err.confirmedExit, undefined);
+  assert.equal(err.output.stdout, running + "\n");
+  assert.equal(err.output.stdoutBytes, running.length + 1);
+  assert.equal(err.output.exitCode, null);
+  const p = (await sandbox.processes.list()).find((x) => x.args?.some((a) => a.includes(running)));
+  assert.equal(p.state, "running", "a failing callback stopped the process");
+  await sandbox.transport.call("DELETE", sandbox.path(`/exec-stream/${p.id}`));
+
+  // The exit confirmed before the callback throws: it is kept, with the output.
+  const exited = "exec-exited-" + Math.random().toString(36).slice(2);
+  const err2 = await sandbox.exec({ command: sh(`echo ${exited}; echo warn >&2; exit 5`) }, {
+    onOutput: async (c) => {
+      if (c.stream !== "stdout") return;
+      const q = (await sandbox.processes.list()).find((x) => x.args?.some((a) => a.includes(exited)));
+      await sandbox.transport.call("GET", sandbox.path(`/exec-stream/${q.id}/wait`)); // it has exited
+      throw boom;
+    },
+  }).catch((e) => e);
+  assert.equal(err2.code, "INTERNAL", err2.message);
+  assert.equal(err2.cause, boom);
+  assert.deepEqual(err2.confirmedExit, { exitCode: 5, signal: null, oomKilled: false });
+  assert.equal(err2.output.exitCode, 5);
+  assert.equal(err2.output.stdout, exited + "\n");
+});

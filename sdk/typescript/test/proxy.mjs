@@ -18,9 +18,14 @@ export async function startProxy(upstreamURL) {
   const requests = []; // "METHOD /path?query", in the order they came
   const rules = [];
   const sockets = new Set();
+  const connections = []; // { lines, closed }, one for each connection the SDK made
+  const listeners = new Set(); // told of each request line
   const server = net.createServer((c) => {
     const u = net.connect(Number(upstream.port), upstream.hostname);
     sockets.add(c).add(u);
+    const conn = { lines: [] };
+    conn.closed = new Promise((resolve) => c.on("close", resolve));
+    connections.push(conn);
     // What the answer now awaited is to meet, if a rule took its request.
     let rule;
     let held = [];
@@ -33,6 +38,8 @@ export async function startProxy(upstreamURL) {
       if (m) {
         const line = `${m[1]} ${m[2]}`;
         requests.push(line);
+        conn.lines.push(line);
+        for (const f of listeners) f();
         const i = rules.findIndex((r) => r.method === m[1] && r.path.test(m[2]));
         rule = undefined;
         if (i >= 0) {
@@ -89,6 +96,17 @@ export async function startProxy(upstreamURL) {
     requests,
     /** How many requests of method had a path matching path. */
     count: (method, path) => requests.filter((l) => l.startsWith(method + " ") && path.test(l.slice(method.length + 1))).length,
+    /** Resolves once every connection that carried a request of method whose path matches has closed (one at least). */
+    async hungUp(method, path) {
+      const matches = () => connections.filter((c) => c.lines.some((l) => l.startsWith(method + " ") && path.test(l.slice(method.length + 1))));
+      if (matches().length === 0) {
+        await new Promise((resolve) => {
+          const f = () => matches().length > 0 && (listeners.delete(f), resolve());
+          listeners.add(f);
+        });
+      }
+      await Promise.all(matches().map((c) => c.closed));
+    },
     /** The next matching request reaches kilnd; its answer is cut off. r.answer resolves when kilnd answered. */
     cutAnswer: (method, path, times) => add("cut-answer", method, path, times),
     /** The next matching request reaches kilnd and its connection is cut at once, the answer not yet given. */

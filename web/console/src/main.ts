@@ -79,6 +79,12 @@ function exitText(r: { exitCode: number | null; signal: string | null; oomKilled
   return "process exit unknown";
 }
 
+/** kilnd names a signal as kill -l does ("TERM"); the page as the SDK does ("SIGTERM"), in the list as in the log. */
+function signalName(s: string | undefined): string | null {
+  if (!s) return null;
+  return s.startsWith("SIG") ? s : "SIG" + s;
+}
+
 // What the URL's fragment keeps: the sandbox and process open.
 function place(): { sandbox?: string; process?: string } {
   const q = new URLSearchParams(location.hash.slice(1));
@@ -171,6 +177,7 @@ function main(client: Client): void {
             open = undefined;
             viewer?.close();
             sandboxPanel.replaceChildren();
+            delete sandboxPanel.dataset.sandbox;
             view.replaceChildren();
             go({});
           }
@@ -186,7 +193,7 @@ function main(client: Client): void {
     const rows = procs.map((p) => h("tr", { "data-process": p.id },
       h("td", { class: "id", title: p.id }, short(p.id)),
       h("td", { class: "command" }, [p.command, ...(p.args ?? [])].join(" ").replace(/[\n\r]/g, "⏎")),
-      h("td", { class: "state" }, p.state === "exited" ? exitText({ exitCode: p.exit_code ?? null, signal: p.signal ?? null, oomKilled: p.oom_killed }) : p.terminal ? "running (terminal)" : "running"),
+      h("td", { class: "state" }, p.state === "exited" ? exitText({ exitCode: p.exit_code ?? null, signal: signalName(p.signal), oomKilled: p.oom_killed }) : p.terminal ? "running (terminal)" : "running"),
       h("td", {},
         button(p.terminal ? "Open" : "Logs", () => openProcess(sb, p.id)),
         p.state === "running" && button("TERM", async () => withHandle(sb, p.id, (hd) => hd.signal("SIGTERM"))),

@@ -20,6 +20,7 @@ const executablePath = process.env.CHROMIUM ?? "/usr/bin/chromium";
 let kilnd, browser, page;
 const pages = {};
 const problems = []; // what the page said went wrong: policy refusals, errors
+const urls = []; // every URL the console's page asked for, its WebSockets' among them
 
 async function api(method, path, body) {
   const resp = await fetch(kilnd.url + path, {
@@ -61,6 +62,9 @@ before(async () => {
   });
   page.on("pageerror", (e) => problems.push(`page error: ${e.message}`));
   page.on("response", (r) => { if (r.status() >= 400) problems.push(`answer: ${r.status()} ${r.request().method()} ${r.url()}`); });
+  page.on("request", (r) => urls.push(r.url()));
+  page.on("websocket", (ws) => urls.push(ws.url()));
+  page.on("framenavigated", (f) => urls.push(f.url()));
 });
 
 after(async () => {
@@ -83,7 +87,10 @@ test("the console, as a user uses it", async () => {
   await page.fill("#token", kilnd.token);
   await page.click("#login button[type=submit]");
   await page.waitForSelector("text=Log out");
-  assert.equal(await page.evaluate(() => location.href.includes(sessionStorage.getItem("kiln.token"))), false, "the token is in the URL");
+  // Kept in sessionStorage (not localStorage), and in no URL.
+  assert.deepEqual(await page.evaluate(() => ({ session: sessionStorage.getItem("kiln.token"), local: localStorage.getItem("kiln.token") })),
+    { session: kilnd.token, local: null });
+  assert.ok(!page.url().includes(kilnd.token), "the token is in the URL");
 
   // A sandbox.
   await page.click("#create button[type=submit]");
@@ -214,4 +221,163 @@ test("another origin's page: CORS for the one kilnd allows, none for the other; 
   }), `${kilnd.url.replace("http", "ws")}/sandboxes/${sb}/exec-stream/${st.id}/logs`);
   assert.equal(foreign, "closed 1006");
   await other.close();
+});
+
+/** Opens sandbox id's page, as a reload of its URL would. */
+async function openSandbox(id) {
+  await page.goto(`${kilnd.url}/#sandbox=${id}`);
+  await page.reload();
+  await page.waitForSelector(`#sandbox[data-sandbox="${id}"] .sandbox-state`);
+}
+
+/** The process the page has open (its URL's fragment names it). */
+const openProcessId = () => page.evaluate(() => new URLSearchParams(location.hash.slice(1)).get("process"));
+
+test("sandboxes: state and limits as kilnd has them; Delete takes one off the list and out of kilnd", async () => {
+  await page.goto(kilnd.url + "/");
+  await page.waitForSelector("text=Log out");
+  const before = new Set((await api("GET", "/sandboxes")).map((s) => s.id));
+  await page.fill("#create input[name=memory]", "256");
+  await page.fill("#create input[name=cpus]", "0.5");
+  await page.fill("#create input[name=pids]", "64");
+  await page.click("#create button[type=submit]");
+  const id = await page.waitForFunction((known) => [...document.querySelectorAll("tr[data-sandbox]")]
+    .map((r) => r.getAttribute("data-sandbox")).find((s) => !known.includes(s)), [...before]).then((h) => h.jsonValue());
+  const info = await api("GET", `/sandboxes/${id}`);
+  assert.deepEqual([info.limits.memory_bytes, info.limits.cpus, info.limits.pids], [256 << 20, 0.5, 64]);
+  const row = page.locator(`tr[data-sandbox="${id}"]`);
+  assert.equal(await row.locator("td.state").textContent(), info.state);
+  assert.equal(info.state, "running");
+  assert.match(await row.locator("td").nth(2).textContent(), /^256 MiB, 0\.5 CPU, 64 pids(, \d+ GiB disk)?$/);
+  await row.locator("text=Open").click();
+  await page.waitForSelector(`#sandbox[data-sandbox="${id}"]`);
+  assert.equal(await page.textContent("#sandbox .sandbox-state"), "running");
+  assert.match(await page.textContent("#sandbox p"), /^State: running · 256 MiB, 0\.5 CPU, 64 pids/);
+  await shot("09-limits");
+
+  await row.locator("text=Delete").click();
+  await page.waitForSelector(`tr[data-sandbox="${id}"]`, { state: "detached" });
+  assert.ok(!(await api("GET", "/sandboxes")).some((s) => s.id === id), "kilnd still has it");
+  assert.equal(await page.$(`#sandbox[data-sandbox="${id}"]`), null, "its panel stayed open");
+  assert.equal(await page.$("#sandbox .sandbox-state"), null, "its panel stayed open");
+  // The others are left alone.
+  const now = new Set((await page.$$eval("tr[data-sandbox]", (rs) => rs.map((r) => r.getAttribute("data-sandbox")))));
+  assert.deepEqual(now, before);
+});
+
+test("processes: TERM and Kill on a running process, the exit shown as its signal", async () => {
+  const sb = (await api("POST", "/sandboxes", {})).id;
+  await openSandbox(sb);
+  const start = async (command) => {
+    const was = await openProcessId();
+    await page.fill("#start input[name=command]", command);
+    await page.click("#start button[type=submit]");
+    await page.waitForFunction((was) => {
+      const p = new URLSearchParams(location.hash.slice(1)).get("process");
+      return p && p !== was;
+    }, was);
+    const id = await openProcessId();
+    await page.waitForSelector(`#processes tr[data-process="${id}"] >> text=TERM`);
+    return id;
+  };
+  const press = async (id, label, path) => {
+    const answered = page.waitForResponse((r) => r.url().includes(`/exec-stream/${id}${path}`) && r.request().method() !== "GET");
+    await page.locator(`#processes tr[data-process="${id}"]`).getByRole("button", { name: label, exact: true }).click();
+    assert.ok((await answered).ok());
+  };
+
+  // A process that heeds SIGTERM ends by it.
+  const heeds = await start("sleep 300");
+  await press(heeds, "TERM", "/signal");
+  await page.waitForSelector("#log .exit", { timeout: 15_000 });
+  assert.equal(await page.textContent("#log .exit"), "[process killed by signal SIGTERM]\n");
+  assert.equal((await api("GET", `/sandboxes/${sb}/exec-stream/${heeds}`)).signal, "TERM");
+  await page.waitForFunction((id) => document.querySelector(`#processes tr[data-process="${id}"] td.state`)?.textContent === "process killed by signal SIGTERM", heeds);
+
+  // One that ignores it runs on, until Kill.
+  const ignores = await start("trap '' TERM; echo ready; while :; do sleep 1; done");
+  await page.waitForFunction(() => document.querySelector("#log")?.textContent.includes("ready\n"));
+  await press(ignores, "TERM", "/signal");
+  assert.equal((await api("GET", `/sandboxes/${sb}/exec-stream/${ignores}`)).state, "running");
+  assert.equal(await page.$("#log .exit"), null);
+  await press(ignores, "Kill", "");
+  await page.waitForSelector("#log .exit", { timeout: 15_000 });
+  assert.equal(await page.textContent("#log .exit"), "[process killed by signal SIGKILL]\n");
+  assert.equal((await api("GET", `/sandboxes/${sb}/exec-stream/${ignores}`)).signal, "KILL");
+  await page.waitForFunction((id) => document.querySelector(`#processes tr[data-process="${id}"] td.state`)?.textContent === "process killed by signal SIGKILL", ignores);
+  const offered = page.locator(`#processes tr[data-process="${ignores}"]`).getByRole("button");
+  assert.deepEqual(await offered.allTextContents(), ["Logs"], "an exited process still offers TERM or Kill");
+  await shot("10-signals");
+  await api("DELETE", `/sandboxes/${sb}`);
+});
+
+test("terminal: a narrower window resizes the terminal, and stty size says so", async () => {
+  const sb = (await api("POST", "/sandboxes", {})).id;
+  await openSandbox(sb);
+  await page.fill("#start input[name=command]", "");
+  await page.check("#start-terminal");
+  // The size the page sends once the terminal is open.
+  const resized = () => page.waitForRequest((r) => r.url().endsWith("/resize") && r.method() === "POST").then((r) => r.postDataJSON());
+  const first = resized();
+  await page.click("#start button[type=submit]");
+  await page.waitForSelector("#terminal .xterm-rows");
+  const size = await first;
+  const rowsShown = await page.$$eval("#terminal .xterm-rows > div", (rs) => rs.length);
+  assert.equal(size.rows, rowsShown);
+  const stty = async (mark) => {
+    await page.click("#terminal");
+    await page.keyboard.type(`echo ${mark}-$(stty size)\n`);
+    const h = await page.waitForFunction((m) => [...document.querySelectorAll("#terminal .xterm-rows > div")]
+      .map((r) => r.textContent.trim()).find((t) => new RegExp(`^${m}-\\d+\\s\\d+$`).test(t)), mark, { timeout: 15_000 });
+    const [rows, cols] = (await h.jsonValue()).split("-")[1].split(/\s/).map(Number);
+    return { rows, cols };
+  };
+  assert.deepEqual(await stty("one"), { rows: size.rows, cols: size.cols });
+
+  const next = resized();
+  await page.setViewportSize({ width: 800, height: 1000 });
+  const smaller = await next;
+  assert.ok(smaller.cols < size.cols, `${JSON.stringify(smaller)} after ${JSON.stringify(size)}`);
+  assert.equal(smaller.rows, await page.$$eval("#terminal .xterm-rows > div", (rs) => rs.length));
+  assert.deepEqual(await stty("two"), { rows: smaller.rows, cols: smaller.cols });
+  await shot("11-resized");
+
+  await page.setViewportSize({ width: 1280, height: 1000 });
+  await page.keyboard.type("exit\n");
+  await page.waitForFunction(() => document.querySelector("#log-summary")?.textContent?.includes("terminal:"), null, { timeout: 15_000 });
+  await page.uncheck("#start-terminal");
+  await api("DELETE", `/sandboxes/${sb}`);
+});
+
+test("files: a subdirectory opened, its file listed and downloaded, and back up", async () => {
+  const sb = (await api("POST", "/sandboxes", {})).id;
+  const auth = { Authorization: "Bearer " + kilnd.token };
+  const put = await fetch(`${kilnd.url}/sandboxes/${sb}/files/workspace/sub/inner.txt`, { method: "PUT", headers: auth, body: "in sub\n" });
+  assert.ok(put.ok, String(put.status));
+  await openSandbox(sb);
+  await page.click("#files >> text=List");
+  const dir = page.locator('#files tr[data-file="sub"]');
+  await dir.getByRole("button", { name: "sub/" }).click();
+  await page.waitForSelector('#files tr[data-file="inner.txt"]');
+  assert.equal(await page.inputValue("#files input[name=path]"), "/workspace/sub");
+  assert.equal(await page.locator('#files tr[data-file="inner.txt"] td').nth(1).textContent(), "7");
+  assert.equal(await page.$('#files tr[data-file="sub"]'), null, "the parent's entries are still shown");
+  const [download] = await Promise.all([page.waitForEvent("download"), page.click('#files tr[data-file="inner.txt"] >> text=Download')]);
+  const saved = artifacts + "inner.txt";
+  await download.saveAs(saved);
+  assert.equal(readFileSync(saved, "utf8"), "in sub\n");
+  await shot("12-subdirectory");
+  await page.locator("#files").getByRole("button", { name: "..", exact: true }).click();
+  await page.waitForSelector('#files tr[data-file="sub"]');
+  assert.equal(await page.inputValue("#files input[name=path]"), "/workspace");
+  assert.equal(await page.$('#files tr[data-file="inner.txt"]'), null);
+  await api("DELETE", `/sandboxes/${sb}`);
+});
+
+test("the token went into no URL the console asked for; nothing the page reported", async () => {
+  assert.ok(urls.length > 10, `${urls.length} URLs`);
+  assert.deepEqual(urls.filter((u) => u.includes(kilnd.token)), []);
+  assert.ok(urls.some((u) => u.startsWith("ws://")), "no WebSocket seen");
+  assert.equal(await page.evaluate(() => sessionStorage.getItem("kiln.token")), kilnd.token);
+  assert.deepEqual(problems, [], "the page reported problems");
 });
