@@ -41,8 +41,18 @@ func (s *Sandbox) DialPort(ctx context.Context, port int) (net.Conn, error) {
 		return nil, err
 	}
 	c.SetReadLimit(-1) // a stream: its messages are whatever the server writes
-	return websocket.NetConn(context.Background(), c, websocket.MessageBinary), nil
+	return portConn{websocket.NetConn(context.Background(), c, websocket.MessageBinary), c}, nil
 }
+
+// portConn closes with the close handshake on the WebSocket itself: the
+// net.Conn's own Close cancels its read first, which may drop the
+// connection before the close frame is out.
+type portConn struct {
+	net.Conn
+	ws *websocket.Conn
+}
+
+func (c portConn) Close() error { return c.ws.Close(websocket.StatusNormalClosure, "") }
 
 // Preview makes a URL that reaches port inside the sandbox without
 // kilnd's token, for ttl (kilnd's default, an hour, when zero). Its URL

@@ -207,7 +207,10 @@ func (s *Server) forwardPort(w http.ResponseWriter, r *http.Request) {
 		close(done)
 	}()
 	io.Copy(ws, tcp) // the server's
-	ws.Close()
+	// The close handshake on the conn itself: ws.Close cancels its own
+	// read first, which may drop the connection before the close frame is
+	// out, and the client sees the server's close as a broken one.
+	c.Close(websocket.StatusNormalClosure, "")
 	tcp.Close()
 	<-done
 }
