@@ -455,6 +455,8 @@ func (c *cli) sandboxCmd() *cobra.Command {
 		},
 	}
 	rm.Flags().BoolVar(&removeLogs, "remove-logs", false, "remove the captured logs too")
+	// docker rm -f is a habit: a sandbox is removed running or not.
+	rm.Flags().BoolP("force", "f", false, "accepted for Docker's habit: a running sandbox is removed anyway")
 	var so startFlags
 	es := &cobra.Command{
 		Use:   "exec-stream SANDBOX -- CMD [ARG...]",

@@ -782,8 +782,9 @@ func TestSandboxNamesAndPrefixes(t *testing.T) {
 	if code, _, errs := kiln(t, state, "", "sandbox", "create", "--name", "Web"); code == 0 || !strings.Contains(errs, `sandbox name "Web"`) {
 		t.Errorf("an upper-case name: %d %q", code, errs)
 	}
-	if code, _, errs := kiln(t, state, "", "sandbox", "rm", "web"); code != 0 {
-		t.Fatalf("rm web: %d %q", code, errs)
+	// -f, as docker rm -f: a running sandbox goes all the same.
+	if code, _, errs := kiln(t, state, "", "sandbox", "rm", "-f", "web"); code != 0 {
+		t.Fatalf("rm -f web: %d %q", code, errs)
 	}
 	if code, _, errs := kiln(t, state, "", "ps", "web"); code != exitKiln || !strings.Contains(errs, `no sandbox "web"`) {
 		t.Errorf("ps web after rm: %d %q", code, errs)
