@@ -16,8 +16,12 @@ before(async () => {
 });
 
 after(async () => {
-  await sandbox?.destroy();
-  await kilnd?.stop();
+  // kilnd.stop() deletes every sandbox left, whatever failed before it.
+  try {
+    await sandbox?.destroy();
+  } finally {
+    await kilnd?.stop();
+  }
 });
 
 test("buildWithProgress", async () => {

@@ -3,7 +3,7 @@
 // any port of 127.0.0.1 as its Host (the tests reach it through proxies).
 
 import { spawn, execFileSync } from "node:child_process";
-import { mkdtempSync, readFileSync, rmSync, existsSync } from "node:fs";
+import { mkdtempSync, readFileSync, readdirSync, rmSync, existsSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve, dirname } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -21,10 +21,14 @@ function binary() {
 /** Runs kilnd on state, listening on listen; resolves once it serves, with its URL. */
 async function run(state, listen, flags) {
   const child = spawn(binary(), ["--state-dir", state, "--listen", listen, "--allow-host", "127.0.0.1", ...flags], { stdio: ["ignore", "ignore", "pipe"] });
-  // A test run that ends early (a timeout, a failed hook) takes its
-  // kilnd with it; its sandboxes are deleted by stop() alone, which the
-  // tests' after hooks call.
-  const kill = () => child.kill("SIGKILL");
+  // A test run that ends early (a timeout, a failed hook, a runner that
+  // exits before its after hooks end) takes its kilnd with it, and the
+  // sandboxes stop() would have deleted (they outlive a kilnd, as they
+  // should): their agents, each its sandbox's first process, are killed.
+  const kill = () => {
+    child.kill("SIGKILL");
+    killAgents(state);
+  };
   process.on("exit", kill);
   const k = { child, log: "", kill };
   k.url = await new Promise((resolve, reject) => {
@@ -37,6 +41,28 @@ async function run(state, listen, flags) {
     child.on("exit", (code) => reject(new Error(`kilnd exited (${code}):\n${k.log}`)));
   });
   return k;
+}
+
+/** Kills the agent of every sandbox kilnd recorded on state, if it is still the process recorded. */
+function killAgents(state) {
+  let ids = [];
+  try {
+    ids = readdirSync(join(state, "sandboxes"));
+  } catch {
+    return;
+  }
+  for (const id of ids) {
+    try {
+      const rec = JSON.parse(readFileSync(join(state, "sandboxes", id, "sandbox.json"), "utf8"));
+      const { pid, started } = rec.sandbox ?? {};
+      if (!pid || rec.state === "deleted") continue;
+      // Field 22 of /proc/PID/stat, its start time: not a process that reused the pid.
+      const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+      if (Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[19]) === started) process.kill(pid, "SIGKILL");
+    } catch {
+      // gone already, or never recorded
+    }
+  }
 }
 
 async function end(k) {

@@ -17,9 +17,13 @@ before(async () => {
 });
 
 after(async () => {
-  await sandbox?.destroy({ removeLogs: true });
-  await client?.close();
-  await kilnd?.stop();
+  // kilnd.stop() deletes every sandbox left, whatever failed before it.
+  try {
+    await sandbox?.destroy({ removeLogs: true });
+    await client?.close();
+  } finally {
+    await kilnd?.stop();
+  }
 });
 
 const sh = (script) => ({ kind: "argv", argv: ["sh", "-c", script] });

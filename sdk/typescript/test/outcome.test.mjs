@@ -22,10 +22,14 @@ before(async () => {
 });
 
 after(async () => {
-  await sandbox?.destroy();
-  await client?.close();
-  await proxy?.close();
-  await kilnd?.stop();
+  // kilnd.stop() deletes every sandbox left, whatever failed before it.
+  try {
+    await sandbox?.destroy();
+    await client?.close();
+    await proxy?.close();
+  } finally {
+    await kilnd?.stop();
+  }
 });
 
 const sh = (script) => ({ kind: "argv", argv: ["sh", "-c", script] });
