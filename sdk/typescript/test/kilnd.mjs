@@ -22,12 +22,17 @@ function binary() {
 async function run(state, listen, flags) {
   const child = spawn(binary(), ["--state-dir", state, "--listen", listen, "--allow-host", "127.0.0.1", ...flags], { stdio: ["ignore", "ignore", "pipe"] });
   // A test run that ends early (a timeout, a failed hook, a runner that
-  // exits before its after hooks end) takes its kilnd with it, and the
+  // exits without its after hooks: Deno's, now and then) takes its kilnd with it, and the
   // sandboxes stop() would have deleted (they outlive a kilnd, as they
   // should): their agents, each its sandbox's first process, are killed.
   const kill = () => {
     child.kill("SIGKILL");
     killAgents(state);
+    try {
+      rmSync(state, { recursive: true, force: true });
+    } catch {
+      // what is left is in the system's temporary directory
+    }
   };
   process.on("exit", kill);
   const k = { child, log: "", kill };

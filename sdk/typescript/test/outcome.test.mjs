@@ -383,8 +383,11 @@ test("an output error does not erase a confirmed exit: after OUTPUT_CAPACITY, an
 // the suite's four runs do not each wait half a minute.
 const node22 = !globalThis.Bun && !globalThis.Deno && Number(process.versions.node.split(".")[0]) >= 22;
 
-test("30 s local timeouts: input, status, termination and setup give up on a held answer; a wait does not; the process runs on",
-  { skip: node22 ? false : "held answers are timed on Node 22 only" }, async () => {
+// Held answers are timed on Node 22 only: elsewhere the test is not
+// defined (Deno's runner, given a skipped test, may end the file without
+// its after hook).
+(node22 ? test : () => {})("30 s local timeouts: input, status, termination and setup give up on a held answer; a wait does not; the process runs on",
+  async () => {
     const child = await via.processes.start({ command: cat, stdin: "pipe", output: { mode: "stream" } });
     const sleeper = await via.processes.start({ command: sh("sleep 120"), output: { mode: "stream" } });
     const quick = await via.processes.start({ command: sh("exit 3"), output: { mode: "stream" } });
