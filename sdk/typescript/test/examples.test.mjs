@@ -1,28 +1,14 @@
 // The seed's three recipes, run as a user would run them, against a real kilnd.
 
-import { test, before, after } from "node:test";
+import { test } from "node:test";
 import assert from "node:assert/strict";
 
 import { Client } from "../dist/index.js";
 import { buildWithProgress, interactiveWorker, serverWorkspace } from "../dist-examples/recipes.js";
-import { startKilnd } from "./kilnd.mjs";
+import { sandboxSuite } from "./suite.mjs";
 
 let kilnd, client, sandbox;
-
-before(async () => {
-  kilnd = await startKilnd();
-  client = new Client({ url: kilnd.url, token: kilnd.token });
-  sandbox = await client.sandboxes.create();
-});
-
-after(async () => {
-  // kilnd.stop() deletes every sandbox left, whatever failed before it.
-  try {
-    await sandbox?.destroy();
-  } finally {
-    await kilnd?.stop();
-  }
-});
+sandboxSuite((s) => ({ kilnd, client, sandbox } = s));
 
 test("buildWithProgress", async () => {
   const lines = [];

@@ -2,29 +2,14 @@
 // createProcessTail, over real processes and over chunks made to fall
 // exactly where a bound or a character's boundary is.
 
-import { test, before, after } from "node:test";
+import { test } from "node:test";
 import assert from "node:assert/strict";
 
-import { Client, SandkilnError, readProcessLines, createProcessTail } from "../dist/index.js";
-import { startKilnd } from "./kilnd.mjs";
+import { SandkilnError, readProcessLines, createProcessTail } from "../dist/index.js";
+import { sandboxSuite } from "./suite.mjs";
 
-let kilnd, client, sandbox;
-
-before(async () => {
-  kilnd = await startKilnd();
-  client = new Client({ url: kilnd.url, token: kilnd.token });
-  sandbox = await client.sandboxes.create();
-});
-
-after(async () => {
-  // kilnd.stop() deletes every sandbox left, whatever failed before it.
-  try {
-    await sandbox?.destroy();
-    await client?.close();
-  } finally {
-    await kilnd?.stop();
-  }
-});
+let sandbox;
+sandboxSuite((s) => ({ sandbox } = s));
 
 const sh = (script) => ({ kind: "argv", argv: ["sh", "-c", script] });
 

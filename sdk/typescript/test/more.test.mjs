@@ -1,30 +1,15 @@
 // The SDK's archives, stats, captured logs, ports and image import
 // against a real kilnd.
 
-import { test, before, after } from "node:test";
+import { test } from "node:test";
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
 
 import { Client, SandkilnError } from "../dist/index.js";
-import { startKilnd } from "./kilnd.mjs";
+import { sandboxSuite } from "./suite.mjs";
 
 let kilnd, client, sandbox;
-
-before(async () => {
-  kilnd = await startKilnd();
-  client = new Client({ url: kilnd.url, token: kilnd.token });
-  sandbox = await client.sandboxes.create();
-});
-
-after(async () => {
-  // kilnd.stop() deletes every sandbox left, whatever failed before it.
-  try {
-    await sandbox?.destroy({ removeLogs: true });
-    await client?.close();
-  } finally {
-    await kilnd?.stop();
-  }
-});
+sandboxSuite((s) => ({ kilnd, client, sandbox } = s), { removeLogs: true });
 
 const sh = (script) => ({ kind: "argv", argv: ["sh", "-c", script] });
 const enc = (s) => new TextEncoder().encode(s);

@@ -1,30 +1,15 @@
 // The SDK against a real kilnd: the streaming seed's contract, and where
 // kiln.v1 does better than it (resuming from offsets, exact gaps).
 
-import { test, before, after } from "node:test";
+import { test } from "node:test";
 import assert from "node:assert/strict";
 import net from "node:net";
 
 import { Client, SandkilnError, LIMITS, readProcessLines } from "../dist/index.js";
-import { startKilnd } from "./kilnd.mjs";
+import { sandboxSuite } from "./suite.mjs";
 
 let kilnd, client, sandbox;
-
-before(async () => {
-  kilnd = await startKilnd();
-  client = new Client({ url: kilnd.url, token: kilnd.token });
-  sandbox = await client.sandboxes.create();
-});
-
-after(async () => {
-  // kilnd.stop() deletes every sandbox left, whatever failed before it.
-  try {
-    await sandbox?.destroy();
-    await client?.close();
-  } finally {
-    await kilnd?.stop();
-  }
-});
+sandboxSuite((s) => ({ kilnd, client, sandbox } = s));
 
 const sh = (script) => ({ kind: "argv", argv: ["sh", "-c", script] });
 
