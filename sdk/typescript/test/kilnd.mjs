@@ -35,6 +35,10 @@ async function run(state, listen, flags) {
     }
   };
   process.on("exit", kill);
+  // Deno's test runner, when it skips or filters out tests, may end
+  // without the exit event (and without the file's after hooks); its
+  // unload event comes all the same.
+  globalThis.Deno && globalThis.addEventListener?.("unload", kill);
   const k = { child, log: "", kill };
   k.url = await new Promise((resolve, reject) => {
     child.stderr.setEncoding("utf8");
@@ -75,6 +79,7 @@ async function end(k) {
   k.child.kill("SIGTERM");
   await exited;
   process.off("exit", k.kill);
+  globalThis.Deno && globalThis.removeEventListener?.("unload", k.kill);
 }
 
 /** Starts kilnd; resolves with { url, token, state, log, restart, stop }. */

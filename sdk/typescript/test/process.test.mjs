@@ -280,8 +280,9 @@ test("reopen after eviction: a gap of exactly the evicted bytes, outputComplete 
 });
 
 test("a connection dropped mid-output: output() again resumes without loss or repeat", async () => {
-  // A proxy that cuts every connection after 64 KiB from kilnd; the
-  // output is live, in small writes, so each connection brings some.
+  // A proxy that cuts every connection after 300 KiB from kilnd: more
+  // than one frame (kilnd merges a behind reader's bytes into frames of up
+  // to 256 KiB), so each connection brings at least one whole frame.
   const upstream = new URL(kilnd.url);
   const proxy = net.createServer((c) => {
     const u = net.connect(Number(upstream.port), upstream.hostname);
@@ -289,7 +290,7 @@ test("a connection dropped mid-output: output() again resumes without loss or re
     u.on("data", (d) => {
       n += d.length;
       c.write(d);
-      if (n > 64 * 1024) {
+      if (n > 300 * 1024) {
         c.destroy();
         u.destroy();
       }
@@ -303,7 +304,7 @@ test("a connection dropped mid-output: output() again resumes without loss or re
   await new Promise((r) => proxy.listen(0, "127.0.0.1", r));
   try {
     const cut = new Client({ url: `http://127.0.0.1:${proxy.address().port}`, token: kilnd.token });
-    const lines = 50000;
+    const lines = 250000;
     const child = await sandbox.processes.start({ command: sh(`i=0; while [ $i -lt ${lines} ]; do i=$((i+1)); echo $i; done`), output: { mode: "stream" } });
     const via = await (await cut.sandboxes.get(sandbox.id)).processes.reopen(child.reference());
     await child.detach();
