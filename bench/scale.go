@@ -132,7 +132,8 @@ func measureScale(ctx context.Context, cfg config) (*scaleResult, error) {
 
 	var ids []string
 	var agents []int
-	for _, n := range scaleCounts(cfg.scale, cfg.scaleStep) {
+	counts := scaleCounts(cfg.scale, cfg.scaleStep)
+	for _, n := range counts {
 		st := scaleStep{n: n}
 		for len(ids) < n {
 			start := time.Now()
@@ -149,7 +150,7 @@ func measureScale(ctx context.Context, cfg config) (*scaleResult, error) {
 		// At the first step, creates beside the few there: each made,
 		// measured, and deleted, so that its p99 is of as many creates as
 		// a later step's, not the slowest of a handful.
-		for len(st.creates) < cfg.scaleStep && n == scaleCounts(cfg.scale, cfg.scaleStep)[0] {
+		for len(st.creates) < cfg.scaleStep && n == counts[0] {
 			start := time.Now()
 			var info daemon.Info
 			if err := c.call(ctx, "POST", "/sandboxes", map[string]any{}, &info); err != nil {
