@@ -38,8 +38,8 @@ var attachWriters = []struct {
 const targetAttach = 0.8
 
 type attachSample struct {
-	relay, block, drop time.Duration
-	dropDelivered      int64
+	relay, relayProc, block, drop time.Duration
+	dropDelivered                 int64
 }
 
 type attachCase struct {
@@ -81,8 +81,11 @@ func measureAttach(ctx context.Context, cfg config) (*attachResult, error) {
 		for i, w := range attachWriters {
 			argv := w.argv(size)
 			var s attachSample
-			if s.relay, err = socketRelay(ctx, argv, size); err != nil {
+			if s.relay, err = socketRelay(ctx, argv, size, false); err != nil {
 				return nil, fmt.Errorf("%s: relay: %w", w.name, err)
+			}
+			if s.relayProc, err = socketRelay(ctx, argv, size, true); err != nil {
+				return nil, fmt.Errorf("%s: relay to a process: %w", w.name, err)
 			}
 			req := api.ExecRequest{Command: argv[0], Args: argv[1:], Flow: api.FlowBlock}
 			var delivered, lost int64
@@ -97,8 +100,8 @@ func measureAttach(ctx context.Context, cfg config) (*attachResult, error) {
 				return nil, fmt.Errorf("%s: drop: %w", w.name, err)
 			}
 			res.cases[i].samples = append(res.cases[i].samples, s)
-			fmt.Fprintf(cfg.progress, "attach: rep %d/%d, %s: relay %v, flow block %v, drop %v (%.1f%% delivered)\n", rep+1, cfg.reps, w.name,
-				s.relay.Round(time.Millisecond), s.block.Round(time.Millisecond), s.drop.Round(time.Millisecond), 100*float64(s.dropDelivered)/float64(size))
+			fmt.Fprintf(cfg.progress, "attach: rep %d/%d, %s: relay %v, to a process %v, flow block %v, drop %v (%.1f%% delivered)\n", rep+1, cfg.reps, w.name,
+				s.relay.Round(time.Millisecond), s.relayProc.Round(time.Millisecond), s.block.Round(time.Millisecond), s.drop.Round(time.Millisecond), 100*float64(s.dropDelivered)/float64(size))
 		}
 	}
 	return res, nil
@@ -106,8 +109,10 @@ func measureAttach(ctx context.Context, cfg config) (*attachResult, error) {
 
 // socketRelay runs argv on the host into a pipe, copies the pipe into a
 // unix socket with a plain loop, and reads the socket's other end into
-// nothing; the time is Start to the reader's end of input.
-func socketRelay(ctx context.Context, argv []string, want int64) (time.Duration, error) {
+// nothing: in this process, or, with proc, in a process of its own (this
+// binary again), as a daemon's client is; the time is Start to the
+// reader's end of input.
+func socketRelay(ctx context.Context, argv []string, want int64, proc bool) (time.Duration, error) {
 	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return 0, err
@@ -119,25 +124,48 @@ func socketRelay(ctx context.Context, argv []string, want int64) (time.Duration,
 		out.Close()
 		return 0, err
 	}
-	outConn, err := net.FileConn(out)
-	out.Close()
-	if err != nil {
-		inConn.Close()
-		return 0, err
-	}
-	defer outConn.Close()
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	pipe, err := cmd.StdoutPipe()
 	if err != nil {
 		inConn.Close()
+		out.Close()
 		return 0, err
 	}
 	got := make(chan int64, 1)
-	go func() {
-		n, _ := discard(outConn, make([]byte, 256<<10))
-		got <- n
-	}()
 	start := time.Now()
+	if proc {
+		reader := exec.CommandContext(ctx, os.Args[0])
+		reader.Env = append(os.Environ(), childEnv+"="+childRead)
+		reader.Stdin = out
+		var text strings.Builder
+		reader.Stdout = &text
+		if err := reader.Start(); err != nil {
+			inConn.Close()
+			out.Close()
+			return 0, err
+		}
+		out.Close()
+		go func() {
+			if reader.Wait() != nil {
+				got <- -1
+				return
+			}
+			n, _ := strconv.ParseInt(strings.TrimSpace(text.String()), 10, 64)
+			got <- n
+		}()
+	} else {
+		outConn, err := net.FileConn(out)
+		out.Close()
+		if err != nil {
+			inConn.Close()
+			return 0, err
+		}
+		defer outConn.Close()
+		go func() {
+			n, _ := discard(outConn, make([]byte, 256<<10))
+			got <- n
+		}()
+	}
 	if err := cmd.Start(); err != nil {
 		inConn.Close()
 		return 0, err
@@ -175,7 +203,9 @@ func writeAttach(b *strings.Builder, r *attachResult) {
 	}
 	fmt.Fprintf(b, "One writer of %s at three write sizes. **Relay** is the floor of any daemon relaying output to a socket\n"+
 		"client: the writer on the host into a pipe, copied into a unix socket by a plain loop, read at the other\n"+
-		"end. **Flow block** is the writer in a sandbox read by a kiln.v1 client through kilnd's unix socket and\n"+
+		"end, in the same process. **Relay to a process** is the same with the reader a process of its own (this\n"+
+		"binary again, reading 256 KiB at a time), as a daemon's client is: what that boundary alone costs.\n"+
+		"**Flow block** is the writer in a sandbox read by a kiln.v1 client through kilnd's unix socket and\n"+
 		"the agent, holding the output (`?flow=block&ack=true`, acking every 256 KiB as the SDK does): every byte,\n"+
 		"from the start request to the exit message. **Drop** is the same without the hold: the writer is never\n"+
 		"slowed, and the client's figure is what it received per second. Frames carry up to 256 KiB: a watcher\n"+
@@ -183,25 +213,26 @@ func writeAttach(b *strings.Builder, r *attachResult) {
 	if r.direct {
 		b.WriteString("**This run's kiln.v1 client dialed the agent's socket directly (`-attach-direct`), past kilnd's relay.**\n\n")
 	}
-	b.WriteString("| writes | rep | relay GB/s | flow block GB/s | drop GB/s received | drop received of the whole |\n|---|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| writes | rep | relay GB/s | relay to a process GB/s | flow block GB/s | drop GB/s received | drop received of the whole |\n|---|---:|---:|---:|---:|---:|---:|\n")
 	gbps := func(n int64, d time.Duration) float64 { return float64(n) / d.Seconds() / 1e9 }
 	for _, c := range r.cases {
 		for i, s := range c.samples {
-			fmt.Fprintf(b, "| %s | %d | %.3f | %.3f | %.3f | %.1f%% |\n", c.name, i+1, gbps(r.size, s.relay), gbps(r.size, s.block),
+			fmt.Fprintf(b, "| %s | %d | %.3f | %.3f | %.3f | %.3f | %.1f%% |\n", c.name, i+1, gbps(r.size, s.relay), gbps(r.size, s.relayProc), gbps(r.size, s.block),
 				gbps(s.dropDelivered, s.drop), 100*float64(s.dropDelivered)/float64(r.size))
 		}
 	}
-	b.WriteString("\n| writes | flow block / relay, of medians | paired | drop received / relay, paired | target | result |\n|---|---:|---:|---:|---|---|\n")
+	b.WriteString("\n| writes | flow block / relay, of medians | paired | flow block / relay to a process, paired | drop received / relay, paired | target | result |\n|---|---:|---:|---:|---:|---|---|\n")
 	for _, c := range r.cases {
-		var relay, block, drop []float64
+		var relay, relayProc, block, drop []float64
 		for _, s := range c.samples {
 			relay = append(relay, gbps(r.size, s.relay))
+			relayProc = append(relayProc, gbps(r.size, s.relayProc))
 			block = append(block, gbps(r.size, s.block))
 			drop = append(drop, gbps(s.dropDelivered, s.drop))
 		}
 		paired := pairedRatio(block, relay)
-		fmt.Fprintf(b, "| %s | %.3f | %.3f | %.3f | flow block ≥ %.1f× relay | %s |\n", c.name, median(block)/median(relay), paired,
-			pairedRatio(drop, relay), targetAttach, verdict(paired >= targetAttach))
+		fmt.Fprintf(b, "| %s | %.3f | %.3f | %.3f | %.3f | flow block ≥ %.1f× relay | %s |\n", c.name, median(block)/median(relay), paired,
+			pairedRatio(block, relayProc), pairedRatio(drop, relay), targetAttach, verdict(paired >= targetAttach))
 	}
 	b.WriteString("\n")
 }

@@ -12,6 +12,7 @@ import (
 const (
 	childEnv   = "SANDKILN_BENCH_CHILD"
 	childWrite = "write"
+	childRead  = "read" // reads stdin to its end in 256 KiB reads and prints the count
 	bytesEnv   = "SANDKILN_BENCH_BYTES"
 	writeEnv   = "SANDKILN_BENCH_WRITE" // bytes per write call (default writeSize)
 	lineEnv    = "SANDKILN_BENCH_LINE"  // bytes per line, newline included (default: no newlines)
@@ -60,6 +61,14 @@ func childMain() int {
 		return syscallsMain()
 	case childHTTP:
 		return httpChildMain()
+	case childRead:
+		n, err := discard(os.Stdin, make([]byte, 256<<10))
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "bench child: read after %d bytes: %v\n", n, err)
+			return 1
+		}
+		fmt.Println(n)
+		return 0
 	}
 	if mode := os.Getenv(childEnv); mode != childWrite {
 		fmt.Fprintf(os.Stderr, "bench child: %s=%q: unknown mode\n", childEnv, mode)
