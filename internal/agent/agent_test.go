@@ -7,9 +7,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -449,5 +451,93 @@ func TestWatcherOfACapturedProcessGetsEverything(t *testing.T) {
 		if h := chk.Hello.Streams["stdout"]; h.First != 0 {
 			t.Errorf("hello says stdout is kept from %d, the log has it from 0", h.First)
 		}
+	}
+}
+
+// A connection's messages start small and grow: a link that breaks after a
+// few tens of KiB, every time, still brings whole messages, and a client
+// that resumes from where it got reaches the end, every byte once.
+func TestMessagesStartSmall(t *testing.T) {
+	a := newAgent(t)
+	const total = 1 << 20
+	// One write of 1 MiB: the ring holds it in chunks of up to 256 KiB.
+	id := a.start(api.ExecRequest{Command: "sh", Args: []string{"-c", "dd if=/dev/zero bs=1048576 count=1 status=none | tr '\\0' x"}})
+	a.wait(id)
+
+	// The first connection, read whole: sizes from firstMessage, each at
+	// most twice the one before, none over maxMerged.
+	var sizes []int
+	w := &apitest.Checker{NoGaps: true, Check: func(_ string, _ int64, data []byte) error {
+		sizes = append(sizes, len(data))
+		return nil
+	}}
+	if err := w.Read(ctxT(t), a.dial("/exec-stream/"+id+"/logs", api.ProtocolV1)); err != nil {
+		t.Fatal(err)
+	}
+	if got := w.Stream("stdout").Delivered; got != total {
+		t.Fatalf("delivered %d bytes, want %d", got, total)
+	}
+	limit := firstMessage
+	for i, n := range sizes {
+		if n > limit {
+			t.Fatalf("message %d carries %d bytes, over %d (sizes %v)", i, n, limit, sizes)
+		}
+		if 2*n >= limit {
+			limit = min(2*limit, maxMerged)
+		}
+	}
+	if slices.Max(sizes) != maxMerged {
+		t.Errorf("sizes %v: want them to grow to %d", sizes, maxMerged)
+	}
+
+	// Connections cut after 40 KiB of output each: the first message of
+	// each gets through, and resuming from it goes on.
+	const budget = 40 << 10
+	from := map[string]int64{}
+	var got []byte
+	for conns := 1; ; conns++ {
+		if conns > total/firstMessage+1 {
+			t.Fatalf("%d connections and at %v: no progress", conns, from)
+		}
+		w := &apitest.Checker{From: maps.Clone(from), NoGaps: true, Keep: true}
+		c := a.dial("/exec-stream/"+id+"/logs?"+apitest.Query(from), api.ProtocolV1)
+		var carried int
+		for {
+			before := w.Stream("stdout")
+			var at int64
+			if before != nil {
+				at = before.Next
+			}
+			kind, err := w.Next(ctxT(t), c)
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if kind != apitest.TypeFrame {
+				continue
+			}
+			st := w.Stream("stdout")
+			if carried += int(st.Next - at); carried > budget {
+				// This message was cut on its way: it did not arrive.
+				st.Data = st.Data[:len(st.Data)-int(st.Next-at)]
+				st.Next = at
+				break
+			}
+		}
+		c.CloseNow()
+		st := w.Stream("stdout")
+		if st.Next == from["stdout"] && w.Exit == nil {
+			t.Fatalf("connection %d from %v brought nothing", conns, from)
+		}
+		got = append(got, st.Data...)
+		from["stdout"] = st.Next
+		if w.Exit != nil {
+			break
+		}
+	}
+	if len(got) != total || strings.Trim(string(got), "x") != "" {
+		t.Errorf("got %d bytes, want %d of x", len(got), total)
 	}
 }

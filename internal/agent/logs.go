@@ -284,11 +284,27 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request, id string, st pro
 		}
 	}
 	var frame []byte
+	sendData := func(e process.Event) bool {
+		if !v1 {
+			return send(websocket.MessageBinary, e.Data)
+		}
+		// The header, then the chunk as the ring holds it: one message,
+		// and no copy of the payload on the way.
+		frame = api.AppendFrame(frame[:0], api.Frame{Stream: streamCode(e.Stream), Offset: uint64(e.Offset), Seq: e.Seq})
+		return sendParts(frame, e.Data)
+	}
+	// limit bounds the next message's output. It starts small and doubles,
+	// up to maxMerged, with each message that fills half of it or more: a
+	// link that breaks before a whole large message gets through (a flaky
+	// network, a proxy that cuts connections) still carries the first
+	// bytes of each connection, so a client that comes back from where it
+	// got always gets further.
+	limit := firstMessage
 	for {
 		// A watcher that is behind gets what continues a chunk in one
 		// message: a message per chunk of a small-write program costs more
 		// than the bytes (headers, a write each, a read each).
-		e, err := a.NextMerged(ctx, maxMerged)
+		e, err := a.NextMerged(ctx, limit)
 		if errors.Is(err, io.EOF) {
 			c.Close(websocket.StatusNormalClosure, "")
 			return
@@ -299,13 +315,17 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request, id string, st pro
 		ok := true
 		switch e.Kind {
 		case ring.Data:
-			if v1 {
-				// The header, then the chunk as the ring holds it: one
-				// message, and no copy of the payload on the way.
-				frame = api.AppendFrame(frame[:0], api.Frame{Stream: streamCode(e.Stream), Offset: uint64(e.Offset), Seq: e.Seq})
-				ok = sendParts(frame, e.Data)
-			} else {
-				ok = send(websocket.MessageBinary, e.Data)
+			// A chunk larger than the limit by itself goes in pieces, each
+			// with its own offset and seq: the same bytes, in order.
+			for rest := e; ok && len(rest.Data) > 0; {
+				n := min(len(rest.Data), limit)
+				piece := rest
+				piece.Data = rest.Data[:n]
+				ok = sendData(piece)
+				rest.Data, rest.Offset, rest.Seq = rest.Data[n:], rest.Offset+int64(n), rest.Seq+uint64(n)
+				if 2*n >= limit {
+					limit = min(2*limit, maxMerged)
+				}
 			}
 		case ring.Gap:
 			s.lostTo(e)
@@ -340,9 +360,13 @@ func (s *Server) lostTo(e process.Event) {
 }
 
 // maxMerged bounds the output one watcher's message carries when chunks
-// are joined (see process.Attachment.NextMerged); a chunk larger by itself
-// goes whole, as before. Clients read messages of up to 1 MiB.
-const maxMerged = 256 << 10
+// are joined (see process.Attachment.NextMerged); a WebSocket watcher's
+// messages start at firstMessage and double up to it. Clients read
+// messages of up to 1 MiB.
+const (
+	maxMerged    = 256 << 10
+	firstMessage = 16 << 10
+)
 
 // keepalive pings the client until ctx ends; a client that does not answer
 // within writeTimeout is dropped.

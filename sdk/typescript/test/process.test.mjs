@@ -280,9 +280,10 @@ test("reopen after eviction: a gap of exactly the evicted bytes, outputComplete 
 });
 
 test("a connection dropped mid-output: output() again resumes without loss or repeat", async () => {
-  // A proxy that cuts every connection after 300 KiB from kilnd: more
-  // than one frame (kilnd merges a behind reader's bytes into frames of up
-  // to 256 KiB), so each connection brings at least one whole frame.
+  // A proxy that cuts every connection after 64 KiB from kilnd: less than
+  // one full-size frame (a reader that is behind gets frames of up to
+  // 256 KiB), but a connection's frames start at 16 KiB and grow, so each
+  // connection brings whole frames, and each resume gets further.
   const upstream = new URL(kilnd.url);
   const proxy = net.createServer((c) => {
     const u = net.connect(Number(upstream.port), upstream.hostname);
@@ -290,7 +291,7 @@ test("a connection dropped mid-output: output() again resumes without loss or re
     u.on("data", (d) => {
       n += d.length;
       c.write(d);
-      if (n > 300 * 1024) {
+      if (n > 64 * 1024) {
         c.destroy();
         u.destroy();
       }
