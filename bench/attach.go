@@ -209,7 +209,8 @@ func writeAttach(b *strings.Builder, r *attachResult) {
 		"the agent, holding the output (`?flow=block&ack=true`, acking every 256 KiB as the SDK does): every byte,\n"+
 		"from the start request to the exit message. **Drop** is the same without the hold: the writer is never\n"+
 		"slowed, and the client's figure is what it received per second. Frames carry up to 256 KiB: a watcher\n"+
-		"that is behind gets the chunks that continue each other in one.\n\n", bytesText(r.size))
+		"that is behind gets the chunks that continue each other in one (a connection's first frames carry\n"+
+		"16 KiB, doubling).\n\n", bytesText(r.size))
 	if r.direct {
 		b.WriteString("**This run's kiln.v1 client dialed the agent's socket directly (`-attach-direct`), past kilnd's relay.**\n\n")
 	}
