@@ -122,6 +122,8 @@ type Sandbox struct {
 	// reaped is closed once this kilnd has waited for the agent it started;
 	// nil for an agent adopted after a restart.
 	reaped chan struct{}
+	// exited says how the agent this kilnd started exited, once it did.
+	exited func() string
 	// ranges, when set, holds the uid range until the sandbox is destroyed.
 	ranges *IDRanges
 }
@@ -406,7 +408,13 @@ func running(ctx context.Context, s *Sandbox, inst Instance, cmd *exec.Cmd, o Op
 			return fmt.Errorf("sandbox: connect its network: %w", err)
 		}
 	}
-	return awaitReady(ctx, inst, o.Ready, o.Dir, where)
+	err = awaitReady(ctx, inst, o.Ready, o.Dir, where)
+	if errors.Is(err, errAgentExited) {
+		// What it exited with says more than an empty log: a signal, or
+		// the status runsc gives up with.
+		err = fmt.Errorf("%w (%s)", err, s.exited())
+	}
+	return err
 }
 
 // reap records cmd, the agent just started, as the sandbox's: kilnd reaps
@@ -422,6 +430,14 @@ func (s *Sandbox) reap(cmd *exec.Cmd) {
 		cmd.Wait()
 		close(reaped)
 	}()
+	s.exited = func() string {
+		select {
+		case <-reaped:
+			return cmd.ProcessState.String()
+		case <-time.After(time.Second):
+			return "not reaped yet"
+		}
+	}
 }
 
 // awaitReady waits, up to ready, until the agent of the sandbox in dir
@@ -437,6 +453,9 @@ func awaitReady(ctx context.Context, s Instance, ready time.Duration, dir, where
 	return nil
 }
 
+// errAgentExited: the agent exited before it answered.
+var errAgentExited = errors.New("the agent exited")
+
 // pollReady polls the agent's health until it answers.
 func pollReady(ctx context.Context, s Instance) error {
 	c := &http.Client{Transport: Transport(s.Dial)}
@@ -451,7 +470,7 @@ func pollReady(ctx context.Context, s Instance) error {
 			}
 		}
 		if !s.Alive() {
-			return errors.New("the agent exited")
+			return errAgentExited
 		}
 		select {
 		case <-ctx.Done():
