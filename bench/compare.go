@@ -445,13 +445,13 @@ func compareSandboxes(ctx context.Context, cfg config, res *compareResult, base 
 			return err
 		}
 		var r api.ExecResult
-		if err := c.call(ctx, "POST", "/sandboxes/"+info.ID+"/exec", api.ExecRequest{Command: "true"}, &r); err != nil {
-			return err
+		err := c.call(ctx, "POST", "/sandboxes/"+info.ID+"/exec", api.ExecRequest{Command: "true"}, &r)
+		if err == nil && (r.ExitCode == nil || *r.ExitCode != 0) {
+			err = fmt.Errorf("exec true: %+v", r)
 		}
-		if r.ExitCode == nil || *r.ExitCode != 0 {
-			return fmt.Errorf("exec true: %+v", r)
-		}
-		return c.call(ctx, "DELETE", "/sandboxes/"+info.ID+"?remove_logs=true", nil, nil)
+		// The sandbox goes whatever the exec did: one left behind would run
+		// on after the bench.
+		return errors.Join(err, c.call(ctx, "DELETE", "/sandboxes/"+info.ID+"?remove_logs=true", nil, nil))
 	}
 	type runtimeCase struct {
 		c     *timedCase
