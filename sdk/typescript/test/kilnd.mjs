@@ -3,7 +3,7 @@
 // any port of 127.0.0.1 as its Host (the tests reach it through proxies).
 
 import { spawn, execFileSync } from "node:child_process";
-import { mkdtempSync, readFileSync, readdirSync, rmSync, existsSync } from "node:fs";
+import { mkdtempSync, readFileSync, readdirSync, rmSync, rmdirSync, writeFileSync, existsSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve, dirname } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -52,7 +52,11 @@ async function run(state, listen, flags) {
   return k;
 }
 
-/** Kills the agent of every sandbox kilnd recorded on state, if it is still the process recorded. */
+/**
+ * Kills every sandbox kilnd recorded on state: everything in its cgroup, then its agent if
+ * it is still the process recorded (a hybrid host's v2 group may not hold it), then removes
+ * its cgroups, as kilnd's delete would have.
+ */
 function killAgents(state) {
   let ids = [];
   try {
@@ -63,13 +67,49 @@ function killAgents(state) {
   for (const id of ids) {
     try {
       const rec = JSON.parse(readFileSync(join(state, "sandboxes", id, "sandbox.json"), "utf8"));
-      const { pid, started } = rec.sandbox ?? {};
+      const { pid, started, cgroups } = rec.sandbox ?? {};
       if (!pid || rec.state === "deleted") continue;
-      // Field 22 of /proc/PID/stat, its start time: not a process that reused the pid.
-      const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
-      if (Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[19]) === started) process.kill(pid, "SIGKILL");
+      if (cgroups?.v2) killCgroup(cgroups.v2);
+      try {
+        // Field 22 of /proc/PID/stat, its start time: not a process that reused the pid.
+        const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+        if (Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[19]) === started) process.kill(pid, "SIGKILL");
+      } catch {
+        // gone already
+      }
+      if (cgroups) removeCgroups(cgroups);
     } catch {
-      // gone already, or never recorded
+      // never recorded
+    }
+  }
+}
+
+/** Kills everything in the v2 group dir and waits, up to 2 s, until it is empty. */
+function killCgroup(dir) {
+  try {
+    writeFileSync(join(dir, "cgroup.kill"), "1");
+  } catch {
+    return; // no such group, or no cgroup.kill
+  }
+  // An exit handler cannot wait on events: it polls.
+  for (const deadline = Date.now() + 2000; Date.now() < deadline; ) {
+    try {
+      if (/^populated 0$/m.test(readFileSync(join(dir, "cgroup.events"), "utf8"))) return;
+    } catch {
+      return;
+    }
+  }
+}
+
+/** Removes a sandbox's cgroups, its leaves first, in the order kilnd's delete does. */
+function removeCgroups(cg) {
+  const dirs = [cg.procs, cg.memory_procs, cg.leaves && join(cg.v2, "procs"), ...Object.values(cg.v1 ?? {}), cg.leaves && join(cg.v2, "agent"), cg.v2];
+  for (const dir of dirs) {
+    if (!dir) continue;
+    try {
+      rmdirSync(dir);
+    } catch {
+      // gone already, or still busy: what is left is empty or dying
     }
   }
 }
