@@ -377,11 +377,10 @@ func TestSpawnerStopsWhenIdle(t *testing.T) {
 	if r := run(t, sb, "pkill -x sleep; echo $?"); strings.TrimSpace(r.Stdout) != "0" {
 		t.Fatalf("kill the process that outlived its shell: %+v", r)
 	}
-	third := spawnerOf(t, sb)
-	if third != second {
-		t.Errorf("the spawner was %d while the process ran, then %d", second, third)
-	}
-	awaitExit(t, third, time.Minute)
+	// Idle again, the same spawner ends. (Asking which spawner runs now
+	// would start a process, and on a slow machine a new spawner: the old
+	// one may have ended its idle time first.)
+	awaitExit(t, second, time.Minute)
 }
 
 // awaitExit waits until the process pid has exited, within d.
