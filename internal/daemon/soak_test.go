@@ -92,6 +92,9 @@ func TestSoak(t *testing.T) {
 	t.Logf("seed %d (repeat with -soak.seed=%d), soak %v", seed, seed, *soakFor)
 	k := start(t, "")
 	defer k.cleanup()
+	// Each spare disk is a descriptor, and they are made in the background
+	// from kilnd's start: count from when they are there.
+	k.d.SettleDisks()
 	base := soakMeasure()
 	t.Logf("baseline: %d fds, %d goroutines, heap %s", base.fds, base.goroutines, soakMiB(base.heap))
 

@@ -140,6 +140,11 @@ func (d *Disks) refill() {
 	})
 }
 
+// Settle waits for a refill that runs to end: the spare disks are then
+// as many as there will be until the next Take. It must not run beside a
+// Take.
+func (d *Disks) Settle() { d.bg.Wait() }
+
 // Release deletes the image of a disk Take returned. What still has it
 // mounted (the sandbox's mount namespace) keeps it until it ends.
 func (d *Disks) Release(image string) error {
