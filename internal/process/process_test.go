@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -223,6 +224,35 @@ func TestEscapedChildCannotHoldTheDrain(t *testing.T) {
 	syscall.Kill(pid, syscall.SIGKILL)
 	if !tr.ended[ring.Stdout] || !tr.ended[ring.Stderr] || tr.exit == nil {
 		t.Fatalf("streams or exit missing: %+v", tr)
+	}
+}
+
+// A child that left the session cannot hold the terminal: its session
+// leader's exit hangs the terminal up, which ends the stream at once,
+// whether the pump was waiting for output (the child is idle) or never ran
+// out of it (the child floods the terminal).
+func TestEscapedChildCannotHoldTheTerminal(t *testing.T) {
+	for _, child := range []string{"sleep 1000", "yes"} {
+		t.Run(child, func(t *testing.T) {
+			p := startT(t, Spec{
+				Argv:     []string{"setsid " + child + " & echo pid=$!; exit 0"},
+				Shell:    true,
+				Terminal: &WindowSize{Cols: 80, Rows: 24},
+			})
+			waitDone(t, p)
+			a, _ := p.Attach(ring.Offsets{}, AttachOptions{})
+			defer a.Close()
+			tr := read(t, a, ring.Offsets{})
+			m := regexp.MustCompile(`pid=(\d+)`).FindSubmatch(tr.data[ring.PTY])
+			if m == nil {
+				t.Fatalf("no child pid in %q", tr.data[ring.PTY][:min(len(tr.data[ring.PTY]), 200)])
+			}
+			pid, _ := strconv.Atoi(string(m[1]))
+			syscall.Kill(pid, syscall.SIGKILL)
+			if !tr.ended[ring.PTY] || tr.exit == nil {
+				t.Fatalf("stream or exit missing: ended %v, exit %v", tr.ended, tr.exit)
+			}
+		})
 	}
 }
 
