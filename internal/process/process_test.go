@@ -227,10 +227,8 @@ func TestEscapedChildCannotHoldTheDrain(t *testing.T) {
 	}
 }
 
-// A child that left the session cannot hold the terminal: its session
-// leader's exit hangs the terminal up, which ends the stream at once,
-// whether the pump was waiting for output (the child is idle) or never ran
-// out of it (the child floods the terminal).
+// A child that left the session cannot hold a terminal's stream past the
+// drain, whether it is idle or floods the terminal.
 func TestEscapedChildCannotHoldTheTerminal(t *testing.T) {
 	for _, child := range []string{"sleep 1000", "yes"} {
 		t.Run(child, func(t *testing.T) {
