@@ -16,7 +16,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/creack/pty"
 	"golang.org/x/sys/unix"
 
 	"github.com/sandkiln/sandkiln/internal/capture"
@@ -293,13 +292,9 @@ func startProcess(id string, spec Spec, drainFor time.Duration, onDone func()) (
 	}
 	var streams []ring.Stream
 	if spec.Terminal != nil {
-		master, slave, err := pty.Open()
+		master, slave, err := openTerminal(*spec.Terminal)
 		if err != nil {
 			return nil, fmt.Errorf("process: open terminal: %w", err)
-		}
-		if err := pty.Setsize(master, &pty.Winsize{Cols: spec.Terminal.Cols, Rows: spec.Terminal.Rows}); err != nil {
-			closeAll([]*os.File{master, slave})
-			return nil, fmt.Errorf("process: size terminal: %w", err)
 		}
 		cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Credential: spec.Credential}
@@ -816,7 +811,7 @@ func (p *Process) Resize(ws WindowSize) error {
 	if p.master == nil {
 		return fmt.Errorf("%w: %s: terminal closed", ErrFinished, p.id)
 	}
-	return pty.Setsize(p.master, &pty.Winsize{Cols: ws.Cols, Rows: ws.Rows})
+	return setSize(p.master, ws)
 }
 
 // AttachOptions say how a reader attaches.
