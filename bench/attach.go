@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -14,6 +16,8 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/internal/process"
+	"github.com/sandkiln/sandkiln/internal/ring"
 )
 
 // The attach matrix: one writer at three write sizes, read by a kiln.v1
@@ -38,8 +42,8 @@ var attachWriters = []struct {
 const targetAttach = 0.8
 
 type attachSample struct {
-	relay, relayProc, block, drop time.Duration
-	dropDelivered                 int64
+	relay, relayProc, engine, block, drop time.Duration
+	dropDelivered                         int64
 }
 
 type attachCase struct {
@@ -81,11 +85,14 @@ func measureAttach(ctx context.Context, cfg config) (*attachResult, error) {
 		for i, w := range attachWriters {
 			argv := w.argv(size)
 			var s attachSample
-			if s.relay, err = socketRelay(ctx, argv, size, false); err != nil {
+			if s.relay, err = socketRelay(ctx, argv, size, relayHere); err != nil {
 				return nil, fmt.Errorf("%s: relay: %w", w.name, err)
 			}
-			if s.relayProc, err = socketRelay(ctx, argv, size, true); err != nil {
+			if s.relayProc, err = socketRelay(ctx, argv, size, relayToProcess); err != nil {
 				return nil, fmt.Errorf("%s: relay to a process: %w", w.name, err)
+			}
+			if s.engine, err = socketRelay(ctx, argv, size, engineToProcess); err != nil {
+				return nil, fmt.Errorf("%s: engine to a process: %w", w.name, err)
 			}
 			req := api.ExecRequest{Command: argv[0], Args: argv[1:], Flow: api.FlowBlock}
 			var delivered, lost int64
@@ -100,19 +107,32 @@ func measureAttach(ctx context.Context, cfg config) (*attachResult, error) {
 				return nil, fmt.Errorf("%s: drop: %w", w.name, err)
 			}
 			res.cases[i].samples = append(res.cases[i].samples, s)
-			fmt.Fprintf(cfg.progress, "attach: rep %d/%d, %s: relay %v, to a process %v, flow block %v, drop %v (%.1f%% delivered)\n", rep+1, cfg.reps, w.name,
-				s.relay.Round(time.Millisecond), s.relayProc.Round(time.Millisecond), s.block.Round(time.Millisecond), s.drop.Round(time.Millisecond), 100*float64(s.dropDelivered)/float64(size))
+			fmt.Fprintf(cfg.progress, "attach: rep %d/%d, %s: relay %v, to a process %v, engine %v, flow block %v, drop %v (%.1f%% delivered)\n", rep+1, cfg.reps, w.name,
+				s.relay.Round(time.Millisecond), s.relayProc.Round(time.Millisecond), s.engine.Round(time.Millisecond), s.block.Round(time.Millisecond), s.drop.Round(time.Millisecond), 100*float64(s.dropDelivered)/float64(size))
 		}
 	}
 	return res, nil
 }
 
+// How socketRelay moves the writer's output into the socket, and where the
+// socket's other end is read.
+type relayHow int
+
+const (
+	relayHere       relayHow = iota // a plain loop; the reader in this process
+	relayToProcess                  // a plain loop; the reader a process of its own
+	engineToProcess                 // the output engine; the reader a process of its own
+)
+
 // socketRelay runs argv on the host into a pipe, copies the pipe into a
-// unix socket with a plain loop, and reads the socket's other end into
-// nothing: in this process, or, with proc, in a process of its own (this
-// binary again), as a daemon's client is; the time is Start to the
-// reader's end of input.
-func socketRelay(ctx context.Context, argv []string, want int64, proc bool) (time.Duration, error) {
+// unix socket, and reads the socket's other end into nothing: in this
+// process, or in a process of its own (this binary again), as a daemon's
+// client is. The copy is a plain loop, or with engineToProcess the output
+// engine as the agent runs it, without the sandbox, HTTP or WebSocket: the
+// process's pump into its ring, a holding attachment's merged events, each
+// written as a kiln.v1 frame header and its data in one writev. The time
+// is Start to the reader's end of input.
+func socketRelay(ctx context.Context, argv []string, want int64, how relayHow) (time.Duration, error) {
 	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return 0, err
@@ -124,6 +144,9 @@ func socketRelay(ctx context.Context, argv []string, want int64, proc bool) (tim
 		out.Close()
 		return 0, err
 	}
+	if how == engineToProcess {
+		return engineRelay(ctx, argv, want, inConn.(*net.UnixConn), out)
+	}
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	pipe, err := cmd.StdoutPipe()
 	if err != nil {
@@ -131,29 +154,16 @@ func socketRelay(ctx context.Context, argv []string, want int64, proc bool) (tim
 		out.Close()
 		return 0, err
 	}
-	got := make(chan int64, 1)
+	var got <-chan int64
 	start := time.Now()
-	if proc {
-		reader := exec.CommandContext(ctx, os.Args[0])
-		reader.Env = append(os.Environ(), childEnv+"="+childRead)
-		reader.Stdin = out
-		var text strings.Builder
-		reader.Stdout = &text
-		if err := reader.Start(); err != nil {
+	if how == relayToProcess {
+		if got, err = readerProcess(ctx, out); err != nil {
 			inConn.Close()
-			out.Close()
 			return 0, err
 		}
-		out.Close()
-		go func() {
-			if reader.Wait() != nil {
-				got <- -1
-				return
-			}
-			n, _ := strconv.ParseInt(strings.TrimSpace(text.String()), 10, 64)
-			got <- n
-		}()
 	} else {
+		ch := make(chan int64, 1)
+		got = ch
 		outConn, err := net.FileConn(out)
 		out.Close()
 		if err != nil {
@@ -163,7 +173,7 @@ func socketRelay(ctx context.Context, argv []string, want int64, proc bool) (tim
 		defer outConn.Close()
 		go func() {
 			n, _ := discard(outConn, make([]byte, 256<<10))
-			got <- n
+			ch <- n
 		}()
 	}
 	if err := cmd.Start(); err != nil {
@@ -195,6 +205,90 @@ func socketRelay(ctx context.Context, argv []string, want int64, proc bool) (tim
 	return d, err
 }
 
+// readerProcess starts this binary as a reader of out to its end, which it
+// closes here; the channel gets the count of bytes it read, or -1.
+func readerProcess(ctx context.Context, out *os.File) (<-chan int64, error) {
+	defer out.Close()
+	reader := exec.CommandContext(ctx, os.Args[0])
+	reader.Env = append(os.Environ(), childEnv+"="+childRead)
+	reader.Stdin = out
+	var text strings.Builder
+	reader.Stdout = &text
+	if err := reader.Start(); err != nil {
+		return nil, err
+	}
+	got := make(chan int64, 1)
+	go func() {
+		if reader.Wait() != nil {
+			got <- -1
+			return
+		}
+		n, _ := strconv.ParseInt(strings.TrimSpace(text.String()), 10, 64)
+		got <- n
+	}()
+	return got, nil
+}
+
+// engineRelay is socketRelay's engineToProcess: argv's output through the
+// engine into conn, read by a process from out.
+func engineRelay(ctx context.Context, argv []string, want int64, conn *net.UnixConn, out *os.File) (time.Duration, error) {
+	defer conn.Close()
+	start := time.Now()
+	got, err := readerProcess(ctx, out)
+	if err != nil {
+		return 0, err
+	}
+	// A FlowBlock process starts held: nothing is dropped before the
+	// attachment below takes the hold over.
+	p, err := process.Start("attach", process.Spec{Argv: argv, Flow: process.FlowBlock})
+	if err != nil {
+		return 0, err
+	}
+	defer p.Kill(context.WithoutCancel(ctx))
+	a, err := p.Attach(ring.Offsets{}, process.AttachOptions{Hold: true})
+	if err != nil {
+		return 0, err
+	}
+	defer a.Close()
+	var frames int64
+	var head []byte
+	for {
+		e, err := a.NextMerged(ctx, 256<<10)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return 0, err
+		}
+		switch e.Kind {
+		case ring.Data:
+			code := api.StreamStdout
+			if e.Stream == ring.Stderr {
+				code = api.StreamStderr
+			}
+			head = api.AppendFrame(head[:0], api.Frame{Stream: code, Offset: uint64(e.Offset), Seq: e.Seq})
+			bufs := net.Buffers{head, e.Data}
+			if _, err := bufs.WriteTo(conn); err != nil {
+				return 0, err
+			}
+			frames++
+		case ring.Gap:
+			return 0, fmt.Errorf("the engine lost %d bytes of a held stream", e.Lost())
+		case ring.Exit:
+			if e.Exit != (process.Exit{}) {
+				return 0, fmt.Errorf("writer ended with %v", e.Exit)
+			}
+		}
+	}
+	conn.CloseWrite()
+	n := <-got
+	d := time.Since(start)
+	if want += frames * int64(len(head)); n != want {
+		return 0, fmt.Errorf("read %d bytes, want %d (%d frames)", n, want, frames)
+	}
+	return d, nil
+}
+
 func writeAttach(b *strings.Builder, r *attachResult) {
 	b.WriteString("## Attach at the socket's speed\n\n")
 	if r.skipped != "" {
@@ -205,6 +299,10 @@ func writeAttach(b *strings.Builder, r *attachResult) {
 		"client: the writer on the host into a pipe, copied into a unix socket by a plain loop, read at the other\n"+
 		"end, in the same process. **Relay to a process** is the same with the reader a process of its own (this\n"+
 		"binary again, reading 256 KiB at a time), as a daemon's client is: what that boundary alone costs.\n"+
+		"**Engine to a process** is that, with the loop replaced by the output engine as the agent runs it, on\n"+
+		"the host and without HTTP or WebSocket: the pump into the ring, a holding attachment's merged events,\n"+
+		"each written as a kiln.v1 frame in one writev. It is what the engine's hand-off from the pump's\n"+
+		"goroutine to the watcher's costs, by itself.\n"+
 		"**Flow block** is the writer in a sandbox read by a kiln.v1 client through kilnd's unix socket and\n"+
 		"the agent, holding the output (`?flow=block&ack=true`, acking every 256 KiB as the SDK does): every byte,\n"+
 		"from the start request to the exit message. **Drop** is the same without the hold: the writer is never\n"+
@@ -214,26 +312,27 @@ func writeAttach(b *strings.Builder, r *attachResult) {
 	if r.direct {
 		b.WriteString("**This run's kiln.v1 client dialed the agent's socket directly (`-attach-direct`), past kilnd's relay.**\n\n")
 	}
-	b.WriteString("| writes | rep | relay GB/s | relay to a process GB/s | flow block GB/s | drop GB/s received | drop received of the whole |\n|---|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| writes | rep | relay GB/s | relay to a process GB/s | engine to a process GB/s | flow block GB/s | drop GB/s received | drop received of the whole |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
 	gbps := func(n int64, d time.Duration) float64 { return float64(n) / d.Seconds() / 1e9 }
 	for _, c := range r.cases {
 		for i, s := range c.samples {
-			fmt.Fprintf(b, "| %s | %d | %.3f | %.3f | %.3f | %.3f | %.1f%% |\n", c.name, i+1, gbps(r.size, s.relay), gbps(r.size, s.relayProc), gbps(r.size, s.block),
+			fmt.Fprintf(b, "| %s | %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.1f%% |\n", c.name, i+1, gbps(r.size, s.relay), gbps(r.size, s.relayProc), gbps(r.size, s.engine), gbps(r.size, s.block),
 				gbps(s.dropDelivered, s.drop), 100*float64(s.dropDelivered)/float64(r.size))
 		}
 	}
-	b.WriteString("\n| writes | flow block / relay, of medians | paired | flow block / relay to a process, paired | drop received / relay, paired | target | result |\n|---|---:|---:|---:|---:|---|---|\n")
+	b.WriteString("\n| writes | flow block / relay, of medians | paired | flow block / relay to a process, paired | engine to a process / relay to a process, paired | drop received / relay, paired | target | result |\n|---|---:|---:|---:|---:|---:|---|---|\n")
 	for _, c := range r.cases {
-		var relay, relayProc, block, drop []float64
+		var relay, relayProc, engine, block, drop []float64
 		for _, s := range c.samples {
 			relay = append(relay, gbps(r.size, s.relay))
 			relayProc = append(relayProc, gbps(r.size, s.relayProc))
+			engine = append(engine, gbps(r.size, s.engine))
 			block = append(block, gbps(r.size, s.block))
 			drop = append(drop, gbps(s.dropDelivered, s.drop))
 		}
 		paired := pairedRatio(block, relay)
-		fmt.Fprintf(b, "| %s | %.3f | %.3f | %.3f | %.3f | flow block ≥ %.1f× relay | %s |\n", c.name, median(block)/median(relay), paired,
-			pairedRatio(block, relayProc), pairedRatio(drop, relay), targetAttach, verdict(paired >= targetAttach))
+		fmt.Fprintf(b, "| %s | %.3f | %.3f | %.3f | %.3f | %.3f | flow block ≥ %.1f× relay | %s |\n", c.name, median(block)/median(relay), paired,
+			pairedRatio(block, relayProc), pairedRatio(engine, relayProc), pairedRatio(drop, relay), targetAttach, verdict(paired >= targetAttach))
 	}
 	b.WriteString("\n")
 }
