@@ -174,3 +174,123 @@ func TestCompletionInBash(t *testing.T) {
 	}()
 	expect([]string{client.AddrEnv + "=" + l.Addr().String(), client.TokenEnv + "=x"}, "kiln ps ")
 }
+
+// shellCompletion is kiln's completion script for fish or zsh, run in that
+// shell with kiln on its PATH (this test binary, as newBashCompletion
+// puts it there).
+type shellCompletion struct {
+	shell, script, path string
+	prog                string // completes $LINE, printing one word a line
+}
+
+// The programs that complete $LINE. fish's own complete -C does what TAB
+// does. zsh's completion widgets need a line editor, so the script's
+// function is called as the completion system would call it, with words
+// and CURRENT set, and zsh's _describe, which would show the candidates,
+// replaced by one that prints them; _arguments, which the script calls
+// only to offer file names, reports that it was called.
+const (
+	fishProg = `source $KILN_SCRIPT; complete -C "$LINE" | string split -f1 \t`
+	zshProg  = `
+compdef() { :; }
+_describe() {
+	while [[ $# -gt 0 && $1 != completions ]]; do shift; done
+	local c
+	for c in "${(@P)2}"; do print -r -- "${c%%:*}"; done
+}
+_arguments() { print -u2 "file names offered: $*"; }
+source "$KILN_SCRIPT"
+words=(${(z)LINE})
+[[ $LINE == *" " ]] && words+=("")
+CURRENT=${#words}
+_kiln
+`
+)
+
+func newShellCompletion(t *testing.T, shell string) *shellCompletion {
+	t.Helper()
+	path, err := exec.LookPath(shell)
+	if err != nil {
+		t.Skip("no " + shell)
+	}
+	b := newBashCompletion(t)
+	code, script, errs := kiln(t, t.TempDir(), "", "completion", shell)
+	if code != 0 || !strings.Contains(script, "__complete") {
+		t.Fatalf("kiln completion %s: %d %q", shell, code, errs)
+	}
+	file := filepath.Join(t.TempDir(), "kiln."+shell)
+	if err := os.WriteFile(file, []byte(script), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c := &shellCompletion{shell: path, script: file, path: b.path, prog: fishProg}
+	if shell == "zsh" {
+		c.prog = zshProg
+	}
+	return c
+}
+
+// complete is what the shell completes line with (the cursor at its end),
+// and what it wrote to stderr.
+func (c *shellCompletion) complete(t *testing.T, env []string, line string) ([]string, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	args := []string{"--no-config", "-c", c.prog}
+	if filepath.Base(c.shell) == "zsh" {
+		args = []string{"-f", "-c", c.prog}
+	}
+	cmd := exec.CommandContext(ctx, c.shell, args...)
+	cmd.Env = append(os.Environ(), "PATH="+c.path, "KILN_SCRIPT="+c.script, "LINE="+line)
+	cmd.Env = append(cmd.Env, env...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	// An exit status says only whether there were candidates; what went
+	// wrong is on stderr.
+	out, err := cmd.Output()
+	if _, exited := err.(*exec.ExitError); err != nil && !exited {
+		t.Fatalf("%s completing %q: %v", c.shell, line, err)
+	}
+	var words []string
+	for l := range strings.Lines(string(out)) {
+		if w := strings.TrimSpace(l); w != "" {
+			words = append(words, w)
+		}
+	}
+	return words, stderr.String()
+}
+
+// TestCompletionInFishAndZsh: fish and zsh complete what bash does (see
+// TestCompletionInBash): sandboxes by id and name, a sandbox's processes,
+// kiln's commands, no file names, and nothing when kilnd is not there.
+func TestCompletionInFishAndZsh(t *testing.T) {
+	state := kilnd(t)
+	_, out, errs := kiln(t, state, "", "sandbox", "create", "--name", "web")
+	web := strings.TrimSpace(out)
+	if len(web) != 36 {
+		t.Fatalf("create --name web: %q %q", out, errs)
+	}
+	_, out, _ = kiln(t, state, "", "sandbox", "exec-stream", web, "--", "true")
+	p := strings.TrimSpace(out)
+	kilndEnv := []string{client.StateDirEnv + "=" + state, client.AddrEnv + "="}
+	for _, shell := range []string{"fish", "zsh"} {
+		t.Run(shell, func(t *testing.T) {
+			c := newShellCompletion(t, shell)
+			expect := func(env []string, line string, want ...string) {
+				t.Helper()
+				got, stderr := c.complete(t, env, line)
+				slices.Sort(got)
+				slices.Sort(want)
+				if !slices.Equal(got, want) || stderr != "" {
+					t.Errorf("%q completes to %q (stderr %q), want %q", line, got, stderr, want)
+				}
+			}
+			expect(kilndEnv, "kiln logs ", web, "web")
+			expect(kilndEnv, "kiln logs w", "web")
+			expect(kilndEnv, "kiln logs web ", p)
+			expect(kilndEnv, "kiln kill "+web+" ", p)
+			expect(kilndEnv, "kiln sandbox rm web ", web)
+			expect(kilndEnv, "kiln sa", "sandbox")
+			expect([]string{client.StateDirEnv + "=" + t.TempDir(), client.AddrEnv + "="}, "kiln logs ")
+		})
+	}
+}
