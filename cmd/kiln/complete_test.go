@@ -110,6 +110,24 @@ printf '%s\n' "${COMPREPLY[@]}"
 	return words, strings.Join(complaints, "")
 }
 
+// completer completes a command line in a shell: the words offered, and
+// what the shell wrote to stderr.
+type completer interface {
+	complete(t *testing.T, env []string, line string) ([]string, string)
+}
+
+// expectCompletion fails t unless c completes line, with env, to want
+// (in any order) and writes nothing to stderr.
+func expectCompletion(t *testing.T, c completer, env []string, line string, want ...string) {
+	t.Helper()
+	got, stderr := c.complete(t, env, line)
+	slices.Sort(got)
+	slices.Sort(want)
+	if !slices.Equal(got, want) || stderr != "" {
+		t.Errorf("%q completes to %q (stderr %q), want %q", line, got, stderr, want)
+	}
+}
+
 // TestCompletionInBash: in bash, TAB after a command that takes a
 // sandbox offers the ids and names kilnd has, after one that takes a
 // process the sandbox's process ids, and nothing at all (no files, no
@@ -129,12 +147,7 @@ func TestCompletionInBash(t *testing.T) {
 	kilndEnv := []string{client.StateDirEnv + "=" + state, client.AddrEnv + "="}
 	expect := func(env []string, line string, want ...string) {
 		t.Helper()
-		got, stderr := b.complete(t, env, line)
-		slices.Sort(got)
-		slices.Sort(want)
-		if !slices.Equal(got, want) || stderr != "" {
-			t.Errorf("%q completes to %q (stderr %q), want %q", line, got, stderr, want)
-		}
+		expectCompletion(t, b, env, line, want...)
 	}
 	expect(kilndEnv, "kiln logs ", web, "web", other)
 	expect(kilndEnv, "kiln logs w", "web")
@@ -277,12 +290,7 @@ func TestCompletionInFishAndZsh(t *testing.T) {
 			c := newShellCompletion(t, shell)
 			expect := func(env []string, line string, want ...string) {
 				t.Helper()
-				got, stderr := c.complete(t, env, line)
-				slices.Sort(got)
-				slices.Sort(want)
-				if !slices.Equal(got, want) || stderr != "" {
-					t.Errorf("%q completes to %q (stderr %q), want %q", line, got, stderr, want)
-				}
+				expectCompletion(t, c, env, line, want...)
 			}
 			expect(kilndEnv, "kiln logs ", web, "web")
 			expect(kilndEnv, "kiln logs w", "web")
