@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -16,6 +18,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/internal/agent"
 	"github.com/sandkiln/sandkiln/internal/process"
 	"github.com/sandkiln/sandkiln/internal/ring"
 )
@@ -42,8 +45,8 @@ var attachWriters = []struct {
 const targetAttach = 0.8
 
 type attachSample struct {
-	relay, relayProc, engine, block, drop time.Duration
-	dropDelivered                         int64
+	relay, relayProc, engine, hostAgent, block, drop time.Duration
+	dropDelivered                                    int64
 }
 
 type attachCase struct {
@@ -76,6 +79,11 @@ func measureAttach(ctx context.Context, cfg config) (*attachResult, error) {
 		}
 		res.direct = true
 	}
+	host, stopHost, err := startHostAgent(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("agent on the host: %w", err)
+	}
+	defer stopHost()
 	dialOpts := &websocket.DialOptions{HTTPClient: c.http, Subprotocols: []string{api.ProtocolV1}}
 	for _, w := range attachWriters {
 		res.cases = append(res.cases, attachCase{name: w.name})
@@ -96,6 +104,12 @@ func measureAttach(ctx context.Context, cfg config) (*attachResult, error) {
 			}
 			req := api.ExecRequest{Command: argv[0], Args: argv[1:], Flow: api.FlowBlock}
 			var delivered, lost int64
+			if s.hostAgent, delivered, lost, err = wsRun(ctx, host, "", req, dialOpts, "?flow=block&ack=true"); err != nil {
+				return nil, fmt.Errorf("%s: agent on the host: %w", w.name, err)
+			}
+			if delivered != size || lost != 0 {
+				return nil, fmt.Errorf("%s: agent on the host delivered %d bytes and lost %d of %d", w.name, delivered, lost, size)
+			}
 			if s.block, delivered, lost, err = wsRun(ctx, c, sb.ID, req, dialOpts, "?flow=block&ack=true"); err != nil {
 				return nil, fmt.Errorf("%s: flow block: %w", w.name, err)
 			}
@@ -107,8 +121,8 @@ func measureAttach(ctx context.Context, cfg config) (*attachResult, error) {
 				return nil, fmt.Errorf("%s: drop: %w", w.name, err)
 			}
 			res.cases[i].samples = append(res.cases[i].samples, s)
-			fmt.Fprintf(cfg.progress, "attach: rep %d/%d, %s: relay %v, to a process %v, engine %v, flow block %v, drop %v (%.1f%% delivered)\n", rep+1, cfg.reps, w.name,
-				s.relay.Round(time.Millisecond), s.relayProc.Round(time.Millisecond), s.engine.Round(time.Millisecond), s.block.Round(time.Millisecond), s.drop.Round(time.Millisecond), 100*float64(s.dropDelivered)/float64(size))
+			fmt.Fprintf(cfg.progress, "attach: rep %d/%d, %s: relay %v, to a process %v, engine %v, agent on the host %v, flow block %v, drop %v (%.1f%% delivered)\n", rep+1, cfg.reps, w.name,
+				s.relay.Round(time.Millisecond), s.relayProc.Round(time.Millisecond), s.engine.Round(time.Millisecond), s.hostAgent.Round(time.Millisecond), s.block.Round(time.Millisecond), s.drop.Round(time.Millisecond), 100*float64(s.dropDelivered)/float64(size))
 		}
 	}
 	return res, nil
@@ -289,6 +303,77 @@ func engineRelay(ctx context.Context, argv []string, want int64, conn *net.UnixC
 	return d, nil
 }
 
+// childAgent is this binary serving the agent's process API on the host,
+// outside any sandbox, on the unix socket $SANDKILN_BENCH_AGENT_SOCK, until
+// its stdin ends. It says "ready" on stdout once it listens.
+const (
+	childAgent   = "agent"
+	agentSockEnv = "SANDKILN_BENCH_AGENT_SOCK"
+)
+
+func agentChildMain() int {
+	l, err := net.Listen("unix", os.Getenv(agentSockEnv))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench agent child:", err)
+		return 1
+	}
+	table := process.NewTable(process.TableConfig{})
+	srv := &http.Server{Handler: agent.New(agent.Config{Table: table, Env: os.Environ()})}
+	go srv.Serve(l)
+	fmt.Println("ready")
+	io.Copy(io.Discard, os.Stdin)
+	srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	table.Shutdown(ctx)
+	return 0
+}
+
+// startHostAgent starts the agent on the host (childAgent) and returns a
+// client of it, whose requests and WebSockets go to the agent's own paths
+// (wsRun with no sandbox), and what stops it.
+func startHostAgent(ctx context.Context) (client, func(), error) {
+	dir, err := os.MkdirTemp("", "sandkiln-bench-agent-")
+	if err != nil {
+		return client{}, nil, err
+	}
+	sock := filepath.Join(dir, "agent.sock")
+	cmd := exec.CommandContext(ctx, os.Args[0])
+	cmd.Env = append(os.Environ(), childEnv+"="+childAgent, agentSockEnv+"="+sock)
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err == nil {
+		var stdout io.ReadCloser
+		if stdout, err = cmd.StdoutPipe(); err == nil {
+			if err = cmd.Start(); err == nil {
+				line := make([]byte, len("ready\n"))
+				if _, err = io.ReadFull(stdout, line); err == nil && string(line) != "ready\n" {
+					err = fmt.Errorf("agent child said %q", line)
+				}
+			}
+		}
+	}
+	stop := func() {
+		stdin.Close()
+		cmd.Wait()
+		os.RemoveAll(dir)
+	}
+	if err != nil {
+		if cmd.Process != nil {
+			cmd.Process.Kill()
+			stop()
+		} else {
+			os.RemoveAll(dir)
+		}
+		return client{}, nil, err
+	}
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var dl net.Dialer
+		return dl.DialContext(ctx, "unix", sock)
+	}}}
+	return client{http: hc, sock: sock, ws: hc}, func() { hc.CloseIdleConnections(); stop() }, nil
+}
+
 func writeAttach(b *strings.Builder, r *attachResult) {
 	b.WriteString("## Attach at the socket's speed\n\n")
 	if r.skipped != "" {
@@ -303,6 +388,9 @@ func writeAttach(b *strings.Builder, r *attachResult) {
 		"the host and without HTTP or WebSocket: the pump into the ring, a holding attachment's merged events,\n"+
 		"each written as a kiln.v1 frame in one writev. It is what the engine's hand-off from the pump's\n"+
 		"goroutine to the watcher's costs, by itself.\n"+
+		"**Agent on the host** is the agent's process API run by this binary outside any sandbox, read by\n"+
+		"a kiln.v1 client in this process straight from the agent's socket, holding the output as flow block\n"+
+		"does: the engine with HTTP and WebSocket, without the sandbox and kilnd.\n"+
 		"**Flow block** is the writer in a sandbox read by a kiln.v1 client through kilnd's unix socket and\n"+
 		"the agent, holding the output (`?flow=block&ack=true`, acking every 256 KiB as the SDK does): every byte,\n"+
 		"from the start request to the exit message. **Drop** is the same without the hold: the writer is never\n"+
@@ -312,27 +400,28 @@ func writeAttach(b *strings.Builder, r *attachResult) {
 	if r.direct {
 		b.WriteString("**This run's kiln.v1 client dialed the agent's socket directly (`-attach-direct`), past kilnd's relay.**\n\n")
 	}
-	b.WriteString("| writes | rep | relay GB/s | relay to a process GB/s | engine to a process GB/s | flow block GB/s | drop GB/s received | drop received of the whole |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| writes | rep | relay GB/s | relay to a process GB/s | engine to a process GB/s | agent on the host GB/s | flow block GB/s | drop GB/s received | drop received of the whole |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	gbps := func(n int64, d time.Duration) float64 { return float64(n) / d.Seconds() / 1e9 }
 	for _, c := range r.cases {
 		for i, s := range c.samples {
-			fmt.Fprintf(b, "| %s | %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.1f%% |\n", c.name, i+1, gbps(r.size, s.relay), gbps(r.size, s.relayProc), gbps(r.size, s.engine), gbps(r.size, s.block),
+			fmt.Fprintf(b, "| %s | %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.1f%% |\n", c.name, i+1, gbps(r.size, s.relay), gbps(r.size, s.relayProc), gbps(r.size, s.engine), gbps(r.size, s.hostAgent), gbps(r.size, s.block),
 				gbps(s.dropDelivered, s.drop), 100*float64(s.dropDelivered)/float64(r.size))
 		}
 	}
-	b.WriteString("\n| writes | flow block / relay, of medians | paired | flow block / relay to a process, paired | engine to a process / relay to a process, paired | drop received / relay, paired | target | result |\n|---|---:|---:|---:|---:|---:|---|---|\n")
+	b.WriteString("\n| writes | flow block / relay, of medians | paired | flow block / relay to a process, paired | engine to a process / relay to a process, paired | agent on the host / engine to a process, paired | flow block / agent on the host, paired | drop received / relay, paired | target | result |\n|---|---:|---:|---:|---:|---:|---:|---:|---|---|\n")
 	for _, c := range r.cases {
-		var relay, relayProc, engine, block, drop []float64
+		var relay, relayProc, engine, hostAgent, block, drop []float64
 		for _, s := range c.samples {
 			relay = append(relay, gbps(r.size, s.relay))
 			relayProc = append(relayProc, gbps(r.size, s.relayProc))
 			engine = append(engine, gbps(r.size, s.engine))
+			hostAgent = append(hostAgent, gbps(r.size, s.hostAgent))
 			block = append(block, gbps(r.size, s.block))
 			drop = append(drop, gbps(s.dropDelivered, s.drop))
 		}
 		paired := pairedRatio(block, relay)
-		fmt.Fprintf(b, "| %s | %.3f | %.3f | %.3f | %.3f | %.3f | flow block ≥ %.1f× relay | %s |\n", c.name, median(block)/median(relay), paired,
-			pairedRatio(block, relayProc), pairedRatio(engine, relayProc), pairedRatio(drop, relay), targetAttach, verdict(paired >= targetAttach))
+		fmt.Fprintf(b, "| %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | flow block ≥ %.1f× relay | %s |\n", c.name, median(block)/median(relay), paired,
+			pairedRatio(block, relayProc), pairedRatio(engine, relayProc), pairedRatio(hostAgent, engine), pairedRatio(block, hostAgent), pairedRatio(drop, relay), targetAttach, verdict(paired >= targetAttach))
 	}
 	b.WriteString("\n")
 }

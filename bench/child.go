@@ -61,6 +61,8 @@ func childMain() int {
 		return syscallsMain()
 	case childHTTP:
 		return httpChildMain()
+	case childAgent:
+		return agentChildMain()
 	case childRead:
 		n, err := discard(os.Stdin, make([]byte, 256<<10))
 		if err != nil {

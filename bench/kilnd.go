@@ -338,7 +338,11 @@ func measureGVisor(ctx context.Context, cfg config, c client, scale int) (gvisor
 func wsRun(ctx context.Context, c client, sb string, req api.ExecRequest, opts *websocket.DialOptions, query string) (time.Duration, int64, int64, error) {
 	start := time.Now()
 	var st api.Started
-	if err := c.call(ctx, "POST", "/sandboxes/"+sb+"/exec-stream", req, &st); err != nil {
+	base := "/sandboxes/" + sb // kilnd's; with no sandbox, c is an agent's client
+	if sb == "" {
+		base = ""
+	}
+	if err := c.call(ctx, "POST", base+"/exec-stream", req, &st); err != nil {
 		return 0, 0, 0, err
 	}
 	url := "ws://kilnd/sandboxes/" + sb + "/exec-stream/" + st.ID + "/logs" + query
