@@ -236,9 +236,10 @@ func escape(cmd string) string {
 
 // A child that left the session cannot hold a terminal's stream past the
 // drain, whether it is idle or floods the terminal. The session leader's
-// exit hangs the terminal up, but the master reads its end only once every
-// slave descriptor is closed, and the escaped child keeps its own: as with
-// pipes, the drain's bound is what ends the stream.
+// exit signals the terminal's foreground group but does not hang a
+// pseudo-terminal up, so the master reads its end only once every slave
+// descriptor is closed, and the escaped child keeps its own: as with pipes,
+// the drain's bound is what ends the stream.
 func TestEscapedChildCannotHoldTheTerminal(t *testing.T) {
 	for _, child := range []string{"sleep 1000", "yes"} {
 		t.Run(child, func(t *testing.T) {
