@@ -57,6 +57,7 @@ func TestRun(t *testing.T) {
 		"| flow block / raw pipe |", "Flow block delivered every byte in every rep: ",
 		"| upload, one file |", "| download, a tree |", "Added by kilnd's proxy, p50: ",
 		"## Attach at the socket's speed", "| 8 KiB writes (head -c) | 1 |", "flow block ≥ 0.8× relay |",
+		"| CPU stolen by the host | ", "agent on the host / engine to a process, paired |",
 	} {
 		if !strings.Contains(report, want) {
 			t.Errorf("report lacks %q:\n%s", want, report)
@@ -209,5 +210,19 @@ func TestParseFlags(t *testing.T) {
 		if _, err := parseFlags(args); err == nil {
 			t.Errorf("parseFlags(%q) succeeded, want an error", args)
 		}
+	}
+}
+
+// The steal share is what the hypervisor took of all the CPU time between
+// two readings of /proc/stat, which this machine has.
+func TestSteal(t *testing.T) {
+	if got := stealText(cpuTimes{total: 1000, steal: 10, ok: true}, cpuTimes{total: 1400, steal: 102, ok: true}); got != "23%" {
+		t.Errorf("steal %s, want 23%%", got)
+	}
+	if got := stealText(cpuTimes{}, cpuTimes{total: 5, ok: true}); got != "unknown" {
+		t.Errorf("steal from nothing: %s", got)
+	}
+	if c := readCPUTimes(); !c.ok || c.total <= 0 || c.steal < 0 || c.steal > c.total {
+		t.Errorf("/proc/stat read as %+v", c)
 	}
 }

@@ -64,6 +64,47 @@ func procField(path, key string) (string, bool) {
 	return "", false
 }
 
+// cpuTimes is the system's CPU time so far, from /proc/stat's first line,
+// in clock ticks: all of it, and what the hypervisor gave other guests
+// while this one wanted to run (steal). ok is false where it cannot be
+// read.
+type cpuTimes struct {
+	total, steal int64
+	ok           bool
+}
+
+func readCPUTimes() cpuTimes {
+	line, _, _ := strings.Cut(readTrimmed("/proc/stat"), "\n")
+	f := strings.Fields(line)
+	if len(f) < 9 || f[0] != "cpu" {
+		return cpuTimes{}
+	}
+	var t cpuTimes
+	for i, v := range f[1:] {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return cpuTimes{}
+		}
+		// guest and guest_nice (10th and 11th) are already in user and nice.
+		if i < 8 {
+			t.total += n
+		}
+		if i == 7 {
+			t.steal = n
+		}
+	}
+	t.ok = true
+	return t
+}
+
+// stealText is the share of the CPU stolen between two readings.
+func stealText(from, to cpuTimes) string {
+	if !from.ok || !to.ok || to.total <= from.total {
+		return "unknown"
+	}
+	return fmt.Sprintf("%.0f%%", 100*float64(to.steal-from.steal)/float64(to.total-from.total))
+}
+
 func readTrimmed(path string) string {
 	b, err := os.ReadFile(path)
 	if err != nil {

@@ -59,6 +59,7 @@ func writeHeader(b *strings.Builder, cfg config, res results, title string) {
 	fmt.Fprintf(b, "| | |\n|---|---|\n")
 	fmt.Fprintf(b, "| date | %s (took %s) |\n", res.started.Format("2006-01-02 15:04:05 MST"), res.elapsed.Round(time.Second))
 	fmt.Fprintf(b, "| CPU | %s, %d cores (GOMAXPROCS %d) |\n", m.cpu, m.cores, m.gomaxprocs)
+	fmt.Fprintf(b, "| CPU stolen by the host | %s of the CPU time during the run (a virtual machine's steal, from /proc/stat) |\n", res.steal)
 	fmt.Fprintf(b, "| memory | %s |\n", m.memory)
 	fmt.Fprintf(b, "| kernel | %s |\n", m.kernel)
 	fmt.Fprintf(b, "| Go | %s |\n", m.goVersion)

@@ -14,6 +14,7 @@ type results struct {
 	machine    machine
 	started    time.Time
 	elapsed    time.Duration
+	steal      string // the share of the CPU the host took for other guests meanwhile
 	throughput *throughputResult
 	capture    *captureResult
 	lossless   *losslessResult
@@ -45,6 +46,7 @@ func run(ctx context.Context, cfg config) (err error) {
 		}()
 	}
 	res := results{machine: probeMachine(), started: time.Now()}
+	cpu := readCPUTimes()
 	if cfg.has("throughput") {
 		exe, err := os.Executable()
 		if err != nil {
@@ -126,6 +128,7 @@ func run(ctx context.Context, cfg config) (err error) {
 		}
 	}
 	res.elapsed = time.Since(res.started)
+	res.steal = stealText(cpu, readCPUTimes())
 
 	// The comparison and the scale section have reports of their own; the
 	// engine's has the rest.
