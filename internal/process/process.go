@@ -476,29 +476,22 @@ func lookPath(prog, path, dir string) (string, error) {
 // growPipe raises a pipe's buffer to 1 MiB where the system allows it:
 // fewer, larger reads per byte. Failure only costs speed.
 func growPipe(f *os.File) {
-	if sc, err := f.SyscallConn(); err == nil {
-		sc.Control(func(fd uintptr) {
-			unix.FcntlInt(fd, unix.F_SETPIPE_SZ, 1<<20)
-		})
-	}
+	control(f, func(fd int) error {
+		_, err := unix.FcntlInt(uintptr(fd), unix.F_SETPIPE_SZ, 1<<20)
+		return err
+	})
 }
 
 // dupFile duplicates f's descriptor without switching f to blocking mode
 // (as f.Fd would), so both copies keep working with deadlines.
 func dupFile(f *os.File) (*os.File, error) {
-	sc, err := f.SyscallConn()
-	if err != nil {
-		return nil, err
-	}
 	var nfd int
-	var derr error
-	if err := sc.Control(func(fd uintptr) {
-		nfd, derr = unix.FcntlInt(fd, unix.F_DUPFD_CLOEXEC, 0)
+	if err := control(f, func(fd int) error {
+		var err error
+		nfd, err = unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+		return err
 	}); err != nil {
-		return nil, err
-	}
-	if derr != nil {
-		return nil, fmt.Errorf("process: dup terminal: %w", derr)
+		return nil, fmt.Errorf("process: dup terminal: %w", err)
 	}
 	return os.NewFile(uintptr(nfd), f.Name()), nil
 }
