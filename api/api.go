@@ -385,7 +385,7 @@ type ClientMessage struct {
 type Limits struct {
 	MemoryBytes int64   `json:"memory_bytes,omitempty"`
 	Pids        int64   `json:"pids,omitempty"`
-	CPUs        float64 `json:"cpus,omitempty"` // in cores, e.g. 0.5
+	CPUs        float64 `json:"cpus,omitempty"` // in cores, e.g. 0.5, for its processes (its agent has a core more)
 	// DiskBytes bounds what the sandbox writes to /workspace and its
 	// image's writable layer together.
 	DiskBytes int64 `json:"disk_bytes,omitempty"`

@@ -32,8 +32,14 @@ const cgroupRoot = "/sys/fs/cgroup"
 // agent is born, outside the memory and pids limits, and "procs", which
 // holds them: the sandbox's spawner moves in before it forks anything, so
 // every process it starts is born there (a gVisor sandbox's runsc is born
-// there, by CLONE_INTO_CGROUP). The CPU limit is on the group itself: the
-// agent works for its processes, on their share, as on v1.
+// there, by CLONE_INTO_CGROUP).
+//
+// The CPU limit holds the processes too, in procs (v2) or CPUProcs (v1);
+// the group above has the limit and agentCPUs more, which the agent runs
+// in. A workload at its limit is throttled, and its output and kilnd's
+// calls are not: the agent relays and keeps that output on a core of its
+// own, as a container's shim does outside the container's limits, and
+// still within a bound.
 type Cgroups struct {
 	V2 string            `json:"v2"`
 	V1 map[string]string `json:"v1,omitempty"` // controller → directory
@@ -46,6 +52,9 @@ type Cgroups struct {
 	// holds the processes, and the agent, outside it, is never the one the
 	// out-of-memory killer picks.
 	MemoryProcs string `json:"memory_procs,omitempty"`
+	// CPUProcs is the same for the CPU limit, below V1["cpu"], whose own
+	// limit is agentCPUs more.
+	CPUProcs string `json:"cpu_procs,omitempty"`
 	// Leaves says V2 has the agent and procs leaves (a pure v2 host).
 	Leaves bool `json:"leaves,omitempty"`
 }
@@ -55,6 +64,17 @@ const (
 	agentLeaf = "agent"
 	procsLeaf = "procs"
 )
+
+// agentCPUs is the CPU, in cores, that a sandbox with a CPU limit has
+// beyond it for its agent: enough for the agent to relay its output at
+// the pace of one process writing at its limit.
+const agentCPUs = 1
+
+// cfsQuota is a CPU limit in cores as a quota of microseconds per
+// period of cfsPeriod.
+func cfsQuota(cpus float64) int64 { return int64(cpus * cfsPeriod) }
+
+const cfsPeriod = 100000
 
 // agentDir is the v2 group the agent is born in.
 func (c *Cgroups) agentDir() string {
@@ -76,7 +96,7 @@ func (c *Cgroups) procsDir2() string {
 // procsDir is the group below V1[ctrl] (or, on a pure v2 host, below V2)
 // that holds the processes, if any.
 func (c *Cgroups) procsDir(ctrl string) string {
-	if c.Leaves && (ctrl == "pids" || ctrl == "memory") {
+	if c.Leaves && (ctrl == "pids" || ctrl == "memory" || ctrl == "cpu") {
 		return c.procsDir2()
 	}
 	switch ctrl {
@@ -84,6 +104,8 @@ func (c *Cgroups) procsDir(ctrl string) string {
 		return c.Procs
 	case "memory":
 		return c.MemoryProcs
+	case "cpu":
+		return c.CPUProcs
 	}
 	return ""
 }
@@ -167,7 +189,11 @@ func newCgroups(name string, lim Limits) (*Cgroups, error) {
 		}
 		// The group holds no process itself: its leaves can have the
 		// controllers, the limits on procs alone.
-		if err := set(cg.V2, "cgroup.subtree_control", "+memory +pids"); err != nil {
+		controllers := "+memory +pids"
+		if lim.CPUs > 0 {
+			controllers += " +cpu"
+		}
+		if err := set(cg.V2, "cgroup.subtree_control", controllers); err != nil {
 			return fail(err)
 		}
 		procs := cg.procsDir2()
@@ -185,7 +211,10 @@ func newCgroups(name string, lim Limits) (*Cgroups, error) {
 			}
 		}
 		if lim.CPUs > 0 {
-			if err := set(cg.V2, "cpu.max", fmt.Sprintf("%d 100000", int64(lim.CPUs*100000))); err != nil {
+			if err := set(cg.V2, "cpu.max", fmt.Sprintf("%d %d", cfsQuota(lim.CPUs+agentCPUs), cfsPeriod)); err != nil {
+				return fail(err)
+			}
+			if err := set(procs, "cpu.max", fmt.Sprintf("%d %d", cfsQuota(lim.CPUs), cfsPeriod)); err != nil {
 				return fail(err)
 			}
 		}
@@ -237,11 +266,22 @@ func newCgroups(name string, lim Limits) (*Cgroups, error) {
 		if err != nil {
 			return fail(err)
 		}
-		if err := set(dir, "cpu.cfs_period_us", "100000"); err != nil {
-			return fail(err)
+		cg.CPUProcs = filepath.Join(dir, "procs")
+		if err := os.Mkdir(cg.CPUProcs, 0o755); err != nil {
+			return fail(fmt.Errorf("sandbox: make cpu cgroup: %w", err))
 		}
-		if err := set(dir, "cpu.cfs_quota_us", strconv.FormatInt(int64(lim.CPUs*100000), 10)); err != nil {
-			return fail(err)
+		// The group's before its child's: a v1 child's quota may not
+		// exceed its parent's.
+		for _, q := range []struct {
+			dir  string
+			cpus float64
+		}{{dir, lim.CPUs + agentCPUs}, {cg.CPUProcs, lim.CPUs}} {
+			if err := set(q.dir, "cpu.cfs_period_us", strconv.Itoa(cfsPeriod)); err != nil {
+				return fail(err)
+			}
+			if err := set(q.dir, "cpu.cfs_quota_us", strconv.FormatInt(cfsQuota(q.cpus), 10)); err != nil {
+				return fail(err)
+			}
 		}
 	}
 	return cg, nil
@@ -296,7 +336,7 @@ func (c *Cgroups) Kill(timeout time.Duration) error {
 // Destroy removes the groups. They must be empty.
 func (c *Cgroups) Destroy() error {
 	var errs []error
-	for _, dir := range []string{c.Procs, c.MemoryProcs, c.procsDir2()} {
+	for _, dir := range []string{c.Procs, c.MemoryProcs, c.CPUProcs, c.procsDir2()} {
 		if dir == "" {
 			continue
 		}
@@ -414,6 +454,8 @@ func EndLeftover(id string) error {
 						cg.Procs = filepath.Join(dir, "procs")
 					case "memory":
 						cg.MemoryProcs = filepath.Join(dir, "procs")
+					case "cpu":
+						cg.CPUProcs = filepath.Join(dir, "procs")
 					}
 				}
 			}

@@ -69,7 +69,8 @@ type AgentConfig struct {
 	// OOMEvents says fdOOMEvents is passed.
 	OOMEvents bool `json:"oom_events,omitempty"`
 	// CPULimited says fdCPUTasks and fdCPUProcs are passed: the sandbox's
-	// v1 cpu group, which the agent and its spawner join.
+	// v1 cpu group, which the agent joins, and the one below it, of the
+	// processes' limit, which its spawner's forking thread joins.
 	CPULimited bool `json:"cpu_limited,omitempty"`
 	// Init, when set, is the sandbox's init command: the agent starts it
 	// (captured) first, and its exit ends the sandbox.
@@ -126,7 +127,8 @@ const (
 	// fdMemoryTasks is the v1 memory group's tasks file, when memory is
 	// limited.
 	fdMemoryTasks = 7
-	// fdCPUTasks is the v1 cpu group's tasks file, when CPU is limited.
+	// fdCPUTasks is the tasks file of the v1 cpu group that holds the
+	// processes' limit, when CPU is limited.
 	// (Descriptor 8 was once a pipe kilnd wrote to once it had moved the
 	// agent into its v1 groups: an agent reads it as the tasks file only
 	// when its config says CPULimited, which such a kilnd never does.)

@@ -297,7 +297,7 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 	if oom != nil {
 		defer oom.Close()
 	}
-	cfg.PidsLimited, cfg.MemoryLimited, cfg.CPULimited = cg.Procs != "", cg.MemoryProcs != "", cg.V1["cpu"] != ""
+	cfg.PidsLimited, cfg.MemoryLimited, cfg.CPULimited = cg.Procs != "", cg.MemoryProcs != "", cg.CPUProcs != ""
 	cfg.OOMEvents = oom != nil
 	cfg.ProcsCgroup = cg.Leaves
 	// The agent waits for its network on a pipe: a byte once kilnd has
@@ -327,13 +327,13 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 	cmd.ExtraFiles[fdListener-3], cmd.ExtraFiles[fdLogs-3] = lf, logs
 	// The spawner's forking thread joins the limited groups, and so every
 	// process it starts is born in them; the agent joins the CPU group
-	// itself, since it works for the sandbox's processes. (A move into a
-	// v1 group waits for an RCU grace period, milliseconds on an idle
-	// host: neither holds up the agent's answer.)
+	// above their CPU limit itself, whose own bounds the two together.
+	// (A move into a v1 group waits for an RCU grace period, milliseconds
+	// on an idle host: neither holds up the agent's answer.)
 	for _, g := range []struct {
 		fd        int
 		dir, file string
-	}{{fdTasks, cg.Procs, "tasks"}, {fdMemoryTasks, cg.MemoryProcs, "tasks"}, {fdCPUTasks, cg.V1["cpu"], "tasks"}, {fdCPUProcs, cg.V1["cpu"], "cgroup.procs"},
+	}{{fdTasks, cg.Procs, "tasks"}, {fdMemoryTasks, cg.MemoryProcs, "tasks"}, {fdCPUTasks, cg.CPUProcs, "tasks"}, {fdCPUProcs, cg.V1["cpu"], "cgroup.procs"},
 		{fdProcsCgroup, cg.procsDir2(), "cgroup.procs"}} {
 		if g.dir == "" {
 			continue

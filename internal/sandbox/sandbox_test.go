@@ -216,7 +216,9 @@ except OSError as e:
 
 // TestCPULimit: a busy loop in a sandbox limited to a fifth of a core is
 // throttled, which it would not be outside the sandbox's cpu group; and
-// the agent, which works for it, joins that group too.
+// the agent is outside that limit, in the group above it, which has the
+// limit and one core more: a workload at its limit does not slow the
+// relay of its output, nor kilnd's calls.
 func TestCPULimit(t *testing.T) {
 	sb := newSandbox(t, sandbox.Options{Limits: sandbox.Limits{CPUs: 0.2}})
 	if r := run(t, sb, "timeout 1 sh -c 'while :; do :; done'; echo done"); strings.TrimSpace(r.Stdout) != "done" {
@@ -225,13 +227,18 @@ func TestCPULimit(t *testing.T) {
 	if got := sb.Cgroups.ReadEvent("cpu", "cpu.stat", "nr_throttled"); got == 0 {
 		t.Errorf("a second of busy loop at 0.2 CPUs was never throttled")
 	}
+	want := func(dir, file, value string) {
+		t.Helper()
+		if b, err := os.ReadFile(filepath.Join(dir, file)); err != nil || strings.TrimSpace(string(b)) != value {
+			t.Errorf("%s of %s: %q (%v), want %s", file, dir, b, err, value)
+		}
+	}
 	dir := sb.Cgroups.V1["cpu"]
 	if dir == "" {
-		// On v2 the limit is on the sandbox's group, and the agent is born
-		// in its leaf there.
-		if b, err := os.ReadFile(filepath.Join(sb.Cgroups.V2, "cpu.max")); err != nil || strings.TrimSpace(string(b)) != "20000 100000" {
-			t.Errorf("the sandbox's cpu.max: %q (%v), want 20000 100000", b, err)
-		}
+		// On v2 the processes' limit is on the procs leaf, the agent's
+		// bound on the sandbox's group, and the agent is born in its leaf.
+		want(filepath.Join(sb.Cgroups.V2, "procs"), "cpu.max", "20000 100000")
+		want(sb.Cgroups.V2, "cpu.max", "120000 100000")
 		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", sb.PID))
 		if err != nil {
 			t.Fatal(err)
@@ -241,6 +248,11 @@ func TestCPULimit(t *testing.T) {
 		}
 		return
 	}
+	if sb.Cgroups.CPUProcs != filepath.Join(dir, "procs") {
+		t.Fatalf("the processes' cpu group: %q, want %s/procs", sb.Cgroups.CPUProcs, dir)
+	}
+	want(sb.Cgroups.CPUProcs, "cpu.cfs_quota_us", "20000")
+	want(dir, "cpu.cfs_quota_us", "120000")
 	// The agent moves itself in without holding anything up: wait for it.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -255,6 +267,9 @@ func TestCPULimit(t *testing.T) {
 			t.Fatalf("the agent (pid %d) is not in its cpu group: %q", sb.PID, b)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+	if b, err := os.ReadFile(filepath.Join(sb.Cgroups.CPUProcs, "cgroup.procs")); err != nil || slices.Contains(strings.Fields(string(b)), strconv.Itoa(sb.PID)) {
+		t.Errorf("the agent (pid %d) within its processes' CPU limit: %q (%v)", sb.PID, b, err)
 	}
 }
 
