@@ -834,3 +834,21 @@ type WatchHello struct {
 	Dir  string `json:"dir"`
 	Seq  uint64 `json:"seq"`
 }
+
+// MoveHeader, on a WebSocket request kilnd sends an agent, offers to hand
+// the agent the client's connection itself, so that the output goes to
+// the client without passing through kilnd; on the agent's switch of
+// protocols it takes the offer. The agent then writes MoveMarker, once its
+// server reads no more of the connection, and nothing else until kilnd
+// has answered with its MoveMarker message: the marker byte, the length of what
+// the client had sent early (four bytes, big-endian), those bytes, and,
+// as ancillary data, the client's socket, or none where kilnd cannot hand
+// it over (the agent stays on kilnd's connection, and kilnd relays).
+const MoveHeader = "Kiln-Move"
+
+// MoveMarker begins the message that answers a MoveHeader.
+const MoveMarker = 'M'
+
+// MaxMoveEarly bounds the client's early bytes a MoveMarker message
+// carries (kilnd's buffered reader holds fewer).
+const MaxMoveEarly = 64 << 10

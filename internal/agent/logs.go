@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/coder/websocket"
@@ -43,7 +44,7 @@ const watcherSendBuffer = 4 << 20
 
 // setSendBuffer asks for a send buffer of n bytes on c, past the system's
 // cap when allowed, and otherwise up to it.
-func setSendBuffer(c *net.UnixConn, n int) {
+func setSendBuffer(c syscall.Conn, n int) {
 	rc, err := c.SyscallConn()
 	if err != nil {
 		return
@@ -204,8 +205,11 @@ func (s *Server) logsHTTP(w http.ResponseWriter, r *http.Request, st process.Sta
 func (s *Server) watch(w http.ResponseWriter, r *http.Request, id string, st process.Status, a *process.Attachment, withStdin, hold bool) {
 	// Origins were checked where the request came in (kilnd); the agent's
 	// socket is reachable from kilnd alone.
-	if uc, ok := r.Context().Value(connKey{}).(*net.UnixConn); ok {
-		setSendBuffer(uc, watcherSendBuffer)
+	conn, _ := r.Context().Value(connKey{}).(net.Conn)
+	mc, move := conn.(*movable)
+	move = move && r.Header.Get(api.MoveHeader) == "1"
+	if move {
+		w.Header().Set(api.MoveHeader, "1")
 	}
 	c, err := websocket.Accept(w, r, &websocket.AcceptOptions{
 		Subprotocols:       []string{api.ProtocolV1, api.ProtocolRaw},
@@ -215,6 +219,25 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request, id string, st pro
 		return // Accept has answered
 	}
 	defer c.CloseNow()
+	// Taken up on its offer, kilnd hands the client's socket over: the
+	// output then goes to the client straight from here, not through a
+	// relay in kilnd, which would copy it twice more.
+	if move {
+		// Hijacked, the connection is this handler's alone: kilnd may
+		// send its socket now (one sent earlier could meet the server's
+		// last read, which takes no descriptor).
+		if _, err := mc.UnixConn.Write([]byte{api.MoveMarker}); err != nil {
+			return
+		}
+		if err := mc.awaitMove(); err != nil {
+			s.cfg.Log.Warn("a watcher's move", "err", err)
+			return
+		}
+		conn = mc.current()
+	}
+	if sc, ok := conn.(syscall.Conn); ok {
+		setSendBuffer(sc, watcherSendBuffer)
+	}
 	c.SetReadLimit(api.MaxWSClient)
 	v1 := c.Subprotocol() == api.ProtocolV1
 

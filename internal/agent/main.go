@@ -73,7 +73,7 @@ func run() error {
 		Capture: capture.Options{QueueBytes: in.Config.CaptureQueue}, FlowGrace: in.Config.FlowGrace, Disk: disk})
 	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, ConnContext: withConn}
 	served := make(chan error, 1)
-	go func() { served <- hs.Serve(in.Listener) }()
+	go func() { served <- hs.Serve(moveListener{in.Listener}) }()
 	initDone := make(chan error, 1)
 	if in.Config.Init != nil {
 		id, err := srv.StartInit(*in.Config.Init)

@@ -19,6 +19,7 @@ import (
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/errdefs"
 	"github.com/sandkiln/sandkiln/internal/reply"
+	"github.com/sandkiln/sandkiln/internal/sandbox"
 	"github.com/sandkiln/sandkiln/internal/version"
 )
 
@@ -311,10 +312,11 @@ func startKind(r *http.Request) string {
 // agent has switched protocols, bytes flow both ways untouched; any other
 // answer is an ordinary response (see readAnswer). Output, the heavy
 // direction, is moved by the kernel (splice) and never copied through
-// kilnd.
+// kilnd; an output watcher's agent takes the client's socket and writes
+// to it itself (moveClient).
 func (d *Daemon) relay(w http.ResponseWriter, r *http.Request, e *entry) {
 	d.mu.Lock()
-	sb, id := e.sb, e.rec.ID
+	sb, id, runtime := e.sb, e.rec.ID, runtimeOf(e.rec)
 	d.mu.Unlock()
 	agentConn, err := sb.Dial(r.Context())
 	if err != nil {
@@ -327,6 +329,13 @@ func (d *Daemon) relay(w http.ResponseWriter, r *http.Request, e *entry) {
 	out.URL = &url.URL{Path: path, RawPath: rawPath, RawQuery: r.URL.RawQuery}
 	out.Host, out.RequestURI = "agent", ""
 	stripCredentials(r, out.Header)
+	// An output watcher of a sandbox whose agent shares kilnd's kernel is
+	// offered its client's socket (see moveClient); another's goes
+	// through kilnd.
+	out.Header.Del(api.MoveHeader)
+	if wsKind(path) == wsOutput && runtime == sandbox.RuntimeNamespaces && movableAddr(r) {
+		out.Header.Set(api.MoveHeader, "1")
+	}
 	// A client that offers the token protocol alone (a browser's
 	// WebSocket cannot set a header) speaks the default, kiln.raw; its
 	// handshake fails unless the answer names a protocol it offered.
@@ -338,7 +347,7 @@ func (d *Daemon) relay(w http.ResponseWriter, r *http.Request, e *entry) {
 		reply.Error(w, fmt.Errorf("%w: sandbox %s: agent: %v", errdefs.ErrUnavailable, id, err))
 		return
 	}
-	sent, upgraded, err := readAnswer(w, out, agentConn, echo)
+	sent, upgraded, moving, err := readAnswer(w, out, agentConn, echo)
 	if err != nil {
 		reply.Error(w, fmt.Errorf("%w: sandbox %s: agent: %v", errdefs.ErrUnavailable, id, err))
 		return
@@ -360,6 +369,7 @@ func (d *Daemon) relay(w http.ResponseWriter, r *http.Request, e *entry) {
 	// Hijacked, the connection is no longer the server's to watch: it
 	// ends with the request's context (a preview revoked or expired).
 	stop := context.AfterFunc(r.Context(), func() {
+		shutdown(conn) // the agent's too, once it has the socket
 		conn.Close()
 		agentConn.Close()
 	})
@@ -370,6 +380,12 @@ func (d *Daemon) relay(w http.ResponseWriter, r *http.Request, e *entry) {
 	conn.SetWriteDeadline(time.Now().Add(relayWriteTimeout))
 	if _, err := conn.Write(sent); err != nil {
 		return
+	}
+	if moving {
+		moved, err := moveClient(conn, brw.Reader, agentConn)
+		if err != nil || moved {
+			return
+		}
 	}
 	toAgent := make(chan struct{})
 	go func() {

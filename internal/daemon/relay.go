@@ -3,7 +3,9 @@ package daemon
 import (
 	"bufio"
 	"bytes"
+	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -12,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sandkiln/sandkiln/api"
 )
 
 // relayWriteTimeout drops a watcher that has taken nothing for this long,
@@ -38,7 +42,11 @@ const maxAnswerHead = 64 << 10
 //
 // A protocol, when set, is named in the switch's head if the agent named
 // none (see relay).
-func readAnswer(w http.ResponseWriter, out *http.Request, agentConn net.Conn, protocol string) (sent []byte, upgraded bool, err error) {
+//
+// moving says the agent took up an offer of the client's socket
+// (api.MoveHeader), and has said it is ready (the marker, not in sent):
+// it waits for moveClient.
+func readAnswer(w http.ResponseWriter, out *http.Request, agentConn net.Conn, protocol string) (sent []byte, upgraded, moving bool, err error) {
 	// The agent answers at once; one that does not within the relay's
 	// timeout is as good as gone.
 	agentConn.SetReadDeadline(time.Now().Add(relayWriteTimeout))
@@ -48,18 +56,35 @@ func readAnswer(w http.ResponseWriter, out *http.Request, agentConn net.Conn, pr
 	br := bufio.NewReader(io.TeeReader(lr, &seen))
 	resp, err := http.ReadResponse(br, out)
 	if err != nil {
-		return nil, false, err
+		return nil, false, false, err
 	}
 	if resp.StatusCode == http.StatusSwitchingProtocols {
-		if protocol == "" || resp.Header.Get("Sec-WebSocket-Protocol") != "" {
-			return seen.Bytes(), true, nil
-		}
-		// The head ends with an empty line; what follows it (buffered) is
-		// the agent's first messages.
 		b := seen.Bytes()
-		end := len(b) - br.Buffered() - len("\r\n")
+		if out.Header.Get(api.MoveHeader) == "1" && resp.Header.Get(api.MoveHeader) == "1" {
+			// The agent writes the marker once the connection is its
+			// handler's alone (its server reads no more of it), and then
+			// nothing until it is answered.
+			if br.Buffered() == 0 {
+				b = append(b, 0)
+				if _, err := io.ReadFull(agentConn, b[len(b)-1:]); err != nil {
+					return nil, false, false, err
+				}
+			} else if br.Buffered() != 1 {
+				return nil, false, false, errors.New("relay: the agent wrote before its move")
+			}
+			if b[len(b)-1] != api.MoveMarker {
+				return nil, false, false, fmt.Errorf("relay: the agent's move began with %q", b[len(b)-1])
+			}
+			b, moving = b[:len(b)-1], true
+		}
+		if protocol == "" || resp.Header.Get("Sec-WebSocket-Protocol") != "" {
+			return b, true, moving, nil
+		}
+		// The head ends with an empty line; what follows it is the agent's
+		// first messages.
+		end := bytes.Index(b, []byte("\r\n\r\n")) + len("\r\n")
 		sent = append(slices.Clip(b[:end]), "Sec-WebSocket-Protocol: "+protocol+"\r\n"...)
-		return append(sent, b[end:]...), true, nil
+		return append(sent, b[end:]...), true, moving, nil
 	}
 	defer resp.Body.Close()
 	lr.N = maxAnswerHead // for the body: an error's, small
@@ -70,7 +95,73 @@ func readAnswer(w http.ResponseWriter, out *http.Request, agentConn net.Conn, pr
 	}
 	w.WriteHeader(resp.StatusCode)
 	io.Copy(w, resp.Body)
-	return nil, false, nil
+	return nil, false, false, nil
+}
+
+// movableAddr reports whether r came over a connection kilnd can hand an
+// agent: a plain unix or TCP socket.
+func movableAddr(r *http.Request) bool {
+	switch r.Context().Value(http.LocalAddrContextKey).(type) {
+	case *net.UnixAddr, *net.TCPAddr:
+		return r.TLS == nil
+	}
+	return false
+}
+
+// moveClient answers an agent that took up the offer of the client's
+// socket (api.MoveHeader): it sends the agent the socket, with what the
+// client sent early, and waits until the agent is done with it (closes
+// its connection). A client's socket that cannot be sent (none to send)
+// the agent is told of instead, and moved is false: kilnd relays as
+// before. What the client sent early goes to the agent either way.
+func moveClient(client net.Conn, early *bufio.Reader, agentConn net.Conn) (moved bool, err error) {
+	ac, ok := agentConn.(*net.UnixConn)
+	if !ok {
+		return false, errors.New("relay: the agent's connection is not a unix socket")
+	}
+	if early.Buffered() > api.MaxMoveEarly {
+		// Not with net/http's reader, of 4 KiB.
+		return false, errors.New("relay: the client sent too much before its handshake ended")
+	}
+	buffered, _ := early.Peek(early.Buffered())
+	msg := make([]byte, 5, 5+len(buffered))
+	msg[0] = api.MoveMarker
+	binary.BigEndian.PutUint32(msg[1:], uint32(len(buffered)))
+	msg = append(msg, buffered...)
+	early.Discard(len(buffered))
+	ac.SetWriteDeadline(time.Now().Add(relayWriteTimeout))
+	defer ac.SetWriteDeadline(time.Time{})
+	var werr error
+	if sc, ok := client.(syscall.Conn); ok {
+		if raw, err := sc.SyscallConn(); err == nil {
+			err = raw.Control(func(fd uintptr) {
+				_, _, werr = ac.WriteMsgUnix(msg, unix.UnixRights(int(fd)), nil)
+			})
+			if err == nil {
+				if werr != nil {
+					return false, werr
+				}
+				// The agent reads and writes the client's socket now; its
+				// connection to kilnd carries nothing more, and ends with
+				// the watcher.
+				io.Copy(io.Discard, io.LimitReader(agentConn, 1))
+				return true, nil
+			}
+		}
+	}
+	_, werr = ac.Write(msg)
+	return false, werr
+}
+
+// shutdown shuts a socket down both ways: for every descriptor of it,
+// the agent's that was handed it too, where closing kilnd's alone would
+// not end it.
+func shutdown(c net.Conn) {
+	if sc, ok := c.(syscall.Conn); ok {
+		if raw, err := sc.SyscallConn(); err == nil {
+			raw.Control(func(fd uintptr) { unix.Shutdown(int(fd), unix.SHUT_RDWR) })
+		}
+	}
 }
 
 // copyOut moves the agent's output to the client until either

@@ -69,7 +69,10 @@ func (s *Server) handover(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer conn.Close()
-	uc, ok := conn.(*net.UnixConn)
+	// A unix socket, or the agent's wrapping of one.
+	uc, ok := conn.(interface {
+		WriteMsgUnix(b, oob []byte, addr *net.UnixAddr) (n, oobn int, err error)
+	})
 	if !ok {
 		return // kilnd sees the connection end, and says so
 	}

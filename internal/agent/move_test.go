@@ -1,0 +1,131 @@
+package agent
+
+import (
+	"encoding/binary"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sandkiln/sandkiln/api"
+)
+
+// unixPair is a connected pair of unix stream sockets.
+func unixPair(t *testing.T) (*net.UnixConn, *net.UnixConn) {
+	t.Helper()
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := func(fd int) *net.UnixConn {
+		f := os.NewFile(uintptr(fd), "pair")
+		defer f.Close()
+		c, err := net.FileConn(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c.(*net.UnixConn)
+	}
+	return conn(fds[0]), conn(fds[1])
+}
+
+// moveMessage is kilnd's answer to a move: early bytes, and the socket
+// as ancillary data when given.
+func moveMessage(t *testing.T, kilnd *net.UnixConn, marker byte, early []byte, socket *net.UnixConn) {
+	t.Helper()
+	msg := append([]byte{marker, 0, 0, 0, 0}, early...)
+	binary.BigEndian.PutUint32(msg[1:], uint32(len(early)))
+	var oob []byte
+	if socket != nil {
+		f, err := socket.File()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		oob = unix.UnixRights(int(f.Fd()))
+	}
+	if _, _, err := kilnd.WriteMsgUnix(msg, oob, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestMoveToTheClient: once kilnd hands the client's socket over, the
+// agent reads what the client sent early, then the client's socket, and
+// writes to the client; closing it ends kilnd's connection too, which is
+// how kilnd learns the watcher is done.
+func TestMoveToTheClient(t *testing.T) {
+	kilnd, agentSide := unixPair(t)
+	client, clientPeer := unixPair(t) // clientPeer is kilnd's end of the client's connection
+	c := &movable{UnixConn: agentSide}
+	moveMessage(t, kilnd, api.MoveMarker, []byte("early "), clientPeer)
+	clientPeer.Close() // kilnd's copy; the agent has its own
+	if err := c.awaitMove(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.Write([]byte("later")); err != nil {
+		t.Fatal(err)
+	}
+	client.CloseWrite()
+	got := make([]byte, 64)
+	n, _ := io.ReadAtLeast(c, got, len("early later"))
+	if string(got[:n]) != "early later" {
+		t.Errorf("read %q, want the early bytes, then the client's", got[:n])
+	}
+	if _, err := c.Write([]byte("output")); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	out, err := io.ReadAll(client)
+	if err != nil || string(out) != "output" {
+		t.Errorf("the client got %q (%v), want the output, then the end", out, err)
+	}
+	if n, err := kilnd.Read(got); n != 0 || !errors.Is(err, io.EOF) {
+		t.Errorf("kilnd's connection after the watcher: %d bytes, %v; want its end", n, err)
+	}
+}
+
+// TestMoveRefused: kilnd that has no socket to hand over answers without
+// one, and the agent stays on kilnd's connection, the client's early
+// bytes first; an answer that is not a move's fails, and a socket sent
+// with it is not kept.
+func TestMoveRefused(t *testing.T) {
+	kilnd, agentSide := unixPair(t)
+	c := &movable{UnixConn: agentSide}
+	moveMessage(t, kilnd, api.MoveMarker, []byte("early "), nil)
+	if err := c.awaitMove(); err != nil {
+		t.Fatal(err)
+	}
+	kilnd.Write([]byte("relayed"))
+	got := make([]byte, 64)
+	n, _ := io.ReadAtLeast(c, got, len("early relayed"))
+	if string(got[:n]) != "early relayed" {
+		t.Errorf("read %q, want the early bytes, then kilnd's connection", got[:n])
+	}
+	c.Write([]byte("output"))
+	if n, _ := kilnd.Read(got); string(got[:n]) != "output" {
+		t.Errorf("kilnd got %q, want the output", got[:n])
+	}
+
+	kilnd, agentSide = unixPair(t)
+	client, clientPeer := unixPair(t)
+	c = &movable{UnixConn: agentSide}
+	moveMessage(t, kilnd, 'X', nil, clientPeer)
+	clientPeer.Close()
+	if err := c.awaitMove(); err == nil {
+		t.Fatal("a move begun with X was taken")
+	}
+	if c.to.Load() != nil {
+		t.Error("a failed move kept the socket")
+	}
+	// The agent's copy was closed: the client sees its connection end
+	// (and, were it kept, a timeout).
+	client.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if n, err := client.Read(got); n != 0 || !errors.Is(err, io.EOF) {
+		t.Errorf("the client after a failed move: %d bytes, %v; want its end", n, err)
+	}
+}
