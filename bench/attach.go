@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"runtime"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -247,6 +248,8 @@ func readerProcess(ctx context.Context, out *os.File) (<-chan int64, error) {
 // engine into conn, read by a process from out.
 func engineRelay(ctx context.Context, argv []string, want int64, conn *net.UnixConn, out *os.File) (time.Duration, error) {
 	defer conn.Close()
+	// As the agent runs it (this process does nothing else meanwhile).
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(agent.Procs))
 	start := time.Now()
 	got, err := readerProcess(ctx, out)
 	if err != nil {
@@ -317,6 +320,7 @@ func agentChildMain() int {
 		fmt.Fprintln(os.Stderr, "bench agent child:", err)
 		return 1
 	}
+	runtime.GOMAXPROCS(agent.Procs) // as the agent in a sandbox runs
 	table := process.NewTable(process.TableConfig{})
 	srv := &http.Server{Handler: agent.New(agent.Config{Table: table, Env: os.Environ()})}
 	go srv.Serve(l)

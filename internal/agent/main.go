@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -49,7 +50,20 @@ func Main() int {
 	return 0
 }
 
+// Procs is how many threads run the agent's Go code at once. One: the
+// agent's work is moving bytes between descriptors, and a pump that wakes
+// a watcher then hands it the chunk on the same thread, its bytes still in
+// the cache, where two pass it to another thread, woken for it: at a
+// small-write program's pace, a tenth to a quarter of the relay's speed
+// (the benchmark's attach section, its engine stage). A system call
+// that blocks (a disk's write) takes its thread aside and holds up no
+// other. It leaves the host's other cores to the sandbox's processes and
+// the watchers' clients; the sandbox's CPU limit gives the agent a core
+// of its own.
+const Procs = 1
+
 func run() error {
+	runtime.GOMAXPROCS(Procs)
 	// Signals first: as PID 1, a signal without a handler is ignored, and
 	// a SIGCHLD missed now would leave a zombie.
 	sigs := make(chan os.Signal, 64)
