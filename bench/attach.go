@@ -322,8 +322,8 @@ func agentChildMain() int {
 	}
 	runtime.GOMAXPROCS(agent.Procs) // as the agent in a sandbox runs
 	table := process.NewTable(process.TableConfig{})
-	srv := &http.Server{Handler: agent.New(agent.Config{Table: table, Env: os.Environ()})}
-	go srv.Serve(l)
+	srv := &http.Server{}
+	go agent.New(agent.Config{Table: table, Env: os.Environ()}).Serve(srv, l)
 	fmt.Println("ready")
 	io.Copy(io.Discard, os.Stdin)
 	srv.Close()

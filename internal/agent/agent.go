@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -91,6 +92,15 @@ func New(cfg Config) *Server {
 
 // ServeHTTP serves the process API.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+// Serve serves the process API with hs (its Handler and ConnContext are
+// set here) on the connections l accepts, as http.Server.Serve does: the
+// output watchers' handlers write to their connections themselves.
+func (s *Server) Serve(hs *http.Server, l net.Listener) error {
+	hs.Handler = s
+	hs.ConnContext = withConn
+	return hs.Serve(moveListener{l})
+}
 
 func (s *Server) routes() {
 	m := s.mux

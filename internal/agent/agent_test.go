@@ -61,7 +61,11 @@ func newAgentWith(t *testing.T, cfg process.TableConfig) *agent {
 	cfg.Logs = d.OpenSub
 	table := process.NewTable(cfg)
 	s := New(Config{Table: table, Env: os.Environ(), Logs: d})
-	srv := httptest.NewServer(s)
+	// Served as the agent serves: watchers need their connections.
+	srv := httptest.NewUnstartedServer(s)
+	srv.Config.ConnContext = withConn
+	srv.Listener = moveListener{srv.Listener}
+	srv.Start()
 	t.Cleanup(func() {
 		srv.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

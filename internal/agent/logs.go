@@ -205,8 +205,12 @@ func (s *Server) logsHTTP(w http.ResponseWriter, r *http.Request, st process.Sta
 func (s *Server) watch(w http.ResponseWriter, r *http.Request, id string, st process.Status, a *process.Attachment, withStdin, hold bool) {
 	// Origins were checked where the request came in (kilnd); the agent's
 	// socket is reachable from kilnd alone.
-	conn, _ := r.Context().Value(connKey{}).(net.Conn)
-	mc, move := conn.(*movable)
+	mc, ok := r.Context().Value(connKey{}).(*movable)
+	if !ok {
+		http.Error(w, "agent: a watcher's connection is not the agent's", http.StatusInternalServerError)
+		return
+	}
+	kilnd, move := mc.unixConn()
 	move = move && r.Header.Get(api.MoveHeader) == "1"
 	if move {
 		w.Header().Set(api.MoveHeader, "1")
@@ -226,16 +230,18 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request, id string, st pro
 		// Hijacked, the connection is this handler's alone: kilnd may
 		// send its socket now (one sent earlier could meet the server's
 		// last read, which takes no descriptor).
-		if _, err := mc.UnixConn.Write([]byte{api.MoveMarker}); err != nil {
+		if _, err := kilnd.Write([]byte{api.MoveMarker}); err != nil {
 			return
 		}
 		if err := mc.awaitMove(); err != nil {
 			s.cfg.Log.Warn("a watcher's move", "err", err)
 			return
 		}
-		conn = mc.current()
 	}
-	if sc, ok := conn.(syscall.Conn); ok {
+	// Its messages are written here, a frame each; coder/websocket reads
+	// and keeps the control frames.
+	mc.frameMessages()
+	if sc, ok := mc.current().(syscall.Conn); ok {
 		setSendBuffer(sc, watcherSendBuffer)
 	}
 	c.SetReadLimit(api.MaxWSClient)
@@ -254,30 +260,12 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request, id string, st pro
 		ctx = c.CloseRead(ctx)
 	}
 	wg.Go(func() { keepalive(ctx, c, cancel) })
+	// A watcher dropped (it did not answer a ping, it sent bad input) is
+	// closed at once, whatever write it is in.
+	defer context.AfterFunc(ctx, func() { c.CloseNow() })()
 
-	send := func(typ websocket.MessageType, b []byte) bool {
-		wctx, wcancel := context.WithTimeout(ctx, writeTimeout)
-		defer wcancel()
-		if err := c.Write(wctx, typ, b); err != nil {
-			cancel()
-			return false
-		}
-		return true
-	}
-	sendParts := func(head, body []byte) bool {
-		wctx, wcancel := context.WithTimeout(ctx, writeTimeout)
-		defer wcancel()
-		mw, err := c.Writer(wctx, websocket.MessageBinary)
-		if err == nil {
-			_, err = mw.Write(head)
-		}
-		if err == nil {
-			_, err = mw.Write(body)
-		}
-		if err == nil {
-			err = mw.Close()
-		}
-		if err != nil {
+	send := func(op byte, head, body []byte) bool {
+		if err := mc.writeMessage(op, head, body, writeTimeout); err != nil {
 			cancel()
 			return false
 		}
@@ -285,7 +273,7 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request, id string, st pro
 	}
 	sendJSON := func(v any) bool {
 		b, _ := json.Marshal(v)
-		return send(websocket.MessageText, b)
+		return send(wsText, b, nil)
 	}
 	if v1 {
 		h := api.Hello{Type: api.TypeHello, Streams: map[string]api.HelloSpan{}}
@@ -309,12 +297,12 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request, id string, st pro
 	var frame []byte
 	sendData := func(e process.Event) bool {
 		if !v1 {
-			return send(websocket.MessageBinary, e.Data)
+			return send(wsBinary, nil, e.Data)
 		}
 		// The header, then the chunk as the ring holds it: one message,
 		// and no copy of the payload on the way.
 		frame = api.AppendFrame(frame[:0], api.Frame{Stream: streamCode(e.Stream), Offset: uint64(e.Offset), Seq: e.Seq})
-		return sendParts(frame, e.Data)
+		return send(wsBinary, frame, e.Data)
 	}
 	// limit bounds the next message's output. It starts small and doubles,
 	// up to maxMerged, with each message that fills half of it or more: a
@@ -355,7 +343,7 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request, id string, st pro
 			if v1 {
 				ok = sendJSON(api.Gap{Type: api.TypeGap, Stream: streamName(e.Stream), From: e.Offset, To: e.To, LostBytes: e.Lost()})
 			} else {
-				ok = send(websocket.MessageText, []byte(lostLine(e.Event)))
+				ok = send(wsText, []byte(lostLine(e.Event)), nil)
 			}
 		case ring.End:
 			if v1 {
@@ -365,7 +353,7 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request, id string, st pro
 			if v1 {
 				ok = sendJSON(api.ExitMessage{Type: api.TypeExit, Exit: toExit(&e.Exit)})
 			} else {
-				ok = send(websocket.MessageText, []byte("["+toExit(&e.Exit).String()+"]\n"))
+				ok = send(wsText, []byte("["+toExit(&e.Exit).String()+"]\n"), nil)
 			}
 		}
 		if !ok {

@@ -85,9 +85,9 @@ func run() error {
 	}
 	srv := New(Config{Table: table, Env: in.Config.Env, Dir: dir, Entrypoint: in.Config.Entrypoint, Cmd: in.Config.Cmd, User: in.Config.User, Logs: in.Logs, Launch: in.Spawner.Start, OOMKills: in.OOMKills,
 		Capture: capture.Options{QueueBytes: in.Config.CaptureQueue}, FlowGrace: in.Config.FlowGrace, Disk: disk})
-	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, ConnContext: withConn}
+	hs := &http.Server{ReadHeaderTimeout: 10 * time.Second}
 	served := make(chan error, 1)
-	go func() { served <- hs.Serve(moveListener{in.Listener}) }()
+	go func() { served <- srv.Serve(hs, in.Listener) }()
 	initDone := make(chan error, 1)
 	if in.Config.Init != nil {
 		id, err := srv.StartInit(*in.Config.Init)

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -18,15 +19,24 @@ import (
 // moveTimeout bounds the wait for kilnd's answer to a move.
 const moveTimeout = 10 * time.Second
 
-// movable is a connection from kilnd that kilnd may hand its client's
-// socket over on (see api.MoveHeader): from then on reads and writes go
-// to the client's socket, after the bytes the client had sent early, and
-// kilnd's connection stays open only to tell kilnd, by closing, that the
-// client's is done with.
+// movable is a connection from kilnd. The agent writes whole WebSocket
+// frames to it beside coder/websocket's (see writeMessage), and, on a unix
+// socket, kilnd may hand its client's socket over on it (see
+// api.MoveHeader): from then on reads and writes go to the client's
+// socket, after the bytes the client had sent early, and kilnd's
+// connection stays open only to tell kilnd, by closing, that the client's
+// is done with.
 type movable struct {
-	*net.UnixConn
-	to    atomic.Pointer[net.Conn] // the client's, once handed over
-	early []byte                   // the client's first bytes, read before its socket; Read's alone
+	net.Conn                          // kilnd's
+	to       atomic.Pointer[net.Conn] // the client's, once handed over
+	early    []byte                   // the client's first bytes, read before its socket; Read's alone
+
+	wmu sync.Mutex // one frame at a time
+	// framed is set once a handler writes its messages itself, from when
+	// every write of coder/websocket is one control frame; closed once
+	// one of them was a close frame, after which no frame may follow.
+	framed, closed bool
+	head           []byte // writeMessage's frame header
 }
 
 // moveListener makes each connection it accepts movable.
@@ -34,17 +44,34 @@ type moveListener struct{ net.Listener }
 
 func (l moveListener) Accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()
-	if uc, ok := c.(*net.UnixConn); ok {
-		return &movable{UnixConn: uc}, nil
+	if err != nil {
+		return nil, err
 	}
-	return c, err
+	return &movable{Conn: c}, nil
+}
+
+// unixConn is kilnd's connection, when it is a unix socket: one kilnd can
+// hand a socket over on.
+func (c *movable) unixConn() (*net.UnixConn, bool) {
+	uc, ok := c.Conn.(*net.UnixConn)
+	return uc, ok
+}
+
+// WriteMsgUnix writes to kilnd's connection with ancillary data: how a
+// file is handed over to kilnd (see files.Handover).
+func (c *movable) WriteMsgUnix(b, oob []byte, addr *net.UnixAddr) (int, int, error) {
+	uc, ok := c.unixConn()
+	if !ok {
+		return 0, 0, errors.New("agent: kilnd's connection is not a unix socket")
+	}
+	return uc.WriteMsgUnix(b, oob, addr)
 }
 
 func (c *movable) current() net.Conn {
 	if to := c.to.Load(); to != nil {
 		return *to
 	}
-	return c.UnixConn
+	return c.Conn
 }
 
 func (c *movable) Read(p []byte) (int, error) {
@@ -56,7 +83,18 @@ func (c *movable) Read(p []byte) (int, error) {
 	return c.current().Read(p)
 }
 
-func (c *movable) Write(p []byte) (int, error) { return c.current().Write(p) }
+// Write is how net/http and coder/websocket write: coder/websocket flushes
+// each frame as it ends it, and a control frame (at most 125 bytes of
+// payload) fits its buffer, so once the handler frames its messages every
+// write here is one whole control frame.
+func (c *movable) Write(p []byte) (int, error) {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.framed && len(p) > 0 && p[0]&0x0f == wsClose {
+		c.closed = true
+	}
+	return c.current().Write(p)
+}
 
 func (c *movable) SetDeadline(t time.Time) error      { return c.current().SetDeadline(t) }
 func (c *movable) SetReadDeadline(t time.Time) error  { return c.current().SetReadDeadline(t) }
@@ -69,7 +107,56 @@ func (c *movable) Close() error {
 	if to := c.to.Load(); to != nil {
 		err = (*to).Close()
 	}
-	return errors.Join(err, c.UnixConn.Close())
+	return errors.Join(err, c.Conn.Close())
+}
+
+// WebSocket opcodes (RFC 6455, section 5.2).
+const (
+	wsText   = 0x1
+	wsBinary = 0x2
+	wsClose  = 0x8
+)
+
+// frameMessages has the caller write its WebSocket messages with
+// writeMessage from now on, leaving coder/websocket the control frames.
+func (c *movable) frameMessages() {
+	c.wmu.Lock()
+	c.framed = true
+	c.wmu.Unlock()
+}
+
+// writeMessage writes one unfragmented, unmasked WebSocket message (op
+// wsText or wsBinary) made of head and body: one frame, in one writev, the
+// body not copied. coder/websocket would write a message given in parts
+// as a frame per part and an empty final one, in a write each. It fails
+// once a close frame went out, and after timeout.
+func (c *movable) writeMessage(op byte, head, body []byte, timeout time.Duration) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.closed {
+		return net.ErrClosed
+	}
+	conn := c.current()
+	if err := conn.SetWriteDeadline(time.Now().Add(timeout)); err != nil {
+		return err
+	}
+	c.head = appendWSHeader(c.head[:0], op, len(head)+len(body))
+	bufs := net.Buffers{c.head, head, body}
+	_, err := bufs.WriteTo(conn)
+	return err
+}
+
+// appendWSHeader appends the header of a final, unmasked frame of n bytes.
+func appendWSHeader(dst []byte, op byte, n int) []byte {
+	dst = append(dst, 0x80|op)
+	switch {
+	case n <= 125:
+		return append(dst, byte(n))
+	case n <= 0xffff:
+		return binary.BigEndian.AppendUint16(append(dst, 126), uint16(n))
+	default:
+		return binary.BigEndian.AppendUint64(append(dst, 127), uint64(n))
+	}
 }
 
 // awaitMove reads kilnd's answer to a move: after it, the connection is
@@ -77,11 +164,15 @@ func (c *movable) Close() error {
 // with the client's early bytes first either way. Nothing else may use
 // the connection meanwhile.
 func (c *movable) awaitMove() error {
-	c.UnixConn.SetReadDeadline(time.Now().Add(moveTimeout))
-	defer c.UnixConn.SetReadDeadline(time.Time{})
+	uc, ok := c.unixConn()
+	if !ok {
+		return errors.New("move: not a unix socket")
+	}
+	uc.SetReadDeadline(time.Now().Add(moveTimeout))
+	defer uc.SetReadDeadline(time.Time{})
 	head := make([]byte, 5)
 	oob := make([]byte, unix.CmsgSpace(4))
-	n, oobn, _, _, err := c.UnixConn.ReadMsgUnix(head, oob)
+	n, oobn, _, _, err := uc.ReadMsgUnix(head, oob)
 	if err != nil {
 		return fmt.Errorf("move: %w", err)
 	}
@@ -98,7 +189,7 @@ func (c *movable) awaitMove() error {
 		}
 		return err
 	}
-	if _, err := io.ReadFull(c.UnixConn, head[n:]); err != nil {
+	if _, err := io.ReadFull(uc, head[n:]); err != nil {
 		return fail(fmt.Errorf("move: %w", err))
 	}
 	if head[0] != api.MoveMarker {
@@ -109,7 +200,7 @@ func (c *movable) awaitMove() error {
 		return fail(fmt.Errorf("move: %d early bytes, more than %d", size, api.MaxMoveEarly))
 	}
 	c.early = make([]byte, size)
-	if _, err := io.ReadFull(c.UnixConn, c.early); err != nil {
+	if _, err := io.ReadFull(uc, c.early); err != nil {
 		return fail(fmt.Errorf("move: %w", err))
 	}
 	if to != nil {

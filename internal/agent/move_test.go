@@ -1,14 +1,20 @@
 package agent
 
 import (
+	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"io"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
 	"golang.org/x/sys/unix"
 
 	"github.com/sandkiln/sandkiln/api"
@@ -61,7 +67,7 @@ func moveMessage(t *testing.T, kilnd *net.UnixConn, marker byte, early []byte, s
 func TestMoveToTheClient(t *testing.T) {
 	kilnd, agentSide := unixPair(t)
 	client, clientPeer := unixPair(t) // clientPeer is kilnd's end of the client's connection
-	c := &movable{UnixConn: agentSide}
+	c := &movable{Conn: agentSide}
 	moveMessage(t, kilnd, api.MoveMarker, []byte("early "), clientPeer)
 	clientPeer.Close() // kilnd's copy; the agent has its own
 	if err := c.awaitMove(); err != nil {
@@ -95,7 +101,7 @@ func TestMoveToTheClient(t *testing.T) {
 // with it is not kept.
 func TestMoveRefused(t *testing.T) {
 	kilnd, agentSide := unixPair(t)
-	c := &movable{UnixConn: agentSide}
+	c := &movable{Conn: agentSide}
 	moveMessage(t, kilnd, api.MoveMarker, []byte("early "), nil)
 	if err := c.awaitMove(); err != nil {
 		t.Fatal(err)
@@ -113,7 +119,7 @@ func TestMoveRefused(t *testing.T) {
 
 	kilnd, agentSide = unixPair(t)
 	client, clientPeer := unixPair(t)
-	c = &movable{UnixConn: agentSide}
+	c = &movable{Conn: agentSide}
 	moveMessage(t, kilnd, 'X', nil, clientPeer)
 	clientPeer.Close()
 	if err := c.awaitMove(); err == nil {
@@ -127,5 +133,89 @@ func TestMoveRefused(t *testing.T) {
 	client.SetReadDeadline(time.Now().Add(10 * time.Second))
 	if n, err := client.Read(got); n != 0 || !errors.Is(err, io.EOF) {
 		t.Errorf("the client after a failed move: %d bytes, %v; want its end", n, err)
+	}
+}
+
+// TestWriteMessage: messages the agent frames itself, of every header
+// length, read whole by a client nobody here wrote (coder/websocket's),
+// with coder/websocket's pings on the same connection between them.
+func TestWriteMessage(t *testing.T) {
+	sizes := []int{0, 1, 125, 126, 127, 0xffff, 0x10000, 300 << 10}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mc := r.Context().Value(connKey{}).(*movable)
+		c, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			return
+		}
+		defer c.CloseNow()
+		mc.frameMessages()
+		ctx := c.CloseRead(r.Context())
+		for i, n := range sizes {
+			head := []byte{byte(i)}
+			body := bytes.Repeat([]byte{byte(n)}, n)
+			if err := mc.writeMessage(wsBinary, head, body, time.Minute); err != nil {
+				t.Errorf("message %d: %v", i, err)
+				return
+			}
+			if err := c.Ping(ctx); err != nil {
+				t.Errorf("ping after message %d: %v", i, err)
+				return
+			}
+		}
+		if err := mc.writeMessage(wsText, []byte(`{"type":`), []byte(`"end"}`), time.Minute); err != nil {
+			t.Error(err)
+		}
+		c.Close(websocket.StatusNormalClosure, "")
+	}))
+	srv.Config.ConnContext = withConn
+	srv.Listener = moveListener{srv.Listener}
+	srv.Start()
+	defer srv.Close()
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(srv.URL, "http"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.CloseNow()
+	c.SetReadLimit(1 << 20)
+	for i, n := range sizes {
+		typ, b, err := c.Read(ctx)
+		if err != nil {
+			t.Fatalf("message %d: %v", i, err)
+		}
+		want := append([]byte{byte(i)}, bytes.Repeat([]byte{byte(n)}, n)...)
+		if typ != websocket.MessageBinary || !bytes.Equal(b, want) {
+			t.Fatalf("message %d: %v of %d bytes, want binary of %d", i, typ, len(b), len(want))
+		}
+	}
+	if typ, b, err := c.Read(ctx); err != nil || typ != websocket.MessageText || string(b) != `{"type":"end"}` {
+		t.Fatalf("last message: %v %q %v", typ, b, err)
+	}
+	if _, _, err := c.Read(ctx); websocket.CloseStatus(err) != websocket.StatusNormalClosure {
+		t.Errorf("after the messages: %v, want a normal close", err)
+	}
+}
+
+// TestNoMessageAfterClose: once coder/websocket wrote a close frame, the
+// agent's own messages are refused, the connection still open.
+func TestNoMessageAfterClose(t *testing.T) {
+	agentSide, client := unixPair(t)
+	c := &movable{Conn: agentSide}
+	c.frameMessages()
+	if err := c.writeMessage(wsBinary, []byte("early"), nil, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Write([]byte{0x80 | wsClose, 2, 0x03, 0xe8}); err != nil { // as coder/websocket writes it
+		t.Fatal(err)
+	}
+	if err := c.writeMessage(wsBinary, []byte("late"), nil, time.Minute); !errors.Is(err, net.ErrClosed) {
+		t.Errorf("a message after the close frame: %v, want net.ErrClosed", err)
+	}
+	agentSide.Close()
+	got, _ := io.ReadAll(client)
+	if want := "\x82\x05early\x88\x02\x03\xe8"; string(got) != want {
+		t.Errorf("the client got %q, want %q", got, want)
 	}
 }
