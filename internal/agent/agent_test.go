@@ -548,3 +548,39 @@ func TestMessagesStartSmall(t *testing.T) {
 		t.Errorf("got %d bytes, want %d of x", len(got), total)
 	}
 }
+
+// TestBatchedMessagesWaitForNothing: a watcher behind on two streams that
+// interleave (whose chunks are never merged) gets their small messages
+// written together, every byte in order, and nothing stays in a batch
+// while the process waits: the watcher has every line before it answers.
+func TestBatchedMessagesWaitForNothing(t *testing.T) {
+	a := newAgent(t)
+	const lines = 300
+	id := a.start(api.ExecRequest{Command: "sh", Stdin: api.StdinPipe, Args: []string{"-c",
+		`i=0; while [ $i -lt ` + strconv.Itoa(lines) + ` ]; do echo out-$i; echo err-$i >&2; i=$((i+1)); done; read x; echo "after $x"`}})
+	var out, errs strings.Builder
+	for i := range lines {
+		fmt.Fprintf(&out, "out-%d\n", i)
+		fmt.Fprintf(&errs, "err-%d\n", i)
+	}
+	c := a.dial("/exec-stream/"+id+"/logs?stdin=1", api.ProtocolV1)
+	ctx := ctxT(t)
+	w := &apitest.Checker{Keep: true}
+	for w.Stream("stdout").Delivered < int64(out.Len()) || w.Stream("stderr").Delivered < int64(errs.Len()) {
+		if _, err := w.Next(ctx, c); err != nil {
+			t.Fatalf("before the process is answered: %v", err)
+		}
+	}
+	if err := c.Write(ctx, websocket.MessageBinary, []byte("now\n")); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Read(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	if got := string(w.Stream("stdout").Data); got != out.String()+"after now\n" {
+		t.Errorf("stdout %q", got)
+	}
+	if got := string(w.Stream("stderr").Data); got != errs.String() {
+		t.Errorf("stderr %q", got)
+	}
+}

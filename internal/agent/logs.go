@@ -264,8 +264,22 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request, id string, st pro
 	// closed at once, whatever write it is in.
 	defer context.AfterFunc(ctx, func() { c.CloseNow() })()
 
+	// batch holds small messages that had more ready behind them, whole
+	// frames, written with the next message that has none: a watcher
+	// that keeps up with short chunks of two streams (which are never
+	// merged), or a stream's end and the exit, gets them in one write.
+	// Nothing waits in it: the message before a wait goes out at once,
+	// and so does the exit, after which nothing is ready.
+	var batch []byte
 	send := func(op byte, head, body []byte) bool {
-		if err := mc.writeMessage(op, head, body, writeTimeout); err != nil {
+		if n := len(head) + len(body); n <= batchMessage && len(batch)+n <= maxBatch && a.Ready() {
+			batch = appendWSHeader(batch, op, n)
+			batch = append(append(batch, head...), body...)
+			return true
+		}
+		err := mc.writeMessage(batch, op, head, body, writeTimeout)
+		batch = batch[:0]
+		if err != nil {
 			cancel()
 			return false
 		}
@@ -369,6 +383,13 @@ func (s *Server) lostTo(e process.Event) {
 		s.lost.Add(n)
 	}
 }
+
+// A watcher's messages of up to batchMessage bytes are written together,
+// up to maxBatch bytes, when more are ready behind them.
+const (
+	batchMessage = 16 << 10
+	maxBatch     = 64 << 10
+)
 
 // maxMerged bounds the output one watcher's message carries when chunks
 // are joined (see process.Attachment.NextMerged); a WebSocket watcher's

@@ -125,12 +125,13 @@ func (c *movable) frameMessages() {
 	c.wmu.Unlock()
 }
 
-// writeMessage writes one unfragmented, unmasked WebSocket message (op
-// wsText or wsBinary) made of head and body: one frame, in one writev, the
-// body not copied. coder/websocket would write a message given in parts
-// as a frame per part and an empty final one, in a write each. It fails
-// once a close frame went out, and after timeout.
-func (c *movable) writeMessage(op byte, head, body []byte, timeout time.Duration) error {
+// writeMessage writes before (whole frames, possibly none), then one
+// unfragmented, unmasked WebSocket message (op wsText or wsBinary) made of
+// head and body: one frame, all in one writev, the body not copied.
+// coder/websocket would write a message given in parts as a frame per part
+// and an empty final one, in a write each. It fails once a close frame
+// went out, and after timeout.
+func (c *movable) writeMessage(before []byte, op byte, head, body []byte, timeout time.Duration) error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	if c.closed {
@@ -141,7 +142,7 @@ func (c *movable) writeMessage(op byte, head, body []byte, timeout time.Duration
 		return err
 	}
 	c.head = appendWSHeader(c.head[:0], op, len(head)+len(body))
-	bufs := net.Buffers{c.head, head, body}
+	bufs := net.Buffers{before, c.head, head, body}
 	_, err := bufs.WriteTo(conn)
 	return err
 }

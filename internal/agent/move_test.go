@@ -153,7 +153,7 @@ func TestWriteMessage(t *testing.T) {
 		for i, n := range sizes {
 			head := []byte{byte(i)}
 			body := bytes.Repeat([]byte{byte(n)}, n)
-			if err := mc.writeMessage(wsBinary, head, body, time.Minute); err != nil {
+			if err := mc.writeMessage(nil, wsBinary, head, body, time.Minute); err != nil {
 				t.Errorf("message %d: %v", i, err)
 				return
 			}
@@ -162,7 +162,7 @@ func TestWriteMessage(t *testing.T) {
 				return
 			}
 		}
-		if err := mc.writeMessage(wsText, []byte(`{"type":`), []byte(`"end"}`), time.Minute); err != nil {
+		if err := mc.writeMessage([]byte("\x81\x00"), wsText, []byte(`{"type":`), []byte(`"end"}`), time.Minute); err != nil {
 			t.Error(err)
 		}
 		c.Close(websocket.StatusNormalClosure, "")
@@ -190,6 +190,9 @@ func TestWriteMessage(t *testing.T) {
 			t.Fatalf("message %d: %v of %d bytes, want binary of %d", i, typ, len(b), len(want))
 		}
 	}
+	if typ, b, err := c.Read(ctx); err != nil || typ != websocket.MessageText || len(b) != 0 {
+		t.Fatalf("the empty message written before the last: %v %q %v", typ, b, err)
+	}
 	if typ, b, err := c.Read(ctx); err != nil || typ != websocket.MessageText || string(b) != `{"type":"end"}` {
 		t.Fatalf("last message: %v %q %v", typ, b, err)
 	}
@@ -204,13 +207,13 @@ func TestNoMessageAfterClose(t *testing.T) {
 	agentSide, client := unixPair(t)
 	c := &movable{Conn: agentSide}
 	c.frameMessages()
-	if err := c.writeMessage(wsBinary, []byte("early"), nil, time.Minute); err != nil {
+	if err := c.writeMessage(nil, wsBinary, []byte("early"), nil, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c.Write([]byte{0x80 | wsClose, 2, 0x03, 0xe8}); err != nil { // as coder/websocket writes it
 		t.Fatal(err)
 	}
-	if err := c.writeMessage(wsBinary, []byte("late"), nil, time.Minute); !errors.Is(err, net.ErrClosed) {
+	if err := c.writeMessage(nil, wsBinary, []byte("late"), nil, time.Minute); !errors.Is(err, net.ErrClosed) {
 		t.Errorf("a message after the close frame: %v, want net.ErrClosed", err)
 	}
 	agentSide.Close()

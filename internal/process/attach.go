@@ -186,6 +186,24 @@ func (a *Attachment) source(ctx context.Context) (Event, error) {
 	return Event{Event: ring.Event{Kind: ring.Exit}, Exit: a.exit}, nil
 }
 
+// Ready reports whether Next would return at once: the next event is in
+// hand, not to be waited for, nor read from the captured log (a gap a log
+// may fill, a replay under way). After the exit it is false: there is no
+// next event.
+func (a *Attachment) Ready() bool {
+	if a.closed || a.sent || a.rep != nil {
+		return false
+	}
+	if a.held != nil || len(a.pending) > 0 {
+		return true
+	}
+	if a.cur == nil {
+		return false
+	}
+	e, ok := a.cur.Peek()
+	return ok && (e.Kind != ring.Gap || a.log == nil)
+}
+
 // ready reports how many events source returns without waiting.
 func (a *Attachment) ready() int {
 	n := len(a.pending)
