@@ -37,6 +37,10 @@ type movable struct {
 	// one of them was a close frame, after which no frame may follow.
 	framed, closed bool
 	head           []byte // writeMessage's frame header
+	// writeMessage's vector, kept so that writing a message allocates
+	// nothing: out, over parts, is consumed by the write.
+	parts [4][]byte
+	out   net.Buffers
 }
 
 // moveListener makes each connection it accepts movable.
@@ -142,8 +146,10 @@ func (c *movable) writeMessage(before []byte, op byte, head, body []byte, timeou
 		return err
 	}
 	c.head = appendWSHeader(c.head[:0], op, len(head)+len(body))
-	bufs := net.Buffers{before, c.head, head, body}
-	_, err := bufs.WriteTo(conn)
+	c.parts = [4][]byte{before, c.head, head, body}
+	c.out = c.parts[:]
+	_, err := c.out.WriteTo(conn)
+	c.parts = [4][]byte{} // nothing of the ring is kept
 	return err
 }
 
