@@ -90,14 +90,22 @@ func (c *movable) Read(p []byte) (int, error) {
 // Write is how net/http and coder/websocket write: coder/websocket flushes
 // each frame as it ends it, and a control frame (at most 125 bytes of
 // payload) fits its buffer, so once the handler frames its messages every
-// write here is one whole control frame.
+// write here is one whole control frame. Each gets a write deadline of its
+// own, as writeMessage's messages do: a ping to a watcher whose output has
+// been quiet must not meet the deadline of the last message, long past.
 func (c *movable) Write(p []byte) (int, error) {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
-	if c.framed && len(p) > 0 && p[0]&0x0f == wsClose {
-		c.closed = true
+	conn := c.current()
+	if c.framed {
+		if len(p) > 0 && p[0]&0x0f == wsClose {
+			c.closed = true
+		}
+		if err := conn.SetWriteDeadline(time.Now().Add(writeTimeout)); err != nil {
+			return 0, err
+		}
 	}
-	return c.current().Write(p)
+	return conn.Write(p)
 }
 
 func (c *movable) SetDeadline(t time.Time) error      { return c.current().SetDeadline(t) }

@@ -222,3 +222,24 @@ func TestNoMessageAfterClose(t *testing.T) {
 		t.Errorf("the client got %q, want %q", got, want)
 	}
 }
+
+// TestControlFrameAfterAQuietSpell: a watcher's output may be quiet for
+// longer than a message's write deadline; coder/websocket's pings then
+// must still go out, not meet that deadline, long past.
+func TestControlFrameAfterAQuietSpell(t *testing.T) {
+	agentSide, client := unixPair(t)
+	c := &movable{Conn: agentSide}
+	c.frameMessages()
+	if err := c.writeMessage(nil, wsBinary, []byte("output"), nil, 10*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond) // the message's deadline is now past
+	ping := []byte{0x89, 0}
+	if _, err := c.Write(ping); err != nil {
+		t.Fatalf("a ping after the message's deadline: %v", err)
+	}
+	got := make([]byte, 10)
+	if _, err := io.ReadFull(client, got); err != nil || string(got) != "\x82\x06output\x89\x00" {
+		t.Errorf("the client got %q (%v)", got, err)
+	}
+}
