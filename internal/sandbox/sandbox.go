@@ -669,22 +669,18 @@ func withSocketPath(path string, f func(string) error) error {
 
 // Alive reports whether the agent still runs (and is the same process).
 func (s *Sandbox) Alive() bool {
-	if s.reaped != nil {
-		// An agent this kilnd started is alive until its reaper has
-		// waited for it. Its stat can say otherwise: while a process
-		// executes a program from a thread other than its first (a Go
-		// program may, as kilnd's binary does when it starts runsc),
-		// its first thread shows as a zombie for a moment.
-		select {
-		case <-s.reaped:
-			return false
-		default:
-			return true
-		}
-	}
 	// One read of its stat for both: kilnd's list asks every sandbox.
 	f, err := statFields(s.PID)
-	if err != nil || len(f) < 20 || f[0] == "Z" {
+	if err != nil || len(f) < 20 {
+		return false
+	}
+	// A zombie has exited when it is its group's last thread (field 20,
+	// the thread count, is 1). A first thread that shows as a zombie
+	// while others run belongs to a live process: one whose first thread
+	// ended, or one executing a program from another thread (a Go
+	// program may, as kilnd's binary does when it starts runsc), for
+	// that moment.
+	if threads, err := strconv.Atoi(f[17]); f[0] == "Z" && (err != nil || threads <= 1) {
 		return false
 	}
 	t, err := strconv.ParseUint(f[19], 10, 64)

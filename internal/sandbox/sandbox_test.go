@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -692,5 +693,64 @@ func TestCreateWhenTheAgentDies(t *testing.T) {
 	// Where it notices depends on how far Create got when the agent died.
 	if !strings.Contains(err.Error(), "agent") {
 		t.Errorf("Create: %v, want it to say what became of the agent", err)
+	}
+}
+
+// TestAliveWhileItsFirstThreadIsGone: a process whose first thread shows
+// as a zombie while another runs (as while a Go program executes another
+// from a thread not its first) is alive; once its last thread is gone, it
+// is not, reaped or not.
+func TestAliveWhileItsFirstThreadIsGone(t *testing.T) {
+	cmd := exec.Command("python3", "-c", `import ctypes, sys, threading
+threading.Thread(target=sys.stdin.read).start()
+ctypes.CDLL(None).pthread_exit(None)`)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	defer stdin.Close()
+	stat := func() []string {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", cmd.Process.Pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := string(b)
+		return strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	}
+	// Nothing signals the first thread's end: its stat is watched, bounded.
+	for deadline := time.Now().Add(time.Minute); ; {
+		if f := stat(); f[0] == "Z" && f[17] == "2" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the first thread did not end: %v", stat())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	started, err := strconv.ParseUint(stat()[19], 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb := &sandbox.Sandbox{PID: cmd.Process.Pid, Started: started}
+	if !sb.Alive() {
+		t.Fatal("a process whose other thread runs is not alive")
+	}
+	// Its other thread ends with its input; the pidfd says when the
+	// process has exited, before anyone reaps it.
+	fd, err := unix.PidfdOpen(cmd.Process.Pid, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	stdin.Close()
+	if _, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, 60_000); err != nil {
+		t.Fatal(err)
+	}
+	if sb.Alive() {
+		t.Errorf("an exited process, not reaped, is alive: %v", stat())
 	}
 }
