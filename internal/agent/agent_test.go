@@ -61,11 +61,7 @@ func newAgentWith(t *testing.T, cfg process.TableConfig) *agent {
 	cfg.Logs = d.OpenSub
 	table := process.NewTable(cfg)
 	s := New(Config{Table: table, Env: os.Environ(), Logs: d})
-	// Served as the agent serves: watchers need their connections.
-	srv := httptest.NewUnstartedServer(s)
-	srv.Config.ConnContext = withConn
-	srv.Listener = moveListener{srv.Listener}
-	srv.Start()
+	srv := serveAsTheAgent(s)
 	t.Cleanup(func() {
 		srv.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -76,6 +72,16 @@ func newAgentWith(t *testing.T, cfg process.TableConfig) *agent {
 		d.Close()
 	})
 	return &agent{t: t, srv: srv, table: table, logs: logs}
+}
+
+// serveAsTheAgent serves h on a test server as Server.Serve does: the
+// output watchers' handlers need their connections.
+func serveAsTheAgent(h http.Handler) *httptest.Server {
+	srv := httptest.NewUnstartedServer(h)
+	srv.Config.ConnContext = withConn
+	srv.Listener = moveListener{srv.Listener}
+	srv.Start()
+	return srv
 }
 
 // call makes a request and decodes a JSON answer into out (when not nil).

@@ -8,7 +8,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"strings"
 	"testing"
@@ -141,7 +140,7 @@ func TestMoveRefused(t *testing.T) {
 // with coder/websocket's pings on the same connection between them.
 func TestWriteMessage(t *testing.T) {
 	sizes := []int{0, 1, 125, 126, 127, 0xffff, 0x10000, 300 << 10}
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv := serveAsTheAgent(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		mc := r.Context().Value(connKey{}).(*movable)
 		c, err := websocket.Accept(w, r, nil)
 		if err != nil {
@@ -167,9 +166,6 @@ func TestWriteMessage(t *testing.T) {
 		}
 		c.Close(websocket.StatusNormalClosure, "")
 	}))
-	srv.Config.ConnContext = withConn
-	srv.Listener = moveListener{srv.Listener}
-	srv.Start()
 	defer srv.Close()
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
