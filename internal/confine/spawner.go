@@ -16,6 +16,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sandkiln/sandkiln/internal/pidfd"
 )
 
 // request is one process for the spawner to start; its three descriptors
@@ -405,10 +407,12 @@ func (s *Spawner) begin() error {
 		conn.Close()
 		return err
 	}
+	// One thread runs its Go code (it forks one process at a time), from
+	// its runtime's start, which then makes no thread for a second.
 	cmd := &exec.Cmd{
 		Path:        "/proc/self/fd/" + strconv.Itoa(int(s.exe.Fd())),
 		Args:        []string{"kiln-spawner"},
-		Env:         []string{Env + "=" + string(b)},
+		Env:         []string{Env + "=" + string(b), "GOMAXPROCS=1"},
 		Dir:         "/",
 		ExtraFiles:  append([]*os.File{theirs}, s.groups...),
 		SysProcAttr: &syscall.SysProcAttr{},
@@ -419,6 +423,7 @@ func (s *Spawner) begin() error {
 	}
 	gone := make(chan struct{})
 	go func() {
+		pidfd.AwaitChild(cmd.Process.Pid) // no thread held in wait while it runs
 		cmd.Wait()
 		close(gone)
 	}()

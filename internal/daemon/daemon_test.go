@@ -753,6 +753,26 @@ func TestListAfterAgentDied(t *testing.T) {
 	var victim, other daemon.Info
 	k.json("POST", "/sandboxes", "{}", &victim)
 	k.json("POST", "/sandboxes", "{}", &other)
+	listedAfterKill(t, k, victim, other)
+}
+
+// TestListAfterAdoptedAgentDied: so too for a sandbox a restarted kilnd
+// adopted, whose agent it did not start.
+func TestListAfterAdoptedAgentDied(t *testing.T) {
+	k := start(t, "")
+	var victim, other daemon.Info
+	k.json("POST", "/sandboxes", "{}", &victim)
+	k.json("POST", "/sandboxes", "{}", &other)
+	k.stop()
+	k2 := start(t, k.state)
+	defer k2.cleanup()
+	listedAfterKill(t, k2, victim, other)
+}
+
+// listedAfterKill kills victim's agent and, once it has exited, lists the
+// sandboxes of k: victim stopped, other running.
+func listedAfterKill(t *testing.T, k *kilnd, victim, other daemon.Info) {
+	t.Helper()
 	fd, err := unix.PidfdOpen(victim.AgentPID, 0)
 	if err != nil {
 		t.Fatal(err)

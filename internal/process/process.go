@@ -20,6 +20,7 @@ import (
 
 	"github.com/sandkiln/sandkiln/internal/capture"
 	"github.com/sandkiln/sandkiln/internal/errdefs"
+	"github.com/sandkiln/sandkiln/internal/pidfd"
 	"github.com/sandkiln/sandkiln/internal/ring"
 	"github.com/sandkiln/sandkiln/internal/stdin"
 )
@@ -572,7 +573,7 @@ func (p *Process) pump(s ring.Stream, f *os.File) {
 // end of output (bounded), stop stdin, close the sink's single sender.
 func (p *Process) reap() {
 	pid := p.proc.Pid
-	awaitExit(pid)
+	pidfd.AwaitChild(pid) // no thread held in wait while it runs
 	var info unix.Siginfo
 	for {
 		// WNOWAIT leaves the zombie in place, so the pid cannot be reused
@@ -645,29 +646,6 @@ func (p *Process) reap() {
 	if p.onDone != nil {
 		p.onDone()
 	}
-}
-
-// awaitExit parks the caller in the runtime's poller until pid has exited,
-// through a pidfd, so that an idle process does not hold an OS thread in a
-// blocking wait. Where pidfds are missing it returns at once and the caller's
-// blocking wait does the job.
-func awaitExit(pid int) {
-	fd, err := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK)
-	if err != nil {
-		return
-	}
-	f := os.NewFile(uintptr(fd), "pidfd")
-	defer f.Close()
-	sc, err := f.SyscallConn()
-	if err != nil {
-		return
-	}
-	sc.Read(func(fd uintptr) bool {
-		// A pidfd is readable once its process has exited.
-		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-		n, err := unix.Poll(fds, 0)
-		return err != nil || n > 0
-	})
 }
 
 func exitOf(ps *os.ProcessState) Exit {

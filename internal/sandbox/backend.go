@@ -167,6 +167,7 @@ func (n *Namespaces) Adopt(state json.RawMessage) (Instance, error) {
 		return nil, err
 	}
 	sb.ranges = n.Ranges
+	sb.adopted()
 	return &sb, nil
 }
 

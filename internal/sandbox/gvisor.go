@@ -447,6 +447,7 @@ func (g *GVisor) Adopt(state json.RawMessage) (Instance, error) {
 		return nil, err
 	}
 	sb.ranges = g.Ranges
+	sb.adopted()
 	return sb, nil
 }
 

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/internal/pidfd"
 )
 
 // DefaultHostname is a sandbox's hostname when its request names none:
@@ -122,6 +123,12 @@ type Sandbox struct {
 	// reaped is closed once this kilnd has waited for the agent it started;
 	// nil for an agent adopted after a restart.
 	reaped chan struct{}
+	// agent is a pidfd of the agent, once this kilnd holds one: from its
+	// start until it is reaped, or from its adoption (while it ran) until
+	// the sandbox ends; nil otherwise. Set before the sandbox is shared.
+	// Alive asks it: kilnd's list asks every sandbox, and a poll of each
+	// costs a fraction of a read of its /proc stat.
+	agent *os.File
 	// exited says how the agent this kilnd started exited, once it did.
 	exited func() string
 	// ranges, when set, holds the uid range until the sandbox is destroyed.
@@ -141,6 +148,7 @@ func (s *Sandbox) State() json.RawMessage {
 // is gone (the kernel ends a pid namespace with its init, so normally
 // nothing) and removes its cgroups.
 func (s *Sandbox) End() {
+	s.release()
 	if s.Cgroups != nil {
 		s.Cgroups.Kill(10 * time.Second)
 		s.Cgroups.Destroy()
@@ -321,7 +329,10 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 	// Its command line is what the sandbox's processes see as PID 1's:
 	// a name, not kilnd's path on the host.
 	cmd.Args = []string{"kiln-agent"}
-	cmd.Env = []string{AgentEnv + "=" + string(raw)}
+	// The agent runs its Go code on one thread (agent.Procs); told so
+	// before its runtime starts, it makes no thread for a second one
+	// then, and each thread it would keep for good takes a host pid.
+	cmd.Env = []string{AgentEnv + "=" + string(raw), "GOMAXPROCS=1"}
 	cmd.Stdout, cmd.Stderr = agentLog, agentLog
 	cmd.ExtraFiles = make([]*os.File, fdLast-2) // fdListener to fdLast
 	cmd.ExtraFiles[fdListener-3], cmd.ExtraFiles[fdLogs-3] = lf, logs
@@ -419,21 +430,38 @@ func running(ctx context.Context, s *Sandbox, inst Instance, cmd *exec.Cmd, o Op
 
 // reap records cmd, the agent just started, as the sandbox's: kilnd reaps
 // the agent it started if it outlives it; an agent that outlives kilnd is
-// adopted by the host. (The goroutine has its own copy of the channel: a
-// failed Create returns a nil sandbox while the agent it started is still
-// reaped.)
+// adopted by the host. The wait is in the runtime's poller: kilnd may hold
+// thousands, and a blocking wait would hold a thread (and a pid) for each.
+// (The goroutine has its own copy of the channel: a failed Create returns
+// a nil sandbox while the agent it started is still reaped.)
 func (s *Sandbox) reap(cmd *exec.Cmd) {
-	s.PID = cmd.Process.Pid
+	pid := cmd.Process.Pid
+	s.PID = pid
 	reaped := make(chan struct{})
 	s.reaped = reaped
+	agent, err := pidfd.Take(cmd.Process)
+	if err == nil {
+		s.agent = agent
+	}
+	var how string
 	go func() {
-		cmd.Wait()
-		close(reaped)
+		defer close(reaped)
+		if err != nil {
+			cmd.Wait()
+			how = cmd.ProcessState.String()
+			return
+		}
+		defer agent.Close()
+		ws, err := pidfd.Wait(agent, pid)
+		how = pidfd.Describe(ws)
+		if err != nil {
+			how = err.Error()
+		}
 	}()
 	s.exited = func() string {
 		select {
 		case <-reaped:
-			return cmd.ProcessState.String()
+			return how
 		case <-time.After(time.Second):
 			return "not reaped yet"
 		}
@@ -618,34 +646,19 @@ func (s *Sandbox) AwaitExit(stop <-chan struct{}) {
 		}
 		return
 	}
-	fd, err := unix.PidfdOpen(s.PID, unix.PIDFD_NONBLOCK)
+	if s.agent != nil {
+		pidfd.Await(s.agent, stop)
+		return
+	}
+	f, err := pidfd.Open(s.PID)
 	if err != nil {
 		return // gone already
 	}
-	f := os.NewFile(uintptr(fd), "pidfd")
-	if !s.Alive() {
-		f.Close()
-		return
-	}
-	done := make(chan struct{})
-	go func() {
-		select {
-		case <-stop:
-			f.SetReadDeadline(time.Now())
-		case <-done:
-		}
-	}()
-	defer close(done)
 	defer f.Close()
-	sc, err := f.SyscallConn()
-	if err != nil {
+	if !s.Alive() { // the pid may have been reused before the pidfd was opened
 		return
 	}
-	sc.Read(func(fd uintptr) bool {
-		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-		n, err := unix.Poll(fds, 0)
-		return err != nil || n > 0
-	})
+	pidfd.Await(f, stop)
 }
 
 // maxSocketPath is the longest path a unix socket address holds.
@@ -669,7 +682,16 @@ func withSocketPath(path string, f func(string) error) error {
 
 // Alive reports whether the agent still runs (and is the same process).
 func (s *Sandbox) Alive() bool {
-	// One read of its stat for both: kilnd's list asks every sandbox.
+	if s.agent != nil {
+		return !pidfd.Exited(s.agent)
+	}
+	return s.runs()
+}
+
+// runs reports, from /proc, whether the agent still runs (and is the same
+// process).
+func (s *Sandbox) runs() bool {
+	// One read of its stat for both.
 	f, err := statFields(s.PID)
 	if err != nil || len(f) < 20 {
 		return false
@@ -685,6 +707,31 @@ func (s *Sandbox) Alive() bool {
 	}
 	t, err := strconv.ParseUint(f[19], 10, 64)
 	return err == nil && t == s.Started
+}
+
+// release closes the pidfd of an adopted agent, which has ended: Alive
+// says so from then on. (The reaper of an agent this kilnd started closes
+// its own once it has reaped it.)
+func (s *Sandbox) release() {
+	if s.agent != nil && s.reaped == nil {
+		s.agent.Close()
+	}
+}
+
+// adopted takes a pidfd of the agent of a sandbox adopted after a
+// restart, if it still runs.
+func (s *Sandbox) adopted() {
+	f, err := pidfd.Open(s.PID)
+	if err != nil {
+		return
+	}
+	// The pid may have been reused before the pidfd was opened: it is the
+	// agent's if the process still has the agent's start time.
+	if !s.runs() {
+		f.Close()
+		return
+	}
+	s.agent = f
 }
 
 // Destroy kills everything in the sandbox and removes its cgroups and
@@ -706,6 +753,7 @@ func (s *Sandbox) remove(keepLogs bool, forget func() error) error {
 		if err := s.Cgroups.Kill(10 * time.Second); err != nil {
 			errs = append(errs, err)
 		}
+		s.release()
 		if s.reaped != nil {
 			select {
 			case <-s.reaped:
