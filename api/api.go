@@ -44,6 +44,15 @@ type ExecRequest struct {
 	// it stays but neither reads nor acks; then it drops again.
 	Flow string `json:"flow,omitempty"`
 
+	// DrainMS bounds, in milliseconds, how long the output is read after
+	// the process exits, while something it left behind (a background
+	// child) still holds its output open: the output ends when its last
+	// writer closes it, or when the drain time runs out, and then the
+	// exit says the output was cut (Exit.OutputCut). What is left of the
+	// process's group is killed once the output has ended. 0 is
+	// DefaultDrainMS; at most MaxDrainMS.
+	DrainMS int64 `json:"drain_ms,omitempty"`
+
 	// Finite exec only. MaxOutputBytes bounds the output kept, both streams
 	// together (default and ceiling DefaultMaxOutput); bytes beyond it are
 	// counted. TimeoutMS kills the process after that long (0: none).
@@ -71,6 +80,12 @@ const (
 
 // DefaultMaxOutput is the default and the ceiling of ExecRequest.MaxOutputBytes.
 const DefaultMaxOutput = 1 << 20
+
+// The drain time after a process's exit (ExecRequest.DrainMS).
+const (
+	DefaultDrainMS = 3000
+	MaxDrainMS     = 60_000
+)
 
 // Bounds on a request, enforced by the agent and by kilnd.
 const (
@@ -108,25 +123,71 @@ type ExecResult struct {
 	TimedOut bool `json:"timed_out,omitempty"`
 }
 
-// Exit is how a process ended: an exit code, or the signal that killed it.
-// Neither is set while the exit is not known.
+// Exit is how a process ended: its exit code and, when a signal ended it,
+// the signal. Neither is set while the exit is not known. A process a
+// signal ended has the exit code the shell and Docker give it, 128 plus
+// the signal's number (137 for KILL), beside the signal's name.
 type Exit struct {
 	ExitCode *int   `json:"exit_code,omitempty"`
 	Signal   string `json:"signal,omitempty"`
 	// OOMKilled says the kernel's out-of-memory killer ended the process
 	// (its sandbox's memory limit was reached).
 	OOMKilled bool `json:"oom_killed,omitempty"`
+	// OutputCut says the process's output did not end by itself: the
+	// process exited, something it left behind still held its output
+	// open when the drain time (ExecRequest.DrainMS) ran out, and the
+	// output was ended there; what was written later was not read. Its
+	// value is the reason, OutputCutDrain. It is known once the output
+	// has ended: the exit message that follows the output's end says it,
+	// and so does the process's description from then on.
+	OutputCut string `json:"output_cut,omitempty"`
 }
 
-// String is the seed's closing line: "process exited with code N".
+// OutputCutDrain is Exit.OutputCut's reason: the drain time ran out.
+const OutputCutDrain = "drain_timeout"
+
+// SignalExit is the exit of a process that signal (named as kill -l names
+// it, "KILL", or with its SIG prefix) ended: its code 128 plus the
+// signal's number on Linux, the convention of the shell and Docker.
+func SignalExit(signal string) Exit {
+	name := strings.TrimPrefix(signal, "SIG")
+	e := Exit{Signal: name}
+	if n, ok := signalNumbers[name]; ok {
+		code := 128 + n
+		e.ExitCode = &code
+	}
+	return e
+}
+
+// WithCode fills in the exit code of an exit that names only its signal
+// (as records written before signals had codes do).
+func (e Exit) WithCode() Exit {
+	if e.ExitCode == nil && e.Signal != "" {
+		e.ExitCode = SignalExit(e.Signal).ExitCode
+	}
+	return e
+}
+
+// signalNumbers are Linux's signal numbers, by kill -l's names: the
+// sandbox's kernel's, whatever system a client runs on.
+var signalNumbers = map[string]int{
+	"HUP": 1, "INT": 2, "QUIT": 3, "ILL": 4, "TRAP": 5, "ABRT": 6, "BUS": 7, "FPE": 8,
+	"KILL": 9, "USR1": 10, "SEGV": 11, "USR2": 12, "PIPE": 13, "ALRM": 14, "TERM": 15,
+	"STKFLT": 16, "CHLD": 17, "CONT": 18, "STOP": 19, "TSTP": 20, "TTIN": 21, "TTOU": 22,
+	"URG": 23, "XCPU": 24, "XFSZ": 25, "VTALRM": 26, "PROF": 27, "WINCH": 28, "IO": 29,
+	"PWR": 30, "SYS": 31,
+}
+
+// String is the seed's closing line: "process exited with code N", or
+// how a signal ended the process.
 func (e Exit) String() string {
 	switch {
-	case e.ExitCode != nil:
-		return fmt.Sprintf("process exited with code %d", *e.ExitCode)
 	case e.OOMKilled:
 		return "process killed by signal " + e.Signal + ": out of memory"
 	case e.Signal != "":
 		return "process killed by signal " + e.Signal
+	case e.ExitCode != nil:
+		return fmt.Sprintf("process exited with code %d", *e.ExitCode)
 	}
 	return "process exit unknown"
 }
@@ -739,6 +800,9 @@ func (r ExecRequest) Check(finite bool) error {
 	case "", FlowDrop, FlowBlock:
 	default:
 		return fmt.Errorf("%w: flow %q: want %q or %q", ErrInvalid, clipText(r.Flow), FlowDrop, FlowBlock)
+	}
+	if r.DrainMS < 0 || r.DrainMS > MaxDrainMS {
+		return fmt.Errorf("%w: drain_ms %d: want 0 (the default, %d) to %d", ErrInvalid, r.DrainMS, DefaultDrainMS, MaxDrainMS)
 	}
 	if t := r.TTY; t != nil && (t.Cols == 0 || t.Rows == 0 || t.Cols > MaxTTYSize || t.Rows > MaxTTYSize) {
 		return fmt.Errorf("%w: terminal size %dx%d", ErrInvalid, t.Cols, t.Rows)

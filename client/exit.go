@@ -6,32 +6,40 @@ import (
 	"github.com/sandkiln/sandkiln/api"
 )
 
-// Exit is how a process ended, as a value: Code when it exited, Signal when
-// a signal ended it. The zero Exit is an exit not known.
+// Exit is how a process ended, as a value: its Code, and Signal when a
+// signal ended it. The zero Exit is an exit not known.
 type Exit struct {
 	code   int
 	signal string
 	known  bool // code or signal is set
 	oom    bool
+	cut    bool
 }
 
 // ExitOf reads kilnd's description of an exit.
 func ExitOf(e api.Exit) Exit {
-	x := Exit{signal: e.Signal, oom: e.OOMKilled, code: -1, known: e.ExitCode != nil || e.Signal != ""}
+	e = e.WithCode() // a record of before signals had codes
+	x := Exit{signal: e.Signal, oom: e.OOMKilled, code: -1, known: e.ExitCode != nil || e.Signal != "", cut: e.OutputCut != ""}
 	if e.ExitCode != nil {
 		x.code = *e.ExitCode
 	}
 	return x
 }
 
-// Code is the process's exit code, or -1 when a signal ended it (Signal
-// says which) or the exit is not known.
+// Code is the process's exit code: its own, or, when a signal ended it
+// (Signal says which), 128 plus the signal's number, as the shell and
+// Docker give it (137 for KILL). It is -1 when the exit is not known.
 func (e Exit) Code() int {
 	if !e.known {
 		return -1
 	}
 	return e.code
 }
+
+// OutputCut reports that the output did not end by itself: something the
+// process left behind held it open past the drain time after its exit,
+// and it was cut there (see api.ExecRequest.DrainMS).
+func (e Exit) OutputCut() bool { return e.cut }
 
 // Signal names the signal that ended the process ("KILL", "TERM"), or is
 // empty when it exited with a code.
@@ -47,9 +55,12 @@ func (e Exit) OOMKilled() bool { return e.oom }
 // API is the exit as kilnd describes it.
 func (e Exit) API() api.Exit {
 	out := api.Exit{Signal: e.signal, OOMKilled: e.oom}
-	if e.known && e.signal == "" {
+	if e.known && e.code >= 0 {
 		code := e.code
 		out.ExitCode = &code
+	}
+	if e.cut {
+		out.OutputCut = api.OutputCutDrain
 	}
 	return out
 }

@@ -17,7 +17,6 @@ import (
 	"github.com/docker/go-units"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
-	"golang.org/x/sys/unix"
 
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/client"
@@ -262,13 +261,11 @@ func sizeFlag(f *pflag.FlagSet, name string) (*int64, error) {
 	return &n, nil
 }
 
-// exitCode is the shell's convention: the code, or 128 + the signal.
+// exitCode is the shell's convention, which the exit's code follows: the
+// code, or 128 + the signal.
 func exitCode(e client.Exit) int {
-	if e.Signal() == "" && e.Known() {
+	if e.Known() && e.Code() >= 0 {
 		return e.Code()
-	}
-	if sig := unix.SignalNum("SIG" + e.Signal()); sig != 0 {
-		return 128 + int(sig)
 	}
 	return 1
 }

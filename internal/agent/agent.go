@@ -198,6 +198,7 @@ func (s *Server) spec(req api.ExecRequest, finite bool) (process.Spec, error) {
 	if req.Flow == api.FlowBlock {
 		spec.Flow = process.FlowBlock
 	}
+	spec.Drain = time.Duration(req.DrainMS) * time.Millisecond
 	if spec.Dir == "" {
 		spec.Dir = s.cfg.Dir
 	}
@@ -310,11 +311,18 @@ func toExit(e *process.Exit) api.Exit {
 	if e == nil {
 		return api.Exit{}
 	}
+	var x api.Exit
 	if e.Signal != 0 {
-		return api.Exit{Signal: strings.TrimPrefix(unix.SignalName(e.Signal), "SIG"), OOMKilled: e.OOMKilled}
+		x = api.SignalExit(unix.SignalName(e.Signal))
+		x.OOMKilled = e.OOMKilled
+	} else {
+		code := e.Code
+		x.ExitCode = &code
 	}
-	code := e.Code
-	return api.Exit{ExitCode: &code}
+	if e.OutputCut {
+		x.OutputCut = api.OutputCutDrain
+	}
+	return x
 }
 
 func toAPI(st process.Status) api.Process {

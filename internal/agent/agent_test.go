@@ -309,8 +309,9 @@ func TestStdinSignalAndWait(t *testing.T) {
 	if code := a.call("POST", "/exec-stream/"+id+"/signal", api.SignalRequest{Signal: "TERM"}, nil); code != 204 {
 		t.Fatalf("signal: %d", code)
 	}
-	if e := a.wait(id); e.Signal != "TERM" || e.ExitCode != nil {
-		t.Errorf("exit %+v, want TERM", e)
+	// The shell's and Docker's convention: 128 plus the signal's number.
+	if e := a.wait(id); e.Signal != "TERM" || e.ExitCode == nil || *e.ExitCode != 128+15 {
+		t.Errorf("exit %+v, want TERM and code 143", e)
 	}
 	var p api.Process
 	a.call("GET", "/exec-stream/"+id, nil, &p)

@@ -528,8 +528,8 @@ func (s *soakRun) checkTable(sb *soakSandbox) (map[string]bool, int) {
 
 func soakCheckExit(p *soakProc, e api.Exit) error {
 	if p.exit < 0 {
-		if e.Signal != "KILL" || e.ExitCode != nil {
-			return fmt.Errorf("%v, want killed by SIGKILL", e)
+		if e.Signal != "KILL" || e.ExitCode == nil || *e.ExitCode != 137 {
+			return fmt.Errorf("%v, want killed by SIGKILL, code 137", e)
 		}
 		return nil
 	}

@@ -175,8 +175,9 @@ func (a *Attachment) source(ctx context.Context) (Event, error) {
 	}
 	if !a.exitOK {
 		// Every stream has ended, but a process may close its output and
-		// keep running: the exit is reported only once observed.
-		e, err := a.p.Wait(ctx)
+		// keep running: the exit is reported only once observed, and with
+		// whether the drain cut its output.
+		e, err := a.p.Ended(ctx)
 		if err != nil {
 			return Event{}, err
 		}

@@ -15,6 +15,7 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -126,7 +127,15 @@ type Spec struct {
 	// OOMKills, when set, counts the out-of-memory kills where the
 	// process runs, for its exit to say whether it was one.
 	OOMKills func() int64
+	// Drain bounds how long the output is read after the process exits
+	// while something it left behind still holds it open (zero means
+	// DefaultDrain); see Process.reap.
+	Drain time.Duration
 }
+
+// DefaultDrain is how long a process's output may go on after its exit,
+// written by what the process left behind, before it is cut.
+const DefaultDrain = 3 * time.Second
 
 // Exit is how a process ended, as observed by waiting for it: a code, or
 // the signal that killed it (then Code is -1).
@@ -137,6 +146,10 @@ type Exit struct {
 	// of SIGKILL, which nobody sent through this engine, while its
 	// sandbox's count of such kills rose.
 	OOMKilled bool
+	// OutputCut says the output did not end by itself: the drain time
+	// after the exit ran out while something the process left behind
+	// held it open. It is set once the output has ended (Done).
+	OutputCut bool
 }
 
 func (e Exit) String() string {
@@ -183,7 +196,8 @@ type Status struct {
 }
 
 // DefaultDrainTimeout bounds how long a finished process's pumps may take to
-// reach end of output after its process group was killed.
+// reach end of output after what was left of its process group was
+// killed.
 const DefaultDrainTimeout = 2 * time.Second
 
 // CaptureTimeout bounds how long the drain waits for the log writer to
@@ -212,13 +226,15 @@ type Process struct {
 	flow      Flow
 	grace     time.Duration // a FlowBlock process's wait for its holder
 	started   time.Time
-	drainFor  time.Duration
-	onDone    func() // called by the reaper once the drain has finished
+	drain     time.Duration // the output's time to end by itself after the exit
+	drainFor  time.Duration // the pumps' time to end after the group's kill
+	onDone    func()        // called by the reaper once the drain has finished
 
 	pumps   sync.WaitGroup
 	outputs []*os.File // read ends the pumps own; the drain may set their deadline
 
 	exited chan struct{} // closed once exit is set
+	ended  chan struct{} // closed once the output has ended and exit says how
 	done   chan struct{} // closed when the drain has finished
 
 	// mu guards the fields below. The reaper holds it while it turns the
@@ -227,6 +243,7 @@ type Process struct {
 	mu       sync.Mutex
 	exit     Exit
 	exitedAt time.Time
+	reaped   bool            // the zombie is reaped: its pid, and so its group's, may be reused
 	captured *capture.Result // the log writer's outcome, after the drain
 	master   *os.File        // the PTY master, for resizing; nil once the pump closed it
 }
@@ -275,9 +292,11 @@ func startProcess(id string, spec Spec, drainFor time.Duration, onDone func()) (
 		terminal: spec.Terminal != nil,
 		flow:     spec.Flow,
 		grace:    cmp.Or(spec.FlowGrace, DefaultFlowGrace),
+		drain:    cmp.Or(spec.Drain, DefaultDrain),
 		drainFor: drainFor,
 		onDone:   onDone,
 		exited:   make(chan struct{}),
+		ended:    make(chan struct{}),
 		done:     make(chan struct{}),
 	}
 	if spec.Capture != nil {
@@ -568,9 +587,14 @@ func (p *Process) pump(s ring.Stream, f *os.File) {
 }
 
 // reap owns waiting for the process. Once the exit is observed it runs the
-// drain in the seed's order: kill what is left of the process group (a
-// background child may still hold the pipes), wait for every pump to reach
-// end of output (bounded), stop stdin, close the sink's single sender.
+// drain: the output goes on until its last writer closes it (a background
+// child may still hold the pipes), for at most the drain time, which a
+// holding reader's wait does not count against; then what is left of the
+// process group is killed, the pumps reach end of output (bounded: a
+// writer outside the group, one that called setsid, is cut off where it
+// is), stdin stops, and the sink's single sender is closed. The zombie is
+// reaped only after the group's kill: until then it keeps its pid, and so
+// its group's, from being reused.
 func (p *Process) reap() {
 	pid := p.proc.Pid
 	pidfd.AwaitChild(pid) // no thread held in wait while it runs
@@ -583,16 +607,8 @@ func (p *Process) reap() {
 			break
 		}
 	}
-	// The zombie leader still holds its pid and so its group id: this
-	// reaches only what the process left behind (a background child may
-	// still hold the pipes), never a group that reused the number.
-	unix.Kill(-pid, unix.SIGKILL)
 	p.mu.Lock()
-	st, _ := p.proc.Wait()
-	owned.Lock()
-	delete(owned.pids, pid)
-	owned.Unlock()
-	p.exit = exitOf(st)
+	p.exit = exitOfSiginfo(&info)
 	if p.exit.Signal == unix.SIGKILL && !p.killSent && p.oomKills != nil && p.oomKills() > p.oomBefore {
 		p.exit.OOMKilled = true
 	}
@@ -605,30 +621,29 @@ func (p *Process) reap() {
 		p.pumps.Wait()
 		close(pumped)
 	}()
-	t := time.NewTimer(p.drainFor)
-	for drained := false; !drained; {
-		select {
-		case <-pumped:
-			drained = true
-		case <-t.C:
-			if p.ring.Held() {
-				// A pump waits for a holding reader to take what the ring
-				// holds: the output is not stuck, it is being read (or
-				// waits out the reader's grace).
-				t.Reset(p.drainFor)
-				continue
-			}
-			// Something outside the group (it called setsid) still holds
-			// a write end. End the streams where they are; what it writes
-			// later was never emitted as far as anyone can tell.
-			for _, f := range p.outputs {
-				f.SetReadDeadline(time.Now())
-			}
-			<-pumped
-			drained = true
+	cut := !p.awaitOutput(pumped, p.drain)
+	// The zombie leader still holds its pid and so its group id: this
+	// reaches only what the process left behind, never a group that
+	// reused the number.
+	unix.Kill(-pid, unix.SIGKILL)
+	if cut && !p.awaitOutput(pumped, p.drainFor) {
+		// Something outside the group (it called setsid) still holds a
+		// write end. End the streams where they are; what it writes
+		// later was never emitted as far as anyone can tell.
+		for _, f := range p.outputs {
+			f.SetReadDeadline(time.Now())
 		}
+		<-pumped
 	}
-	t.Stop()
+	p.mu.Lock()
+	p.proc.Wait() // the exit is the one waitid reported
+	p.reaped = true
+	owned.Lock()
+	delete(owned.pids, pid)
+	owned.Unlock()
+	p.exit.OutputCut = cut
+	p.mu.Unlock()
+	close(p.ended)
 	if p.stdin != nil {
 		p.stdin.Stop()
 	}
@@ -648,14 +663,49 @@ func (p *Process) reap() {
 	}
 }
 
-func exitOf(ps *os.ProcessState) Exit {
-	if ps == nil {
-		return Exit{Code: -1}
+// awaitOutput waits for pumped, for at most d; a pump that waits for a
+// holding reader to take what the ring holds is not stuck, it is being
+// read (or waits out the reader's grace), so that wait does not count. It
+// reports whether the pumps ended.
+func (p *Process) awaitOutput(pumped <-chan struct{}, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-pumped:
+			return true
+		case <-t.C:
+			if !p.ring.Held() {
+				return false
+			}
+			t.Reset(d)
+		}
 	}
-	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-		return Exit{Code: -1, Signal: ws.Signal()}
+}
+
+// si_code values of SIGCHLD (asm-generic/siginfo.h).
+const (
+	cldExited = 1
+	cldKilled = 2
+	cldDumped = 3
+)
+
+// exitOfSiginfo reads the exit waitid reported for a child (SIGCHLD's
+// siginfo: si_code, then si_status in the union after si_pid and si_uid).
+func exitOfSiginfo(info *unix.Siginfo) Exit {
+	c := (*struct {
+		signo, errno, code, _ int32
+		pid                   int32
+		uid                   uint32
+		status                int32
+	})(unsafe.Pointer(info))
+	switch c.code {
+	case cldExited:
+		return Exit{Code: int(c.status)}
+	case cldKilled, cldDumped:
+		return Exit{Code: -1, Signal: syscall.Signal(c.status)}
 	}
-	return Exit{Code: ps.ExitCode()}
+	return Exit{Code: -1}
 }
 
 // ID is the process's identifier.
@@ -669,6 +719,21 @@ func (p *Process) Done() <-chan struct{} { return p.done }
 func (p *Process) Wait(ctx context.Context) (Exit, error) {
 	select {
 	case <-p.exited:
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.exit, nil
+	case <-ctx.Done():
+		return Exit{}, ctx.Err()
+	}
+}
+
+// Ended returns the exit once the output has ended too: then it says
+// whether the drain cut the output (Exit.OutputCut).
+func (p *Process) Ended(ctx context.Context) (Exit, error) {
+	select {
+	case <-p.ended:
+		p.mu.Lock()
+		defer p.mu.Unlock()
 		return p.exit, nil
 	case <-ctx.Done():
 		return Exit{}, ctx.Err()
@@ -728,6 +793,11 @@ func (p *Process) Signal(sig syscall.Signal, group bool) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if isClosed(p.exited) {
+		if sig == unix.SIGKILL && group && !p.reaped {
+			// What the process left behind, still holding its output
+			// within the drain time, is killed with the group.
+			unix.Kill(-p.proc.Pid, sig)
+		}
 		return fmt.Errorf("%w: %s (%v)", ErrFinished, p.id, p.exit)
 	}
 	pid := p.proc.Pid

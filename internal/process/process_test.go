@@ -200,19 +200,59 @@ func TestStreamFullyEvictedBeforeAttach(t *testing.T) {
 }
 
 // Seed validation row: sh -c 'child & exit' — the child holding the pipes
-// is killed with the group, the pumps reach EOF, the drain finishes.
+// is killed with the group once the drain time is out, the pumps reach
+// EOF, the drain finishes, and the exit says the output was cut.
 func TestBackgroundChildDoesNotHoldThePumps(t *testing.T) {
-	p := startT(t, sh("sleep 1000 & exit 0"))
+	spec := sh("sleep 1000 & exit 0")
+	spec.Drain = 100 * time.Millisecond
+	p := startT(t, spec)
 	waitDone(t, p)
-	if ex, _ := p.Wait(ctxT(t)); ex.Code != 0 {
-		t.Fatalf("exit %v", ex)
+	if ex, _ := p.Wait(ctxT(t)); ex.Code != 0 || !ex.OutputCut {
+		t.Fatalf("exit %+v, want code 0 and the output cut", ex)
+	}
+	a, _ := p.Attach(ring.Offsets{}, AttachOptions{})
+	defer a.Close()
+	if tr := read(t, a, ring.Offsets{}); tr.exit == nil || !tr.exit.OutputCut {
+		t.Fatalf("the attachment's exit %+v does not say the output was cut", tr.exit)
+	}
+}
+
+// What a process's children write after the process exits is output too:
+// the streams end when their last writer closes them, within the drain
+// time, and then nothing was cut.
+func TestOutputAfterExitIsRead(t *testing.T) {
+	fifo := filepath.Join(t.TempDir(), "go")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := startT(t, sh("(read x < "+fifo+"; echo late; echo late >&2) & echo early; exit 0"))
+	a, err := p.Attach(ring.Offsets{}, AttachOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	if ex, err := p.Wait(ctxT(t)); err != nil || ex.Code != 0 {
+		t.Fatalf("exit %v, %v", ex, err)
+	}
+	// Only now, the process gone, does its child write.
+	if err := os.WriteFile(fifo, []byte("go\n"), 0); err != nil {
+		t.Fatal(err)
+	}
+	tr := read(t, a, ring.Offsets{})
+	if string(tr.data[ring.Stdout]) != "early\nlate\n" || string(tr.data[ring.Stderr]) != "late\n" {
+		t.Errorf("stdout %q, stderr %q", tr.data[ring.Stdout], tr.data[ring.Stderr])
+	}
+	if tr.exit == nil || tr.exit.Code != 0 || tr.exit.OutputCut {
+		t.Errorf("exit %+v, want code 0 and the output whole", tr.exit)
 	}
 }
 
 // A child that left the process group (setsid) cannot be killed with it;
 // the bounded drain still ends the streams.
 func TestEscapedChildCannotHoldTheDrain(t *testing.T) {
-	p := startT(t, sh(escape("sleep 1000")+"echo $pid; exit 0"))
+	spec := sh(escape("sleep 1000") + "echo $pid; exit 0")
+	spec.Drain = 100 * time.Millisecond
+	p := startT(t, spec)
 	waitDone(t, p)
 	a, _ := p.Attach(ring.Offsets{}, AttachOptions{})
 	defer a.Close()
@@ -249,6 +289,7 @@ func TestEscapedChildCannotHoldTheTerminal(t *testing.T) {
 				Argv:     []string{escape(child) + "echo $pid >" + pidFile + "; exit 0"},
 				Shell:    true,
 				Terminal: &WindowSize{Cols: 80, Rows: 24},
+				Drain:    100 * time.Millisecond,
 			})
 			t.Cleanup(func() {
 				b, err := os.ReadFile(pidFile)
