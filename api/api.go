@@ -395,7 +395,33 @@ const (
 	// watcher that acks acks at least every 256 KiB it takes, or the
 	// process stays held.
 	TypeAck = "ack"
+	// TypeCredit (client to server) grants Bytes more of output to a
+	// watcher that attached with credit=N: the server sends no more output
+	// than the watcher has granted, N at the start and Bytes with each
+	// credit message, a binary frame costing its payload's length or
+	// CreditFrame, whichever is more, so a watcher whose reader
+	// falls behind holds the server back without reading ahead of its
+	// reader (a runtime whose WebSocket cannot stop reading, a browser's,
+	// needs this). The output waits in the ring meanwhile: a flow=block
+	// watcher holds it there, another may lose what the ring evicts, and
+	// is told exactly how much. Offsets, when set, ack as TypeAck does.
+	TypeCredit = "credit"
+	// TypeRelease (client to server) says a holding watcher will not come
+	// back: when it goes, the output it held is not kept for it, and the
+	// process no longer waits for it.
+	TypeRelease = "release"
 )
+
+// MaxCredit bounds the output a watcher may have granted and not yet
+// received: a credit that would take it past this is refused.
+const MaxCredit = 1 << 30
+
+// CreditFrame is the least a binary frame costs of a watcher's credit,
+// however little it carries: a watcher that grants N bytes is sent at most
+// N bytes in at most N/CreditFrame frames (a queue of 64 KiB and 256
+// chunks, the streaming contract's, takes a credit of 64 KiB). It is also
+// the least credit=N.
+const CreditFrame = 256
 
 // Hello opens a kiln.v1 stream: per stream, the oldest offset a watcher is
 // given bytes from (the ring's, or a captured process's log's) and the
@@ -434,12 +460,14 @@ type ExitMessage struct {
 }
 
 // ClientMessage is a kiln.v1 text message from the client: stdin_close,
-// resize with Cols and Rows, or ack with Offsets per stream name.
+// resize with Cols and Rows, ack with Offsets per stream name, credit
+// with Bytes (and Offsets, acked), or release.
 type ClientMessage struct {
 	Type    string           `json:"type"`
 	Cols    uint16           `json:"cols,omitempty"`
 	Rows    uint16           `json:"rows,omitempty"`
 	Offsets map[string]int64 `json:"offsets,omitempty"`
+	Bytes   int64            `json:"bytes,omitempty"`
 }
 
 // Limits bound a sandbox's resources; zero means no limit.

@@ -118,6 +118,7 @@ func (s *Server) routes() {
 	m.HandleFunc("POST /exec-stream/{pid}/stdin", s.stdin)
 	m.HandleFunc("POST /exec-stream/{pid}/stdin/close", s.closeStdin)
 	m.HandleFunc("POST /exec-stream/{pid}/resize", s.resize)
+	m.HandleFunc("POST /exec-stream/{pid}/release", s.release)
 	m.HandleFunc("GET /exec-stream/{pid}/logs", s.logs)
 	if s.cfg.Launch != nil {
 		(&files.Server{Launch: s.cfg.Launch}).Register(m)
@@ -509,6 +510,16 @@ func stdinOffset(q url.Values) (offset int64, given bool, err error) {
 
 func (s *Server) closeStdin(w http.ResponseWriter, r *http.Request) {
 	if err := s.cfg.Table.CloseStdin(r.PathValue("pid")); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// release lets go of the output a flow block process holds for readers
+// not attached (see process.Table.Release).
+func (s *Server) release(w http.ResponseWriter, r *http.Request) {
+	if err := s.cfg.Table.Release(r.PathValue("pid")); err != nil {
 		writeError(w, err)
 		return
 	}

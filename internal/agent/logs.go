@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -126,6 +127,13 @@ func (s *Server) logs(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	var granted int64
+	if v := q.Get("credit"); v != "" {
+		if granted, err = strconv.ParseInt(v, 10, 64); err != nil || granted < api.CreditFrame || granted > api.MaxCredit {
+			writeError(w, fmt.Errorf("%w: credit %q: want %d to %d bytes", process.ErrInvalid, clip(v), api.CreditFrame, api.MaxCredit))
+			return
+		}
+	}
 	st, err := s.cfg.Table.Status(id)
 	if err != nil {
 		writeError(w, err)
@@ -139,11 +147,15 @@ func (s *Server) logs(w http.ResponseWriter, r *http.Request) {
 	defer a.Close()
 	s.watchers.Add(1)
 	if strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
-		s.watch(w, r, id, st, a, withStdin, ao.Hold)
+		var fc *credit
+		if granted > 0 {
+			fc = newCredit(granted)
+		}
+		s.watch(w, r, id, st, a, withStdin, ao.Hold, fc)
 		return
 	}
-	if withStdin {
-		writeError(w, fmt.Errorf("%w: stdin=1 needs a WebSocket", process.ErrInvalid))
+	if withStdin || granted > 0 {
+		writeError(w, fmt.Errorf("%w: stdin=1 and credit need a WebSocket", process.ErrInvalid))
 		return
 	}
 	s.logsHTTP(w, r, st, a, follow)
@@ -200,9 +212,83 @@ func (s *Server) logsHTTP(w http.ResponseWriter, r *http.Request, st process.Sta
 	}
 }
 
+// credit is the output a watcher that attached with credit=N has granted
+// and not yet been sent (api.TypeCredit): the watcher's sender takes from
+// it, a frame at least api.CreditFrame, waiting while there is less, and
+// the reader of the watcher's messages adds to it.
+type credit struct {
+	// mu guards avail and wake; wake is closed and replaced when a grant
+	// comes.
+	mu    sync.Mutex
+	avail int64
+	wake  chan struct{}
+	// released says the watcher sent api.TypeRelease.
+	released atomic.Bool
+}
+
+func newCredit(n int64) *credit { return &credit{avail: n, wake: make(chan struct{})} }
+
+// grant adds n to what may be sent; more than api.MaxCredit outstanding is
+// refused.
+func (c *credit) grant(n int64) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if n < 1 || n > api.MaxCredit-c.avail {
+		return fmt.Errorf("credit of %d bytes: want 1 to %d beyond the %d granted", n, api.MaxCredit-c.avail, c.avail)
+	}
+	c.avail += n
+	close(c.wake)
+	c.wake = make(chan struct{})
+	return nil
+}
+
+// available is what may be sent now: 0 while that is less than a frame
+// costs.
+func (c *credit) available() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.avail < api.CreditFrame {
+		return 0
+	}
+	return c.avail
+}
+
+// wait waits until a frame may be sent. Only grants change what is
+// available meanwhile, so once it returns, take takes something until the
+// caller, the one sender, has taken it all.
+func (c *credit) wait(ctx context.Context) error {
+	for {
+		c.mu.Lock()
+		avail, wake := c.avail, c.wake
+		c.mu.Unlock()
+		if avail >= api.CreditFrame {
+			return nil
+		}
+		select {
+		case <-wake:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// take takes what a frame of up to n bytes costs, and returns how many
+// bytes the frame may carry: 0 while a frame costs more than there is.
+func (c *credit) take(n int) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.avail < api.CreditFrame {
+		return 0
+	}
+	n = int(min(int64(n), c.avail))
+	c.avail -= max(int64(n), api.CreditFrame)
+	return n
+}
+
 // watch serves one WebSocket watcher: kiln.v1 frames, or the raw shape. A
-// watcher that sends input or holds the output (and acks it) is read from.
-func (s *Server) watch(w http.ResponseWriter, r *http.Request, id string, st process.Status, a *process.Attachment, withStdin, hold bool) {
+// watcher that sends input, holds the output (and acks it), or grants
+// credit (fc) is read from.
+func (s *Server) watch(w http.ResponseWriter, r *http.Request, id string, st process.Status, a *process.Attachment, withStdin, hold bool, fc *credit) {
 	// Origins were checked where the request came in (kilnd); the agent's
 	// socket is reachable from kilnd alone.
 	mc, ok := r.Context().Value(connKey{}).(*movable)
@@ -223,6 +309,15 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request, id string, st pro
 		return // Accept has answered
 	}
 	defer c.CloseNow()
+	if fc != nil {
+		// Last, once the watcher's messages are read: a watcher that said
+		// it will not come back holds nothing when it goes.
+		defer func() {
+			if fc.released.Load() {
+				a.Abandon()
+			}
+		}()
+	}
 	// Taken up on its offer, kilnd hands the client's socket over: the
 	// output then goes to the client straight from here, not through a
 	// relay in kilnd, which would copy it twice more.
@@ -251,10 +346,10 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request, id string, st pro
 	defer cancel()
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	if withStdin || hold {
+	if withStdin || hold || fc != nil {
 		wg.Go(func() {
 			defer cancel()
-			s.readInput(ctx, c, id, st, a, withStdin)
+			s.readInput(ctx, c, id, st, a, withStdin, fc)
 		})
 	} else {
 		ctx = c.CloseRead(ctx)
@@ -324,12 +419,47 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request, id string, st pro
 	// network, a proxy that cuts connections) still carries the first
 	// bytes of each connection, so a client that comes back from where it
 	// got always gets further.
+	// flush writes what is batched, before a wait for credit: the watcher
+	// may be waiting for it to grant more.
+	flush := func() bool {
+		if len(batch) == 0 {
+			return true
+		}
+		err := mc.writeFrames(batch, writeTimeout)
+		batch = batch[:0]
+		if err != nil {
+			cancel()
+			return false
+		}
+		return true
+	}
+	// awaitCredit waits until a credit watcher may be sent output,
+	// sending what is batched first if it must wait.
+	awaitCredit := func() bool {
+		if fc == nil {
+			return true
+		}
+		if fc.available() == 0 && !flush() {
+			return false
+		}
+		return fc.wait(ctx) == nil
+	}
 	limit := firstMessage
 	for {
+		// A credit watcher's output waits for its credit (below) once it
+		// is taken from the ring, a message's worth at most; its gaps,
+		// ends and exit do not. Its hold (flow=block, acked) is where it
+		// says it has read, not where this has got to.
+		next := limit
+		if fc != nil {
+			if avail := fc.available(); avail > 0 {
+				next = int(min(int64(limit), avail))
+			}
+		}
 		// A watcher that is behind gets what continues a chunk in one
 		// message: a message per chunk of a small-write program costs more
 		// than the bytes (headers, a write each, a read each).
-		e, err := a.NextMerged(ctx, limit)
+		e, err := a.NextMerged(ctx, next)
 		if errors.Is(err, io.EOF) {
 			c.Close(websocket.StatusNormalClosure, "")
 			return
@@ -344,6 +474,12 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request, id string, st pro
 			// with its own offset and seq: the same bytes, in order.
 			for rest := e; ok && len(rest.Data) > 0; {
 				n := min(len(rest.Data), limit)
+				if fc != nil {
+					if !awaitCredit() {
+						return
+					}
+					n = fc.take(n)
+				}
 				piece := rest
 				piece.Data = rest.Data[:n]
 				ok = sendData(piece)
@@ -424,7 +560,7 @@ func keepalive(ctx context.Context, c *websocket.Conn, drop context.CancelFunc) 
 // readInput takes a watcher's messages: binary messages are input, in
 // order (when the watcher asked for stdin); text messages are control
 // (stdin_close, resize, ack).
-func (s *Server) readInput(ctx context.Context, c *websocket.Conn, id string, st process.Status, a *process.Attachment, withStdin bool) {
+func (s *Server) readInput(ctx context.Context, c *websocket.Conn, id string, st process.Status, a *process.Attachment, withStdin bool, fc *credit) {
 	var offset int64
 	if st.Stdin != nil {
 		offset = st.Stdin.Accepted
@@ -465,11 +601,22 @@ func (s *Server) readInput(ctx context.Context, c *websocket.Conn, id string, st
 				case api.TypeResize:
 					err = s.cfg.Table.Resize(id, process.WindowSize{Cols: m.Cols, Rows: m.Rows})
 				case api.TypeAck:
-					var at ring.Offsets
-					for name, off := range m.Offsets {
-						at[streamOf[name]] = off
+					a.Ack(offsetsOf(m.Offsets))
+				case api.TypeCredit:
+					if fc == nil {
+						err = errors.New("credit from a watcher that did not attach with credit=N")
+						break
 					}
-					a.Ack(at)
+					if len(m.Offsets) > 0 {
+						a.Ack(offsetsOf(m.Offsets))
+					}
+					err = fc.grant(m.Bytes)
+				case api.TypeRelease:
+					if fc == nil {
+						err = errors.New("release from a watcher that did not attach with credit=N")
+						break
+					}
+					fc.released.Store(true)
 				}
 			}
 			if err != nil {
@@ -478,6 +625,15 @@ func (s *Server) readInput(ctx context.Context, c *websocket.Conn, id string, st
 			}
 		}
 	}
+}
+
+// offsetsOf reads an ack's offsets, checked by controlMessage.
+func offsetsOf(m map[string]int64) ring.Offsets {
+	var at ring.Offsets
+	for name, off := range m {
+		at[streamOf[name]] = off
+	}
+	return at
 }
 
 // streamOf names the streams in query parameters and acks.
@@ -498,12 +654,16 @@ func controlMessage(data []byte) (api.ClientMessage, error) {
 		if m.Cols == 0 || m.Rows == 0 || m.Cols > api.MaxTTYSize || m.Rows > api.MaxTTYSize {
 			return m, fmt.Errorf("terminal size %dx%d", m.Cols, m.Rows)
 		}
-	case api.TypeAck:
+	case api.TypeAck, api.TypeCredit:
 		for name, off := range m.Offsets {
 			if _, ok := streamOf[name]; !ok || off < 0 {
 				return m, fmt.Errorf("ack of %s offset %d", clip(name), off)
 			}
 		}
+		if m.Type == api.TypeCredit && (m.Bytes < 1 || m.Bytes > api.MaxCredit) {
+			return m, fmt.Errorf("credit of %d bytes: want 1 to %d", m.Bytes, api.MaxCredit)
+		}
+	case api.TypeRelease:
 	default:
 		return m, fmt.Errorf("unknown message type %q", clip(m.Type))
 	}

@@ -161,6 +161,22 @@ func (c *movable) writeMessage(before []byte, op byte, head, body []byte, timeou
 	return err
 }
 
+// writeFrames writes whole frames alone (what writeMessage writes before
+// its message): a batch that must go out before the writer waits.
+func (c *movable) writeFrames(frames []byte, timeout time.Duration) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.closed {
+		return net.ErrClosed
+	}
+	conn := c.current()
+	if err := conn.SetWriteDeadline(time.Now().Add(timeout)); err != nil {
+		return err
+	}
+	_, err := conn.Write(frames)
+	return err
+}
+
 // appendWSHeader appends the header of a final, unmasked frame of n bytes.
 func appendWSHeader(dst []byte, op byte, n int) []byte {
 	dst = append(dst, 0x80|op)

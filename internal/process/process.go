@@ -887,6 +887,12 @@ func (p *Process) Attach(from ring.Offsets, o AttachOptions) (*Attachment, error
 	return a, nil
 }
 
+// Release lets go of the output held for readers that are not attached:
+// for its first holding reader, and for holding readers that went and may
+// come back. The process no longer waits for them; a holding reader
+// attached now keeps its hold.
+func (p *Process) Release() { p.ring.Release() }
+
 // Kill kills the whole process group and waits, bounded by ctx, until the
 // drain has finished. Its output is held for nobody any more: the drain
 // does not wait on a reader.

@@ -519,6 +519,19 @@ func (t *Table) Signal(id string, sig syscall.Signal, group bool) error {
 	return t.do(id, func(p *Process) error { return p.Signal(sig, group) })
 }
 
+// Release lets go of a process's output held for readers not attached;
+// see Process.Release. A finished process holds nothing.
+func (t *Table) Release(id string) error {
+	err := t.do(id, func(p *Process) error {
+		p.Release()
+		return nil
+	})
+	if errors.Is(err, ErrFinished) {
+		return nil
+	}
+	return err
+}
+
 // Terminate kills a process's group; see Process.Terminate.
 func (t *Table) Terminate(id string) error { return t.do(id, (*Process).Terminate) }
 

@@ -455,6 +455,25 @@ func (r *Ring) Hold(grace time.Duration) {
 	r.addHoldLocked(&hold{at: r.written, until: time.Now().Add(grace)})
 }
 
+// Release drops the holds no cursor holds: the one a ring is made with,
+// for its first reader (Hold), and those holding cursors left for their
+// readers to come back to. A holding cursor keeps its hold, and a cursor
+// may take a hold later.
+func (r *Ring) Release() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	kept := r.holds[:0]
+	for _, h := range r.holds {
+		if h.cur != nil {
+			kept = append(kept, h)
+		}
+	}
+	clear(r.holds[len(kept):])
+	r.holds = kept
+	r.holding.Store(int32(len(kept)))
+	r.wakePumpsLocked()
+}
+
 // Unhold drops every hold, now and for good: the ring drops its oldest
 // bytes again, and a pump waiting for room goes on. A process being shut
 // down does this, so that its drain cannot wait on a reader.
