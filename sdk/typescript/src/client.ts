@@ -3,6 +3,7 @@
 
 import { SandkilnError } from "./errors.js";
 import { message, Transport } from "./http.js";
+import { checkOptions, checkSignal, noMore, SIGNAL_ONLY } from "./options.js";
 import {
   checkSize,
   exitOf,
@@ -86,9 +87,15 @@ export class Client {
     return true;
   }
 
-  /** Lets go of every handle made through this client (their connections close); kilnd and its sandboxes are left as they are. */
-  async close(): Promise<void> {
-    for (const s of this.sandboxes.known) s.letGoHandles();
+  /**
+   * Lets go of every handle made through this client: their connections
+   * close, their calls still waiting fail with DETACHED, and their
+   * processes no longer wait for them. kilnd, its sandboxes and their
+   * processes are left as they are.
+   */
+  async close(...extra: never[]): Promise<void> {
+    noMore(extra, "close()");
+    for (const s of this.sandboxes.known) s.letGoHandles(true);
   }
 }
 
@@ -107,8 +114,12 @@ export class Sandboxes {
    * lost the error is OUTCOME_UNKNOWN: list the sandboxes before creating
    * another.
    */
-  async create(options: SandboxOptions & SignalOptions = {}): Promise<Sandbox> {
+  async create(options: SandboxOptions & SignalOptions = {}, ...extra: never[]): Promise<Sandbox> {
+    noMore(extra, "sandboxes.create()");
+    if (options === null || typeof options !== "object" || Array.isArray(options)) checkOptions(options, [], "sandboxes.create()");
+    // The body's fields are kilnd's to check (it refuses what it does not know).
     const { signal, ...body } = options;
+    checkSignal(signal, "sandboxes.create()");
     const info = await this.client.transport.call<SandboxInfo>("POST", "/sandboxes", { json: body, signal });
     return this.handle(info);
   }
@@ -138,7 +149,7 @@ export class Sandboxes {
 
   /** @internal Lets go of the handles on sandbox id, whichever Sandbox of this client made them. */
   letGo(id: string): void {
-    for (const s of [...this.known]) if (s.id === id) s.letGoHandles();
+    for (const s of [...this.known]) if (s.id === id) s.letGoHandles(false);
   }
 }
 
@@ -205,9 +216,9 @@ export class Sandbox implements HandleOwner {
     this.registry.known.add(this);
   }
 
-  /** @internal */
-  letGoHandles(): void {
-    for (const h of [...this.handles]) h.letGo();
+  /** @internal Lets go of the handles; with release, of the output held for them too (their processes go on). */
+  letGoHandles(release: boolean): void {
+    for (const h of [...this.handles]) h.letGo(release);
     for (const c of [...this.ports.open]) void c.close();
   }
 
@@ -228,7 +239,10 @@ export class Sandbox implements HandleOwner {
    * further requests, those made through another Sandbox of the same id
    * (client.sandboxes.get() again) among them.
    */
-  async destroy(options: { removeLogs?: boolean } & SignalOptions = {}): Promise<void> {
+  async destroy(options: { removeLogs?: boolean } & SignalOptions = {}, ...extra: never[]): Promise<void> {
+    noMore(extra, "destroy()");
+    checkOptions(options, ["removeLogs", "signal"], "destroy()");
+    checkSignal(options.signal, "destroy()"); // aborted already: nothing is let go, nothing deleted
     this.registry.letGo(this.id);
     try {
       await this.transport.call("DELETE", this.path(""), {
@@ -247,15 +261,23 @@ export class Sandbox implements HandleOwner {
    * comes, each call awaited, and the exact bytes are kept from the same
    * run; the command is never run twice.
    */
-  async exec(input: ExecInput, options: ExecOptions = {}): Promise<ExecOutput> {
+  async exec(input: ExecInput, options: ExecOptions = {}, ...extra: never[]): Promise<ExecOutput> {
+    noMore(extra, "exec()");
+    checkOptions(input, ["command", "cwd", "env", "user", "stdin", "maxOutputBytes", "deadlineSeconds"], "exec()");
+    checkOptions(options, ["onOutput", "signal"], "exec() options");
+    if (input === undefined) throw new SandkilnError("INVALID_ARGUMENT", "exec(): a command is needed");
     const argv = argvOf(input.command);
-    if ((input as { deadlineSeconds?: unknown }).deadlineSeconds !== undefined && options.onOutput) {
+    if (input.deadlineSeconds !== undefined && options.onOutput) {
       throw new SandkilnError("INVALID_ARGUMENT", "exec with onOutput has no deadline: pass a signal to bound the wait");
     }
-    const max = input.maxOutputBytes ?? LIMITS.maxFiniteOutput;
-    if (!Number.isInteger(max) || max < 1 || max > LIMITS.maxFiniteOutput) {
-      throw new SandkilnError("INVALID_ARGUMENT", `maxOutputBytes ${max}: want 1 to ${LIMITS.maxFiniteOutput}`);
+    if (input.deadlineSeconds !== undefined && !(typeof input.deadlineSeconds === "number" && input.deadlineSeconds > 0 && input.deadlineSeconds <= MAX_DEADLINE_SECONDS)) {
+      throw new SandkilnError("INVALID_ARGUMENT", `deadlineSeconds ${input.deadlineSeconds}: want more than 0, at most ${MAX_DEADLINE_SECONDS}`);
     }
+    if (options.onOutput !== undefined && typeof options.onOutput !== "function") {
+      throw new SandkilnError("INVALID_ARGUMENT", "exec(): onOutput must be a function");
+    }
+    const max = maxOutput(input.maxOutputBytes, "maxOutputBytes");
+    checkSignal(options.signal, "exec()");
     if (!options.onOutput) return this.execFinite(input, argv, max, options.signal);
     return this.execLive(input, argv, max, options.onOutput, options.signal);
   }
@@ -265,7 +287,7 @@ export class Sandbox implements HandleOwner {
       // A finite exec has no stdin; a live one does.
       return this.execLive(input, argv, max, async () => {}, signal);
     }
-    const deadline = (input as { deadlineSeconds?: number }).deadlineSeconds;
+    const deadline = input.deadlineSeconds;
     const r = await this.transport.call<Schemas["ExecResult"]>("POST", this.path("/exec"), {
       json: {
         command: argv[0], args: argv.slice(1), env: input.env, cwd: input.cwd, user: input.user, max_output_bytes: max,
@@ -297,7 +319,7 @@ export class Sandbox implements HandleOwner {
     let truncated = false;
     const decoders = { stdout: new StreamDecoder(), stderr: new StreamDecoder() };
     const result = (exit: Exit | undefined): ExecOutput => ({
-      ...(exit ?? { exitCode: null, signal: null, oomKilled: false }),
+      ...(exit ?? { exitCode: null, signal: null, oomKilled: false, outputCut: null }),
       stdout: new TextDecoder().decode(concat(kept.stdout)),
       stderr: new TextDecoder().decode(concat(kept.stderr)),
       stdoutBytes: totals.stdout, stderrBytes: totals.stderr, truncated, timedOut: false,
@@ -313,11 +335,6 @@ export class Sandbox implements HandleOwner {
       try {
         for await (const chunk of child.output({ signal })) {
           const s = chunk.stream as "stdout" | "stderr";
-          if (chunk.lost) {
-            truncated = true;
-            totals[s] += chunk.lost;
-            continue;
-          }
           totals[s] += chunk.bytes.length;
           const room = max - keptBytes;
           if (chunk.bytes.length > room) truncated = true;
@@ -341,7 +358,7 @@ export class Sandbox implements HandleOwner {
         } catch {
           // the exit stays unconfirmed
         }
-        if (err instanceof SandkilnError && (err.code === "WAIT_ABORTED" || err.code === "UNAVAILABLE")) {
+        if (err instanceof SandkilnError && err.code !== "INTERNAL") {
           throw new SandkilnError(err.code, err.message, { cause: err, confirmedExit: exit, output: result(exit) });
         }
         throw new SandkilnError("INTERNAL", `exec: the output callback failed: ${message(err)}`, {
@@ -355,6 +372,18 @@ export class Sandbox implements HandleOwner {
       await child.detach();
     }
   }
+}
+
+/** The longest deadline an exec takes: kilnd's bound on timeout_ms. */
+const MAX_DEADLINE_SECONDS = 7 * 24 * 60 * 60;
+
+/** Checks a finite output bound (default 1 MiB). */
+function maxOutput(v: unknown, what: string): number {
+  const max = v ?? LIMITS.maxFiniteOutput;
+  if (typeof max !== "number" || !Number.isInteger(max) || max < 1 || max > LIMITS.maxFiniteOutput) {
+    throw new SandkilnError("INVALID_ARGUMENT", `${what} ${String(v)}: want an integer from 1 to ${LIMITS.maxFiniteOutput}`);
+  }
+  return max;
 }
 
 function concat(parts: Uint8Array[]): Uint8Array {
@@ -393,7 +422,9 @@ export interface ExecOptions extends SignalOptions {
   onOutput?: (chunk: { stream: "stdout" | "stderr"; text: string }) => unknown;
 }
 
-export interface ExecOutput extends Exit {
+export interface ExecOutput extends Omit<Exit, "exitCode"> {
+  /** The exit code (see Exit); null only in the output a failed exec's error carries, when no exit was confirmed. */
+  exitCode: number | null;
   stdout: string;
   stderr: string;
   stdoutBytes: number;
@@ -415,22 +446,36 @@ export interface StartOptions extends SignalOptions {
     /** "stream" for long-running work; "finite" (the default) keeps at most maxOutputBytes. */
     mode?: "stream" | "finite";
     format?: "text" | "bytes";
-    /** Finite mode's bound, 1 to 1 MiB (the default). */
+    /** Finite mode's bound, 1 to 1 MiB (the default); not with mode "stream". */
     maxOutputBytes?: number;
-    /** A consumer that falls behind: the connection is made again from where it stood ("resume", the default), or the output fails with OUTPUT_CAPACITY. */
-    overflow?: "resume" | "fail";
-    /** "block": this handle is given every byte, the process waiting for it if need be. Needs mode "stream". */
+    /** Bytes lost to this handle: the output fails with OUTPUT_CAPACITY ("fail", the default), or a chunk with lost says how many and the output goes on ("report"). */
+    overflow?: "fail" | "report";
+    /**
+     * "block" (the default): the process waits for this handle's reader
+     * when it falls behind, as a program waits for its terminal, so that
+     * a reader loses nothing; it stops waiting once the handle stops
+     * reading (leaves its output loop, detaches, or waits for the exit
+     * without reading). "drop": the process never waits; what the reader
+     * falls behind on may be lost (see overflow).
+     */
     flow?: "drop" | "block";
   };
   /** Keep the output durably in the sandbox's captured logs. */
   capture?: boolean;
+  /** How long, in ms, the output is read after the process exits while something it left behind holds it open (default 3000, at most 60000); past it the output is cut, and the exit says outputCut. */
+  drainMs?: number;
 }
 
 type TextStart = StartOptions & { output?: { format?: "text" } };
 type ByteStart = StartOptions & { output: { format: "bytes" } };
 
+const START_OPTIONS = ["command", "cwd", "env", "user", "stdin", "output", "capture", "drainMs", "signal", "deadlineSeconds"] as const;
+const OUTPUT_OPTIONS = ["mode", "format", "maxOutputBytes", "overflow", "flow"] as const;
+
 function settingsOf(o: StartOptions, terminal: boolean): HandleSettings {
-  const out = o.output ?? {};
+  checkOptions(o, START_OPTIONS, terminal ? "terminals.start()" : "processes.start()");
+  if (o === undefined) throw new SandkilnError("INVALID_ARGUMENT", "processes.start(): a command is needed");
+  const out = checkOptions(o.output, OUTPUT_OPTIONS, "output");
   const mode = out.mode ?? "finite";
   if (mode !== "stream" && mode !== "finite") throw new SandkilnError("INVALID_ARGUMENT", `output.mode ${JSON.stringify(mode)}: want "stream" or "finite"`);
   const format = terminal ? "bytes" : out.format ?? "text";
@@ -438,21 +483,22 @@ function settingsOf(o: StartOptions, terminal: boolean): HandleSettings {
   if (mode === "stream" && out.maxOutputBytes !== undefined) {
     throw new SandkilnError("INVALID_ARGUMENT", "output.maxOutputBytes belongs to finite mode, not stream mode");
   }
-  const max = out.maxOutputBytes ?? LIMITS.maxFiniteOutput;
-  if (!Number.isInteger(max) || max < 1 || max > LIMITS.maxFiniteOutput) {
-    throw new SandkilnError("INVALID_ARGUMENT", `output.maxOutputBytes ${max}: want 1 to ${LIMITS.maxFiniteOutput}`);
-  }
-  if (out.flow === "block" && mode !== "stream") throw new SandkilnError("INVALID_ARGUMENT", 'output.flow "block" needs mode "stream"');
+  const max = maxOutput(out.maxOutputBytes, "output.maxOutputBytes");
+  const overflow = out.overflow ?? "fail";
+  if (overflow !== "fail" && overflow !== "report") throw new SandkilnError("INVALID_ARGUMENT", `output.overflow ${JSON.stringify(overflow)}: want "fail" or "report"`);
+  const flow = out.flow ?? "block";
+  if (flow !== "block" && flow !== "drop") throw new SandkilnError("INVALID_ARGUMENT", `output.flow ${JSON.stringify(flow)}: want "block" or "drop"`);
   if ((o as { deadlineSeconds?: unknown }).deadlineSeconds !== undefined) {
     throw new SandkilnError("INVALID_ARGUMENT", "processes.start() cannot guarantee a runtime deadline: it takes no deadlineSeconds; terminate() it instead");
   }
   if (o.stdin !== undefined && o.stdin !== "pipe" && o.stdin !== "closed") {
     throw new SandkilnError("INVALID_ARGUMENT", `stdin ${JSON.stringify(o.stdin)}: want "pipe" or "closed"`);
   }
-  return {
-    format, mode, maxOutputBytes: max, overflow: out.overflow ?? "resume", hold: out.flow === "block", terminal,
-    stdinPipe: terminal || o.stdin === "pipe",
-  };
+  if (o.drainMs !== undefined && !(Number.isInteger(o.drainMs) && o.drainMs >= 0 && o.drainMs <= 60_000)) {
+    throw new SandkilnError("INVALID_ARGUMENT", `drainMs ${o.drainMs}: want an integer from 0 to 60000`);
+  }
+  checkSignal(o.signal, terminal ? "terminals.start()" : "processes.start()");
+  return { format, mode, maxOutputBytes: max, overflow, hold: flow === "block", terminal, stdinPipe: terminal || o.stdin === "pipe" };
 }
 
 /** Starts a process and resolves with its id, once kilnd has it; a lost answer is OUTCOME_UNKNOWN (never started again). */
@@ -462,7 +508,7 @@ async function startOn(s: Sandbox, o: StartOptions, settings: HandleSettings, tt
     json: {
       command: argv[0], args: argv.slice(1), env: o.env, cwd: o.cwd, user: o.user,
       stdin: settings.stdinPipe ? "pipe" : undefined, tty, capture: o.capture || undefined,
-      flow: settings.hold ? "block" : undefined,
+      flow: settings.hold ? "block" : undefined, drain_ms: o.drainMs || undefined,
     },
     signal: o.signal,
   });
@@ -481,7 +527,7 @@ function checkReference(s: Sandbox, ref: ProcessReference, kind: ProcessReferenc
   if (ref.format !== "text" && ref.format !== "bytes") throw bad(`format ${JSON.stringify(ref.format)}`);
   if (kind === "terminal" && ref.format !== "bytes") throw bad("a terminal's output is bytes");
   if (ref.mode !== "stream" && ref.mode !== "finite") throw bad(`mode ${JSON.stringify(ref.mode)}`);
-  if (ref.overflow !== "resume" && ref.overflow !== "fail") throw bad(`overflow ${JSON.stringify(ref.overflow)}`);
+  if (ref.overflow !== "report" && ref.overflow !== "fail") throw bad(`overflow ${JSON.stringify(ref.overflow)}`);
   if (typeof ref.hold !== "boolean") throw bad("hold");
   if (!Number.isInteger(ref.maxOutputBytes) || ref.maxOutputBytes < 1 || ref.maxOutputBytes > LIMITS.maxFiniteOutput) throw bad("maxOutputBytes");
   const st = ref.stdin;
@@ -524,9 +570,10 @@ export class Processes {
   }
 
   /** Starts a process and returns its handle at once. */
-  start(options: ByteStart): Promise<ProcessHandle<ByteChunk>>;
-  start(options: TextStart): Promise<ProcessHandle<TextChunk>>;
-  async start(options: StartOptions): Promise<ProcessHandle<Chunk>> {
+  start(options: ByteStart, ...extra: never[]): Promise<ProcessHandle<ByteChunk>>;
+  start(options: TextStart, ...extra: never[]): Promise<ProcessHandle<TextChunk>>;
+  async start(options: StartOptions, ...extra: never[]): Promise<ProcessHandle<Chunk>> {
+    noMore(extra, "processes.start()");
     const settings = settingsOf(options, false);
     const id = await startOn(this.s, options, settings);
     return this.s.adopt(new ProcessHandle<Chunk>(this.s, id, settings));
@@ -534,12 +581,15 @@ export class Processes {
 
   /**
    * Returns to the process of a reference: its output resumes where the
-   * reference stood, a gap reported only for bytes evicted since (with
+   * reference stood, a gap reported only for bytes lost since (with
    * their count). It never starts a process.
    */
-  async reopen(ref: ProcessReference, options: SignalOptions = {}): Promise<ProcessHandle<Chunk>> {
+  async reopen(ref: ProcessReference, options: SignalOptions = {}, ...extra: never[]): Promise<ProcessHandle<Chunk>> {
+    noMore(extra, "processes.reopen()");
+    const { signal } = checkOptions(options, SIGNAL_ONLY, "processes.reopen()");
     checkReference(this.s, ref, "process");
-    const p = await this.s.transport.call<Schemas["Process"]>("GET", this.s.path(`/exec-stream/${encodeURIComponent(ref.process)}`), { idempotent: true, signal: options.signal });
+    checkSignal(signal, "processes.reopen()");
+    const p = await this.s.transport.call<Schemas["Process"]>("GET", this.s.path(`/exec-stream/${encodeURIComponent(ref.process)}`), { idempotent: true, signal });
     checkAgainst(ref, p);
     return this.s.adopt(new ProcessHandle<Chunk>(this.s, ref.process, settingsFrom(ref), ref));
   }
@@ -547,26 +597,37 @@ export class Processes {
   /**
    * A handle on a process of the sandbox's, by its id (one another client
    * started, say), its output read from the beginning (what kilnd still
-   * has of it). A terminal's handle is a TerminalHandle.
+   * has of it). It does not hold the process's output: what kilnd cannot
+   * keep while its reader is behind is lost to it (see overflow). A
+   * terminal's handle is a TerminalHandle.
    */
-  async get(id: string, options: { format?: "text" | "bytes" } & SignalOptions = {}): Promise<ProcessHandle<Chunk> | TerminalHandle> {
+  async get(id: string, options: { format?: "text" | "bytes"; overflow?: "fail" | "report" } & SignalOptions = {}, ...extra: never[]): Promise<ProcessHandle<Chunk> | TerminalHandle> {
+    noMore(extra, "processes.get()");
+    const o = checkOptions(options, ["format", "overflow", "signal"], "processes.get()");
+    if (typeof id !== "string" || id === "") throw new SandkilnError("INVALID_ARGUMENT", "processes.get(): a process id is needed");
+    if (o.format !== undefined && o.format !== "text" && o.format !== "bytes") throw new SandkilnError("INVALID_ARGUMENT", `format ${JSON.stringify(o.format)}: want "text" or "bytes"`);
+    if (o.overflow !== undefined && o.overflow !== "fail" && o.overflow !== "report") throw new SandkilnError("INVALID_ARGUMENT", `overflow ${JSON.stringify(o.overflow)}: want "fail" or "report"`);
+    checkSignal(o.signal, "processes.get()");
     const p = await this.s.transport.call<Schemas["Process"]>("GET", this.s.path(`/exec-stream/${encodeURIComponent(id)}`), {
-      idempotent: true, signal: options.signal,
+      idempotent: true, signal: o.signal,
     });
     const terminal = p.terminal ?? false;
     const ref: ProcessReference = {
       kind: terminal ? "terminal" : "process", version: 1, sandbox: this.s.id, process: id, offsets: {}, lost: {}, ended: {},
       stdin: { pipe: p.stdin !== undefined, offset: p.stdin?.accepted ?? 0, closed: p.stdin?.closed ?? true },
-      format: terminal ? "bytes" : options.format ?? "text", mode: "stream", maxOutputBytes: LIMITS.maxFiniteOutput,
-      overflow: "resume", hold: false, expiresAt: new Date(Date.now() + LIMITS.referenceLifetimeMs).toISOString(),
+      format: terminal ? "bytes" : o.format ?? "text", mode: "stream", maxOutputBytes: LIMITS.maxFiniteOutput,
+      overflow: terminal ? "fail" : o.overflow ?? "fail", hold: false, expiresAt: new Date(Date.now() + LIMITS.referenceLifetimeMs).toISOString(),
     };
     const settings = settingsFrom(ref);
     return this.s.adopt(terminal ? new TerminalHandle(this.s, id, settings, ref) : new ProcessHandle<Chunk>(this.s, id, settings, ref));
   }
 
   /** The sandbox's processes, running and finished. */
-  async list(options: SignalOptions = {}): Promise<Schemas["Process"][]> {
-    return (await this.s.transport.call<Schemas["Process"][] | null>("GET", this.s.path("/exec-stream"), { idempotent: true, signal: options.signal })) ?? [];
+  async list(options: SignalOptions = {}, ...extra: never[]): Promise<Schemas["Process"][]> {
+    noMore(extra, "processes.list()");
+    const { signal } = checkOptions(options, SIGNAL_ONLY, "processes.list()");
+    checkSignal(signal, "processes.list()");
+    return (await this.s.transport.call<Schemas["Process"][] | null>("GET", this.s.path("/exec-stream"), { idempotent: true, signal })) ?? [];
   }
 }
 
@@ -585,7 +646,11 @@ export interface TerminalStartOptions extends SignalOptions {
   env?: Record<string, string>;
   user?: string;
   capture?: boolean;
+  /** As StartOptions' drainMs. */
+  drainMs?: number;
 }
+
+const TERMINAL_OPTIONS = ["command", "columns", "rows", "cwd", "env", "user", "capture", "drainMs", "signal"] as const;
 
 export class Terminals {
   private readonly s: Sandbox;
@@ -595,20 +660,31 @@ export class Terminals {
     this.s = s;
   }
 
-  /** Starts a program on a terminal (80x24 unless said). */
-  async start(options: TerminalStartOptions): Promise<TerminalHandle> {
+  /**
+   * Starts a program on a terminal (80x24 unless said). The program
+   * waits for this handle's reader when it falls behind, as one waits for
+   * a real terminal, until the handle stops reading.
+   */
+  async start(options: TerminalStartOptions, ...extra: never[]): Promise<TerminalHandle> {
+    noMore(extra, "terminals.start()");
+    checkOptions(options, TERMINAL_OPTIONS, "terminals.start()");
+    if (options === undefined) throw new SandkilnError("INVALID_ARGUMENT", "terminals.start(): a command is needed");
     const columns = options.columns ?? 80;
     const rows = options.rows ?? 24;
     checkSize(columns, rows);
-    const settings = settingsOf({ ...options, stdin: "pipe", output: { mode: "stream", format: "bytes" } }, true);
-    const id = await startOn(this.s, options, settings, { cols: columns, rows });
+    const { columns: _c, rows: _r, ...rest } = options;
+    const settings = settingsOf({ ...rest, stdin: "pipe", output: { mode: "stream", format: "bytes" } }, true);
+    const id = await startOn(this.s, rest, settings, { cols: columns, rows });
     return this.s.adopt(new TerminalHandle(this.s, id, settings));
   }
 
   /** Returns to a terminal of a reference, as processes.reopen does. */
-  async reopen(ref: ProcessReference, options: SignalOptions = {}): Promise<TerminalHandle> {
+  async reopen(ref: ProcessReference, options: SignalOptions = {}, ...extra: never[]): Promise<TerminalHandle> {
+    noMore(extra, "terminals.reopen()");
+    const { signal } = checkOptions(options, SIGNAL_ONLY, "terminals.reopen()");
     checkReference(this.s, ref, "terminal");
-    const p = await this.s.transport.call<Schemas["Process"]>("GET", this.s.path(`/exec-stream/${encodeURIComponent(ref.process)}`), { idempotent: true, signal: options.signal });
+    checkSignal(signal, "terminals.reopen()");
+    const p = await this.s.transport.call<Schemas["Process"]>("GET", this.s.path(`/exec-stream/${encodeURIComponent(ref.process)}`), { idempotent: true, signal });
     checkAgainst(ref, p);
     return this.s.adopt(new TerminalHandle(this.s, ref.process, settingsFrom(ref), ref));
   }

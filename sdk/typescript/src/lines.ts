@@ -2,6 +2,7 @@
 // tail. Neither keeps a transcript or touches the process.
 
 import { SandkilnError } from "./errors.js";
+import { checkOptions, checkSignal, noMore } from "./options.js";
 import type { Chunk, SignalOptions, StreamName } from "./process.js";
 import { encodeUTF8 } from "./utf8.js";
 
@@ -93,46 +94,73 @@ function cutAt(b: Uint8Array, max: number): number {
   return n;
 }
 
-function bytesOf(c: Chunk): Uint8Array {
+/** A chunk of a process's output, or a terminal's bytes. */
+type Piece = Chunk | Uint8Array;
+
+function bytesOf(c: Chunk | Uint8Array): Uint8Array {
+  if (c instanceof Uint8Array) return c;
   return "bytes" in c ? c.bytes : encodeUTF8(c.text);
 }
 
+function streamOf(c: Piece): StreamName {
+  return c instanceof Uint8Array ? "terminal" : c.stream;
+}
+
+function lostOf(c: Piece): number {
+  return c instanceof Uint8Array ? 0 : c.lost;
+}
+
 /**
- * Lines of a process's output, per stream, as they complete: UTF-8 split
- * across chunks and CRLF handled, lines longer than maxLineBytes clipped
- * and marked truncated, a last line without a newline marked partial.
- * Aborting the signal stops reading (only output observation).
+ * Lines of a process's output (a process's chunks, or a terminal's
+ * bytes), per stream, as they complete: UTF-8 split across chunks and
+ * CRLF handled, lines longer than maxLineBytes clipped and marked
+ * truncated, a last line without a newline marked partial, as is a line a
+ * gap cuts (overflow "report"). Aborting the signal stops reading at once,
+ * whatever iterable the output is (only output observation).
  */
-export async function* readProcessLines(output: AsyncIterable<Chunk>, options: LineOptions = {}): AsyncGenerator<ProcessLine, void, undefined> {
+export async function* readProcessLines(output: AsyncIterable<Piece>, options: LineOptions = {}, ...extra: never[]): AsyncGenerator<ProcessLine, void, undefined> {
+  noMore(extra, "readProcessLines()");
+  checkOptions(options, ["maxLineBytes", "signal"], "readProcessLines()");
+  if (output === null || typeof output !== "object" || typeof (output as AsyncIterable<Piece>)[Symbol.asyncIterator] !== "function") {
+    throw new SandkilnError("INVALID_ARGUMENT", "readProcessLines(): output must be an async iterable, such as a handle's output()");
+  }
   const max = bound("maxLineBytes", options.maxLineBytes, 16_384);
+  const signal = options.signal;
+  checkSignal(signal, "readProcessLines()");
   const splitters = new Map<StreamName, LineSplitter>();
   const it = output[Symbol.asyncIterator]();
-  const signal = options.signal;
   const aborted = signal
     ? new Promise<never>((_, reject) => {
-        const fail = () => reject(new SandkilnError("WAIT_ABORTED", "readProcessLines: aborted", { cause: signal.reason }));
-        if (signal.aborted) fail();
-        else signal.addEventListener("abort", fail, { once: true });
+        signal.addEventListener("abort", () => reject(new SandkilnError("WAIT_ABORTED", "readProcessLines: aborted", { cause: signal.reason })), { once: true });
       })
     : undefined;
   aborted?.catch(() => {});
+  // A next() still waiting when the signal aborts: the iterator is then
+  // told to return, but not waited for (an async generator's return waits
+  // for its pending next(), which for a quiet process may be forever).
+  let waiting = false;
   try {
     for (;;) {
+      waiting = true;
       const r = await (aborted ? Promise.race([it.next(), aborted]) : it.next());
+      waiting = false;
       if (r.done) break;
       const c = r.value;
-      if (c.lost) continue;
-      let s = splitters.get(c.stream);
-      if (!s) splitters.set(c.stream, (s = new LineSplitter(c.stream, max)));
+      const stream = streamOf(c);
+      let s = splitters.get(stream);
+      if (!s) splitters.set(stream, (s = new LineSplitter(stream, max)));
       const out: ProcessLine[] = [];
-      s.push(bytesOf(c), out);
+      if (lostOf(c) > 0) s.end(out); // the line the gap cuts ends there
+      else s.push(bytesOf(c), out);
       yield* out;
     }
     const out: ProcessLine[] = [];
     for (const s of splitters.values()) s.end(out);
     yield* out;
   } finally {
-    await it.return?.();
+    const ret = it.return?.();
+    if (waiting) Promise.resolve(ret).catch(() => undefined);
+    else await ret;
   }
 }
 
@@ -154,14 +182,16 @@ export interface TailSnapshot {
 }
 
 export interface ProcessTail {
-  /** Adds a chunk; pass each chunk while saving it to your own log. */
-  push(chunk: Chunk): void;
+  /** Adds a chunk (or a terminal's bytes); pass each chunk while saving it to your own log. */
+  push(chunk: Chunk | Uint8Array): void;
   /** The window now, as lines; each snapshot is independent. */
   snapshot(): TailSnapshot;
 }
 
 /** A rolling window of recent output, for diagnostics. */
-export function createProcessTail(options: TailOptions = {}): ProcessTail {
+export function createProcessTail(options: TailOptions = {}, ...extra: never[]): ProcessTail {
+  noMore(extra, "createProcessTail()");
+  checkOptions(options, ["maxBytes", "maxChunks", "maxLines", "maxLineBytes"], "createProcessTail()");
   const maxBytes = bound("maxBytes", options.maxBytes, 65_536);
   const maxChunks = bound("maxChunks", options.maxChunks, 256);
   const maxLines = bound("maxLines", options.maxLines, 200);
@@ -170,18 +200,19 @@ export function createProcessTail(options: TailOptions = {}): ProcessTail {
   let size = 0;
   let truncated = false;
   return {
-    push(c: Chunk): void {
-      if (c.lost) {
+    push(c: Chunk | Uint8Array): void {
+      if (lostOf(c) > 0) {
         truncated = true;
         return;
       }
       let b = bytesOf(c);
       if (b.length === 0) return;
+      const stream = streamOf(c);
       if (b.length > maxBytes) {
         b = b.subarray(b.length - maxBytes);
         truncated = true;
       }
-      window.push({ stream: c.stream, bytes: b.slice() });
+      window.push({ stream, bytes: b.slice() });
       size += b.length;
       while (window.length > maxChunks || size > maxBytes) {
         const first = window[0]!;
@@ -205,7 +236,8 @@ export function createProcessTail(options: TailOptions = {}): ProcessTail {
         s.push(bytes, lines);
       }
       for (const s of splitters.values()) s.end(lines);
-      return { lines: lines.slice(Math.max(0, lines.length - maxLines)), truncated };
+      // Lines past maxLines are discarded too: the snapshot says so.
+      return { lines: lines.slice(Math.max(0, lines.length - maxLines)), truncated: truncated || lines.length > maxLines };
     },
   };
 }

@@ -1,9 +1,10 @@
 // A handle on one process: its output (replay, then live, resumed from
-// offsets), its input (in order, each write once), its exit (confirmed,
-// never guessed) and its control.
+// offsets, at the pace its reader reads), its input (in order, each write
+// once), its exit (confirmed, never guessed) and its control.
 
 import { SandkilnError } from "./errors.js";
 import { message, type Transport } from "./http.js";
+import { checkOptions, checkSignal, noMore, SIGNAL_ONLY } from "./options.js";
 import { openSocket, type Socket } from "./socket.js";
 import { encodeUTF8, StreamDecoder } from "./utf8.js";
 import type { components } from "./wire.js";
@@ -22,7 +23,7 @@ export interface TextChunk {
   offset: number;
   /** Bytes the process had written on all its streams before this chunk. */
   seq: number;
-  /** Non-zero: a gap, not output. That many bytes of the stream, before offset, were evicted before this handle read them. */
+  /** Non-zero (overflow "report" only): a gap, not output. That many bytes of the stream, before offset, were lost to this handle. */
   lost: number;
 }
 
@@ -39,12 +40,19 @@ export type Chunk = TextChunk | ByteChunk;
 
 /** How a process ended. */
 export interface Exit {
-  /** The exit code, or null when a signal ended it. */
-  exitCode: number | null;
+  /** The exit code: the process's own, or 128 plus the signal's number when a signal ended it (137 for SIGKILL), as the shell and Docker have it. */
+  exitCode: number;
   /** The signal that ended it ("SIGKILL"), or null. */
   signal: string | null;
   /** The kernel's out-of-memory killer ended it. */
   oomKilled: boolean;
+  /**
+   * Why the output did not end by itself, or null: "drain_timeout", when
+   * something the process left behind held its output open past the
+   * drain time after its exit (start option drainMs) and the output was
+   * cut there. Known once this handle read the output to its end.
+   */
+  outputCut: string | null;
 }
 
 /** What a handle's output accounted for of one stream. */
@@ -57,7 +65,7 @@ export interface StreamCount {
 
 /** A confirmed exit, and how complete this handle's output is. */
 export interface WaitResult extends Exit {
-  /** True only when the output reached every stream's end with no gap. A wait that returns before the output drained says false; a later one can say true. */
+  /** True only when the output reached every stream's end with no gap and was not cut. A wait that returns before the output drained says false; a later one can say true. */
   outputComplete: boolean;
   streams: Record<string, StreamCount>;
 }
@@ -93,7 +101,7 @@ export interface ProcessReference {
   format: "text" | "bytes";
   mode: "stream" | "finite";
   maxOutputBytes: number;
-  overflow: "resume" | "fail";
+  overflow: "fail" | "report";
   hold: boolean;
   expiresAt: string;
 }
@@ -116,10 +124,19 @@ export const LIMITS = {
   referenceLifetimeMs: 24 * 60 * 60 * 1000,
 } as const;
 
-/** How much a holding handle (flow block) takes between acks. */
-const ACK_EVERY = 256 << 10;
+/**
+ * The credit an output connection grants kilnd: the unread queue's bound.
+ * A frame costs its payload or CREDIT_FRAME bytes, whichever is more (the
+ * protocol's rule), so what kilnd may send fits the queue's bytes and its
+ * chunks alike (64 KiB / 256 = 256 bytes).
+ */
+const WINDOW = LIMITS.maxQueuedBytes;
+const CREDIT_FRAME = WINDOW / LIMITS.maxQueuedChunks;
 
-/** The most of one message from kilnd: a frame's header and a ring block. */
+/** Credit goes back to kilnd once this much was read, or the queue is empty. */
+const GRANT_EVERY = WINDOW / 4;
+
+/** The size of a kiln.v1 frame's header. */
 const FRAME_HEADER = 17;
 
 const STREAMS: Record<number, StreamName> = { 1: "stdout", 2: "stderr", 3: "terminal" };
@@ -128,7 +145,7 @@ export interface HandleSettings {
   format: "text" | "bytes";
   mode: "stream" | "finite";
   maxOutputBytes: number;
-  overflow: "resume" | "fail";
+  overflow: "fail" | "report";
   hold: boolean;
   terminal: boolean;
   stdinPipe: boolean;
@@ -151,24 +168,35 @@ interface Pending {
   /** Nothing to show: only the end to record. */
   silent: boolean;
   size: number;
+  /** What its frame cost of the credit (the first piece of a frame carries it all). */
+  cost: number;
 }
 
-type Item = { kind: "chunk"; p: Pending } | { kind: "closed"; code: number; reason: string } | { kind: "error"; err: SandkilnError };
+type Item =
+  | { kind: "chunk"; p: Pending }
+  | { kind: "end" } // the exit came: the output is whole
+  | { kind: "closed"; code: number; reason: string }
+  | { kind: "error"; err: SandkilnError };
 
 /** The items of one output connection, in order, for the one consumer. */
 class Queue {
   private items: Item[] = [];
   /** The connection was let go: its later messages are not queued. */
   stopped = false;
-  /** Called once the queue is half empty again (a paused connection resumes). */
-  onLow: (() => void) | undefined;
   private wake: (() => void) | undefined;
   bytes = 0;
   chunks = 0;
+  /** Credit the queued chunks' frames cost. */
+  cost = 0;
+
+  get empty(): boolean {
+    return this.items.length === 0;
+  }
 
   push(it: Item): void {
     if (it.kind === "chunk") {
       this.bytes += it.p.size;
+      this.cost += it.p.cost;
       if (this.merge(it.p)) return;
       this.chunks++;
     }
@@ -179,9 +207,8 @@ class Queue {
   /**
    * Joins p to the last chunk queued when it continues it (the same
    * stream, its next bytes, output both) and the two fit in one chunk:
-   * a program writing short lines would otherwise fill the queue's 256
-   * chunks with a few KiB. Nothing is reordered: only the last chunk
-   * grows, and the consumer has not seen it.
+   * fewer, larger chunks for a reader that is behind. Nothing is
+   * reordered: only the last chunk grows, and the consumer has not seen it.
    */
   private merge(p: Pending): boolean {
     const last = this.items.at(-1);
@@ -197,41 +224,38 @@ class Queue {
       a.chunk.bytes = b;
     } else return false;
     a.size += p.size;
+    a.cost += p.cost;
     a.next = p.next;
     a.silent = false;
     this.wake?.();
     return true;
   }
 
-  async take(signal: AbortSignal | undefined): Promise<Item> {
+  async take(signal: AbortSignal): Promise<Item> {
     while (this.items.length === 0) {
-      if (signal?.aborted) throw abortedWait("output", signal);
+      if (signal.aborted) throw abortedWait("output", signal);
       await new Promise<void>((resolve) => {
         const done = () => {
           this.wake = undefined;
-          signal?.removeEventListener("abort", done);
+          signal.removeEventListener("abort", done);
           resolve();
         };
         this.wake = done;
-        signal?.addEventListener("abort", done, { once: true });
+        signal.addEventListener("abort", done, { once: true });
       });
     }
     const it = this.items.shift()!;
     if (it.kind === "chunk") {
       this.bytes -= it.p.size;
+      this.cost -= it.p.cost;
       this.chunks--;
-    }
-    if (this.onLow && this.bytes <= LIMITS.maxQueuedBytes / 2 && this.chunks <= LIMITS.maxQueuedChunks / 2) {
-      const f = this.onLow;
-      this.onLow = undefined;
-      f();
     }
     return it;
   }
 
   clear(): void {
     this.items = [];
-    this.bytes = this.chunks = 0;
+    this.bytes = this.chunks = this.cost = 0;
     this.wake?.();
   }
 }
@@ -240,30 +264,18 @@ function abortedWait(what: string, signal: AbortSignal): SandkilnError {
   return new SandkilnError("WAIT_ABORTED", `${what}: aborted`, { cause: signal.reason });
 }
 
-/** Races p against the caller's signal: an abort ends this wait only. */
-function waitFor<T>(p: Promise<T>, signal: AbortSignal | undefined, what: string): Promise<T> {
-  if (!signal) return p;
-  if (signal.aborted) return Promise.reject(abortedWait(what, signal));
-  return new Promise<T>((resolve, reject) => {
-    const onAbort = () => reject(abortedWait(what, signal));
-    signal.addEventListener("abort", onAbort, { once: true });
-    p.then(
-      (v) => {
-        signal.removeEventListener("abort", onAbort);
-        resolve(v);
-      },
-      (e) => {
-        signal.removeEventListener("abort", onAbort);
-        reject(e);
-      },
-    );
-  });
-}
+/** Linux's signal numbers, for an exit an older kilnd described by its signal alone. */
+const SIGNALS: Record<string, number> = {
+  HUP: 1, INT: 2, QUIT: 3, ILL: 4, TRAP: 5, ABRT: 6, BUS: 7, FPE: 8, KILL: 9, USR1: 10, SEGV: 11, USR2: 12, PIPE: 13,
+  ALRM: 14, TERM: 15, STKFLT: 16, CHLD: 17, CONT: 18, STOP: 19, TSTP: 20, TTIN: 21, TTOU: 22, URG: 23, XCPU: 24,
+  XFSZ: 25, VTALRM: 26, PROF: 27, WINCH: 28, IO: 29, PWR: 30, SYS: 31,
+};
 
 /** kilnd names signals as kill -l does ("KILL"); the SDK as the seed does ("SIGKILL"). */
 export function exitOf(e: WireExit): Exit {
-  const sig = e.signal ? (e.signal.startsWith("SIG") ? e.signal : "SIG" + e.signal) : null;
-  return { exitCode: e.exit_code ?? null, signal: sig, oomKilled: e.oom_killed ?? false };
+  const name = e.signal ? e.signal.replace(/^SIG/, "") : null;
+  const code = e.exit_code ?? (name && SIGNALS[name] !== undefined ? 128 + SIGNALS[name]! : -1);
+  return { exitCode: code, signal: name ? "SIG" + name : null, oomKilled: e.oom_killed ?? false, outputCut: e.output_cut ?? null };
 }
 
 /**
@@ -282,7 +294,11 @@ export abstract class Handle<C extends Chunk> {
   private exit: Exit | undefined;
   private delivered = 0; // bytes given out, for finite mode's bound
   private gone = false;
+  /** Aborted when the handle goes away: every call still waiting settles. */
+  private readonly life = new AbortController();
   private reading = false;
+  /** The output may be held for this handle: a release is owed when it stops reading. */
+  private holding: boolean;
   private socket: Socket | undefined;
   private queue: Queue | undefined;
   private references: ProcessReference[] = [];
@@ -304,6 +320,7 @@ export abstract class Handle<C extends Chunk> {
     this.owner = owner;
     this.id = id;
     this.settings = settings;
+    this.holding = settings.hold;
     if (ref) {
       this.offsets = { ...ref.offsets };
       this.lostBy = { ...ref.lost };
@@ -321,7 +338,7 @@ export abstract class Handle<C extends Chunk> {
     return `/sandboxes/${encodeURIComponent(this.owner.id)}/exec-stream/${encodeURIComponent(this.id)}${rest}`;
   }
 
-  /** True when bytes were evicted before this handle read them (a gap); lostBytes says how many. */
+  /** True when bytes were lost to this handle (a gap); lostBytes says how many. */
   get outputGap(): boolean {
     return this.lostBytes > 0;
   }
@@ -334,28 +351,28 @@ export abstract class Handle<C extends Chunk> {
   /**
    * The output, replay then live, from where this handle stands (the
    * beginning, or where a reopened handle's reference stood), until every
-   * stream ended. A gap is a chunk with lost set and no output. If the
-   * connection breaks, the iterator fails with UNAVAILABLE, and calling
-   * output() again resumes from the last chunk delivered, nothing repeated.
+   * stream ended. kilnd sends no more than the unread queue holds (64 KiB,
+   * 256 chunks) and more as the consumer reads: a consumer that keeps up
+   * gets every byte, and one that falls behind holds kilnd back, never
+   * the queue over its bound. A process this handle started holds its
+   * output for it (it waits for its reader, as a terminal's program does);
+   * one it did not start may lose what kilnd cannot keep while the
+   * consumer is behind: then, by default (output.overflow "fail"), the
+   * output fails with OUTPUT_CAPACITY, saying how many bytes; with
+   * "report", a chunk with lost set and no output says so, and the output
+   * goes on.
    *
-   * A consumer that falls behind fills the queue (64 KiB, 256 chunks): the
-   * connection is then let go and, once the queue is read, made again from
-   * where the output stands, so nothing is dropped unless kilnd evicted it
-   * meanwhile (a gap, its bytes counted). With output.overflow "fail" the
-   * output fails with OUTPUT_CAPACITY instead, as a queue that cannot
-   * resume would.
-   *
-   * In finite mode leaving the loop detaches the handle; in stream mode it
-   * only stops reading. Its return() ends it even while it waits for
-   * output (the wait then rejects with WAIT_ABORTED), so a reader that
-   * gives up on a quiet process, readProcessLines with its signal, lets
-   * the output go at once.
+   * If the connection breaks, the iterator fails with UNAVAILABLE, and
+   * calling output() again resumes from the last chunk delivered, nothing
+   * repeated. In finite mode leaving the loop detaches the handle; in
+   * stream mode it only stops reading, and the process no longer waits
+   * for this handle. Its return() ends it even while it waits for output.
    */
-  output(options: SignalOptions = {}): AsyncGenerator<C, void, undefined> {
+  protected outputChunks(options: SignalOptions, extra: readonly unknown[]): AsyncGenerator<C, void, undefined> {
     // A generator's return() waits for its pending next(), which for a
     // quiet process is forever: this one first wakes that wait.
     const stop = new AbortController();
-    const gen = this.read(options.signal ? AbortSignal.any([options.signal, stop.signal]) : stop.signal);
+    const gen = this.read(options, extra, stop.signal);
     const end = gen.return.bind(gen);
     gen.return = (v) => {
       stop.abort();
@@ -364,50 +381,67 @@ export abstract class Handle<C extends Chunk> {
     return gen;
   }
 
-  private async *read(signal: AbortSignal): AsyncGenerator<C, void, undefined> {
+  private async *read(options: SignalOptions, extra: readonly unknown[], stop: AbortSignal): AsyncGenerator<C, void, undefined> {
+    noMore(extra, "output()");
+    const { signal: caller } = checkOptions(options, SIGNAL_ONLY, "output()");
+    checkSignal(caller, "output()");
     if (this.gone) throw this.detachedError();
     if (this.reading) throw new SandkilnError("OUTPUT_IN_USE", `process ${this.id}: its output has a consumer already`);
     this.reading = true;
-    let unacked = 0;
+    const signal = AbortSignal.any(caller ? [caller, stop] : [stop]);
+    let whole = false; // the output came to its end
+    let broken = false; // the connection broke: a later output() resumes where this stopped
     try {
-      let q = await this.connect(signal);
+      const q = await this.connect(signal);
+      let ungranted = 0;
       for (;;) {
         const it = await q.take(signal);
         if (it.kind === "error") throw it.err;
+        if (it.kind === "end") {
+          whole = true;
+          return;
+        }
         if (it.kind === "closed") {
           if (this.gone) throw this.detachedError();
-          if (it.code === 1000 && it.reason !== "paused") return;
-          if (it.reason === "paused") {
-            q = await this.connect(signal);
-            continue;
-          }
-          throw new SandkilnError(
-            "UNAVAILABLE",
-            `process ${this.id}: output interrupted (${it.code}${it.reason ? " " + it.reason : ""}); call output() again to resume`,
-          );
+          broken = true;
+          throw new SandkilnError("UNAVAILABLE",
+            `process ${this.id}: output interrupted (${it.code}${it.reason ? " " + it.reason : ""}); call output() again to resume`);
         }
         const p = it.p;
         this.deliver(p);
+        ungranted += p.cost;
+        if (ungranted >= GRANT_EVERY || (ungranted > 0 && q.empty)) {
+          this.grant(ungranted);
+          ungranted = 0;
+        }
+        if (p.chunk.lost && this.settings.overflow === "fail") {
+          throw new SandkilnError("OUTPUT_CAPACITY",
+            `process ${this.id}: ${p.chunk.lost} bytes of ${p.chunk.stream} were lost before this handle read them ` +
+            `(the reader fell behind what kilnd keeps); output.overflow "report" goes on past such gaps`);
+        }
         if (p.silent) continue;
         yield p.chunk as C;
         if (this.gone) throw this.detachedError();
-        unacked += p.size;
-        if (this.settings.hold && unacked >= ACK_EVERY && this.socket) {
-          unacked = 0;
-          this.socket.send(JSON.stringify({ type: "ack", offsets: { ...this.offsets } }));
-        }
       }
+    } catch (err) {
+      if (err instanceof SandkilnError && err.code === "UNAVAILABLE") broken = true;
+      throw err;
     } finally {
-      this.hangUp();
       this.reading = false;
+      // A consumer that stopped (a break, an abort, a failure) is not
+      // read for any more: the process must not wait for it. One whose
+      // connection broke may come back (within kilnd's grace) and find
+      // the output it held still there.
+      if (!whole && !broken) this.release();
+      this.hangUp();
       if (this.settings.mode === "finite") await this.detach();
     }
   }
 
   /** Opens an output connection from where the handle stands; its messages go to a new queue. */
-  private async connect(signal: AbortSignal | undefined): Promise<Queue> {
+  private async connect(signal: AbortSignal): Promise<Queue> {
     this.hangUp();
-    const query: Record<string, number | string> = {};
+    const query: Record<string, number | string> = { credit: WINDOW };
     for (const s of this.streams) if (this.offsets[s]) query[s] = this.offsets[s]!;
     if (this.settings.hold) Object.assign(query, { flow: "block", ack: "true" });
     const { url, protocols } = this.owner.transport.socket(this.path("/logs"), query, "kiln.v1");
@@ -426,9 +460,9 @@ export abstract class Handle<C extends Chunk> {
       // What the decoder held of a cut character first, then the gap.
       if (this.settings.format === "text" && decoder(stream).held > 0) {
         const text = decoder(stream).flush();
-        put(this.pending(stream, from, 0, text, new Uint8Array(0), from, 0, false));
+        put(this.pending(stream, from, 0, text, new Uint8Array(0), from, 0, false, 0));
       }
-      put(this.pending(stream, to, 0, "", new Uint8Array(0), to, to - from, false));
+      put(this.pending(stream, to, 0, "", new Uint8Array(0), to, to - from, false, 0));
     };
     let finiteLeft = this.settings.mode === "finite" ? this.settings.maxOutputBytes - this.delivered : Infinity;
     const onMessage = (data: unknown) => {
@@ -447,14 +481,14 @@ export abstract class Handle<C extends Chunk> {
             if (!m.stream || m.total_bytes === undefined) break;
             if (m.total_bytes > pos(m.stream)) gap(m.stream, pos(m.stream), m.total_bytes);
             const text = this.settings.format === "text" ? decoder(m.stream).flush() : "";
-            put(this.pending(m.stream, m.total_bytes, 0, text, new Uint8Array(0), m.total_bytes, 0, true));
+            put(this.pending(m.stream, m.total_bytes, 0, text, new Uint8Array(0), m.total_bytes, 0, true, 0));
             break;
           }
           case "exit":
             // Last, after every stream's end: the output is whole without
             // waiting for the close (a network can hold that back).
             this.exit = exitOf(m);
-            q.push({ kind: "closed", code: 1000, reason: "" });
+            q.push({ kind: "end" });
             q.stopped = true;
             break;
         }
@@ -469,23 +503,20 @@ export abstract class Handle<C extends Chunk> {
       const seq = Number(view.getBigUint64(9));
       if (offset > pos(stream)) gap(stream, pos(stream), offset); // a jump kilnd did not explain is reported all the same
       let payload = b.subarray(FRAME_HEADER);
+      const cost = Math.max(payload.length, CREDIT_FRAME);
       if (payload.length > finiteLeft) {
         payload = payload.subarray(0, finiteLeft);
         finiteLeft = 0;
-        this.putPieces(stream, offset, seq, payload, decoder, put);
+        this.putPieces(stream, offset, seq, payload, cost, decoder, put);
         this.stop(q, new SandkilnError("OUTPUT_CAPACITY",
           `process ${this.id}: finite output is at most ${this.settings.maxOutputBytes} bytes; start it with output: { mode: "stream" } for more`));
         return;
       }
       finiteLeft -= payload.length;
-      this.putPieces(stream, offset, seq, payload, decoder, put);
-      if (q.bytes > LIMITS.maxQueuedBytes || q.chunks > LIMITS.maxQueuedChunks) {
-        if (this.settings.overflow === "fail") {
-          this.stop(q, new SandkilnError("OUTPUT_CAPACITY",
-            `process ${this.id}: the output queue is full (${LIMITS.maxQueuedBytes} bytes, ${LIMITS.maxQueuedChunks} chunks); read output as it arrives`));
-        } else if (!q.onLow) {
-          this.pause(q);
-        }
+      this.putPieces(stream, offset, seq, payload, cost, decoder, put);
+      if (q.cost > WINDOW) {
+        // kilnd sends only what was granted: this is not kilnd speaking.
+        this.stop(q, new SandkilnError("INTERNAL", `process ${this.id}: kilnd sent ${q.cost} bytes of output with ${WINDOW} granted`));
       }
     };
     let socket: Socket | undefined;
@@ -502,7 +533,7 @@ export abstract class Handle<C extends Chunk> {
       socket = await openSocket(url, protocols, handlers, signal);
     } catch (err) {
       q.stopped = true;
-      if (signal?.aborted) throw abortedWait("output", signal);
+      if (signal.aborted) throw abortedWait("output", signal);
       throw await this.whyNotOpen(err);
     }
     if (this.gone) {
@@ -511,65 +542,80 @@ export abstract class Handle<C extends Chunk> {
       throw this.detachedError();
     }
     this.socket = socket;
+    if (this.settings.hold) this.holding = true;
     return q;
   }
 
-  /** Queues a frame's data in chunks of at most 16 KiB. */
-  private putPieces(stream: StreamName, offset: number, seq: number, data: Uint8Array,
+  /** Queues a frame's data in chunks of at most 16 KiB; the first carries the frame's cost. */
+  private putPieces(stream: StreamName, offset: number, seq: number, data: Uint8Array, cost: number,
     decoder: (s: string) => StreamDecoder, put: (p: Pending) => void): void {
+    if (data.length === 0) {
+      put(this.pending(stream, offset, seq, "", data, offset - (this.settings.format === "text" ? decoder(stream).held : 0), 0, false, cost));
+      return;
+    }
     for (let i = 0; i < data.length; i += LIMITS.maxChunkBytes) {
       const piece = data.subarray(i, i + LIMITS.maxChunkBytes);
       const end = offset + i + piece.length;
+      const c = i === 0 ? cost : 0;
       if (this.settings.format === "text") {
         const d = decoder(stream);
         const text = d.decode(piece);
-        put(this.pending(stream, offset + i, seq + i, text, piece, end - d.held, 0, false));
+        put(this.pending(stream, offset + i, seq + i, text, piece, end - d.held, 0, false, c));
       } else {
-        put(this.pending(stream, offset + i, seq + i, "", piece.slice(), end, 0, false));
+        put(this.pending(stream, offset + i, seq + i, "", piece.slice(), end, 0, false, c));
       }
     }
   }
 
   private pending(stream: StreamName, offset: number, seq: number, text: string, bytes: Uint8Array,
-    next: number, lost: number, end: boolean): Pending {
+    next: number, lost: number, end: boolean, cost: number): Pending {
     const chunk: Chunk = this.settings.format === "text"
       ? { stream, text, offset, seq, lost }
       : { stream, bytes: lost > 0 || end ? new Uint8Array(0) : bytes, offset, seq, lost };
     const silent = lost === 0 && (this.settings.format === "text" ? text === "" : bytes.length === 0 || end);
-    return { chunk, next, end, silent, size: bytes.length };
+    return { chunk, next, end, silent, size: lost > 0 ? 0 : bytes.length, cost };
+  }
+
+  /** Gives kilnd back the credit of what the consumer took; a holding handle acks where it stands with it. */
+  private grant(bytes: number): void {
+    const m: { type: "credit"; bytes: number; offsets?: Record<string, number> } = { type: "credit", bytes };
+    if (this.settings.hold) m.offsets = { ...this.offsets };
+    this.send(m);
+  }
+
+  private send(m: object): void {
+    try {
+      this.socket?.send(JSON.stringify(m));
+    } catch {
+      // A socket closing: its close says the rest.
+    }
   }
 
   /**
-   * Holds the connection back until the queue is read: a socket that can
-   * pause (ws's) stops reading, and TCP holds kilnd back; one that cannot
-   * (the WebSocket of browsers, Node 22 and Bun) is let go and made again
-   * from where the output stands once the queue is read.
+   * Lets go of the output held for this handle (a process it started, or
+   * whose output it held): the process no longer waits for it. On the
+   * output connection when there is one, else by a request of its own,
+   * whose failure costs only kilnd's grace period of waiting.
    */
-  private pause(q: Queue): void {
-    const s = this.socket;
-    if (s?.pause && s.resume) {
-      s.pause();
-      q.onLow = () => s.resume!();
+  private release(): void {
+    if (!this.holding) return;
+    this.holding = false;
+    if (this.socket) {
+      this.send({ type: "release" });
       return;
     }
-    this.stop(q, undefined);
+    this.owner.transport.call("POST", this.path("/release"), { idempotent: true }).catch(() => undefined);
   }
 
-  /** Lets the connection go: its queue ends with err, or, without one, says the output paused. */
-  private stop(q: Queue, err: SandkilnError | undefined): void {
+  /** Lets the connection go: its queue ends with err. */
+  private stop(q: Queue, err: SandkilnError): void {
     q.stopped = true; // what comes after is not this queue's
-    this.hangUp();
-    q.push(err ? { kind: "error", err } : { kind: "closed", code: 1000, reason: "paused" });
+    q.push({ kind: "error", err });
   }
 
   private hangUp(): void {
     const s = this.socket;
     this.socket = undefined;
-    // A paused socket (ws's, held back for a full queue) reads nothing,
-    // so it would not hear kilnd's answer to the close either and keep
-    // the connection for ws's closing timeout (30 s): it reads again,
-    // what comes going nowhere, the queue being let go.
-    s?.resume?.();
     s?.close(1000);
   }
 
@@ -588,12 +634,41 @@ export abstract class Handle<C extends Chunk> {
     this.offsets[s] = Math.max(this.offsets[s] ?? 0, p.next);
     if (p.chunk.lost) this.lostBy[s] = (this.lostBy[s] ?? 0) + p.chunk.lost;
     if (p.end) this.ended[s] = true;
-    if (!p.chunk.lost) this.delivered += p.size;
+    this.delivered += p.size;
     for (const r of this.references) this.fillReference(r);
   }
 
   private complete(): boolean {
-    return this.lostBytes === 0 && this.streams.every((s) => this.ended[s]);
+    return this.lostBytes === 0 && this.streams.every((s) => this.ended[s]) && !this.exit?.outputCut;
+  }
+
+  /**
+   * Races p against the caller's signal (WAIT_ABORTED: only this call
+   * stops waiting) and the handle's life (DETACHED: the handle went).
+   */
+  private settle<T>(p: Promise<T>, signal: AbortSignal | undefined, what: string): Promise<T> {
+    return new Promise<T>((resolve, reject) => {
+      const onAbort = () => reject(abortedWait(what, signal!));
+      const onGone = () => reject(this.detachedError());
+      signal?.addEventListener("abort", onAbort, { once: true });
+      this.life.signal.addEventListener("abort", onGone, { once: true });
+      const done = () => {
+        signal?.removeEventListener("abort", onAbort);
+        this.life.signal.removeEventListener("abort", onGone);
+      };
+      p.then((v) => {
+        done();
+        resolve(v);
+      }, (e) => {
+        done();
+        reject(e);
+      });
+    });
+  }
+
+  /** A signal that aborts with the caller's, or when the handle goes. */
+  private lifeAnd(signal: AbortSignal | undefined): AbortSignal {
+    return signal ? AbortSignal.any([signal, this.life.signal]) : this.life.signal;
   }
 
   /**
@@ -601,18 +676,24 @@ export abstract class Handle<C extends Chunk> {
    * signal to stop waiting (WAIT_ABORTED), which cancels only this wait.
    * A connection that breaks fails the wait (UNAVAILABLE); it never
    * guesses an exit. An exit already confirmed (by an earlier wait, a
-   * status, or the output's end) is given without asking again: a later
-   * output error or a broken connection does not erase it.
+   * status, or the output's end) is given without asking again, even
+   * after the handle was detached: a later output error or a broken
+   * connection does not erase it. A wait still pending when the handle
+   * goes (detach, disconnect, client.close(), a finite output's end)
+   * fails with DETACHED. While nothing reads the output, the process no
+   * longer waits for this handle's reader: start reading before waiting.
    */
-  async wait(options: SignalOptions = {}): Promise<WaitResult> {
-    if (this.gone) throw this.detachedError();
+  async wait(options: SignalOptions = {}, ...extra: never[]): Promise<WaitResult> {
+    noMore(extra, "wait()");
+    const { signal } = checkOptions(options, SIGNAL_ONLY, "wait()");
+    checkSignal(signal, "wait()");
     if (!this.exit) {
-      const e = await this.owner.transport.call<WireExit>("GET", this.path("/wait"), {
-        idempotent: true, unbounded: true, signal: options.signal,
-      });
+      if (this.gone) throw this.detachedError();
+      if (!this.reading) this.release();
+      const e = await this.settle(this.owner.transport.call<WireExit>("GET", this.path("/wait"), {
+        idempotent: true, unbounded: true, signal: this.lifeAnd(signal),
+      }), signal, "wait");
       this.exit ??= exitOf(e);
-    } else if (options.signal?.aborted) {
-      throw abortedWait("wait", options.signal);
     }
     const streams: Record<string, StreamCount> = {};
     for (const s of this.streams) {
@@ -625,17 +706,20 @@ export abstract class Handle<C extends Chunk> {
    * What is known of the process now, without its output. Unknown when
    * kilnd cannot say (the error says why); an exit already confirmed stays.
    */
-  async status(options: SignalOptions = {}): Promise<ProcessStatus> {
+  async status(options: SignalOptions = {}, ...extra: never[]): Promise<ProcessStatus> {
+    noMore(extra, "status()");
+    const { signal } = checkOptions(options, SIGNAL_ONLY, "status()");
+    checkSignal(signal, "status()");
     if (this.gone) throw this.detachedError();
     try {
-      const p = await this.owner.transport.call<WireProcess>("GET", this.path(), { idempotent: true, signal: options.signal });
+      const p = await this.settle(this.owner.transport.call<WireProcess>("GET", this.path(), { idempotent: true, signal: this.lifeAnd(signal) }), signal, "status");
       if (p.state === "exited") {
-        this.exit = exitOf(p);
+        this.exit = { ...exitOf(p), outputCut: this.exit?.outputCut ?? p.output_cut ?? null };
         return { state: "exited", exit: this.exit, observedAt: new Date() };
       }
       return { state: "running", observedAt: new Date() };
     } catch (err) {
-      if (err instanceof SandkilnError && err.code === "WAIT_ABORTED") throw err;
+      if (err instanceof SandkilnError && (err.code === "WAIT_ABORTED" || err.code === "DETACHED")) throw err;
       const error = err instanceof SandkilnError ? err : new SandkilnError("UNAVAILABLE", message(err), { cause: err });
       if (this.exit) return { state: "exited", exit: this.exit, observedAt: new Date(), error };
       return { state: "unknown", observedAt: new Date(), error };
@@ -643,9 +727,13 @@ export abstract class Handle<C extends Chunk> {
   }
 
   /** Sends a signal ("SIGTERM", "SIGINT", "9") to the process's group. A process may ignore it: wait() confirms the exit. */
-  async signal(name: string, options: SignalOptions = {}): Promise<void> {
+  async signal(name: string, options: SignalOptions = {}, ...extra: never[]): Promise<void> {
+    noMore(extra, "signal()");
+    const { signal } = checkOptions(options, SIGNAL_ONLY, "signal()");
+    if (typeof name !== "string" || name === "") throw new SandkilnError("INVALID_ARGUMENT", "signal(): a signal's name or number is needed");
+    checkSignal(signal, "signal()");
     if (this.gone) throw this.detachedError();
-    await this.owner.transport.call("POST", this.path("/signal"), { json: { signal: name }, signal: options.signal });
+    await this.settle(this.owner.transport.call("POST", this.path("/signal"), { json: { signal: name }, signal }), signal, "signal");
   }
 
   /**
@@ -653,15 +741,23 @@ export abstract class Handle<C extends Chunk> {
    * prove the exit: call wait(). Concurrent callers share one request, an
    * abort stopping only its caller's wait; if the answer is lost, this
    * and every later call fail with the same OUTCOME_UNKNOWN, nothing sent
-   * again.
+   * again. A signal already aborted sends nothing.
    */
-  terminate(options: SignalOptions = {}): Promise<TerminateResult> {
+  terminate(options: SignalOptions = {}, ...extra: never[]): Promise<TerminateResult> {
+    let signal: AbortSignal | undefined;
+    try {
+      noMore(extra, "terminate()");
+      ({ signal } = checkOptions(options, SIGNAL_ONLY, "terminate()"));
+      checkSignal(signal, "terminate()");
+    } catch (err) {
+      return Promise.reject(err);
+    }
     if (this.gone) return Promise.reject(this.detachedError());
     if (this.terminateError) return Promise.reject(this.terminateError);
     this.terminating ??= (async (): Promise<TerminateResult> => {
       try {
         const p = await this.owner.transport.call<WireProcess>("DELETE", this.path());
-        if (p.state === "exited") this.exit = exitOf(p);
+        if (p.state === "exited") this.exit ??= exitOf(p);
         return { status: p.state === "exited" ? "exited" : "requested" };
       } catch (err) {
         if (err instanceof SandkilnError && err.code === "NOT_FOUND") return { status: "not-found" };
@@ -671,7 +767,7 @@ export abstract class Handle<C extends Chunk> {
         this.terminating = undefined;
       }
     })();
-    return waitFor(this.terminating, options.signal, "terminate");
+    return this.settle(this.terminating, signal, "terminate");
   }
 
   /**
@@ -681,7 +777,12 @@ export abstract class Handle<C extends Chunk> {
    * program read it. If the answer is lost, delivery is unknown and input
    * is disabled (INPUT_UNCERTAIN); nothing is sent twice.
    */
-  async write(data: string | Uint8Array, options: SignalOptions = {}): Promise<void> {
+  async write(data: string | Uint8Array, options: SignalOptions = {}, ...extra: never[]): Promise<void> {
+    noMore(extra, "write()");
+    const { signal } = checkOptions(options, SIGNAL_ONLY, "write()");
+    if (typeof data !== "string" && !(data instanceof Uint8Array)) {
+      throw new SandkilnError("INVALID_ARGUMENT", "write(): data must be a string or a Uint8Array");
+    }
     const bytes = typeof data === "string" ? encodeUTF8(data) : data.slice();
     this.inputAllowed();
     if (bytes.length > LIMITS.maxWriteBytes) {
@@ -691,7 +792,7 @@ export abstract class Handle<C extends Chunk> {
       throw new SandkilnError("INPUT_CAPACITY",
         `the input queue holds ${LIMITS.maxInputBytes} bytes and ${LIMITS.maxInputCalls} calls; await earlier writes`);
     }
-    if (options.signal?.aborted) throw abortedWait("write", options.signal);
+    checkSignal(signal, "write()");
     // The write holds its room in the queue until it is sent, fails, or
     // is cancelled while it waits.
     this.inputBytes += bytes.length;
@@ -703,12 +804,11 @@ export abstract class Handle<C extends Chunk> {
       this.inputBytes -= bytes.length;
       this.inputCalls--;
     };
-    const { signal } = options;
     let sent = false;
     const run = this.enqueue(async () => {
       try {
         if (signal?.aborted) throw abortedWait("write", signal); // not sent: no effect
-        this.inputAllowed();
+        this.stillSending();
         sent = true;
         const acc = await this.owner.transport.call<{ accepted: number }>("POST", this.path("/stdin"), {
           query: { offset: this.stdinOffset }, bytes, signal,
@@ -720,42 +820,52 @@ export abstract class Handle<C extends Chunk> {
         leave();
       }
     });
-    if (!signal) return run;
     // Cancelled while queued, it rejects at once and is never sent; once
     // sent, the abort goes to the request (its outcome is then unknown).
     return new Promise<void>((resolve, reject) => {
       const onAbort = () => {
         if (sent) return;
         leave();
-        reject(abortedWait("write", signal));
+        reject(abortedWait("write", signal!));
       };
-      signal.addEventListener("abort", onAbort, { once: true });
-      run.then(
-        () => {
-          signal.removeEventListener("abort", onAbort);
-          resolve();
-        },
-        (err) => {
-          signal.removeEventListener("abort", onAbort);
-          reject(err);
-        },
-      );
+      const onGone = () => {
+        leave();
+        reject(this.detachedError());
+      };
+      signal?.addEventListener("abort", onAbort, { once: true });
+      this.life.signal.addEventListener("abort", onGone, { once: true });
+      const done = () => {
+        signal?.removeEventListener("abort", onAbort);
+        this.life.signal.removeEventListener("abort", onGone);
+      };
+      run.then(() => {
+        done();
+        resolve();
+      }, (err) => {
+        done();
+        reject(err);
+      });
     });
   }
 
   /** Sends end-of-input once every earlier write is delivered; closing again does nothing. */
-  protected closeInput(options: SignalOptions = {}): Promise<void> {
-    if (this.stdinClosed) return Promise.resolve();
-    if (this.closing) return waitFor(this.closing, options.signal, "closeStdin");
+  protected closeInput(options: SignalOptions, extra: readonly unknown[]): Promise<void> {
+    let signal: AbortSignal | undefined;
     try {
+      noMore(extra, "closeStdin()");
+      ({ signal } = checkOptions(options, SIGNAL_ONLY, "closeStdin()"));
+      if (this.stdinClosed && !this.gone) return Promise.resolve();
+      if (this.closing) return this.settle(this.closing, signal, "closeStdin");
       this.inputAllowed();
+      checkSignal(signal, "closeStdin()");
     } catch (err) {
       return Promise.reject(err);
     }
     this.closing = this.enqueue(async () => {
       try {
-        if (this.gone) throw this.detachedError();
-        if (this.uncertain) throw this.uncertain;
+        // Writes queued before it went first; only what happened since
+        // (the handle gone, a write's outcome lost) stops it.
+        this.stillSending();
         await this.owner.transport.call("POST", this.path("/stdin/close"));
         this.stdinClosed = true;
       } catch (err) {
@@ -764,7 +874,7 @@ export abstract class Handle<C extends Chunk> {
         this.closing = undefined;
       }
     });
-    return waitFor(this.closing, options.signal, "closeStdin");
+    return this.settle(this.closing, signal, "closeStdin");
   }
 
   private enqueue<T>(run: () => Promise<T>): Promise<T> {
@@ -773,11 +883,18 @@ export abstract class Handle<C extends Chunk> {
     return p;
   }
 
+  /** Refuses new input: the handle gone, no pipe, input uncertain, or stdin closed or closing. */
   private inputAllowed(): void {
     if (this.gone) throw this.detachedError();
     if (!this.settings.stdinPipe) throw new SandkilnError("STDIN_CLOSED", `process ${this.id} has no stdin pipe: start it with stdin: "pipe"`);
     if (this.uncertain) throw this.uncertain;
     if (this.stdinClosed || this.closing) throw new SandkilnError("STDIN_CLOSED", `process ${this.id}: stdin is closed`);
+  }
+
+  /** What stops input already queued from being sent: the handle gone, or an earlier input's outcome lost. */
+  private stillSending(): void {
+    if (this.gone) throw this.detachedError();
+    if (this.uncertain) throw this.uncertain;
   }
 
   private inputFailed(err: unknown): unknown {
@@ -795,7 +912,8 @@ export abstract class Handle<C extends Chunk> {
    * stood at the end. It refuses while an end-of-input is unacknowledged or
    * input delivery is uncertain.
    */
-  reference(): ProcessReference {
+  reference(...extra: never[]): ProcessReference {
+    noMore(extra, "reference()");
     if (this.gone) throw this.detachedError();
     if (this.closing) throw new SandkilnError("FAILED_PRECONDITION", `process ${this.id}: end-of-input is not acknowledged yet`);
     if (this.uncertain) throw this.uncertain;
@@ -824,19 +942,22 @@ export abstract class Handle<C extends Chunk> {
     } satisfies ProcessReference);
   }
 
-  /** Releases this handle's connections, leaving the process and its stdin as they are; the handle refuses what comes after. */
-  async disconnect(): Promise<void> {
-    this.letGo();
+  /** Releases this handle's connections, leaving the process, its stdin and the output it holds (for reopen(), within kilnd's grace) as they are; the handle refuses what comes after. */
+  async disconnect(...extra: never[]): Promise<void> {
+    noMore(extra, "disconnect()");
+    this.letGo(false);
   }
 
-  /** Releases this handle's connections and discards unread output. It never kills the process. Calling it again is safe. */
-  async detach(): Promise<void> {
-    this.letGo();
+  /** Releases this handle's connections and discards unread output; the process no longer waits for this handle. It never kills the process. Calling it again is safe. */
+  async detach(...extra: never[]): Promise<void> {
+    noMore(extra, "detach()");
+    this.letGo(true);
   }
 
-  /** @internal Lets the handle go (a detach, or its sandbox destroyed through this client). */
-  letGo(): void {
+  /** @internal Lets the handle go (a detach, a disconnect, its client closed, its sandbox destroyed through this client); with release, the output held for it too. */
+  letGo(release: boolean): void {
     if (this.gone) return;
+    if (release) this.release();
     this.gone = true;
     this.references = [];
     const q = this.queue;
@@ -844,6 +965,7 @@ export abstract class Handle<C extends Chunk> {
     this.hangUp();
     q?.clear();
     q?.push({ kind: "error", err: this.detachedError() });
+    this.life.abort(this.detachedError());
     this.owner.release(this as Handle<Chunk>);
   }
 
@@ -854,19 +976,45 @@ export abstract class Handle<C extends Chunk> {
 
 /** A process on pipes: separate stdout and stderr, input with an explicit end. */
 export class ProcessHandle<C extends Chunk = TextChunk> extends Handle<C> {
+  /**
+   * The output as chunks of text or bytes, replay then live; see the
+   * class's notes on the queue, holding, overflow and resuming.
+   */
+  output(options: SignalOptions = {}, ...extra: never[]): AsyncGenerator<C, void, undefined> {
+    return this.outputChunks(options, extra);
+  }
+
   /** Sends end-of-input (EOF) after earlier writes; later writes reject. Repeated closes send nothing. */
-  closeStdin(options: SignalOptions = {}): Promise<void> {
-    return this.closeInput(options);
+  closeStdin(options: SignalOptions = {}, ...extra: never[]): Promise<void> {
+    return this.closeInput(options, extra);
   }
 }
 
 /** A process on a terminal: one output stream of bytes, input through the terminal (Ctrl+D is input, not a close). */
 export class TerminalHandle extends Handle<ByteChunk> {
+  /**
+   * The terminal's output, stdout and stderr combined, as Uint8Array
+   * chunks. A terminal's output is never reported with gaps: bytes lost
+   * to this handle fail it with OUTPUT_CAPACITY.
+   */
+  async *output(options: SignalOptions = {}, ...extra: never[]): AsyncGenerator<Uint8Array, void, undefined> {
+    const chunks = this.outputChunks(options, extra);
+    try {
+      for await (const c of chunks) yield c.bytes;
+    } finally {
+      await chunks.return(undefined);
+    }
+  }
+
   /** Changes the terminal's size. */
-  async resize(size: { columns: number; rows: number }, options: SignalOptions = {}): Promise<void> {
+  async resize(size: { columns: number; rows: number }, options: SignalOptions = {}, ...extra: never[]): Promise<void> {
+    noMore(extra, "resize()");
+    const { signal } = checkOptions(options, SIGNAL_ONLY, "resize()");
+    checkOptions(size, ["columns", "rows"], "resize()");
     checkSize(size.columns, size.rows);
+    checkSignal(signal, "resize()");
     await this.owner.transport.call("POST", `/sandboxes/${encodeURIComponent(this.owner.id)}/exec-stream/${encodeURIComponent(this.id)}/resize`, {
-      json: { cols: size.columns, rows: size.rows }, idempotent: true, signal: options.signal,
+      json: { cols: size.columns, rows: size.rows }, idempotent: true, signal,
     });
   }
 }
@@ -876,4 +1024,3 @@ export function checkSize(columns: number, rows: number): void {
     if (!Number.isInteger(v) || v < 1 || v > 4096) throw new SandkilnError("INVALID_ARGUMENT", `${name} ${v}: want 1 to 4096`);
   }
 }
-

@@ -345,6 +345,30 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/sandboxes/{id}/exec-stream/{pid}/release": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                id: components["parameters"]["Sandbox"];
+                pid: components["parameters"]["Process"];
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * let go of the output a flow block process holds for readers not attached
+         * @description A flow block process's output is held for its first holding watcher from the start, and for a holding watcher that went, for kilnd's --flow-grace: the process waits for them when they fall behind. This lets those holds go: the process no longer waits for a watcher that is not attached. A holding watcher attached now keeps its hold, and one may attach later. A finished process holds nothing: 204 all the same.
+         */
+        post: operations["releaseOutput"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/sandboxes/{id}/exec-stream/{pid}/logs": {
         parameters: {
             query?: never;
@@ -375,6 +399,15 @@ export interface paths {
          *     at least every 256 KiB it takes, and the output stays held from
          *     what it acked, so that after a broken connection it resumes from
          *     the offsets it had without loss, within kilnd's --flow-grace.
+         *     With credit=N, the watcher grants output: it is sent no more
+         *     output (binary frames' payload) than it has granted, N at first
+         *     and more with each {"type":"credit","bytes":M} it sends as its
+         *     reader takes what came (with offsets, that message acks too); a
+         *     runtime whose WebSocket cannot stop reading (a browser's) holds
+         *     kilnd back this way without reading ahead of its reader. Gaps,
+         *     ends and the exit need no credit. A holding watcher that will not
+         *     come back sends {"type":"release"} before it goes: the output is
+         *     not held for it after.
          *     Plain HTTP streams the raw shape; follow=0 stops at what is
          *     retained.
          */
@@ -946,6 +979,8 @@ export interface components {
              * @enum {string}
              */
             flow: "drop" | "block";
+            /** @description how long, in milliseconds, the output is read after the process exits while something it left behind (a background child) still holds it open: the output ends when its last writer closes it, or when this runs out, and the exit then says output_cut. What is left of the process's group is killed once the output has ended. 0 or left out: 3000. */
+            drain_ms?: number;
             /** @description finite exec only, 1 to 1048576 */
             max_output_bytes?: number;
             /** @description finite exec only */
@@ -966,12 +1001,19 @@ export interface components {
         StdinAccepted: {
             accepted: number;
         };
-        /** @description how a process ended: an exit code, or the signal that killed it; neither while the exit is not known */
+        /** @description how a process ended: its exit code and, when a signal ended it, the signal; neither while the exit is not known */
         Exit: {
+            /** @description the process's code, or, when a signal ended it, 128 plus the signal's number (137 for KILL), as the shell and Docker have it */
             exit_code?: number;
+            /** @description the signal that ended the process, as kill -l names it (KILL) */
             signal?: string;
             /** @description the kernel's out-of-memory killer ended the process (its sandbox's memory limit was reached) */
             oom_killed?: boolean;
+            /**
+             * @description the output did not end by itself: something the process left behind held it open past drain_ms after the exit, and it was cut there. Known once the output has ended: the exit message after the ends, the process's description from then on, a finite exec's answer
+             * @enum {string}
+             */
+            output_cut?: "drain_timeout";
         };
         ExecResult: components["schemas"]["Exit"] & {
             stdout: string;
@@ -1101,15 +1143,16 @@ export interface components {
             /** @enum {string} */
             type: "exit";
         };
-        /** @description a kiln.v1 text message from the client: stdin_close; resize with cols and rows; or ack with offsets per stream name (a watcher holding the output with flow=block and ack=true) */
+        /** @description a kiln.v1 text message from the client: stdin_close; resize with cols and rows; ack with offsets per stream name (a watcher holding the output with flow=block and ack=true); credit with bytes granted (a watcher that attached with credit=N), and offsets acked; or release (a holding watcher that will not come back) */
         ClientMessage: {
             /** @enum {string} */
-            type: "stdin_close" | "resize" | "ack";
+            type: "stdin_close" | "resize" | "ack" | "credit" | "release";
             cols?: number;
             rows?: number;
             offsets?: {
                 [key: string]: number;
             };
+            bytes?: number;
         };
     };
     responses: {
@@ -1743,6 +1786,33 @@ export interface operations {
             503: components["responses"]["Error"];
         };
     };
+    releaseOutput: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                id: components["parameters"]["Sandbox"];
+                pid: components["parameters"]["Process"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description released */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            502: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
     processOutput: {
         parameters: {
             query?: {
@@ -1758,6 +1828,8 @@ export interface operations {
                 flow?: "drop" | "block";
                 /** @description with flow=block, the watcher acks what it takes */
                 ack?: boolean;
+                /** @description output bytes the watcher grants at first; it grants more with credit messages (a WebSocket's only). A binary frame costs its payload's length or 256 bytes, whichever is more */
+                credit?: number;
             };
             header?: never;
             path: {

@@ -110,7 +110,7 @@ test("createProcessTail: the last lines of a real process, at once while it is q
   // The process is quiet (sleeping): the snapshot is given at once, not awaited.
   const snap = tail.snapshot();
   assert.ok(!(snap instanceof Promise));
-  assert.equal(snap.truncated, false);
+  assert.equal(snap.truncated, true); // 301 lines, the first 101 discarded
   assert.equal(snap.lines.length, 200);
   const out = snap.lines.filter((l) => l.stream === "stdout").map((l) => l.text);
   assert.equal(out.at(-1), "300");
@@ -147,12 +147,14 @@ test("createProcessTail: its bounds, each at and over", () => {
   assert.deepEqual(t.snapshot().lines.map((l) => l.text), ["b", "c"]);
   assert.equal(t.snapshot().truncated, true);
 
-  // maxLines: the last ones; the window itself is whole.
+  // maxLines: the last ones; the lines before them are discarded, and
+  // truncated says so.
   t = createProcessTail({ maxLines: 2 });
   t.push(text("stdout", "1\n2\n"));
   assert.deepEqual(t.snapshot().lines.map((l) => l.text), ["1", "2"]);
+  assert.equal(t.snapshot().truncated, false);
   t.push(text("stdout", "3\n"));
-  assert.deepEqual(t.snapshot(), { lines: [{ stream: "stdout", text: "2", partial: false, truncated: false }, { stream: "stdout", text: "3", partial: false, truncated: false }], truncated: false });
+  assert.deepEqual(t.snapshot(), { lines: [{ stream: "stdout", text: "2", partial: false, truncated: false }, { stream: "stdout", text: "3", partial: false, truncated: false }], truncated: true });
 
   // maxLineBytes.
   t = createProcessTail({ maxLineBytes: 3 });

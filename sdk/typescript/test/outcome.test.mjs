@@ -206,7 +206,7 @@ test("status(): unknown while kilnd cannot be reached, a local handle proving no
   const after = await child.status();
   cut.remove();
   assert.equal(after.state, "exited");
-  assert.deepEqual(after.exit, { exitCode: r.exitCode, signal: r.signal, oomKilled: r.oomKilled });
+  assert.deepEqual(after.exit, { exitCode: r.exitCode, signal: r.signal, oomKilled: r.oomKilled, outputCut: r.outputCut });
   assert.equal(after.error.code, "UNAVAILABLE");
   await child.detach();
 });
@@ -283,13 +283,22 @@ async function until(child, ok, what) {
  * has let the output connection go (a queue that overflowed does), then
  * the rest; resolves with the bytes delivered and the error it ended with.
  */
-async function overflow(child) {
+/**
+ * Reads a flow drop process's output, stalling after its first chunk until
+ * the process has written total bytes (the ring keeps 1 MiB of them), then
+ * on: bytes lost to the reader, which overflow "fail" reports as
+ * OUTPUT_CAPACITY. Each chunk must continue the last exactly.
+ */
+async function overflow(child, total) {
   const it = child.output();
-  const first = await it.next();
-  let got = first.value.bytes.length;
-  assert.equal(first.value.offset, 0);
-  await within(proxy.hungUp("GET", processPath(child, "/logs")), 20_000, "the output connection let go");
+  let got = 0;
   try {
+    const first = await it.next();
+    if (!first.done) {
+      assert.equal(first.value.offset, 0);
+      got = first.value.bytes.length;
+    }
+    await until(child, (r) => r.streams.stdout.total_bytes === total, "all of the output written");
     for (;;) {
       const { value, done } = await it.next();
       if (done) return { got };
@@ -325,12 +334,12 @@ test("closeStdin() again, or while the first is on its way, sends end-of-input o
 });
 
 test("OUTPUT_CAPACITY does not kill the process: it runs on, takes input, and its real exit is waited for", async () => {
-  const total = 600 * 1024;
+  const total = 4 << 20;
   const child = await via.processes.start({
     command: sh(`head -c ${total} /dev/zero; read x; echo got-$x; exit 7`), stdin: "pipe",
-    output: { mode: "stream", format: "bytes", overflow: "fail" },
+    output: { mode: "stream", format: "bytes", overflow: "fail", flow: "drop" },
   });
-  const { got, err } = await overflow(child);
+  const { got, err } = await overflow(child, total);
   assert.equal(err?.code, "OUTPUT_CAPACITY", String(err));
   assert.ok(got < total, `${got} bytes delivered`);
   // Still running, as kilnd and the handle say; nothing asked to end it.
@@ -348,13 +357,13 @@ test("OUTPUT_CAPACITY does not kill the process: it runs on, takes input, and it
 });
 
 test("an output error does not erase a confirmed exit: after OUTPUT_CAPACITY, and with kilnd cut off, status() and wait() give it", async () => {
-  const total = 600 * 1024;
-  const child = await via.processes.start({ command: sh(`head -c ${total} /dev/zero; exit 5`), output: { mode: "stream", format: "bytes", overflow: "fail" } });
+  const total = 4 << 20;
+  const child = await via.processes.start({ command: sh(`head -c ${total} /dev/zero; exit 5`), output: { mode: "stream", format: "bytes", overflow: "fail", flow: "drop" } });
   const exit = await child.wait();
   assert.deepEqual([exit.exitCode, exit.signal, exit.oomKilled], [5, null, false]);
-  const want = { exitCode: 5, signal: null, oomKilled: false };
+  const want = { exitCode: 5, signal: null, oomKilled: false, outputCut: null };
 
-  const { err } = await overflow(child);
+  const { err } = await overflow(child, total);
   assert.equal(err?.code, "OUTPUT_CAPACITY", String(err));
   assert.deepEqual((await child.status()).exit, want);
   const again = await child.wait();

@@ -23,7 +23,7 @@ export async function startProxy(upstreamURL) {
   const server = net.createServer((c) => {
     const u = net.connect(Number(upstream.port), upstream.hostname);
     sockets.add(c).add(u);
-    const conn = { lines: [] };
+    const conn = { lines: [], fromKilnd: 0 };
     conn.closed = new Promise((resolve) => c.on("close", resolve));
     connections.push(conn);
     // What the answer now awaited is to meet, if a rule took its request.
@@ -53,6 +53,7 @@ export async function startProxy(upstreamURL) {
       else u.write(d);
     });
     u.on("data", (d) => {
+      conn.fromKilnd += d.length;
       if (rule?.action === "cut-answer") {
         rule.answered();
         kill();
@@ -96,6 +97,8 @@ export async function startProxy(upstreamURL) {
     requests,
     /** How many requests of method had a path matching path. */
     count: (method, path) => requests.filter((l) => l.startsWith(method + " ") && path.test(l.slice(method.length + 1))).length,
+    /** Bytes kilnd sent on the connections whose first request's path matches path. */
+    bytesFrom: (path) => connections.filter((c) => c.lines.length > 0 && path.test(c.lines[0].split(" ")[1])).reduce((n, c) => n + c.fromKilnd, 0),
     /** Resolves once every connection that carried a request of method whose path matches has closed (one at least). */
     async hungUp(method, path) {
       const matches = () => connections.filter((c) => c.lines.some((l) => l.startsWith(method + " ") && path.test(l.slice(method.length + 1))));

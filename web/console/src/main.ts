@@ -74,8 +74,8 @@ function short(id: string): string {
 }
 
 function exitText(r: { exitCode: number | null; signal: string | null; oomKilled?: boolean }): string {
-  if (r.exitCode !== null) return `process exited with code ${r.exitCode}`;
   if (r.signal) return `process killed by signal ${r.signal}${r.oomKilled ? ": out of memory" : ""}`;
+  if (r.exitCode !== null) return `process exited with code ${r.exitCode}`;
   return "process exit unknown";
 }
 
@@ -217,7 +217,8 @@ function main(client: Client): void {
   const openProcess = async (sb: Sandbox, id: string) => {
     go({ sandbox: sb.id, process: id });
     viewer?.close();
-    const handle = await sb.processes.get(id, { format: "text" });
+    // An observer: what it falls behind on is shown as a gap, with its count.
+    const handle = await sb.processes.get(id, { format: "text", overflow: "report" });
     viewer = handle instanceof TerminalHandle ? terminalView(view, handle, () => refresh()) : logView(view, handle as ProcessHandle<Chunk>, () => refresh());
     await refresh();
   };
@@ -316,11 +317,16 @@ function startForm(sb: Sandbox, opened: (id: string) => Promise<void>, done: () 
   return form;
 }
 
-/** Reads a handle's output to its end, resuming by offsets across breaks. */
-async function follow(handle: ProcessHandle<Chunk> | TerminalHandle, signal: AbortSignal, status: HTMLElement,
-  take: (c: Chunk) => void): Promise<WaitResult | undefined> {
+/**
+ * Reads a handle's output to its end, resuming by offsets across breaks;
+ * a terminal's bytes lost (its output has no gap chunks) are told to lost,
+ * and reading goes on after them.
+ */
+async function follow<C>(handle: { output(o: { signal: AbortSignal }): AsyncIterable<C>; wait(o: { signal: AbortSignal }): Promise<WaitResult>; readonly lostBytes: number },
+  signal: AbortSignal, status: HTMLElement, take: (c: C) => void, lost?: (n: number) => void): Promise<WaitResult | undefined> {
   let wait = 250;
   for (;;) {
+    const before = handle.lostBytes;
     try {
       status.textContent = "following";
       for await (const c of handle.output({ signal })) {
@@ -330,6 +336,10 @@ async function follow(handle: ProcessHandle<Chunk> | TerminalHandle, signal: Abo
       break;
     } catch (err) {
       if (signal.aborted) return undefined;
+      if (lost && err instanceof SandkilnError && err.code === "OUTPUT_CAPACITY") {
+        lost(handle.lostBytes - before);
+        continue;
+      }
       if (!(err instanceof SandkilnError) || err.code !== "UNAVAILABLE") throw err;
       // The connection broke: resume from where the output stands.
       status.textContent = `reconnecting in ${wait} ms: ${err.message}`;
@@ -369,7 +379,7 @@ function logView(view: HTMLElement, handle: ProcessHandle<Chunk>, done: () => Pr
     if (log.scrollHeight - log.scrollTop - log.clientHeight < 80) log.scrollTop = log.scrollHeight;
   };
   (async () => {
-    const r = await follow(handle, ac.signal, status, (c) => {
+    const r = await follow<Chunk>(handle, ac.signal, status, (c) => {
       if (c.lost) {
         last = undefined;
         const gap = h("span", { class: "gap", "data-lost": String(c.lost), "data-stream": c.stream }, `[${c.lost} bytes of ${c.stream} lost]\n`);
@@ -427,10 +437,7 @@ function terminalView(view: HTMLElement, handle: TerminalHandle, done: () => Pro
   });
   term.focus();
   (async () => {
-    const r = await follow(handle, ac.signal, status, (c) => {
-      if (c.lost) term.write(`\r\n[${c.lost} bytes lost]\r\n`);
-      else if ("bytes" in c) term.write(c.bytes);
-    });
+    const r = await follow<Uint8Array>(handle, ac.signal, status, (b) => term.write(b), (n) => term.write(`\r\n[${n} bytes lost]\r\n`));
     if (!r) return;
     term.write(`\r\n[${exitText(r)}]\r\n`);
     foot.textContent = summary(r);
