@@ -298,6 +298,9 @@ const (
 	// program the kernel can load).
 	CodeCommandNotFound = "command_not_found" // 400
 	CodeNotExecutable   = "not_executable"    // 400
+	// CodeNoSpace: what was to be written does not fit in the space left
+	// (a sandbox's disk, its quota).
+	CodeNoSpace = "no_space" // 507
 )
 
 // WebSocket subprotocols of GET …/logs.

@@ -201,6 +201,10 @@ func IsNotExecutable(err error) bool { return hasCode(err, api.CodeNotExecutable
 // stdin write, or a command's arguments and environment.
 func IsTooLarge(err error) bool { return hasCode(err, api.CodeTooLarge) }
 
+// IsNoSpace reports a write that did not fit in the space left: a
+// sandbox's disk (its quota) is full. Nothing of it was kept.
+func IsNoSpace(err error) bool { return hasCode(err, api.CodeNoSpace) }
+
 // IsUnavailable reports kilnd or a sandbox unable to serve now.
 func IsUnavailable(err error) bool { return hasCode(err, api.CodeUnavailable) }
 

@@ -36,6 +36,7 @@ func TestIsCode(t *testing.T) {
 		"IsOutcomeUnknown":     client.IsOutcomeUnknown,
 		"IsInternal":           client.IsInternal,
 		"IsBadGateway":         client.IsBadGateway,
+		"IsNoSpace":            client.IsNoSpace,
 	}
 	tests := []struct {
 		code string
@@ -54,6 +55,7 @@ func TestIsCode(t *testing.T) {
 		{api.CodeUnknown, []string{"IsOutcomeUnknown"}},
 		{api.CodeInternal, []string{"IsInternal"}},
 		{api.CodeBadGateway, []string{"IsBadGateway"}},
+		{api.CodeNoSpace, []string{"IsNoSpace"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.code, func(t *testing.T) {

@@ -34,6 +34,7 @@ var answers = []struct {
 	{errdefs.ErrMethodNotAllowed, api.CodeMethod, 405},
 	{errdefs.ErrAlreadyExists, api.CodeConflict, 409},
 	{errdefs.ErrTooLarge, api.CodeTooLarge, 413},
+	{errdefs.ErrNoSpace, api.CodeNoSpace, 507},
 	{errdefs.ErrOutOfRange, api.CodeOutOfRange, 416},
 	{errdefs.ErrFailedPrecondition, api.CodePrecondition, 412},
 	{errdefs.ErrUnavailable, api.CodeUnavailable, 503},

@@ -35,6 +35,7 @@ var answers = map[*errdefs.Class]answer{
 	errdefs.ErrMethodNotAllowed:   {api.CodeMethod, http.StatusMethodNotAllowed},
 	errdefs.ErrAlreadyExists:      {api.CodeConflict, http.StatusConflict},
 	errdefs.ErrTooLarge:           {api.CodeTooLarge, http.StatusRequestEntityTooLarge},
+	errdefs.ErrNoSpace:            {api.CodeNoSpace, http.StatusInsufficientStorage},
 	errdefs.ErrOutOfRange:         {api.CodeOutOfRange, http.StatusRequestedRangeNotSatisfiable},
 	errdefs.ErrFailedPrecondition: {api.CodePrecondition, http.StatusPreconditionFailed},
 	errdefs.ErrUnavailable:        {api.CodeUnavailable, http.StatusServiceUnavailable},

@@ -44,6 +44,7 @@ export type ErrorCode =
 const fromWire: Record<string, ErrorCode> = {
   invalid_argument: "INVALID_ARGUMENT",
   too_large: "INVALID_ARGUMENT",
+  no_space: "UNAVAILABLE",
   unauthenticated: "UNAUTHENTICATED",
   permission_denied: "PERMISSION_DENIED",
   not_found: "NOT_FOUND",

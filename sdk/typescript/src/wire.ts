@@ -729,10 +729,10 @@ export interface components {
             message: string;
         };
         /**
-         * @description each code has one status: invalid_argument 400, unauthenticated 401, permission_denied 403, not_found 404, method_not_allowed 405, already_exists 409, failed_precondition 412, too_large 413, out_of_range 416 (output evicted before the offset asked for), internal 500, outcome_unknown 502 (the sandbox's agent took the request and no answer came back: it may or may not have taken effect), bad_gateway 502 (a sandbox's port answered badly, or nothing listens on it), unavailable 503, command_not_found 400 and not_executable 400 (a process's program is not there, or cannot be run)
+         * @description each code has one status: invalid_argument 400, unauthenticated 401, permission_denied 403, not_found 404, method_not_allowed 405, already_exists 409, failed_precondition 412, too_large 413, out_of_range 416 (output evicted before the offset asked for), internal 500, outcome_unknown 502 (the sandbox's agent took the request and no answer came back: it may or may not have taken effect), bad_gateway 502 (a sandbox's port answered badly, or nothing listens on it), unavailable 503, no_space 507 (what was to be written does not fit in the space left: a sandbox's disk, its quota), command_not_found 400 and not_executable 400 (a process's program is not there, or cannot be run)
          * @enum {string}
          */
-        ErrorCode: "invalid_argument" | "unauthenticated" | "permission_denied" | "not_found" | "method_not_allowed" | "already_exists" | "failed_precondition" | "too_large" | "out_of_range" | "internal" | "outcome_unknown" | "bad_gateway" | "unavailable" | "command_not_found" | "not_executable";
+        ErrorCode: "invalid_argument" | "unauthenticated" | "permission_denied" | "not_found" | "method_not_allowed" | "already_exists" | "failed_precondition" | "too_large" | "out_of_range" | "internal" | "outcome_unknown" | "bad_gateway" | "unavailable" | "command_not_found" | "not_executable" | "no_space";
         Version: {
             /** @description the module's version, or devel for a build from a checkout */
             version: string;
