@@ -28,9 +28,13 @@ func (s *Sandbox) filesPath(p string) (string, error) {
 }
 
 // WriteFile writes the content r gives to the file p in the sandbox,
-// making its parent directories as needed, streamed. Its permission is
-// mode, or 0644 for a new file when mode is zero. The file belongs to the
-// sandbox's root.
+// making its parent directories as needed, streamed, all or nothing: p
+// holds the whole content once it returns without an error, and is as it
+// was otherwise (IsNoSpace: the sandbox's disk is full). Its permission is
+// mode; when mode is zero, a replaced file's (without setuid and setgid),
+// or 0644 for a new file. A replaced file keeps its owner and group; a
+// new one belongs to the sandbox's root. A directory or a symbolic link at
+// p is not replaced (IsFailedPrecondition).
 func (s *Sandbox) WriteFile(ctx context.Context, p string, r io.Reader, mode fs.FileMode) (api.FileInfo, error) {
 	route, err := s.filesPath(p)
 	if err != nil {

@@ -63,7 +63,8 @@ func TestFilesHostile(t *testing.T) {
 		{"the agent's environment", "GET", "/files/workspace/env", http.StatusForbidden},
 		{"the agent's descriptor of the capture directory", "GET", "/files/workspace/fd", http.StatusForbidden},
 		{"the agent's root", "GET", "/files/workspace/agentroot/etc/passwd", http.StatusForbidden},
-		{"a kernel setting", "PUT", "/files/workspace/sysctl", http.StatusForbidden},
+		{"a kernel setting, through a link", "PUT", "/files/workspace/sysctl", http.StatusPreconditionFailed},
+		{"a kernel setting", "PUT", "/files/proc/sys/kernel/hostname", http.StatusForbidden},
 		{"a path that climbs", "GET", "/files/workspace/../etc/passwd", http.StatusBadRequest},
 		{"a climb escaped", "GET", "/files/workspace/%2e%2e/etc/passwd", http.StatusBadRequest},
 		{"the read-only /usr", "PUT", "/files/usr/bin/planted", http.StatusForbidden},
@@ -104,9 +105,10 @@ func TestFilesHostile(t *testing.T) {
 	}
 }
 
-// TestFilesQuota: a file past the sandbox's disk quota is refused as too
-// large, saying how much was written; the host's disk holds no more than
-// the quota.
+// TestFilesQuota: a file past the sandbox's disk quota is refused as no
+// space (507), saying how much of the body came, in the API's words; the
+// file it was to replace is as it was, no temporary file stays, and the
+// host's disk holds no more than the quota.
 func TestFilesQuota(t *testing.T) {
 	if err := sandbox.DisksAvailable(); err != nil {
 		t.Skip(err)
@@ -115,6 +117,9 @@ func TestFilesQuota(t *testing.T) {
 	defer k.cleanup()
 	var sb api.Sandbox
 	k.json("POST", "/sandboxes", api.CreateSandbox{Limits: api.LimitsRequest{DiskBytes: new(int64(64 << 20))}}, &sb)
+	if code, body := k.raw("PUT", "/sandboxes/"+sb.ID+"/files/workspace/big", []byte("old")); code != 200 {
+		t.Fatalf("PUT: %d %s", code, body)
+	}
 	req, _ := http.NewRequest("PUT", "http://"+k.addr+"/sandboxes/"+sb.ID+"/files/workspace/big", io.LimitReader(zeroReader{}, 128<<20))
 	req.Header.Set("Authorization", "Bearer "+k.d.Token())
 	resp, err := http.DefaultClient.Do(req)
@@ -123,8 +128,17 @@ func TestFilesQuota(t *testing.T) {
 	}
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != http.StatusRequestEntityTooLarge || !strings.Contains(string(b), "no space left on device") || !strings.Contains(string(b), "wrote ") {
+	if resp.StatusCode != http.StatusInsufficientStorage || !strings.Contains(string(b), "the sandbox's disk is full (its quota) after ") ||
+		strings.Contains(string(b), "no space left on device") {
 		t.Errorf("128 MiB on a 64 MiB disk: %d %s", resp.StatusCode, b)
+	}
+	if code, body := k.raw("GET", "/sandboxes/"+sb.ID+"/files/workspace/big", nil); code != 200 || body != "old" {
+		t.Errorf("the file after: %d %.20q", code, body)
+	}
+	var res api.ExecResult
+	k.json("POST", "/sandboxes/"+sb.ID+"/exec", api.ExecRequest{Command: "ls", Args: []string{"-A", "/workspace"}}, &res)
+	if res.Stdout != "big\n" {
+		t.Errorf("left in /workspace: %q", res.Stdout)
 	}
 	used, _ := k.diskUsage()
 	if used > 64<<20+32<<20 {

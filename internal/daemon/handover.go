@@ -57,7 +57,7 @@ func (d *Daemon) handover(w http.ResponseWriter, r *http.Request, e *entry) bool
 	if rawPath != "" {
 		rawRest = strings.TrimPrefix(rawPath, "/files/")
 	}
-	f, entry, resp, err := files.Handover(uc, r, rest, rawRest)
+	h, resp, err := files.Handover(uc, r, rest, rawRest)
 	if err != nil {
 		reply.Error(w, fmt.Errorf("%w: sandbox %s: agent: %v", errdefs.ErrUnavailable, id, err))
 		return true
@@ -73,12 +73,12 @@ func (d *Daemon) handover(w http.ResponseWriter, r *http.Request, e *entry) bool
 		io.Copy(w, resp.Body)
 		return true
 	}
-	defer f.Close()
+	defer h.Close()
 	d.metrics.files.WithLabelValues(r.Method, "handover").Inc()
 	if r.Method == http.MethodGet {
-		files.Serve(w, r, f, entry)
+		files.Serve(w, r, h.File(), h.Entry)
 	} else {
-		files.Write(w, r.Body, f, "/"+rest, entry)
+		files.Write(w, r.Body, "/"+rest, h)
 	}
 	return true
 }

@@ -43,6 +43,9 @@ type header struct {
 	Error string        `json:"error,omitempty"`
 	Errno int           `json:"errno,omitempty"`
 	Entry *api.FileInfo `json:"entry,omitempty"`
+	// Pending: the descriptor is an upload's temporary file, which takes
+	// the path's place on a commit (see upload.go).
+	Pending bool `json:"pending,omitempty"`
 }
 
 // maxHeader bounds a header line.
@@ -149,6 +152,11 @@ func answer(conn *net.UnixConn, entry *api.FileInfo, fd int, err error) error {
 			h.Errno = int(errno)
 		}
 	}
+	return send(conn, h, fd)
+}
+
+// send writes h, with the descriptor fd if not -1.
+func send(conn *net.UnixConn, h header, fd int) error {
 	b, _ := json.Marshal(h)
 	b = append(b, '\n')
 	var oob []byte
@@ -158,6 +166,20 @@ func answer(conn *net.UnixConn, entry *api.FileInfo, fd int, err error) error {
 	_, _, werr := conn.WriteMsgUnix(b, oob, nil)
 	return werr
 }
+
+// refusal is an error in the helper's words alone, answered with errno
+// (which its class follows).
+func refusal(errno syscall.Errno, format string, args ...any) error {
+	return &refused{fmt.Sprintf(format, args...), errno}
+}
+
+type refused struct {
+	msg   string
+	errno syscall.Errno
+}
+
+func (e *refused) Error() string { return e.msg }
+func (e *refused) Unwrap() error { return e.errno }
 
 // info describes the entry at p, fi its lstat.
 func info(p string, fi fs.FileInfo) *api.FileInfo {
@@ -251,41 +273,6 @@ func list(w io.Writer, p string, d *os.File) error {
 	bw.WriteString("]\n")
 	bw.Flush()
 	return nil
-}
-
-// put creates p (its parents too) or truncates it, and answers with its
-// descriptor, which the agent writes the content to. mode, when given,
-// is the file's permission whether or not it existed.
-func put(conn *net.UnixConn, p, modeArg string) error {
-	mode, err := parseMode(modeArg, 0o644)
-	if err != nil {
-		return err
-	}
-	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-		return err
-	}
-	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|unix.O_NONBLOCK, mode)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return err
-	}
-	if !fi.Mode().IsRegular() {
-		return fmt.Errorf("files: %s is not a regular file: %w", p, unix.EINVAL)
-	}
-	if modeArg != "" && fi.Mode().Perm() != mode {
-		if err := f.Chmod(mode); err != nil {
-			return err
-		}
-	}
-	// Blocking again: the agent's writes must not see EAGAIN.
-	if err := unix.SetNonblock(int(f.Fd()), false); err != nil {
-		return err
-	}
-	return answer(conn, info(p, fi), int(f.Fd()), nil)
 }
 
 // writeTar answers, then writes a tar of p (a directory with everything

@@ -83,8 +83,13 @@ type call struct {
 	fd      *os.File // the descriptor it sent, if any
 	rest    []byte   // what followed the header in the same read
 	stop    func() bool
-	once    sync.Once
-	err     error // finish's
+	// cleans: the helper would leave something behind if killed (an
+	// upload's temporary file, an extraction's staging directory), so a
+	// request that ends asks it to go, by closing its connection and
+	// input, and finish gives it cleanupExit to clean up.
+	cleans bool
+	once   sync.Once
+	err    error // finish's
 }
 
 // start runs a helper for op on p with args and reads its header.
@@ -113,7 +118,7 @@ func (s *Server) launch(withStdin bool, op, p string, args ...string) (*call, er
 	if err != nil {
 		return nil, fmt.Errorf("files: %w", err)
 	}
-	c := &call{conn: fc.(*net.UnixConn)}
+	c := &call{conn: fc.(*net.UnixConn), cleans: op == "put" || op == "untar"}
 	cmd := &exec.Cmd{
 		// The spawner's child executes the spawner's own binary: kilnd's,
 		// which is not in the sandbox's file system.
@@ -148,10 +153,20 @@ func (s *Server) launch(withStdin bool, op, p string, args ...string) (*call, er
 	return c, nil
 }
 
-// await reads the helper's header; the helper is killed if ctx ends
-// before the call is finished. On an error the call is finished.
+// await reads the helper's header; if ctx ends before the call is
+// finished, the helper is killed, or, one that cleans up after itself,
+// told to go (see cleans). On an error the call is finished.
 func (c *call) await(ctx context.Context) error {
-	c.stop = context.AfterFunc(ctx, func() { c.proc.Kill() })
+	c.stop = context.AfterFunc(ctx, func() {
+		if !c.cleans {
+			c.proc.Kill()
+			return
+		}
+		c.conn.Close()
+		if c.stdin != nil {
+			c.stdin.Close()
+		}
+	})
 	if err := c.readHeader(); err != nil {
 		c.finish()
 		return err
@@ -163,23 +178,30 @@ func (c *call) await(ctx context.Context) error {
 	return nil
 }
 
-// readHeader reads the header line and the descriptor that came with it.
+// readHeader reads the next header line and the descriptor that came
+// with it.
 func (c *call) readHeader() error {
 	buf := make([]byte, maxHeader)
 	oob := make([]byte, unix.CmsgSpace(4*4))
-	n := 0
+	n := copy(buf, c.rest)
+	c.h, c.rest = header{}, nil
 	for {
-		k, oobn, _, _, err := c.conn.ReadMsgUnix(buf[n:], oob)
-		if oobn > 0 {
-			c.takeRights(oob[:oobn])
-		}
-		n += k
 		if i := bytes.IndexByte(buf[:n], '\n'); i >= 0 {
 			c.rest = buf[i+1 : n]
 			if err := json.Unmarshal(buf[:i], &c.h); err != nil {
 				return fmt.Errorf("%w: files: the helper's answer: %v", errdefs.ErrInternal, err)
 			}
 			return nil
+		}
+		k, oobn, _, _, err := c.conn.ReadMsgUnix(buf[n:], oob)
+		if oobn > 0 {
+			c.takeRights(oob[:oobn])
+		}
+		if k > 0 {
+			n += k
+		}
+		if bytes.IndexByte(buf[:n], '\n') >= 0 {
+			continue
 		}
 		if err != nil || n == len(buf) {
 			return fmt.Errorf("%w: files: the helper ended without an answer", errdefs.ErrInternal)
@@ -233,9 +255,13 @@ func (c *call) finish() error {
 			st, err = c.proc.Wait()
 			close(exited)
 		}()
+		grace := helperExit
+		if c.cleans {
+			grace = cleanupExit
+		}
 		select {
 		case <-exited:
-		case <-time.After(helperExit):
+		case <-time.After(grace):
 			c.proc.Kill()
 			<-exited
 		}
@@ -248,8 +274,13 @@ func (c *call) finish() error {
 	return c.err
 }
 
-// helperExit is how long a helper that has answered gets to exit.
-const helperExit = 5 * time.Second
+// helperExit is how long a helper that has answered gets to exit;
+// cleanupExit how long one that may have to remove what it made (a
+// staging directory of many files) gets.
+const (
+	helperExit  = 5 * time.Second
+	cleanupExit = time.Minute
+)
 
 func killed(st *os.ProcessState) bool {
 	ws, ok := st.Sys().(syscall.WaitStatus)
@@ -293,7 +324,9 @@ func errnoError(h header) error {
 		class = errdefs.ErrAlreadyExists
 	case unix.EACCES, unix.EPERM, unix.EROFS:
 		class = errdefs.ErrPermissionDenied
-	case unix.ENOSPC, unix.EDQUOT, unix.EFBIG:
+	case unix.ENOSPC, unix.EDQUOT:
+		class = errdefs.ErrNoSpace
+	case unix.EFBIG:
 		class = errdefs.ErrTooLarge
 	case unix.EINVAL, unix.ENAMETOOLONG:
 		class = errdefs.ErrInvalidArgument
@@ -380,12 +413,11 @@ func (s *Server) put(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer c.finish()
-	f, err := c.regular()
-	if err != nil {
+	if _, err := c.pending(); err != nil {
 		reply.Error(w, err)
 		return
 	}
-	Write(w, r.Body, f, p, *c.h.Entry)
+	Write(w, r.Body, p, c)
 }
 
 // remove deletes a file, an empty directory, or with ?recursive=true a

@@ -489,8 +489,21 @@ export interface paths {
          */
         get: operations["readFile"];
         /**
-         * write the body to a file (streamed), its parent directories made; it belongs to the sandbox's root
-         * @description Past the sandbox's disk quota the answer is 413 and says how many bytes were written.
+         * write the body to a file (streamed), all or nothing; its parent directories made
+         * @description Atomic: the body goes to a temporary file beside the target (hidden,
+         *     named .kiln-put- and random letters), which is synced and renamed
+         *     over the target once the whole body has come. A body cut short
+         *     (its connection closed, fewer bytes than its Content-Length, or
+         *     none for longer than kilnd's read timeout) is answered 400; past the
+         *     sandbox's disk quota, 507. Either way the target is as it was, and
+         *     neither the temporary file nor a directory made for it stays.
+         *     A file replaced keeps its owner, group and permission bits (mode
+         *     sets others), as one written in place would; not its setuid,
+         *     setgid and sticky bits, extended attributes or other hard links
+         *     (they keep the old content). A new file belongs to the sandbox's
+         *     root, its permission mode or 0644. A target that is a directory or
+         *     a symbolic link (never written through: name its target) is
+         *     refused with 412; a FIFO, socket or device with 400.
          */
         put: operations["writeFile"];
         /** op=mkdir makes the directory and its parents (mode, default 0755); op=move renames it to the absolute path to */
@@ -2007,7 +2020,7 @@ export interface operations {
     writeFile: {
         parameters: {
             query?: {
-                /** @description permission bits in octal (default 0644 for a new file) */
+                /** @description permission bits in octal (default: the replaced file's, or 0644 for a new file) */
                 mode?: string;
             };
             header?: never;
@@ -2042,6 +2055,7 @@ export interface operations {
             413: components["responses"]["Error"];
             502: components["responses"]["Error"];
             503: components["responses"]["Error"];
+            507: components["responses"]["Error"];
         };
     };
     fileOperation: {
@@ -2197,6 +2211,7 @@ export interface operations {
             413: components["responses"]["Error"];
             502: components["responses"]["Error"];
             503: components["responses"]["Error"];
+            507: components["responses"]["Error"];
         };
     };
     getPort: {
