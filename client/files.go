@@ -170,8 +170,12 @@ func (s *Sandbox) Archive(ctx context.Context, p string) (io.ReadCloser, api.Fil
 }
 
 // Extract extracts the tar r gives into the directory dir in the sandbox,
-// which must exist. Its entries belong to the sandbox's root; absolute
-// names, "..", device nodes and links leading out of dir are refused.
+// which must exist, all or nothing: nothing of it is in dir unless it
+// returns without an error. Its entries belong to the sandbox's root.
+// Members other than regular files, directories and links (sparse and
+// contiguous files, FIFOs, devices) are refused (IsInvalid), and so are
+// absolute names, ".." and links leading out of dir (IsPermissionDenied),
+// naming the member.
 func (s *Sandbox) Extract(ctx context.Context, dir string, r io.Reader) error {
 	resp, _, err := s.c.request(ctx, s.c.stream, "PUT", s.path("/archive"), url.Values{"path": {dir}}, r, "application/x-tar")
 	if err != nil {

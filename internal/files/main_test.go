@@ -2,6 +2,7 @@ package files
 
 import (
 	"bufio"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -21,6 +22,8 @@ import (
 
 	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
+
+	"github.com/sandkiln/sandkiln/api"
 )
 
 // The test binary is also the helper: the server starts /proc/self/exe.
@@ -192,6 +195,15 @@ func readAnswer(t *testing.T, c net.Conn) (int, string) {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
+}
+
+// message is the message of an error's JSON body, or the body.
+func message(body string) string {
+	var e api.Error
+	if json.Unmarshal([]byte(body), &e) != nil || e.Error.Message == "" {
+		return body
+	}
+	return e.Error.Message
 }
 
 // names lists dir's entries.

@@ -326,7 +326,7 @@ func errnoError(h header) error {
 		class = errdefs.ErrPermissionDenied
 	case unix.ENOSPC, unix.EDQUOT:
 		class = errdefs.ErrNoSpace
-	case unix.EFBIG:
+	case unix.EFBIG, unix.E2BIG:
 		class = errdefs.ErrTooLarge
 	case unix.EINVAL, unix.ENAMETOOLONG:
 		class = errdefs.ErrInvalidArgument
@@ -499,31 +499,4 @@ func (s *Server) getArchive(w http.ResponseWriter, r *http.Request) {
 		// Cut short: the client sees a broken answer, not a whole tar.
 		panic(http.ErrAbortHandler)
 	}
-}
-
-// putArchive extracts the tar in the body into the directory ?path=,
-// which must exist.
-func (s *Server) putArchive(w http.ResponseWriter, r *http.Request) {
-	p, err := queryPath(r, "path")
-	if err != nil {
-		reply.Error(w, err)
-		return
-	}
-	c, err := s.launch(true, "untar", p)
-	if err != nil {
-		reply.Error(w, err)
-		return
-	}
-	// The header comes once the helper is done, or at the first member it
-	// refuses, when its input closes and the feeding here stops too.
-	answered := make(chan error, 1)
-	go func() { answered <- c.await(r.Context()) }()
-	io.Copy(c.stdin, r.Body)
-	c.stdin.Close()
-	if err := <-answered; err != nil {
-		reply.Error(w, err)
-		return
-	}
-	c.finish()
-	reply.JSON(w, http.StatusOK, c.h.Entry)
 }

@@ -528,12 +528,27 @@ export interface paths {
         /** a tar of path (a directory with all in it, or one file), its entries named from the path's base name, as Docker's archive */
         get: operations["getArchive"];
         /**
-         * extract the tar in the body into the directory path, which must exist
-         * @description Extracted by the sandbox's root, whose entries become; permissions
-         *     and times are kept (setuid and setgid dropped). Absolute names,
-         *     "..", device nodes and FIFOs, and links (symbolic or hard) that lead
-         *     out of the directory are refused: the extraction stops there, with
-         *     what came before it kept.
+         * extract the tar in the body into the directory path, which must exist, all or nothing
+         * @description The archive is extracted into a staging directory in path (hidden,
+         *     named .kiln-untar- and random letters), each member checked as it
+         *     comes, and moved in only once the whole body has come, every member
+         *     passed and what was staged is synced. Regular files, directories,
+         *     and symbolic and hard links that stay in path are extracted. Any
+         *     other member (a GNU sparse file, type S or in PAX records; a
+         *     contiguous file, type 7; a FIFO; a character or block device; a type
+         *     not known) fails the whole archive with 400, which names the member
+         *     and its type; absolute names, ".." and links that lead out of path
+         *     with 403; a member that would put a directory where path has
+         *     something else, or the reverse, or reach into another file system,
+         *     with 412; past the sandbox's disk quota, 507; a body cut short, 400.
+         *     In each case nothing of the archive stays in path. Moving in: what
+         *     path does not have arrives whole, in one rename (a directory with
+         *     everything in it); a directory it has is merged into, what else it
+         *     holds kept, and takes the archive's mode and times; a file or link
+         *     it has is replaced in one rename. Each rename is atomic; the whole
+         *     is too unless the sandbox's own processes change path meanwhile.
+         *     What is extracted belongs to the sandbox's root, with the archive's
+         *     permissions (setuid and setgid dropped) and modification times.
          */
         put: operations["extractArchive"];
         post?: never;
