@@ -289,7 +289,7 @@ func (d *Daemon) forward(w http.ResponseWriter, r *http.Request) {
 	if d.handover(w, r, e) {
 		return
 	}
-	p.ServeHTTP(w, r)
+	p.ServeHTTP(w, watchUpload(r))
 }
 
 // startKind says which kind of process start r is, or "" for another

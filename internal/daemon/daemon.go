@@ -670,6 +670,10 @@ func (d *Daemon) route(rec record, sb sandbox.Instance) *entry {
 		FlushInterval: -1, // output goes out as it comes
 		BufferPool:    proxyBuffers,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if err := brokenUpload(r); err != nil {
+				reply.Error(w, err)
+				return
+			}
 			if !sb.Alive() {
 				reply.Error(w, errdefs.New(errdefs.ErrUnavailable, "kilnd: sandbox "+rec.ID+" is not running"))
 				return

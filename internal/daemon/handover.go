@@ -1,17 +1,75 @@
 package daemon
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 
 	"github.com/sandkiln/sandkiln/internal/errdefs"
 	"github.com/sandkiln/sandkiln/internal/files"
 	"github.com/sandkiln/sandkiln/internal/reply"
 	"github.com/sandkiln/sandkiln/internal/sandbox"
 )
+
+// uploadBody is the body of an upload (PUT …/files/… or …/archive)
+// proxied to the agent, counted, and keeping the error it failed with:
+// such a body that breaks off changes nothing in the sandbox (uploads and
+// extractions are all or nothing), so the answer is the client's fault,
+// not an outcome unknown. The proxy's transport reads it, maybe still
+// when its error handler looks: hence the atomics.
+type uploadBody struct {
+	io.ReadCloser
+	path string // in the sandbox, for messages
+	n    atomic.Int64
+	err  atomic.Pointer[error]
+}
+
+func (b *uploadBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	b.n.Add(int64(n))
+	if err != nil && err != io.EOF {
+		b.err.Store(&err)
+	}
+	return n, err
+}
+
+// uploadKey is the context key of a proxied request's uploadBody.
+type uploadKey struct{}
+
+// watchUpload returns r with its body wrapped, and in its context, when r
+// is an upload (see uploadBody).
+func watchUpload(r *http.Request) *http.Request {
+	if r.Method != http.MethodPut || r.Body == nil || r.Body == http.NoBody {
+		return r
+	}
+	b := &uploadBody{ReadCloser: r.Body}
+	path, _ := agentPath(r.URL)
+	if rest, ok := strings.CutPrefix(path, "/files/"); ok {
+		b.path = "/" + rest
+	} else if path == "/archive" {
+		b.path = r.URL.Query().Get("path")
+	} else {
+		return r
+	}
+	r = r.WithContext(context.WithValue(r.Context(), uploadKey{}, b))
+	r.Body = b
+	return r
+}
+
+// brokenUpload is the answer to a proxied request r (the proxy's, in the
+// client's request's context) when it is an upload whose body broke off,
+// or nil.
+func brokenUpload(r *http.Request) error {
+	b, ok := r.Context().Value(uploadKey{}).(*uploadBody)
+	if !ok || b.err.Load() == nil {
+		return nil
+	}
+	return files.BrokeOff(b.path, b.n.Load(), *b.err.Load())
+}
 
 // handover serves a file's GET or PUT itself, with the file the agent
 // hands over (files.Handover), so that its content goes between the

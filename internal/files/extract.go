@@ -475,7 +475,7 @@ func (s *Server) putArchive(w http.ResponseWriter, r *http.Request) {
 		// The archive read whole, maybe, but not the body: nothing of it
 		// is taken.
 		c.Abort()
-		reply.Error(w, bodyError(p, n, src.err, src.err))
+		reply.Error(w, BrokeOff(p, n, src.err))
 		return
 	}
 	h, err := c.settle(verdictCommit + " 0\n")

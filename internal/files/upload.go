@@ -370,21 +370,28 @@ func (b *bodyReader) Read(p []byte) (int, error) {
 // with bodyErr, the body's fault; else err is the file's.
 func bodyError(p string, n int64, err, bodyErr error) error {
 	if bodyErr != nil {
-		why := "it could not be read"
-		var ne net.Error
-		switch {
-		case errors.Is(bodyErr, io.ErrUnexpectedEOF):
-			why = "its connection ended before it did"
-		case errors.Is(bodyErr, os.ErrDeadlineExceeded) || errors.As(bodyErr, &ne) && ne.Timeout():
-			why = "it stopped coming: the server's read timeout passed"
-		}
-		return errdefs.New(errdefs.ErrInvalidArgument, fmt.Sprintf("%s: the body broke off after %d bytes (%s): nothing was written", p, n, why))
+		return BrokeOff(p, n, bodyErr)
 	}
 	errno, _ := errors.AsType[syscall.Errno](err)
 	if errno == unix.ENOSPC || errno == unix.EDQUOT {
 		return errdefs.New(errdefs.ErrNoSpace, fmt.Sprintf("%s: the sandbox's disk is full (its quota) after %d bytes of the body: nothing was written", p, n))
 	}
 	return errnoError(header{Error: fmt.Sprintf("files: %s: writing the body failed after %d bytes (%v): nothing was written", p, n, errnoOf(err)), Errno: int(errno)})
+}
+
+// BrokeOff is the answer to an upload or extraction into p (the
+// sandbox's path) whose body failed with err after n bytes: the client's
+// fault, and nothing was written, since both are all or nothing.
+func BrokeOff(p string, n int64, err error) error {
+	why := "it could not be read"
+	var ne net.Error
+	switch {
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		why = "its connection ended before it did"
+	case errors.Is(err, os.ErrDeadlineExceeded) || errors.As(err, &ne) && ne.Timeout():
+		why = "it stopped coming: the server's read timeout passed"
+	}
+	return errdefs.New(errdefs.ErrInvalidArgument, fmt.Sprintf("%s: the body broke off after %d bytes (%s): nothing was written", p, n, why))
 }
 
 // pending checks that the helper answered an upload with its temporary
