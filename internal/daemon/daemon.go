@@ -3,6 +3,7 @@ package daemon
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/subtle"
@@ -71,6 +72,9 @@ type Config struct {
 	// FlowGrace is how long a flow block process's output waits for its
 	// holding watcher: to come, and to come back (zero: 30 s).
 	FlowGrace time.Duration
+	// ReadTimeout is how long a request, its body included, may take to
+	// arrive (zero: a minute); a file upload cut by it changes nothing.
+	ReadTimeout time.Duration
 	// DefaultLimits are the limits of a sandbox whose request leaves them
 	// out (nil: DefaultLimits; a zero field there is no limit).
 	DefaultLimits *api.Limits
@@ -1199,10 +1203,10 @@ func (d *Daemon) Serve(ctx context.Context) error {
 		}
 		return d.Handler(tcp)
 	}
-	servers := []*http.Server{newServer(handler(false))}
+	servers := []*http.Server{newServer(handler(false), d.cfg.ReadTimeout)}
 	listeners := []net.Listener{ul}
 	if tl != nil {
-		servers = append(servers, newServer(handler(true)))
+		servers = append(servers, newServer(handler(true), d.cfg.ReadTimeout))
 		listeners = append(listeners, tl)
 	}
 	errs := make(chan error, len(servers))
@@ -1293,12 +1297,13 @@ func (c *slotConn) Close() error {
 }
 
 // newServer bounds what a client can hold: a request's headers and body
-// must arrive in time, and an idle connection is closed.
-func newServer(h http.Handler) *http.Server {
+// must arrive in time (read, a minute when zero), and an idle connection
+// is closed.
+func newServer(h http.Handler, read time.Duration) *http.Server {
 	return &http.Server{
 		Handler:           h,
 		ReadHeaderTimeout: 10 * time.Second,
-		ReadTimeout:       time.Minute, // bodies are at most 1 MiB
+		ReadTimeout:       cmp.Or(read, time.Minute), // bodies are at most 1 MiB
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    64 << 10,
 	}
