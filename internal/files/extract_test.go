@@ -77,6 +77,25 @@ func sparseTar(t *testing.T, name string) []byte {
 	return b
 }
 
+// paxSparse is an archive of one file marked sparse by GNU's PAX
+// records. archive/tar drops such records from what it writes, so a
+// comment record of the same length is written and made one in the
+// bytes.
+func paxSparse(t *testing.T, name string) []byte {
+	t.Helper()
+	b := tarOf(t, member{tar.Header{Name: name, Typeflag: tar.TypeReg, Mode: 0o644, Format: tar.FormatPAX,
+		PAXRecords: map[string]string{"comment": "1234567890"}}, "data"})
+	i := bytes.Index(b, []byte("comment=1234567890\n"))
+	if i < 0 {
+		t.Fatal("no comment record")
+	}
+	copy(b[i:], "GNU.sparse.major=1\n")
+	if h, err := tar.NewReader(bytes.NewReader(b)).Next(); err != nil || h.PAXRecords["GNU.sparse.major"] != "1" {
+		t.Fatalf("the PAX sparse archive reads as %+v, %v", h, err)
+	}
+	return b
+}
+
 // cat joins archives into one: each one's end mark (two zero blocks, as
 // archive/tar writes it) but the last's goes.
 func cat(archives ...[]byte) []byte {
@@ -254,6 +273,9 @@ func TestExtractRefusesWhole(t *testing.T) {
 			fifo := tarOf(t, member{tar.Header{Name: "d/pipe", Typeflag: tar.TypeFifo, Mode: 0o644}, ""})
 			return cat(tarOf(t, good...), sparseTar(t, "d/disk.img"), fifo)
 		}, 400, `archive member "d/disk.img" is a sparse file (GNU's type 'S')`},
+		{"a sparse file in PAX records", func(t *testing.T) []byte {
+			return cat(tarOf(t, good...), paxSparse(t, "d/sparse"))
+		}, 400, `archive member "d/sparse" is a sparse file (in GNU's PAX format)`},
 		{"a contiguous file", func(t *testing.T) []byte {
 			return tarOf(t, append(good, member{tar.Header{Name: "d/cont", Typeflag: tar.TypeCont, Mode: 0o644}, "contiguous"})...)
 		}, 400, `archive member "d/cont" is a contiguous file (type '7')`},
