@@ -81,6 +81,9 @@ const (
 // DefaultMaxOutput is the default and the ceiling of ExecRequest.MaxOutputBytes.
 const DefaultMaxOutput = 1 << 20
 
+// MaxTimeoutMS bounds a finite exec's timeout_ms: 7 days.
+const MaxTimeoutMS = 7 * 24 * 60 * 60 * 1000
+
 // The drain time after a process's exit (ExecRequest.DrainMS).
 const (
 	DefaultDrainMS = 3000
@@ -842,8 +845,8 @@ func (r ExecRequest) Check(finite bool) error {
 		if r.MaxOutputBytes < 0 || r.MaxOutputBytes > DefaultMaxOutput {
 			return fmt.Errorf("%w: max_output_bytes %d: want 1 to %d", ErrInvalid, r.MaxOutputBytes, DefaultMaxOutput)
 		}
-		if r.TimeoutMS < 0 {
-			return fmt.Errorf("%w: timeout_ms %d", ErrInvalid, r.TimeoutMS)
+		if r.TimeoutMS < 0 || r.TimeoutMS > MaxTimeoutMS {
+			return fmt.Errorf("%w: timeout_ms %d: want 0 (none) to %d (7 days)", ErrInvalid, r.TimeoutMS, MaxTimeoutMS)
 		}
 	} else if r.MaxOutputBytes != 0 || r.TimeoutMS != 0 {
 		return fmt.Errorf("%w: max_output_bytes and timeout_ms belong to a finite exec", ErrInvalid)

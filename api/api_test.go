@@ -36,6 +36,21 @@ func FuzzParseFrame(f *testing.F) {
 	})
 }
 
+func TestSignalExit(t *testing.T) {
+	for name, code := range map[string]int{"KILL": 137, "SIGTERM": 143, "INT": 130, "SYS": 159} {
+		e := SignalExit(name)
+		if e.ExitCode == nil || *e.ExitCode != code || e.Signal == "" || e.Signal[:3] == "SIG" {
+			t.Errorf("%s: %+v, want code %d", name, e, code)
+		}
+	}
+	if e := SignalExit("RTMIN+3"); e.ExitCode != nil {
+		t.Errorf("a signal without a known number got code %d", *e.ExitCode)
+	}
+	if e := (Exit{Signal: "KILL"}).WithCode(); e.ExitCode == nil || *e.ExitCode != 137 {
+		t.Errorf("an old record's KILL: %+v", e)
+	}
+}
+
 func TestExitString(t *testing.T) {
 	zero, seven := 0, 7
 	for e, want := range map[*Exit]string{
@@ -43,6 +58,8 @@ func TestExitString(t *testing.T) {
 		{ExitCode: &seven}: "process exited with code 7",
 		{Signal: "KILL"}:   "process killed by signal KILL",
 		{}:                 "process exit unknown",
+		// A signal's exit has a code too; the line names the signal.
+		func() *Exit { e := SignalExit("SIGTERM"); return &e }(): "process killed by signal TERM",
 	} {
 		if got := e.String(); got != want {
 			t.Errorf("%+v: %q, want %q", *e, got, want)
@@ -80,4 +97,32 @@ func FuzzExecRequestCheck(f *testing.F) {
 			t.Fatal("accepted stdin on a finite exec")
 		}
 	})
+}
+
+// TestCheckBounds: the numbers of an exec request out of their ranges are
+// refused, each error naming the field, the range and the value.
+func TestCheckBounds(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		r      ExecRequest
+		finite bool
+		field  string
+	}{
+		{"timeout_ms that would overflow a duration", ExecRequest{Command: "true", TimeoutMS: 9223372036855}, true, "timeout_ms 9223372036855"},
+		{"timeout_ms negative", ExecRequest{Command: "true", TimeoutMS: -1}, true, "timeout_ms -1"},
+		{"timeout_ms past 7 days", ExecRequest{Command: "true", TimeoutMS: MaxTimeoutMS + 1}, true, "timeout_ms"},
+		{"max_output_bytes past 1 MiB", ExecRequest{Command: "true", MaxOutputBytes: DefaultMaxOutput + 1}, true, "max_output_bytes 1048577"},
+		{"drain_ms negative", ExecRequest{Command: "true", DrainMS: -1}, false, "drain_ms -1"},
+		{"drain_ms past its bound", ExecRequest{Command: "true", DrainMS: MaxDrainMS + 1}, false, "drain_ms 60001"},
+	} {
+		err := tc.r.Check(tc.finite)
+		if err == nil || !bytes.Contains([]byte(err.Error()), []byte(tc.field)) || !bytes.Contains([]byte(err.Error()), []byte("want")) {
+			t.Errorf("%s: %v", tc.name, err)
+		}
+	}
+	for _, ok := range []ExecRequest{{Command: "true", TimeoutMS: MaxTimeoutMS}, {Command: "true", DrainMS: MaxDrainMS}} {
+		if err := ok.Check(ok.TimeoutMS != 0); err != nil {
+			t.Errorf("%+v: %v", ok, err)
+		}
+	}
 }
