@@ -58,7 +58,8 @@ check:
 
 # The engine's figures beside their baselines, written to bench/results/;
 # kilnd linked statically, as the README runs it.
-bench:
+bench: $(SDK)/node_modules/.package-lock.json
+	cd $(SDK) && npm run --silent build
 	CGO_ENABLED=0 $(GO) run ./bench -out bench/results
 
 # sandkiln beside cmd > file, a pipe, supervisord, s6-log, tmux, dtach,

@@ -36,6 +36,9 @@ func renderReport(cfg config, res results) string {
 	if res.attach != nil {
 		writeAttach(&b, res.attach)
 	}
+	if res.sdk != nil {
+		writeSDK(&b, res.sdk)
+	}
 	if res.ports != nil {
 		writePorts(&b, res.ports)
 	}

@@ -22,6 +22,7 @@ type results struct {
 	files      *filesResult
 	ports      *portsResult
 	attach     *attachResult
+	sdk        *sdkResult
 	tombstones *tombstoneResult
 	running    *runningResult
 	compare    *compareResult
@@ -84,6 +85,12 @@ func run(ctx context.Context, cfg config) (err error) {
 		var err error
 		if res.attach, err = measureAttach(ctx, cfg); err != nil {
 			return fmt.Errorf("attach: %w", err)
+		}
+	}
+	if cfg.has("sdk") {
+		var err error
+		if res.sdk, err = measureSDK(ctx, cfg); err != nil {
+			return fmt.Errorf("sdk: %w", err)
 		}
 	}
 	if cfg.has("files") {
