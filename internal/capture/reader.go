@@ -41,10 +41,17 @@ type Entry struct {
 	Gap int64
 	// Offset is, for a stdout or stderr record, its stream offset: how
 	// many bytes the stream had produced before the record's payload (the
-	// engine's offsets, the ones watchers resume from). -1 when the log
-	// does not say: a file of the earlier format whose run began in a file
-	// no longer there.
+	// engine's offsets, the ones watchers resume from); for a drop record,
+	// where in stream On the loss begins. -1 when the log does not say: a
+	// file of the earliest format whose run began in a file no longer
+	// there.
 	Offset int64
+	// Lost is, for a drop record, how many bytes of each stream were lost
+	// right before that stream's next record.
+	Lost [NumLogStreams]int64
+	// LostAt is, for a drop record, where each stream's loss begins (-1
+	// when the log does not say).
+	LostAt [NumLogStreams]int64
 }
 
 // Reader reads a capture directory's records in order: the archives from
@@ -65,10 +72,11 @@ type Reader struct {
 	fresh bool  // at the open file's first record (its header)
 	drain bool  // a newer file exists; read the open one to its end once more
 
-	// The open file's header, as last read (it changes once, when the
-	// run ends): ended says the end it records was given to the
-	// classifier, ending that the reader saw it and reads to the end of
-	// the file once more, for what was written before it.
+	// The open file's header, if it is one of the previous format, as
+	// last read (it changes once, when the run ends): ended says the end
+	// it records was given to the classifier, ending that the reader saw
+	// it and reads to the end of the file once more, for what was written
+	// before it. Headers of this format never change.
 	head   Meta
 	headAt time.Time
 	ended  bool
@@ -270,7 +278,7 @@ func (r *Reader) line() (Entry, bool) {
 			r.runs.damaged()
 			continue
 		}
-		rec, err := parseRecord(line)
+		rec, tagged, err := parseLine(line)
 		if err != nil {
 			r.stats.Corrupt++
 			r.runs.damaged()
@@ -278,7 +286,7 @@ func (r *Reader) line() (Entry, bool) {
 		}
 		e := Entry{Record: rec, Offset: -1}
 		if rec.Stream == LogMeta {
-			r.metaRecord(rec, fresh)
+			r.metaRecord(&e, tagged, fresh)
 		} else {
 			if r.atOK {
 				e.Offset = r.at[rec.Stream]
@@ -291,9 +299,10 @@ func (r *Reader) line() (Entry, bool) {
 }
 
 // metaRecord applies what a metadata record says to the runs and to where
-// the streams stand.
-func (r *Reader) metaRecord(rec Record, fresh bool) {
-	m, err := parseMeta(rec.Content)
+// the streams stand, and tells a drop record's entry what it lost where.
+func (r *Reader) metaRecord(e *Entry, tagged, fresh bool) {
+	rec := e.Record
+	m, err := parseMeta(rec.Content, tagged)
 	switch {
 	case err != nil:
 		r.runs.invalid(err)
@@ -304,17 +313,32 @@ func (r *Reader) metaRecord(rec Record, fresh bool) {
 	}
 	switch m.Event {
 	case eventFile:
-		if m.Run != "" {
-			r.head, r.headAt, r.ended, r.ending = m, rec.Time, false, false
-			r.at, r.atOK = [NumLogStreams]int64{m.At.Stdout, m.At.Stderr}, true
-			r.runs.header(m, rec.Time)
+		if m.Run == "" {
+			return // the earliest format's: where the file stands in the log
 		}
+		r.at, r.atOK = [NumLogStreams]int64{m.At.Stdout, m.At.Stderr}, true
+		if tagged {
+			r.head, r.headAt, r.ended, r.ending = m, rec.Time, false, false
+			r.runs.header(m, rec.Time)
+			return
+		}
+		r.runs.file(m.Run)
 		return
 	case eventBegin:
 		r.at, r.atOK = [NumLogStreams]int64{}, true
 	case eventDrop:
-		r.at[LogStdout] += m.Stdout
-		r.at[LogStderr] += m.Stderr
+		e.Lost = [NumLogStreams]int64{m.Stdout, m.Stderr}
+		e.LostAt = [NumLogStreams]int64{-1, -1}
+		if m.Stdout == 0 {
+			e.On = LogStderr
+		}
+		for s, n := range e.Lost {
+			if r.atOK {
+				e.LostAt[s] = r.at[s]
+			}
+			r.at[s] += n
+		}
+		e.Offset = e.LostAt[e.On]
 	}
 	r.runs.meta(m, rec.Time)
 }

@@ -120,6 +120,9 @@ func TestRotationBoundsDiskAndKeepsOrder(t *testing.T) {
 	}
 }
 
+// TestRunsStayDistinctWhenRotationRemovesAnOldBegin: Seed, "Multiple runs
+// and rotation removes an old begin: Runs remain distinct; reader reports
+// retention loss rather than a false crash."
 func TestRunsStayDistinctWhenRotationRemovesAnOldBegin(t *testing.T) {
 	d, _ := testDir(t)
 	opt := Options{MaxSize: 4096, MaxFiles: 3}
@@ -214,8 +217,10 @@ func beginAndBeKilled(t *testing.T, output string) Log {
 	return readLog(t, d)
 }
 
-// TestBeginSyncedThenKilledBeforeStart: a process that synced begin and was
-// killed before it could start anything leaves an interrupted run.
+// TestBeginSyncedThenKilledBeforeStart: Seed, "Begin fsynced, VM killed
+// before Start: begin exists without end; report interruption, not
+// success." A process that synced begin and was killed before it could
+// start anything leaves an interrupted run.
 func TestBeginSyncedThenKilledBeforeStart(t *testing.T) {
 	l := beginAndBeKilled(t, "")
 	if len(l.Runs) != 1 || l.Runs[0].State != Interrupted {
@@ -223,7 +228,9 @@ func TestBeginSyncedThenKilledBeforeStart(t *testing.T) {
 	}
 }
 
-// TestKilledDuringCapture: a writer killed mid-run leaves what it wrote,
+// TestKilledDuringCapture: Seed, "Writer failure or VM SIGKILL during
+// capture: No end; reader reports incomplete capture." A writer killed
+// mid-run leaves what it wrote,
 // and the run reads as interrupted, never as complete.
 func TestKilledDuringCapture(t *testing.T) {
 	l := beginAndBeKilled(t, "written before the kill\n")
@@ -350,6 +357,12 @@ func TestInterruptedRotationIsCleanedUp(t *testing.T) {
 	}
 }
 
+// TestClassification: Seed, the table of "Run records and reader
+// behavior" (begin + end with zero dropped: lossless; non-zero: lossy;
+// begin without end: interrupted; end without begin: retention loss; no
+// begin: unknown), and "Duplicate begin, duplicate end, end before begin,
+// or invalid metadata JSON is reported as corrupted/unknown, never as
+// successful capture."
 func TestClassification(t *testing.T) {
 	const a, b = "0190b0a4-7d2e-7a91-8c55-0e6f2ab41d90", "0190b0a4-7d2e-7a91-8c55-0e6f2ab41d91"
 	begin := func(id string) string { return `{"run":"` + id + `","event":"begin"}` }
@@ -460,8 +473,8 @@ func TestFilter(t *testing.T) {
 		{Filter{Since: time.Now().Add(time.Hour), Tail: -1}, ""},
 		{Filter{Until: time.Now().Add(-time.Hour), Tail: -1}, ""},
 		{Filter{Since: time.Now().Add(-time.Hour), Until: time.Now().Add(time.Hour), Stderr: true, Tail: -1}, "e1\ne2 unfinished"},
-		// The file's header, then the run's end, which the header says.
-		{All, "[meta]o1\no2\ne1\nLLL…\nL\ne2 unfinished[meta]"},
+		// The file's header, the run's begin, and its end.
+		{All, "[meta][meta]o1\no2\ne1\nLLL…\nL\ne2 unfinished[meta]"},
 	}
 	for _, tc := range cases {
 		if got := text(tc.f); got != tc.want {
@@ -481,7 +494,7 @@ func follow(t *testing.T, r *Reader, run string, each func(Entry)) {
 		}
 		each(e)
 		if e.Gap == 0 && e.Stream == LogMeta {
-			if m, err := parseMeta(e.Content); err == nil && m.Event == eventEnd && m.Run == run {
+			if m, err := parseMeta(e.Content, false); err == nil && m.Event == eventEnd && m.Run == run {
 				return
 			}
 		}
@@ -564,7 +577,8 @@ func TestRotationOnEveryRecordWithASlowFollower(t *testing.T) {
 	}
 }
 
-// TestFollowAcrossAPlainRename: a rotation by rename (as other writers do)
+// TestFollowAcrossAPlainRename: Seed, "Follow mode must retry an ENOENT
+// between rename steps." A rotation by rename (as other writers do)
 // leaves a moment with no active file, and bytes appended to the old file
 // after the rename; the follower waits out the first and drains the second
 // before moving on.
@@ -637,9 +651,11 @@ func FuzzParseRecord(f *testing.F) {
 	f.Add([]byte("2026-11-29T10:00:00.000000000Z stdout F hello"))
 	f.Add([]byte("2026-11-29T10:00:00Z stderr P:x "))
 	f.Add([]byte(`2026-11-29T10:00:00.1Z kiln F {"run":"0190b0a4-7d2e-7a91-8c55-0e6f2ab41d90","event":"end","dropped":{"stdout":1,"stderr":0}}`))
+	f.Add([]byte(`2026-11-29T10:00:00.1Z kiln F {"event":"file","seq":3,"offset":99,"run":"0190b0a4-7d2e-7a91-8c55-0e6f2ab41d90","at":{"stdout":5,"stderr":0}}`))
+	f.Add([]byte(`2026-11-29T10:00:00.1Z stderr P:kiln:{"event":"drop","stderr":4}:: `))
 	f.Fuzz(func(t *testing.T, line []byte) {
 		line = bytes.ReplaceAll(line, []byte{'\n'}, nil)
-		r, err := parseRecord(line)
+		r, tagged, err := parseLine(line)
 		if err != nil {
 			return
 		}
@@ -656,7 +672,7 @@ func FuzzParseRecord(f *testing.F) {
 			t.Fatalf("round trip changed %+v into %+v", r, again)
 		}
 		if r.Stream == LogMeta {
-			parseMeta(r.Content)
+			parseMeta(r.Content, tagged)
 		}
 	})
 }
@@ -667,6 +683,13 @@ func FuzzReadLog(f *testing.F) {
 	ts := "2026-11-29T10:00:00.000000000Z "
 	f.Add([]byte(ts + `kiln F {"event":"file","seq":1}` + "\n" + ts + `kiln F {"run":"0190b0a4-7d2e-7a91-8c55-0e6f2ab41d90","event":"begin"}` + "\n" + ts + "stdout P ab\n" + ts + "stdout F c\n"))
 	f.Add([]byte("\n\n\x00garbage\n" + ts + "stderr F x"))
+	const run = "0190b0a4-7d2e-7a91-8c55-0e6f2ab41d90"
+	f.Add([]byte(ts + `kiln F {"event":"file","seq":1,"run":"` + run + `","at":{"stdout":0,"stderr":0}}` + "\n" +
+		ts + `kiln F {"event":"begin","run":"` + run + `"}` + "\n" + ts + "stdout F a\n" +
+		ts + `kiln F {"event":"drop","run":"` + run + `","stdout":3}` + "\n" + ts + "stdout P b\n" +
+		ts + `kiln F {"event":"end","run":"` + run + `","dropped":{"stdout":3,"stderr":0}}` + "\n"))
+	f.Add(append(appendTagged(nil, []byte(ts[:len(ts)-1]), LogStdout, Meta{Event: eventFile, Seq: 2, Run: run, At: &Positions{Stdout: 9}}, legacyHeaderSize),
+		ts+"stdout F c\n"...))
 	f.Fuzz(func(t *testing.T, log []byte) {
 		d, path := testDir(t)
 		if err := os.WriteFile(filepath.Join(path, ActiveName), log, 0o600); err != nil {
@@ -737,54 +760,6 @@ func TestReadThenFollow(t *testing.T) {
 	}
 	if st := r.Stats(); st.Torn != 0 || st.Corrupt != 0 {
 		t.Errorf("stats %+v", st)
-	}
-}
-
-// TestClassificationOfHeaders: the runs of files whose headers say where
-// each began and ended, as this package writes them.
-func TestClassificationOfHeaders(t *testing.T) {
-	const a = "0190b0a4-7d2e-7a91-8c55-0e6f2ab41d90"
-	ts := []byte("2026-11-29T10:00:00.000000000Z")
-	ended := time.Date(2026, 11, 29, 10, 0, 1, 0, time.UTC)
-	data := string(ts) + " stdout F hello\n"
-	drop := string(appendMeta(nil, ts, LogStdout, Meta{Event: eventDrop, Stdout: 5}))
-	// file makes a file: its header (ending, when end is set, with the
-	// size the lines make, plus extra) and its lines.
-	file := func(began bool, end *Dropped, extra int64, lines ...string) []byte {
-		body := strings.Join(lines, "")
-		h := Meta{Event: eventFile, Seq: 1, Run: a, Began: began, At: &Positions{}}
-		if end != nil {
-			h.Ended, h.Dropped, h.Size = &ended, end, HeaderSize+int64(len(body))+extra
-		}
-		return append(appendHeader(nil, ts, LogStdout, h), body...)
-	}
-	none := &Dropped{}
-	cases := []struct {
-		name string
-		log  []byte
-		want []string
-	}{
-		{"lossless", file(true, none, 0, data), []string{"lossless"}},
-		{"lossless, nothing written", file(true, none, 0), []string{"lossless"}},
-		{"lossy", file(true, &Dropped{Stdout: 5, Stderr: 2}, 0, drop, data), []string{"lossy"}},
-		{"interrupted", file(true, nil, 0, data), []string{"interrupted"}},
-		{"retention loss", file(false, none, 0, data), []string{"retention-loss"}},
-		{"unknown: began elsewhere, not ended", file(false, nil, 0, data), []string{"unknown"}},
-		{"cut after its end", file(true, none, 10, data), []string{"corrupted"}},
-		{"written to after its end", file(true, none, -int64(len(data)), data), []string{"corrupted"}},
-		{"drops beyond the end's", file(true, &Dropped{Stdout: 4}, 0, drop, data), []string{"corrupted"}},
-		{"a header inside the file", file(true, none, 0, data, string(file(true, none, 0))), []string{"corrupted"}},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			d, path := testDir(t)
-			if err := os.WriteFile(filepath.Join(path, ActiveName), tc.log, 0o600); err != nil {
-				t.Fatal(err)
-			}
-			if diff := cmp.Diff(tc.want, states(readLog(t, d).Runs)); diff != "" {
-				t.Errorf("states (-want +got):\n%s", diff)
-			}
-		})
 	}
 }
 

@@ -20,25 +20,21 @@ const (
 	// LogStderr holds the process's standard error.
 	LogStderr
 	// LogMeta is what the writer says of the log itself: each file's
-	// header, and drop records. Only the writer can produce these records,
-	// because it alone writes every record's header (time, stream, tag),
-	// application output is only ever a record's content, and content never
-	// holds a newline. The records are ordinary CRI lines of stdout or
-	// stderr whose tag is metaTag and whose content is empty: a CRI reader
-	// (kubelet's, a log shipper's) sees an empty partial line and prints
-	// nothing for it. Logs of an earlier format kept them in a stream of
-	// their own, named "kiln", which the reader still understands.
+	// header, and each run's begin, drop and end records. They are lines of
+	// a private stream named "kiln", "<time> kiln F <JSON>", which
+	// application output cannot forge: the writer alone writes every
+	// record's header (time, stream, tag), output is only ever a record's
+	// content, and content never holds a newline. CRI readers that take
+	// stdout and stderr only pass over them. Logs of the previous format
+	// kept them in the tags of empty partial lines of stdout or stderr
+	// (metaTag), which the reader still understands.
 	LogMeta
 )
 
-// metaTag opens the tag of a metadata record: the CRI partial tag, then
-// more tags (which CRI readers ignore) holding the metadata as JSON.
+// metaTag opened the tag of a metadata record in logs of the previous
+// format: the CRI partial tag, then more tags holding the metadata as
+// JSON, on an empty line of stdout or stderr. The reader still reads them.
 const metaTag = "P:kiln:"
-
-// HeaderSize is the length of every file's first record, its header. The
-// header is rewritten in place when the file's run ends, so it has one
-// size whatever it says; at 512 bytes it is one disk sector.
-const HeaderSize = 512
 
 // NumLogStreams counts the application streams in the log (stdout, stderr).
 const NumLogStreams = 2
@@ -81,8 +77,8 @@ type Record struct {
 	// them, without the newline that ends an F record; for metadata, its
 	// JSON. A reader's Content is only valid until its next call.
 	Content []byte
-	// On is, for metadata, the stream the record is written on: a drop
-	// record's is the stream that lost the bytes.
+	// On is, for a drop record, the stream that lost the bytes (the first
+	// of them, if a record of the earliest format counts both).
 	On LogStream
 }
 
@@ -130,22 +126,29 @@ var errRecord = errors.New("malformed record")
 // after P or F joined with ':', and an empty content with or without the
 // space before it.
 func parseRecord(line []byte) (Record, error) {
+	r, _, err := parseLine(line)
+	return r, err
+}
+
+// parseLine is parseRecord that also says whether a metadata record is of
+// the previous format, held in the tags of an empty line of stream On.
+func parseLine(line []byte) (Record, bool, error) {
 	var r Record
 	if len(line) > maxLine+64 {
-		return r, fmt.Errorf("%w: %d bytes is longer than any record", errRecord, len(line))
+		return r, false, fmt.Errorf("%w: %d bytes is longer than any record", errRecord, len(line))
 	}
 	ts, rest, ok := bytes.Cut(line, []byte{' '})
 	if !ok {
-		return r, fmt.Errorf("%w: no stream", errRecord)
+		return r, false, fmt.Errorf("%w: no stream", errRecord)
 	}
 	t, err := time.Parse(time.RFC3339Nano, string(ts))
 	if err != nil {
-		return r, fmt.Errorf("%w: timestamp: %v", errRecord, err)
+		return r, false, fmt.Errorf("%w: timestamp: %v", errRecord, err)
 	}
 	r.Time = t
 	name, rest, ok := bytes.Cut(rest, []byte{' '})
 	if !ok {
-		return r, fmt.Errorf("%w: no tag", errRecord)
+		return r, false, fmt.Errorf("%w: no tag", errRecord)
 	}
 	switch string(name) {
 	case "stdout":
@@ -155,17 +158,17 @@ func parseRecord(line []byte) (Record, error) {
 	case "kiln":
 		r.Stream = LogMeta
 	default:
-		return r, fmt.Errorf("%w: unknown stream %q", errRecord, clip(name))
+		return r, false, fmt.Errorf("%w: unknown stream %q", errRecord, clip(name))
 	}
 	tags, content, _ := bytes.Cut(rest, []byte{' '})
 	if r.Stream != LogMeta {
 		if m, ok := bytes.CutPrefix(tags, []byte(metaTag)); ok {
 			if len(content) != 0 {
-				return r, fmt.Errorf("%w: metadata record with content", errRecord)
+				return r, false, fmt.Errorf("%w: metadata record with content", errRecord)
 			}
 			r.On, r.Stream, r.Partial = r.Stream, LogMeta, false
 			r.Content = bytes.TrimRight(m, ":")
-			return r, nil
+			return r, true, nil
 		}
 	}
 	tag, _, _ := bytes.Cut(tags, []byte{':'})
@@ -174,13 +177,13 @@ func parseRecord(line []byte) (Record, error) {
 		r.Partial = true
 	case "F":
 	default:
-		return r, fmt.Errorf("%w: tag %q is neither P nor F", errRecord, clip(tags))
+		return r, false, fmt.Errorf("%w: tag %q is neither P nor F", errRecord, clip(tags))
 	}
 	if len(content) > MaxContent && r.Stream != LogMeta {
-		return r, fmt.Errorf("%w: %d bytes of content, more than %d", errRecord, len(content), MaxContent)
+		return r, false, fmt.Errorf("%w: %d bytes of content, more than %d", errRecord, len(content), MaxContent)
 	}
 	r.Content = content
-	return r, nil
+	return r, false, nil
 }
 
 func clip(b []byte) []byte {
@@ -192,21 +195,21 @@ func clip(b []byte) []byte {
 
 // Metadata events.
 const (
-	// eventFile opens every log file: its sequence number, how many log
-	// bytes all earlier files held (so a reader that finds files missing
-	// knows exactly how much it missed), the run it holds, whether the run
-	// began in it, and where each stream stands at its start. When the run
-	// ends, its last file's header is rewritten to say so, with the run's
-	// loss: the end is known from the start of the file, and no record
-	// follows the run's last line (a reader's "last N lines" are the
-	// output's).
+	// eventFile opens every log file and is never changed: the file's
+	// sequence number, how many log bytes all earlier files held (so a
+	// reader that finds files missing knows exactly how much it missed),
+	// the run whose records it holds, and where each stream stands at its
+	// start (so every record's stream offset is known).
 	eventFile = "file"
-	// eventDrop says how many bytes of the record's stream were lost right
-	// before the stream's next record.
-	eventDrop = "drop"
-	// The earlier format's begin and end records.
+	// eventBegin follows the header of a run's first file: the run began
+	// there. It is synced before the process starts.
 	eventBegin = "begin"
-	eventEnd   = "end"
+	// eventDrop says how many bytes of a stream were lost right before
+	// that stream's next record.
+	eventDrop = "drop"
+	// eventEnd is the run's last record: its writer finished, and lost
+	// exactly Dropped bytes of each stream in the whole run.
+	eventEnd = "end"
 )
 
 // Meta is the content of a metadata record.
@@ -216,20 +219,19 @@ type Meta struct {
 	Seq    int64  `json:"seq,omitempty"`
 	Offset int64  `json:"offset,omitempty"`
 	Run    string `json:"run,omitempty"`
-	// A header's: the run began in this file; each stream's offset at the
-	// file's start.
-	Began bool       `json:"began,omitempty"`
-	At    *Positions `json:"at,omitempty"`
+	// A previous-format header's: the run began in this file.
+	Began bool `json:"began,omitempty"`
+	// A header's: each stream's offset at the file's start.
+	At *Positions `json:"at,omitempty"`
 	// A drop record's per-stream bytes lost since the previous drop record.
 	Stdout int64 `json:"stdout,omitempty"`
 	Stderr int64 `json:"stderr,omitempty"`
-	// A header's, once its run ended: when, and the file's size then.
-	// What the file holds beyond it, or short of it, was not written by
-	// the run.
+	// A previous-format header's, rewritten once its run ended: when, and
+	// the file's size then.
 	Ended *time.Time `json:"ended,omitempty"`
 	Size  int64      `json:"size,omitempty"`
-	// An end record's per-stream bytes lost in the whole run; in a header,
-	// set once the run has ended.
+	// An end record's per-stream bytes lost in the whole run (and a
+	// previous-format header's, once its run had ended).
 	Dropped *Dropped `json:"dropped,omitempty"`
 }
 
@@ -248,9 +250,10 @@ type Positions struct {
 
 var errMeta = errors.New("invalid metadata")
 
-// parseMeta decodes and checks a metadata record's content: a kiln
-// record of the earlier format, or (header set) a header or drop record.
-func parseMeta(content []byte) (Meta, error) {
+// parseMeta decodes and checks a metadata record's content: a record of
+// the kiln stream, or (tagged set) one of the previous format's, kept in
+// the tags of an empty stdout or stderr line.
+func parseMeta(content []byte, tagged bool) (Meta, error) {
 	var m Meta
 	if err := json.Unmarshal(content, &m); err != nil {
 		return m, fmt.Errorf("%w: %v", errMeta, err)
@@ -261,45 +264,72 @@ func parseMeta(content []byte) (Meta, error) {
 	if m.Dropped != nil && (m.Dropped.Stdout < 0 || m.Dropped.Stderr < 0) || m.At != nil && (m.At.Stdout < 0 || m.At.Stderr < 0) {
 		return m, fmt.Errorf("%w: negative count", errMeta)
 	}
+	if tagged {
+		return m, checkTagged(m)
+	}
+	if m.Began || m.Ended != nil || m.Size != 0 {
+		return m, fmt.Errorf("%w: a %s record of the kiln stream says what only a rewritten header said", errMeta, m.Event)
+	}
 	switch m.Event {
 	case eventFile:
 		if m.Seq == 0 {
 			return m, fmt.Errorf("%w: file record needs a sequence number", errMeta)
 		}
-		if m.Run == "" { // the earlier format's: nothing but where it stands
-			if m.Began || m.At != nil || m.Ended != nil || m.Dropped != nil || m.Size != 0 {
+		if m.Stdout != 0 || m.Stderr != 0 || m.Dropped != nil {
+			return m, fmt.Errorf("%w: a file record counts no loss", errMeta)
+		}
+		if m.Run == "" { // the earliest format's: nothing but where it stands
+			if m.At != nil {
 				return m, fmt.Errorf("%w: a file record without a run says nothing of one", errMeta)
 			}
 			return m, nil
 		}
-		if err := checkRunID(m.Run); err != nil {
-			return m, fmt.Errorf("%w: %v", errMeta, err)
-		}
-		if m.At == nil || (m.Ended == nil) != (m.Dropped == nil) || (m.Ended == nil) != (m.Size == 0) || m.Stdout != 0 || m.Stderr != 0 {
-			return m, fmt.Errorf("%w: a header needs the streams' offsets, and an end with its loss", errMeta)
-		}
-		return m, nil
-	case eventDrop:
-		if m.Run == "" { // a drop record of a header's run
-			if m.Stdout+m.Stderr == 0 || m.Stdout != 0 && m.Stderr != 0 {
-				return m, fmt.Errorf("%w: a drop record counts the bytes of one stream", errMeta)
-			}
-			return m, nil
+		if m.At == nil {
+			return m, fmt.Errorf("%w: a header needs the streams' offsets", errMeta)
 		}
 	case eventBegin, eventEnd:
+		if m.Stdout != 0 || m.Stderr != 0 || m.At != nil || m.Seq != 0 || m.Offset != 0 {
+			return m, fmt.Errorf("%w: fields of other records on a %s record", errMeta, m.Event)
+		}
+		if (m.Event == eventEnd) != (m.Dropped != nil) {
+			return m, fmt.Errorf("%w: only an end record carries dropped, and it must", errMeta)
+		}
+	case eventDrop:
+		if m.Stdout+m.Stderr == 0 || m.Dropped != nil || m.At != nil || m.Seq != 0 || m.Offset != 0 {
+			return m, fmt.Errorf("%w: a drop record counts lost bytes and nothing else", errMeta)
+		}
 	default:
 		return m, fmt.Errorf("%w: unknown event %q", errMeta, m.Event)
 	}
 	if err := checkRunID(m.Run); err != nil {
 		return m, fmt.Errorf("%w: %v", errMeta, err)
 	}
-	if (m.Event == eventEnd) != (m.Dropped != nil) || m.Began || m.At != nil || m.Ended != nil || m.Size != 0 {
-		return m, fmt.Errorf("%w: only an end record carries dropped, and it must", errMeta)
-	}
-	if m.Event != eventDrop && (m.Stdout != 0 || m.Stderr != 0) {
-		return m, fmt.Errorf("%w: per-stream counts on a %s record", errMeta, m.Event)
-	}
 	return m, nil
+}
+
+// checkTagged checks a metadata record of the previous format: a file's
+// header (rewritten once its run ended), or a drop record of the header's
+// run, counting one stream.
+func checkTagged(m Meta) error {
+	switch m.Event {
+	case eventFile:
+		if m.Seq == 0 {
+			return fmt.Errorf("%w: file record needs a sequence number", errMeta)
+		}
+		if err := checkRunID(m.Run); err != nil {
+			return fmt.Errorf("%w: %v", errMeta, err)
+		}
+		if m.At == nil || (m.Ended == nil) != (m.Dropped == nil) || (m.Ended == nil) != (m.Size == 0) || m.Stdout != 0 || m.Stderr != 0 {
+			return fmt.Errorf("%w: a header needs the streams' offsets, and an end with its loss", errMeta)
+		}
+	case eventDrop:
+		if m.Run != "" || m.Stdout+m.Stderr == 0 || m.Stdout != 0 && m.Stderr != 0 || m.Began || m.At != nil || m.Ended != nil || m.Dropped != nil || m.Size != 0 {
+			return fmt.Errorf("%w: a drop record counts the bytes of one stream", errMeta)
+		}
+	default:
+		return fmt.Errorf("%w: event %q in a tag", errMeta, m.Event)
+	}
+	return nil
 }
 
 // checkRunID accepts only a canonical, non-nil UUID: lower-case hex with
@@ -312,43 +342,15 @@ func checkRunID(id string) error {
 	return nil
 }
 
-// appendMeta appends a metadata record on stream on: an empty partial
-// line whose tag holds m.
-func appendMeta(dst, ts []byte, on LogStream, m Meta) []byte { return appendTagged(dst, ts, on, m, 0) }
-
-// appendHeader appends a file's header: a metadata record of HeaderSize.
-func appendHeader(dst, ts []byte, on LogStream, m Meta) []byte {
-	return appendTagged(dst, ts, on, m, HeaderSize)
-}
-
-// appendTagged appends a metadata record, padded with empty tags to size
-// bytes when size is set.
-func appendTagged(dst, ts []byte, on LogStream, m Meta, size int) []byte {
-	start := len(dst)
+// appendMeta appends a metadata record: a full line of the kiln stream
+// whose content is m as JSON.
+func appendMeta(dst, ts []byte, m Meta) []byte {
 	dst = append(dst, ts...)
-	dst = append(dst, ' ')
-	dst = append(dst, logStreamNames[on]...)
-	dst = append(dst, ' ')
-	dst = append(dst, metaTag...)
-	dst = appendJSON(dst, m)
-	if size > 0 {
-		pad := size - 2 - (len(dst) - start)
-		if pad < 0 {
-			panic(fmt.Sprintf("capture: a header of %d bytes, more than %d", len(dst)-start+2, size))
-		}
-		for range pad {
-			dst = append(dst, ':')
-		}
-	}
-	return append(dst, " \n"...)
-}
-
-func appendJSON(dst []byte, m Meta) []byte {
+	dst = append(dst, " kiln F "...)
 	b, err := json.Marshal(m)
 	if err != nil {
 		panic(err) // a struct of strings, integers and a time always encodes
 	}
-	// No space may appear in a tag; JSON of these fields has none (the run
-	// id is checked, times are RFC 3339).
-	return append(dst, b...)
+	dst = append(dst, b...)
+	return append(dst, '\n')
 }

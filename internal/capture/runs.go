@@ -77,10 +77,15 @@ type Classifier struct {
 	byID  map[string]*Run
 	cur   *Run // the run output belongs to now, if any
 	began bool // a begin was read: later output has a run to belong to
+	// opening is the run a file's header named, until the record after
+	// it says whether the run begins there (its begin record) or goes on
+	// from an earlier file.
+	opening string
 }
 
 // Runs returns every run read so far, oldest first, classified.
 func (c *Classifier) Runs() []Run {
+	c.settle()
 	out := make([]Run, len(c.runs))
 	for i, r := range c.runs {
 		out[i] = *r
@@ -149,11 +154,28 @@ func (c *Classifier) leading(r *Run) bool {
 }
 
 func (c *Classifier) data(rec Record) {
+	c.settle()
 	c.current().Bytes[rec.Stream] += int64(rec.PayloadLen())
 }
 
+// file applies a file's header: the file holds run id. Whether the run
+// begins in it is for the next record to say.
+func (c *Classifier) file(id string) {
+	c.settle()
+	c.opening = id
+}
+
+// settle applies the header read last, now that the record after it is
+// not its run's begin: the run began in an earlier file.
+func (c *Classifier) settle() {
+	if id := c.opening; id != "" {
+		c.opening = ""
+		c.header(Meta{Event: eventFile, Run: id}, time.Time{})
+	}
+}
+
 // header applies a file's header: the file holds run m.Run, which began
-// in it or in an earlier file.
+// in it (a header of the previous format says so) or in an earlier file.
 func (c *Classifier) header(m Meta, at time.Time) {
 	if m.Began {
 		c.meta(Meta{Event: eventBegin, Run: m.Run}, at)
@@ -175,6 +197,10 @@ func (c *Classifier) header(m Meta, at time.Time) {
 }
 
 func (c *Classifier) meta(m Meta, at time.Time) {
+	if m.Event == eventBegin && m.Run == c.opening {
+		c.opening = "" // the run begins in the file its header opens
+	}
+	c.settle()
 	switch m.Event {
 	case eventFile:
 	case eventBegin:
@@ -266,11 +292,13 @@ func (c *Classifier) misplaced(m Meta, what string) {
 
 // invalid marks the current run corrupted by metadata that is not valid.
 func (c *Classifier) invalid(err error) {
+	c.settle()
 	c.current().problem("%v", err)
 }
 
 // damaged counts an unreadable line in the current run.
 func (c *Classifier) damaged() {
+	c.settle()
 	c.current().Damaged++
 }
 
@@ -278,6 +306,7 @@ func (c *Classifier) damaged() {
 // missed bytes; what follows is read as if the log started there, since a
 // begin or an end may have been among what was missed.
 func (c *Classifier) gap() {
+	c.settle()
 	if c.cur != nil {
 		c.cur.Missed = true
 	}

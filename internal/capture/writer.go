@@ -20,7 +20,7 @@ import (
 type Options struct {
 	// MaxSize is the size at which the active file is rotated
 	// (default 10 MiB). A file exceeds it only by holding a single record
-	// larger than MaxSize.
+	// larger than MaxSize, or by its run's end record.
 	MaxSize int64
 	// MaxFiles is how many files are kept, the active one included
 	// (default 5, at least 2). Disk use per process is bounded by
@@ -96,13 +96,18 @@ var ErrStopped = errdefs.New(errdefs.ErrFailedPrecondition, "capture: writer sto
 // directory. It receives chunks only through its Sink, from the process's
 // pumps, and is the only writer of the directory.
 //
-// A run begins with Begin, which starts a new file whose header says so and
-// makes it durable before it returns: start the process only after that.
-// The process's owner closes the Sink once every pump has returned; the
-// writer then writes what is queued and the trailing fragments, rewrites
-// the last file's header to say the run ended with its exact loss, and
-// finishes. Finish waits for that, bounded, and on timeout stops the
+// A run begins with Begin, which starts a new file with its header and
+// the run's begin record and makes it durable before it returns: start
+// the process only after that. The process's owner closes the Sink once
+// every pump has returned; the writer then writes what is queued and the
+// trailing fragments, appends the end record with the run's exact loss,
+// and finishes. Finish waits for that, bounded, and on timeout stops the
 // writer, leaving the run without its end: "interrupted".
+//
+// Every file is only ever appended to: a byte once written is never
+// written again, cut or moved (a rename moves a name, not bytes). A file
+// begins with its header, complete before the file gets its name, so a
+// tailer that knows a file by its first bytes knows it for good.
 type Writer struct {
 	dir  *Dir
 	run  string
@@ -118,16 +123,15 @@ type Writer struct {
 	stamped  int64                    // ts in Unix nanoseconds
 	hdr      [NumLogStreams][2][]byte // record headers with ts: F, then P
 	size     int64                    // bytes in the active file
+	headLen  int64                    // of which its header (and begin record)
 	seq      int64                    // the active file's sequence number
 	offset   int64                    // log bytes in every file before the active one
-	head     Meta                     // the active file's header
-	headTS   []byte                   // and its timestamp
-	headOn   LogStream                // and the stream it is written on
-	// unlabelled says the active file's header was written before the
-	// stream of the record after it was known: the run's first file.
-	unlabelled bool
-	archives   []int64 // the archives' sequence numbers, rising
-	partial    [NumLogStreams][]byte
+	archives []int64                  // the archives' sequence numbers, rising
+	partial  [NumLogStreams][]byte
+	// torn says a failed write left part of a record at the end of the
+	// active file: the writer writes nothing more to it, and the next
+	// record goes to a new file, so that the torn line stays a file's last.
+	torn bool
 	// pos is where each stream stands in what the files hold: its payload
 	// bytes and the bytes drop records describe. A header records it, so
 	// a reader knows every record's stream offset.
@@ -150,7 +154,7 @@ type Writer struct {
 
 // Result is what a finished (or stopped) writer reports.
 type Result struct {
-	// Ended is set once the end was written into the header and synced.
+	// Ended is set once the end record was written and synced.
 	Ended bool
 	// Dropped is, per log stream, every byte of the run that is not in the
 	// log: lost in the queue or by a failed write. Final once Ended.
@@ -169,10 +173,10 @@ func logStream(s ring.Stream) LogStream {
 
 // Begin starts a run in dir: it sets the active file of an earlier run
 // aside as an archive (cleaning up after an interrupted rotation), makes
-// a new active file (never through a symbolic link) whose header names
-// run and says it began, syncs it, and only then returns a writer whose
-// goroutine is waiting on its sink. Any failure fails Begin, and nothing
-// is started.
+// a new active file (never through a symbolic link) that holds its header
+// naming run and the run's begin record, syncs it, and only then returns a
+// writer whose goroutine is waiting on its sink. Any failure fails Begin,
+// and nothing is started.
 func Begin(dir *Dir, run string, opt Options) (*Writer, error) {
 	if err := checkRunID(run); err != nil {
 		return nil, fmt.Errorf("capture: %w", err)
@@ -219,8 +223,8 @@ func (w *Writer) open() error {
 }
 
 // openActive makes the run's first file the active one. Every run has
-// files of its own, so that each file's header can say all there is to
-// say of what it holds. The active file of an earlier run is kept as its
+// files of its own, so that each file's header names the one run it
+// holds. The active file of an earlier run is kept as its
 // archive (a writer killed inside a record left it torn: the reader
 // counts that line). A rotation interrupted after linking the active file
 // as its archive leaves nothing to keep; a file this package did not
@@ -232,7 +236,7 @@ func (w *Writer) openActive() error {
 	}
 	f, err := w.dir.open(ActiveName, unix.O_RDONLY, 0)
 	if errors.Is(err, unix.ENOENT) {
-		return w.create(last+1, LogStdout, true)
+		return w.create(last+1, true)
 	}
 	if err != nil {
 		return err
@@ -241,28 +245,27 @@ func (w *Writer) openActive() error {
 	f.Close()
 	switch {
 	case herr == nil && h.Seq == last:
-		return w.create(last+1, LogStdout, true)
+		return w.create(last+1, true)
 	case herr == nil && h.Seq > last:
 		if err := w.dir.link(ActiveName, archiveName(h.Seq)); err != nil {
 			return err
 		}
 		w.archives = append(w.archives, h.Seq)
-		return w.create(h.Seq+1, LogStdout, true)
+		return w.create(h.Seq+1, true)
 	}
 	if err := w.dir.rename(ActiveName, archiveName(last+1)); err != nil {
 		return err
 	}
 	w.archives = append(w.archives, last+1)
-	return w.create(last+2, LogStdout, true)
+	return w.create(last+2, true)
 }
 
 // create makes file seq the active file: it is built under a temporary
-// name with its header and renamed over the active name, so the active
-// name always holds a file with a header. The old active file, if any, must
-// already be linked as its archive. The header is written on stream on,
-// the stream of the record that follows it if known: a CRI reader that
-// joins partial lines joins the header's empty line to that record.
-func (w *Writer) create(seq int64, on LogStream, began bool) error {
+// name with its header (and, for the run's first file, the begin record)
+// and renamed over the active name, so the active name always holds a file
+// that begins with its header, and a file's first bytes never change. The
+// old active file, if any, must already be linked as its archive.
+func (w *Writer) create(seq int64, began bool) error {
 	offset := w.offset + w.size
 	if w.f == nil && len(w.archives) > 0 {
 		// The first file of this writer: continue from the newest archive.
@@ -278,10 +281,12 @@ func (w *Writer) create(seq int64, on LogStream, began bool) error {
 	if err != nil {
 		return err
 	}
-	head := Meta{Event: eventFile, Seq: seq, Offset: offset, Run: w.run, Began: began,
-		At: &Positions{Stdout: w.pos[LogStdout], Stderr: w.pos[LogStderr]}}
 	ts := appendTime(nil, time.Now())
-	hdr := appendHeader(nil, ts, on, head)
+	hdr := appendMeta(nil, ts, Meta{Event: eventFile, Seq: seq, Offset: offset, Run: w.run,
+		At: &Positions{Stdout: w.pos[LogStdout], Stderr: w.pos[LogStderr]}})
+	if began {
+		hdr = appendMeta(hdr, ts, Meta{Event: eventBegin, Run: w.run})
+	}
 	if w.opt.beforeWrite != nil {
 		w.opt.beforeWrite()
 	}
@@ -311,28 +316,8 @@ func (w *Writer) create(seq int64, on LogStream, began bool) error {
 		f.Close()
 		return ErrStopped
 	}
-	w.seq, w.offset, w.size = seq, offset, int64(len(hdr))
-	w.head, w.headTS, w.headOn, w.unlabelled = head, ts, on, began
+	w.seq, w.offset, w.size, w.headLen, w.torn = seq, offset, int64(len(hdr)), int64(len(hdr)), false
 	return nil
-}
-
-// label is called before the first record of s is gathered: the header of
-// the run's first file, written before anything was known of the output,
-// is written on s now, so that a reader joining the header's empty line
-// to the next record's gives the record its own stream. Failing costs only
-// that.
-func (w *Writer) label(s LogStream) {
-	if !w.unlabelled {
-		return
-	}
-	w.unlabelled = false
-	if s == w.headOn || w.size > HeaderSize || len(w.out) > 0 {
-		return
-	}
-	hdr := appendHeader(nil, w.headTS, s, w.head)
-	if w.pwrite(hdr) == nil {
-		w.headOn = s
-	}
 }
 
 // endOf returns the log offset at which archive seq ends, or 0 when its
@@ -351,14 +336,14 @@ func (w *Writer) endOf(seq int64) (int64, error) {
 	return h.Offset + size, nil
 }
 
-// readHeader reads a log file's first record, which must be a file record,
-// and returns it with the file's size.
+// readHeader reads a log file's first record, which must be a file record
+// (of this format or an earlier one), and returns it with the file's size.
 func readHeader(f *os.File) (Meta, int64, error) {
 	st, err := f.Stat()
 	if err != nil {
 		return Meta{}, 0, err
 	}
-	buf := make([]byte, HeaderSize)
+	buf := make([]byte, maxLine+64+1)
 	n, err := f.ReadAt(buf, 0)
 	if err != nil && !errors.Is(err, io.EOF) {
 		return Meta{}, 0, err
@@ -367,11 +352,11 @@ func readHeader(f *os.File) (Meta, int64, error) {
 	if !ok {
 		return Meta{}, st.Size(), errors.New("no header")
 	}
-	r, err := parseRecord(line)
+	r, tagged, err := parseLine(line)
 	if err != nil || r.Stream != LogMeta {
 		return Meta{}, st.Size(), errors.New("no header")
 	}
-	m, err := parseMeta(r.Content)
+	m, err := parseMeta(r.Content, tagged)
 	if err != nil || m.Event != eventFile {
 		return Meta{}, st.Size(), errors.New("no header")
 	}
@@ -632,7 +617,6 @@ func (w *Writer) lines(s LogStream, data []byte) []byte {
 		if i < 0 || i > MaxContent || int64(len(w.out)+len(h)+i+1) > room {
 			return data
 		}
-		w.label(s) // a line is gathered: not for a chunk that only starts one
 		w.out = append(w.out, h...)
 		w.out = append(w.out, data[:i+1]...)
 		w.outBytes[s] += int64(i + 1)
@@ -684,7 +668,6 @@ func (w *Writer) emit(s LogStream, partial bool, a, b []byte) {
 		w.lose(s, n)
 		return
 	}
-	w.label(s)
 	h := w.hdr[s][boolInt(partial)]
 	if !w.describe(s) || !w.room(s, len(h)+len(a)+len(b)+1) {
 		// A record after a loss it does not describe would stand at the
@@ -709,13 +692,13 @@ func (w *Writer) describe(s LogStream) bool {
 	if n == 0 {
 		return true
 	}
-	m := Meta{Event: eventDrop}
+	m := Meta{Event: eventDrop, Run: w.run}
 	if s == LogStderr {
 		m.Stderr = n
 	} else {
 		m.Stdout = n
 	}
-	rec := appendMeta(nil, w.ts, s, m)
+	rec := appendMeta(nil, w.ts, m)
 	if !w.room(s, len(rec)) || w.failed {
 		return false
 	}
@@ -732,11 +715,10 @@ func boolInt(b bool) int64 {
 	return 0
 }
 
-// room rotates first if a record of n bytes would take the active file
-// past its size; the new file's header is written on s, the stream of the
-// record. A file holds at least one record beyond its header. It reports
-// false when the writer failed on the way: the record must then be
-// counted, not gathered.
+// room rotates first if a record of n bytes of stream s would take the
+// active file past its size. A file holds at least one record beyond its
+// header. It reports false when the writer failed on the way: the record
+// must then be counted, not gathered.
 func (w *Writer) room(s LogStream, n int) bool {
 	if w.failed {
 		return false
@@ -748,10 +730,10 @@ func (w *Writer) room(s LogStream, n int) bool {
 	if w.failed {
 		return false
 	}
-	if w.size <= HeaderSize {
+	if w.size <= w.headLen {
 		return true
 	}
-	if err := w.rotate(s); err != nil {
+	if err := w.rotate(); err != nil {
 		w.failWrite(err)
 		return false
 	}
@@ -761,7 +743,8 @@ func (w *Writer) room(s LogStream, n int) bool {
 // rotate archives the active file under its sequence number and makes the
 // next one active. The active name always holds a file: the archive is a
 // second link made first, and the new file replaces the name by rename.
-func (w *Writer) rotate(on LogStream) error {
+// Neither file's bytes change.
+func (w *Writer) rotate() error {
 	if w.stoppedNow() {
 		return ErrStopped
 	}
@@ -769,7 +752,7 @@ func (w *Writer) rotate(on LogStream) error {
 	if err := w.dir.link(ActiveName, archiveName(seq)); err != nil {
 		return err
 	}
-	if err := w.create(seq+1, on, false); err != nil {
+	if err := w.create(seq+1, false); err != nil {
 		// The active file stays active: take its second name back, so
 		// that a later rotation can make it again.
 		if !errors.Is(err, ErrStopped) {
@@ -792,10 +775,17 @@ func (w *Writer) flush() {
 }
 
 // writeOut writes w.out to the active file. On a short write (a full
-// disk) it keeps the whole records that were written, cuts the file back
-// to the last of them, and leaves the rest in w.out for the caller to
-// count as lost.
+// disk) it keeps the whole records that were written and leaves the rest
+// in w.out for the caller to count as lost. Nothing written is cut back:
+// part of a record written leaves the file torn, and the writer goes on
+// in a new file, where the drop record before each stream's next record
+// says what the torn one lost.
 func (w *Writer) writeOut() error {
+	if w.torn {
+		if err := w.rotate(); err != nil {
+			return err
+		}
+	}
 	if w.opt.beforeWrite != nil {
 		w.opt.beforeWrite()
 	}
@@ -813,21 +803,10 @@ func (w *Writer) writeOut() error {
 		w.outBytes, w.outDrops = [NumLogStreams]int64{}, [NumLogStreams]int64{}
 		return nil
 	}
-	keep := bytes.LastIndexByte(w.out[:max(n, 0)], '\n') + 1
-	if n > keep {
-		if terr := f.Truncate(w.size + int64(keep)); terr != nil {
-			// The part that was written stays, cut inside a record: the
-			// reader will count that line as corrupt. Its payload is
-			// counted as lost with the rest of the batch, an overcount of
-			// at most that record, and the size is taken from the file so
-			// later offsets stay right.
-			err = errors.Join(err, terr)
-			if st, serr := f.Stat(); serr == nil {
-				w.size = st.Size() - int64(keep)
-			}
-		}
-	}
-	w.size += int64(keep)
+	n = max(n, 0)
+	keep := bytes.LastIndexByte(w.out[:n], '\n') + 1
+	w.size += int64(n)
+	w.torn = w.torn || n > keep
 	w.kept(w.out[:keep])
 	w.out = w.out[:copy(w.out, w.out[keep:])]
 	return err
@@ -842,10 +821,11 @@ func (w *Writer) kept(out []byte) {
 			continue // the writer's own records always parse
 		}
 		if r.Stream == LogMeta {
-			if m, err := parseMeta(r.Content); err == nil && m.Event == eventDrop {
-				n := m.Stdout + m.Stderr
-				w.outDrops[r.On] -= n
-				w.pos[r.On] += n
+			if m, err := parseMeta(r.Content, false); err == nil && m.Event == eventDrop {
+				for s, n := range [NumLogStreams]int64{m.Stdout, m.Stderr} {
+					w.outDrops[s] -= n
+					w.pos[s] += n
+				}
 			}
 			continue
 		}
@@ -936,9 +916,8 @@ func (w *Writer) stoppedNow() bool {
 	return w.stopped
 }
 
-// finish ends the run: the trailing fragments, then the end with the
-// run's whole loss, written into the active file's header in place, and a
-// sync.
+// finish ends the run: the trailing fragments, then the end record with
+// the run's whole loss, appended, and a sync.
 func (w *Writer) finish() {
 	w.stamp()
 	w.flushPartials()
@@ -958,14 +937,11 @@ func (w *Writer) finish() {
 	// crash in between leaves a run without its end, never an end whose
 	// records are missing.
 	err := w.sync()
-	if err == nil {
-		ended := time.Now().UTC()
-		head := w.head
-		head.Ended, head.Size = &ended, w.size
-		head.Dropped = &Dropped{Stdout: dropped[LogStdout], Stderr: dropped[LogStderr]}
-		err = w.rewriteHeader(appendHeader(nil, w.headTS, w.headOn, head))
-	}
+	// The reserve makes room for the end on a full disk.
 	w.release()
+	if err == nil {
+		err = w.appendEnd(Dropped{Stdout: dropped[LogStdout], Stderr: dropped[LogStderr]})
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.result.Dropped = dropped
@@ -982,6 +958,33 @@ func (w *Writer) finish() {
 	}
 }
 
+// appendEnd appends the end record, whatever the file's size (it is the
+// run's last record: a rotation for it would only make a file of a header
+// and an end), and syncs it. A torn file gets no more records: the end
+// goes to a new one.
+func (w *Writer) appendEnd(d Dropped) error {
+	if w.torn {
+		if err := w.rotate(); err != nil {
+			return err
+		}
+	}
+	w.stamp()
+	rec := appendMeta(nil, w.ts, Meta{Event: eventEnd, Run: w.run, Dropped: &d})
+	if w.opt.beforeWrite != nil {
+		w.opt.beforeWrite()
+	}
+	f, err := w.file()
+	if err != nil {
+		return err
+	}
+	n, err := f.Write(rec)
+	w.size += int64(max(n, 0))
+	if err != nil {
+		return err
+	}
+	return w.sync()
+}
+
 // sync makes what the active file holds durable.
 func (w *Writer) sync() error {
 	f, err := w.file()
@@ -989,52 +992,4 @@ func (w *Writer) sync() error {
 		return err
 	}
 	return f.Sync()
-}
-
-// rewriteHeader replaces the active file's header with hdr, of the same
-// size, and syncs the file.
-func (w *Writer) rewriteHeader(hdr []byte) error {
-	if w.opt.beforeWrite != nil {
-		w.opt.beforeWrite()
-	}
-	if err := w.pwrite(hdr); err != nil {
-		return err
-	}
-	return w.sync()
-}
-
-// pwrite writes hdr over the active file's header. A write at offset 0 of
-// an O_APPEND file would land at its end: the file stops being append-only
-// for the write.
-func (w *Writer) pwrite(hdr []byte) error {
-	f, err := w.file()
-	if err != nil {
-		return err
-	}
-	sc, err := f.SyscallConn()
-	if err != nil {
-		return err
-	}
-	var werr error
-	if err := sc.Control(func(fd uintptr) {
-		var fl, n int
-		if fl, werr = unix.FcntlInt(fd, unix.F_GETFL, 0); werr != nil {
-			return
-		}
-		if _, werr = unix.FcntlInt(fd, unix.F_SETFL, fl&^unix.O_APPEND); werr != nil {
-			return
-		}
-		if n, werr = unix.Pwrite(int(fd), hdr, 0); werr == nil && n < len(hdr) {
-			werr = io.ErrShortWrite
-		}
-		if _, err := unix.FcntlInt(fd, unix.F_SETFL, fl); werr == nil {
-			werr = err
-		}
-	}); err != nil {
-		return err
-	}
-	if werr != nil {
-		return fmt.Errorf("capture: rewrite the header of %s: %w", f.Name(), werr)
-	}
-	return nil
 }

@@ -188,10 +188,12 @@ func TestCaptureDirectoryFull(t *testing.T) {
 	if st := k.faultStatus(sb, pid).Streams["stdout"]; st.TotalBytes != written || !st.Ended || st.CaptureDropped != dropped {
 		t.Errorf("stdout %+v, want %d bytes, ended, %d dropped from the capture", st, written, dropped)
 	}
+	// A record the full disk cut short stays the last line of its file,
+	// torn: the writer goes on in a new file, never writing over it.
 	var list []api.CapturedLog
 	k.json("GET", "/sandboxes/"+sb+"/logs", nil, &list)
 	if len(list) != 1 || list[0].Process != pid || list[0].Complete || len(list[0].Runs) != 1 || list[0].Runs[0].State != "lossy" ||
-		list[0].Stats.Corrupt != 0 || list[0].Stats.Torn != 0 {
+		list[0].Stats.Corrupt != 0 || list[0].Stats.Torn > 1 {
 		t.Errorf("captured logs %+v", list)
 	}
 	k.faultAlive(sb)
