@@ -547,7 +547,30 @@ type CreateSandbox struct {
 	// writable overlay, and its config's env, working directory, user,
 	// entrypoint and command every process's defaults. Not with Rootfs.
 	Image string `json:"image,omitempty"`
+	// Logs sets the rotation of the sandbox's captured logs; what it
+	// leaves out is kilnd's default (--log-max-size, --log-max-files).
+	Logs *LogRotation `json:"logs,omitempty"`
 }
+
+// LogRotation is when a captured log rotates and how many of its files
+// are kept: per process, at most MaxSizeBytes × MaxFiles bytes on disk.
+// Zero or left out is kilnd's default.
+type LogRotation struct {
+	// MaxSizeBytes is the size at which the active file is rotated:
+	// MinLogFileSize to MaxLogFileSize.
+	MaxSizeBytes int64 `json:"max_size_bytes,omitempty"`
+	// MaxFiles is how many files are kept, the active one included:
+	// MinLogFiles to MaxLogFiles.
+	MaxFiles int `json:"max_files,omitempty"`
+}
+
+// Bounds of a LogRotation.
+const (
+	MinLogFileSize = 64 << 10
+	MaxLogFileSize = 1 << 30
+	MinLogFiles    = 2
+	MaxLogFiles    = 100
+)
 
 // Network is a sandbox's network beyond its loopback. With egress, or an
 // allow list, the sandbox gets an interface (eth0) with an address from

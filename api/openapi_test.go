@@ -58,6 +58,7 @@ var wireTypes = map[string]struct {
 	"Sandbox":       {reflect.TypeFor[api.Sandbox](), false},
 	"SandboxStats":  {reflect.TypeFor[api.SandboxStats](), false},
 	"CreateSandbox": {reflect.TypeFor[api.CreateSandbox](), true},
+	"LogRotation":   {reflect.TypeFor[api.LogRotation](), true},
 	"Limits":        {reflect.TypeFor[api.Limits](), false},
 	"Version":       {reflect.TypeFor[api.Version](), false},
 	"AgentCounts":   {reflect.TypeFor[api.AgentCounts](), false},

@@ -75,6 +75,8 @@ Flags:
 	fs.Var(&egressDNS, "egress-dns", "a name server (an IPv4 `address`) for sandboxes with a network (repeatable; default: the host's,\nfrom /etc/resolv.conf or, if that names only loopback ones, systemd-resolved's)")
 	var insecure repeated
 	fs.Var(&insecure, "insecure-registry", "a registry (`host[:port]`) images are pulled from over plain HTTP; those on loopback addresses\nalways are, every other one over TLS only (repeatable)")
+	logMaxSize := fs.String("log-max-size", units.BytesSize(float64(daemon.DefaultLogs.MaxSizeBytes)), "the `size` at which a captured process's log file is rotated (64KiB to 1GiB), unless its\nsandbox's create request says otherwise")
+	logMaxFiles := fs.Int("log-max-files", daemon.DefaultLogs.MaxFiles, "how many files of a captured process's log are kept, the active one included (2 to 100),\nunless its sandbox's create request says otherwise")
 	captureBuffer := fs.String("capture-buffer", "8MiB", "per captured process, the `size` of output held for its log writer while it catches up\n(64KiB to 1GiB): a burst beyond it, faster than the disk, is dropped and counted")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -89,6 +91,11 @@ Flags:
 	queue, err := units.RAMInBytes(*captureBuffer)
 	if err != nil || queue < 64<<10 || queue > 1<<30 {
 		fmt.Fprintf(os.Stderr, "kilnd: --capture-buffer %q: want a size from 64KiB to 1GiB, such as 8MiB\n", *captureBuffer)
+		return 2
+	}
+	logs := daemon.Logs{MaxFiles: *logMaxFiles}
+	if logs.MaxSizeBytes, err = units.RAMInBytes(*logMaxSize); err != nil || logs.MaxSizeBytes == 0 || logs.MaxFiles == 0 || daemon.ValidateLogs(api.LogRotation(logs), "") != nil {
+		fmt.Fprintf(os.Stderr, "kilnd: --log-max-size %q, --log-max-files %d: want a size from 64KiB to 1GiB, such as 10MiB, and 2 to 100 files\n", *logMaxSize, *logMaxFiles)
 		return 2
 	}
 	if *flowGrace < time.Second || *flowGrace > time.Hour {
@@ -132,7 +139,7 @@ Flags:
 		return 1
 	}
 	cfg := daemon.Config{StateDir: *stateDir, Listen: *listen, AllowOrigins: allow, AllowHosts: hosts, Exe: exe, Env: sandboxEnv, Images: *images,
-		Runsc: *runsc, RunscPlatform: *runscPlatform, CaptureQueue: queue, FlowGrace: *flowGrace, DefaultLimits: &limits,
+		Runsc: *runsc, RunscPlatform: *runscPlatform, CaptureQueue: queue, Logs: logs, FlowGrace: *flowGrace, DefaultLimits: &limits,
 		EgressRange: erange, EgressDNS: dns, InsecureRegistries: insecure}
 	if *runtimes {
 		return printRuntimes(cfg)

@@ -31,6 +31,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/internal/capture"
 	"github.com/sandkiln/sandkiln/internal/console"
 	"github.com/sandkiln/sandkiln/internal/egress"
 	"github.com/sandkiln/sandkiln/internal/errdefs"
@@ -69,6 +70,9 @@ type Config struct {
 	// CaptureQueue bounds, per captured process, the output queued for
 	// its log writer, in bytes (zero: capture.DefaultQueueBytes).
 	CaptureQueue int64
+	// Logs is the rotation of captured logs of a sandbox whose create
+	// request sets none (zero fields: DefaultLogs').
+	Logs Logs
 	// FlowGrace is how long a flow block process's output waits for its
 	// holding watcher: to come, and to come back (zero: 30 s).
 	FlowGrace time.Duration
@@ -243,6 +247,10 @@ func New(cfg Config) (*Daemon, error) {
 	if err := ValidateLimits(*cfg.DefaultLimits); err != nil {
 		return nil, fmt.Errorf("kilnd: default limits: %v", err)
 	}
+	if err := ValidateLogs(api.LogRotation(cfg.Logs), ""); err != nil {
+		return nil, fmt.Errorf("kilnd: default log rotation: %v", err)
+	}
+	cfg.Logs = DefaultLogs.Apply(api.LogRotation(cfg.Logs))
 	if err := os.MkdirAll(filepath.Join(cfg.StateDir, sandboxesDir), 0o700); err != nil {
 		return nil, fmt.Errorf("kilnd: state directory: %w", err)
 	}
@@ -781,6 +789,10 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	if err := validateCreate(req, limits); err != nil {
 		return Info{}, err
 	}
+	logs := d.cfg.Logs
+	if req.Logs != nil {
+		logs = logs.Apply(*req.Logs)
+	}
 	runtime := req.Runtime
 	if runtime == "" {
 		runtime = sandbox.RuntimeNamespaces
@@ -845,8 +857,8 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	opts := sandbox.Options{
 		Dir: d.sandboxDir(id), ID: id, Hostname: rec.Hostname,
 		Rootfs: req.Rootfs, Layers: layers, Limits: limits, Disk: diskMount, Env: d.cfg.Env, Init: req.Init, CaptureQueue: d.cfg.CaptureQueue,
-		FlowGrace: d.cfg.FlowGrace,
-		Workdir:   img.Config.WorkingDir, Entrypoint: img.Config.Entrypoint, Cmd: img.Config.Cmd, User: img.Config.User,
+		CaptureMaxSize: logs.MaxSizeBytes, CaptureMaxFiles: logs.MaxFiles, FlowGrace: d.cfg.FlowGrace,
+		Workdir: img.Config.WorkingDir, Entrypoint: img.Config.Entrypoint, Cmd: img.Config.Cmd, User: img.Config.User,
 		// The record is written while the agent sets itself up (a backend
 		// that cannot say when it runs has it written once it answers).
 		Started: func(state json.RawMessage) error {
@@ -934,7 +946,42 @@ func validateCreate(req CreateRequest, limits api.Limits) error {
 			return fmt.Errorf("%w: init: %v", errdefs.ErrInvalidArgument, err)
 		}
 	}
+	if req.Logs != nil {
+		if err := ValidateLogs(*req.Logs, "logs."); err != nil {
+			return err
+		}
+	}
 	return egress.Validate(req.Network)
+}
+
+// DefaultLogs is the rotation of captured logs that neither kilnd nor a
+// create request sets: 10 MiB × 5, the seed's.
+var DefaultLogs = Logs{MaxSizeBytes: capture.DefaultMaxSize, MaxFiles: capture.DefaultMaxFiles}
+
+// Logs is a captured log's rotation, every field set.
+type Logs api.LogRotation
+
+// Apply returns l with what r sets in place of it.
+func (l Logs) Apply(r api.LogRotation) Logs {
+	if r.MaxSizeBytes != 0 {
+		l.MaxSizeBytes = r.MaxSizeBytes
+	}
+	if r.MaxFiles != 0 {
+		l.MaxFiles = r.MaxFiles
+	}
+	return l
+}
+
+// ValidateLogs checks a log rotation: each field zero (the default) or
+// within its bounds. Errors name the field, prefix and its JSON name.
+func ValidateLogs(r api.LogRotation, prefix string) error {
+	if r.MaxSizeBytes != 0 && (r.MaxSizeBytes < api.MinLogFileSize || r.MaxSizeBytes > api.MaxLogFileSize) {
+		return fmt.Errorf("%w: %smax_size_bytes %d: want %d (64 KiB) to %d (1 GiB)", errdefs.ErrInvalidArgument, prefix, r.MaxSizeBytes, api.MinLogFileSize, api.MaxLogFileSize)
+	}
+	if r.MaxFiles != 0 && (r.MaxFiles < api.MinLogFiles || r.MaxFiles > api.MaxLogFiles) {
+		return fmt.Errorf("%w: %smax_files %d: want %d to %d", errdefs.ErrInvalidArgument, prefix, r.MaxFiles, api.MinLogFiles, api.MaxLogFiles)
+	}
+	return nil
 }
 
 // isLabel reports whether s is a DNS label as RFC 1123 has it, in lower

@@ -5,6 +5,8 @@ import (
 	"net"
 	"strings"
 	"testing"
+
+	"github.com/sandkiln/sandkiln/api"
 )
 
 // FuzzValidateCreate decodes arbitrary JSON as a create request and checks
@@ -13,6 +15,8 @@ func FuzzValidateCreate(f *testing.F) {
 	f.Add([]byte(`{"hostname":"box","limits":{"memory_bytes":67108864,"pids":64,"cpus":1.5},"idle_timeout_seconds":60}`))
 	f.Add([]byte(`{"init":{"command":"sh","args":["-c","exit 3"]},"rootfs":"/"}`))
 	f.Add([]byte(`{"limits":{"memory_bytes":0,"pids":0,"cpus":0}}`))
+	f.Add([]byte(`{"logs":{"max_size_bytes":65536,"max_files":3}}`))
+	f.Add([]byte(`{"logs":{"max_size_bytes":1,"max_files":1000}}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		var req CreateRequest
 		if json.Unmarshal(body, &req) != nil {
@@ -27,7 +31,9 @@ func FuzzValidateCreate(f *testing.F) {
 			l.MemoryBytes > 0 && l.MemoryBytes < 4<<20, l.Pids > 0 && l.Pids < 8,
 			req.IdleTimeoutSeconds < 0 || req.IdleTimeoutSeconds > maxIdleTimeout,
 			len(req.Hostname) > 63 || strings.ContainsAny(req.Hostname, " /\x00"),
-			req.Init != nil && req.Init.Command == "":
+			req.Init != nil && req.Init.Command == "",
+			req.Logs != nil && (req.Logs.MaxSizeBytes != 0 && (req.Logs.MaxSizeBytes < api.MinLogFileSize || req.Logs.MaxSizeBytes > api.MaxLogFileSize) ||
+				req.Logs.MaxFiles != 0 && (req.Logs.MaxFiles < api.MinLogFiles || req.Logs.MaxFiles > api.MaxLogFiles)):
 			t.Fatalf("accepted %+v", req)
 		}
 	})

@@ -486,7 +486,8 @@ func (g *GVisor) spec(o Options, workspace, root, netns string) (*specs.Spec, er
 	cfg := AgentConfig{
 		ID: o.ID, Hostname: o.Hostname, Env: o.Env, Init: o.Init, Guest: RuntimeGVisor, UIDBase: o.UIDBase,
 		Dir: o.Workdir, Entrypoint: o.Entrypoint, Cmd: o.Cmd, User: o.User,
-		CaptureQueue: o.CaptureQueue, FlowGrace: o.FlowGrace, PidsMax: o.Limits.Pids,
+		CaptureQueue: o.CaptureQueue, CaptureMaxSize: o.CaptureMaxSize, CaptureMaxFiles: o.CaptureMaxFiles,
+		FlowGrace: o.FlowGrace, PidsMax: o.Limits.Pids,
 	}
 	raw, err := json.Marshal(cfg)
 	if err != nil {

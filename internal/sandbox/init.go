@@ -78,6 +78,10 @@ type AgentConfig struct {
 	// CaptureQueue bounds each captured process's queue to its log writer,
 	// in bytes (zero: the default).
 	CaptureQueue int64 `json:"capture_queue,omitempty"`
+	// CaptureMaxSize and CaptureMaxFiles rotate each captured process's
+	// log (zero: the defaults).
+	CaptureMaxSize  int64 `json:"capture_max_size,omitempty"`
+	CaptureMaxFiles int   `json:"capture_max_files,omitempty"`
 	// FlowGrace is how long a flow block process's output waits for its
 	// holding watcher (zero: the default).
 	FlowGrace time.Duration `json:"flow_grace,omitempty"`

@@ -72,6 +72,10 @@ type Options struct {
 	// CaptureQueue bounds, per captured process, the output queued for
 	// its log writer (zero: capture.DefaultQueueBytes).
 	CaptureQueue int64
+	// CaptureMaxSize and CaptureMaxFiles rotate each captured process's
+	// log (zero: capture.DefaultMaxSize, capture.DefaultMaxFiles).
+	CaptureMaxSize  int64
+	CaptureMaxFiles int
 	// FlowGrace is how long a flow block process's output waits for its
 	// holding watcher (zero: process.DefaultFlowGrace).
 	FlowGrace time.Duration
@@ -188,7 +192,8 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 	cfg := AgentConfig{
 		ID: o.ID, Hostname: o.Hostname, Root: filepath.Join(o.Dir, rootName),
 		UIDBase: o.UIDBase, Env: o.Env, Init: o.Init, Dir: o.Workdir, Entrypoint: o.Entrypoint, Cmd: o.Cmd, User: o.User,
-		CaptureQueue: o.CaptureQueue, FlowGrace: o.FlowGrace, SpawnerIdle: o.SpawnerIdle, TmpfsBytes: o.Limits.MemoryBytes, PidsMax: o.Limits.Pids,
+		CaptureQueue: o.CaptureQueue, CaptureMaxSize: o.CaptureMaxSize, CaptureMaxFiles: o.CaptureMaxFiles,
+		FlowGrace: o.FlowGrace, SpawnerIdle: o.SpawnerIdle, TmpfsBytes: o.Limits.MemoryBytes, PidsMax: o.Limits.Pids,
 	}
 	for _, d := range []string{rootName, LogsName} {
 		if err := os.Mkdir(filepath.Join(o.Dir, d), 0o700); err != nil {
