@@ -794,14 +794,24 @@ type CapturedLog struct {
 }
 
 // LogRecord is one captured record in the NDJSON shape of
-// GET /sandboxes/{id}/logs/{pid}?format=json, or a gap.
+// GET /sandboxes/{id}/logs/{pid} (?format=json, or Accept:
+// application/x-ndjson), or a gap: LostBytes of Stream lost at Offset
+// (the capture's queue or writer lost them), or Gap log bytes rotation
+// removed while reading.
 type LogRecord struct {
-	Time    time.Time `json:"time"`
-	Stream  string    `json:"stream,omitempty"`
-	Partial bool      `json:"partial,omitempty"`
-	Text    string    `json:"text,omitempty"`
-	Base64  string    `json:"base64,omitempty"` // the content, when not valid UTF-8
-	Gap     int64     `json:"gap,omitempty"`
+	Time   time.Time `json:"time"`
+	Stream string    `json:"stream,omitempty"`
+	// Offset is where the record's bytes (or a stream gap's) begin in its
+	// stream: how many bytes the stream had produced before them. Left out
+	// when the log does not say.
+	Offset  *int64 `json:"offset,omitempty"`
+	Partial bool   `json:"partial,omitempty"`
+	Text    string `json:"text,omitempty"`
+	Base64  string `json:"base64,omitempty"` // the content, when not valid UTF-8
+	// LostBytes makes the record a stream gap: bytes of Stream that are
+	// not in the log, lost right before its next record.
+	LostBytes int64 `json:"lost_bytes,omitempty"`
+	Gap       int64 `json:"gap,omitempty"`
 }
 
 // Errors of Check; a server answers them with CodeInvalid and CodeTooLarge.

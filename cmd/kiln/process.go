@@ -407,6 +407,10 @@ func (c *cli) printRecords(body io.Reader) error {
 			fmt.Fprintf(c.stderr, "kiln: %s of the captured log lost to rotation while reading\n", gapBytes(r.Gap))
 			continue
 		}
+		if r.LostBytes != 0 {
+			fmt.Fprintf(c.stderr, "kiln: %d bytes of %s lost by the capture here\n", r.LostBytes, r.Stream)
+			continue
+		}
 		w := c.stdout
 		if r.Stream == "stderr" {
 			w = c.stderr

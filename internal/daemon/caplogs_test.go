@@ -1,12 +1,23 @@
 package daemon_test
 
 import (
+	"bytes"
+	"context"
+	"encoding/base64"
 	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/uuid"
 
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/capture"
@@ -98,5 +109,162 @@ func TestLogRotationPerSandbox(t *testing.T) {
 				t.Errorf("logs %+v, want one run whose begin rotated away", logs)
 			}
 		})
+	}
+}
+
+// ndjson reads a captured log's records through GET …/logs/{pid} with an
+// Accept header, and the response's content type.
+func (k *kilnd) ndjson(t *testing.T, ctx context.Context, path string, each func(api.LogRecord) bool) string {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, "GET", "http://"+k.addr+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+k.d.Token())
+	req.Header.Set("Accept", "application/x-ndjson")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		b, _ := io.ReadAll(resp.Body)
+		t.Fatalf("GET %s: %d %s", path, resp.StatusCode, b)
+	}
+	dec := json.NewDecoder(resp.Body)
+	dec.DisallowUnknownFields()
+	for {
+		var rec api.LogRecord
+		if err := dec.Decode(&rec); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			t.Fatalf("GET %s: %v", path, err)
+		}
+		if !each(rec) {
+			break
+		}
+	}
+	return resp.Header.Get("Content-Type")
+}
+
+// TestCapturedLogNDJSONFollows: Accept: application/x-ndjson gives the
+// captured log as records with their stream offsets; with follow=true it
+// follows the run as it writes, across rotation, and ends with the run.
+func TestCapturedLogNDJSONFollows(t *testing.T) {
+	k := start(t, "")
+	defer k.cleanup()
+	var info daemon.Info
+	k.json("POST", "/sandboxes", `{"logs":{"max_size_bytes":65536,"max_files":100}}`, &info)
+	const half = 3000
+	script := fmt.Sprintf(`i=0; while [ $i -lt %d ]; do echo "line $i, about sixty bytes, of a log that rotates"; i=$((i+1)); done
+read go
+while [ $i -lt %d ]; do echo "line $i, about sixty bytes, of a log that rotates"; i=$((i+1)); done
+printf 'caf\303\251 \377 no newline'`, half, 2*half)
+	var st api.Started
+	k.json("POST", "/sandboxes/"+info.ID+"/exec-stream", map[string]any{"command": "sh", "args": []string{"-c", script}, "capture": true, "stdin": "pipe"}, &st)
+	var want []byte
+	for i := range 2 * half {
+		want = fmt.Appendf(want, "line %d, about sixty bytes, of a log that rotates\n", i)
+	}
+	want = append(want, "caf\303\251 \377 no newline"...)
+
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	var got []byte
+	released := false
+	ctype := k.ndjson(t, ctx, "/sandboxes/"+info.ID+"/logs/"+st.ID+"?follow=true", func(rec api.LogRecord) bool {
+		if rec.Gap != 0 || rec.LostBytes != 0 || rec.Stream != "stdout" {
+			t.Fatalf("record %+v: want stdout records only", rec)
+		}
+		if rec.Offset == nil || *rec.Offset != int64(len(got)) {
+			t.Fatalf("record %+v at offset %v, want %d", rec, rec.Offset, len(got))
+		}
+		b := []byte(rec.Text)
+		if rec.Base64 != "" {
+			var err error
+			if b, err = base64.StdEncoding.DecodeString(rec.Base64); err != nil || utf8.Valid(b) {
+				t.Fatalf("base64 %q: %v", rec.Base64, err)
+			}
+		}
+		if !rec.Partial {
+			b = append(b, '\n')
+		}
+		got = append(got, b...)
+		if !released && bytes.HasSuffix(got, fmt.Appendf(nil, "line %d, about sixty bytes, of a log that rotates\n", half-1)) {
+			// The run waits for this: what follows is followed live.
+			released = true
+			k.json("POST", "/sandboxes/"+info.ID+"/exec-stream/"+st.ID+"/stdin/close", nil, nil)
+		}
+		return true
+	})
+	if ctype != "application/x-ndjson" {
+		t.Errorf("content type %q", ctype)
+	}
+	if !released || !bytes.Equal(got, want) {
+		t.Fatalf("followed %d bytes, want %d (released %t)", len(got), len(want), released)
+	}
+	archives, _ := filepath.Glob(filepath.Join(k.state, "sandboxes", info.ID, sandbox.LogsName, st.ID, capture.ActiveName+".*"))
+	if len(archives) < 3 {
+		t.Errorf("%d rotations: want the follow to cross several", len(archives))
+	}
+}
+
+// TestCapturedLogNDJSONGaps: a loss the log records is a record of its
+// own, with its stream, where it begins and how many bytes; the records
+// after it stand at their offsets.
+func TestCapturedLogNDJSONGaps(t *testing.T) {
+	k := start(t, "")
+	defer k.cleanup()
+	id := k.sandbox()
+	pid := uuid.Must(uuid.NewV7()).String()
+	dir := filepath.Join(k.state, "sandboxes", id, sandbox.LogsName, pid)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	const run = "0190b0a4-7d2e-7a91-8c55-0e6f2ab41d90"
+	ts := "2026-12-04T10:00:00.000000000Z "
+	log := ts + `kiln F {"event":"file","seq":1,"run":"` + run + `","at":{"stdout":0,"stderr":0}}` + "\n" +
+		ts + `kiln F {"event":"begin","run":"` + run + `"}` + "\n" +
+		ts + "stdout F a\n" +
+		ts + "stderr P e\n" +
+		ts + `kiln F {"event":"drop","run":"` + run + `","stdout":7}` + "\n" +
+		ts + "stdout F b\n" +
+		ts + `kiln F {"event":"end","run":"` + run + `","dropped":{"stdout":7,"stderr":0}}` + "\n"
+	if err := os.WriteFile(filepath.Join(dir, capture.ActiveName), []byte(log), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	at := func(n int64) *int64 { return &n }
+	when := time.Date(2026, 12, 4, 10, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		query string
+		want  []api.LogRecord
+	}{
+		{"", []api.LogRecord{
+			{Time: when, Stream: "stdout", Offset: at(0), Text: "a"},
+			{Time: when, Stream: "stderr", Offset: at(0), Text: "e", Partial: true},
+			{Time: when, Stream: "stdout", Offset: at(2), LostBytes: 7},
+			{Time: when, Stream: "stdout", Offset: at(9), Text: "b"},
+		}},
+		{"?stream=stderr", []api.LogRecord{
+			{Time: when, Stream: "stderr", Offset: at(0), Text: "e", Partial: true},
+		}},
+		// The last line; the loss before it is not among the lines kept.
+		{"?tail=1&stream=stdout", []api.LogRecord{
+			{Time: when, Stream: "stdout", Offset: at(9), Text: "b"},
+		}},
+		{"?tail=2&stream=stdout", []api.LogRecord{
+			{Time: when, Stream: "stdout", Offset: at(0), Text: "a"},
+			{Time: when, Stream: "stdout", Offset: at(2), LostBytes: 7},
+			{Time: when, Stream: "stdout", Offset: at(9), Text: "b"},
+		}},
+	} {
+		var got []api.LogRecord
+		k.ndjson(t, t.Context(), "/sandboxes/"+id+"/logs/"+pid+tc.query, func(rec api.LogRecord) bool {
+			got = append(got, rec)
+			return true
+		})
+		if diff := cmp.Diff(tc.want, got); diff != "" {
+			t.Errorf("%q: records (-want +got):\n%s", tc.query, diff)
+		}
 	}
 }

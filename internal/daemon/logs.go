@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -144,7 +145,9 @@ func parseLogQuery(r *http.Request) (logQuery, error) {
 		return lq, err
 	}
 	switch q.Get("format") {
-	case "", "raw":
+	case "":
+		lq.json = acceptsNDJSON(r.Header.Values("Accept"))
+	case "raw":
 	case "json":
 		lq.json = true
 	default:
@@ -158,6 +161,53 @@ func parseLogQuery(r *http.Request) (logQuery, error) {
 		return lq, fmt.Errorf("%w: source %q: want best or log", errdefs.ErrInvalidArgument, clip(q.Get("source")))
 	}
 	return lq, nil
+}
+
+// acceptsNDJSON reports whether an Accept header asks for NDJSON records
+// (application/x-ndjson with a non-zero quality).
+func acceptsNDJSON(accept []string) bool {
+	for _, v := range accept {
+		for _, part := range strings.Split(v, ",") {
+			mt, params, _ := strings.Cut(part, ";")
+			if !strings.EqualFold(strings.TrimSpace(mt), "application/x-ndjson") {
+				continue
+			}
+			q := 1.0
+			for _, p := range strings.Split(params, ";") {
+				if k, v, ok := strings.Cut(strings.TrimSpace(p), "="); ok && strings.EqualFold(k, "q") {
+					if f, err := strconv.ParseFloat(v, 64); err == nil {
+						q = f
+					}
+				}
+			}
+			if q > 0 {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// keeps says whether the query selects e: a gap always, a drop record
+// in JSON (as a gap of its stream) if it selects a stream that lost bytes.
+func (lq logQuery) keeps(e capture.Entry) bool {
+	if e.Gap != 0 {
+		return true
+	}
+	if e.Stream == capture.LogMeta && e.Lost != [capture.NumLogStreams]int64{} && lq.json {
+		f := lq.filter
+		f.Meta = true
+		if !f.Selects(e.Record) {
+			return false // out of the time range
+		}
+		for s, n := range e.Lost {
+			if n > 0 && f.Selects(capture.Record{Stream: capture.LogStream(s), Time: e.Time}) {
+				return true
+			}
+		}
+		return false
+	}
+	return lq.filter.Selects(e.Record)
 }
 
 // whole says the query asks for the output itself: raw, every line of it
@@ -224,7 +274,12 @@ func (d *Daemon) readLog(w http.ResponseWriter, r *http.Request) {
 	enc := json.NewEncoder(w)
 	emit := func(e capture.Entry) error {
 		if lq.json {
-			return enc.Encode(toRecord(e))
+			for _, rec := range toRecords(e, lq.filter) {
+				if err := enc.Encode(rec); err != nil {
+					return err
+				}
+			}
+			return nil
 		}
 		if e.Gap != 0 {
 			_, err := fmt.Fprintf(w, "[%s of the log lost to rotation while reading]\n", gapText(e.Gap))
@@ -244,7 +299,7 @@ func (d *Daemon) readLog(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return // the status is sent; the missing trailers say the read did not finish
 		}
-		if e.Gap == 0 && !lq.filter.Selects(e.Record) {
+		if !lq.keeps(e) {
 			continue
 		}
 		if lq.filter.Tail < 0 {
@@ -300,7 +355,7 @@ func (d *Daemon) readLog(w http.ResponseWriter, r *http.Request) {
 			goneBefore = true
 			continue
 		}
-		if e.Gap == 0 && !lq.filter.Selects(e.Record) {
+		if !lq.keeps(e) {
 			continue
 		}
 		rc.SetWriteDeadline(time.Now().Add(relayWriteTimeout))
@@ -536,15 +591,33 @@ func gapText(n int64) string {
 	return strconv.FormatInt(n, 10) + " bytes"
 }
 
-func toRecord(e capture.Entry) api.LogRecord {
-	if e.Gap != 0 {
-		return api.LogRecord{Gap: e.Gap}
+// toRecords is what the JSON shape says of an entry f keeps: a record
+// with its stream offset, a gap of the log, or, for a drop record, a
+// stream gap per selected stream that lost bytes.
+func toRecords(e capture.Entry, f capture.Filter) []api.LogRecord {
+	offset := func(o int64) *int64 {
+		if o < 0 {
+			return nil
+		}
+		return &o
 	}
-	rec := api.LogRecord{Time: e.Time, Stream: e.Stream.String(), Partial: e.Partial}
+	if e.Gap != 0 {
+		return []api.LogRecord{{Gap: e.Gap}}
+	}
+	if e.Stream == capture.LogMeta {
+		var recs []api.LogRecord
+		for s, n := range e.Lost {
+			if n > 0 && f.Selects(capture.Record{Stream: capture.LogStream(s), Time: e.Time}) {
+				recs = append(recs, api.LogRecord{Time: e.Time, Stream: capture.LogStream(s).String(), Offset: offset(e.LostAt[s]), LostBytes: n})
+			}
+		}
+		return recs
+	}
+	rec := api.LogRecord{Time: e.Time, Stream: e.Stream.String(), Offset: offset(e.Offset), Partial: e.Partial}
 	if utf8.Valid(e.Content) {
 		rec.Text = string(e.Content)
 	} else {
 		rec.Base64 = base64.StdEncoding.EncodeToString(e.Content)
 	}
-	return rec
+	return []api.LogRecord{rec}
 }
