@@ -851,6 +851,14 @@ export interface components {
             network?: components["schemas"]["Network"];
             /** @description an image kilnd has (GET /images): its layers are the root, under a writable overlay, and its config's env, working directory, entrypoint and cmd the defaults of every process (one with no command runs the entrypoint with its args, or with the image's cmd); not with rootfs */
             image?: string;
+            logs?: components["schemas"]["LogRotation"];
+        };
+        /** @description When each captured process's log rotates and how many of its files are kept: at most max_size_bytes × max_files bytes on disk per process. A field left out (or 0) is kilnd's default (--log-max-size 10MiB, --log-max-files 5 unless kilnd was told otherwise); one out of range is refused with 400 invalid_argument naming the field, the range and the value. */
+        LogRotation: {
+            /** @description the size at which the active file (output.log) is rotated: 64 KiB to 1 GiB */
+            max_size_bytes?: number;
+            /** @description files kept, the active one included: 2 to 100 */
+            max_files?: number;
         };
         Image: {
             /** @description sha256: and the hex digest of its config */
@@ -1011,7 +1019,7 @@ export interface components {
             drain_ms?: number;
             /** @description finite exec only, 1 to 1048576 */
             max_output_bytes?: number;
-            /** @description finite exec only */
+            /** @description finite exec only: kill the process after this long (0: never), at most 7 days */
             timeout_ms?: number;
         };
         Started: {
@@ -1124,16 +1132,20 @@ export interface components {
             /** @description log bytes read */
             bytes: number;
         };
-        /** @description a captured record, or a gap of gap bytes lost to rotation while reading */
+        /** @description a captured record: its time, stream, offset and content (text, or base64 when not valid UTF-8), partial for a P record (a line that goes on in the stream's next record; a last line without its newline ends with one); or a stream gap (lost_bytes of stream lost at offset); or a gap of gap log bytes rotation removed while reading (-1: how many is unknown) */
         LogRecord: {
             /** Format: date-time */
             time: string;
             /** @enum {string} */
             stream?: "stdout" | "stderr";
+            /** @description where the record's bytes, or the stream gap, begin in its stream (the offsets watchers resume from); left out when the log does not say */
+            offset?: number;
             partial?: boolean;
             text?: string;
             /** @description the content, when not valid UTF-8 */
             base64?: string;
+            /** @description a stream gap: bytes of the stream that are not in the log, lost right before its next record */
+            lost_bytes?: number;
             gap?: number;
         };
         /** @description kiln.v1's first message: per stream, the oldest offset a watcher is given bytes from and the total produced so far */
@@ -1933,6 +1945,7 @@ export interface operations {
                 until?: string;
                 /** @description go on with what is written, until the process has ended and its log says so (or a second after, when its writer ended without a word) */
                 follow?: boolean;
+                /** @description json, or Accept application/x-ndjson without format: one LogRecord per line */
                 format?: "raw" | "json";
                 source?: "best" | "log";
             };
@@ -1946,7 +1959,7 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description the output as written (raw), or one LogRecord per line (json) */
+            /** @description the output as written (raw), or one LogRecord per line (json): each record with its stream offset, each loss as a record of its own; with follow, records as the run writes them, across rotation, until it ends or the client leaves */
             200: {
                 headers: {
                     [name: string]: unknown;
