@@ -125,16 +125,28 @@ export const LIMITS = {
 } as const;
 
 /**
- * The credit an output connection grants kilnd: the unread queue's bound.
- * A frame costs its payload or CREDIT_FRAME bytes, whichever is more (the
- * protocol's rule), so what kilnd may send fits the queue's bytes and its
- * chunks alike (64 KiB / 256 = 256 bytes).
+ * What a frame costs of the credit at least (the protocol's rule: its
+ * payload or this, whichever is more), so that the unread queue's bound in
+ * credit holds its bytes and its chunks alike (64 KiB / 256 = 256 bytes).
  */
-const WINDOW = LIMITS.maxQueuedBytes;
-const CREDIT_FRAME = WINDOW / LIMITS.maxQueuedChunks;
+const CREDIT_FRAME = LIMITS.maxQueuedBytes / LIMITS.maxQueuedChunks;
 
-/** Credit goes back to kilnd once this much was read, or the queue is empty. */
-const GRANT_EVERY = WINDOW / 4;
+/**
+ * The credit an output connection grants kilnd: the unread queue's bound,
+ * and as much again on its way, held apart until the consumer makes room
+ * in the queue (the seed's "one bounded incoming frame" a transport may
+ * take before the queue is checked, here a queue's worth of them). Twice
+ * the queue keeps a fast reader from waiting a round trip for its credit
+ * at every queue's worth.
+ */
+const WINDOW = 2 * LIMITS.maxQueuedBytes;
+
+/**
+ * Credit goes back to kilnd once this much was read. kilnd is never left
+ * without credit for a frame while the queue is empty: the window less
+ * this is more than a frame costs.
+ */
+const GRANT_EVERY = LIMITS.maxQueuedBytes / 4;
 
 /** The size of a kiln.v1 frame's header. */
 const FRAME_HEADER = 17;
@@ -178,24 +190,40 @@ type Item =
   | { kind: "closed"; code: number; reason: string }
   | { kind: "error"; err: SandkilnError };
 
-/** The items of one output connection, in order, for the one consumer. */
+/**
+ * The items of one output connection, in order, for the one consumer: the
+ * unread queue, within its bounds (64 KiB of credit, so 256 chunks at
+ * most), and behind it what arrived past them, held apart until the
+ * consumer makes room.
+ */
 class Queue {
   private items: Item[] = [];
+  private arriving: Item[] = [];
   /** The connection was let go: its later messages are not queued. */
   stopped = false;
   private wake: (() => void) | undefined;
-  bytes = 0;
+  /** Chunks in the queue, and the credit their frames cost. */
   chunks = 0;
-  /** Credit the queued chunks' frames cost. */
   cost = 0;
+  /** The credit of what arrived past the queue's bounds. */
+  held = 0;
 
+  /** Nothing is queued, or waiting to be. */
   get empty(): boolean {
-    return this.items.length === 0;
+    return this.items.length === 0 && this.arriving.length === 0;
   }
 
   push(it: Item): void {
+    if (this.arriving.length > 0 || (it.kind === "chunk" && this.cost + it.p.cost > LIMITS.maxQueuedBytes)) {
+      this.arriving.push(it);
+      if (it.kind === "chunk") this.held += it.p.cost;
+      return;
+    }
+    this.enqueue(it);
+  }
+
+  private enqueue(it: Item): void {
     if (it.kind === "chunk") {
-      this.bytes += it.p.size;
       this.cost += it.p.cost;
       if (this.merge(it.p)) return;
       this.chunks++;
@@ -246,16 +274,24 @@ class Queue {
     }
     const it = this.items.shift()!;
     if (it.kind === "chunk") {
-      this.bytes -= it.p.size;
       this.cost -= it.p.cost;
       this.chunks--;
+    }
+    // What waited behind the queue's bounds comes in as room is made.
+    while (this.arriving.length > 0) {
+      const next = this.arriving[0]!;
+      if (next.kind === "chunk" && this.cost + next.p.cost > LIMITS.maxQueuedBytes) break;
+      this.arriving.shift();
+      if (next.kind === "chunk") this.held -= next.p.cost;
+      this.enqueue(next);
     }
     return it;
   }
 
   clear(): void {
     this.items = [];
-    this.bytes = this.chunks = this.cost = 0;
+    this.arriving = [];
+    this.chunks = this.cost = this.held = 0;
     this.wake?.();
   }
 }
@@ -410,6 +446,9 @@ export abstract class Handle<C extends Chunk> {
         const p = it.p;
         this.deliver(p);
         ungranted += p.cost;
+        // Credit goes back at each quarter of the queue read, and at once
+        // when the consumer has read all there was: kilnd, which may be
+        // waiting for it, sends on sooner.
         if (ungranted >= GRANT_EVERY || (ungranted > 0 && q.empty)) {
           this.grant(ungranted);
           ungranted = 0;
@@ -514,9 +553,9 @@ export abstract class Handle<C extends Chunk> {
       }
       finiteLeft -= payload.length;
       this.putPieces(stream, offset, seq, payload, cost, decoder, put);
-      if (q.cost > WINDOW) {
+      if (q.cost + q.held > WINDOW) {
         // kilnd sends only what was granted: this is not kilnd speaking.
-        this.stop(q, new SandkilnError("INTERNAL", `process ${this.id}: kilnd sent ${q.cost} bytes of output with ${WINDOW} granted`));
+        this.stop(q, new SandkilnError("INTERNAL", `process ${this.id}: kilnd sent ${q.cost + q.held} bytes of output with ${WINDOW} granted`));
       }
     };
     let socket: Socket | undefined;
@@ -546,7 +585,11 @@ export abstract class Handle<C extends Chunk> {
     return q;
   }
 
-  /** Queues a frame's data in chunks of at most 16 KiB; the first carries the frame's cost. */
+  /**
+   * Queues a frame's data in chunks of at most 16 KiB, each costing its
+   * length of the frame's credit, the first what the frame cost beyond its
+   * length too: no chunk costs more than the queue can take at once.
+   */
   private putPieces(stream: StreamName, offset: number, seq: number, data: Uint8Array, cost: number,
     decoder: (s: string) => StreamDecoder, put: (p: Pending) => void): void {
     if (data.length === 0) {
@@ -556,7 +599,7 @@ export abstract class Handle<C extends Chunk> {
     for (let i = 0; i < data.length; i += LIMITS.maxChunkBytes) {
       const piece = data.subarray(i, i + LIMITS.maxChunkBytes);
       const end = offset + i + piece.length;
-      const c = i === 0 ? cost : 0;
+      const c = piece.length + (i === 0 ? cost - data.length : 0);
       if (this.settings.format === "text") {
         const d = decoder(stream);
         const text = d.decode(piece);
@@ -578,9 +621,7 @@ export abstract class Handle<C extends Chunk> {
 
   /** Gives kilnd back the credit of what the consumer took; a holding handle acks where it stands with it. */
   private grant(bytes: number): void {
-    const m: { type: "credit"; bytes: number; offsets?: Record<string, number> } = { type: "credit", bytes };
-    if (this.settings.hold) m.offsets = { ...this.offsets };
-    this.send(m);
+    this.send(this.settings.hold ? { type: "credit", bytes, offsets: this.offsets } : { type: "credit", bytes });
   }
 
   private send(m: object): void {
