@@ -19,6 +19,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/coder/websocket"
+
 	"github.com/sandkiln/sandkiln/api"
 )
 
@@ -150,96 +152,6 @@ func (c *Client) Close() error {
 	c.hc.CloseIdleConnections()
 	return nil
 }
-
-// Error is an error kilnd (or the sandbox's agent) answered with. Test
-// it with the Is… functions, one for each of its codes.
-type Error struct {
-	Status  int    // HTTP status
-	Code    string // one of api.Code…
-	Message string
-}
-
-func (e *Error) Error() string { return "kilnd: " + e.Message }
-
-// ErrOutcomeUnknown reports a request whose answer was lost: it may or may
-// not have taken effect. The client never retries such a request blindly.
-// The error wraps the cause as well (a context's deadline or cancellation,
-// a broken connection, an Error).
-var ErrOutcomeUnknown = errors.New("client: outcome unknown: the request was sent and its answer lost")
-
-func hasCode(err error, code string) bool {
-	var e *Error
-	return errors.As(err, &e) && e.Code == code
-}
-
-// IsNotFound reports an unknown (or evicted) sandbox or process.
-func IsNotFound(err error) bool { return hasCode(err, api.CodeNotFound) }
-
-// IsOutOfRange reports offsets beyond what a process has produced.
-func IsOutOfRange(err error) bool { return hasCode(err, api.CodeOutOfRange) }
-
-// ErrNoToken: a TCP address was given and no token was found for it. No
-// request was sent.
-var ErrNoToken = errors.New("client: kilnd's token is needed for")
-
-// IsInvalid reports a request kilnd refused as malformed, as too large
-// (IsTooLarge tells which), or as a process whose program is not there or
-// cannot be run (IsCommandNotFound, IsNotExecutable).
-func IsInvalid(err error) bool {
-	return hasCode(err, api.CodeInvalid) || hasCode(err, api.CodeTooLarge) || IsCommandNotFound(err) || IsNotExecutable(err)
-}
-
-// IsCommandNotFound reports a process that did not start because its
-// program is not there: no such path, or no such name in its PATH.
-func IsCommandNotFound(err error) bool { return hasCode(err, api.CodeCommandNotFound) }
-
-// IsNotExecutable reports a process that did not start because its
-// program cannot be run: not executable, a directory, or not a program.
-func IsNotExecutable(err error) bool { return hasCode(err, api.CodeNotExecutable) }
-
-// IsTooLarge reports a request past one of the API's bounds: a body, a
-// stdin write, or a command's arguments and environment.
-func IsTooLarge(err error) bool { return hasCode(err, api.CodeTooLarge) }
-
-// IsNoSpace reports a write that did not fit in the space left: a
-// sandbox's disk (its quota) is full. Nothing of it was kept.
-func IsNoSpace(err error) bool { return hasCode(err, api.CodeNoSpace) }
-
-// IsUnavailable reports kilnd or a sandbox unable to serve now.
-func IsUnavailable(err error) bool { return hasCode(err, api.CodeUnavailable) }
-
-// IsOutcomeUnknown reports a request that may or may not have taken
-// effect: its answer was lost on the way to the client (ErrOutcomeUnknown),
-// or kilnd lost the agent's.
-func IsOutcomeUnknown(err error) bool {
-	return errors.Is(err, ErrOutcomeUnknown) || hasCode(err, api.CodeUnknown)
-}
-
-// IsFailedPrecondition reports a request the process's state refuses for
-// good: it has finished, or its stdin is closed or broken.
-func IsFailedPrecondition(err error) bool { return hasCode(err, api.CodePrecondition) }
-
-// IsUnauthenticated reports a request without the token kilnd asks for on
-// TCP.
-func IsUnauthenticated(err error) bool { return hasCode(err, api.CodeUnauthorized) }
-
-// IsPermissionDenied reports a request kilnd does not allow, such as one
-// from a browser origin outside its --allow-origin.
-func IsPermissionDenied(err error) bool { return hasCode(err, api.CodeForbidden) }
-
-// IsAlreadyExists reports a request to make something that exists already.
-func IsAlreadyExists(err error) bool { return hasCode(err, api.CodeConflict) }
-
-// IsMethodNotAllowed reports a method a route does not take.
-func IsMethodNotAllowed(err error) bool { return hasCode(err, api.CodeMethod) }
-
-// IsBadGateway reports a sandbox's port that nothing listens on, or
-// whose server did not answer well.
-func IsBadGateway(err error) bool { return hasCode(err, api.CodeBadGateway) }
-
-// IsInternal reports a failure of kilnd or the agent themselves, or an
-// answer that was not one of the API's.
-func IsInternal(err error) bool { return hasCode(err, api.CodeInternal) }
 
 // request is one HTTP call. sent reports whether the request may have
 // reached kilnd: a failure after that is an unknown outcome.
@@ -496,4 +408,30 @@ func (o *CapturedOutput) Runs() []api.Run {
 		json.Unmarshal([]byte(t), &runs)
 	}
 	return runs
+}
+
+// dial opens a WebSocket of protocol to kilnd's path.
+func (c *Client) dial(ctx context.Context, path string, q url.Values, protocol string) (*websocket.Conn, error) {
+	u := "ws" + c.base[len("http"):] + path
+	if len(q) > 0 {
+		u += "?" + q.Encode()
+	}
+	protos := []string{protocol}
+	if c.token != "" {
+		protos = append(protos, api.TokenProtocolPrefix+c.token)
+	}
+	conn, resp, err := websocket.Dial(ctx, u, &websocket.DialOptions{HTTPClient: c.stream, Subprotocols: protos})
+	if err != nil {
+		if resp != nil && resp.StatusCode >= 300 {
+			var e api.Error
+			if resp.Body != nil {
+				json.NewDecoder(resp.Body).Decode(&e)
+			}
+			if e.Error.Code != "" {
+				return nil, &Error{Status: resp.StatusCode, Code: e.Error.Code, Message: e.Error.Message}
+			}
+		}
+		return nil, err
+	}
+	return conn, nil
 }
