@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -57,6 +58,11 @@ type Client struct {
 	stream  *http.Client // no timeout: waits and output streams
 	token   string
 	timeout time.Duration
+
+	// mu guards handles: the process handles made through this client and
+	// not let go yet, which Close lets go.
+	mu      sync.Mutex
+	handles map[*Process]struct{}
 }
 
 // New makes a client. It does not contact kilnd.
@@ -147,10 +153,55 @@ func parseAddr(s string) (addr, sock string, err error) {
 	return addr, "", nil
 }
 
-// Close releases idle connections.
+// Close lets go of every process handle made through this client, as
+// Detach does: their connections close, their calls still in progress
+// fail with ErrDetached, and their processes no longer wait for them.
+// kilnd, its sandboxes and their processes are left as they are. Then it
+// closes idle connections. The client can still be used after.
 func (c *Client) Close() error {
+	c.mu.Lock()
+	handles := c.handles
+	c.handles = nil
+	c.mu.Unlock()
+	var wg sync.WaitGroup
+	for p := range handles {
+		wg.Go(func() { p.letGo(true) })
+	}
+	wg.Wait()
 	c.hc.CloseIdleConnections()
 	return nil
+}
+
+// adopt and forget keep the handles Close lets go.
+func (c *Client) adopt(p *Process) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.handles == nil {
+		c.handles = map[*Process]struct{}{}
+	}
+	c.handles[p] = struct{}{}
+}
+
+func (c *Client) forget(p *Process) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.handles, p)
+}
+
+// letGoSandbox lets go of the handles of the sandbox id: deleted, its
+// processes are gone, and their handles refuse what comes after.
+func (c *Client) letGoSandbox(id string) {
+	c.mu.Lock()
+	var gone []*Process
+	for p := range c.handles {
+		if p.s.ID == id || p.s.Described.ID == id {
+			gone = append(gone, p)
+		}
+	}
+	c.mu.Unlock()
+	for _, p := range gone {
+		p.letGo(false)
+	}
 }
 
 // request is one HTTP call. sent reports whether the request may have
@@ -232,8 +283,14 @@ func (c *Client) call(ctx context.Context, method, path string, query url.Values
 	resp, sent, err := c.request(ctx, c.hc, method, path, query, body, ctype)
 	if err != nil {
 		var e *Error
-		if !idempotent && ((!errors.As(err, &e) && sent) || (e != nil && e.Code == api.CodeUnknown)) {
+		answered := errors.As(err, &e)
+		switch {
+		case !idempotent && ((!answered && sent) || (answered && e.Code == api.CodeUnknown)):
 			return fmt.Errorf("%w: %s %s: %w", ErrOutcomeUnknown, method, path, err)
+		case !answered && ctx.Err() == nil:
+			// No answer, and none lost that mattered: the connection
+			// failed, or broke before the answer.
+			return fmt.Errorf("%w: %s %s: %w", ErrUnavailable, method, path, err)
 		}
 		return err
 	}
@@ -320,8 +377,15 @@ func (s *Sandbox) Stats(ctx context.Context) (api.SandboxStats, error) {
 }
 
 // Delete kills everything in the sandbox and removes it; its captured
-// logs stay unless removeLogs.
+// logs stay unless removeLogs. The process handles of the sandbox made
+// through this client (through a Sandbox of the same id) are let go
+// first: their calls in progress fail with ErrDetached, as their later
+// ones do. A ctx ended already does nothing.
 func (s *Sandbox) Delete(ctx context.Context, removeLogs bool) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.c.letGoSandbox(s.ID)
 	q := url.Values{}
 	if removeLogs {
 		q.Set("remove_logs", "true")

@@ -312,7 +312,7 @@ func TestTerminateStatusAndErrors(t *testing.T) {
 	if _, err := c.Sandbox(ctx, "01a22779-5cfd-7451-9354-2e19949d5c7f"); !client.IsNotFound(err) {
 		t.Errorf("unknown sandbox: %v", err)
 	}
-	if _, err := sb.Process(ctx, "01a22779-5cfd-7451-9354-2e19949d5c7f", client.Text); !client.IsNotFound(err) {
+	if _, err := sb.Process(ctx, "01a22779-5cfd-7451-9354-2e19949d5c7f", client.ProcessOptions{}); !client.IsNotFound(err) {
 		t.Errorf("unknown process: %v", err)
 	}
 	if _, err := sb.Start(ctx, client.StartOptions{Command: "/no/such/program"}); !client.IsInvalid(err) {
@@ -434,7 +434,8 @@ func TestReopenAfterEviction(t *testing.T) {
 	_, sb := kilnd(t)
 	ctx := ctxT(t)
 	const total = 3 << 20 // three times the ring
-	p, err := sb.Start(ctx, client.StartOptions{Command: "head", Args: []string{"-c", strconv.Itoa(total), "/dev/zero"}, Format: client.Bytes})
+	p, err := sb.Start(ctx, client.StartOptions{Command: "head", Args: []string{"-c", strconv.Itoa(total), "/dev/zero"}, Format: client.Bytes,
+		Flow: api.FlowDrop, Overflow: client.OverflowReport})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -510,6 +511,7 @@ func TestFlowBlockResumesWithoutLoss(t *testing.T) {
 	// One account across both handles: the reopened one goes on exactly
 	// where the first stopped, and neither loses a byte.
 	a := &account{noGaps: true}
+	var ref client.Reference
 	for ch, err := range p.Output(ctx) {
 		if err != nil {
 			t.Fatal(err)
@@ -518,14 +520,15 @@ func TestFlowBlockResumesWithoutLoss(t *testing.T) {
 			t.Fatal(err)
 		}
 		if a.stream("stdout").Delivered >= 4<<20 {
-			break // the reader goes away mid-stream
+			// The handle goes away mid-stream, its reader with it,
+			// leaving the output held for Reopen.
+			if ref, err = p.Disconnect(); err != nil {
+				t.Fatal(err)
+			}
+			break
 		}
 	}
-	ref, err := p.Disconnect()
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := sb.Process(ctx, p.ID, client.Bytes)
+	st, err := sb.Process(ctx, p.ID, client.ProcessOptions{Format: client.Bytes})
 	if err != nil {
 		t.Fatal(err)
 	}

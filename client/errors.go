@@ -31,18 +31,40 @@ func hasCode(err error, code string) bool {
 // IsNotFound reports an unknown (or evicted) sandbox or process.
 func IsNotFound(err error) bool { return hasCode(err, api.CodeNotFound) }
 
-// IsOutOfRange reports offsets beyond what a process has produced.
-func IsOutOfRange(err error) bool { return hasCode(err, api.CodeOutOfRange) }
+// errAhead: a reference stands beyond what its process has produced, as
+// kilnd's out of range answers say of offsets.
+var errAhead = errors.New("client: out of range")
+
+// IsOutOfRange reports offsets beyond what a process has produced (a
+// reference's, Reopen finds, or those kilnd was asked for).
+func IsOutOfRange(err error) bool {
+	return errors.Is(err, errAhead) || hasCode(err, api.CodeOutOfRange)
+}
 
 // ErrNoToken: a TCP address was given and no token was found for it. No
 // request was sent.
 var ErrNoToken = errors.New("client: kilnd's token is needed for")
 
-// IsInvalid reports a request kilnd refused as malformed, as too large
-// (IsTooLarge tells which), or as a process whose program is not there or
-// cannot be run (IsCommandNotFound, IsNotExecutable).
+// ErrInvalidArgument is the class of the arguments the client refuses
+// before it sends anything: a bound of the API's or of the streaming
+// contract's passed (a drain time, an output bound, a write's size), a
+// value it does not know (a flow, a format, an overflow), options that
+// exclude each other. IsInvalid reports it as it reports kilnd's own
+// refusals.
+var ErrInvalidArgument = errors.New("client: invalid argument")
+
+// invalid is an ErrInvalidArgument saying what was wrong.
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrInvalidArgument, fmt.Sprintf(format, args...))
+}
+
+// IsInvalid reports arguments the client refused before sending them
+// (ErrInvalidArgument), or a request kilnd refused as malformed, as too
+// large (IsTooLarge tells which), or as a process whose program is not
+// there or cannot be run (IsCommandNotFound, IsNotExecutable).
 func IsInvalid(err error) bool {
-	return hasCode(err, api.CodeInvalid) || hasCode(err, api.CodeTooLarge) || IsCommandNotFound(err) || IsNotExecutable(err)
+	return errors.Is(err, ErrInvalidArgument) || hasCode(err, api.CodeInvalid) || hasCode(err, api.CodeTooLarge) ||
+		IsCommandNotFound(err) || IsNotExecutable(err)
 }
 
 // IsCommandNotFound reports a process that did not start because its
@@ -61,8 +83,16 @@ func IsTooLarge(err error) bool { return hasCode(err, api.CodeTooLarge) }
 // sandbox's disk (its quota) is full. Nothing of it was kept.
 func IsNoSpace(err error) bool { return hasCode(err, api.CodeNoSpace) }
 
-// IsUnavailable reports kilnd or a sandbox unable to serve now.
-func IsUnavailable(err error) bool { return hasCode(err, api.CodeUnavailable) }
+// ErrUnavailable reports a call that got no answer from kilnd because the
+// connection to it could not be made or broke (an idempotent call: one
+// that may be made again). Wait fails with it rather than guess an exit.
+var ErrUnavailable = errors.New("client: unavailable: no answer from kilnd")
+
+// IsUnavailable reports kilnd or a sandbox unable to serve now, or a
+// connection to kilnd that failed (ErrUnavailable).
+func IsUnavailable(err error) bool {
+	return errors.Is(err, ErrUnavailable) || hasCode(err, api.CodeUnavailable)
+}
 
 // IsOutcomeUnknown reports a request that may or may not have taken
 // effect: its answer was lost on the way to the client (ErrOutcomeUnknown),
@@ -99,6 +129,9 @@ func IsInternal(err error) bool { return hasCode(err, api.CodeInternal) }
 
 // Errors of a process handle.
 var (
+	// ErrDetached: the handle was let go (Detach, Disconnect, its
+	// client's Close, its sandbox's Delete through the same client). A
+	// call in progress then fails with it too.
 	ErrDetached = errors.New("client: the process handle was detached or disconnected")
 	// ErrInterrupted says Output's connection broke, or could not be made,
 	// for a reason a later call may not meet (the network, kilnd
@@ -107,7 +140,36 @@ var (
 	ErrInterrupted    = errors.New("client: output interrupted")
 	ErrOutputInUse    = errors.New("client: the process's output has a reader already")
 	ErrInputUncertain = errors.New("client: an earlier write's outcome is unknown; call ResyncInput first")
-	ErrStdinClosed    = errors.New("client: stdin is closed")
-	ErrNoStdin        = errors.New("client: the process has no stdin pipe")
-	ErrWriteTooLarge  = fmt.Errorf("client: a write carries at most %d bytes", api.MaxStdin)
+	// ErrInputPending: Disconnect was asked while a write or an
+	// end-of-input was on its way, whose outcome a reference could not
+	// record.
+	ErrInputPending  = errors.New("client: a write or end-of-input is in progress; wait for it before disconnecting")
+	ErrStdinClosed   = errors.New("client: stdin is closed")
+	ErrNoStdin       = errors.New("client: the process has no stdin pipe")
+	ErrWriteTooLarge = fmt.Errorf("%w: a write carries at most %d bytes", ErrInvalidArgument, api.MaxStdin)
+	// ErrInputCapacity: more writes wait their turn than the input queue
+	// takes (MaxInputBytes, MaxInputCalls, the write in progress
+	// included). Nothing of the refused write was sent.
+	ErrInputCapacity = fmt.Errorf("client: the input queue holds at most %d bytes and %d calls; wait for earlier writes", MaxInputBytes, MaxInputCalls)
+	// ErrOutputCapacity is the class of CapacityError: bytes of the
+	// output were lost to the handle before it read them.
+	ErrOutputCapacity = errors.New("client: output capacity")
 )
+
+// CapacityError is how Output fails at a gap (with Overflow OverflowFail,
+// the default): Lost bytes of Stream, before Offset, were lost to the
+// handle before it read them; everything before them was delivered. It
+// wraps ErrOutputCapacity.
+type CapacityError struct {
+	Process string
+	Stream  string
+	Offset  int64 // where the stream stands after the gap
+	Lost    int64
+}
+
+func (e *CapacityError) Error() string {
+	return fmt.Sprintf("%v: %d bytes of %s of process %s were lost before this handle read them (kilnd could not keep them while the reader was behind); Overflow OverflowReport reads on past such gaps",
+		ErrOutputCapacity, e.Lost, e.Stream, e.Process)
+}
+
+func (e *CapacityError) Unwrap() error { return ErrOutputCapacity }

@@ -8,30 +8,72 @@ import (
 	"github.com/sandkiln/sandkiln/api"
 )
 
-// Write sends data (at most 64 KiB) to stdin, after every earlier write.
-// Success means kilnd accepted it, not that the program read it. Each
-// write carries its stdin offset, so kilnd applies it once even if sent
-// twice; but if an answer is lost the error is ErrOutcomeUnknown and
+// The input queue's bounds: Write calls waiting for their turn, the one
+// sending included, and their bytes. A write beyond them is refused
+// (ErrInputCapacity) without waiting.
+const (
+	MaxInputBytes = 256 << 10
+	MaxInputCalls = 256
+)
+
+// Write sends data (at most 64 KiB, api.MaxStdin) to stdin, after every
+// earlier write: calls wait their turn, at most MaxInputCalls of them and
+// MaxInputBytes in all. Success means kilnd accepted it, not that the
+// program read it. An empty write checks that input is still allowed.
+// A write whose ctx ends while it waits its turn is not sent, with no
+// remote effect; one that ends while it is sent has an unknown outcome.
+//
+// Each write carries its stdin offset, so kilnd applies it once even if
+// sent twice; but if an answer is lost the error is ErrOutcomeUnknown and
 // further writes wait for ResyncInput, which learns from kilnd where the
-// input stands.
+// input stands. Nothing is ever sent again by itself.
 func (p *Process) Write(ctx context.Context, data []byte) error {
 	if len(data) > api.MaxStdin {
 		return ErrWriteTooLarge
 	}
-	p.writing.Lock()
-	defer p.writing.Unlock()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	p.mu.Lock()
 	err := p.inputLocked()
-	if err == nil && p.closed {
-		err = ErrStdinClosed
+	if err == nil && (p.queued+1 > MaxInputCalls || p.queuedLen+len(data) > MaxInputBytes) {
+		err = ErrInputCapacity
 	}
+	if err != nil {
+		p.mu.Unlock()
+		return err
+	}
+	p.queued++
+	p.queuedLen += len(data)
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		p.queued--
+		p.queuedLen -= len(data)
+		p.mu.Unlock()
+	}()
+	ctx, done, err := p.bind(ctx)
+	if err != nil {
+		return err
+	}
+	defer done()
+	select {
+	case p.writing <- struct{}{}:
+		defer func() { <-p.writing }()
+	case <-ctx.Done():
+		return settled(ctx, ctx.Err()) // not sent
+	}
+	// What happened while it waited (the handle let go, a write's outcome
+	// lost, stdin closed) stops it.
+	p.mu.Lock()
+	err = p.inputLocked()
 	off := p.stdinOff
 	p.mu.Unlock()
 	if err != nil {
 		return err
 	}
 	var acc api.StdinAccepted
-	err = p.s.c.call(ctx, "POST", p.path("/stdin"), url.Values{"offset": {strconv.FormatInt(off, 10)}}, data, &acc, false)
+	err = settled(ctx, p.s.c.call(ctx, "POST", p.path("/stdin"), url.Values{"offset": {strconv.FormatInt(off, 10)}}, data, &acc, false))
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if err != nil {
@@ -54,6 +96,8 @@ func (p *Process) inputLocked() error {
 		return ErrNoStdin
 	case p.uncertain:
 		return ErrInputUncertain
+	case p.closed || p.closing:
+		return ErrStdinClosed
 	}
 	return nil
 }
@@ -75,20 +119,55 @@ func (p *Process) ResyncInput(ctx context.Context) (accepted int64, err error) {
 	return p.stdinOff, nil
 }
 
-// CloseStdin sends end-of-input once every earlier write is delivered.
-// Closing again does nothing.
+// CloseStdin sends end-of-input once every earlier write is delivered;
+// later writes are refused (ErrStdinClosed) without being sent. Closing
+// again, once a close succeeded, sends nothing. A terminal has no stdin
+// to close: its end of input is its end-of-file character (Ctrl-D,
+// "\x04"), written as input.
 func (p *Process) CloseStdin(ctx context.Context) error {
-	p.writing.Lock()
-	defer p.writing.Unlock()
+	if p.terminal {
+		return invalid("process %s is on a terminal: write its end-of-file character (Ctrl-D, \\x04) instead of closing its input", p.ID)
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	p.mu.Lock()
 	err, closed := p.inputLocked(), p.closed
 	p.mu.Unlock()
-	if err != nil || closed {
+	if closed && err == ErrStdinClosed {
+		return nil
+	}
+	if err != nil && err != ErrStdinClosed { // a close on its way: this one waits for it
 		return err
 	}
-	err = p.s.c.call(ctx, "POST", p.path("/stdin/close"), nil, nil, nil, false)
+	ctx, done, err := p.bind(ctx)
+	if err != nil {
+		return err
+	}
+	defer done()
+	select {
+	case p.writing <- struct{}{}:
+		defer func() { <-p.writing }()
+	case <-ctx.Done():
+		return settled(ctx, ctx.Err())
+	}
+	p.mu.Lock()
+	err = p.inputLocked()
+	if err == ErrStdinClosed {
+		// Another close went first: done.
+		p.mu.Unlock()
+		return nil
+	}
+	if err != nil {
+		p.mu.Unlock()
+		return err
+	}
+	p.closing = true
+	p.mu.Unlock()
+	err = settled(ctx, p.s.c.call(ctx, "POST", p.path("/stdin/close"), nil, nil, nil, false))
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.closing = false
 	switch {
 	case err == nil:
 		p.closed = true

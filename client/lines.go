@@ -23,9 +23,14 @@ type Line struct {
 // and CRLF are handled, a line over maxLineBytes is clipped and marked, a
 // gap ends the line it cut (marked partial), and a last line without a
 // newline is marked partial. An error from the output ends the lines with
-// that error.
+// that error. maxLineBytes 0 is 16 KiB; a negative one is refused
+// (ErrInvalidArgument) before the output is read.
 func ReadLines(output iter.Seq2[Chunk, error], maxLineBytes int) iter.Seq2[Line, error] {
-	if maxLineBytes <= 0 {
+	if maxLineBytes < 0 {
+		err := invalid("maxLineBytes %d: want 0 (16 KiB) or more", maxLineBytes)
+		return func(yield func(Line, error) bool) { yield(Line{}, err) }
+	}
+	if maxLineBytes == 0 {
 		maxLineBytes = 16 << 10
 	}
 	return func(yield func(Line, error) bool) {

@@ -24,119 +24,279 @@ import (
 type Chunk struct {
 	Stream string // "stdout", "stderr" or "terminal"
 	Offset int64  // of the first byte, in the stream
-	Seq    uint64 // one counter across the process's streams
-	// Bytes (Format Bytes) or Text (Format Text) is the output. A chunk
-	// owns its bytes.
+	Seq    uint64 // its first byte's place in the process's output, all streams together
+	// Bytes (Format Bytes) or Text (Format Text) is the output, at most
+	// MaxChunkBytes of it. A chunk owns its bytes.
 	Bytes []byte
 	Text  string
-	// Lost, when non-zero, makes this chunk a gap: that many bytes of
-	// Stream, before Offset, were lost to this reader (evicted before it
-	// read them). It carries no output.
+	// Lost, when non-zero, makes this chunk a gap (Overflow
+	// OverflowReport only): that many bytes of Stream, before Offset,
+	// were lost to this reader (evicted before it read them). It carries
+	// no output.
 	Lost int64
 
 	next int64 // where the stream stands once this chunk is delivered
 	end  bool  // the stream's end
 }
 
+// MaxChunkBytes bounds the output one Chunk carries: what kilnd sends in
+// one message (up to a ring block, 256 KiB) is given out in pieces of at
+// most this many bytes (before decoding, in Format Text).
+const MaxChunkBytes = 16 << 10
+
 // maxFrame bounds one message from kilnd.
 const maxFrame = api.FrameHeader + 1<<20
 
 // Output reads the process's output from where this handle stands (the
 // beginning, or where a reopened handle's reference stood), replay then
-// live, until every stream ended and the exit arrived. A gap is a Chunk
-// with Lost set. If the connection breaks, the error says so
-// (ErrInterrupted), and calling Output again resumes from the last byte
-// delivered, with nothing repeated.
-// Leaving the loop early closes the connection; nothing else changes.
+// live, until every stream ended and the exit came. It reads as its loop
+// asks for chunks: the connection's own flow control holds kilnd back
+// meanwhile, so nothing queues up in the client.
+//
+// A process this handle started with flow block (the default) waits for
+// this reader when it falls behind, so a reader that reads loses nothing.
+// A process that does not wait for it may lose what kilnd cannot keep:
+// then, by default (OverflowFail), Output yields a *CapacityError saying
+// how many bytes of which stream were lost, after everything before
+// them; with OverflowReport a Chunk with Lost set says so, and the output
+// goes on.
+//
+// Leaving the loop early, a ctx that ends, or the capacity error stops
+// reading: the process then no longer waits for this handle (its held
+// output is released), and input and control stay available. If the
+// connection breaks, the error says so (ErrInterrupted), and the output
+// stays held for kilnd's grace period: calling Output again resumes after
+// the last chunk delivered, with nothing repeated. A handle let go while
+// Output reads ends it with ErrDetached.
 func (p *Process) Output(ctx context.Context) iter.Seq2[Chunk, error] {
 	return func(yield func(Chunk, error) bool) {
-		p.mu.Lock()
-		switch {
-		case p.gone:
-			p.mu.Unlock()
-			yield(Chunk{}, ErrDetached)
-			return
-		case p.reading:
-			p.mu.Unlock()
-			yield(Chunk{}, ErrOutputInUse)
-			return
-		}
-		p.reading = true
-		q := url.Values{}
-		for s, off := range p.offsets {
-			q.Set(s, strconv.FormatInt(off, 10))
-		}
-		if p.hold {
-			q.Set("flow", api.FlowBlock)
-			q.Set("ack", "true")
-		}
-		p.mu.Unlock()
-		defer func() {
-			p.mu.Lock()
-			p.reading, p.conn = false, nil
-			p.mu.Unlock()
-		}()
-		c, err := p.s.c.dialOutput(ctx, p.path("/logs"), q)
+		r, err := p.connect(ctx)
 		if err != nil {
-			if _, answered := errors.AsType[*Error](err); (!answered || IsUnavailable(err)) && ctx.Err() == nil {
-				err = fmt.Errorf("%w: output of %s (call Output again to resume): %w", ErrInterrupted, p.ID, err)
-			}
 			yield(Chunk{}, err)
 			return
 		}
-		defer c.CloseNow()
-		// A frame carries at most a ring block (256 KiB); control
-		// messages are small.
-		c.SetReadLimit(maxFrame)
-		p.mu.Lock()
-		if p.gone {
-			p.mu.Unlock()
-			yield(Chunk{}, ErrDetached)
-			return
+		// A ctx that ends stops the reading: the connection is released
+		// (if it holds) and closed under the read, which then ends. The
+		// reads and writes themselves are not given ctx: a WebSocket
+		// whose call is cancelled closes at once, too soon for the
+		// release.
+		abandoned := make(chan struct{})
+		stop := context.AfterFunc(ctx, func() {
+			defer close(abandoned)
+			p.letConnGo(r.c, true)
+		})
+		how := r.read(ctx, yield)
+		if !stop() {
+			<-abandoned
 		}
-		p.conn = c
+		p.mu.Lock()
+		p.reading = false
 		p.mu.Unlock()
-		var dec decoders
-		var unacked int64 // bytes given out since the last ack
-		var buf []byte    // each message, read into the same buffer
-		for {
-			typ, data, err := readMessage(ctx, c, &buf)
-			if websocket.CloseStatus(err) == websocket.StatusNormalClosure {
-				return
-			}
-			if err != nil {
-				p.mu.Lock()
-				gone := p.gone
-				p.mu.Unlock()
-				if gone {
-					err = ErrDetached
-				} else if ctx.Err() == nil {
-					err = fmt.Errorf("%w: output of %s (call Output again to resume): %w", ErrInterrupted, p.ID, err)
-				}
-				yield(Chunk{}, err)
-				return
-			}
-			for _, ch := range p.handle(typ, data, &dec) {
-				if ch.end && ch.Text == "" {
-					p.delivered(ch) // nothing to show, only the end to record
-					continue
-				}
-				// Given out is delivered, even if the reader stops after it.
-				p.delivered(ch)
-				if !yield(ch, nil) {
-					return
-				}
-				if unacked += int64(len(ch.Bytes) + len(ch.Text)); p.hold && unacked >= ackEvery {
-					// What the reader has taken need not be kept for it.
-					unacked = 0
-					if err := p.ack(ctx, c); err != nil {
-						yield(Chunk{}, fmt.Errorf("%w: output of %s (call Output again to resume): %w", ErrInterrupted, p.ID, err))
-						return
-					}
-				}
-			}
+		// One whose consumer stopped owes a release: the process must not
+		// wait for a reader that is not there. One whose connection broke
+		// does not: it may come back (Output again, or Reopen) within
+		// kilnd's grace and find the output it held.
+		p.letConnGo(r.c, how == stopped)
+		if how == whole {
+			p.mu.Lock()
+			p.holding = false // a process whose output ended holds nothing
+			p.mu.Unlock()
 		}
 	}
+}
+
+// How an Output's reading ended.
+type ending int
+
+const (
+	stopped ending = iota // its consumer stopped: left the loop, ctx ended, or a capacity error
+	whole                 // the exit came: the output is whole
+	broken                // the connection broke: a later Output resumes
+	letGone               // the handle was let go
+)
+
+// reading is one Output's connection and what it has read of it.
+type reading struct {
+	p   *Process
+	c   *websocket.Conn
+	dec decoders
+	buf []byte // each message, read into the same buffer
+	// hold: the connection holds the output (flow=block, ack=true,
+	// credit=api.MaxCredit): it acks where the reader stands, with the
+	// credit its messages cost, and says release when it stops.
+	hold bool
+	// taken is output given out since the last ack; owed is the credit
+	// the messages received since then cost.
+	taken, owed int64
+}
+
+// connect opens an Output's connection from where the handle stands.
+func (p *Process) connect(ctx context.Context) (*reading, error) {
+	p.mu.Lock()
+	switch {
+	case p.gone:
+		p.mu.Unlock()
+		return nil, ErrDetached
+	case p.reading:
+		p.mu.Unlock()
+		return nil, ErrOutputInUse
+	}
+	p.reading = true
+	q := url.Values{}
+	for s, off := range p.offsets {
+		q.Set(s, strconv.FormatInt(off, 10))
+	}
+	hold := p.hold
+	if hold {
+		// The credit is the most there is, granted back as the reader
+		// takes what came: TCP paces this reader, not the credit, which
+		// only makes a release on the connection kilnd's to heed.
+		q.Set("flow", api.FlowBlock)
+		q.Set("ack", "true")
+		q.Set("credit", strconv.Itoa(api.MaxCredit))
+	}
+	p.mu.Unlock()
+	dctx, done, err := p.bind(ctx)
+	var c *websocket.Conn
+	if err == nil {
+		c, err = p.s.c.dialOutput(dctx, p.path("/logs"), q)
+		err = settled(dctx, err)
+		done()
+	}
+	if err != nil {
+		p.mu.Lock()
+		p.reading = false
+		p.mu.Unlock()
+		if _, answered := errors.AsType[*Error](err); !errors.Is(err, ErrDetached) && (!answered || IsUnavailable(err)) && ctx.Err() == nil {
+			err = fmt.Errorf("%w: output of %s (call Output again to resume): %w", ErrInterrupted, p.ID, err)
+		}
+		return nil, err
+	}
+	// A frame carries at most a ring block (256 KiB); control messages
+	// are small.
+	c.SetReadLimit(maxFrame)
+	p.mu.Lock()
+	if p.gone {
+		// Let go while this connected: what it let go of includes this.
+		release := p.released && hold
+		p.reading = false
+		p.mu.Unlock()
+		if release {
+			releaseOn(c)
+		} else {
+			c.CloseNow()
+		}
+		return nil, ErrDetached
+	}
+	p.conn = c
+	if hold {
+		p.holding = true
+	}
+	p.mu.Unlock()
+	return &reading{p: p, c: c, hold: hold}, nil
+}
+
+// read gives out the connection's chunks until its reading ends, and
+// says how it ended. ctx is the Output's, which Output watches.
+func (r *reading) read(ctx context.Context, yield func(Chunk, error) bool) ending {
+	p := r.p
+	ioctx := context.WithoutCancel(ctx)
+	for {
+		typ, data, err := readMessage(ioctx, r.c, &r.buf)
+		if err != nil {
+			return r.failed(ctx, err, yield)
+		}
+		if typ == websocket.MessageBinary && r.hold {
+			r.owed += max(int64(len(data)-api.FrameHeader), api.CreditFrame)
+		}
+		chunks, exited := p.handle(typ, data, &r.dec)
+		for _, ch := range chunks {
+			// Given out is delivered, even if the reader stops after it.
+			p.delivered(ch)
+			if ch.Lost > 0 && p.overflow == OverflowFail {
+				yield(Chunk{}, &CapacityError{Process: p.ID, Stream: ch.Stream, Offset: ch.Offset, Lost: ch.Lost})
+				return stopped
+			}
+			if ch.Lost == 0 && ch.Text == "" && len(ch.Bytes) == 0 {
+				continue // nothing to show: an end, or bytes of a character held back
+			}
+			if !yield(ch, nil) {
+				return stopped
+			}
+			if p.isGone() {
+				yield(Chunk{}, ErrDetached)
+				return letGone
+			}
+			if r.taken += int64(len(ch.Bytes) + len(ch.Text)); r.hold && r.taken >= ackEvery {
+				if err := r.ack(ioctx); err != nil {
+					return r.failed(ctx, err, yield)
+				}
+			}
+		}
+		if exited {
+			return whole
+		}
+	}
+}
+
+// failed yields why the connection failed, and says how the reading
+// ended: a normal close of kilnd's is the output's end.
+func (r *reading) failed(ctx context.Context, err error, yield func(Chunk, error) bool) ending {
+	p := r.p
+	// The handle let go and a ctx that ended close the connection
+	// themselves, normally: theirs is the reason.
+	switch {
+	case p.isGone():
+		yield(Chunk{}, ErrDetached)
+		return letGone
+	case ctx.Err() != nil:
+		yield(Chunk{}, fmt.Errorf("client: output of %s: %w", p.ID, context.Cause(ctx)))
+		return stopped
+	case websocket.CloseStatus(err) == websocket.StatusNormalClosure:
+		return whole
+	}
+	yield(Chunk{}, fmt.Errorf("%w: output of %s (call Output again to resume): %w", ErrInterrupted, p.ID, err))
+	return broken
+}
+
+func (p *Process) isGone() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.gone
+}
+
+// letConnGo closes Output's connection c unless letGo took it first (or
+// this did already), with a release first when asked for and owed.
+func (p *Process) letConnGo(c *websocket.Conn, release bool) {
+	p.mu.Lock()
+	mine := p.conn == c
+	if mine {
+		p.conn = nil
+	}
+	release = mine && release && p.holding
+	if release {
+		p.holding = false
+	}
+	p.mu.Unlock()
+	switch {
+	case release:
+		releaseOn(c)
+	case mine:
+		c.CloseNow()
+	}
+}
+
+// releaseOn says on a holding connection that its reader will not come
+// back, then closes it with the WebSocket's close handshake, so that
+// kilnd reads the release before the connection ends; each bounded.
+func releaseOn(c *websocket.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+	defer cancel()
+	b, _ := json.Marshal(api.ClientMessage{Type: api.TypeRelease})
+	if c.Write(ctx, websocket.MessageText, b) == nil {
+		c.Close(websocket.StatusNormalClosure, "")
+	}
+	c.CloseNow()
 }
 
 // readMessage reads the next message into *buf, grown as it needs, and
@@ -185,7 +345,9 @@ type Resume struct {
 // Follow is Output that resumes: a broken connection (ErrInterrupted) is
 // reconnected from the last byte delivered, nothing lost or repeated, as
 // r says; the error is yielded only once r.For has passed without a
-// chunk, or for an error that reconnecting cannot mend.
+// chunk, or for an error that reconnecting cannot mend. Once Follow gives
+// up, or its ctx ends while it waits to reconnect, the process no longer
+// waits for this handle, as when Output's consumer stops.
 func (p *Process) Follow(ctx context.Context, r Resume) iter.Seq2[Chunk, error] {
 	first, maxWait, patience := cmp.Or(r.First, 100*time.Millisecond), cmp.Or(r.Max, 5*time.Second), cmp.Or(r.For, 25*time.Second)
 	return func(yield func(Chunk, error) bool) {
@@ -205,10 +367,15 @@ func (p *Process) Follow(ctx context.Context, r Resume) iter.Seq2[Chunk, error] 
 			switch {
 			case broke == nil:
 				return
-			case !errors.Is(broke, ErrInterrupted) || ctx.Err() != nil:
+			case !errors.Is(broke, ErrInterrupted):
+				yield(Chunk{}, broke)
+				return
+			case ctx.Err() != nil:
+				p.stopHolding()
 				yield(Chunk{}, broke)
 				return
 			case waited+wait > patience:
+				p.stopHolding()
 				yield(Chunk{}, fmt.Errorf("%w; gave up resuming after %v", broke, waited.Round(time.Millisecond)))
 				return
 			}
@@ -220,6 +387,7 @@ func (p *Process) Follow(ctx context.Context, r Resume) iter.Seq2[Chunk, error] 
 			case <-t.C:
 			case <-ctx.Done():
 				t.Stop()
+				p.stopHolding()
 				yield(Chunk{}, ctx.Err())
 				return
 			}
@@ -229,27 +397,51 @@ func (p *Process) Follow(ctx context.Context, r Resume) iter.Seq2[Chunk, error] 
 	}
 }
 
+// stopHolding releases the output held for this handle while nothing
+// reads it: a reader that will not come back.
+func (p *Process) stopHolding() {
+	p.mu.Lock()
+	release := !p.gone && !p.reading && p.holding
+	if release {
+		p.holding = false
+	}
+	p.mu.Unlock()
+	if release {
+		p.releaseHeld()
+	}
+}
+
 // ackEvery is how much output a holding handle takes between acks: a
 // quarter of the agent's ring, the room at which its pumps read on.
 const ackEvery = 256 << 10
 
 // ack tells kilnd where this handle's output stands, so that it keeps no
-// more of it than what may still be on its way.
-func (p *Process) ack(ctx context.Context, c *websocket.Conn) error {
+// more of it than what may still be on its way, and gives back the credit
+// what came since cost.
+func (r *reading) ack(ctx context.Context) error {
+	p := r.p
 	p.mu.Lock()
-	m := api.ClientMessage{Type: api.TypeAck, Offsets: maps.Clone(p.offsets)}
+	m := api.ClientMessage{Type: api.TypeCredit, Bytes: r.owed, Offsets: maps.Clone(p.offsets)}
 	p.mu.Unlock()
+	if m.Bytes == 0 {
+		m.Type = api.TypeAck
+	}
 	b, _ := json.Marshal(m)
-	return c.Write(ctx, websocket.MessageText, b)
+	if err := r.c.Write(ctx, websocket.MessageText, b); err != nil {
+		return err
+	}
+	r.taken, r.owed = 0, 0
+	return nil
 }
 
-// handle turns one message into the chunks it stands for. Each chunk says
-// where its stream stands once it is delivered (next) and what it reports
-// lost; the handle's position moves only as chunks are delivered, so a
-// reader that stops early, or a connection that breaks, resumes exactly
-// after the last chunk given out. Bytes of a character not yet complete
-// are not counted as delivered: on resume they come again.
-func (p *Process) handle(typ websocket.MessageType, data []byte, dec *decoders) []Chunk {
+// handle turns one message into the chunks it stands for, and says
+// whether it was the exit, the last. Each chunk says where its stream
+// stands once it is delivered (next) and what it reports lost; the
+// handle's position moves only as chunks are delivered, so a reader that
+// stops early, or a connection that breaks, resumes exactly after the
+// last chunk given out. Bytes of a character not yet complete are not
+// counted as delivered: on resume they come again.
+func (p *Process) handle(typ websocket.MessageType, data []byte, dec *decoders) ([]Chunk, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	// pos is where each stream stands once every chunk so far is out,
@@ -258,7 +450,7 @@ func (p *Process) handle(typ websocket.MessageType, data []byte, dec *decoders) 
 	if typ == websocket.MessageBinary {
 		f, err := api.ParseFrame(data)
 		if err != nil {
-			return nil
+			return nil, false
 		}
 		name := api.StreamNames[f.Stream]
 		var out []Chunk
@@ -267,27 +459,31 @@ func (p *Process) handle(typ websocket.MessageType, data []byte, dec *decoders) 
 			// is reported all the same.
 			out = append(out, gapChunks(name, at, int64(f.Offset), dec)...)
 		}
-		ch := Chunk{Stream: name, Offset: int64(f.Offset), Seq: f.Seq}
-		end := int64(f.Offset) + int64(len(f.Data))
-		if p.format == Bytes {
-			ch.Bytes = bytes.Clone(f.Data)
-		} else {
-			ch.Text = dec.decode(name, f.Data)
+		for i := 0; i < len(f.Data); i += MaxChunkBytes {
+			piece := f.Data[i:min(i+MaxChunkBytes, len(f.Data))]
+			at := int64(f.Offset) + int64(i)
+			ch := Chunk{Stream: name, Offset: at, Seq: f.Seq + uint64(i)}
+			if p.format == Bytes {
+				ch.Bytes = bytes.Clone(piece)
+			} else {
+				ch.Text = dec.decode(name, piece)
+			}
+			ch.next = at + int64(len(piece)) - int64(len(dec.carry[name]))
+			out = append(out, ch)
 		}
-		ch.next = end - int64(len(dec.carry[name]))
-		return append(out, ch)
+		return out, false
 	}
 	var head struct {
 		Type string `json:"type"`
 	}
 	if json.Unmarshal(data, &head) != nil {
-		return nil
+		return nil, false
 	}
 	switch head.Type {
 	case api.TypeGap:
 		var g api.Gap
 		json.Unmarshal(data, &g)
-		return gapChunks(g.Stream, max(g.From, pos(g.Stream)), g.To, dec)
+		return gapChunks(g.Stream, max(g.From, pos(g.Stream)), g.To, dec), false
 	case api.TypeEnd:
 		var e api.End
 		json.Unmarshal(data, &e)
@@ -299,14 +495,14 @@ func (p *Process) handle(typ websocket.MessageType, data []byte, dec *decoders) 
 		// complete: one replacement character.
 		t := dec.flush(e.Stream)
 		out = append(out, Chunk{Stream: e.Stream, Offset: e.TotalBytes, Text: t, next: e.TotalBytes, end: true})
-		return out
+		return out, false
 	case api.TypeExit:
 		var e api.ExitMessage
 		json.Unmarshal(data, &e)
-		exit := e.Exit
-		p.exit = &exit
+		p.confirmLocked(e.Exit)
+		return nil, true
 	}
-	return nil
+	return nil, false
 }
 
 // gapChunks reports bytes from..to of stream as lost: what the decoder

@@ -538,7 +538,11 @@ func (f *startFlags) options(argv []string) (client.StartOptions, error) {
 		o.Command, o.Args = argv[0], argv[1:]
 	}
 	if f.foreground {
-		o.Flow, o.Format = api.FlowBlock, client.Bytes
+		o.Flow, o.Format, o.Overflow = api.FlowBlock, client.Bytes, client.OverflowReport
+	} else {
+		// Detached: its output is kept whether or not anyone watches, and
+		// the process never waits for a reader.
+		o.Flow = api.FlowDrop
 	}
 	for _, kv := range f.env {
 		k, v, ok := strings.Cut(kv, "=")

@@ -318,7 +318,7 @@ text or base64, partial} and gaps {gap}.`,
 				ctx := cmd.Context()
 				sb := cl.Handle(args[0])
 				if !fromLog {
-					p, err := sb.Process(ctx, args[1], client.Bytes)
+					p, err := sb.Process(ctx, args[1], client.ProcessOptions{Format: client.Bytes, Overflow: client.OverflowReport})
 					if err == nil {
 						if follow {
 							return c.follow(ctx, p, false)
@@ -369,7 +369,7 @@ func (c *cli) noLog(ctx context.Context, sb *client.Sandbox, pid string, logErr 
 	if _, err := sb.Info(ctx); err != nil {
 		return err
 	}
-	p, err := sb.Process(ctx, pid, client.Bytes)
+	p, err := sb.Process(ctx, pid, client.ProcessOptions{Format: client.Bytes})
 	switch {
 	case err == nil:
 		st, _ := p.Status(ctx)
@@ -528,7 +528,7 @@ the process running too.`,
 			}
 			return c.withClient(func(cl *client.Client) error {
 				ctx := cmd.Context()
-				p, err := cl.Handle(args[0]).Process(ctx, args[1], client.Bytes)
+				p, err := cl.Handle(args[0]).Process(ctx, args[1], client.ProcessOptions{Format: client.Bytes, Overflow: client.OverflowReport})
 				if err != nil {
 					return err
 				}
@@ -740,7 +740,7 @@ func (c *cli) waitCmd() *cobra.Command {
 		ValidArgsFunction: c.complete(sandboxArg, processArg),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return c.withClient(func(cl *client.Client) error {
-				p, err := cl.Handle(args[0]).Process(cmd.Context(), args[1], client.Bytes)
+				p, err := cl.Handle(args[0]).Process(cmd.Context(), args[1], client.ProcessOptions{Format: client.Bytes})
 				if err != nil {
 					return err
 				}
@@ -769,7 +769,7 @@ func (c *cli) killCmd() *cobra.Command {
 		Example:           `  kiln kill -s TERM $SB $P`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return c.withClient(func(cl *client.Client) error {
-				p, err := cl.Handle(args[0]).Process(cmd.Context(), args[1], client.Bytes)
+				p, err := cl.Handle(args[0]).Process(cmd.Context(), args[1], client.ProcessOptions{Format: client.Bytes})
 				if err != nil {
 					return err
 				}
@@ -836,7 +836,7 @@ func (c *cli) terminal(ctx context.Context, sb *client.Sandbox, o client.StartOp
 	if _, ok := o.Env["TERM"]; !ok {
 		o.Env["TERM"] = envOr("TERM", "xterm-256color")
 	}
-	o.Terminal, o.Format, o.Flow = &size, client.Bytes, api.FlowBlock
+	o.Terminal, o.Format, o.Flow, o.Overflow = &size, client.Bytes, api.FlowBlock, client.OverflowReport
 	p, err := sb.Start(ctx, o)
 	if err != nil {
 		return err
