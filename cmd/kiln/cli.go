@@ -495,9 +495,11 @@ type startFlags struct {
 	user       string
 	stdin      bool
 	capture    bool
+	drain      time.Duration
 	foreground bool // kiln reads its output to the end: held, bytes
 	tty        bool // on a terminal (foreground only)
 	detachKeys string
+	overflow   string
 }
 
 // add adds the flags: of a detached process (kiln sandbox exec-stream) or
@@ -507,6 +509,7 @@ func (f *startFlags) add(cmd *cobra.Command, detached bool) {
 	cmd.Flags().StringVarP(&f.cwd, "workdir", "w", "", "working directory (default the image's, or /workspace)")
 	cmd.Flags().StringVarP(&f.user, "user", "u", "", "run as a user of the sandbox's: `NAME`, UID, NAME:GROUP or UID:GID (default the image's, or root)")
 	cmd.Flags().BoolVar(&f.capture, "capture", false, "keep the output durably in the sandbox's captured logs")
+	cmd.Flags().DurationVar(&f.drain, "drain", 0, "how long the output is read after the command exits while something it left behind still writes\nto it, at most 1m (default kilnd's, 3s); past it the output is cut")
 	f.foreground = !detached
 	if detached {
 		cmd.Flags().BoolVarP(&f.stdin, "stdin", "i", false, "open a stdin pipe (write with kiln attach --stdin)")
@@ -514,6 +517,7 @@ func (f *startFlags) add(cmd *cobra.Command, detached bool) {
 		cmd.Flags().BoolVarP(&f.stdin, "interactive", "i", false, "send kiln's stdin to the command (end of input closes its stdin; without -i it is closed)")
 		cmd.Flags().BoolVarP(&f.tty, "tty", "t", false, "run on a terminal; with -i, interactively (kiln's stdin must be a terminal)")
 		cmd.Flags().StringVar(&f.detachKeys, "detach-keys", defaultDetachKeys, "with -it, the `keys` that detach, leaving the command running: characters or ctrl-<key>, comma separated")
+		addOverflow(cmd, &f.overflow)
 	}
 }
 
@@ -537,8 +541,15 @@ func (f *startFlags) options(argv []string) (client.StartOptions, error) {
 	if len(argv) > 0 {
 		o.Command, o.Args = argv[0], argv[1:]
 	}
+	var err error
+	if o.DrainMS, err = drainMS(f.drain); err != nil {
+		return o, err
+	}
 	if f.foreground {
-		o.Flow, o.Format, o.Overflow = api.FlowBlock, client.Bytes, client.OverflowReport
+		o.Flow, o.Format = api.FlowBlock, client.Bytes
+		if o.Overflow, err = parseOverflow(f.overflow); err != nil {
+			return o, err
+		}
 	} else {
 		// Detached: its output is kept whether or not anyone watches, and
 		// the process never waits for a reader.
@@ -555,6 +566,35 @@ func (f *startFlags) options(argv []string) (client.StartOptions, error) {
 		o.Env[k] = v
 	}
 	return o, nil
+}
+
+// drainMS is --drain in the API's milliseconds: 0 (kilnd's default) to
+// api.MaxDrainMS; a duration shorter than a millisecond is one.
+func drainMS(d time.Duration) (int64, error) {
+	if d < 0 || d > api.MaxDrainMS*time.Millisecond {
+		return 0, fmt.Errorf("--drain %v: want 0 (kilnd's default, %v) to %v", d, api.DefaultDrainMS*time.Millisecond, api.MaxDrainMS*time.Millisecond)
+	}
+	ms := d.Milliseconds()
+	if d > 0 && ms == 0 {
+		ms = 1
+	}
+	return ms, nil
+}
+
+// addOverflow adds --overflow to a command that reads a process's output.
+func addOverflow(cmd *cobra.Command, v *string) {
+	cmd.Flags().StringVar(v, "overflow", "fail", "what kiln does when output was lost before it read it, a `mode`: fail (exit 123, saying how\nmany bytes of which stream) or report (a line on stderr for each loss, and go on)")
+}
+
+// parseOverflow reads --overflow.
+func parseOverflow(v string) (client.Overflow, error) {
+	switch v {
+	case "fail", "":
+		return client.OverflowFail, nil
+	case "report":
+		return client.OverflowReport, nil
+	}
+	return 0, fmt.Errorf("--overflow %q: want fail or report", v)
 }
 
 // parseBytes reads a size as docker run --memory does: 1048576, 512m,

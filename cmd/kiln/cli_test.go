@@ -18,6 +18,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -411,6 +412,8 @@ func TestForegroundOutcome(t *testing.T) {
 	cut := complete
 	cut.OutputComplete = false
 	cut.Streams = map[string]client.StreamCount{"stdout": {Bytes: 10, Lost: 4, Ended: true}, "stderr": {Ended: true}}
+	drained := complete
+	drained.Exit, drained.OutputComplete = client.ExitOf(api.Exit{ExitCode: &seven, OutputCut: api.OutputCutDrain}), false
 	tests := []struct {
 		name       string
 		r          client.Result
@@ -422,6 +425,8 @@ func TestForegroundOutcome(t *testing.T) {
 		{"complete", complete, true, false, 7, ""},
 		{"incomplete", cut, true, false, exitIncomplete, "kiln: the output shown is incomplete\n"},
 		{"incomplete, watched", cut, false, false, 7, "kiln: the output shown is incomplete\n"},
+		{"cut after the exit", drained, true, false, exitIncomplete, "kiln: the output was cut: something the process left behind still held it open when the drain time after its exit ran out (--drain)\n" +
+			"kiln: the output shown is incomplete\n"},
 		{"incomplete, json", cut, true, true, exitIncomplete, "kiln: the output shown is incomplete\n" +
 			`{"exit_code":7,"output_complete":false,"streams":{"stderr":{"bytes":0,"lost_bytes":0,"ended":true},"stdout":{"bytes":10,"lost_bytes":4,"ended":true}}}` + "\n"},
 	}
@@ -439,6 +444,63 @@ func TestForegroundOutcome(t *testing.T) {
 				t.Errorf("exit %d, stderr %q; want %d, %q", code, errs.String(), tc.code, tc.stderr)
 			}
 		})
+	}
+}
+
+// TestOutputLostAndCut: output lost before kiln read it ends kiln with
+// 123, saying how many bytes of which stream, unless --overflow report,
+// which says so on a line and goes on; output a command's leftovers held
+// open past --drain is cut, and said to be.
+func TestOutputLostAndCut(t *testing.T) {
+	state := kilnd(t)
+	_, out, _ := kiln(t, state, "", "sandbox", "create")
+	sb := strings.TrimSpace(out)
+	// Detached, it never waits for a reader: 3 MiB, three times what
+	// kilnd keeps, written before anyone reads.
+	_, out, _ = kiln(t, state, "", "sandbox", "exec-stream", sb, "--", "sh", "-c", "head -c 3145728 /dev/zero; exit 5")
+	p := strings.TrimSpace(out)
+	if code, _, errs := kiln(t, state, "", "wait", sb, p); code != 5 {
+		t.Fatalf("wait: %d %q", code, errs)
+	}
+	lost := regexp.MustCompile(`^kiln: (\d+) bytes of stdout were lost before kiln read them .*--overflow report`)
+	for _, cmd := range []string{"logs", "attach"} {
+		code, out, errs := kiln(t, state, "", cmd, sb, p)
+		m := lost.FindStringSubmatch(errs)
+		if code != exitIncomplete || out != "" || m == nil {
+			t.Errorf("%s: exit %d, %d bytes out, stderr %q; want 123 and how much was lost", cmd, code, len(out), errs)
+			continue
+		}
+		code, out, errs = kiln(t, state, "", cmd, "--overflow", "report", sb, p)
+		want := 0
+		if cmd == "attach" {
+			want = 5
+		}
+		gap := regexp.MustCompile(`kiln: ` + m[1] + ` bytes of stdout lost before offset ` + m[1] + `\n`)
+		if n, _ := strconv.Atoi(m[1]); code != want || len(out)+n != 3<<20 || !gap.MatchString(errs) {
+			t.Errorf("%s --overflow report: exit %d, %d bytes out, stderr %q", cmd, code, len(out), errs)
+		}
+	}
+	code, _, errs := kiln(t, state, "", "--json", "logs", sb, p)
+	var e struct {
+		Error struct {
+			Code     string `json:"code"`
+			ExitCode int    `json:"exit_code"`
+			Stream   string `json:"stream"`
+			Lost     int64  `json:"lost_bytes"`
+		} `json:"error"`
+	}
+	if code != exitIncomplete || json.Unmarshal([]byte(errs), &e) != nil || e.Error.Code != "output_capacity" || e.Error.Stream != "stdout" || e.Error.Lost <= 0 {
+		t.Errorf("--json logs: %d %q", code, errs)
+	}
+
+	// What a command leaves behind writes after it exits: read, within
+	// the drain time; past it, cut, and said to be.
+	if code, out, errs := kiln(t, state, "", "exec", sb, "--", "sh", "-c", "(sleep 0.3; echo late) & echo early"); code != 0 || out != "early\nlate\n" || errs != "" {
+		t.Errorf("exec with a late writer: %d %q %q", code, out, errs)
+	}
+	code, out, errs = kiln(t, state, "", "exec", "--drain", "200ms", sb, "--", "sh", "-c", "sleep 30 & echo started")
+	if code != exitIncomplete || out != "started\n" || !strings.Contains(errs, "kiln: the output was cut") {
+		t.Errorf("exec --drain 200ms: %d %q %q", code, out, errs)
 	}
 }
 

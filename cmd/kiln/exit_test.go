@@ -85,6 +85,8 @@ func TestExitCodes(t *testing.T) {
 		{name: "a bad output format", args: []string{"-o", "yaml", "sandbox", "ls"}, code: 125, stderr: "want table, wide or json"},
 		{name: "-it without a terminal", args: []string{"exec", "-it", sb, "--", "sh"}, code: 125, stderr: "the input device is not a TTY"},
 		{name: "a bad tail", args: []string{"logs", "--tail", "some", sb, done}, code: 125, stderr: "want a number of lines, or all"},
+		{name: "a bad overflow", args: []string{"attach", "--overflow", "drop", sb, done}, code: 125, stderr: "--overflow \"drop\": want fail or report"},
+		{name: "a drain past a minute", args: []string{"exec", "--drain", "2m", sb, "--", "true"}, code: 125, stderr: "--drain 2m0s"},
 		{name: "kill of a process that exited", args: []string{"kill", sb, done}, code: 0, stderr: "has already exited"},
 		{name: "logs of a process never there", args: []string{"logs", "--tail", "3", sb, "01a22779-5cfd-7451-9354-2e19949d5c7f"}, code: 125, stderr: "none running or recently ended has that id"},
 		{name: "logs --tail of one not captured", args: []string{"logs", "--tail", "3", sb, done}, code: 125, stderr: "ran without --capture"},

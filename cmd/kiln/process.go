@@ -94,7 +94,7 @@ func (c *cli) copyUntil(ctx context.Context, p *client.Process, asJSON bool, unt
 	}
 	for ch, err := range p.Follow(ctx, r) {
 		if err != nil {
-			return err
+			return c.lost(err)
 		}
 		if asJSON {
 			if err := c.printChunk(ch); err != nil {
@@ -117,6 +117,24 @@ func (c *cli) copyUntil(ctx context.Context, p *client.Process, asJSON bool, unt
 		}
 	}
 	return nil
+}
+
+// lost turns output lost before kiln read it (--overflow fail) into
+// kiln's exit code for output not all delivered, saying how much of which
+// stream; other errors are returned as they are.
+func (c *cli) lost(err error) error {
+	var ce *client.CapacityError
+	if !errors.As(err, &ce) {
+		return err
+	}
+	msg := fmt.Sprintf("%d bytes of %s were lost before kiln read them (kilnd could not keep them while kiln was behind); --overflow report shows the rest and goes on", ce.Lost, ce.Stream)
+	if c.json {
+		json.NewEncoder(c.stderr).Encode(map[string]any{"error": map[string]any{
+			"code": "output_capacity", "message": msg, "exit_code": exitIncomplete, "stream": ce.Stream, "lost_bytes": ce.Lost}})
+	} else {
+		fmt.Fprintln(c.stderr, "kiln:", msg)
+	}
+	return exitError{exitIncomplete}
 }
 
 // printChunk writes a chunk as a JSON line: its stream and offset, and its
@@ -156,7 +174,9 @@ the command's output could not all be delivered to kiln (a line on stderr says h
 lost; with --json, a summary with the counts goes to stderr). The command's output is held
 for kiln as it is for a terminal: when kiln reads slowly, the command waits, and nothing is
 dropped. A broken connection to kilnd is resumed from the last byte shown, nothing repeated;
-kiln gives up, with 123, when it cannot reconnect for 25 seconds.`
+kiln gives up, with 123, when it cannot reconnect for 25 seconds, and, unless --overflow
+report, when output was lost all the same (the command runs on). What the command leaves
+behind may write after it exits, for --drain; output cut there is not complete either.`
 
 // follow copies the output to its end and exits with the process's code.
 // A foreground command's whose output was not all delivered exits with
@@ -171,6 +191,9 @@ func (c *cli) follow(ctx context.Context, p *client.Process, foreground bool) er
 			fmt.Fprintf(c.stderr, "kiln: %v\nkiln: the output shown is incomplete\n", err)
 			return exitError{exitIncomplete}
 		}
+		if foreground && !c.removing && errors.As(err, new(exitError)) {
+			fmt.Fprintf(c.stderr, "kiln: the process runs on: kiln attach %s %s, or kiln kill %[1]s %[2]s\n", p.Sandbox().ID, p.ID)
+		}
 		return err
 	}
 	r, err := p.Wait(ctx)
@@ -183,6 +206,9 @@ func (c *cli) follow(ctx context.Context, p *client.Process, foreground bool) er
 // outcome says what follow found: the line about output that is not
 // complete, a foreground command's summary with --json, and the exit.
 func (c *cli) outcome(r client.Result, foreground bool) error {
+	if r.Exit.OutputCut() {
+		fmt.Fprintln(c.stderr, "kiln: the output was cut: something the process left behind still held it open when the drain time after its exit ran out (--drain)")
+	}
 	if !r.OutputComplete {
 		fmt.Fprintln(c.stderr, "kiln: the output shown is incomplete")
 	}
@@ -262,7 +288,7 @@ interactive, this terminal in raw mode, and the detach keys (ctrl-p,ctrl-q) leav
 func (c *cli) logsCmd() *cobra.Command {
 	var (
 		follow, timestamps, stdout, stderr bool
-		tail, since, until                 string
+		tail, since, until, overflow       string
 	)
 	cmd := &cobra.Command{
 		Use:   "logs SANDBOX PROCESS",
@@ -272,6 +298,11 @@ follows it to the process's exit (kiln then exits with its code). Once the proce
 with --tail, --since, --until, --timestamps, --stdout or --stderr, which need the record of
 when each line was written) the captured log is read instead, if the process was started
 with --capture, and each run's completeness is shown.
+
+Output the sandbox no longer holds (a process not captured that wrote more than kilnd keeps
+while no one read it, or more than kiln could keep up with) is lost: by default kiln then
+stops, saying how many bytes of which stream, and exits 123; with --overflow report it says so
+on a line of its own and goes on.
 
 With --json each line of output is a JSON object: from the sandbox, {stream, offset, text or
 base64} and gaps {stream, offset, lost}; from the captured log, its records {time, stream,
@@ -313,12 +344,16 @@ text or base64, partial} and gaps {gap}.`,
 				}
 				*t.to = v
 			}
+			ov, err := parseOverflow(overflow)
+			if err != nil {
+				return usageError{err, cmd.CommandPath()}
+			}
 			fromLog := tail != "all" || since != "" || until != "" || timestamps || stdout || stderr
 			return c.withClient(func(cl *client.Client) error {
 				ctx := cmd.Context()
 				sb := cl.Handle(args[0])
 				if !fromLog {
-					p, err := sb.Process(ctx, args[1], client.ProcessOptions{Format: client.Bytes, Overflow: client.OverflowReport})
+					p, err := sb.Process(ctx, args[1], client.ProcessOptions{Format: client.Bytes, Overflow: ov})
 					if err == nil {
 						if follow {
 							return c.follow(ctx, p, false)
@@ -360,6 +395,7 @@ text or base64, partial} and gaps {gap}.`,
 	cmd.Flags().BoolVarP(&timestamps, "timestamps", "t", false, "show when each line was written (from the captured log)")
 	cmd.Flags().BoolVar(&stdout, "stdout", false, "stdout only (from the captured log)")
 	cmd.Flags().BoolVar(&stderr, "stderr", false, "stderr only (from the captured log)")
+	addOverflow(cmd, &overflow)
 	return cmd
 }
 
@@ -505,8 +541,8 @@ func droppedText(r api.Run) string {
 
 func (c *cli) attachCmd() *cobra.Command {
 	var (
-		withStdin bool
-		keys      string
+		withStdin      bool
+		keys, overflow string
 	)
 	cmd := &cobra.Command{
 		Use:   "attach SANDBOX PROCESS",
@@ -516,7 +552,11 @@ process's code. With --stdin, kiln's input goes to the process: to a process on 
 this terminal is switched to raw mode (every key is sent, Ctrl-C too) and its size followed.
 The detach keys (ctrl-p,ctrl-q unless --detach-keys) leave the process running and end kiln
 with 0. Without --stdin, or to a process not on a terminal, Ctrl-C ends kiln (130) and leaves
-the process running too.`,
+the process running too.
+
+Output lost before kiln read it (more than kilnd keeps, written while kiln was behind or before
+it came) ends kiln with 123, saying how many bytes of which stream; with --overflow report, a
+line on stderr says so and kiln goes on.`,
 		Example: `  kiln attach $SB $P
   kiln attach -i $SB $P                      # type into it; ctrl-p ctrl-q to leave it running`,
 		Args:              cobra.ExactArgs(2),
@@ -526,9 +566,13 @@ the process running too.`,
 			if err != nil {
 				return usageError{err, cmd.CommandPath()}
 			}
+			ov, err := parseOverflow(overflow)
+			if err != nil {
+				return usageError{err, cmd.CommandPath()}
+			}
 			return c.withClient(func(cl *client.Client) error {
 				ctx := cmd.Context()
-				p, err := cl.Handle(args[0]).Process(ctx, args[1], client.ProcessOptions{Format: client.Bytes, Overflow: client.OverflowReport})
+				p, err := cl.Handle(args[0]).Process(ctx, args[1], client.ProcessOptions{Format: client.Bytes, Overflow: ov})
 				if err != nil {
 					return err
 				}
@@ -545,6 +589,7 @@ the process running too.`,
 	}
 	cmd.Flags().BoolVarP(&withStdin, "stdin", "i", false, "send stdin to the process (end of input closes its stdin)")
 	cmd.Flags().StringVar(&keys, "detach-keys", defaultDetachKeys, "the `keys` that detach, leaving the process running: characters or ctrl-<key>, comma separated")
+	addOverflow(cmd, &overflow)
 	return cmd
 }
 
@@ -790,7 +835,7 @@ func (c *cli) killCmd() *cobra.Command {
 }
 
 func (c *cli) shellCmd() *cobra.Command {
-	var keys string
+	var keys, overflow string
 	cmd := &cobra.Command{
 		Use:   "shell SANDBOX [-- CMD [ARG...]]",
 		Short: "An interactive terminal in a sandbox (sh, or CMD), its exit code as kiln's",
@@ -808,13 +853,18 @@ running: kiln attach -i SANDBOX PROCESS comes back to it.`,
 			if err != nil {
 				return usageError{err, cmd.CommandPath()}
 			}
+			ov, err := parseOverflow(overflow)
+			if err != nil {
+				return usageError{err, cmd.CommandPath()}
+			}
 			return c.withClient(func(cl *client.Client) error {
-				o := client.StartOptions{Command: argv[0], Args: argv[1:], Stdin: true}
+				o := client.StartOptions{Command: argv[0], Args: argv[1:], Stdin: true, Overflow: ov}
 				return c.terminal(cmd.Context(), cl.Handle(args[0]), o, seq)
 			})
 		},
 	}
 	cmd.Flags().StringVar(&keys, "detach-keys", defaultDetachKeys, "the `keys` that detach, leaving the shell running: characters or ctrl-<key>, comma separated")
+	addOverflow(cmd, &overflow)
 	return cmd
 }
 
@@ -836,7 +886,7 @@ func (c *cli) terminal(ctx context.Context, sb *client.Sandbox, o client.StartOp
 	if _, ok := o.Env["TERM"]; !ok {
 		o.Env["TERM"] = envOr("TERM", "xterm-256color")
 	}
-	o.Terminal, o.Format, o.Flow, o.Overflow = &size, client.Bytes, api.FlowBlock, client.OverflowReport
+	o.Terminal, o.Format, o.Flow = &size, client.Bytes, api.FlowBlock
 	p, err := sb.Start(ctx, o)
 	if err != nil {
 		return err
