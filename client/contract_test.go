@@ -1381,11 +1381,15 @@ sys.stderr.buffer.write(b'\x00\xff\xc0')
 		pid := strings.TrimSpace(readUntil(t, child, "\n"))
 		child.Terminate(ctx)
 		child.Wait(ctx)
-		// Gone, or a zombie its reaper has not yet collected.
-		res, err := x.sb.Exec(ctx, client.ExecOptions{Shell: fmt.Sprintf(`s=$(cut -d' ' -f3 /proc/%s/stat 2>/dev/null); [ -z "$s" ] || [ "$s" = Z ] && echo gone || echo alive`, pid)})
-		if err != nil || string(res.Stdout) != "gone\n" {
-			t.Errorf("the child %s: %q, %v", pid, res.Stdout, err)
-		}
+		// Gone, or a zombie its reaper has not yet collected, once the
+		// kill it was sent has taken effect.
+		until(t, "the child "+pid+" gone", func() bool {
+			res, err := x.sb.Exec(ctx, client.ExecOptions{Shell: fmt.Sprintf(`s=$(cut -d' ' -f3 /proc/%s/stat 2>/dev/null); [ -z "$s" ] || [ "$s" = Z ] && echo gone || echo alive`, pid)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return string(res.Stdout) == "gone\n"
+		})
 	}},
 	{"termination", "Beachside does not escalate automatically or destroy the sandbox as a fallback.", func(t *testing.T, x *contract) {
 		ctx := cctx(t)
@@ -1578,28 +1582,29 @@ sys.stderr.buffer.write(b'\x00\xff\xc0')
 		// Go's compiler refuses options the SDK does not know; values it
 		// cannot honour are refused before anything is sent.
 		ctx := cctx(t)
-		before := len(processesWith(t, x.sb, ""))
+		m := marker("refused")
+		args := []string{m}
 		for name, o := range map[string]client.StartOptions{
-			"a flow":              {Command: "true", Flow: "sideways"},
-			"a format":            {Command: "true", Format: 7},
-			"an overflow":         {Command: "true", Overflow: 9},
-			"a negative drain":    {Command: "true", DrainMS: -1},
-			"a drain past 60 s":   {Command: "true", DrainMS: api.MaxDrainMS + 1},
-			"shell and command":   {Command: "true", Shell: "true"},
-			"a terminal of 0x24":  {Command: "true", Terminal: &api.TTY{Rows: 24}},
-			"a terminal too wide": {Command: "true", Terminal: &api.TTY{Cols: api.MaxTTYSize + 1, Rows: 24}},
+			"a flow":              {Command: "true", Args: args, Flow: "sideways"},
+			"a format":            {Command: "true", Args: args, Format: 7},
+			"an overflow":         {Command: "true", Args: args, Overflow: 9},
+			"a negative drain":    {Command: "true", Args: args, DrainMS: -1},
+			"a drain past 60 s":   {Command: "true", Args: args, DrainMS: api.MaxDrainMS + 1},
+			"shell and command":   {Command: "true", Args: args, Shell: "true"},
+			"a terminal of 0x24":  {Command: "true", Args: args, Terminal: &api.TTY{Rows: 24}},
+			"a terminal too wide": {Command: "true", Args: args, Terminal: &api.TTY{Cols: api.MaxTTYSize + 1, Rows: 24}},
 		} {
 			if _, err := x.sb.Start(ctx, o); !errors.Is(err, client.ErrInvalidArgument) || !client.IsInvalid(err) {
 				t.Errorf("%s: %v", name, err)
 			}
 		}
 		for name, o := range map[string]client.ExecOptions{
-			"MaxOutputBytes -1":          {Command: "true", MaxOutputBytes: -1},
-			"MaxOutputBytes 1 MiB + 1":   {Command: "true", MaxOutputBytes: api.DefaultMaxOutput + 1},
-			"TimeoutMS -1":               {Command: "true", TimeoutMS: -1},
-			"DrainMS -1":                 {Command: "true", DrainMS: -1},
-			"TimeoutMS with OnOutput":    {Command: "true", TimeoutMS: 5, OnOutput: func(client.Chunk) error { return nil }},
-			"shell and command, in exec": {Command: "true", Shell: "true"},
+			"MaxOutputBytes -1":          {Command: "true", Args: args, MaxOutputBytes: -1},
+			"MaxOutputBytes 1 MiB + 1":   {Command: "true", Args: args, MaxOutputBytes: api.DefaultMaxOutput + 1},
+			"TimeoutMS -1":               {Command: "true", Args: args, TimeoutMS: -1},
+			"DrainMS -1":                 {Command: "true", Args: args, DrainMS: -1},
+			"TimeoutMS with OnOutput":    {Command: "true", Args: args, TimeoutMS: 5, OnOutput: func(client.Chunk) error { return nil }},
+			"shell and command, in exec": {Command: "true", Args: args, Shell: "true"},
 		} {
 			if _, err := x.sb.Exec(ctx, o); !errors.Is(err, client.ErrInvalidArgument) {
 				t.Errorf("%s: %v", name, err)
@@ -1615,8 +1620,8 @@ sys.stderr.buffer.write(b'\x00\xff\xc0')
 		if !errors.Is(lineErr, client.ErrInvalidArgument) {
 			t.Errorf("ReadLines with a negative bound: %v", lineErr)
 		}
-		if after := len(processesWith(t, x.sb, "")); after != before {
-			t.Errorf("%d processes started", after-before)
+		if started := processesWith(t, x.sb, m); len(started) != 0 {
+			t.Errorf("%d processes started", len(started))
 		}
 	}},
 
@@ -2206,12 +2211,12 @@ sys.stderr.buffer.write(b'\x00\xff\xc0')
 		}
 	}},
 	{"exec", "Callback exec rejects an explicit deadlineSeconds before starting.", func(t *testing.T, x *contract) {
-		before := len(processesWith(t, x.sb, ""))
-		if _, err := x.sb.Exec(cctx(t), client.ExecOptions{Command: "true", TimeoutMS: 5000, OnOutput: func(client.Chunk) error { return nil }}); !client.IsInvalid(err) {
+		m := marker("deadline")
+		if _, err := x.sb.Exec(cctx(t), client.ExecOptions{Shell: ": " + m, TimeoutMS: 5000, OnOutput: func(client.Chunk) error { return nil }}); !client.IsInvalid(err) {
 			t.Errorf("exec: %v", err)
 		}
-		if after := len(processesWith(t, x.sb, "")); after != before {
-			t.Errorf("%d processes started", after-before)
+		if started := processesWith(t, x.sb, m); len(started) != 0 {
+			t.Errorf("%d processes started", len(started))
 		}
 	}},
 	{"exec", "The error keeps the original failure as cause, and any already confirmed exit and captured bytes as confirmedExit and output. Callback failure or local cancellation does not request termination.", func(t *testing.T, x *contract) {
