@@ -121,13 +121,11 @@ type reading struct {
 	c   *websocket.Conn
 	dec decoders
 	buf []byte // each message, read into the same buffer
-	// hold: the connection holds the output (flow=block, ack=true,
-	// credit=api.MaxCredit): it acks where the reader stands, with the
-	// credit its messages cost, and says release when it stops.
+	// hold: the connection holds the output (flow=block, ack=true): it
+	// acks where the reader stands, and says release when it stops.
 	hold bool
-	// taken is output given out since the last ack; owed is the credit
-	// the messages received since then cost.
-	taken, owed int64
+	// taken is output given out since the last ack.
+	taken int64
 }
 
 // connect opens an Output's connection from where the handle stands.
@@ -148,12 +146,10 @@ func (p *Process) connect(ctx context.Context) (*reading, error) {
 	}
 	hold := p.hold
 	if hold {
-		// The credit is the most there is, granted back as the reader
-		// takes what came: TCP paces this reader, not the credit, which
-		// only makes a release on the connection kilnd's to heed.
+		// TCP paces this reader: it takes what it reads when it reads,
+		// so it needs no credit.
 		q.Set("flow", api.FlowBlock)
 		q.Set("ack", "true")
-		q.Set("credit", strconv.Itoa(api.MaxCredit))
 	}
 	p.mu.Unlock()
 	dctx, done, err := p.bind(ctx)
@@ -205,9 +201,6 @@ func (r *reading) read(ctx context.Context, yield func(Chunk, error) bool) endin
 		typ, data, err := readMessage(ioctx, r.c, &r.buf)
 		if err != nil {
 			return r.failed(ctx, err, yield)
-		}
-		if typ == websocket.MessageBinary && r.hold {
-			r.owed += max(int64(len(data)-api.FrameHeader), api.CreditFrame)
 		}
 		chunks, exited := p.handle(typ, data, &r.dec)
 		for _, ch := range chunks {
@@ -416,21 +409,17 @@ func (p *Process) stopHolding() {
 const ackEvery = 256 << 10
 
 // ack tells kilnd where this handle's output stands, so that it keeps no
-// more of it than what may still be on its way, and gives back the credit
-// what came since cost.
+// more of it than what may still be on its way.
 func (r *reading) ack(ctx context.Context) error {
 	p := r.p
 	p.mu.Lock()
-	m := api.ClientMessage{Type: api.TypeCredit, Bytes: r.owed, Offsets: maps.Clone(p.offsets)}
+	m := api.ClientMessage{Type: api.TypeAck, Offsets: maps.Clone(p.offsets)}
 	p.mu.Unlock()
-	if m.Bytes == 0 {
-		m.Type = api.TypeAck
-	}
 	b, _ := json.Marshal(m)
 	if err := r.c.Write(ctx, websocket.MessageText, b); err != nil {
 		return err
 	}
-	r.taken, r.owed = 0, 0
+	r.taken = 0
 	return nil
 }
 

@@ -725,12 +725,19 @@ func (ref Reference) against(st api.Process) error {
 type ProcessOptions struct {
 	Format   Format
 	Overflow Overflow
+	// Hold makes the handle hold the output of a process started with
+	// flow block, as the handle that started it does: the process waits
+	// for this handle's reader when it falls behind, until the handle
+	// stops reading. A foreground reader, such as kiln attach, asks for
+	// it. For a flow drop process it changes nothing.
+	Hold bool
 }
 
 // Process returns a handle on an existing process (one another client
 // started, say), reading its output from the beginning: what kilnd still
-// has of it. It does not hold the process's output: what kilnd cannot
-// keep while its reader is behind is lost to it (see Overflow).
+// has of it. Unless o.Hold, it does not hold the process's output: what
+// kilnd cannot keep while its reader is behind is lost to it (see
+// Overflow).
 func (s *Sandbox) Process(ctx context.Context, id string, o ProcessOptions) (*Process, error) {
 	if err := o.Format.check(); err != nil {
 		return nil, err
@@ -746,6 +753,8 @@ func (s *Sandbox) Process(ctx context.Context, id string, o ProcessOptions) (*Pr
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.overflow = o.Overflow
+	p.hold = o.Hold && st.Flow == api.FlowBlock
+	p.holding = p.hold
 	if st.Stdin != nil {
 		p.stdinOff, p.closed = st.Stdin.Accepted, st.Stdin.Closed
 	}

@@ -554,6 +554,8 @@ The detach keys (ctrl-p,ctrl-q unless --detach-keys) leave the process running a
 with 0. Without --stdin, or to a process not on a terminal, Ctrl-C ends kiln (130) and leaves
 the process running too.
 
+A process started with flow block (as kiln run, kiln exec and the SDKs start theirs) waits for
+kiln attach when kiln reads slowly, as for its terminal: nothing is lost while kiln reads.
 Output lost before kiln read it (more than kilnd keeps, written while kiln was behind or before
 it came) ends kiln with 123, saying how many bytes of which stream; with --overflow report, a
 line on stderr says so and kiln goes on.`,
@@ -572,7 +574,9 @@ line on stderr says so and kiln goes on.`,
 			}
 			return c.withClient(func(cl *client.Client) error {
 				ctx := cmd.Context()
-				p, err := cl.Handle(args[0]).Process(ctx, args[1], client.ProcessOptions{Format: client.Bytes, Overflow: ov})
+				// kiln attach is the process's foreground reader: a flow
+				// block process waits for it, as for its terminal.
+				p, err := cl.Handle(args[0]).Process(ctx, args[1], client.ProcessOptions{Format: client.Bytes, Overflow: ov, Hold: true})
 				if err != nil {
 					return err
 				}

@@ -107,11 +107,12 @@ func TestCreditRefusals(t *testing.T) {
 			t.Errorf("%+v: %v, want a close for a policy violation", ms, err)
 		}
 	}
-	// Credit and release belong to credit watchers; a holding watcher
-	// without credit sending one is closed.
-	for _, typ := range []string{api.TypeCredit, api.TypeRelease} {
+	// Credit belongs to credit watchers, release to holding ones: a
+	// holding watcher without credit sending credit, or one with credit
+	// that holds nothing releasing, is closed.
+	for typ, query := range map[string]string{api.TypeCredit: "?flow=block", api.TypeRelease: "?credit=256"} {
 		hold := a.start(api.ExecRequest{Command: "true", Flow: api.FlowBlock})
-		c := a.dial("/exec-stream/"+hold+"/logs?flow=block", api.ProtocolV1)
+		c := a.dial("/exec-stream/"+hold+"/logs"+query, api.ProtocolV1)
 		b, _ := json.Marshal(api.ClientMessage{Type: typ, Bytes: 1})
 		if err := c.Write(ctxT(t), websocket.MessageText, b); err != nil {
 			t.Fatal(err)
@@ -119,7 +120,7 @@ func TestCreditRefusals(t *testing.T) {
 		w := &apitest.Checker{}
 		err := w.Read(ctxT(t), c)
 		if websocket.CloseStatus(err) != websocket.StatusPolicyViolation && w.Exit == nil {
-			t.Errorf("%s without credit=N: %v", typ, err)
+			t.Errorf("%s on %s: %v", typ, query, err)
 		}
 	}
 }
@@ -148,8 +149,17 @@ func newAgentHolding(t *testing.T) *agent {
 // reader otherwise, runs on to its end at once.
 func TestReleaseLetsTheProcessGo(t *testing.T) {
 	a := newAgentHolding(t)
+	for _, query := range []string{"?flow=block&ack=true&credit=1024", "?flow=block&ack=true"} {
+		t.Run(query, func(t *testing.T) { releaseLetsGo(t, a, query) })
+	}
+}
+
+// releaseLetsGo reads a little of a held burst through query, releases,
+// and goes: the process then runs to its end, and a later reader is told
+// exactly what it lost.
+func releaseLetsGo(t *testing.T, a *agent, query string) {
 	id := a.start(api.ExecRequest{Command: "head", Args: []string{"-c", "16777216", "/dev/zero"}, Flow: api.FlowBlock})
-	c := a.dial("/exec-stream/"+id+"/logs?flow=block&ack=true&credit=1024", api.ProtocolV1)
+	c := a.dial("/exec-stream/"+id+"/logs"+query, api.ProtocolV1)
 	w := &apitest.Checker{}
 	for w.Stream("stdout").Delivered < 1024 {
 		if _, err := w.Next(ctxT(t), c); err != nil {

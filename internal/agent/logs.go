@@ -222,8 +222,6 @@ type credit struct {
 	mu    sync.Mutex
 	avail int64
 	wake  chan struct{}
-	// released says the watcher sent api.TypeRelease.
-	released atomic.Bool
 }
 
 func newCredit(n int64) *credit { return &credit{avail: n, wake: make(chan struct{})} }
@@ -309,11 +307,14 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request, id string, st pro
 		return // Accept has answered
 	}
 	defer c.CloseNow()
-	if fc != nil {
-		// Last, once the watcher's messages are read: a watcher that said
-		// it will not come back holds nothing when it goes.
+	// Last, once the watcher's messages are read: a holding watcher that
+	// said it will not come back (api.TypeRelease) holds nothing when it
+	// goes.
+	var released *atomic.Bool
+	if hold {
+		released = new(atomic.Bool)
 		defer func() {
-			if fc.released.Load() {
+			if released.Load() {
 				a.Abandon()
 			}
 		}()
@@ -349,7 +350,7 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request, id string, st pro
 	if withStdin || hold || fc != nil {
 		wg.Go(func() {
 			defer cancel()
-			s.readInput(ctx, c, id, st, a, withStdin, fc)
+			s.readInput(ctx, c, id, st, a, withStdin, fc, released)
 		})
 	} else {
 		ctx = c.CloseRead(ctx)
@@ -560,7 +561,7 @@ func keepalive(ctx context.Context, c *websocket.Conn, drop context.CancelFunc) 
 // readInput takes a watcher's messages: binary messages are input, in
 // order (when the watcher asked for stdin); text messages are control
 // (stdin_close, resize, ack).
-func (s *Server) readInput(ctx context.Context, c *websocket.Conn, id string, st process.Status, a *process.Attachment, withStdin bool, fc *credit) {
+func (s *Server) readInput(ctx context.Context, c *websocket.Conn, id string, st process.Status, a *process.Attachment, withStdin bool, fc *credit, released *atomic.Bool) {
 	var offset int64
 	if st.Stdin != nil {
 		offset = st.Stdin.Accepted
@@ -612,11 +613,11 @@ func (s *Server) readInput(ctx context.Context, c *websocket.Conn, id string, st
 					}
 					err = fc.grant(m.Bytes)
 				case api.TypeRelease:
-					if fc == nil {
-						err = errors.New("release from a watcher that did not attach with credit=N")
+					if released == nil {
+						err = errors.New("release from a watcher that holds nothing (flow=block)")
 						break
 					}
-					fc.released.Store(true)
+					released.Store(true)
 				}
 			}
 			if err != nil {
