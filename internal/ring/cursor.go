@@ -2,6 +2,7 @@ package ring
 
 import (
 	"context"
+	"slices"
 	"fmt"
 	"io"
 	"sync/atomic"
@@ -209,7 +210,8 @@ func (c *Cursor) Hold(grace time.Duration, acked bool) bool {
 		c.acked[s].Store(o)
 	}
 	c.acking.Store(acked)
-	c.holder, c.grace = &hold{cur: c}, grace
+	r.holdsTaken++
+	c.holder, c.grace = &hold{cur: c, n: r.holdsTaken}, grace
 	r.addHoldLocked(c.holder)
 	r.wakePumpsLocked()
 	return true
@@ -233,7 +235,12 @@ func (c *Cursor) unhold() {
 	h := c.holder
 	c.holder = nil
 	h.at, h.until, h.cur = c.kept(), time.Now().Add(c.grace), nil
-	if c.left == 0 || c.grace == 0 {
+	// A later holding cursor is there already: most likely this one's
+	// reader, come back before this connection was seen to break. It
+	// holds the output; a hold left here would only keep the process
+	// waiting, for a grace period, for bytes its reader has had.
+	later := slices.ContainsFunc(r.holds, func(x *hold) bool { return x.cur != nil && x.n > h.n })
+	if c.left == 0 || c.grace == 0 || later {
 		for i, x := range r.holds {
 			if x == h {
 				r.holds = append(r.holds[:i], r.holds[i+1:]...)

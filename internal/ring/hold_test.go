@@ -172,6 +172,45 @@ func TestClosedHolderKeepsItsPlaceForGrace(t *testing.T) {
 	})
 }
 
+// TestComeBackBeforeGoing: a holder's reader comes back (a new holding
+// cursor, from where it had got) before its old connection is seen to
+// break. The old cursor's close then leaves no hold: the new one holds the
+// output, and the pump never waits for the bytes the reader already had,
+// not even for the grace period.
+func TestComeBackBeforeGoing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := New(Config{Capacity: 4 << 10, Streams: []Stream{Stdout}})
+		old, _ := r.Cursor(Offsets{})
+		old.Hold(time.Hour, false)
+		const size = 64 << 10
+		done := pumpInto(r, Stdout, size)
+		var pos Offsets
+		for range 2 {
+			e, err := old.Next(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			pos[e.Stream] = e.Offset + int64(len(e.Data))
+		}
+		back, err := r.Cursor(pos)
+		if err != nil {
+			t.Fatal(err)
+		}
+		back.Hold(time.Hour, false)
+		start := time.Now() // the bubble's clock: a grace waited out shows in it
+		old.Close()         // seen to go only now
+		got, lost := readAll(t, back, nil)
+		back.Close()
+		<-done
+		if waited := time.Since(start); waited >= time.Hour {
+			t.Errorf("the pump waited %v for a reader that had come back", waited)
+		}
+		if lost[Stdout] != 0 || got[Stdout] != size {
+			t.Fatalf("back at %d: got %d, lost %d of %d", pos[Stdout], got[Stdout], lost[Stdout], size)
+		}
+	})
+}
+
 // TestHoldBeforeAnyCursor: a ring held from its start keeps everything for
 // the reader that comes to hold it, within the grace.
 func TestHoldBeforeAnyCursor(t *testing.T) {

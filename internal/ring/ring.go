@@ -170,6 +170,7 @@ type Ring struct {
 	// added, which resets it): finding the held bytes costs a scan only of
 	// what was taken since.
 	holds       []*hold
+	holdsTaken  uint64 // holding cursors so far: the next one's hold.n
 	holding     atomic.Int32
 	unheld      bool // Unhold was called: no hold is taken any more
 	room        chan struct{}
@@ -195,6 +196,11 @@ type hold struct {
 	cur   *Cursor
 	at    Offsets
 	until time.Time
+	// n orders the holding cursors by when they took their holds: a
+	// cursor's hold left behind for its reader to come back to is of no
+	// use once a later holding cursor is there (its reader came back
+	// before it was seen to go).
+	n uint64
 }
 
 // from is where the hold keeps each stream from.
