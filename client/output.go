@@ -26,7 +26,8 @@ type Chunk struct {
 	Offset int64  // of the first byte, in the stream
 	Seq    uint64 // its first byte's place in the process's output, all streams together
 	// Bytes (Format Bytes) or Text (Format Text) is the output, at most
-	// MaxChunkBytes of it. A chunk owns its bytes.
+	// MaxChunkBytes of it (or the handle's ChunkBytes). A chunk owns its
+	// bytes.
 	Bytes []byte
 	Text  string
 	// Lost, when non-zero, makes this chunk a gap (Overflow
@@ -39,10 +40,15 @@ type Chunk struct {
 	end  bool  // the stream's end
 }
 
-// MaxChunkBytes bounds the output one Chunk carries: what kilnd sends in
-// one message (up to a ring block, 256 KiB) is given out in pieces of at
-// most this many bytes (before decoding, in Format Text).
+// MaxChunkBytes bounds the output one Chunk carries, unless a handle's
+// ChunkBytes says more: what kilnd sends in one message (up to a ring
+// block, 256 KiB) is given out in pieces of at most this many bytes
+// (before decoding, in Format Text).
 const MaxChunkBytes = 16 << 10
+
+// MaxChunkCeiling is the most a handle's ChunkBytes may be: a message's
+// most, so a chunk is then a whole message.
+const MaxChunkCeiling = 1 << 20
 
 // maxFrame bounds one message from kilnd.
 const maxFrame = api.FrameHeader + 1<<20
@@ -448,13 +454,17 @@ func (p *Process) handle(typ websocket.MessageType, data []byte, dec *decoders) 
 			// is reported all the same.
 			out = append(out, gapChunks(name, at, int64(f.Offset), dec)...)
 		}
-		for i := 0; i < len(f.Data); i += MaxChunkBytes {
-			piece := f.Data[i:min(i+MaxChunkBytes, len(f.Data))]
+		step := cmp.Or(p.chunkBytes, MaxChunkBytes)
+		for i := 0; i < len(f.Data); i += step {
+			piece := f.Data[i:min(i+step, len(f.Data))]
 			at := int64(f.Offset) + int64(i)
 			ch := Chunk{Stream: name, Offset: at, Seq: f.Seq + uint64(i)}
-			if p.format == Bytes {
+			switch {
+			case p.format == Bytes && p.borrow:
+				ch.Bytes = piece // the reader's until it asks for more
+			case p.format == Bytes:
 				ch.Bytes = bytes.Clone(piece)
-			} else {
+			default:
 				ch.Text = dec.decode(name, piece)
 			}
 			ch.next = at + int64(len(piece)) - int64(len(dec.carry[name]))

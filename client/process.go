@@ -96,6 +96,17 @@ type StartOptions struct {
 	// (api.MaxDrainMS). Past it the output is cut, and the exit says so
 	// (Exit.OutputCut).
 	DrainMS int64
+	// ChunkBytes bounds the output one Chunk carries: 0 is MaxChunkBytes
+	// (16 KiB, the streaming contract's), at most MaxChunkCeiling. A
+	// reader that copies the output on, as kiln does, takes fewer, larger
+	// chunks with more.
+	ChunkBytes int
+	// Borrow gives out each Chunk's Bytes in the handle's own buffer,
+	// valid only until the reader asks for the next chunk, as
+	// bufio.Scanner does: a reader that copies the output on at once, as
+	// kiln does, saves a copy and an allocation per message. Without it a
+	// chunk owns its bytes.
+	Borrow bool
 }
 
 // check refuses what kilnd would refuse, or the handle could not honour,
@@ -112,6 +123,9 @@ func (o *StartOptions) check() error {
 	if err := checkDrain(o.DrainMS); err != nil {
 		return err
 	}
+	if err := checkChunkBytes(o.ChunkBytes); err != nil {
+		return err
+	}
 	if t := o.Terminal; t != nil && (t.Cols == 0 || t.Rows == 0 || t.Cols > api.MaxTTYSize || t.Rows > api.MaxTTYSize) {
 		return invalid("terminal size %dx%d: want 1 to %d each", t.Cols, t.Rows, api.MaxTTYSize)
 	}
@@ -119,6 +133,13 @@ func (o *StartOptions) check() error {
 		return err
 	}
 	return o.Overflow.check()
+}
+
+func checkChunkBytes(n int) error {
+	if n != 0 && (n < MaxChunkBytes || n > MaxChunkCeiling) {
+		return invalid("ChunkBytes %d: want 0 (%d) or %d to %d", n, MaxChunkBytes, MaxChunkBytes, MaxChunkCeiling)
+	}
+	return nil
 }
 
 func checkDrain(ms int64) error {
@@ -136,13 +157,15 @@ func checkDrain(ms int64) error {
 // progress (Wait, Status, Write, …) fails with ErrDetached, as every
 // later call does, but that a confirmed exit is still given by Wait.
 type Process struct {
-	s        *Sandbox
-	ID       string
-	format   Format
-	overflow Overflow
-	terminal bool
-	stdin    bool
-	hold     bool // Output asks to hold the output (a flow block process's)
+	s          *Sandbox
+	ID         string
+	format     Format
+	overflow   Overflow
+	chunkBytes int  // the most output one Chunk carries; 0 is MaxChunkBytes
+	borrow     bool // Chunk.Bytes is the read buffer's, until the next chunk
+	terminal   bool
+	stdin      bool
+	hold       bool // Output asks to hold the output (a flow block process's)
 
 	// writing is the turn of Write and CloseStdin, one at a time: each
 	// carries the offset the previous one left, so two at once would
@@ -223,7 +246,7 @@ func (s *Sandbox) Start(ctx context.Context, o StartOptions) (*Process, error) {
 		return nil, err
 	}
 	p := newProcess(s, st.ID, o.Format, o.Terminal != nil, o.Stdin)
-	p.overflow = o.Overflow
+	p.overflow, p.chunkBytes, p.borrow = o.Overflow, o.ChunkBytes, o.Borrow
 	// Held from its start for its first reader: this handle.
 	p.hold = o.Flow == api.FlowBlock
 	p.holding = p.hold
@@ -731,6 +754,9 @@ type ProcessOptions struct {
 	// stops reading. A foreground reader, such as kiln attach, asks for
 	// it. For a flow drop process it changes nothing.
 	Hold bool
+	// ChunkBytes and Borrow are as StartOptions'.
+	ChunkBytes int
+	Borrow     bool
 }
 
 // Process returns a handle on an existing process (one another client
@@ -745,6 +771,9 @@ func (s *Sandbox) Process(ctx context.Context, id string, o ProcessOptions) (*Pr
 	if err := o.Overflow.check(); err != nil {
 		return nil, err
 	}
+	if err := checkChunkBytes(o.ChunkBytes); err != nil {
+		return nil, err
+	}
 	var st api.Process
 	if err := s.c.call(ctx, "GET", s.path("/exec-stream/"+url.PathEscape(id)), nil, nil, &st, true); err != nil {
 		return nil, err
@@ -752,7 +781,7 @@ func (s *Sandbox) Process(ctx context.Context, id string, o ProcessOptions) (*Pr
 	p := newProcess(s, id, o.Format, st.Terminal, st.Stdin != nil)
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.overflow = o.Overflow
+	p.overflow, p.chunkBytes, p.borrow = o.Overflow, o.ChunkBytes, o.Borrow
 	p.hold = o.Hold && st.Flow == api.FlowBlock
 	p.holding = p.hold
 	if st.Stdin != nil {

@@ -534,10 +534,15 @@ func (f *startFlags) parse(cmd *cobra.Command, argv []string) (client.StartOptio
 	return o, keys, nil
 }
 
+// copyChunk is how much output kiln takes in one chunk: it copies the
+// output on to its own at once, so it takes whole messages, one write
+// each, in the handle's own buffer (Borrow).
+const copyChunk = client.MaxChunkCeiling
+
 // options are the process's start options; an empty argv runs the image's
 // command.
 func (f *startFlags) options(argv []string) (client.StartOptions, error) {
-	o := client.StartOptions{Cwd: f.cwd, User: f.user, Stdin: f.stdin, Capture: f.capture}
+	o := client.StartOptions{Cwd: f.cwd, User: f.user, Stdin: f.stdin, Capture: f.capture, ChunkBytes: copyChunk, Borrow: true}
 	if len(argv) > 0 {
 		o.Command, o.Args = argv[0], argv[1:]
 	}

@@ -353,7 +353,7 @@ text or base64, partial} and gaps {gap}.`,
 				ctx := cmd.Context()
 				sb := cl.Handle(args[0])
 				if !fromLog {
-					p, err := sb.Process(ctx, args[1], client.ProcessOptions{Format: client.Bytes, Overflow: ov})
+					p, err := sb.Process(ctx, args[1], client.ProcessOptions{Format: client.Bytes, Overflow: ov, ChunkBytes: copyChunk, Borrow: true})
 					if err == nil {
 						if follow {
 							return c.follow(ctx, p, false)
@@ -576,7 +576,7 @@ line on stderr says so and kiln goes on.`,
 				ctx := cmd.Context()
 				// kiln attach is the process's foreground reader: a flow
 				// block process waits for it, as for its terminal.
-				p, err := cl.Handle(args[0]).Process(ctx, args[1], client.ProcessOptions{Format: client.Bytes, Overflow: ov, Hold: true})
+				p, err := cl.Handle(args[0]).Process(ctx, args[1], client.ProcessOptions{Format: client.Bytes, Overflow: ov, Hold: true, ChunkBytes: copyChunk, Borrow: true})
 				if err != nil {
 					return err
 				}
@@ -862,7 +862,7 @@ running: kiln attach -i SANDBOX PROCESS comes back to it.`,
 				return usageError{err, cmd.CommandPath()}
 			}
 			return c.withClient(func(cl *client.Client) error {
-				o := client.StartOptions{Command: argv[0], Args: argv[1:], Stdin: true, Overflow: ov}
+				o := client.StartOptions{Command: argv[0], Args: argv[1:], Stdin: true, Overflow: ov, ChunkBytes: copyChunk, Borrow: true}
 				return c.terminal(cmd.Context(), cl.Handle(args[0]), o, seq)
 			})
 		},
