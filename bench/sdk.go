@@ -251,8 +251,9 @@ func writeSDK(b *strings.Builder, r *sdkResult) {
 		"tested on (its own script, `bench/sdkburst.mjs`: the time from the start request to the output's end), and by\n"+
 		"`kiln attach` into nothing (the time from the start request to kiln's exit), beside **relay**: the same\n"+
 		"writer on the host into a pipe, copied into a unix socket by a plain loop, read by a process of its own, the\n"+
-		"floor of any daemon relaying output to a client. The SDK grants kilnd credit for the 64 KiB its queue holds,\n"+
-		"and the process waits for its reader (flow block): every byte arrives. The repetitions are interleaved.\n\n", bytesText(r.size))
+		"floor of any daemon relaying output to a client. The SDK grants kilnd credit for the 64 KiB its queue holds\n"+
+		"and as much again, and the process waits for its reader (flow block): every byte arrives. kiln attach holds\n"+
+		"the output too, and copies each message on as it comes. The repetitions are interleaved.\n\n", bytesText(r.size))
 	if len(r.missing) > 0 {
 		fmt.Fprintf(b, "Not run here: %s.\n\n", strings.Join(r.missing, "; "))
 	}

@@ -142,11 +142,13 @@ const CREDIT_FRAME = LIMITS.maxQueuedBytes / LIMITS.maxQueuedChunks;
 const WINDOW = 2 * LIMITS.maxQueuedBytes;
 
 /**
- * Credit goes back to kilnd once this much was read. kilnd is never left
- * without credit for a frame while the queue is empty: the window less
- * this is more than a frame costs.
+ * Credit goes back to kilnd once this much was read: half the window, so
+ * that half is on its way while the other is read, in few messages (each
+ * a write that wakes kilnd). kilnd is never left without credit for a
+ * frame while the queue is empty: the window less this is more than a
+ * frame costs.
  */
-const GRANT_EVERY = LIMITS.maxQueuedBytes / 4;
+const GRANT_EVERY = WINDOW / 2;
 
 /** The size of a kiln.v1 frame's header. */
 const FRAME_HEADER = 17;
@@ -207,11 +209,6 @@ class Queue {
   cost = 0;
   /** The credit of what arrived past the queue's bounds. */
   held = 0;
-
-  /** Nothing is queued, or waiting to be. */
-  get empty(): boolean {
-    return this.items.length === 0 && this.arriving.length === 0;
-  }
 
   push(it: Item): void {
     if (this.arriving.length > 0 || (it.kind === "chunk" && this.cost + it.p.cost > LIMITS.maxQueuedBytes)) {
@@ -446,10 +443,7 @@ export abstract class Handle<C extends Chunk> {
         const p = it.p;
         this.deliver(p);
         ungranted += p.cost;
-        // Credit goes back at each quarter of the queue read, and at once
-        // when the consumer has read all there was: kilnd, which may be
-        // waiting for it, sends on sooner.
-        if (ungranted >= GRANT_EVERY || (ungranted > 0 && q.empty)) {
+        if (ungranted >= GRANT_EVERY) {
           this.grant(ungranted);
           ungranted = 0;
         }
