@@ -31,13 +31,23 @@ import (
 // their status and type alone; so is a body larger than maxChecked, or
 // one the client left before it was written.
 //
+// A path item that names servers of its own (OpenAPI's path-level
+// servers) describes the requests made to those alone, and the others
+// the requests made to the document's: OwnServers tells them apart.
+//
 // A Validator is safe for concurrent use; what did not match accumulates
 // until Err reports it.
 type Validator struct {
 	doc *openapi3.T
 	// paths finds a request's path item: the document's path templates as
-	// ServeMux patterns, each the template it came from.
-	paths *http.ServeMux
+	// ServeMux patterns, each the template it came from; own those of the
+	// path items with servers of their own.
+	paths, own *http.ServeMux
+	// OwnServers, when set, reports whether a request was made to the
+	// servers path items name of their own rather than the document's.
+	// Unset, every request is the document's servers'. Set it before the
+	// Validator checks anything.
+	OwnServers func(*http.Request) bool
 	// errorSchema is the body of every error (components/responses/Error).
 	errorSchema *openapi3.SchemaRef
 
@@ -63,9 +73,13 @@ func NewValidator(document []byte) (*Validator, error) {
 	if err := doc.Validate(context.Background()); err != nil {
 		return nil, fmt.Errorf("apitest: OpenAPI document: %w", err)
 	}
-	v := &Validator{doc: doc, paths: http.NewServeMux(), count: map[string]int{}}
-	for template := range doc.Paths.Map() {
-		v.paths.Handle(muxPattern(template), templateHandler(template))
+	v := &Validator{doc: doc, paths: http.NewServeMux(), own: http.NewServeMux(), count: map[string]int{}}
+	for template, item := range doc.Paths.Map() {
+		mux := v.paths
+		if len(item.Servers) > 0 {
+			mux = v.own
+		}
+		mux.Handle(muxPattern(template), templateHandler(template))
 	}
 	if doc.Components != nil {
 		if ref := doc.Components.Responses["Error"]; ref != nil && ref.Value != nil {
@@ -142,7 +156,11 @@ func (v *Validator) Check(r *http.Request, a Answer) error {
 	if method == http.MethodHead {
 		method = http.MethodGet
 	}
-	h, _ := v.paths.Handler(r)
+	paths := v.paths
+	if v.OwnServers != nil && v.OwnServers(r) {
+		paths = v.own
+	}
+	h, _ := paths.Handler(r)
 	template, _ := h.(templateHandler)
 	var item *openapi3.PathItem
 	if template != "" {

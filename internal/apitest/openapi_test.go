@@ -264,3 +264,66 @@ func TestValidatorLoadsKilnd(t *testing.T) {
 		}
 	}
 }
+
+// TestValidatorOwnServers: a path item with servers of its own describes
+// the requests made to those alone (OwnServers tells them apart), and the
+// others the requests made to the document's: a path is no operation on
+// the other's servers, where only an error is the right answer.
+func TestValidatorOwnServers(t *testing.T) {
+	const doc = `
+openapi: 3.0.3
+info: {title: two servers, version: "1"}
+servers: [{url: "http://api.example"}]
+paths:
+  /things:
+    get:
+      operationId: listThings
+      responses:
+        "200":
+          description: the things
+          content:
+            application/json: {schema: {type: array, items: {type: string}}}
+  /app/{path}:
+    servers: [{url: "http://{app}.apps.example", variables: {app: {default: one}}}]
+    parameters: [{name: path, in: path, required: true, schema: {type: string}}]
+    get:
+      operationId: app
+      responses:
+        default:
+          description: the app's answer
+          content:
+            "*/*": {schema: {type: string, format: binary}}
+components:
+  responses:
+    Error:
+      description: an error
+      content:
+        application/json:
+          schema: {type: object, required: [error], properties: {error: {type: object}}}
+`
+	v, err := NewValidator([]byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	v.OwnServers = func(r *http.Request) bool { return strings.HasSuffix(r.Host, ".apps.example") }
+	errJSON := Answer{Status: 404, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"error":{}}`)}
+	page := Answer{Status: 200, Header: http.Header{"Content-Type": {"text/html"}}, Body: []byte("<p>app</p>")}
+	list := Answer{Status: 200, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`["a"]`)}
+	for _, tc := range []struct {
+		host, path string
+		a          Answer
+		ok         bool
+	}{
+		{"one.apps.example", "/app/x", page, true},
+		{"one.apps.example", "/things", errJSON, true},
+		{"one.apps.example", "/things", list, false},
+		{"api.example", "/things", list, true},
+		{"api.example", "/app/x", errJSON, true},
+		{"api.example", "/app/x", page, false},
+	} {
+		r := httptest.NewRequest("GET", "http://"+tc.host+tc.path, nil)
+		if err := v.Check(r, tc.a); (err == nil) != tc.ok {
+			t.Errorf("GET %s on %s answered %d %s: %v, want ok %v", tc.path, tc.host, tc.a.Status, tc.a.Header.Get("Content-Type"), err, tc.ok)
+		}
+	}
+}
