@@ -97,7 +97,15 @@ func measurePorts(ctx context.Context, cfg config) (*portsResult, error) {
 		return dialIn(netns, addr)
 	}, MaxIdleConnsPerHost: 1}}
 	defer direct.CloseIdleConnections()
-	browser := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1}}
+	// A preview's host, ID.localhost, is this machine's, as a browser
+	// takes it; Go's resolver would ask DNS.
+	browser := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if host, port, err := net.SplitHostPort(addr); err == nil && strings.HasSuffix(host, ".localhost") {
+			addr = net.JoinHostPort("127.0.0.1", port)
+		}
+		var d net.Dialer
+		return d.DialContext(ctx, network, addr)
+	}, MaxIdleConnsPerHost: 1}}
 	defer browser.CloseIdleConnections()
 	get := func(hc *http.Client, url string) (time.Duration, error) {
 		start := time.Now()

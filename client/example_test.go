@@ -3,6 +3,7 @@ package client_test
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"strings"
@@ -159,13 +160,24 @@ srv.serve_forever()
 			break
 		}
 	}
-	// A URL for a browser or a colleague: no kilnd token in it.
+	// A URL for a browser or a colleague: no kilnd token in it, and a host
+	// of its own, ID.localhost. Browsers and curl take every name under
+	// localhost for this machine; Go's resolver would ask DNS, so the
+	// program dials loopback for them.
 	preview, err := sb.Preview(ctx, 8000, time.Hour)
 	if err != nil {
 		panic(err)
 	}
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if host, port, err := net.SplitHostPort(addr); err == nil && strings.HasSuffix(host, ".localhost") {
+			addr = net.JoinHostPort("127.0.0.1", port)
+		}
+		var d net.Dialer
+		return d.DialContext(ctx, network, addr)
+	}}}
+	defer hc.CloseIdleConnections()
 	for {
-		resp, err := http.Get(preview.URL)
+		resp, err := hc.Get(preview.URL)
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {

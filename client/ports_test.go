@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"strings"
@@ -51,11 +52,22 @@ func serveEcho(addr string) {
 	http.ListenAndServe(addr, m)
 }
 
+// atLoopback dials a name under localhost at loopback, as browsers and
+// curl resolve them (RFC 6761), and any other address as it is: Go's
+// resolver would ask DNS for a preview's host.
+func atLoopback(ctx context.Context, network, addr string) (net.Conn, error) {
+	if host, port, err := net.SplitHostPort(addr); err == nil && strings.HasSuffix(host, ".localhost") {
+		addr = net.JoinHostPort("127.0.0.1", port)
+	}
+	var d net.Dialer
+	return d.DialContext(ctx, network, addr)
+}
+
 // TestPorts: a server started inside is reached through kilnd, over HTTP
 // (redirects rewritten, not followed), WebSocket and a forwarded TCP
-// stream; a port nobody listens on says so; a preview URL reaches it
-// without kilnd's token until it is revoked. It is the streaming seed's
-// server workspace, run as a user would.
+// stream; a port nobody listens on says so; a preview URL, on a host of
+// its own, reaches it without kilnd's token until it is revoked. It is
+// the streaming seed's server workspace, run as a user would.
 func TestPorts(t *testing.T) {
 	k := startKilndOn(t, "127.0.0.1:0")
 	_, sb := clientOf(t, k.State)
@@ -105,7 +117,8 @@ func TestPorts(t *testing.T) {
 	if _, err := sb.PortRequest(ctx, "GET", 8001, "/", nil); !client.IsBadGateway(err) || !strings.Contains(err.Error(), "nothing listens on port 8001") {
 		t.Errorf("a port nobody listens on: %v", err)
 	}
-	hc := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	hc := &http.Client{Transport: &http.Transport{DialContext: atLoopback}, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	defer hc.CloseIdleConnections()
 
 	// A WebSocket through the port's proxy.
 	ws, _, err := websocket.Dial(ctx, "ws://"+addr+prefix+"/ws", &websocket.DialOptions{
@@ -138,10 +151,16 @@ func TestPorts(t *testing.T) {
 		t.Errorf("a TCP stream to a port nobody listens on: %v", err)
 	}
 
-	// A preview: no token of kilnd's, its own in the path.
+	// A preview: no token of kilnd's, its own in the path, on a host of
+	// its own.
 	pv, err := sb.Preview(ctx, 8000, time.Minute)
 	if err != nil {
 		t.Fatal(err)
+	}
+	_, port, _ := net.SplitHostPort(addr)
+	host := pv.ID + ".localhost:" + port
+	if want := "http://" + host + "/preview/" + pv.Token + "/"; pv.URL != want {
+		t.Fatalf("preview URL %q, want %q", pv.URL, want)
 	}
 	get := func(url string) (int, string, string) {
 		resp, err := hc.Get(url)
@@ -158,8 +177,8 @@ func TestPorts(t *testing.T) {
 	if code, _, loc := get(pv.URL + "go"); code != http.StatusFound || loc != "/preview/"+pv.Token+"/there?x=1" {
 		t.Errorf("a redirect under the preview: %d %q", code, loc)
 	}
-	// Every preview shares kilnd's origin: an app's cookies and service
-	// workers stay under its own prefix.
+	// An app's cookies and service workers stay under its preview's
+	// prefix, on its own host.
 	if resp, err := hc.Get(pv.URL + "cookie"); err != nil {
 		t.Fatal(err)
 	} else {
@@ -177,9 +196,11 @@ func TestPorts(t *testing.T) {
 		url  string
 		want int
 	}{
-		"an unknown token":           {"http://" + addr + "/preview/" + strings.Repeat("A", len(pv.Token)) + "/page", http.StatusUnauthorized},
-		"kilnd's token as a preview": {"http://" + addr + "/preview/" + k.Daemon.Token() + "/page", http.StatusUnauthorized},
-		"no token":                   {"http://" + addr + "/preview//page", http.StatusBadRequest},
+		"an unknown token":           {"http://" + host + "/preview/" + strings.Repeat("A", len(pv.Token)) + "/page", http.StatusUnauthorized},
+		"kilnd's token as a preview": {"http://" + host + "/preview/" + k.Daemon.Token() + "/page", http.StatusUnauthorized},
+		"no token":                   {"http://" + host + "/preview//page", http.StatusBadRequest},
+		"kilnd's host":               {"http://" + addr + "/preview/" + pv.Token + "/page", http.StatusNotFound},
+		"kilnd's API, on its host":   {"http://" + host + "/sandboxes", http.StatusNotFound},
 	} {
 		if code, body, _ := get(tc.url); code != tc.want {
 			t.Errorf("%s: %d %q, want %d", name, code, body, tc.want)
@@ -191,7 +212,7 @@ func TestPorts(t *testing.T) {
 	}
 	// A WebSocket through the preview, open when it is revoked: it ends.
 	wsURL := "ws" + strings.TrimPrefix(pv.URL, "http") + "ws"
-	ws, _, err = websocket.Dial(ctx, wsURL, nil)
+	ws, _, err = websocket.Dial(ctx, wsURL, &websocket.DialOptions{HTTPClient: hc})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -139,10 +139,11 @@ func (c *cli) previewCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "preview SANDBOX PORT",
 		Short: "Print a URL that reaches a port inside a sandbox without kilnd's token",
-		Long: `Print a preview URL: kilnd's own address with a token of its own in the path, which reaches
-the server on PORT inside the sandbox, for --ttl (at most 7 days), until revoked. Anyone with the
-URL reaches that port, and nothing else of kilnd's. Links the app makes relative to its pages
-work under it; absolute paths ("/static/app.js") leave it.`,
+		Long: `Print a preview URL: a host of the preview's own (ID.localhost with kilnd's port, or
+ID.DOMAIN with kilnd --preview-domain), and so an origin no other page of kilnd's shares, with a
+token of its own in the path, which reaches the server on PORT inside the sandbox, for --ttl (at
+most 7 days), until revoked. Anyone with the URL reaches that port, and nothing else of kilnd's.
+Links the app makes relative to its pages work under it; absolute paths ("/static/app.js") leave it.`,
 		Example: `  kiln preview $SB 8000 --ttl 30m
   kiln preview ls $SB
   kiln preview rm $SB ID`,

@@ -62,6 +62,8 @@ Flags:
 	fs.Var(&allow, "allow-origin", "a browser `origin` allowed to call the API beside kilnd's own (repeatable)")
 	var hosts repeated
 	fs.Var(&hosts, "allow-host", "a `name` (or name:port) TCP requests may carry as their Host beside localhost and the\nlisten address with its port, such as the machine's DNS name (repeatable)")
+	previewDomain := fs.String("preview-domain", daemon.DefaultPreviewDomain, "the `domain` each preview URL gets a host of its own under, ID.DOMAIN: every name under it\nmust resolve to kilnd (a wildcard DNS record; localhost's do on their own), and is the\npreviews' alone")
+	previewListen := fs.String("preview-listen", "", "a TCP `address` serving previews alone; empty: the API's listener serves them too, each on\nits own host")
 	flowGrace := fs.Duration("flow-grace", 30*time.Second, "how long the output of a process started with flow block waits for the watcher holding it:\nto come after the start, and to come back after it went, or twice that to read on while it\nstays connected (1s to 1h); then it drops")
 	defMemory := fs.String("default-memory", units.BytesSize(float64(daemon.DefaultLimits.MemoryBytes)), "the memory limit, a `size`, of a sandbox whose request gives none (0: none)")
 	defPids := fs.Int64("default-pids", daemon.DefaultLimits.Pids, "the process limit of a sandbox whose request gives none (0: none)")
@@ -96,6 +98,10 @@ Flags:
 	logs := daemon.Logs{MaxFiles: *logMaxFiles}
 	if logs.MaxSizeBytes, err = units.RAMInBytes(*logMaxSize); err != nil || logs.MaxSizeBytes == 0 || logs.MaxFiles == 0 || daemon.ValidateLogs(api.LogRotation(logs), "") != nil {
 		fmt.Fprintf(os.Stderr, "kilnd: --log-max-size %q, --log-max-files %d: want a size from 64KiB to 1GiB, such as 10MiB, and 2 to 100 files\n", *logMaxSize, *logMaxFiles)
+		return 2
+	}
+	if err := daemon.ValidatePreviewDomain(*previewDomain, hosts); err != nil {
+		fmt.Fprintf(os.Stderr, "kilnd: --preview-domain, --allow-host: %v\n", err)
 		return 2
 	}
 	if *flowGrace < time.Second || *flowGrace > time.Hour {
@@ -138,7 +144,7 @@ Flags:
 		fmt.Fprintln(os.Stderr, "kilnd: find this binary:", err)
 		return 1
 	}
-	cfg := daemon.Config{StateDir: *stateDir, Listen: *listen, AllowOrigins: allow, AllowHosts: hosts, Exe: exe, Env: sandboxEnv, Images: *images,
+	cfg := daemon.Config{StateDir: *stateDir, Listen: *listen, AllowOrigins: allow, AllowHosts: hosts, PreviewDomain: *previewDomain, PreviewListen: *previewListen, Exe: exe, Env: sandboxEnv, Images: *images,
 		Runsc: *runsc, RunscPlatform: *runscPlatform, CaptureQueue: queue, Logs: logs, FlowGrace: *flowGrace, DefaultLimits: &limits,
 		EgressRange: erange, EgressDNS: dns, InsecureRegistries: insecure}
 	if *runtimes {

@@ -58,7 +58,6 @@ var Routes = []Route{
 	{"POST", "/sandboxes/{id}/previews", false},
 	{"GET", "/sandboxes/{id}/previews", false},
 	{"DELETE", "/sandboxes/{id}/previews/{preview}", false},
-	{"", "/preview/", true}, // its own token, in the path
 	{"GET", "/images", false},
 	{"POST", "/images/pull", false},
 	{"POST", "/images/import", false},
@@ -68,7 +67,10 @@ var Routes = []Route{
 
 // Handler is kilnd's API. Over TCP (tcp set) every request but the open
 // ones needs the token; on the unix socket the socket's mode keeps others
-// out.
+// out. A request naming a host under the previews' domain never reaches
+// the API or the console: over TCP it is a preview's, unless previews
+// have a listener of their own, and otherwise it is answered 404; and a
+// preview's path is answered 404 on every other host.
 func (d *Daemon) Handler(tcp bool) http.Handler {
 	handlers := map[string]http.HandlerFunc{
 		"GET /{$}":           d.console.ServeIndex,
@@ -121,12 +123,11 @@ func (d *Daemon) Handler(tcp bool) http.Handler {
 		"POST /sandboxes/{id}/previews":             d.createPreview(tcp),
 		"GET /sandboxes/{id}/previews":              d.listPreviews,
 		"DELETE /sandboxes/{id}/previews/{preview}": d.revokePreview,
-		"/preview/":                d.servePreview,
-		"GET /images":              d.listImages,
-		"POST /images/pull":        d.pullImage,
-		"POST /images/import":      d.importImage,
-		"GET /images/{name...}":    d.getImage,
-		"DELETE /images/{name...}": d.removeImage,
+		"GET /images":                               d.listImages,
+		"POST /images/pull":                         d.pullImage,
+		"POST /images/import":                       d.importImage,
+		"GET /images/{name...}":                     d.getImage,
+		"DELETE /images/{name...}":                  d.removeImage,
 	}
 	m := http.NewServeMux()
 	open := map[string]bool{}
@@ -145,7 +146,12 @@ func (d *Daemon) Handler(tcp bool) http.Handler {
 			reply.Error(w, errdefs.New(errdefs.ErrPermissionDenied, "kilnd: origin "+clip(r.Header.Get("Origin"))+" is not allowed (see --allow-origin)"))
 			return
 		}
-		if _, pattern := m.Handler(r); tcp && !open[pattern] && !strings.HasPrefix(r.URL.Path, previewPrefix) {
+		// Before the token: an old preview URL is told where previews are.
+		if strings.HasPrefix(r.URL.Path, previewPrefix) {
+			reply.Error(w, errdefs.New(errdefs.ErrNotFound, "kilnd: previews are served on hosts of their own, ID."+d.previewDomain()+", never on kilnd's"))
+			return
+		}
+		if _, pattern := m.Handler(r); tcp && !open[pattern] {
 			if err := d.authorized(r); err != nil {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="kilnd"`)
 				reply.Error(w, err)
@@ -164,7 +170,16 @@ func (d *Daemon) Handler(tcp bool) http.Handler {
 		m.ServeHTTP(w, r)
 	})
 	withCORS := d.cors().Handler(guarded)
+	previews := d.previewHandler()
 	return d.metrics.instrument(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, ns := d.previewHost(r); ns {
+			if tcp && d.cfg.PreviewListen == "" {
+				previews.ServeHTTP(w, r)
+			} else {
+				notPreviewed(w, r)
+			}
+			return
+		}
 		if tcp && !d.hostAllowed(r) {
 			reply.Error(w, errdefs.New(errdefs.ErrPermissionDenied, "kilnd: host "+clip(r.Host)+" is not one kilnd serves (see --allow-host)"))
 			return
@@ -192,12 +207,9 @@ func (d *Daemon) cors() *cors.Cors {
 	})
 }
 
-// appPath says the path is a sandbox's app's (a port's proxy or a
-// preview): its answers, and their CORS headers, are the app's to give.
+// appPath says the path is a sandbox's app's (a port's proxy): its
+// answers, and their CORS headers, are the app's to give.
 func appPath(p string) bool {
-	if strings.HasPrefix(p, previewPrefix) {
-		return true
-	}
 	segs := strings.SplitN(p, "/", 5) // "", sandboxes, id, ports, rest
 	return len(segs) == 5 && segs[1] == "sandboxes" && segs[3] == "ports"
 }

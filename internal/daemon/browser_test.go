@@ -3,6 +3,7 @@ package daemon_test
 import (
 	"context"
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/sandkiln/sandkiln/api"
@@ -60,10 +61,21 @@ func TestBrowserCORS(t *testing.T) {
 	if r.code != 401 || r.header.Get("Access-Control-Allow-Origin") != page {
 		t.Errorf("an unauthenticated call from an allowed origin: %d %v", r.code, r.header)
 	}
-	// A preview is the app's, CORS headers and all.
-	r = c.send("GET", "/preview/nope/", http.Header{"Origin": {page}}, "")
-	if r.header.Get("Access-Control-Allow-Origin") != "" {
-		t.Errorf("kilnd's CORS headers on a preview: %d %v", r.code, r.header)
+	// A preview is the app's, CORS headers and all, on its own host;
+	// kilnd's host serves none.
+	_, port, _ := strings.Cut(k.addr, ":")
+	for _, origin := range []string{page, "http://" + k.addr, "http://0123456789abcdef.localhost:" + port} {
+		r = c.send("GET", "/preview/nope/", http.Header{"Origin": {origin}, "Host": {"0123456789abcdef.localhost:" + port}}, "")
+		if r.code != 401 || r.header.Get("Access-Control-Allow-Origin") != "" {
+			t.Errorf("kilnd's CORS headers on a preview, for %s: %d %v", origin, r.code, r.header)
+		}
+		r = c.send("OPTIONS", "/preview/nope/", http.Header{"Origin": {origin}, "Host": {"0123456789abcdef.localhost:" + port}, "Access-Control-Request-Method": {"POST"}}, "")
+		if r.header.Get("Access-Control-Allow-Origin") != "" {
+			t.Errorf("kilnd's answer to a preflight of a preview, for %s: %d %v", origin, r.code, r.header)
+		}
+	}
+	if r = c.send("GET", "/preview/nope/", http.Header{"Origin": {page}}, ""); r.code != 404 {
+		t.Errorf("a preview's path on kilnd's host: %d %s", r.code, r.body)
 	}
 }
 

@@ -50,10 +50,19 @@ type Config struct {
 	Listen string
 	// AllowOrigins are browser origins allowed beside kilnd's own.
 	AllowOrigins []string
-	// AllowHosts are the Host values a TCP request may carry beside the
-	// loopback names and the listen address's own, with its port: a name
-	// (any port) or a name:port.
+	// AllowHosts are the Host values a TCP request may carry beside
+	// localhost, the loopback addresses and the listen address's own, with
+	// its port: a name (any port) or a name:port. None may be under
+	// PreviewDomain.
 	AllowHosts []string
+	// PreviewDomain is the domain each preview gets a host of its own
+	// under, ID.PreviewDomain (empty: DefaultPreviewDomain, localhost);
+	// every name under it is the previews' (see previewHost).
+	PreviewDomain string
+	// PreviewListen, when set, is the TCP address previews are served on,
+	// alone; otherwise the API's TCP listener serves them too, each on
+	// its own host.
+	PreviewListen string
 	// Exe is the binary re-executed as each sandbox's agent.
 	Exe string
 	// Runsc is gVisor's runsc binary, for the gvisor runtime (empty: that
@@ -223,6 +232,9 @@ type Daemon struct {
 	// tcp is where the TCP listener listens, once it does (set by Serve,
 	// read by requests and by TCPAddr's callers).
 	tcp atomic.Pointer[net.TCPAddr]
+	// previewTCP is where the previews' own listener listens, once it
+	// does (Config.PreviewListen).
+	previewTCP atomic.Pointer[net.TCPAddr]
 
 	// netMu guards net, made when a sandbox first needs it (so that a
 	// kilnd whose sandboxes have no network never touches the host's
@@ -249,6 +261,9 @@ func New(cfg Config) (*Daemon, error) {
 	}
 	if err := ValidateLogs(api.LogRotation(cfg.Logs), ""); err != nil {
 		return nil, fmt.Errorf("kilnd: default log rotation: %v", err)
+	}
+	if err := ValidatePreviewDomain(cfg.PreviewDomain, cfg.AllowHosts); err != nil {
+		return nil, fmt.Errorf("kilnd: %v", err)
 	}
 	cfg.Logs = DefaultLogs.Apply(api.LogRotation(cfg.Logs))
 	if err := os.MkdirAll(filepath.Join(cfg.StateDir, sandboxesDir), 0o700); err != nil {
@@ -1229,6 +1244,17 @@ func (d *Daemon) Serve(ctx context.Context) error {
 		}
 		d.tcp.Store(tl.Addr().(*net.TCPAddr))
 	}
+	var pl net.Listener
+	if d.cfg.PreviewListen != "" {
+		var err error
+		if pl, err = net.Listen("tcp", d.cfg.PreviewListen); err != nil {
+			if tl != nil {
+				tl.Close()
+			}
+			return fmt.Errorf("kilnd: previews: %w", err)
+		}
+		d.previewTCP.Store(pl.Addr().(*net.TCPAddr))
+	}
 	d.readopt()
 	os.Remove(sock)
 	ul, err := net.Listen("unix", sock)
@@ -1236,25 +1262,28 @@ func (d *Daemon) Serve(ctx context.Context) error {
 		err = os.Chmod(sock, 0o600)
 	}
 	if err != nil {
-		if ul != nil {
-			ul.Close()
-		}
-		if tl != nil {
-			tl.Close()
+		for _, l := range []net.Listener{ul, tl, pl} {
+			if l != nil {
+				l.Close()
+			}
 		}
 		return fmt.Errorf("kilnd: %w", err)
 	}
-	handler := func(tcp bool) http.Handler {
+	wrap := func(h http.Handler) http.Handler {
 		if d.cfg.Wrap != nil {
-			return d.cfg.Wrap(d.Handler(tcp))
+			return d.cfg.Wrap(h)
 		}
-		return d.Handler(tcp)
+		return h
 	}
-	servers := []*http.Server{newServer(handler(false), d.cfg.ReadTimeout)}
+	servers := []*http.Server{newServer(wrap(d.Handler(false)), d.cfg.ReadTimeout)}
 	listeners := []net.Listener{ul}
 	if tl != nil {
-		servers = append(servers, newServer(handler(true), d.cfg.ReadTimeout))
+		servers = append(servers, newServer(wrap(d.Handler(true)), d.cfg.ReadTimeout))
 		listeners = append(listeners, tl)
+	}
+	if pl != nil {
+		servers = append(servers, newServer(wrap(d.PreviewHandler()), d.cfg.ReadTimeout))
+		listeners = append(listeners, pl)
 	}
 	errs := make(chan error, len(servers))
 	for i, s := range servers {
@@ -1267,8 +1296,12 @@ func (d *Daemon) Serve(ctx context.Context) error {
 	if tl != nil {
 		listen = tl.Addr().String()
 	}
+	previews := "" // where previews are served, each on a host of its own
+	if port := d.previewPort(); port != "" {
+		previews = "http://ID." + d.previewDomain() + ":" + port + "/"
+	}
 	// Where TCP clients find the token (its value is never logged).
-	d.log.Info("kilnd serving", "socket", sock, "listen", listen, "token", filepath.Join(d.cfg.StateDir, TokenName), "sandboxes", n)
+	d.log.Info("kilnd serving", "socket", sock, "listen", listen, "token", filepath.Join(d.cfg.StateDir, TokenName), "sandboxes", n, "previews", previews)
 	var serr error
 	select {
 	case <-ctx.Done():
@@ -1399,8 +1432,10 @@ func isTokenProtocol(p string) bool { return strings.HasPrefix(p, api.TokenProto
 
 // hostAllowed refuses a TCP request for a Host that is not kilnd's: a web
 // page whose own name was made to resolve to kilnd's address (DNS
-// rebinding) reaches kilnd with that name. kilnd's are the loopback names
-// and the address it listens on, with its port, and those configured.
+// rebinding) reaches kilnd with that name. kilnd's are localhost, the
+// loopback addresses and the address it listens on, with its port, and
+// those configured. (The names under localhost are the previews', by
+// default: see previewHost.)
 func (d *Daemon) hostAllowed(r *http.Request) bool {
 	host, port, err := net.SplitHostPort(r.Host)
 	if err != nil {
@@ -1416,7 +1451,7 @@ func (d *Daemon) hostAllowed(r *http.Request) bool {
 	if port != tcpPort {
 		return false
 	}
-	if host == "localhost" || strings.HasSuffix(host, ".localhost") {
+	if host == "localhost" {
 		return true // RFC 6761: never resolved elsewhere
 	}
 	ip := net.ParseIP(host)

@@ -210,16 +210,13 @@ func TestPortsAfterRestart(t *testing.T) {
 	if code := ready(k2); code != 200 {
 		t.Errorf("after the restart, the port: %d", code)
 	}
-	// The URL names the old listener's port: the same path on the new one.
-	u := "http://" + k2.addr + strings.TrimPrefix(pv.URL, "http://"+k.addr) + "hostname"
-	resp, err := http.Get(u)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 200 || len(b) == 0 {
-		t.Errorf("the preview after the restart: %d %q", resp.StatusCode, b)
+	// The URL names the old listener's port: the same host and path with
+	// the new one's.
+	_, oldPort, _ := net.SplitHostPort(k.addr)
+	_, newPort, _ := net.SplitHostPort(k2.addr)
+	u := strings.Replace(pv.URL, ".localhost:"+oldPort+"/", ".localhost:"+newPort+"/", 1) + "hostname"
+	if r := fetch(t, atLoopback(t, k2.addr), "GET", u, ""); r.code != 200 || r.body == "" {
+		t.Errorf("the preview after the restart: %d %q", r.code, r.body)
 	}
 }
 

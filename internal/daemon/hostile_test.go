@@ -556,7 +556,8 @@ func TestHostileTokens(t *testing.T) {
 // TestHostileHost: a page whose name was made to resolve to kilnd's
 // address (DNS rebinding) cannot reach any route, the open ones included:
 // a Host that is not kilnd's is refused before the token is looked at.
-// kilnd's own names with its port are served.
+// kilnd's own names with its port are served; the names under localhost
+// are the previews', where the API answers nothing.
 func TestHostileHost(t *testing.T) {
 	k := start(t, "")
 	defer k.cleanup()
@@ -574,12 +575,21 @@ func TestHostileHost(t *testing.T) {
 	if n := len(k.d.List()); n != 0 {
 		t.Errorf("%d sandboxes made through foreign hosts", n)
 	}
-	for _, host := range []string{k.addr, "localhost:" + port, "LocalHost:" + port, "[::1]:" + port, "app.localhost:" + port} {
+	for _, host := range []string{k.addr, "localhost:" + port, "LocalHost:" + port, "[::1]:" + port} {
 		h := hostileBearer(k.d.Token())
 		h.Set("Host", host)
 		if r := c.send("GET", "/sandboxes", h, ""); r.code != 200 {
 			t.Errorf("%s: %d %s", host, r.code, r.body)
 		}
+	}
+	for _, host := range []string{"app.localhost:" + port, "0123456789abcdef.localhost:" + port} {
+		h := hostileBearer(k.d.Token())
+		h.Set("Host", host)
+		hostileRefused(t, host+": GET /sandboxes", c.send("GET", "/sandboxes", h, ""), 404)
+		hostileRefused(t, host+": create", c.send("POST", "/sandboxes", h, "{}"), 404)
+	}
+	if n := len(k.d.List()); n != 0 {
+		t.Errorf("%d sandboxes made through previews' hosts", n)
 	}
 }
 

@@ -7,7 +7,6 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"fmt"
-	"net"
 	"net/http"
 	"net/url"
 	"slices"
@@ -21,9 +20,10 @@ import (
 )
 
 // A preview is a URL of kilnd's that reaches one port of one sandbox
-// without kilnd's token: the path carries a token of its own, which
-// expires and can be revoked. kilnd keeps only the token's hash, in the
-// sandbox's record.
+// without kilnd's token, on a host of its own named by the preview's id
+// (see previewHost): the path carries a token of its own, which expires
+// and can be revoked, and which reaches the preview on its own host
+// alone. kilnd keeps only the token's hash, in the sandbox's record.
 type preview struct {
 	ID        string    `json:"id"`
 	Port      int       `json:"port"`
@@ -43,8 +43,27 @@ func tokenHash(token string) string {
 	return hex.EncodeToString(h[:])
 }
 
-// previewPrefix is where a preview's token is served.
+// previewPrefix is where a preview's token is served, on its host.
 const previewPrefix = "/preview/"
+
+// newPreviewID is a preview id no preview of kilnd's has: 64 random bits,
+// so that a preview's host, and the origin a browser keeps its storage
+// and service workers by, is never one an earlier preview had. Called
+// with mu held.
+func (d *Daemon) newPreviewID() string {
+	for {
+		var raw [8]byte
+		rand.Read(raw[:])
+		id := hex.EncodeToString(raw[:])
+		taken := false
+		for _, e := range d.sandboxes {
+			taken = taken || slices.ContainsFunc(e.rec.Previews, func(p preview) bool { return p.ID == id })
+		}
+		if !taken {
+			return id
+		}
+	}
+}
 
 // createPreview serves POST /sandboxes/{id}/previews.
 func (d *Daemon) createPreview(tcp bool) http.HandlerFunc {
@@ -66,7 +85,7 @@ func (d *Daemon) createPreview(tcp bool) http.HandlerFunc {
 			reply.Error(w, fmt.Errorf("%w: ttl_seconds %d: 1 to %d (7 days)", errdefs.ErrInvalidArgument, ttl, maxPreviewTTL))
 			return
 		}
-		base, err := d.previewBase(r, tcp)
+		authority, err := d.previewAuthority(r, tcp)
 		if err != nil {
 			reply.Error(w, err)
 			return
@@ -80,15 +99,14 @@ func (d *Daemon) createPreview(tcp bool) http.HandlerFunc {
 		rand.Read(raw[:])
 		token := base64.RawURLEncoding.EncodeToString(raw[:])
 		now := time.Now().UTC()
-		var id [4]byte
-		rand.Read(id[:])
-		p := preview{ID: hex.EncodeToString(id[:]), Port: req.Port, Hash: tokenHash(token), ExpiresAt: now.Add(time.Duration(ttl) * time.Second).Truncate(time.Second)}
+		p := preview{Port: req.Port, Hash: tokenHash(token), ExpiresAt: now.Add(time.Duration(ttl) * time.Second).Truncate(time.Second)}
 		d.mu.Lock()
 		if e.rec.State != StateRunning {
 			d.mu.Unlock()
 			reply.Error(w, fmt.Errorf("%w: sandbox %s is %s", errdefs.ErrFailedPrecondition, e.rec.ID, e.rec.State))
 			return
 		}
+		p.ID = d.newPreviewID()
 		e.rec.Previews = slices.DeleteFunc(e.rec.Previews, func(p preview) bool {
 			if now.After(p.ExpiresAt) {
 				delete(d.previews, p.Hash)
@@ -113,25 +131,9 @@ func (d *Daemon) createPreview(tcp bool) http.HandlerFunc {
 			reply.Error(w, err)
 			return
 		}
-		reply.JSON(w, http.StatusCreated, api.Preview{ID: p.ID, Port: p.Port, URL: base + previewPrefix + token + "/", Token: token, ExpiresAt: p.ExpiresAt})
+		link := "http://" + p.ID + authority + previewPrefix + token + "/"
+		reply.JSON(w, http.StatusCreated, api.Preview{ID: p.ID, Port: p.Port, URL: link, Token: token, ExpiresAt: p.ExpiresAt})
 	}
-}
-
-// previewBase is the scheme and authority a preview URL starts with: the
-// one the request came to over TCP, or kilnd's TCP listener.
-func (d *Daemon) previewBase(r *http.Request, tcp bool) (string, error) {
-	if tcp {
-		return "http://" + r.Host, nil
-	}
-	tcpIP, tcpPort := d.tcpAddr()
-	if tcpPort == "" {
-		return "", errdefs.New(errdefs.ErrFailedPrecondition, "kilnd: a preview URL needs kilnd's TCP listener (--listen)")
-	}
-	host := "127.0.0.1"
-	if tcpIP != nil && !tcpIP.IsUnspecified() {
-		host = tcpIP.String()
-	}
-	return "http://" + net.JoinHostPort(host, tcpPort), nil
 }
 
 // listPreviews serves GET /sandboxes/{id}/previews: the previews not
@@ -182,13 +184,15 @@ func (d *Daemon) revokePreview(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// servePreview serves /preview/{token}/{path...}: the token's sandbox
-// and port, as /sandboxes/{id}/ports/{port}/{path...} would, without
-// kilnd's token. A token unknown, expired or revoked reaches nothing.
+// servePreview serves /preview/{token}/{path...} on a preview's host:
+// the token's sandbox and port, as /sandboxes/{id}/ports/{port}/{path...}
+// would, without kilnd's token. A token unknown, expired or revoked, or
+// another preview's than the host's, reaches nothing.
 func (d *Daemon) servePreview(w http.ResponseWriter, r *http.Request) {
 	rest := strings.TrimPrefix(r.URL.EscapedPath(), previewPrefix)
 	token, path, _ := strings.Cut(rest, "/")
 	hash := tokenHash(token)
+	host, _ := d.previewHost(r)
 	now := time.Now()
 	var id string
 	var expires time.Time
@@ -196,7 +200,7 @@ func (d *Daemon) servePreview(w http.ResponseWriter, r *http.Request) {
 	d.mu.Lock()
 	if e, ok := d.sandboxes[d.previews[hash]]; ok {
 		for _, p := range e.rec.Previews {
-			if p.Hash == hash && now.Before(p.ExpiresAt) && e.rec.State != StateDeleted {
+			if p.Hash == hash && p.ID == host && now.Before(p.ExpiresAt) && e.rec.State != StateDeleted {
 				id, port, expires = e.rec.ID, p.Port, p.ExpiresAt
 			}
 		}

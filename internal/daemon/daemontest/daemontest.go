@@ -70,6 +70,11 @@ func StartConfig(cfg daemon.Config) (*Kilnd, error) {
 	if err != nil {
 		return nil, err
 	}
+	if openapi != nil {
+		// A preview's host is the server the document's preview path
+		// names of its own.
+		openapi.OwnServers = d.PreviewRequest
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
 	go func() { served <- d.Serve(ctx) }()

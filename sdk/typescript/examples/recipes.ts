@@ -55,10 +55,11 @@ export async function interactiveWorker(sandbox: Sandbox, requests: string[]) {
 }
 
 /**
- * serverWorkspace: start a server, read its logs, get a preview URL, check
- * readiness for up to 15 s; then terminate it and wait for its exit within
- * a 10 s cleanup budget; finally detach, destroy the sandbox and close the
- * client.
+ * serverWorkspace: start a server, read its logs, get a preview URL (for a
+ * browser: its host, ID.localhost, is one browsers resolve themselves),
+ * check readiness through kilnd for up to 15 s; then terminate it and wait
+ * for its exit within a 10 s cleanup budget; finally detach, destroy the
+ * sandbox and close the client.
  */
 export async function serverWorkspace(client: Client) {
   const sandbox = await client.sandboxes.create();
@@ -73,12 +74,13 @@ export async function serverWorkspace(client: Client) {
   try {
     await sandbox.files.write("/workspace/index.html", "<h1>hello from the sandbox</h1>\n");
     const preview = await sandbox.previews.create({ port: 8080, ttlSeconds: 300 });
-    // Starting the server did not publish its port; the preview does.
+    // Starting the server did not publish its port; the preview does, for
+    // a browser. This program reaches the port through kilnd.
     const ready = AbortSignal.timeout(15_000);
     let page = "";
     while (!page) {
       ready.throwIfAborted();
-      const resp = await fetch(preview.url!, { redirect: "manual", signal: ready }).catch(() => undefined);
+      const resp = await sandbox.ports.fetch(8080, "/", { signal: ready }).catch(() => undefined);
       if (resp?.status === 200) page = await resp.text();
       else await new Promise((r) => setTimeout(r, 100));
     }
@@ -86,7 +88,7 @@ export async function serverWorkspace(client: Client) {
     const cleanup = AbortSignal.timeout(10_000);
     const terminated = await server.terminate({ signal: cleanup });
     const exit = await server.wait({ signal: cleanup });
-    return { page, terminated, exit, logs };
+    return { page, previewURL: preview.url!, terminated, exit, logs };
   } finally {
     await server.detach();
     await reading;

@@ -663,7 +663,7 @@ export interface paths {
             };
             cookie?: never;
         };
-        /** a preview URL; no bearer token, the path's is the credential (any method, WebSocket too) */
+        /** a preview URL, on the preview's own host alone; no bearer token, the path's is the credential (any method, WebSocket too), and no origin is checked or allowed by kilnd (the app's answers are the app's) */
         get: operations["openPreview"];
         put?: never;
         post?: never;
@@ -775,7 +775,7 @@ export interface components {
         Preview: {
             id: string;
             port: number;
-            /** @description given once, when made */
+            /** @description given once, when made: http://ID.localhost:PORT/preview/TOKEN/ (ID.DOMAIN with kilnd --preview-domain), a host and so an origin of the preview's own */
             url?: string;
             /** @description given once, when made */
             token?: string;
@@ -2434,7 +2434,6 @@ export interface operations {
                 content?: never;
             };
             401: components["responses"]["Error"];
-            403: components["responses"]["Error"];
             412: components["responses"]["Error"];
             502: components["responses"]["Error"];
             503: components["responses"]["Error"];

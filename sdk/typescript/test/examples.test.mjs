@@ -33,6 +33,7 @@ test("serverWorkspace", async () => {
   const own = new Client({ url: kilnd.url, token: kilnd.token });
   const r = await serverWorkspace(own);
   assert.equal(r.page, "<h1>hello from the sandbox</h1>\n");
+  assert.match(r.previewURL, new RegExp(`^http://[0-9a-f]{16}\\.localhost:${new URL(kilnd.url).port}/preview/[\\w-]+/$`));
   assert.deepEqual(r.terminated, { status: "requested" });
   assert.equal(r.exit.signal, "SIGKILL");
   assert.ok(r.logs.some((l) => l.includes("GET / ")), r.logs.join("\n"));

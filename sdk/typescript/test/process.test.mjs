@@ -3,6 +3,7 @@
 
 import { test } from "node:test";
 import assert from "node:assert/strict";
+import http from "node:http";
 import net from "node:net";
 
 import { Client, SandkilnError, LIMITS, readProcessLines } from "../dist/index.js";
@@ -399,8 +400,25 @@ test("files and previews", async () => {
   await sandbox.files.remove("/workspace/dir", { recursive: true });
   await rejects(sandbox.files.stat("/workspace/dir"), "NOT_FOUND");
   const p = await sandbox.previews.create({ port: 8080, ttlSeconds: 60 });
-  assert.match(p.url, /\/preview\//);
+  // A host of its own, under localhost, on kilnd's port.
+  const u = new URL(p.url);
+  assert.equal(u.host, `${p.id}.localhost:${new URL(kilnd.url).port}`);
+  assert.equal(u.pathname, `/preview/${p.token}/`);
+  // It reaches the sandbox's port (nobody listens there: kilnd says so)
+  // on its own host, and nothing on kilnd's. Sent to kilnd's loopback
+  // address with the preview's Host, as a browser resolves ID.localhost;
+  // the runtime's resolver would ask DNS.
+  const get = (host, path) => new Promise((resolve, reject) => {
+    const req = http.get({ host: "127.0.0.1", port: new URL(kilnd.url).port, path, headers: { host } }, (resp) => {
+      resp.resume();
+      resp.on("end", () => resolve(resp.statusCode));
+    });
+    req.on("error", reject);
+  });
+  assert.equal(await get(u.host, u.pathname), 502);
+  assert.equal(await get(new URL(kilnd.url).host, u.pathname), 404);
   await sandbox.previews.revoke(p.id);
+  assert.equal(await get(u.host, u.pathname), 401);
 });
 
 test("processes.get: a handle on a process another client started, from its beginning", async () => {
