@@ -1,7 +1,9 @@
 // kilnd's web console: sandboxes, processes, live logs and terminals, and
 // files, through the TypeScript SDK. The token is kept in sessionStorage,
-// never in a URL; what is open is kept in the URL's fragment, so a reload
-// shows it again.
+// never in a URL: per origin and per tab, and no page a sandbox serves
+// shares kilnd's origin (each preview has a host of its own, and kilnd
+// serves none on its own), so none can read it. What is open is kept in
+// the URL's fragment, so a reload shows it again.
 
 import "@xterm/xterm/css/xterm.css";
 import "./style.css";

@@ -1,12 +1,13 @@
 // The web console in headless Chromium against a real kilnd: log in, make
 // a sandbox, run a command and read its lines and exit, type into a
 // terminal, see a gap with its exact count, reload and see the same log,
-// with nothing the page's policy refused. Screenshots of each state go to
-// test/artifacts/.
+// with nothing the page's policy refused; and a hostile preview page
+// beside it, which reaches neither the console's token, nor the API, nor
+// another preview. Screenshots of each state go to test/artifacts/.
 
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { mkdirSync, existsSync, readFileSync } from "node:fs";
+import { mkdirSync, existsSync, readFileSync, writeFileSync } from "node:fs";
 import http from "node:http";
 import { fileURLToPath } from "node:url";
 
@@ -52,11 +53,15 @@ before(async () => {
   browser = await chromium.launch({
     executablePath,
     headless: true,
-    // No network but kilnd's loopback: nothing Chromium reaches for on its own.
+    // No network but kilnd's loopback: nothing Chromium reaches for on its
+    // own, and no name resolved but localhost's, which Chromium resolves
+    // to loopback itself (the previews' ID.localhost among them).
     args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-      "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"],
+      "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
+      "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE localhost, EXCLUDE *.localhost, EXCLUDE 127.0.0.1"],
   });
-  page = await browser.newPage({ viewport: { width: 1280, height: 1000 } });
+  // A context of its own, which the previews' pages share with it.
+  page = await (await browser.newContext({ viewport: { width: 1280, height: 1000 } })).newPage();
   page.on("console", (m) => {
     if (m.type() === "error" || /Content Security Policy/i.test(m.text())) problems.push(`console: ${m.text()}`);
   });
@@ -372,6 +377,217 @@ test("files: a subdirectory opened, its file listed and downloaded, and back up"
   assert.equal(await page.inputValue("#files input[name=path]"), "/workspace");
   assert.equal(await page.$('#files tr[data-file="inner.txt"]'), null);
   await api("DELETE", `/sandboxes/${sb}`);
+});
+
+/**
+ * A preview's page that tries to take over kilnd, run in the browser: it
+ * reads the console's token from its own storage and from the console's
+ * page (framed and opened), calls the API (with credentials and without,
+ * by fetch, a form-like request and a WebSocket, and on its own host),
+ * reads another preview's storage and cookies (framed, opened, fetched),
+ * and sets cookies for every name under localhost. Each outcome is "read:
+ * VALUE" or "refused: ERROR"; window.results has them all.
+ */
+async function hostile() {
+  const p = JSON.parse(decodeURIComponent(location.hash.slice(1)));
+  const results = {};
+  const read = async (what, f) => {
+    try {
+      results[what] = "read: " + JSON.stringify(await f());
+    } catch (err) {
+      results[what] = "refused: " + (err?.name ?? String(err));
+    }
+  };
+  const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+  const frame = (src) => new Promise((resolve) => {
+    const f = document.createElement("iframe");
+    f.onload = () => resolve(f);
+    setTimeout(() => resolve(f), 5000);
+    f.src = src;
+    document.body.append(f);
+  });
+  const exec = JSON.stringify({ command: "touch", args: ["/workspace/pwned"] });
+
+  await read("own sessionStorage", () => sessionStorage.getItem("kiln.token"));
+  await read("own localStorage", () => localStorage.getItem("kiln.token"));
+  await read("own cookies", () => document.cookie);
+
+  const cf = await frame(p.console);
+  await read("framed console's sessionStorage", () => cf.contentWindow.sessionStorage.getItem("kiln.token"));
+  await read("framed console's localStorage", () => cf.contentWindow.localStorage.length);
+  await read("framed console's page", () => cf.contentWindow.document.body.innerHTML);
+  const cw = window.open(p.console);
+  await sleep(1000);
+  await read("opened console's sessionStorage", () => cw.sessionStorage.getItem("kiln.token"));
+  await read("opened console's page", () => cw.document.body.innerHTML);
+  cw?.close();
+
+  for (const credentials of ["include", "omit"]) {
+    await read(`API list, credentials ${credentials}`, async () => {
+      const r = await fetch(p.api + "/sandboxes", { credentials });
+      return [r.status, await r.text()];
+    });
+    await read(`API exec, credentials ${credentials}`, async () => {
+      const r = await fetch(`${p.api}/sandboxes/${p.sandbox}/exec`, { method: "POST", credentials, headers: { "Content-Type": "application/json" }, body: exec });
+      return [r.status, await r.text()];
+    });
+    await read(`API exec as a form would, credentials ${credentials}`, async () => {
+      const r = await fetch(`${p.api}/sandboxes/${p.sandbox}/exec`, { method: "POST", mode: "no-cors", credentials, body: exec });
+      return [r.type, r.status];
+    });
+  }
+  await read("API create as a form would", async () => {
+    const r = await fetch(p.api + "/sandboxes", { method: "POST", mode: "no-cors", credentials: "include", body: "{}" });
+    return [r.type, r.status];
+  });
+  await read("API WebSocket", () => new Promise((resolve) => {
+    const ws = new WebSocket(`${p.api.replace(/^http/, "ws")}/sandboxes/${p.sandbox}/exec-stream`);
+    ws.onopen = () => resolve("open");
+    ws.onclose = (ev) => resolve(`closed ${ev.code}`);
+  }));
+  await read("API on its own host", async () => {
+    const r = await fetch(location.origin + "/sandboxes", { credentials: "include" });
+    return [r.status, (await r.json()).error.code];
+  });
+  await read("console on its own host", async () => (await fetch(location.origin + "/")).status);
+
+  const vf = await frame(p.victim);
+  await read("framed preview's localStorage", () => vf.contentWindow.localStorage.getItem("secret"));
+  await read("framed preview's cookies", () => vf.contentWindow.document.cookie);
+  const vw = window.open(p.victim);
+  await sleep(1000);
+  await read("opened preview's sessionStorage", () => vw.sessionStorage.getItem("secret"));
+  await read("opened preview's localStorage", () => vw.localStorage.getItem("secret"));
+  await read("opened preview's cookies", () => vw.document.cookie);
+  vw?.close();
+  await read("preview fetched with credentials", async () => (await fetch(p.victim, { credentials: "include" })).text());
+
+  document.cookie = "tossed=1; Domain=localhost; Path=/";
+  document.cookie = "own=1; Path=/";
+  await read("own cookies, set for localhost and for itself", () => document.cookie);
+  window.results = results;
+}
+
+/** The page of the preview that is attacked: a secret in each of its stores. */
+const victimPage = `<!doctype html><title>victim</title><script>
+localStorage.setItem("secret", "victim-local");
+sessionStorage.setItem("secret", "victim-session");
+document.cookie = "vsecret=victim-cookie; Path=/";
+document.title = "victim ready";
+</script>`;
+
+test("a hostile preview page: the console's storage, the API and another preview's storage and cookies are out of its reach", async () => {
+  // The console logged in, no sandbox open.
+  await page.goto(kilnd.url + "/");
+  await page.waitForSelector("text=Log out");
+  // Each preview a sandbox's web server; the victim in another sandbox.
+  const serve = async (file, html) => {
+    const sb = (await api("POST", "/sandboxes", {})).id;
+    const put = await fetch(`${kilnd.url}/sandboxes/${sb}/files/workspace/${file}`, { method: "PUT", headers: { Authorization: "Bearer " + kilnd.token }, body: html });
+    assert.ok(put.ok, String(put.status));
+    await api("POST", `/sandboxes/${sb}/exec-stream`, { command: "python3", args: ["-m", "http.server", "8000", "--bind", "127.0.0.1", "--directory", "/workspace"] });
+    for (const deadline = Date.now() + 15_000; ;) {
+      const r = await fetch(`${kilnd.url}/sandboxes/${sb}/ports/8000/${file}`, { headers: { Authorization: "Bearer " + kilnd.token } });
+      if (r.status === 200) break;
+      assert.ok(Date.now() < deadline, `the server in ${sb}: ${r.status}`);
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    return { sb, preview: await api("POST", `/sandboxes/${sb}/previews`, { port: 8000 }) };
+  };
+  const victim = await serve("victim.html", victimPage);
+  const attacker = await serve("hostile.html", `<!doctype html><title>hostile</title><body><script>(${hostile})()</script>`);
+  const port = new URL(kilnd.url).port;
+  for (const p of [victim.preview, attacker.preview]) {
+    assert.equal(new URL(p.url).host, `${p.id}.localhost:${port}`);
+  }
+  const sandboxes = (await api("GET", "/sandboxes")).length;
+
+  // The previews' pages in the console's browser, beside it.
+  const ctx = page.context();
+  const victimTab = await ctx.newPage();
+  await victimTab.goto(victim.preview.url + "victim.html");
+  await victimTab.waitForFunction(() => document.title === "victim ready");
+  const victimStores = () => victimTab.evaluate(() => ({ local: localStorage.getItem("secret"), session: sessionStorage.getItem("secret"), cookie: document.cookie }));
+  assert.deepEqual(await victimStores(), { local: "victim-local", session: "victim-session", cookie: "vsecret=victim-cookie" });
+
+  const hostileTab = await ctx.newPage();
+  const params = { api: kilnd.url, console: kilnd.url + "/", victim: victim.preview.url + "victim.html", sandbox: victim.sb };
+  await hostileTab.goto(attacker.preview.url + "hostile.html#" + encodeURIComponent(JSON.stringify(params)));
+  await hostileTab.waitForFunction(() => window.results !== undefined, null, { timeout: 60_000 });
+  const results = await hostileTab.evaluate(() => window.results);
+  await hostileTab.screenshot({ path: artifacts + "13-hostile-preview.png" });
+  const said = JSON.stringify(results, null, 1);
+  writeFileSync(artifacts + "13-hostile-preview.json", said + "\n");
+  for (const secret of [kilnd.token, "victim-local", "victim-session", "victim-cookie"]) {
+    assert.ok(!said.includes(secret), `the hostile page read ${secret}:\n${said}`);
+  }
+  assert.deepEqual(results, {
+    "own sessionStorage": "read: null",
+    "own localStorage": "read: null",
+    "own cookies": 'read: ""',
+    // Another origin's, and the console's page is framed by nobody and
+    // opens apart from its opener (Cross-Origin-Opener-Policy).
+    "framed console's sessionStorage": "refused: SecurityError",
+    "framed console's localStorage": "refused: SecurityError",
+    "framed console's page": "refused: SecurityError",
+    "opened console's sessionStorage": "refused: SecurityError",
+    "opened console's page": "refused: SecurityError",
+    // The API: refused for the page's origin; its answer unreadable.
+    "API list, credentials include": "refused: TypeError",
+    "API list, credentials omit": "refused: TypeError",
+    "API exec, credentials include": "refused: TypeError",
+    "API exec, credentials omit": "refused: TypeError",
+    "API exec as a form would, credentials include": 'read: ["opaque",0]',
+    "API exec as a form would, credentials omit": 'read: ["opaque",0]',
+    "API create as a form would": 'read: ["opaque",0]',
+    "API WebSocket": 'read: "closed 1006"',
+    // Its own host serves its preview alone.
+    "API on its own host": 'read: [404,"not_found"]',
+    "console on its own host": "read: 404",
+    // Another preview: another origin, another site.
+    "framed preview's localStorage": "refused: SecurityError",
+    "framed preview's cookies": "refused: SecurityError",
+    "opened preview's sessionStorage": "refused: SecurityError",
+    "opened preview's localStorage": "refused: SecurityError",
+    "opened preview's cookies": "refused: SecurityError",
+    "preview fetched with credentials": "refused: TypeError",
+    // A cookie for every name under localhost is refused; its own host's is kept.
+    "own cookies, set for localhost and for itself": 'read: "own=1"',
+  }, said);
+
+  // Nothing it tried did anything: no command ran, no sandbox was made.
+  const pwned = await fetch(`${kilnd.url}/sandboxes/${victim.sb}/files/workspace/pwned`, { headers: { Authorization: "Bearer " + kilnd.token } });
+  assert.equal(pwned.status, 404);
+  assert.equal((await api("GET", "/sandboxes")).length, sandboxes);
+  // The victim's stores are as it left them; the browser holds each
+  // preview's cookie for its own host alone, and none for kilnd's.
+  assert.deepEqual(await victimStores(), { local: "victim-local", session: "victim-session", cookie: "vsecret=victim-cookie" });
+  const jar = (await ctx.cookies()).map((c) => `${c.name}@${c.domain}`).sort();
+  assert.deepEqual(jar, [`own@${attacker.preview.id}.localhost`, `vsecret@${victim.preview.id}.localhost`].sort());
+  assert.deepEqual(await ctx.cookies(kilnd.url), []);
+  await hostileTab.close();
+  await victimTab.close();
+
+  // The console still has its token, and works: it runs a command in the
+  // sandbox the page attacked.
+  assert.equal(await page.evaluate(() => sessionStorage.getItem("kiln.token")), kilnd.token);
+  await openSandbox(victim.sb);
+  await page.fill("#start input[name=command]", "echo still-here");
+  await page.click("#start button[type=submit]");
+  await page.waitForSelector("#log .exit", { timeout: 30_000 });
+  assert.equal(await page.textContent("#log"), "still-here\n[process exited with code 0]\n");
+  await shot("14-after-the-hostile-preview");
+  // And logs in again.
+  await page.click("text=Log out");
+  await page.waitForSelector("#login");
+  assert.equal(await page.evaluate(() => sessionStorage.getItem("kiln.token")), null);
+  await page.fill("#token", kilnd.token);
+  await page.click("#login button[type=submit]");
+  await page.waitForSelector("text=Log out");
+  await page.goto(kilnd.url + "/");
+  await page.waitForSelector("text=Log out");
+  await api("DELETE", `/sandboxes/${victim.sb}`);
+  await api("DELETE", `/sandboxes/${attacker.sb}`);
 });
 
 test("the token went into no URL the console asked for; nothing the page reported", async () => {
