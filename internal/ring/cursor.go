@@ -2,9 +2,9 @@ package ring
 
 import (
 	"context"
-	"slices"
 	"fmt"
 	"io"
+	"slices"
 	"sync/atomic"
 	"time"
 )
