@@ -17,7 +17,9 @@ import (
 // TestRun runs the whole benchmark at a tiny size, so it keeps compiling
 // and working; its figures mean nothing at this size.
 func TestRun(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	// A bound against a hang, not a figure: on a loaded machine the tiny
+	// run takes minutes.
+	ctx, cancel := context.WithTimeout(t.Context(), 6*time.Minute)
 	defer cancel()
 	var out bytes.Buffer
 	cfg := config{
@@ -78,7 +80,7 @@ func TestScale(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("kilnd needs root")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), 6*time.Minute)
 	defer cancel()
 	var out bytes.Buffer
 	cfg := config{
@@ -134,7 +136,7 @@ func TestCompare(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("the comparison needs root")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), 6*time.Minute)
 	defer cancel()
 	var out bytes.Buffer
 	cfg := config{
