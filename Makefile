@@ -2,7 +2,7 @@
 GO ?= go
 STATICCHECK = $(GO) tool -modfile=tools/go.mod staticcheck
 
-.PHONY: test test-v2 check bench compare fuzz faults soak sdk-test console-test
+.PHONY: test test-v2 check bench compare fuzz faults soak sdk-test console-test python-test
 
 # The whole test suite: formatting, vet, staticcheck, every test under the
 # race detector (the interop module's too: sandkiln's files and streams
@@ -14,6 +14,7 @@ test: check
 	$(GO) test -run='^$$' -bench=. -benchtime=1x ./...
 	$(MAKE) sdk-test
 	$(MAKE) console-test
+	$(MAKE) python-test
 
 # The cgroup tests on a pure cgroup v2 kernel, as most users' hosts are
 # (this one keeps its controllers on v1): Debian's kernel, downloaded and
@@ -48,6 +49,19 @@ console-test: $(CONSOLE)/node_modules/.package-lock.json
 
 $(CONSOLE)/node_modules/.package-lock.json: $(CONSOLE)/package-lock.json
 	cd $(CONSOLE) && npm ci --no-audit --no-fund --loglevel=error
+
+# The Python SDK: installed into a fresh virtual environment of Debian's
+# Python, which sees Debian's pytest, mypy, setuptools and websockets (no
+# package index is needed, and the package needs none of them to run);
+# checked with mypy --strict as it is installed; then its suite run.
+PYSDK = sdk/python
+PYVENV = .cache/python-venv
+python-test:
+	rm -rf $(PYVENV) $(PYSDK)/build $(PYSDK)/src/sandkiln.egg-info
+	/usr/bin/python3 -m venv --system-site-packages $(PYVENV)
+	$(PYVENV)/bin/python -m pip install --quiet --no-index --disable-pip-version-check --no-build-isolation ./$(PYSDK)
+	$(PYVENV)/bin/python -m mypy --strict --cache-dir $(PYVENV)/mypy -p sandkiln
+	cd $(PYSDK) && ../../$(PYVENV)/bin/python -m pytest -q -p no:cacheprovider tests
 
 check:
 	@out=$$(gofmt -l $$(git ls-files --cached --others --exclude-standard '*.go' 2>/dev/null || find . -name '*.go')); \
