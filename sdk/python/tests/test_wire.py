@@ -14,7 +14,10 @@ from typing import Any
 import pytest
 import websockets.server
 
+import sandkiln
 from sandkiln._http import Transport
+from sandkiln._process import exit_of
+from sandkiln._utf8 import StreamDecoder
 from sandkiln._websocket import ConnectionClosed
 from checks import rejects
 
@@ -288,3 +291,28 @@ def test_http_idle_connections_are_used_again_and_a_closed_one_is_not_a_failure(
             server.close()
 
     arun(run())
+
+
+def test_decoder_holds_back_an_incomplete_character() -> None:
+    d = StreamDecoder()
+    assert (d.decode(b"h\xc3"), d.held) == ("h", 1)
+    assert (d.decode(b"\xa9\xe2\x82"), d.held) == ("é", 2)
+    assert d.flush() == "\ufffd"
+    assert d.held == 0
+    assert (d.decode(b"\xff\xe2\x82\xac"), d.held) == ("\ufffd€", 0)
+
+
+def test_exits_as_the_shell_has_them() -> None:
+    assert exit_of({"exit_code": 3}) == sandkiln.Exit(3)
+    assert exit_of({"exit_code": 137, "signal": "KILL"}) == sandkiln.Exit(137, "SIGKILL")
+    assert exit_of({"signal": "TERM"}) == sandkiln.Exit(143, "SIGTERM")  # an older kilnd's, without a code
+    assert exit_of({"exit_code": 137, "signal": "KILL", "oom_killed": True, "output_cut": "drain_timeout"}) == \
+        sandkiln.Exit(137, "SIGKILL", True, "drain_timeout")
+
+
+def test_references_are_the_typescript_sdks_json() -> None:
+    # The keys a TypeScript reference has (src/process.ts): either SDK
+    # reopens what the other saved.
+    assert set(sandkiln.ProcessReference.__annotations__) == {
+        "kind", "version", "sandbox", "process", "offsets", "lost", "ended", "stdin", "format", "mode", "maxOutputBytes",
+        "overflow", "hold", "expiresAt"}
