@@ -1,5 +1,6 @@
 """sandkiln: kilnd's sandboxes, and processes whose output, input and exit
-are reported as they are known, never guessed, for asyncio (AsyncClient)."""
+are reported as they are known, never guessed. Client is synchronous,
+AsyncClient is for asyncio; both are the same code."""
 
 from ._client import AsyncClient, AsyncProcesses, AsyncSandbox, AsyncSandboxes, AsyncTerminals, Opening
 from ._errors import (
@@ -28,6 +29,17 @@ from ._errors import (
 from ._lines import ProcessLine, ProcessTail, TailSnapshot, read_process_lines
 from ._output import AsyncOutput, AsyncTerminalOutput
 from ._process import AsyncProcessHandle, AsyncTerminalHandle
+from ._sync import (
+    Client,
+    Output,
+    Processes,
+    ProcessHandle,
+    Sandbox,
+    Sandboxes,
+    TerminalHandle,
+    TerminalOutput,
+    Terminals,
+)
 from ._types import (
     LIMITS,
     ArgvCommand,
@@ -79,6 +91,7 @@ __all__ = [
     "ByteOutput",
     "CapturedLog",
     "Chunk",
+    "Client",
     "Command",
     "DetachedError",
     "ErrorCode",
@@ -98,24 +111,32 @@ __all__ = [
     "Opening",
     "OutOfRangeError",
     "OutcomeUnknownError",
+    "Output",
     "OutputCapacityError",
     "OutputInUseError",
     "PermissionDeniedError",
     "Preview",
+    "ProcessHandle",
     "ProcessInfo",
     "ProcessLine",
     "ProcessReference",
     "ProcessStatus",
     "ProcessTail",
+    "Processes",
+    "Sandbox",
     "SandboxInfo",
     "SandboxReference",
     "SandboxStats",
+    "Sandboxes",
     "SandkilnError",
     "ShellCommand",
     "StdinClosedError",
     "StreamCount",
     "StreamName",
     "TailSnapshot",
+    "TerminalHandle",
+    "TerminalOutput",
+    "Terminals",
     "TerminateResult",
     "TextChunk",
     "TextOutput",

@@ -1,0 +1,535 @@
+"""The synchronous client: the asyncio client's code, run on an event loop
+that a thread of the client's own keeps. Each call is handed to that loop
+and waited for; everything the SDK does happens there, so that sync and
+async behave alike by construction. Any thread may call; calls from several
+threads run concurrently on the loop (one thread reading output while
+another writes input, say)."""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import threading
+import weakref
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Mapping
+from typing import Any, Generic, Literal, TypeVar, overload
+
+from ._client import AsyncClient, AsyncProcesses, AsyncSandbox, AsyncSandboxes, AsyncTerminals
+from ._errors import error
+from ._lines import ProcessLine, _async_lines, _Lines
+from ._output import AsyncOutput, C
+from ._process import AsyncHandle, AsyncProcessHandle, AsyncTerminalHandle
+from ._types import (
+    ByteChunk,
+    ByteOutput,
+    Command,
+    ExecOutput,
+    ProcessInfo,
+    ProcessReference,
+    ProcessStatus,
+    SandboxInfo,
+    SandboxReference,
+    SandboxStats,
+    TerminateResult,
+    TextChunk,
+    TextOutput,
+    WaitResult,
+)
+
+T = TypeVar("T")
+Y = TypeVar("Y")
+
+
+def _serve(loop: asyncio.AbstractEventLoop) -> None:
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_forever()
+    finally:
+        # What is still running (a handle's background release, say) is
+        # cancelled and awaited, so that the loop closes clean.
+        tasks = asyncio.all_tasks(loop)
+        for t in tasks:
+            t.cancel()
+        loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
+
+
+def _stop(loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
+    if loop.is_closed():
+        return
+    try:
+        loop.call_soon_threadsafe(loop.stop)
+    except RuntimeError:
+        return
+    if threading.current_thread() is not thread:
+        thread.join()
+
+
+class _Portal:
+    """The loop and its thread. The thread's target holds the loop, not the
+    portal: a client dropped without close() stops its thread when the
+    last object made through it goes."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=_serve, args=(self.loop,), name="sandkiln", daemon=True)
+        self.thread.start()
+        self._finalize = weakref.finalize(self, _stop, self.loop, self.thread)
+
+    def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Runs coro on the loop and waits for it. An interrupt (Ctrl-C)
+        while it waits cancels it there, as asyncio's cancellation would."""
+        if threading.current_thread() is self.thread:
+            coro.close()
+            raise RuntimeError("sandkiln: the synchronous client was called on its own loop: use AsyncClient in async code")
+        if self.loop.is_closed():
+            coro.close()
+            raise error("DETACHED", "sandkiln: the client is closed")
+        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return fut.result()
+        except BaseException:
+            if not fut.done():
+                fut.cancel()
+                try:
+                    fut.result(timeout=5)
+                except BaseException:
+                    pass
+            raise
+
+    def soon(self, fn: Callable[[], object]) -> None:
+        """Runs fn on the loop, not waiting for it."""
+        try:
+            self.loop.call_soon_threadsafe(fn)
+        except RuntimeError:
+            pass  # the loop is closed: nothing is left to do there
+
+    def stop(self) -> None:
+        self._finalize()
+
+
+async def _wait(aw: Awaitable[T]) -> T:
+    return await aw
+
+
+async def _step(it: AsyncIterator[Y]) -> tuple[bool, Y | None]:
+    try:
+        return True, await it.__anext__()
+    except StopAsyncIteration:
+        return False, None
+
+
+def _in_thread(f: Callable[[Y], object]) -> Callable[[Y], Coroutine[Any, Any, object]]:
+    """A synchronous callback, run in a worker thread so that it may block,
+    and call the client, without holding up the loop."""
+
+    async def call(v: Y) -> object:
+        return await asyncio.to_thread(f, v)
+
+    return call
+
+
+class _Iter(Generic[Y]):
+    """An async iterator, iterated from other threads."""
+
+    def __init__(self, p: _Portal, it: AsyncIterator[Y], close: Callable[[], object] | None = None) -> None:
+        self._p = p
+        self._it = it
+        self._close = close
+        self._over = False
+
+    def __iter__(self) -> _Iter[Y]:
+        return self
+
+    def __next__(self) -> Y:
+        if self._over:
+            raise StopIteration
+        try:
+            more, v = self._p.call(_step(self._it))
+        except BaseException:
+            self._over = True
+            raise
+        if not more:
+            self._over = True
+            raise StopIteration
+        return v  # type: ignore[return-value]
+
+    def close(self) -> None:
+        """Stops iterating; what it holds is let go."""
+        if not self._over:
+            self._over = True
+            if self._close is not None:
+                self._p.soon(self._close)
+
+    def __enter__(self) -> _Iter[Y]:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+
+# The most chunks one call to the loop brings back: all the unread queue
+# can hold.
+_BATCH = 256
+
+
+async def _next_batch(a: AsyncOutput[C]) -> list[C] | None:
+    try:
+        return await a._batch(_BATCH)
+    except StopAsyncIteration:
+        return None
+
+
+class Output(Generic[C]):
+    """A handle's output: ``for chunk in child.output()``. Leaving the loop
+    (break, an exception, close(), a with block's end) stops reading, at
+    once: in stream mode the process no longer waits for this handle, in
+    finite mode the handle is detached. See AsyncOutput for the rest.
+
+    Each call to the loop brings back the next chunk and those queued
+    behind it; each of those is delivered (its offset counted, its credit
+    returned) as the loop here takes it, so the queue's bounds hold what
+    the consumer has not taken, as in the asynchronous client."""
+
+    def __init__(self, p: _Portal, a: AsyncOutput[C]) -> None:
+        self._p = p
+        self._a = a
+        self._buf: deque[C] = deque()
+        self._unsettled = 0  # the last of _buf are chunks not yet delivered
+        self._started = False
+        self._over = False
+
+    def __iter__(self) -> Output[C]:
+        return self
+
+    def __next__(self) -> C:
+        self._started = True
+        if not self._buf:
+            if self._over:
+                raise StopIteration
+            try:
+                batch = self._p.call(_next_batch(self._a))
+            except BaseException:
+                self._over = True
+                raise
+            if batch is None:
+                self._over = True
+                raise StopIteration
+            self._buf.extend(batch)
+            self._unsettled = len(batch) - 1
+        if len(self._buf) <= self._unsettled:
+            self._unsettled -= 1
+            self._p.soon(self._a._settle)
+        return self._buf.popleft()
+
+    def close(self) -> None:
+        """Stops reading; chunks brought back and not taken are not delivered."""
+        if not self._over:
+            self._over = True
+            self._buf.clear()
+            self._p.soon(self._a._finish)
+
+    def __enter__(self) -> Output[C]:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+    def _lines(self, limit: int, timeout: float | None) -> Iterator[ProcessLine] | None:
+        # read_process_lines over an output not iterated yet splits on the
+        # loop, where a timeout can end a wait for output.
+        if self._started:
+            return None
+        self._started = self._over = True
+        return _Iter(self._p, _async_lines(self._a, _Lines(limit), timeout), self._a._finish)
+
+
+class TerminalOutput:
+    """A terminal's output as bytes: ``for data in term.output()``."""
+
+    def __init__(self, p: _Portal, a: AsyncOutput[ByteChunk]) -> None:
+        self._out = Output(p, a)
+
+    def __iter__(self) -> TerminalOutput:
+        return self
+
+    def __next__(self) -> bytes:
+        return self._out.__next__().bytes
+
+    def close(self) -> None:
+        self._out.close()
+
+    def __enter__(self) -> TerminalOutput:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _lines(self, limit: int, timeout: float | None) -> Iterator[ProcessLine] | None:
+        return self._out._lines(limit, timeout)
+
+
+class _Handle(Generic[C]):
+    def __init__(self, p: _Portal, a: AsyncHandle[C]) -> None:
+        self._p = p
+        self._h: AsyncHandle[C] = a
+
+    def __repr__(self) -> str:
+        return repr(self._h).replace("<Async", "<", 1)
+
+    @property
+    def id(self) -> str:
+        return self._h.id
+
+    @property
+    def output_gap(self) -> bool:
+        """True when bytes were lost to this handle; lost_bytes says how many."""
+        return self._h.output_gap
+
+    @property
+    def lost_bytes(self) -> int:
+        return self._h.lost_bytes
+
+    def write(self, data: str | bytes | bytearray | memoryview, *, timeout: float | None = None) -> None:
+        """See AsyncHandle.write: in order, each write once, 64 KiB at most."""
+        self._p.call(self._h.write(data, timeout=timeout))
+
+    def wait(self, *, timeout: float | None = None) -> WaitResult:
+        """Waits for a confirmed exit; timeout stops this wait alone (WAIT_ABORTED)."""
+        return self._p.call(self._h.wait(timeout=timeout))
+
+    def status(self, *, timeout: float | None = None) -> ProcessStatus:
+        return self._p.call(self._h.status(timeout=timeout))
+
+    def signal(self, name: str, *, timeout: float | None = None) -> None:
+        self._p.call(self._h.signal(name, timeout=timeout))
+
+    def terminate(self, *, timeout: float | None = None) -> TerminateResult:
+        return self._p.call(self._h.terminate(timeout=timeout))
+
+    def reference(self) -> ProcessReference:
+        return self._p.call(_sync_value(self._h.reference))
+
+    def disconnect(self) -> None:
+        self._p.call(self._h.disconnect())
+
+    def detach(self) -> None:
+        self._p.call(self._h.detach())
+
+
+async def _sync_value(f: Callable[[], T]) -> T:
+    return f()
+
+
+class ProcessHandle(_Handle[C]):
+    """A process on pipes; see AsyncProcessHandle. ``with`` detaches it at
+    the block's end."""
+
+    def __init__(self, p: _Portal, a: AsyncProcessHandle[C]) -> None:
+        super().__init__(p, a)
+        self._a: AsyncProcessHandle[C] = a
+
+    def output(self, *, timeout: float | None = None) -> Output[C]:
+        return Output(self._p, self._a.output(timeout=timeout))
+
+    def close_stdin(self, *, timeout: float | None = None) -> None:
+        self._p.call(self._a.close_stdin(timeout=timeout))
+
+    def __enter__(self) -> ProcessHandle[C]:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.detach()
+
+
+class TerminalHandle(_Handle[ByteChunk]):
+    """A process on a terminal; see AsyncTerminalHandle."""
+
+    def __init__(self, p: _Portal, a: AsyncTerminalHandle) -> None:
+        super().__init__(p, a)
+        self._a = a
+
+    def output(self, *, timeout: float | None = None) -> TerminalOutput:
+        return TerminalOutput(self._p, self._a._output(timeout))
+
+    def resize(self, columns: int, rows: int, *, timeout: float | None = None) -> None:
+        self._p.call(self._a.resize(columns, rows, timeout=timeout))
+
+    def __enter__(self) -> TerminalHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.detach()
+
+
+def _handle(p: _Portal, a: AsyncProcessHandle[Any] | AsyncTerminalHandle) -> ProcessHandle[Any] | TerminalHandle:
+    return TerminalHandle(p, a) if isinstance(a, AsyncTerminalHandle) else ProcessHandle(p, a)
+
+
+class Client:
+    """Talks to one kilnd, from any thread. url defaults to $KILN_ADDR
+    ("127.0.0.1:7777", "http://…", "unix:///…/kilnd.sock"), token to
+    $KILN_TOKEN. ``with Client() as client`` closes it at the block's end;
+    close() also stops the thread it runs its event loop on."""
+
+    def __init__(self, url: str | None = None, token: str | None = None) -> None:
+        self._a = AsyncClient(url, token)
+        self._p = _Portal()
+        self.sandboxes = Sandboxes(self._p, self._a.sandboxes)
+
+    @property
+    def url(self) -> str:
+        return self._a.url
+
+    def health(self, *, timeout: float | None = None) -> bool:
+        return self._p.call(self._a.health(timeout=timeout))
+
+    def close(self) -> None:
+        """Lets go of every handle made through this client (see
+        AsyncClient.close), then stops its event loop's thread."""
+        if not self._p.loop.is_closed():
+            self._p.call(self._a.close())
+        self._p.stop()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Sandboxes:
+    def __init__(self, p: _Portal, a: AsyncSandboxes) -> None:
+        self._p = p
+        self._a = a
+
+    def create(self, *, name: str | None = None, hostname: str | None = None, image: str | None = None, rootfs: str | None = None,
+               runtime: str | None = None, limits: Mapping[str, int | float] | None = None, network: Mapping[str, Any] | None = None,
+               init: Mapping[str, Any] | None = None, idle_timeout_seconds: int | None = None, logs: Mapping[str, int] | None = None,
+               timeout: float | None = None) -> Sandbox:
+        """Creates a sandbox; see AsyncSandboxes.create. ``with
+        client.sandboxes.create() as sandbox`` destroys it at the block's end."""
+        a = self._p.call(_wait(self._a.create(
+            name=name, hostname=hostname, image=image, rootfs=rootfs, runtime=runtime, limits=limits, network=network,
+            init=init, idle_timeout_seconds=idle_timeout_seconds, logs=logs, timeout=timeout)))
+        return Sandbox(self._p, a)
+
+    def get(self, sandbox: str | SandboxReference | Mapping[str, Any], *, timeout: float | None = None) -> Sandbox:
+        return Sandbox(self._p, self._p.call(self._a.get(sandbox, timeout=timeout)))
+
+    def list(self, *, timeout: float | None = None) -> builtins.list[SandboxInfo]:
+        return self._p.call(self._a.list(timeout=timeout))
+
+    def delete(self, sandbox: str | SandboxReference | Mapping[str, Any] | Sandbox, *, remove_logs: bool = False,
+               timeout: float | None = None) -> None:
+        """See AsyncSandboxes.delete."""
+        target = sandbox._a if isinstance(sandbox, Sandbox) else sandbox
+        self._p.call(self._a.delete(target, remove_logs=remove_logs, timeout=timeout))
+
+
+class Sandbox:
+    """A handle on a sandbox; see AsyncSandbox. ``with sandbox`` destroys it
+    at the block's end."""
+
+    def __init__(self, p: _Portal, a: AsyncSandbox) -> None:
+        self._p = p
+        self._a = a
+        self.id = a.id
+        self.name = a.name
+        self.processes = Processes(p, a.processes)
+        self.terminals = Terminals(p, a.terminals)
+
+    def __repr__(self) -> str:
+        return f"<Sandbox {self.id}>"
+
+    @property
+    def info(self) -> SandboxInfo:
+        return self._a.info
+
+    @property
+    def reference(self) -> SandboxReference:
+        return self._a.reference
+
+    def refresh(self, *, timeout: float | None = None) -> SandboxInfo:
+        return self._p.call(self._a.refresh(timeout=timeout))
+
+    def stats(self, *, timeout: float | None = None) -> SandboxStats:
+        return self._p.call(self._a.stats(timeout=timeout))
+
+    def destroy(self, *, remove_logs: bool = False, timeout: float | None = None) -> None:
+        self._p.call(self._a.destroy(remove_logs=remove_logs, timeout=timeout))
+
+    def exec(self, command: Command, *, cwd: str | None = None, env: Mapping[str, str] | None = None, user: str | None = None,
+             stdin: str | bytes | None = None, max_output_bytes: int | None = None, deadline_seconds: float | None = None,
+             on_output: Callable[[TextChunk], object] | None = None, timeout: float | None = None) -> ExecOutput:
+        """See AsyncSandbox.exec; on_output runs in a worker thread, each
+        call waited for before the next."""
+        return self._p.call(self._a.exec(
+            command, cwd=cwd, env=env, user=user, stdin=stdin, max_output_bytes=max_output_bytes,
+            deadline_seconds=deadline_seconds, on_output=_in_thread(on_output) if on_output is not None else None, timeout=timeout))
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.destroy()
+
+
+class Processes:
+    def __init__(self, p: _Portal, a: AsyncProcesses) -> None:
+        self._p = p
+        self._a = a
+
+    @overload
+    def start(self, command: Command, *, output: ByteOutput, stdin: Literal["pipe", "closed"] = "closed",
+              cwd: str | None = None, env: Mapping[str, str] | None = None, user: str | None = None, capture: bool = False,
+              drain_ms: int | None = None, timeout: float | None = None,
+              deadline_seconds: None = None) -> ProcessHandle[ByteChunk]: ...
+
+    @overload
+    def start(self, command: Command, *, output: TextOutput | None = None, stdin: Literal["pipe", "closed"] = "closed",
+              cwd: str | None = None, env: Mapping[str, str] | None = None, user: str | None = None, capture: bool = False,
+              drain_ms: int | None = None, timeout: float | None = None,
+              deadline_seconds: None = None) -> ProcessHandle[TextChunk]: ...
+
+    def start(self, command: Command, *, output: TextOutput | ByteOutput | None = None, stdin: Literal["pipe", "closed"] = "closed",
+              cwd: str | None = None, env: Mapping[str, str] | None = None, user: str | None = None, capture: bool = False,
+              drain_ms: int | None = None, timeout: float | None = None,
+              deadline_seconds: None = None) -> ProcessHandle[ByteChunk] | ProcessHandle[TextChunk]:
+        """Starts a process and gives its handle at once; see
+        AsyncProcesses.start."""
+        a = self._p.call(self._a._start(command, output, stdin, cwd, env, user, capture, drain_ms, timeout, deadline_seconds))
+        return ProcessHandle(self._p, a)
+
+    def reopen(self, ref: ProcessReference, *, timeout: float | None = None) -> ProcessHandle[Any]:
+        return ProcessHandle(self._p, self._p.call(self._a.reopen(ref, timeout=timeout)))
+
+    def get(self, id: str, *, format: Literal["text", "bytes"] = "text", overflow: Literal["fail", "report"] = "fail",
+            timeout: float | None = None) -> ProcessHandle[Any] | TerminalHandle:
+        return _handle(self._p, self._p.call(self._a.get(id, format=format, overflow=overflow, timeout=timeout)))
+
+    def list(self, *, timeout: float | None = None) -> builtins.list[ProcessInfo]:
+        return self._p.call(self._a.list(timeout=timeout))
+
+
+class Terminals:
+    def __init__(self, p: _Portal, a: AsyncTerminals) -> None:
+        self._p = p
+        self._a = a
+
+    def start(self, command: Command, *, columns: int = 80, rows: int = 24, cwd: str | None = None,
+              env: Mapping[str, str] | None = None, user: str | None = None, capture: bool = False,
+              drain_ms: int | None = None, timeout: float | None = None) -> TerminalHandle:
+        return TerminalHandle(self._p, self._p.call(_wait(self._a.start(
+            command, columns=columns, rows=rows, cwd=cwd, env=env, user=user, capture=capture, drain_ms=drain_ms, timeout=timeout))))
+
+    def reopen(self, ref: ProcessReference, *, timeout: float | None = None) -> TerminalHandle:
+        return TerminalHandle(self._p, self._p.call(self._a.reopen(ref, timeout=timeout)))
