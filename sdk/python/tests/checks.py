@@ -4,6 +4,8 @@ end or to a mark, tasks begun in order."""
 from __future__ import annotations
 
 import asyncio
+import http.client
+import urllib.parse
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
@@ -109,3 +111,19 @@ async def begun(*aws: Awaitable[Any]) -> list[asyncio.Task[Any]]:
     tasks = [asyncio.ensure_future(a) for a in aws]
     await asyncio.sleep(0)
     return tasks
+
+
+def preview_get(url: str, path: str = "") -> tuple[int, bytes]:
+    """GET of path under a preview's URL, as a browser makes it: a browser
+    resolves ID.localhost to loopback itself, where Python's resolver would
+    ask DNS; so this connects to loopback on the URL's port and sends the
+    preview's own Host. The status and body, whatever the status."""
+    u = urllib.parse.urlsplit(url)
+    assert u.hostname is not None and u.hostname.endswith(".localhost"), url
+    conn = http.client.HTTPConnection("127.0.0.1", u.port or 80, timeout=30)
+    try:
+        conn.request("GET", u.path + path, headers={"Host": u.netloc})
+        r = conn.getresponse()
+        return r.status, r.read()
+    finally:
+        conn.close()

@@ -1,5 +1,7 @@
 """The asyncio client, its sandboxes, and what a sandbox offers: processes,
-terminals and exec."""
+terminals and exec here; files, logs, ports, previews and images in their
+own modules. The synchronous client (_sync) runs this same code on an
+event loop of its own."""
 
 from __future__ import annotations
 
@@ -15,7 +17,11 @@ from typing import Any, Generic, Literal, Protocol, TypeVar, cast, overload
 from urllib.parse import urlsplit
 
 from ._errors import SandkilnError, error
+from ._files import AsyncFiles
 from ._http import Transport, check_timeout, segment
+from ._images import AsyncImages
+from ._logs import AsyncLogs
+from ._ports import AsyncPorts, AsyncPreviews
 from ._process import AsyncHandle, AsyncProcessHandle, AsyncTerminalHandle, Settings, check_size
 from ._types import (
     LIMITS,
@@ -101,6 +107,7 @@ class AsyncClient:
     def __init__(self, url: str | None = None, token: str | None = None) -> None:
         self._transport = Transport(client_url(url), token if token is not None else os.environ.get("KILN_TOKEN") or None)
         self.sandboxes = AsyncSandboxes(self._transport)
+        self.images = AsyncImages(self._transport)
 
     @property
     def url(self) -> str:
@@ -218,6 +225,12 @@ class AsyncSandbox:
         self._handles: set[AsyncHandle[Any]] = set()
         self.processes = AsyncProcesses(self)
         self.terminals = AsyncTerminals(self)
+        self.files = AsyncFiles(self._t, self._path)
+        self.previews = AsyncPreviews(self._t, self._path)
+        self.logs = AsyncLogs(self._t, self._path)
+        """The captured logs of its processes started with capture."""
+        self.ports = AsyncPorts(self._t, self._path, self._watch)
+        """Its ports: HTTP through kilnd's proxy, and TCP connections."""
 
     def __repr__(self) -> str:
         return f"<AsyncSandbox {self.id}>"
@@ -240,7 +253,13 @@ class AsyncSandbox:
 
     def release(self, h: AsyncHandle[Any]) -> None:
         self._handles.discard(h)
-        if not self._handles:
+        if not self._handles and not self.ports._open:
+            self._registry._known.discard(self)
+
+    def _watch(self, open_: bool) -> None:
+        if open_:
+            self._registry._known.add(self)
+        elif not self._handles and not self.ports._open:
             self._registry._known.discard(self)
 
     def _let_go_handles(self, release: bool) -> None:
@@ -248,6 +267,7 @@ class AsyncSandbox:
         too (their processes go on)."""
         for h in list(self._handles):
             h._let_go(release)
+        self.ports._close_all()
 
     async def refresh(self, *, timeout: float | None = None) -> SandboxInfo:
         """Asks kilnd for the sandbox's description again."""

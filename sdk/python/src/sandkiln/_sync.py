@@ -16,15 +16,26 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Itera
 from typing import Any, Generic, Literal, TypeVar, overload
 
 from ._client import AsyncClient, AsyncProcesses, AsyncSandbox, AsyncSandboxes, AsyncTerminals
+from ._files import AsyncFiles
+from ._images import AsyncImages
 from ._errors import error
 from ._lines import ProcessLine, _async_lines, _Lines
+from ._logs import AsyncLogs, Time
+from ._ports import AsyncPortConnection, AsyncPorts, AsyncPreviews
 from ._output import AsyncOutput, C
 from ._process import AsyncHandle, AsyncProcessHandle, AsyncTerminalHandle
+from ._streams import AsyncByteStream, Source
 from ._types import (
     ByteChunk,
     ByteOutput,
+    CapturedLog,
     Command,
     ExecOutput,
+    FileInfo,
+    ImageInfo,
+    ImageProgress,
+    LogRecord,
+    Preview,
     ProcessInfo,
     ProcessReference,
     ProcessStatus,
@@ -329,6 +340,13 @@ async def _sync_value(f: Callable[[], T]) -> T:
     return f()
 
 
+async def _bounded(aw: Awaitable[T], timeout: float | None, what: str) -> T:
+    try:
+        return await asyncio.wait_for(aw, timeout)
+    except TimeoutError as err:
+        raise error("WAIT_ABORTED", f"{what}: timed out after {timeout} s") from err
+
+
 class ProcessHandle(_Handle[C]):
     """A process on pipes; see AsyncProcessHandle. ``with`` detaches it at
     the block's end."""
@@ -374,6 +392,65 @@ def _handle(p: _Portal, a: AsyncProcessHandle[Any] | AsyncTerminalHandle) -> Pro
     return TerminalHandle(p, a) if isinstance(a, AsyncTerminalHandle) else ProcessHandle(p, a)
 
 
+class ByteStream(_Iter[bytes]):
+    """An answer's body as it comes: ``for chunk in stream``, or read().
+    Close it (``with``, close()) if it is not read to its end."""
+
+    def __init__(self, p: _Portal, a: AsyncByteStream) -> None:
+        super().__init__(p, a, a.close_now)
+        self._a = a
+        self.status = a.status
+        self.headers = a.headers
+        self.info = a.info
+
+    @property
+    def trailers(self) -> Any:
+        """The trailer fields, once the body was read to its end."""
+        return self._a.trailers
+
+    def read(self) -> bytes:
+        """The rest of the body, whole."""
+        return self._p.call(self._a.read())
+
+    def __enter__(self) -> ByteStream:
+        return self
+
+
+class PortConnection(_Iter[bytes]):
+    """A TCP connection to a port inside a sandbox; see AsyncPortConnection.
+    Iterating it gives the server's bytes; leaving a loop early leaves it
+    open, and iterating again goes on where it stopped."""
+
+    def __init__(self, p: _Portal, a: AsyncPortConnection) -> None:
+        super().__init__(p, a)
+        self._a = a
+        self.port = a.port
+
+    def __next__(self) -> bytes:
+        self._over = False  # iterating again goes on where it stopped
+        return super().__next__()
+
+    def write(self, data: bytes | str, *, timeout: float | None = None) -> None:
+        self._p.call(self._a.write(data, timeout=timeout))
+
+    def close(self) -> None:
+        self._over = True
+        self._p.call(self._a.close())
+
+    @property
+    def closed(self) -> bool:
+        return self._a.closed
+
+    def wait_closed(self, *, timeout: float | None = None) -> None:
+        self._p.call(_bounded(self._a.wait_closed(), timeout, f"port {self.port}: wait_closed()"))
+
+    def __enter__(self) -> PortConnection:
+        return self
+
+    def __del__(self) -> None:
+        pass  # a dropped connection stays open until close(), as a socket would
+
+
 class Client:
     """Talks to one kilnd, from any thread. url defaults to $KILN_ADDR
     ("127.0.0.1:7777", "http://…", "unix:///…/kilnd.sock"), token to
@@ -384,6 +461,7 @@ class Client:
         self._a = AsyncClient(url, token)
         self._p = _Portal()
         self.sandboxes = Sandboxes(self._p, self._a.sandboxes)
+        self.images = Images(self._p, self._a.images)
 
     @property
     def url(self) -> str:
@@ -446,6 +524,10 @@ class Sandbox:
         self.name = a.name
         self.processes = Processes(p, a.processes)
         self.terminals = Terminals(p, a.terminals)
+        self.files = Files(p, a.files)
+        self.previews = Previews(p, a.previews)
+        self.logs = Logs(p, a.logs)
+        self.ports = Ports(p, a.ports)
 
     def __repr__(self) -> str:
         return f"<Sandbox {self.id}>"
@@ -533,3 +615,119 @@ class Terminals:
 
     def reopen(self, ref: ProcessReference, *, timeout: float | None = None) -> TerminalHandle:
         return TerminalHandle(self._p, self._p.call(self._a.reopen(ref, timeout=timeout)))
+
+
+class Files:
+    """A sandbox's files; see AsyncFiles. Bodies stream both ways."""
+
+    def __init__(self, p: _Portal, a: AsyncFiles) -> None:
+        self._p = p
+        self._a = a
+
+    def read(self, path: str, *, timeout: float | None = None) -> bytes:
+        return self._p.call(self._a.read(path, timeout=timeout))
+
+    def read_text(self, path: str, *, timeout: float | None = None) -> str:
+        return self._p.call(self._a.read_text(path, timeout=timeout))
+
+    def read_stream(self, path: str, *, timeout: float | None = None) -> ByteStream:
+        return ByteStream(self._p, self._p.call(self._a.read_stream(path, timeout=timeout)))
+
+    def write(self, path: str, data: Source, *, mode: str | None = None, timeout: float | None = None) -> FileInfo:
+        return self._p.call(self._a.write(path, data, mode=mode, timeout=timeout))
+
+    def list(self, path: str, *, timeout: float | None = None) -> builtins.list[FileInfo]:
+        return self._p.call(self._a.list(path, timeout=timeout))
+
+    def stat(self, path: str, *, timeout: float | None = None) -> FileInfo:
+        return self._p.call(self._a.stat(path, timeout=timeout))
+
+    def remove(self, path: str, *, recursive: bool = False, timeout: float | None = None) -> None:
+        self._p.call(self._a.remove(path, recursive=recursive, timeout=timeout))
+
+    def mkdir(self, path: str, *, timeout: float | None = None) -> FileInfo:
+        return self._p.call(self._a.mkdir(path, timeout=timeout))
+
+    def archive(self, path: str, *, timeout: float | None = None) -> ByteStream:
+        return ByteStream(self._p, self._p.call(self._a.archive(path, timeout=timeout)))
+
+    def extract(self, dir: str, tar: Source, *, timeout: float | None = None) -> FileInfo:
+        return self._p.call(self._a.extract(dir, tar, timeout=timeout))
+
+
+class Previews:
+    def __init__(self, p: _Portal, a: AsyncPreviews) -> None:
+        self._p = p
+        self._a = a
+
+    def create(self, port: int, *, ttl_seconds: int | None = None, timeout: float | None = None) -> Preview:
+        return self._p.call(self._a.create(port, ttl_seconds=ttl_seconds, timeout=timeout))
+
+    def list(self, *, timeout: float | None = None) -> builtins.list[Preview]:
+        return self._p.call(self._a.list(timeout=timeout))
+
+    def revoke(self, id: str, *, timeout: float | None = None) -> None:
+        self._p.call(self._a.revoke(id, timeout=timeout))
+
+
+class Images:
+    def __init__(self, p: _Portal, a: AsyncImages) -> None:
+        self._p = p
+        self._a = a
+
+    def list(self, *, timeout: float | None = None) -> builtins.list[ImageInfo]:
+        return self._p.call(self._a.list(timeout=timeout))
+
+    def get(self, name: str, *, timeout: float | None = None) -> ImageInfo:
+        return self._p.call(self._a.get(name, timeout=timeout))
+
+    def remove(self, name: str, *, timeout: float | None = None) -> None:
+        self._p.call(self._a.remove(name, timeout=timeout))
+
+    def pull(self, ref: str, *, on_progress: Callable[[ImageProgress], object] | None = None,
+             timeout: float | None = None) -> ImageInfo:
+        return self._p.call(self._a.pull(ref, on_progress=_in_thread(on_progress) if on_progress else None, timeout=timeout))
+
+    def import_(self, tar: Source, *, on_progress: Callable[[ImageProgress], object] | None = None,
+                timeout: float | None = None) -> builtins.list[ImageInfo]:
+        return self._p.call(self._a.import_(tar, on_progress=_in_thread(on_progress) if on_progress else None, timeout=timeout))
+
+
+class Logs:
+    """A sandbox's captured logs; see AsyncLogs."""
+
+    def __init__(self, p: _Portal, a: AsyncLogs) -> None:
+        self._p = p
+        self._a = a
+
+    def list(self, *, timeout: float | None = None) -> builtins.list[CapturedLog]:
+        return self._p.call(self._a.list(timeout=timeout))
+
+    def read(self, pid: str, *, stream: Literal["stdout", "stderr"] | None = None, tail: int | None = None,
+             since: Time | None = None, until: Time | None = None, follow: bool = False,
+             source: Literal["best", "log"] | None = None, timeout: float | None = None) -> ByteStream:
+        return ByteStream(self._p, self._p.call(self._a.read(
+            pid, stream=stream, tail=tail, since=since, until=until, follow=follow, source=source, timeout=timeout)))
+
+    def records(self, pid: str, *, stream: Literal["stdout", "stderr"] | None = None, tail: int | None = None,
+                since: Time | None = None, until: Time | None = None, follow: bool = False,
+                source: Literal["best", "log"] | None = None, timeout: float | None = None) -> Iterator[LogRecord]:
+        it = self._a.records(pid, stream=stream, tail=tail, since=since, until=until, follow=follow, source=source, timeout=timeout)
+        return _Iter(self._p, it, lambda: asyncio.ensure_future(it.aclose()))
+
+
+class Ports:
+    """A sandbox's ports; see AsyncPorts."""
+
+    def __init__(self, p: _Portal, a: AsyncPorts) -> None:
+        self._p = p
+        self._a = a
+
+    def fetch(self, port: int, path: str, *, method: str = "GET", headers: Mapping[str, str] | None = None,
+              body: Source | None = None, timeout: float | None = None) -> ByteStream:
+        return ByteStream(self._p, self._p.call(self._a.fetch(port, path, method=method, headers=headers, body=body, timeout=timeout)))
+
+    def connect(self, port: int, *, timeout: float | None = None) -> PortConnection:
+        return PortConnection(self._p, self._p.call(self._a.connect(port, timeout=timeout)))
+
+
