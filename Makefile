@@ -53,7 +53,8 @@ $(CONSOLE)/node_modules/.package-lock.json: $(CONSOLE)/package-lock.json
 # The Python SDK: installed into a fresh virtual environment of Debian's
 # Python, which sees Debian's pytest, mypy, setuptools and websockets (no
 # package index is needed, and the package needs none of them to run);
-# checked with mypy --strict as it is installed; then its suite run.
+# checked with mypy --strict, the installed package and the examples that
+# use it; then its suite run against a real kilnd.
 PYSDK = sdk/python
 PYVENV = .cache/python-venv
 python-test:
@@ -61,6 +62,7 @@ python-test:
 	/usr/bin/python3 -m venv --system-site-packages $(PYVENV)
 	$(PYVENV)/bin/python -m pip install --quiet --no-index --disable-pip-version-check --no-build-isolation ./$(PYSDK)
 	$(PYVENV)/bin/python -m mypy --strict --cache-dir $(PYVENV)/mypy -p sandkiln
+	$(PYVENV)/bin/python -m mypy --strict --cache-dir $(PYVENV)/mypy $(PYSDK)/examples
 	cd $(PYSDK) && ../../$(PYVENV)/bin/python -m pytest -q -p no:cacheprovider tests
 
 check:
