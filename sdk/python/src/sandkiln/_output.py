@@ -35,9 +35,12 @@ CREDIT_FRAME = LIMITS.max_queued_bytes // LIMITS.max_queued_chunks
 # waiting a round trip for credit at every queue's worth.
 WINDOW = 2 * LIMITS.max_queued_bytes
 
-# Credit goes back to kilnd once this much was read. kilnd always has credit
-# for a frame while the queue is empty: WINDOW less this exceeds a frame.
-GRANT_EVERY = LIMITS.max_queued_bytes // 4
+# Credit goes back to kilnd once this much was read: half the window, so
+# that half is on its way while the other is read, in few messages (each a
+# write that wakes kilnd; at a quarter of the queue, they halved a burst's
+# pace). kilnd always has credit for a frame while the queue is empty:
+# WINDOW less this exceeds a frame.
+GRANT_EVERY = WINDOW // 2
 
 FRAME_HEADER = 17
 _STREAMS: dict[int, StreamName] = {1: "stdout", 2: "stderr", 3: "terminal"}
@@ -116,10 +119,6 @@ class _Queue:
         self.cost = 0  # the credit the queued chunks' frames cost
         self.held = 0  # the credit of what arrived past the queue's bounds
         self._ready = asyncio.Event()
-
-    @property
-    def empty(self) -> bool:
-        return not self.items and not self.arriving
 
     def push(self, it: _Item) -> None:
         if self.arriving or (isinstance(it, _Chunk) and self.cost + it.p.cost > LIMITS.max_queued_bytes):
@@ -433,7 +432,7 @@ class AsyncOutput(AsyncIterator[C]):
                 raise error("UNAVAILABLE", f"process {h.id}: output interrupted ({it.code}{' ' + it.reason if it.reason else ''}); "
                             "call output() again to resume")
             p = it.p
-            self._delivered(p, q)
+            self._delivered(p)
             if p.lost and h._settings.overflow == "fail":
                 raise error("OUTPUT_CAPACITY", f"process {h.id}: {p.lost} bytes of {p.stream} were lost before this handle read them "
                             '(the reader fell behind what kilnd keeps); overflow "report" goes on past such gaps')
@@ -441,13 +440,10 @@ class AsyncOutput(AsyncIterator[C]):
                 continue
             return cast(C, p.chunk(text_mode))
 
-    def _delivered(self, p: _Pending, q: _Queue) -> None:
+    def _delivered(self, p: _Pending) -> None:
         self._h._deliver(p)
         self._ungranted += p.cost
-        # Credit goes back at each quarter of the queue read, and at once
-        # when the consumer has read all there was: kilnd, which may be
-        # waiting for it, sends on sooner.
-        if self._ungranted >= GRANT_EVERY or (self._ungranted > 0 and q.empty):
+        if self._ungranted >= GRANT_EVERY:
             self._h._grant(self._ungranted)
             self._ungranted = 0
 
@@ -477,7 +473,7 @@ class AsyncOutput(AsyncIterator[C]):
             self._peeked.clear()  # let go meanwhile: nothing is delivered any more
             return
         q.pop()
-        self._delivered(p, q)
+        self._delivered(p)
 
     async def aclose(self) -> None:
         """Stops reading, at once, even while another task waits for output."""
