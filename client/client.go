@@ -356,6 +356,11 @@ func (c *Client) Sandboxes(ctx context.Context) ([]api.Sandbox, error) {
 	return out, c.call(ctx, "GET", "/sandboxes", nil, nil, &out, true)
 }
 
+// Health says kilnd answers: nil when it does.
+func (c *Client) Health(ctx context.Context) error {
+	return c.call(ctx, "GET", "/healthz", nil, nil, nil, true)
+}
+
 // ServerVersion is the build of the kilnd answering.
 func (c *Client) ServerVersion(ctx context.Context) (api.Version, error) {
 	var v api.Version

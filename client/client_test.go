@@ -667,3 +667,24 @@ func TestCapturedLogTail(t *testing.T) {
 		t.Errorf("NoLines: %q", got)
 	}
 }
+
+// TestHealthAndVersion: Health is nil while kilnd answers and an error
+// once it does not; ServerVersion names the Go that built it.
+func TestHealthAndVersion(t *testing.T) {
+	c, _ := kilnd(t)
+	ctx := ctxT(t)
+	if err := c.Health(ctx); err != nil {
+		t.Fatalf("Health: %v", err)
+	}
+	v, err := c.ServerVersion(ctx)
+	if err != nil || !strings.HasPrefix(v.GoVersion, "go1.") {
+		t.Errorf("ServerVersion: %+v, %v", v, err)
+	}
+	gone, err := client.New(client.Options{Addr: "127.0.0.1:1", Token: "x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := gone.Health(ctx); !errors.Is(err, client.ErrUnavailable) {
+		t.Errorf("Health of nothing listening: %v, want ErrUnavailable", err)
+	}
+}

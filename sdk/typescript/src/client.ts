@@ -87,6 +87,11 @@ export class Client {
     return true;
   }
 
+  /** The build of the kilnd answering: its version, commit and Go version. */
+  async version(options: SignalOptions = {}): Promise<Schemas["Version"]> {
+    return this.transport.call<Schemas["Version"]>("GET", "/version", { idempotent: true, signal: options.signal });
+  }
+
   /**
    * Lets go of every handle made through this client: their connections
    * close, their calls still waiting fail with DETACHED, and their
@@ -784,6 +789,16 @@ export class Files {
   /** Makes a directory and its parents. */
   async mkdir(path: string, options: SignalOptions = {}): Promise<FileInfo> {
     return this.s.transport.call<FileInfo>("POST", this.s.path(filePath(path)), { query: { op: "mkdir" }, idempotent: true, signal: options.signal });
+  }
+
+  /**
+   * Renames from to the absolute path to in one step, as rename(2) in the
+   * sandbox does (an existing file there is replaced), and says what it is
+   * then.
+   */
+  async move(from: string, to: string, options: SignalOptions = {}): Promise<FileInfo> {
+    filePath(to);
+    return this.s.transport.call<FileInfo>("POST", this.s.path(filePath(from)), { query: { op: "move", to }, signal: options.signal });
   }
 }
 

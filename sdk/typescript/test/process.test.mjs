@@ -392,11 +392,24 @@ test("errors carry kilnd's code", async () => {
   await rejects(down.sandboxes.create(), "UNAVAILABLE"); // refused: never sent, so not unknown
 });
 
+test("health and version: kilnd answers, and says which build it is", async () => {
+  assert.equal(await client.health(), true);
+  const v = await client.version();
+  assert.equal(typeof v.version, "string");
+  assert.ok(v.version.length > 0, JSON.stringify(v));
+  assert.match(v.go_version, /^go1\./);
+});
+
 test("files and previews", async () => {
   await sandbox.files.write("/workspace/dir/a.txt", "hello");
   assert.equal(await sandbox.files.readText("/workspace/dir/a.txt"), "hello");
   const names = (await sandbox.files.list("/workspace/dir")).map((f) => f.name);
   assert.deepEqual(names, ["a.txt"]);
+  const moved = await sandbox.files.move("/workspace/dir/a.txt", "/workspace/dir/b.txt");
+  assert.equal(moved.name, "b.txt");
+  assert.equal(await sandbox.files.readText("/workspace/dir/b.txt"), "hello");
+  await rejects(sandbox.files.stat("/workspace/dir/a.txt"), "NOT_FOUND");
+  await rejects(sandbox.files.move("/workspace/dir/b.txt", "relative"), "INVALID_ARGUMENT");
   await sandbox.files.remove("/workspace/dir", { recursive: true });
   await rejects(sandbox.files.stat("/workspace/dir"), "NOT_FOUND");
   const p = await sandbox.previews.create({ port: 8080, ttlSeconds: 60 });
