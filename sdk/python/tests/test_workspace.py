@@ -138,6 +138,12 @@ def test_files_small_and_errors(sandbox: sandkiln.Sandbox) -> None:
     assert f.mkdir("/workspace/f/sub/deeper")["type"] == "dir"
     assert sorted(e["name"] for e in f.list("/workspace/f")) == ["a.txt", "b.bin", "c.bin", "d.bin", "sub"]
     assert f.stat("/workspace/f/sub")["type"] == "dir"
+    assert f.move("/workspace/f/c.bin", "/workspace/f/sub/e.bin")["name"] == "e.bin"
+    assert f.read("/workspace/f/sub/e.bin") == b"from a bytearray"
+    with fails("NOT_FOUND"):
+        f.stat("/workspace/f/c.bin")
+    with fails("INVALID_ARGUMENT"):
+        f.move("/workspace/f/a.txt", "relative")
     with fails("INVALID_ARGUMENT"):
         f.read("/workspace/f")  # a directory
     with fails("INVALID_ARGUMENT"):
@@ -471,6 +477,7 @@ def test_unix_socket_and_environment(env: Env, monkeypatch: pytest.MonkeyPatch) 
     # kilnd's unix socket needs no token.
     with sandkiln.Client("unix://" + env.kilnd.socket) as c:
         assert c.health()
+        assert c.version()["go_version"].startswith("go1.")
         assert any(s["id"] == env.sandbox_id for s in c.sandboxes.list())
     # The address and token from the environment, host:port as kiln takes it.
     monkeypatch.setenv("KILN_ADDR", env.kilnd.url.removeprefix("http://"))

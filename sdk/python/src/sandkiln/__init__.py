@@ -80,6 +80,7 @@ from ._types import (
     TerminateResult,
     TextChunk,
     TextOutput,
+    Version,
     WaitResult,
 )
 
@@ -171,6 +172,7 @@ __all__ = [
     "UnavailableError",
     "UnsupportedError",
     "WaitAbortedError",
+    "Version",
     "WaitResult",
     "__version__",
     "read_process_lines",

@@ -37,6 +37,7 @@ from ._types import (
     SandboxStats,
     TextChunk,
     TextOutput,
+    Version,
     exit_of,
 )
 from ._utf8 import StreamDecoder
@@ -117,6 +118,11 @@ class AsyncClient:
         """Says kilnd answers."""
         await self._transport.call("GET", "/healthz", idempotent=True, timeout=timeout)
         return True
+
+    async def version(self, *, timeout: float | None = None) -> Version:
+        """The build of the kilnd answering: its version, commit and Go
+        version."""
+        return cast(Version, await self._transport.call("GET", "/version", idempotent=True, timeout=timeout))
 
     async def close(self) -> None:
         """Lets go of every handle made through this client: their

@@ -87,6 +87,14 @@ class AsyncFiles:
         return cast(FileInfo, await self._t.call("POST", self._path(_file_path(path)), query={"op": "mkdir"},
                                                            idempotent=True, timeout=timeout))
 
+    async def move(self, src: str, dst: str, *, timeout: float | None = None) -> FileInfo:
+        """Renames src to the absolute path dst in one step, as rename(2) in
+        the sandbox does (an existing file there is replaced), and says
+        what it is then."""
+        _file_path(dst)
+        return cast(FileInfo, await self._t.call("POST", self._path(_file_path(src)), query={"op": "move", "to": dst},
+                                                           timeout=timeout))
+
     async def archive(self, path: str, *, timeout: float | None = None) -> AsyncByteStream:
         """A tar of path (a directory with all in it, or one file), its
         entries named from the path's base name, as docker cp gives it,

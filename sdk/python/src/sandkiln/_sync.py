@@ -45,6 +45,7 @@ from ._types import (
     TerminateResult,
     TextChunk,
     TextOutput,
+    Version,
     WaitResult,
 )
 
@@ -470,6 +471,9 @@ class Client:
     def health(self, *, timeout: float | None = None) -> bool:
         return self._p.call(self._a.health(timeout=timeout))
 
+    def version(self, *, timeout: float | None = None) -> Version:
+        return self._p.call(self._a.version(timeout=timeout))
+
     def close(self) -> None:
         """Lets go of every handle made through this client (see
         AsyncClient.close), then stops its event loop's thread."""
@@ -647,6 +651,9 @@ class Files:
 
     def mkdir(self, path: str, *, timeout: float | None = None) -> FileInfo:
         return self._p.call(self._a.mkdir(path, timeout=timeout))
+
+    def move(self, src: str, dst: str, *, timeout: float | None = None) -> FileInfo:
+        return self._p.call(self._a.move(src, dst, timeout=timeout))
 
     def archive(self, path: str, *, timeout: float | None = None) -> ByteStream:
         return ByteStream(self._p, self._p.call(self._a.archive(path, timeout=timeout)))

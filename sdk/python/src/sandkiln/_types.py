@@ -285,6 +285,16 @@ class FileInfo(TypedDict, total=False):
     link: str
 
 
+class Version(TypedDict, total=False):
+    """The build of the kilnd answering."""
+
+    version: str
+    revision: str
+    modified: bool
+    go_version: str
+    platform: str
+
+
 class Preview(TypedDict, total=False):
     id: str
     port: int
