@@ -33,6 +33,7 @@ import (
 	"github.com/sandkiln/sandkiln/internal/process"
 	"github.com/sandkiln/sandkiln/internal/reply"
 	"github.com/sandkiln/sandkiln/internal/ring"
+	"github.com/sandkiln/sandkiln/internal/sandbox"
 )
 
 // Config sets up a Server.
@@ -68,7 +69,11 @@ type Config struct {
 	// reports; empty when the sandbox has none (its /workspace is then a
 	// directory of the host's, whose use is not the sandbox's).
 	Disk string
-	Log  *slog.Logger
+	// Usage, when set, reads what a runtime's own kernel counts of the
+	// sandbox's processes, which GET /usage answers for kilnd (see
+	// sandbox.GuestUsage).
+	Usage func() (sandbox.GuestUsage, error)
+	Log   *slog.Logger
 }
 
 // Server is the HTTP face of a process table.
@@ -111,6 +116,7 @@ func (s *Server) routes() {
 	m.HandleFunc("POST /exec-stream", s.startStream)
 	m.HandleFunc("GET /exec-stream", s.list)
 	m.HandleFunc("GET /counts", s.counts)
+	m.HandleFunc("GET "+sandbox.UsagePath, s.usage)
 	m.HandleFunc("GET /exec-stream/{pid}", s.status)
 	m.HandleFunc("DELETE /exec-stream/{pid}", s.terminate)
 	m.HandleFunc("GET /exec-stream/{pid}/wait", s.wait)
@@ -384,6 +390,21 @@ func (s *Server) counts(w http.ResponseWriter, r *http.Request) {
 		c.DiskUsedBytes, c.DiskSizeBytes = &used, &size
 	}
 	writeJSON(w, http.StatusOK, c)
+}
+
+// usage answers with what the runtime's kernel counts of the sandbox's
+// processes; 404 where the host's groups count them.
+func (s *Server) usage(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.Usage == nil {
+		writeError(w, fmt.Errorf("%w: no usage of the runtime's here", errdefs.ErrNotFound))
+		return
+	}
+	u, err := s.cfg.Usage()
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, u)
 }
 
 // terminate answers with the process as it was when the kill was sent,

@@ -84,7 +84,7 @@ func run() error {
 		disk = "/workspace" // on the sandbox's disk, with the writable layer
 	}
 	srv := New(Config{Table: table, Env: in.Config.Env, Dir: dir, Entrypoint: in.Config.Entrypoint, Cmd: in.Config.Cmd, User: in.Config.User, Logs: in.Logs, Launch: in.Spawner.Start, OOMKills: in.OOMKills,
-		Capture: capture.Options{QueueBytes: in.Config.CaptureQueue, MaxSize: in.Config.CaptureMaxSize, MaxFiles: in.Config.CaptureMaxFiles}, FlowGrace: in.Config.FlowGrace, Disk: disk})
+		Capture: capture.Options{QueueBytes: in.Config.CaptureQueue, MaxSize: in.Config.CaptureMaxSize, MaxFiles: in.Config.CaptureMaxFiles}, FlowGrace: in.Config.FlowGrace, Disk: disk, Usage: in.Usage})
 	hs := &http.Server{ReadHeaderTimeout: 10 * time.Second}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(hs, in.Listener) }()

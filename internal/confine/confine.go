@@ -56,10 +56,6 @@ type Config struct {
 	NProc uint64 `json:"nproc,omitempty"`
 	// Groups is how many tasks files follow the socket.
 	Groups int `json:"groups,omitempty"`
-	// OwnCgroups says the kernel's cgroups are its own, not the host's
-	// (gVisor's, which has no cgroup namespaces): there is no host path
-	// to hide behind a cgroup namespace.
-	OwnCgroups bool `json:"own_cgroups,omitempty"`
 }
 
 // Caps are the capabilities a sandboxed process keeps, in the sandbox's
@@ -93,11 +89,11 @@ func confine(cfg Config) error {
 		}
 	}
 	// Its processes see the groups they are in as their cgroups' roots,
-	// not the host's paths to them.
-	if !cfg.OwnCgroups {
-		if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
-			return fmt.Errorf("confine: a cgroup namespace: %w", err)
-		}
+	// not the paths to them: the host's, or those of gVisor's kernel,
+	// which has cgroup namespaces once its cgroup2 is mounted, as the
+	// agent's is.
+	if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
+		return fmt.Errorf("confine: a cgroup namespace: %w", err)
 	}
 	// Nothing of the spawner is to be read through /proc by the sandbox's
 	// processes; an exec makes each of them dumpable again.

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -71,18 +72,17 @@ func enterGuest(cfg AgentConfig) (*Inside, error) {
 		l.Close()
 		return nil, fmt.Errorf("sandbox: hide %s: %w", guestDir, err)
 	}
-	var groups []*os.File
-	if cfg.PidsMax > 0 {
-		tasks, err := guestPidsGroup(cfg.PidsMax)
-		if err != nil {
-			exe.Close()
-			logs.Close()
-			l.Close()
-			return nil, err
-		}
-		groups = append(groups, tasks)
+	// The sandbox's processes are born in a group of the runtime's
+	// kernel, which counts them and their memory apart from the agent's.
+	procs, usage, err := guestProcsGroup(cfg.PidsMax)
+	if err != nil {
+		exe.Close()
+		logs.Close()
+		l.Close()
+		return nil, err
 	}
-	spawner := confine.NewSpawner(exe, confine.Config{NoFile: noFile(), NProc: nproc(cfg.PidsMax), OwnCgroups: true}, groups,
+	groups := []*os.File{procs}
+	spawner := confine.NewSpawner(exe, confine.Config{NoFile: noFile(), NProc: nproc(cfg.PidsMax)}, groups,
 		func(cmd *exec.Cmd) error {
 			isolate(cfg.UIDBase)(cmd.SysProcAttr)
 			return cmd.Start()
@@ -93,26 +93,29 @@ func enterGuest(cfg AgentConfig) (*Inside, error) {
 		l.Close()
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
-	return &Inside{Config: cfg, Listener: l, Logs: logs, Spawner: spawner}, nil
+	return &Inside{Config: cfg, Listener: l, Logs: logs, Spawner: spawner, Usage: usage}, nil
 }
 
-// guestPidsGroup makes, in the runtime's own cgroup file system, a pids
-// group limited to max and returns its tasks file, which the spawner's
-// forking thread joins: the sandbox's processes are the runtime kernel's,
-// which the host's pids group (holding the runtime's threads) does not
-// count. The hierarchy is mounted nowhere the sandbox could see it.
-func guestPidsGroup(max int64) (*os.File, error) {
+// guestProcsGroup makes, in the runtime's own cgroup file system, the
+// group the sandbox's processes are born in, its pids limited to max
+// (none when zero), and returns its cgroup.procs file, which the
+// spawner's forking thread joins, and a reader of what the runtime's
+// kernel counts in it. The sandbox's processes are the runtime kernel's,
+// which the host's groups (holding the runtime's threads and its memory)
+// do not tell apart from the runtime's own. The hierarchy is mounted
+// nowhere the sandbox could see it.
+func guestProcsGroup(max int64) (*os.File, func() (GuestUsage, error), error) {
 	fs, err := unix.Fsopen("cgroup2", unix.FSOPEN_CLOEXEC)
 	if err != nil {
-		return nil, fmt.Errorf("sandbox: the runtime's cgroups: fsopen: %w", err)
+		return nil, nil, fmt.Errorf("sandbox: the runtime's cgroups: fsopen: %w", err)
 	}
 	defer unix.Close(fs)
 	if err := unix.FsconfigCreate(fs); err != nil {
-		return nil, fmt.Errorf("sandbox: the runtime's cgroups: %w", err)
+		return nil, nil, fmt.Errorf("sandbox: the runtime's cgroups: %w", err)
 	}
 	m, err := unix.Fsmount(fs, unix.FSMOUNT_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("sandbox: the runtime's cgroups: fsmount: %w", err)
+		return nil, nil, fmt.Errorf("sandbox: the runtime's cgroups: fsmount: %w", err)
 	}
 	defer unix.Close(m)
 	write := func(name, value string) error {
@@ -125,19 +128,63 @@ func guestPidsGroup(max int64) (*os.File, error) {
 		_, err = f.WriteString(value)
 		return err
 	}
-	if err := write("cgroup.subtree_control", "+pids"); err != nil {
-		return nil, fmt.Errorf("sandbox: the runtime's pids controller: %w", err)
+	if err := write("cgroup.subtree_control", "+pids +memory"); err != nil {
+		return nil, nil, fmt.Errorf("sandbox: the runtime's pids and memory controllers: %w", err)
 	}
 	const group = "kiln-procs"
 	if err := unix.Mkdirat(m, group, 0o755); err != nil && err != unix.EEXIST {
-		return nil, fmt.Errorf("sandbox: the runtime's pids cgroup: %w", err)
+		return nil, nil, fmt.Errorf("sandbox: the runtime's cgroup for the processes: %w", err)
 	}
-	if err := write(group+"/pids.max", strconv.FormatInt(max, 10)); err != nil {
-		return nil, fmt.Errorf("sandbox: the runtime's pids limit: %w", err)
+	if max > 0 {
+		if err := write(group+"/pids.max", strconv.FormatInt(max, 10)); err != nil {
+			return nil, nil, fmt.Errorf("sandbox: the runtime's pids limit: %w", err)
+		}
 	}
-	fd, err := unix.Openat(m, group+"/cgroup.procs", unix.O_WRONLY|unix.O_CLOEXEC, 0)
+	dirfd, err := unix.Openat(m, group, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("sandbox: the runtime's pids cgroup: %w", err)
+		return nil, nil, fmt.Errorf("sandbox: the runtime's cgroup for the processes: %w", err)
 	}
-	return os.NewFile(uintptr(fd), "pids cgroup.procs"), nil
+	dir := os.NewFile(uintptr(dirfd), group)
+	fd, err := unix.Openat(dirfd, "cgroup.procs", unix.O_WRONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		dir.Close()
+		return nil, nil, fmt.Errorf("sandbox: the runtime's cgroup for the processes: %w", err)
+	}
+	// The directory stays open for the agent's life: its files are read
+	// through it, the hierarchy being mounted nowhere.
+	usage := func() (GuestUsage, error) {
+		var u GuestUsage
+		for _, f := range []struct {
+			name string
+			v    *int64
+		}{{"pids.current", &u.Pids}, {"memory.current", &u.MemoryBytes}} {
+			n, err := readAt(dir, f.name)
+			if err != nil {
+				return GuestUsage{}, err
+			}
+			*f.v = n
+		}
+		return u, nil
+	}
+	return os.NewFile(uintptr(fd), "procs cgroup.procs"), usage, nil
+}
+
+// readAt reads the number in the file name of the directory dir.
+func readAt(dir *os.File, name string) (int64, error) {
+	fd, err := unix.Openat(int(dir.Fd()), name, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0, fmt.Errorf("sandbox: %s: %w", name, err)
+	}
+	f := os.NewFile(uintptr(fd), name)
+	defer f.Close()
+	b := make([]byte, 64)
+	n, err := f.Read(b)
+	if err != nil {
+		return 0, fmt.Errorf("sandbox: %s: %w", name, err)
+	}
+	v, err := strconv.ParseInt(strings.TrimSpace(string(b[:n])), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("sandbox: %s: %w", name, err)
+	}
+	return v, nil
 }

@@ -489,6 +489,12 @@ func (g *GVisor) spec(o Options, workspace, root, netns string) (*specs.Spec, er
 		CaptureQueue: o.CaptureQueue, CaptureMaxSize: o.CaptureMaxSize, CaptureMaxFiles: o.CaptureMaxFiles,
 		FlowGrace: o.FlowGrace, PidsMax: o.Limits.Pids,
 	}
+	if o.Disk != nil {
+		// Mounted by the host, not by the agent: it says the sandbox's
+		// /workspace is on a disk of its own, whose use the agent reports
+		// (gVisor's file server answers statfs with the host's figures).
+		cfg.Disk = "/workspace"
+	}
 	raw, err := json.Marshal(cfg)
 	if err != nil {
 		return nil, err

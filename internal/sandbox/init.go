@@ -668,6 +668,9 @@ type Inside struct {
 	// OOMKills counts the kernel's out-of-memory kills in the sandbox's
 	// memory group so far; nil without a memory limit.
 	OOMKills func() int64
+	// Usage reads what a runtime's own kernel counts of the sandbox's
+	// processes (see GuestUsage); nil where the host's groups count them.
+	Usage func() (GuestUsage, error)
 }
 
 // IsAgent reports whether this process was started as a sandbox's agent.

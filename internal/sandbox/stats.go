@@ -1,11 +1,16 @@
 package sandbox
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Stats are a sandbox's resource figures as its cgroups keep them. A
@@ -86,4 +91,80 @@ func readCount(dir, file, key string) *int64 {
 		return nil
 	}
 	return &n
+}
+
+// GuestUsage is what a runtime's own kernel (gVisor's) counts of a
+// sandbox's processes, the agent apart: the figures the namespace
+// backend's procs groups keep on the host, where a gVisor sandbox's
+// groups hold its kernel, its file server and their threads as well.
+type GuestUsage struct {
+	// Pids counts the tasks (threads included) of the sandbox's
+	// processes, its spawner's among them.
+	Pids int64 `json:"pids"`
+	// MemoryBytes is the memory they use: their own, their files in
+	// memory (/tmp, /dev/shm) and the page cache they caused.
+	MemoryBytes int64 `json:"memory_bytes"`
+}
+
+// UsagePath is the agent's route (GET) answering GuestUsage, kilnd's
+// alone: it is not forwarded from kilnd's API.
+const UsagePath = "/usage"
+
+// usageTimeout bounds the question of a stats read to the agent.
+const usageTimeout = 2 * time.Second
+
+// Stats implements Instance. The host's groups hold the whole runtime,
+// with room beyond the sandbox's limits for gVisor itself: the limits are
+// given as the sandbox's (the room taken off), and its processes and
+// their memory as gVisor's kernel counts them, which the agent reads for
+// kilnd; nil when it does not answer. gVisor's kernel keeps no peak of
+// memory: that figure is nil. CPU time and out-of-memory kills are the
+// host's, of the whole runtime.
+func (s *guestSandbox) Stats() (Stats, error) {
+	st, err := s.Sandbox.Stats()
+	if err != nil {
+		return Stats{}, err
+	}
+	if st.MemoryLimitBytes != nil {
+		*st.MemoryLimitBytes = max(*st.MemoryLimitBytes-gvisorMemory, 0)
+	}
+	if st.PidsLimit != nil {
+		*st.PidsLimit = max(*st.PidsLimit-gvisorThreads, 0)
+	}
+	st.Pids, st.MemoryBytes, st.MemoryPeakBytes = nil, nil, nil
+	if u, err := s.usage(); err == nil {
+		st.Pids, st.MemoryBytes = &u.Pids, &u.MemoryBytes
+	}
+	return st, nil
+}
+
+// usage asks the agent what gVisor's kernel counts of the sandbox's
+// processes. The agent is the sandbox's: its answer is read within
+// bounds, and is a figure to show, never one to act on.
+func (s *guestSandbox) usage() (GuestUsage, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), usageTimeout)
+	defer cancel()
+	t := Transport(s.Dial)
+	t.DisableKeepAlives = true
+	defer t.CloseIdleConnections()
+	req, err := http.NewRequestWithContext(ctx, "GET", "http://agent"+UsagePath, nil)
+	if err != nil {
+		return GuestUsage{}, err
+	}
+	resp, err := t.RoundTrip(req)
+	if err != nil {
+		return GuestUsage{}, fmt.Errorf("sandbox: ask the agent its usage: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return GuestUsage{}, fmt.Errorf("sandbox: ask the agent its usage: %s", resp.Status)
+	}
+	var u GuestUsage
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 4096)).Decode(&u); err != nil {
+		return GuestUsage{}, fmt.Errorf("sandbox: the agent's usage: %w", err)
+	}
+	if u.Pids < 0 || u.MemoryBytes < 0 {
+		return GuestUsage{}, fmt.Errorf("sandbox: the agent's usage: %+v", u)
+	}
+	return u, nil
 }

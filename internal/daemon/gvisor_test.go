@@ -1,0 +1,140 @@
+package daemon_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"testing"
+
+	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/internal/daemon"
+)
+
+// createGVisor creates a gVisor sandbox with the create request body, or
+// skips the test where this host has no runsc (outside CI).
+func createGVisor(t *testing.T, k *kilnd, body string) daemon.Info {
+	t.Helper()
+	code, b := k.do("POST", "/sandboxes", k.d.Token(), body)
+	if code == http.StatusServiceUnavailable && os.Getenv("CI") == "" {
+		k.cleanup()
+		t.Skipf("no gVisor here: %s", b)
+	}
+	var info daemon.Info
+	k.json("GET", "/sandboxes/"+idOf(t, code, b), nil, &info)
+	return info
+}
+
+// TestStatsSameOnBothRuntimes runs the same workload in a namespace
+// sandbox and a gVisor one with the same limits, and holds their stats,
+// as kilnd answers them, to each other: the limits asked for (not the
+// room gVisor's sandbox has beyond them), the sandbox's own tasks (not
+// gVisor's kernel's threads), its memory, and its disk.
+func TestStatsSameOnBothRuntimes(t *testing.T) {
+	k := start(t, "")
+	const (
+		memory = 512 << 20
+		pids   = 256
+		disk   = 256 << 20
+		// The workload: 128 MiB held by a process, 32 MiB in /dev/shm,
+		// 24 MiB on the disk; a shell and four sleeps beside it.
+		held, shm, written = 128 << 20, 32 << 20, 24 << 20
+		tasks              = 6 // python, sh, 4 × sleep
+		// What the two backends may differ by: the tasks of the spawner
+		// (its forking thread alone, on a hybrid host's namespace
+		// sandbox; every thread of it in gVisor's kernel's group), the
+		// memory of what each kernel counts beyond the workload's (page
+		// cache, page tables, a kernel's own structures), and the disk's
+		// metadata.
+		pidsSlack, memorySlack, diskSlack = 12, 32 << 20, 4 << 20
+	)
+	limits := fmt.Sprintf(`"limits":{"memory_bytes":%d,"pids":%d,"disk_bytes":%d}`, memory, pids, disk)
+	gv := createGVisor(t, k, `{"runtime":"gvisor",`+limits+`}`)
+	var ns daemon.Info
+	k.json("POST", "/sandboxes", `{`+limits+`}`, &ns)
+	defer k.cleanup()
+
+	stats := map[string]api.SandboxStats{}
+	for _, sb := range []daemon.Info{ns, gv} {
+		var st api.Started
+		k.json("POST", "/sandboxes/"+sb.ID+"/exec-stream", api.ExecRequest{Command: "python3", Args: []string{"-c", fmt.Sprintf(`
+import time
+b = bytearray(%d)
+for i in range(0, len(b), 4096):
+    b[i] = 1
+with open("/dev/shm/fill", "wb") as f:
+    f.write(bytes(%d))
+with open("/workspace/fill", "wb") as f:
+    f.write(bytes(%d))
+open("/tmp/ready", "w").close()
+time.sleep(3600)
+`, held, shm, written)}}, &st)
+		k.json("POST", "/sandboxes/"+sb.ID+"/exec-stream", api.ExecRequest{Command: "sh", Args: []string{"-c",
+			"for i in 1 2 3 4; do sleep 3600 & done; touch /tmp/slept; wait"}}, &st)
+		// Inside, until the workload says it is all there (the exec's
+		// own shell and sleep end before the stats are read).
+		var res api.ExecResult
+		k.json("POST", "/sandboxes/"+sb.ID+"/exec", api.ExecRequest{Command: "sh", Args: []string{"-c",
+			"until [ -e /tmp/ready ] && [ -e /tmp/slept ]; do sleep 0.05; done; sync"}}, &res)
+		if res.ExitCode == nil || *res.ExitCode != 0 {
+			t.Fatalf("%s: waiting for the workload: %+v", sb.Runtime, res)
+		}
+		var s api.SandboxStats
+		k.json("GET", "/sandboxes/"+sb.ID+"/stats", nil, &s)
+		if s.Counts == nil {
+			t.Errorf("%s: no counts from the agent", sb.Runtime)
+			s.Counts = &api.AgentCounts{}
+		}
+		stats[sb.Runtime] = s
+	}
+
+	n, g := stats["namespaces"], stats["gvisor"]
+	for rt, s := range stats {
+		t.Logf("%s: memory %v of %v, pids %v of %v, disk %v of %v, oom kills %v", rt, val(s.MemoryBytes), val(s.MemoryLimitBytes),
+			val(s.Pids), val(s.PidsLimit), val(s.Counts.DiskUsedBytes), val(s.Counts.DiskSizeBytes), val(s.OOMKills))
+		if val(s.MemoryLimitBytes) != memory || val(s.PidsLimit) != pids {
+			t.Errorf("%s: limits %v bytes, %v pids, want the %d and %d asked for", rt, val(s.MemoryLimitBytes), val(s.PidsLimit), memory, pids)
+		}
+		if m := val(s.MemoryBytes); m < held+shm || m > memory {
+			t.Errorf("%s: memory %d, want at least the %d held and in /dev/shm", rt, m, held+shm)
+		}
+		if p := val(s.Pids); p < tasks || p > tasks+pidsSlack {
+			t.Errorf("%s: %d tasks, want the workload's %d and at most %d more", rt, p, tasks, pidsSlack)
+		}
+		if val(s.Counts.DiskUsedBytes) < written || val(s.Counts.DiskSizeBytes) > disk || val(s.Counts.DiskSizeBytes) < disk/2 {
+			t.Errorf("%s: disk counts %+v, want %d written on a disk of about %d", rt, s.Counts, written, disk)
+		}
+		if val(s.OOMKills) != 0 {
+			t.Errorf("%s: %d out-of-memory kills", rt, val(s.OOMKills))
+		}
+	}
+	if d := val(n.MemoryBytes) - val(g.MemoryBytes); d < -memorySlack || d > memorySlack {
+		t.Errorf("memory: %d in the namespace sandbox, %d in gVisor's: more than %d apart", val(n.MemoryBytes), val(g.MemoryBytes), memorySlack)
+	}
+	if d := val(n.Pids) - val(g.Pids); d < -pidsSlack || d > pidsSlack {
+		t.Errorf("tasks: %d in the namespace sandbox, %d in gVisor's: more than %d apart", val(n.Pids), val(g.Pids), pidsSlack)
+	}
+	if d := val(n.Counts.DiskUsedBytes) - val(g.Counts.DiskUsedBytes); d < -diskSlack || d > diskSlack ||
+		val(n.Counts.DiskSizeBytes) != val(g.Counts.DiskSizeBytes) {
+		t.Errorf("disk: %v of %v in the namespace sandbox, %v of %v in gVisor's", val(n.Counts.DiskUsedBytes), val(n.Counts.DiskSizeBytes),
+			val(g.Counts.DiskUsedBytes), val(g.Counts.DiskSizeBytes))
+	}
+}
+
+// val is *p, or -1 for nil.
+func val(p *int64) int64 {
+	if p == nil {
+		return -1
+	}
+	return *p
+}
+
+// idOf is the id of the sandbox a create answered with code and body b.
+func idOf(t *testing.T, code int, b []byte) string {
+	t.Helper()
+	var info daemon.Info
+	if code != http.StatusCreated && code != http.StatusOK || json.Unmarshal(b, &info) != nil || info.ID == "" {
+		t.Fatalf("create: %d %s", code, b)
+	}
+	return info.ID
+}
