@@ -5,7 +5,10 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/daemon"
@@ -137,4 +140,89 @@ func idOf(t *testing.T, code int, b []byte) string {
 		t.Fatalf("create: %d %s", code, b)
 	}
 	return info.ID
+}
+
+// awaitStopped polls the sandbox's record until it is no longer running,
+// within faultDeadline.
+func (k *kilnd) awaitStopped(id string) daemon.Info {
+	k.t.Helper()
+	deadline := time.Now().Add(faultDeadline)
+	for {
+		var info daemon.Info
+		k.json("GET", "/sandboxes/"+id, nil, &info)
+		if info.State != daemon.StateRunning {
+			return info
+		}
+		if time.Now().After(deadline) {
+			k.t.Fatalf("sandbox %s still running after %v", id, faultDeadline)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// Memory hogs, each past a 128 MiB limit and the process the shell
+// becomes: in one allocation; a little at
+// a time (the host's killer then picks the stub of gVisor's that maps the
+// most, one process's, rather than gVisor's kernel); and a file in /tmp
+// that no process holds, with a process's allocation on top.
+var memoryHogs = []struct{ name, script string }{
+	{"at once", `exec python3 -c 'b = bytearray(512 << 20); print(len(b))'`},
+	{"gradually", `exec python3 -c '
+l = []
+for i in range(64):
+    l.append(bytearray(16 << 20))
+'`},
+	{"a file and a process", `head -c 120M /dev/zero > /tmp/fill; exec python3 -c 'b = bytearray(160 << 20); print(len(b))'`},
+}
+
+// TestOutOfMemory: what the README says happens past a sandbox's memory
+// limit, through kilnd, on each runtime. In a namespace sandbox the
+// kernel kills a process, reported with oom_killed, and the sandbox goes
+// on; in a gVisor one the whole sandbox ends, stopped with the reason
+// "out of memory", whichever process was picked and however the memory
+// was filled, and no process's exit is reported as if it alone had been
+// killed.
+func TestOutOfMemory(t *testing.T) {
+	limits := fmt.Sprintf(`"limits":{"memory_bytes":%d}`, 128<<20)
+	t.Run("namespaces", func(t *testing.T) {
+		k := start(t, "")
+		defer k.cleanup()
+		for _, hog := range memoryHogs {
+			var sb daemon.Info
+			k.json("POST", "/sandboxes", `{`+limits+`}`, &sb)
+			var res api.ExecResult
+			k.json("POST", "/sandboxes/"+sb.ID+"/exec", api.ExecRequest{Command: "sh", Args: []string{"-c", hog.script}}, &res)
+			if res.Signal != "KILL" || !res.OOMKilled {
+				t.Errorf("%s: %+v, want killed for its memory", hog.name, res)
+			}
+			var st api.SandboxStats
+			k.json("GET", "/sandboxes/"+sb.ID+"/stats", nil, &st)
+			if val(st.OOMKills) < 1 {
+				t.Errorf("%s: %v out-of-memory kills counted", hog.name, val(st.OOMKills))
+			}
+			k.json("POST", "/sandboxes/"+sb.ID+"/exec", api.ExecRequest{Command: "echo", Args: []string{"alive"}}, &res)
+			if res.Stdout != "alive\n" {
+				t.Errorf("%s: the sandbox after: %+v", hog.name, res)
+			}
+		}
+	})
+	t.Run("gvisor", func(t *testing.T) {
+		k := start(t, "")
+		defer k.cleanup()
+		for _, hog := range memoryHogs {
+			sb := createGVisor(t, k, `{"runtime":"gvisor",`+limits+`}`)
+			// Its only answer is that the sandbox went.
+			code, b := k.do("POST", "/sandboxes/"+sb.ID+"/exec", k.d.Token(), api.ExecRequest{Command: "sh", Args: []string{"-c", hog.script}})
+			if code == http.StatusOK {
+				t.Errorf("%s: the exec answered %s", hog.name, b)
+			}
+			info := k.awaitStopped(sb.ID)
+			if info.State != daemon.StateStopped || !strings.HasPrefix(info.Reason, "out of memory") {
+				t.Errorf("%s: %s, reason %q; want stopped, out of memory", hog.name, info.State, info.Reason)
+			}
+			if err := syscall.Kill(sb.AgentPID, 0); err == nil {
+				t.Errorf("%s: runsc %d still runs", hog.name, sb.AgentPID)
+			}
+		}
+	})
 }

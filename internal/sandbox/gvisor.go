@@ -142,18 +142,6 @@ func (s *guestSandbox) Dial(ctx context.Context) (net.Conn, error) {
 	return dialSocket(ctx, s.Socket())
 }
 
-// ExitReason implements Instance. The host's groups hold runsc with its
-// kernel and every process inside: past the memory limit the host's
-// out-of-memory killer ends runsc, and so the whole sandbox, where the
-// namespace backend's would end one process. (gVisor has no
-// out-of-memory killer of its own.)
-func (s *guestSandbox) ExitReason() string {
-	if s.Cgroups == nil || s.Cgroups.OOMKills() == 0 {
-		return ""
-	}
-	return "out of memory: past its memory limit, the host's out-of-memory killer ended the gVisor sandbox as a whole"
-}
-
 // State implements Instance.
 func (s *guestSandbox) State() json.RawMessage {
 	b, _ := json.Marshal(s)
@@ -378,6 +366,9 @@ func (g *GVisor) Create(ctx context.Context, o Options) (_ Instance, err error) 
 		sb.forget()
 		cg.Destroy()
 	})
+	if err := cg.oomGroup(); err != nil {
+		return nil, err
+	}
 	// The whole runtime is the sandbox's processes: on a pure v2 host it
 	// is born in the limited procs group.
 	cgf, err := cg.openProcs()
