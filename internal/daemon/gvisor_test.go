@@ -32,7 +32,8 @@ func createGVisor(t *testing.T, k *kilnd, body string) daemon.Info {
 // sandbox and a gVisor one with the same limits, and holds their stats,
 // as kilnd answers them, to each other: the limits asked for (not the
 // room gVisor's sandbox has beyond them), the sandbox's own tasks (not
-// gVisor's kernel's threads), its memory, and its disk.
+// gVisor's kernel's threads), its memory, and its disk; and so are its
+// metrics.
 func TestStatsSameOnBothRuntimes(t *testing.T) {
 	k := start(t, "")
 	const (
@@ -89,6 +90,38 @@ time.sleep(3600)
 			s.Counts = &api.AgentCounts{}
 		}
 		stats[sb.Runtime] = s
+	}
+
+	// The metrics are the same figures.
+	body := k.scrape()
+	for _, sb := range []daemon.Info{ns, gv} {
+		label := `sandbox="` + sb.ID + `"`
+		s := stats[sb.Runtime]
+		for _, m := range []struct {
+			name string
+			want int64
+		}{
+			{"kilnd_sandbox_memory_limit_bytes", memory},
+			{"kilnd_sandbox_pids_limit", pids},
+			{"kilnd_sandbox_disk_size_bytes", val(s.Counts.DiskSizeBytes)},
+		} {
+			if v, ok := sample(body, m.name, label); !ok || int64(v) != m.want {
+				t.Errorf("%s: %s = %v (%v), want %d", sb.Runtime, m.name, v, ok, m.want)
+			}
+		}
+		for _, m := range []struct {
+			name string
+			want int64
+		}{{"kilnd_sandbox_memory_bytes", val(s.MemoryBytes)}, {"kilnd_sandbox_pids", val(s.Pids)}} {
+			// Read again, a moment later: the same within the slack.
+			slack := float64(memorySlack)
+			if m.name == "kilnd_sandbox_pids" {
+				slack = pidsSlack
+			}
+			if v, ok := sample(body, m.name, label); !ok || v < float64(m.want)-slack || v > float64(m.want)+slack {
+				t.Errorf("%s: %s = %v (%v), the stats said %d", sb.Runtime, m.name, v, ok, m.want)
+			}
+		}
 	}
 
 	n, g := stats["namespaces"], stats["gvisor"]

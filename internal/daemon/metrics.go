@@ -185,13 +185,20 @@ func sandboxCollector(d *Daemon) prometheus.Collector {
 			}
 		}
 		d.mu.Unlock()
-		ts := make([]http.RoundTripper, len(list))
-		for i, r := range list {
-			ts[i] = r.t
-		}
-		counts := agentsCounts(ts)
-		// Read outside the lock: a read of cgroup files is quick, but
-		// never worth holding up the API for.
+		// Read outside the lock, a few sandboxes at a time: what their
+		// agents counted, and their stats (a gVisor sandbox's agent is
+		// asked for part of those too), each question within
+		// agentListTimeout.
+		counts := make([]*api.AgentCounts, len(list))
+		stats := make([]*sandbox.Stats, len(list))
+		fewAtATime(len(list), func(i int) {
+			if list[i].t != nil {
+				counts[i] = agentCounts(context.Background(), list[i].t)
+			}
+			if st, err := list[i].sb.Stats(); err == nil {
+				stats[i] = &st
+			}
+		})
 		for i, r := range list {
 			if c := counts[i]; c != nil {
 				for _, f := range []struct {
@@ -216,8 +223,8 @@ func sandboxCollector(d *Daemon) prometheus.Collector {
 					ch <- prometheus.MustNewConstMetric(diskSize, prometheus.GaugeValue, float64(max(*c.DiskSizeBytes, 0)), r.id)
 				}
 			}
-			st, err := r.sb.Stats()
-			if err != nil {
+			st := stats[i]
+			if st == nil {
 				continue // ended since: it is running no more
 			}
 			ch <- prometheus.MustNewConstMetric(cpu, prometheus.CounterValue, st.CPUSeconds, r.id)
@@ -241,28 +248,22 @@ func sandboxCollector(d *Daemon) prometheus.Collector {
 	}}
 }
 
-// maxAgentQuestions bounds the agents one scrape asks at once.
+// maxAgentQuestions bounds the sandboxes one scrape reads at once.
 const maxAgentQuestions = 16
 
-// agentsCounts asks the agent behind each transport (nil: none) what it
-// has counted, a few at a time, each within agentListTimeout; an agent
-// that does not answer has nil.
-func agentsCounts(ts []http.RoundTripper) []*api.AgentCounts {
-	out := make([]*api.AgentCounts, len(ts))
+// fewAtATime calls f with each index below n, maxAgentQuestions at a
+// time, and returns once every call has.
+func fewAtATime(n int, f func(i int)) {
 	sem := make(chan struct{}, maxAgentQuestions)
 	var wg sync.WaitGroup
-	for i, rt := range ts {
-		if rt == nil {
-			continue
-		}
+	for i := range n {
 		wg.Go(func() {
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			out[i] = agentCounts(context.Background(), rt)
+			f(i)
 		})
 	}
 	wg.Wait()
-	return out
 }
 
 // instrument times every request kilnd answers, by the route its mux
