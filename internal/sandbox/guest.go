@@ -99,8 +99,9 @@ func enterGuest(cfg AgentConfig) (*Inside, error) {
 // guestProcsGroup makes, in the runtime's own cgroup file system, the
 // group the sandbox's processes are born in, its pids limited to max
 // (none when zero), and returns its cgroup.procs file, which the
-// spawner's forking thread joins, and a reader of what the runtime's
-// kernel counts in it. The sandbox's processes are the runtime kernel's,
+// spawner's forking thread writes itself to (gVisor's kernel then moves
+// the whole spawner, as cgroup.procs does), and a reader of what the
+// runtime's kernel counts in it. The sandbox's processes are the runtime kernel's,
 // which the host's groups (holding the runtime's threads and its memory)
 // do not tell apart from the runtime's own. The hierarchy is mounted
 // nowhere the sandbox could see it.
