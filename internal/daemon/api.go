@@ -63,6 +63,7 @@ var Routes = []Route{
 	{"POST", "/images/import", false},
 	{"GET", "/images/{name...}", false},
 	{"DELETE", "/images/{name...}", false},
+	{"", "/mcp", false},
 }
 
 // Handler is kilnd's API. Over TCP (tcp set) every request but the open
@@ -128,6 +129,7 @@ func (d *Daemon) Handler(tcp bool) http.Handler {
 		"POST /images/import":                       d.importImage,
 		"GET /images/{name...}":                     d.getImage,
 		"DELETE /images/{name...}":                  d.removeImage,
+		"/mcp":                                      d.serveMCP,
 	}
 	m := http.NewServeMux()
 	open := map[string]bool{}

@@ -100,6 +100,11 @@ type Config struct {
 	// are pulled from over plain HTTP, beside those on loopback addresses.
 	InsecureRegistries []string
 	Log                *slog.Logger
+	// MCP, when set, serves the Model Context Protocol's streamable HTTP
+	// transport at /mcp, behind the token like every other route; nil
+	// answers /mcp not found. kilnd's binary gives it the MCP server
+	// kiln mcp runs, calling back into kilnd on its unix socket.
+	MCP http.Handler
 	// Wrap, when set, is put around the API's handler, the socket's and
 	// the TCP listener's, as Serve serves them: a test holds every answer
 	// to the OpenAPI document with it.
