@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -17,8 +18,10 @@ import (
 	"github.com/docker/go-units"
 
 	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/client"
 	"github.com/sandkiln/sandkiln/internal/daemon"
 	"github.com/sandkiln/sandkiln/internal/egress"
+	"github.com/sandkiln/sandkiln/internal/mcp"
 	"github.com/sandkiln/sandkiln/internal/sandbox"
 )
 
@@ -156,6 +159,15 @@ Flags:
 		fmt.Fprintln(os.Stderr, "kilnd: the namespace sandbox backend needs root (run it with sudo)")
 		return 1
 	}
+	// /mcp serves the MCP server kiln mcp runs, calling back into this
+	// kilnd on its own socket: one implementation, served both ways.
+	mc, err := client.New(client.Options{Addr: "unix://" + filepath.Join(*stateDir, daemon.SocketName)})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "kilnd: the MCP server's client:", err)
+		return 1
+	}
+	defer mc.Close()
+	cfg.MCP = mcp.New(mc).Handler()
 	d, err := daemon.New(cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -1,0 +1,157 @@
+package mcp
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	units "github.com/docker/go-units"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/sandkiln/sandkiln/api"
+)
+
+// CreateInput is sandbox_create's arguments.
+type CreateInput struct {
+	Image string `json:"image,omitempty" jsonschema:"an OCI image kilnd has pulled (such as python:3.12 or busybox); left out, the sandbox sees the host's /usr and /etc read-only"`
+	Name  string `json:"name,omitempty" jsonschema:"a name to find the sandbox by instead of its id: a DNS label (a-z, 0-9, '-'), unique"`
+	// Limits left out are kilnd's defaults.
+	Limits *LimitsInput `json:"limits,omitempty" jsonschema:"resource limits; each one left out is kilnd's default"`
+	Egress *EgressInput `json:"egress,omitempty" jsonschema:"network access beyond the sandbox's loopback; left out, none"`
+	// IdleTimeoutSeconds deletes the sandbox after that long unused.
+	IdleTimeoutSeconds int64 `json:"idle_timeout_seconds,omitempty" jsonschema:"delete the sandbox (keeping its captured logs) after this many seconds without a call"`
+}
+
+// LimitsInput is a sandbox's limits as a model writes them.
+type LimitsInput struct {
+	Memory string   `json:"memory,omitempty" jsonschema:"memory limit, such as 512MiB or 2GiB"`
+	Disk   string   `json:"disk,omitempty" jsonschema:"disk limit for /workspace and the image's writable layer, such as 1GiB"`
+	CPUs   *float64 `json:"cpus,omitempty" jsonschema:"CPU cores, such as 0.5 or 2"`
+	Pids   *int64   `json:"pids,omitempty" jsonschema:"most processes at once"`
+}
+
+// EgressInput is a sandbox's network.
+type EgressInput struct {
+	Mode  string   `json:"mode,omitempty" jsonschema:"none (the default: only the allow list is reached) or allow (everything but the deny list and private ranges)"`
+	Allow []string `json:"allow,omitempty" jsonschema:"IPv4 addresses or CIDRs the sandbox may reach"`
+	Deny  []string `json:"deny,omitempty" jsonschema:"IPv4 addresses or CIDRs the sandbox may not reach"`
+}
+
+// SandboxOutput is a sandbox as a model reads it.
+type SandboxOutput struct {
+	ID      string       `json:"id"`
+	Name    string       `json:"name,omitempty"`
+	State   string       `json:"state"`
+	Image   string       `json:"image,omitempty"`
+	Created time.Time    `json:"created_at"`
+	Limits  api.Limits   `json:"limits"`
+	Network *api.Network `json:"network,omitempty"`
+	Reason  string       `json:"reason,omitempty"`
+}
+
+func sandboxOutput(s api.Sandbox) SandboxOutput {
+	return SandboxOutput{ID: s.ID, Name: s.Name, State: s.State, Image: s.Image, Created: s.CreatedAt, Limits: s.Limits, Network: s.Network, Reason: s.Reason}
+}
+
+// ListOutput is sandbox_list's result.
+type ListOutput struct {
+	Sandboxes []SandboxOutput `json:"sandboxes"`
+}
+
+// DeleteInput is sandbox_delete's arguments.
+type DeleteInput struct {
+	Sandbox    string `json:"sandbox" jsonschema:"the sandbox's id or name"`
+	RemoveLogs bool   `json:"remove_logs,omitempty" jsonschema:"remove its captured process logs too (kept by default)"`
+}
+
+// DeleteOutput is sandbox_delete's result.
+type DeleteOutput struct {
+	Deleted string `json:"deleted"`
+}
+
+func (s *Server) addSandboxTools() {
+	mcp.AddTool(s.s, &mcp.Tool{
+		Name: "sandbox_create",
+		Description: "Create an isolated Linux sandbox to run commands and keep files in, and return its id, which every other tool " +
+			"takes as `sandbox`. Give `image` to run from an OCI image kilnd has (python:3.12, node:22, busybox); without it the " +
+			"sandbox sees the host's programs read-only. /workspace is writable and empty. `limits` bound memory, disk, CPUs and " +
+			"processes; `egress` opens the network beyond the sandbox's own loopback, which is closed by default. Delete the " +
+			"sandbox with sandbox_delete when done, or set idle_timeout_seconds.",
+	}, s.createSandbox)
+	mcp.AddTool(s.s, &mcp.Tool{
+		Name: "sandbox_list",
+		Description: "List the sandboxes that exist (running or stopped, not deleted) with their ids, names, states, images and " +
+			"limits. Use it to find a sandbox created earlier instead of creating another.",
+		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true},
+	}, s.listSandboxes)
+	mcp.AddTool(s.s, &mcp.Tool{
+		Name: "sandbox_delete",
+		Description: "Delete a sandbox: every process in it is killed and its files are gone. The output its processes captured " +
+			"stays readable as resources unless remove_logs is true. Deleting cannot be undone.",
+		Annotations: &mcp.ToolAnnotations{DestructiveHint: ptr(true), IdempotentHint: true},
+	}, s.deleteSandbox)
+}
+
+func (s *Server) createSandbox(ctx context.Context, _ *mcp.CallToolRequest, in CreateInput) (*mcp.CallToolResult, SandboxOutput, error) {
+	o := api.CreateSandbox{Image: in.Image, Name: in.Name, IdleTimeoutSeconds: in.IdleTimeoutSeconds}
+	if in.IdleTimeoutSeconds < 0 {
+		return nil, SandboxOutput{}, fmt.Errorf("idle_timeout_seconds %d: want 0 (none) or more", in.IdleTimeoutSeconds)
+	}
+	if l := in.Limits; l != nil {
+		for _, size := range []struct {
+			name, value string
+			to          **int64
+		}{{"memory", l.Memory, &o.Limits.MemoryBytes}, {"disk", l.Disk, &o.Limits.DiskBytes}} {
+			if size.value == "" {
+				continue
+			}
+			n, err := units.RAMInBytes(size.value)
+			if err != nil || n < 0 {
+				return nil, SandboxOutput{}, fmt.Errorf("limits.%s %q: want a size such as 512MiB or 2GiB", size.name, size.value)
+			}
+			*size.to = &n
+		}
+		o.Limits.CPUs, o.Limits.Pids = l.CPUs, l.Pids
+	}
+	if e := in.Egress; e != nil {
+		switch e.Mode {
+		case "", api.EgressNone, api.EgressAllow:
+		default:
+			return nil, SandboxOutput{}, fmt.Errorf("egress.mode %q: want none or allow", e.Mode)
+		}
+		o.Network = &api.Network{Egress: e.Mode, Allow: e.Allow, Deny: e.Deny}
+	}
+	sb, err := s.c.CreateSandbox(ctx, o)
+	if err != nil {
+		return nil, SandboxOutput{}, fmt.Errorf("sandbox_create: %w", err)
+	}
+	return nil, sandboxOutput(sb.Described), nil
+}
+
+func (s *Server) listSandboxes(ctx context.Context, _ *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, ListOutput, error) {
+	list, err := s.c.Sandboxes(ctx)
+	if err != nil {
+		return nil, ListOutput{}, fmt.Errorf("sandbox_list: %w", err)
+	}
+	out := ListOutput{Sandboxes: []SandboxOutput{}}
+	for _, sb := range list {
+		out.Sandboxes = append(out.Sandboxes, sandboxOutput(sb))
+	}
+	return nil, out, nil
+}
+
+func (s *Server) deleteSandbox(ctx context.Context, _ *mcp.CallToolRequest, in DeleteInput) (*mcp.CallToolResult, DeleteOutput, error) {
+	if in.Sandbox == "" {
+		return nil, DeleteOutput{}, errNoSandbox
+	}
+	sb, err := s.c.Sandbox(ctx, in.Sandbox)
+	if err == nil {
+		err = sb.Delete(ctx, in.RemoveLogs)
+	}
+	if err != nil {
+		return nil, DeleteOutput{}, fmt.Errorf("sandbox_delete %s: %w", in.Sandbox, err)
+	}
+	return nil, DeleteOutput{Deleted: sb.ID}, nil
+}
+
+func ptr[T any](v T) *T { return &v }
