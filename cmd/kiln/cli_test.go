@@ -315,6 +315,7 @@ func TestHelpGolden(t *testing.T) {
 		"image":          {"image", "--help"},
 		"image-pull":     {"image", "pull", "--help"},
 		"stats":          {"stats", "--help"},
+		"mcp":            {"mcp", "--help"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			var out, errs bytes.Buffer
