@@ -101,7 +101,11 @@ func (s *Server) readLog(ctx context.Context, req *mcp.ReadResourceRequest) (*mc
 	if err != nil {
 		return nil, err
 	}
-	out, err := s.c.Handle(sandbox).CapturedLog(ctx, pid, client.LogOptions{})
+	sb := s.c.Handle(sandbox)
+	// The log's writer may be a little behind the process: for one that
+	// has exited, read on to the log's own end record, so that what is
+	// read is all of it (a running one's is what is written so far).
+	out, err := sb.CapturedLog(ctx, pid, client.LogOptions{Follow: s.exited(ctx, sb, pid)})
 	if client.IsNotFound(err) {
 		return nil, mcp.ResourceNotFoundError(uri)
 	}
@@ -118,6 +122,17 @@ func (s *Server) readLog(ctx context.Context, req *mcp.ReadResourceRequest) (*mc
 		t = fmt.Sprintf("[the log's first %d bytes are not shown: a resource holds its last %d; process_output reads any part by offsets]\n", skipped, LogBytes) + t
 	}
 	return &mcp.ReadResourceResult{Contents: []*mcp.ResourceContents{{URI: uri, MIMEType: "text/plain", Text: t}}}, nil
+}
+
+// exited reports whether the process pid is known to have exited.
+func (s *Server) exited(ctx context.Context, sb *client.Sandbox, pid string) bool {
+	p, err := sb.Process(ctx, pid, client.ProcessOptions{})
+	if err != nil {
+		return false // gone from memory: its log is all there is
+	}
+	defer p.Detach()
+	st, err := p.Status(ctx)
+	return err == nil && st.State == client.Exited
 }
 
 // lastBytes reads r to its end and returns its last n bytes and how many
