@@ -2,7 +2,7 @@
 GO ?= go
 STATICCHECK = $(GO) tool -modfile=tools/go.mod staticcheck
 
-.PHONY: test test-v2 check bench compare fuzz faults soak sdk-test console-test python-test
+.PHONY: test test-v2 check bench compare fuzz faults soak sdk-test console-test python-test mcp-test
 
 # The whole test suite: formatting, vet, staticcheck, every test under the
 # race detector (the interop module's too: sandkiln's files and streams
@@ -15,6 +15,7 @@ test: check
 	$(MAKE) sdk-test
 	$(MAKE) console-test
 	$(MAKE) python-test
+	$(MAKE) mcp-test
 
 # The cgroup tests on a pure cgroup v2 kernel, as most users' hosts are
 # (this one keeps its controllers on v1): Debian's kernel, downloaded and
@@ -64,6 +65,18 @@ python-test:
 	$(PYVENV)/bin/python -m mypy --strict --cache-dir $(PYVENV)/mypy -p sandkiln
 	$(PYVENV)/bin/python -m mypy --strict --cache-dir $(PYVENV)/mypy $(PYSDK)/examples
 	cd $(PYSDK) && ../../$(PYVENV)/bin/python -m pytest -q -p no:cacheprovider tests
+
+# kiln mcp (spawned, on stdio) and kilnd's /mcp (over HTTP, with the
+# token) driven by the official TypeScript MCP client,
+# @modelcontextprotocol/sdk, pinned in its lock file, against a real
+# kilnd: the tools listed, a build's 10,000 lines paged by offsets, each
+# exactly once, and bad arguments answered as tool errors.
+MCP = interop/mcp
+mcp-test: $(MCP)/node_modules/.package-lock.json
+	cd $(MCP) && npm test
+
+$(MCP)/node_modules/.package-lock.json: $(MCP)/package-lock.json
+	cd $(MCP) && npm ci --no-audit --no-fund --loglevel=error
 
 check:
 	@out=$$(gofmt -l $$(git ls-files --cached --others --exclude-standard '*.go' 2>/dev/null || find . -name '*.go')); \
