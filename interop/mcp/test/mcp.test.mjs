@@ -1,4 +1,4 @@
-// kiln mcp (spawned, on stdio) and kilnd's /mcp (over HTTP, with the
+// kiln mcp (spawned as the README's mcpServers block says, on stdio) and kilnd's /mcp (over HTTP, with the
 // token) driven by the official TypeScript MCP client, against a real
 // kilnd: the tools a model sees, a build's output paged by offsets, and
 // a bad argument answered as a tool error the model can read; and the
@@ -7,11 +7,12 @@
 import { test, describe, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
+import { readFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve, dirname } from "node:path";
 import { fileURLToPath } from "node:url";
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
-import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
+import { StdioClientTransport, getDefaultEnvironment } from "@modelcontextprotocol/sdk/client/stdio.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
 import { startKilnd } from "../../../sdk/typescript/test/kilnd.mjs";
 
@@ -40,8 +41,28 @@ after(async () => {
   await kilnd?.stop();
 });
 
+/** The README's mcpServers block, which an MCP client reads to start kiln mcp. */
+function readmeServer() {
+  const readme = readFileSync(join(repo, "README.md"), "utf8");
+  const block = /```json\n(\{\n  "mcpServers"[\s\S]*?)```/.exec(readme);
+  assert.ok(block, "the README has no mcpServers block");
+  assert.equal(block[1].trim().split("\n").length, 5, "the README's mcpServers block is five lines");
+  return JSON.parse(block[1]).mcpServers.sandkiln;
+}
+
 const transports = {
-  stdio: () => new StdioClientTransport({ command: kiln, args: ["--state-dir", kilnd.state, "mcp"], stderr: "inherit" }),
+  // As the README tells a client to start it, kiln being the one built
+  // here and kilnd the test's.
+  stdio: () => {
+    const server = readmeServer();
+    assert.equal(server.command, "kiln");
+    return new StdioClientTransport({
+      command: kiln,
+      args: server.args,
+      env: { ...getDefaultEnvironment(), KILN_STATE_DIR: kilnd.state },
+      stderr: "inherit",
+    });
+  },
   http: () =>
     new StreamableHTTPClientTransport(new URL(kilnd.url + "/mcp"), {
       requestInit: { headers: { Authorization: `Bearer ${kilnd.token}` } },
