@@ -318,6 +318,14 @@ func TestStdinAndSignals(t *testing.T) {
 	cs := transports[0].connect(t, k)
 	sb := newSandbox(t, cs)
 	p := call[mcp.StartOutput](t, cs, "process_start", map[string]any{"sandbox": sb, "command": "tr a-z A-Z", "stdin": true})
+	// Nothing written yet: at once, and after a wait that runs out, an
+	// empty page of a running process, not an error.
+	for _, wait := range []int{0, 100} {
+		r := call[mcp.OutputOutput](t, cs, "process_output", map[string]any{"sandbox": sb, "pid": p.PID, "offsets": p.Offsets, "wait_ms": wait})
+		if r.Bytes != 0 || r.Exited || r.More || !strings.Contains(r.Note, "is running") || !cmp.Equal(r.NextOffsets, p.Offsets) {
+			t.Errorf("wait_ms %d before any output: %+v", wait, r)
+		}
+	}
 	call[mcp.StdinOutput](t, cs, "process_write_stdin", map[string]any{"sandbox": sb, "pid": p.PID, "data": "hello\n"})
 	if w := call[mcp.StdinOutput](t, cs, "process_write_stdin", map[string]any{"sandbox": sb, "pid": p.PID, "data": "again\n", "close": true}); w.Written != 6 || !w.Closed {
 		t.Errorf("write: %+v", w)

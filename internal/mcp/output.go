@@ -149,44 +149,12 @@ func (s *Server) output(ctx context.Context, _ *mcp.CallToolRequest, in OutputIn
 	return nil, r, nil
 }
 
-// read is process_output once its arguments are checked. It learns where
-// the process's streams stand, reopens its output at the offsets given
-// and reads until the page is full, or it has what was there when it
-// asked (or, with nothing there, the first output within the wait), or
-// the output ended.
+// read is process_output once its arguments are checked. It reads the
+// process's output from the offsets given until the page is full, or it
+// has what was there when it asked (or, with nothing there, the first
+// output within the wait), or the output ended.
 func (s *Server) read(ctx context.Context, in OutputInput, bound int) (OutputOutput, error) {
-	sb := s.c.Handle(in.Sandbox)
-	h, err := sb.Process(ctx, in.PID, client.ProcessOptions{Format: client.Bytes, Overflow: client.OverflowReport})
-	if err != nil {
-		return OutputOutput{}, err
-	}
-	st, err := h.Status(ctx)
-	if err != nil {
-		h.Detach()
-		return OutputOutput{}, err
-	}
-	ref, err := h.Disconnect()
-	if err != nil {
-		return OutputOutput{}, err
-	}
-	from, totals := map[string]int64{}, map[string]int64{}
-	for name, ss := range st.Process.Streams {
-		from[name], totals[name] = 0, ss.TotalBytes
-	}
-	for name, off := range in.Offsets {
-		total, ok := totals[name]
-		switch {
-		case !ok:
-			return OutputOutput{}, fmt.Errorf("offsets: the process has no stream %q; its streams are %s", name, strings.Join(slices.Sorted(maps.Keys(totals)), " and "))
-		case off < 0:
-			return OutputOutput{}, fmt.Errorf("offsets.%s %d: an offset is 0 or more", name, off)
-		case off > total:
-			return OutputOutput{}, fmt.Errorf("offsets.%s %d: the process has written %d bytes of %s so far", name, off, total, name)
-		}
-		from[name] = off
-	}
-	ref.Offsets = from
-	p, err := sb.Reopen(ctx, ref)
+	p, st, from, totals, err := s.reopen(ctx, in)
 	if err != nil {
 		return OutputOutput{}, err
 	}
@@ -236,6 +204,53 @@ func (s *Server) read(ctx context.Context, in OutputInput, bound int) (OutputOut
 	}
 	r.Note = outputNote(r)
 	return r, nil
+}
+
+// reopen learns where the process's streams stand (totals, and whether
+// it has exited), checks the offsets given against them, and returns a
+// handle whose output starts there (from: every stream's offset).
+func (s *Server) reopen(ctx context.Context, in OutputInput) (_ *client.Process, _ client.Status, from, totals map[string]int64, _ error) {
+	fail := func(err error) (*client.Process, client.Status, map[string]int64, map[string]int64, error) {
+		return nil, client.Status{}, nil, nil, err
+	}
+	sb := s.c.Handle(in.Sandbox)
+	h, err := sb.Process(ctx, in.PID, client.ProcessOptions{Format: client.Bytes, Overflow: client.OverflowReport})
+	if err != nil {
+		return fail(err)
+	}
+	st, err := h.Status(ctx)
+	if err != nil {
+		h.Detach()
+		return fail(err)
+	}
+	// The handle's reference says what kind of process it is (terminal,
+	// stdin); Reopen takes it with the offsets given instead of its own.
+	ref, err := h.Disconnect()
+	if err != nil {
+		return fail(err)
+	}
+	from, totals = map[string]int64{}, map[string]int64{}
+	for name, ss := range st.Process.Streams {
+		from[name], totals[name] = 0, ss.TotalBytes
+	}
+	for name, off := range in.Offsets {
+		total, ok := totals[name]
+		switch {
+		case !ok:
+			return fail(fmt.Errorf("offsets: the process has no stream %q; its streams are %s", name, strings.Join(slices.Sorted(maps.Keys(totals)), " and ")))
+		case off < 0:
+			return fail(fmt.Errorf("offsets.%s %d: an offset is 0 or more", name, off))
+		case off > total:
+			return fail(fmt.Errorf("offsets.%s %d: the process has written %d bytes of %s so far", name, off, total, name))
+		}
+		from[name] = off
+	}
+	ref.Offsets = from
+	p, err := sb.Reopen(ctx, ref)
+	if err != nil {
+		return fail(err)
+	}
+	return p, st, from, totals, nil
 }
 
 // readPage reads p's output into pg: until pg is full; or, waiting (for
