@@ -22,7 +22,7 @@ const (
 	// MinOutputBytes is the least a call may ask for: room for a few
 	// lines and for any UTF-8 character.
 	MinOutputBytes = 256
-	// MaxEntries bounds a file_list result.
+	// MaxEntries bounds a file_list or sandbox_list result.
 	MaxEntries = 500
 	// LogBytes is how much of a captured log a resource holds: its last
 	// bytes.

@@ -408,7 +408,7 @@ func TestSandboxes(t *testing.T) {
 		t.Errorf("created: %+v", created)
 	}
 	l := call[mcp.ListOutput](t, cs, "sandbox_list", nil)
-	if len(l.Sandboxes) != 1 || l.Sandboxes[0].ID != created.ID {
+	if len(l.Sandboxes) != 1 || l.Sandboxes[0].ID != created.ID || l.Omitted != 0 || l.Note != "1 sandboxes; at most 500 per call." {
 		t.Errorf("list: %+v", l)
 	}
 	if d := call[mcp.DeleteOutput](t, cs, "sandbox_delete", map[string]any{"sandbox": "agent-box"}); d.Deleted != created.ID {

@@ -56,6 +56,9 @@ func sandboxOutput(s api.Sandbox) SandboxOutput {
 // ListOutput is sandbox_list's result.
 type ListOutput struct {
 	Sandboxes []SandboxOutput `json:"sandboxes"`
+	// Omitted counts sandboxes past the bound, not listed.
+	Omitted int    `json:"omitted"`
+	Note    string `json:"note"`
 }
 
 // DeleteInput is sandbox_delete's arguments.
@@ -81,7 +84,7 @@ func (s *Server) addSandboxTools() {
 	mcp.AddTool(s.s, &mcp.Tool{
 		Name: "sandbox_list",
 		Description: "List the sandboxes that exist (running or stopped, not deleted) with their ids, names, states, images and " +
-			"limits. Use it to find a sandbox created earlier instead of creating another.",
+			"limits, at most 500 (omitted counts the rest). Use it to find a sandbox created earlier instead of creating another.",
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true},
 	}, s.listSandboxes)
 	mcp.AddTool(s.s, &mcp.Tool{
@@ -134,8 +137,16 @@ func (s *Server) listSandboxes(ctx context.Context, _ *mcp.CallToolRequest, _ st
 		return nil, ListOutput{}, fmt.Errorf("sandbox_list: %w", err)
 	}
 	out := ListOutput{Sandboxes: []SandboxOutput{}}
-	for _, sb := range list {
+	for i, sb := range list {
+		if i == MaxEntries {
+			out.Omitted = len(list) - i
+			break
+		}
 		out.Sandboxes = append(out.Sandboxes, sandboxOutput(sb))
+	}
+	out.Note = fmt.Sprintf("%d sandboxes; at most %d per call.", len(list), MaxEntries)
+	if out.Omitted > 0 {
+		out.Note += fmt.Sprintf(" %d not listed: delete those no longer needed.", out.Omitted)
 	}
 	return nil, out, nil
 }
