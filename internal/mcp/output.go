@@ -30,24 +30,24 @@ type OutputInput struct {
 
 // OutputOutput is process_output's result.
 type OutputOutput struct {
-	Stdout   string `json:"stdout"`
-	Stderr   string `json:"stderr"`
-	Terminal string `json:"terminal,omitempty"`
+	Stdout   string `json:"stdout" jsonschema:"stdout's bytes from its offset, as UTF-8 (an invalid byte is U+FFFD)"`
+	Stderr   string `json:"stderr" jsonschema:"stderr's bytes from its offset"`
+	Terminal string `json:"terminal,omitempty" jsonschema:"a terminal's output, its one stream"`
 	// NextOffsets are where the next call reads from.
-	NextOffsets map[string]int64 `json:"next_offsets"`
+	NextOffsets map[string]int64 `json:"next_offsets" jsonschema:"per stream, where the next call reads from: pass them back as offsets"`
 	// LostBytes counts, per stream, bytes before next_offsets that
 	// nothing kept: they will never be read.
-	LostBytes map[string]int64 `json:"lost_bytes,omitempty"`
-	Bytes     int              `json:"bytes"`
-	MaxBytes  int              `json:"max_bytes"`
+	LostBytes map[string]int64 `json:"lost_bytes,omitempty" jsonschema:"per stream, bytes before next_offsets that nothing kept and no call will return"`
+	Bytes     int              `json:"bytes" jsonschema:"output bytes in this result"`
+	MaxBytes  int              `json:"max_bytes" jsonschema:"the most this result could carry"`
 	// More: output beyond NextOffsets was there already.
-	More bool `json:"more"`
+	More bool `json:"more" jsonschema:"output beyond next_offsets is there already: call again at once"`
 	// Exited: the process has ended and this result reaches the end of
 	// everything it wrote.
-	Exited   bool   `json:"exited"`
-	ExitCode *int   `json:"exit_code,omitempty"`
-	Signal   string `json:"signal,omitempty"`
-	Note     string `json:"note"`
+	Exited   bool   `json:"exited" jsonschema:"the process has ended and this result reaches the end of everything it wrote"`
+	ExitCode *int   `json:"exit_code,omitempty" jsonschema:"once exited: its exit code (128+N when signal N ended it)"`
+	Signal   string `json:"signal,omitempty" jsonschema:"once exited: the signal that ended it, if one did"`
+	Note     string `json:"note" jsonschema:"what this result holds and what to do next, in words"`
 }
 
 // page gathers one result's output: per stream, the bytes read and where

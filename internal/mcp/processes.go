@@ -58,14 +58,14 @@ type ExecInput struct {
 
 // ExecOutput is exec's result.
 type ExecOutput struct {
-	ExitCode  int    `json:"exit_code"`
-	Signal    string `json:"signal,omitempty"`
-	Stdout    string `json:"stdout"`
-	Stderr    string `json:"stderr"`
-	Truncated bool   `json:"truncated"`
-	TimedOut  bool   `json:"timed_out,omitempty"`
-	MaxBytes  int    `json:"max_output_bytes"`
-	Note      string `json:"note"`
+	ExitCode  int    `json:"exit_code" jsonschema:"the command's exit code (128+N when signal N ended it)"`
+	Signal    string `json:"signal,omitempty" jsonschema:"the signal that ended it, if one did"`
+	Stdout    string `json:"stdout" jsonschema:"its stdout, as UTF-8 (an invalid byte is U+FFFD)"`
+	Stderr    string `json:"stderr" jsonschema:"its stderr"`
+	Truncated bool   `json:"truncated" jsonschema:"it wrote more than max_output_bytes: the rest is not here"`
+	TimedOut  bool   `json:"timed_out,omitempty" jsonschema:"it was killed at timeout_ms"`
+	MaxBytes  int    `json:"max_output_bytes" jsonschema:"the most output this result could carry"`
+	Note      string `json:"note" jsonschema:"the bound, and what was cut, in words"`
 }
 
 // StartInput is process_start's arguments.
@@ -76,10 +76,10 @@ type StartInput struct {
 
 // StartOutput is process_start's result.
 type StartOutput struct {
-	Sandbox string           `json:"sandbox"`
-	PID     string           `json:"pid"`
-	Offsets map[string]int64 `json:"offsets"`
-	Log     string           `json:"log"`
+	Sandbox string           `json:"sandbox" jsonschema:"the sandbox it runs in"`
+	PID     string           `json:"pid" jsonschema:"the process's id, for process_output, process_write_stdin and process_signal"`
+	Offsets map[string]int64 `json:"offsets" jsonschema:"the offsets its output starts at, for process_output"`
+	Log     string           `json:"log" jsonschema:"the resource URI of its captured output"`
 	Note    string           `json:"note"`
 }
 
