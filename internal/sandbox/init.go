@@ -758,7 +758,7 @@ func Enter() (*Inside, error) {
 	spawner := confine.NewSpawner(exe, confine.Config{NoFile: noFile(), NProc: nproc(cfg.PidsMax)}, groups,
 		func(cmd *exec.Cmd) error {
 			iso(cmd.SysProcAttr)
-			return cmd.Start()
+			return startOwned(cmd, cfg.UIDBase) // its per-user counts the sandbox's alone
 		})
 	// Started, and executed, before the root is built: a child forked
 	// while it is holds copies of the agent's descriptors, and a fork
