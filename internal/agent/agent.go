@@ -4,7 +4,6 @@ package agent
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -28,6 +27,7 @@ import (
 
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/capture"
+	"github.com/sandkiln/sandkiln/internal/decode"
 	"github.com/sandkiln/sandkiln/internal/errdefs"
 	"github.com/sandkiln/sandkiln/internal/files"
 	"github.com/sandkiln/sandkiln/internal/process"
@@ -140,33 +140,15 @@ func (s *Server) routes() {
 	})
 }
 
-// errBadJSON is a body or a control message that is not the JSON asked for.
-var errBadJSON = errdefs.New(errdefs.ErrInvalidArgument, "malformed request")
+// errBadJSON is a body or a control message that is not the JSON asked
+// for: the one decoder's refusal (decode.Body), for messages too.
+var errBadJSON = decode.ErrMalformed
 
 // writeError answers with the error's class, the engine's errors and this
 // package's alike: no error is mapped here.
 var writeError = reply.Error
 
 var writeJSON = reply.JSON
-
-// decode reads a bounded JSON body into v, refusing unknown fields and
-// trailing data.
-func decode(w http.ResponseWriter, r *http.Request, v any) error {
-	body := http.MaxBytesReader(w, r.Body, api.MaxBody)
-	dec := json.NewDecoder(body)
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		var maxErr *http.MaxBytesError
-		if errors.As(err, &maxErr) {
-			return fmt.Errorf("%w: body over %d bytes", errdefs.ErrTooLarge, api.MaxBody)
-		}
-		return fmt.Errorf("%w: %v", errBadJSON, err)
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return fmt.Errorf("%w: data after the JSON object", errBadJSON)
-	}
-	return nil
-}
 
 // spec turns a request into a process spec, checking every bound.
 func (s *Server) spec(req api.ExecRequest, finite bool) (process.Spec, error) {
@@ -264,7 +246,7 @@ func (s *Server) StartInit(req api.ExecRequest) (string, error) {
 
 func (s *Server) startStream(w http.ResponseWriter, r *http.Request) {
 	var req api.ExecRequest
-	if err := decode(w, r, &req); err != nil {
+	if err := decode.Body(w, r, &req); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -460,7 +442,7 @@ func parseSignal(v string) (syscall.Signal, error) {
 
 func (s *Server) signal(w http.ResponseWriter, r *http.Request) {
 	var req api.SignalRequest
-	if err := decode(w, r, &req); err != nil {
+	if err := decode.Body(w, r, &req); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -549,7 +531,7 @@ func (s *Server) release(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) resize(w http.ResponseWriter, r *http.Request) {
 	var req api.ResizeRequest
-	if err := decode(w, r, &req); err != nil {
+	if err := decode.Body(w, r, &req); err != nil {
 		writeError(w, err)
 		return
 	}

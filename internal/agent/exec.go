@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/internal/decode"
 	"github.com/sandkiln/sandkiln/internal/process"
 	"github.com/sandkiln/sandkiln/internal/ring"
 )
@@ -18,7 +19,7 @@ import (
 // A client that goes away kills the process: nobody is left to answer.
 func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	var req api.ExecRequest
-	if err := decode(w, r, &req); err != nil {
+	if err := decode.Body(w, r, &req); err != nil {
 		writeError(w, err)
 		return
 	}

@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -16,7 +15,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandkiln/sandkiln/api"
-	"github.com/sandkiln/sandkiln/internal/errdefs"
 	"github.com/sandkiln/sandkiln/internal/process"
 	"github.com/sandkiln/sandkiln/internal/ring"
 )
@@ -139,56 +137,6 @@ func FuzzParseSignal(f *testing.F) {
 			if again, err := parseSignal(name); err != nil || again != sig {
 				t.Fatalf("%q: signal %d read back by name %s as %d, %v", v, sig, name, again, err)
 			}
-		}
-	})
-}
-
-// FuzzDecodeBody decodes request bodies as the agent's JSON handlers do
-// (exec and exec-stream, signal, resize). Refusals are invalid or too
-// large, answered 400 or 413; what is accepted is one JSON value, nothing
-// after it, and decodes the same once encoded again.
-func FuzzDecodeBody(f *testing.F) {
-	for _, b := range []string{`{"command":"sh","args":["-c","true"],"env":{"A":"b"},"tty":{"cols":80,"rows":24}}`,
-		`{"signal":"TERM","group":false}`, `{"cols":80,"rows":24}`, `{"command":"true"} trailing`, `{"unknown":1}`,
-		`null`, ` {} `, `{"cols":70000}`, `{"command":"a\xffb"}`, `{"command":"\ud800"}`, `[]`, `{}{}`} {
-		for kind := range uint8(3) {
-			f.Add([]byte(b), kind)
-		}
-	}
-	f.Fuzz(func(t *testing.T, body []byte, kind uint8) {
-		var v, again any
-		switch kind % 3 {
-		case 0:
-			v, again = new(api.ExecRequest), new(api.ExecRequest)
-		case 1:
-			v, again = new(api.SignalRequest), new(api.SignalRequest)
-		case 2:
-			v, again = new(api.ResizeRequest), new(api.ResizeRequest)
-		}
-		err := decode(httptest.NewRecorder(), httptest.NewRequest("POST", "/", bytes.NewReader(body)), v)
-		if err != nil {
-			if !errors.Is(err, errBadJSON) && !errors.Is(err, errdefs.ErrTooLarge) {
-				t.Fatalf("%q: error %v is neither malformed nor too large", body, err)
-			}
-			rec := httptest.NewRecorder()
-			writeError(rec, err)
-			if rec.Code != http.StatusBadRequest && rec.Code != http.StatusRequestEntityTooLarge {
-				t.Fatalf("%q: %v answered with %d", body, err, rec.Code)
-			}
-			return
-		}
-		if !json.Valid(body) {
-			t.Fatalf("accepted %q, which is not one JSON value", body)
-		}
-		enc, err := json.Marshal(v)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := decode(httptest.NewRecorder(), httptest.NewRequest("POST", "/", bytes.NewReader(enc)), again); err != nil {
-			t.Fatalf("%q: its encoding %s is refused: %v", body, enc, err)
-		}
-		if diff := cmp.Diff(v, again); diff != "" {
-			t.Fatalf("%q: encoded and decoded again (-first +again):\n%s", body, diff)
 		}
 	})
 }

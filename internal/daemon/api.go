@@ -2,8 +2,6 @@ package daemon
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -17,6 +15,7 @@ import (
 	"github.com/rs/cors"
 
 	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/internal/decode"
 	"github.com/sandkiln/sandkiln/internal/errdefs"
 	"github.com/sandkiln/sandkiln/internal/reply"
 	"github.com/sandkiln/sandkiln/internal/sandbox"
@@ -237,23 +236,9 @@ func (d *Daemon) createHandler(w http.ResponseWriter, r *http.Request) {
 	reply.JSON(w, http.StatusOK, info)
 }
 
-// decodeBody reads a bounded JSON body (an empty one is the zero value)
-// into v, refusing unknown fields and trailing data.
-func decodeBody(w http.ResponseWriter, r *http.Request, v any) error {
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, api.MaxBody))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil && !errors.Is(err, io.EOF) {
-		var maxErr *http.MaxBytesError
-		if errors.As(err, &maxErr) {
-			return err
-		}
-		return fmt.Errorf("%w: %v", errdefs.ErrInvalidArgument, err)
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return fmt.Errorf("%w: data after the JSON object", errdefs.ErrInvalidArgument)
-	}
-	return nil
-}
+// decodeBody is the one request decoder (decode.Body), by the name
+// kilnd's handlers call it.
+var decodeBody = decode.Body
 
 // forward sends a process call to the sandbox's agent.
 func (d *Daemon) forward(w http.ResponseWriter, r *http.Request) {
