@@ -55,6 +55,24 @@ type member struct {
 func (e *member) Error() string { return e.msg }
 func (e *member) Unwrap() error { return e.class }
 
+// Opaque returns an error of class whose message is msg alone and which
+// wraps cause, for errors.Is and errors.As, without its words: for a
+// failure on the host, whose cause names host paths or speaks the
+// kernel's language, neither of which a client is shown. Whoever has the
+// error whole (kilnd's log) still has the cause.
+func Opaque(class *Class, msg string, cause error) error {
+	return &opaque{member: member{msg: msg, class: class}, cause: cause}
+}
+
+type opaque struct {
+	member
+	cause error
+}
+
+// Unwrap gives the class first, so that ClassOf finds it, not one the
+// cause may have.
+func (e *opaque) Unwrap() []error { return []error{e.class, e.cause} }
+
 // ClassOf returns the class of err, or nil if it has none. The tree of
 // wrapped errors is searched depth first, as errors.As does, so the
 // outermost class wins and, in a join or a multiple %w, the first error

@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -186,6 +187,30 @@ func TestSentinel(t *testing.T) {
 		if got := errors.Is(tt.err, tt.target); got != tt.want {
 			t.Errorf("%s: errors.Is(%v, %v) = %v, want %v", tt.name, tt.err, tt.target, got, tt.want)
 		}
+	}
+}
+
+// An opaque error answers with its class and its message alone, and
+// still reaches its cause: a host's failure is told to a client without
+// the host's words, and to kilnd's log with them.
+func TestOpaque(t *testing.T) {
+	cause := fmt.Errorf("write /sys/fs/cgroup/pids/kiln-x/pids.max: %w", syscall.EINVAL)
+	err := fmt.Errorf("create: %w", errdefs.Opaque(errdefs.ErrUnavailable, "kilnd: sandbox x could not be made", cause))
+	if got, want := err.Error(), "create: kilnd: sandbox x could not be made"; got != want {
+		t.Errorf("message %q, want %q", got, want)
+	}
+	if !errors.Is(err, syscall.EINVAL) || !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Errorf("errors.Is does not reach the cause or the class of %v", err)
+	}
+	// A class in the cause does not win over the opaque error's own.
+	inner := errdefs.Opaque(errdefs.ErrNoSpace, "kilnd: no space", fmt.Errorf("%w: too big", errdefs.ErrInvalidArgument))
+	if got := errdefs.ClassOf(inner); got != errdefs.ErrNoSpace {
+		t.Errorf("ClassOf = %v, want no space", got)
+	}
+	rec := httptest.NewRecorder()
+	reply.Error(rec, err)
+	if rec.Code != 503 || strings.Contains(rec.Body.String(), "cgroup") {
+		t.Errorf("answered %d %s", rec.Code, rec.Body)
 	}
 }
 
