@@ -70,6 +70,20 @@ const (
 // the pace of one process writing at its limit.
 const agentCPUs = 1
 
+// spawnerTasks is what a sandbox's pids group holds of its spawner, which
+// starts its processes there: the limit written is the sandbox's and
+// this more, so that a limit of N lets the sandbox's own processes have N
+// tasks. On a host with v1 controllers the spawner's forking thread
+// alone joins the group; on a pure v2 host the whole spawner is in procs,
+// and its threads (five at rest, a few more while system calls block)
+// count.
+func spawnerTasks(pure bool) int64 {
+	if pure {
+		return 16
+	}
+	return 1
+}
+
 // cfsQuota is a CPU limit in cores as a quota of microseconds per
 // period of cfsPeriod.
 func cfsQuota(cpus float64) int64 { return int64(cpus * cfsPeriod) }
@@ -206,7 +220,7 @@ func newCgroups(name string, lim Limits) (*Cgroups, error) {
 			set(procs, "memory.swap.max", "0")
 		}
 		if lim.Pids > 0 {
-			if err := set(procs, "pids.max", strconv.FormatInt(lim.Pids, 10)); err != nil {
+			if err := set(procs, "pids.max", strconv.FormatInt(lim.Pids+spawnerTasks(true), 10)); err != nil {
 				return fail(err)
 			}
 		}
@@ -257,7 +271,7 @@ func newCgroups(name string, lim Limits) (*Cgroups, error) {
 		if err := os.Mkdir(cg.Procs, 0o755); err != nil {
 			return fail(fmt.Errorf("sandbox: make pids cgroup: %w", err))
 		}
-		if err := set(cg.Procs, "pids.max", strconv.FormatInt(lim.Pids, 10)); err != nil {
+		if err := set(cg.Procs, "pids.max", strconv.FormatInt(lim.Pids+spawnerTasks(false), 10)); err != nil {
 			return fail(err)
 		}
 	}

@@ -158,6 +158,27 @@ func TestLimits(t *testing.T) {
 	}
 }
 
+// TestPidsLimitCountsTheSandboxsOwn: a pids limit of N is N tasks for
+// the sandbox's processes, the spawner that starts them aside: with a
+// limit of 1 a shell runs, and on a host where the spawner's forking
+// thread is all of it in the group, exactly one: its first fork fails.
+func TestPidsLimitCountsTheSandboxsOwn(t *testing.T) {
+	one := newSandbox(t, sandbox.Options{Limits: sandbox.Limits{Pids: 1}})
+	if r := run(t, one, "echo alone"); strings.TrimSpace(r.Stdout) != "alone" || code(r) != 0 {
+		t.Fatalf("a shell with a pids limit of 1: exit %d, stdout %q, stderr %q", code(r), r.Stdout, r.Stderr)
+	}
+	if one.Cgroups.Leaves {
+		return // the spawner's threads are allowed for, not counted exactly
+	}
+	if r := run(t, one, "/bin/true && echo forked"); strings.Contains(r.Stdout, "forked") || code(r) == 0 {
+		t.Errorf("a second task with a pids limit of 1: exit %d, stdout %q", code(r), r.Stdout)
+	}
+	two := newSandbox(t, sandbox.Options{Limits: sandbox.Limits{Pids: 2}})
+	if r := run(t, two, "/bin/true && echo forked"); strings.TrimSpace(r.Stdout) != "forked" {
+		t.Errorf("a second task with a pids limit of 2: exit %d, stdout %q, stderr %q", code(r), r.Stdout, r.Stderr)
+	}
+}
+
 // TestGVisorLimits: in a gVisor sandbox the pids limit holds as in the
 // namespace backend's (the runtime's kernel counts its processes in a
 // group of its own), and memory past the limit ends the whole sandbox,

@@ -66,6 +66,11 @@ func (c *Cgroups) Stats() (Stats, error) {
 		dir = c.Procs
 	}
 	s.Pids, s.PidsLimit = readCount(dir, "pids.current", ""), readCount(dir, "pids.max", "")
+	if s.PidsLimit != nil && c.Procs != "" {
+		// The sandbox's limit, as it was asked for: the group's has room
+		// for the spawner beside it.
+		*s.PidsLimit -= spawnerTasks(false)
+	}
 	return s, nil
 }
 
