@@ -301,8 +301,9 @@ const (
 	// program the kernel can load).
 	CodeCommandNotFound = "command_not_found" // 400
 	CodeNotExecutable   = "not_executable"    // 400
-	// CodeNoSpace: what was to be written does not fit in the space left
-	// (a sandbox's disk, its quota).
+	// CodeNoSpace: what was to be written, or asked for, does not fit in
+	// the space there is (a sandbox's disk, its quota, kilnd's state
+	// directory).
 	CodeNoSpace = "no_space" // 507
 )
 
@@ -476,15 +477,41 @@ type ClientMessage struct {
 	Bytes   int64            `json:"bytes,omitempty"`
 }
 
-// Limits bound a sandbox's resources; zero means no limit.
+// Limits bound a sandbox's resources; zero means no limit. Each other
+// value is within its range (see MinCPUs and the constants after it),
+// or a create asking for it is refused.
 type Limits struct {
-	MemoryBytes int64   `json:"memory_bytes,omitempty"`
-	Pids        int64   `json:"pids,omitempty"`
-	CPUs        float64 `json:"cpus,omitempty"` // in cores, e.g. 0.5, for its processes (its agent has a core more)
+	MemoryBytes int64 `json:"memory_bytes,omitempty"`
+	// Pids bounds the tasks (processes and threads) of the sandbox's
+	// processes at once.
+	Pids int64   `json:"pids,omitempty"`
+	CPUs float64 `json:"cpus,omitempty"` // in cores, e.g. 0.5, for its processes (its agent has a core more)
 	// DiskBytes bounds what the sandbox writes to /workspace and its
 	// image's writable layer together.
 	DiskBytes int64 `json:"disk_bytes,omitempty"`
 }
+
+// The ranges of a sandbox's limits, each also 0 for none. cpus and
+// memory_bytes end at what the host has: its CPUs (those kilnd may run
+// on) and its memory. A value out of its range is refused with 400
+// invalid_argument naming the field, the range and the value.
+const (
+	// MinCPUs is the kernel's least CPU quota: 1 ms in every 100 ms.
+	MinCPUs        = 0.01
+	MinMemoryBytes = 4 << 20
+	MinPids        = 1
+	// MaxPids is the kernel's most process IDs (PID_MAX_LIMIT).
+	MaxPids = 1 << 22
+	// The disk is an ext4 filesystem, which needs room for its journal
+	// and tables, and is at most ext4's largest file. A disk larger than
+	// the filesystem of kilnd's state directory is refused with 507
+	// no_space, as is one that cannot be made for want of space.
+	MinDiskBytes = 64 << 20
+	MaxDiskBytes = 16 << 40
+)
+
+// MaxIdleTimeoutSeconds bounds CreateSandbox.IdleTimeoutSeconds: a year.
+const MaxIdleTimeoutSeconds = 365 * 24 * 60 * 60
 
 // LimitsRequest is what a create request asks for: a limit left out is
 // kilnd's default (its --default-memory, --default-pids, --default-cpus

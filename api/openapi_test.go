@@ -1,6 +1,7 @@
 package api_test
 
 import (
+	"math"
 	"reflect"
 	"slices"
 	"strings"
@@ -136,6 +137,64 @@ func TestOpenAPIErrorCodes(t *testing.T) {
 	slices.Sort(enum)
 	if !slices.Equal(enum, codes) {
 		t.Errorf("ErrorCode's enum %q, want the API's codes %q", enum, codes)
+	}
+}
+
+// TestOpenAPIRanges holds the ranges the document gives to the API's
+// bounds, which kilnd and the agent enforce: each bound in the schema
+// where a validator reads it, and a range that ends at what the host has
+// (cpus, memory_bytes) spelled out in the field's description.
+func TestOpenAPIRanges(t *testing.T) {
+	schemas := loadOpenAPI(t).Components.Schemas
+	prop := func(schema, name string) *openapi3.Schema {
+		t.Helper()
+		s := schemas[schema].Value.Properties[name]
+		if s == nil {
+			t.Fatalf("%s has no property %s", schema, name)
+		}
+		return s.Value
+	}
+	for _, b := range []struct {
+		schema, name string
+		min, max     float64 // NaN: none
+		says         []string
+	}{
+		{"Limits", "cpus", 0, math.NaN(), []string{"0.01", "the host's CPUs", "0 for none"}},
+		{"Limits", "memory_bytes", 0, math.NaN(), []string{"4194304", "the host's memory", "0 for none"}},
+		{"Limits", "pids", 0, api.MaxPids, []string{"1 to 4194304", "0 for none"}},
+		{"Limits", "disk_bytes", 0, api.MaxDiskBytes, []string{"67108864", "17592186044416", "0 for none", "507"}},
+		{"CreateSandbox", "idle_timeout_seconds", 0, api.MaxIdleTimeoutSeconds, nil},
+		{"ExecRequest", "timeout_ms", 0, api.MaxTimeoutMS, nil},
+		{"ExecRequest", "drain_ms", 0, api.MaxDrainMS, nil},
+		{"ExecRequest", "max_output_bytes", 0, api.DefaultMaxOutput, nil},
+		{"ExecRequest", "user", math.NaN(), math.NaN(), nil},
+		{"TTY", "cols", 1, api.MaxTTYSize, nil},
+		{"TTY", "rows", 1, api.MaxTTYSize, nil},
+		{"LogRotation", "max_size_bytes", api.MinLogFileSize, api.MaxLogFileSize, nil},
+		{"LogRotation", "max_files", api.MinLogFiles, api.MaxLogFiles, nil},
+	} {
+		s := prop(b.schema, b.name)
+		where := b.schema + "." + b.name
+		for _, end := range []struct {
+			what string
+			got  *float64
+			want float64
+		}{{"minimum", s.Min, b.min}, {"maximum", s.Max, b.max}} {
+			switch {
+			case math.IsNaN(end.want) && end.got != nil:
+				t.Errorf("%s: %s %v, want none", where, end.what, *end.got)
+			case !math.IsNaN(end.want) && (end.got == nil || *end.got != end.want):
+				t.Errorf("%s: %s %v, want %v", where, end.what, end.got, end.want)
+			}
+		}
+		for _, w := range b.says {
+			if !strings.Contains(s.Description, w) {
+				t.Errorf("%s: the description %q does not say %q", where, s.Description, w)
+			}
+		}
+	}
+	if got := prop("ExecRequest", "user").MaxLength; got == nil || *got != api.MaxUser {
+		t.Errorf("ExecRequest.user: maxLength %v, want %d", got, api.MaxUser)
 	}
 }
 

@@ -124,7 +124,7 @@ Flags:
 			return 2
 		}
 	}
-	if err := daemon.ValidateLimits(limits); err != nil {
+	if err := daemon.ValidateLimits(limits, ""); err != nil {
 		fmt.Fprintf(os.Stderr, "kilnd: default limits: %v\n", err)
 		return 2
 	}

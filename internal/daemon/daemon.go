@@ -261,7 +261,7 @@ func New(cfg Config) (*Daemon, error) {
 	if cfg.DefaultLimits == nil {
 		cfg.DefaultLimits = &DefaultLimits
 	}
-	if err := ValidateLimits(*cfg.DefaultLimits); err != nil {
+	if err := ValidateLimits(*cfg.DefaultLimits, ""); err != nil {
 		return nil, fmt.Errorf("kilnd: default limits: %v", err)
 	}
 	if err := ValidateLogs(api.LogRotation(cfg.Logs), ""); err != nil {
@@ -822,7 +822,21 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		return Info{}, fmt.Errorf("%w: runtime %q: want %s", errdefs.ErrInvalidArgument, clip(runtime), strings.Join(RuntimeNames, " or "))
 	}
 	if why := d.unavailable[runtime]; why != nil {
-		return Info{}, fmt.Errorf("%w: runtime %s is not available on this host: %v", errdefs.ErrUnavailable, runtime, why)
+		return Info{}, errdefs.Opaque(errdefs.ErrUnavailable, fmt.Sprintf("kilnd: runtime %s is not available on this host (kilnd --runtimes says why)", runtime), why)
+	}
+	rootfs, err := d.resolveRootfs(req.Rootfs)
+	if err != nil {
+		return Info{}, err
+	}
+	req.Rootfs = rootfs
+	if d.disks == nil && limits.DiskBytes > 0 {
+		if req.Limits.DiskBytes != nil {
+			return Info{}, errdefs.Opaque(errdefs.ErrUnavailable, "kilnd: this host cannot make sandbox disks, so no disk quota (kilnd's log says why, when it started)", d.disksErr)
+		}
+		limits.DiskBytes = 0 // the default, which this host cannot apply
+	}
+	if err := d.diskFits(limits.DiskBytes); err != nil {
+		return Info{}, err
 	}
 	id := uuid.Must(uuid.NewV7()).String()
 	created := false
@@ -836,17 +850,10 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 			}
 		}()
 	}
-	if d.disks == nil && limits.DiskBytes > 0 {
-		if req.Limits.DiskBytes != nil {
-			return Info{}, fmt.Errorf("%w: a disk quota: %v", errdefs.ErrUnavailable, d.disksErr)
-		}
-		limits.DiskBytes = 0 // the default, which this host cannot apply
-	}
 	var disk *sandbox.Disk
 	if limits.DiskBytes > 0 {
-		var err error
 		if disk, err = d.disks.Take(limits.DiskBytes); err != nil {
-			return Info{}, fmt.Errorf("%w: %v", errdefs.ErrUnavailable, err)
+			return Info{}, d.hostFailure(fmt.Sprintf("sandbox %s: its disk could not be made", id), err)
 		}
 		// The agent has it once it started; this copy goes either way.
 		defer disk.Mount.Close()
@@ -856,11 +863,6 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	if disk != nil {
 		diskMount, diskImage = disk.Mount, disk.Image
 	}
-	rootfs, err := d.resolveRootfs(req.Rootfs)
-	if err != nil {
-		return Info{}, err
-	}
-	req.Rootfs = rootfs
 	began := time.Now()
 	rec := record{ID: id, Name: req.Name, State: StateRunning, CreatedAt: began.UTC(), Hostname: req.Hostname,
 		Rootfs: req.Rootfs, Limits: limits, Init: req.Init, IdleTimeout: req.IdleTimeoutSeconds,
@@ -910,14 +912,14 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	if err != nil {
 		os.RemoveAll(d.sandboxDir(id))
 		undo()
-		return Info{}, fmt.Errorf("%w: %v", errdefs.ErrUnavailable, err)
+		return Info{}, d.hostFailure(fmt.Sprintf("sandbox %s could not be made", id), err)
 	}
 	if state := sb.State(); !bytes.Equal(state, rec.Sandbox) {
 		rec.Sandbox = state
 		if err := d.save(rec); err != nil {
 			sb.Destroy(false)
 			undo()
-			return Info{}, err
+			return Info{}, d.hostFailure(fmt.Sprintf("sandbox %s could not be recorded", id), err)
 		}
 	}
 	d.metrics.creates.Observe(time.Since(began).Seconds())
@@ -944,36 +946,6 @@ func withEnv(base, env []string) []string {
 	return out
 }
 
-// validateCreate checks a create request, with the limits it comes to,
-// before anything is made.
-func validateCreate(req CreateRequest, limits api.Limits) error {
-	if err := ValidateLimits(limits); err != nil {
-		return err
-	}
-	if req.Name != "" && !isLabel(req.Name) {
-		return fmt.Errorf("%w: sandbox name %q: want a DNS label (RFC 1123): a-z, 0-9 and '-', 1 to 63 characters, not beginning or ending with '-'", errdefs.ErrInvalidArgument, clip(req.Name))
-	}
-	if len(req.Hostname) > 63 || strings.ContainsFunc(req.Hostname, func(r rune) bool {
-		return !(r == '-' || r == '.' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z')
-	}) {
-		return fmt.Errorf("%w: hostname %q", errdefs.ErrInvalidArgument, clip(req.Hostname))
-	}
-	if req.IdleTimeoutSeconds < 0 || req.IdleTimeoutSeconds > maxIdleTimeout {
-		return fmt.Errorf("%w: idle_timeout_seconds %d: 0 (none) to %d", errdefs.ErrInvalidArgument, req.IdleTimeoutSeconds, maxIdleTimeout)
-	}
-	if req.Init != nil {
-		if err := req.Init.Check(false); err != nil {
-			return fmt.Errorf("%w: init: %v", errdefs.ErrInvalidArgument, err)
-		}
-	}
-	if req.Logs != nil {
-		if err := ValidateLogs(*req.Logs, "logs."); err != nil {
-			return err
-		}
-	}
-	return egress.Validate(req.Network)
-}
-
 // DefaultLogs is the rotation of captured logs that neither kilnd nor a
 // create request sets: 10 MiB × 5, the seed's.
 var DefaultLogs = Logs{MaxSizeBytes: capture.DefaultMaxSize, MaxFiles: capture.DefaultMaxFiles}
@@ -992,85 +964,74 @@ func (l Logs) Apply(r api.LogRotation) Logs {
 	return l
 }
 
-// ValidateLogs checks a log rotation: each field zero (the default) or
-// within its bounds. Errors name the field, prefix and its JSON name.
-func ValidateLogs(r api.LogRotation, prefix string) error {
-	if r.MaxSizeBytes != 0 && (r.MaxSizeBytes < api.MinLogFileSize || r.MaxSizeBytes > api.MaxLogFileSize) {
-		return fmt.Errorf("%w: %smax_size_bytes %d: want %d (64 KiB) to %d (1 GiB)", errdefs.ErrInvalidArgument, prefix, r.MaxSizeBytes, api.MinLogFileSize, api.MaxLogFileSize)
-	}
-	if r.MaxFiles != 0 && (r.MaxFiles < api.MinLogFiles || r.MaxFiles > api.MaxLogFiles) {
-		return fmt.Errorf("%w: %smax_files %d: want %d to %d", errdefs.ErrInvalidArgument, prefix, r.MaxFiles, api.MinLogFiles, api.MaxLogFiles)
-	}
-	return nil
-}
-
-// isLabel reports whether s is a DNS label as RFC 1123 has it, in lower
-// case: what a sandbox's name must be, since it becomes its hostname.
-func isLabel(s string) bool {
-	if len(s) < 1 || len(s) > 63 || s[0] == '-' || s[len(s)-1] == '-' {
-		return false
-	}
-	return !strings.ContainsFunc(s, func(r rune) bool {
-		return !(r == '-' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z')
-	})
-}
-
-// ValidateLimits checks limits: each zero (none) or within its bounds.
-func ValidateLimits(l api.Limits) error {
-	if l.MemoryBytes < 0 || l.Pids < 0 || l.CPUs < 0 {
-		return fmt.Errorf("%w: negative limit", errdefs.ErrInvalidArgument)
-	}
-	if l.MemoryBytes != 0 && l.MemoryBytes < 4<<20 {
-		return fmt.Errorf("%w: memory limit %d: at least 4 MiB (or 0, none)", errdefs.ErrInvalidArgument, l.MemoryBytes)
-	}
-	if l.Pids != 0 && l.Pids < 8 {
-		return fmt.Errorf("%w: pids limit %d: at least 8 (or 0, none)", errdefs.ErrInvalidArgument, l.Pids)
-	}
-	if l.CPUs > maxCPUs {
-		return fmt.Errorf("%w: cpus %g: at most %d", errdefs.ErrInvalidArgument, l.CPUs, maxCPUs)
-	}
-	if l.DiskBytes < 0 || l.DiskBytes != 0 && (l.DiskBytes < sandbox.MinDiskBytes || l.DiskBytes > sandbox.MaxDiskBytes) {
-		return fmt.Errorf("%w: disk limit %d: 64 MiB to 16 TiB (or 0, none)", errdefs.ErrInvalidArgument, l.DiskBytes)
-	}
-	return nil
-}
-
 // resolveRootfs finds a requested rootfs in the images directory: a name
 // in it, or an absolute path that (symbolic links resolved) lies inside
-// it. Nothing else is accepted.
+// it. Nothing else is accepted. Its errors name the rootfs as the request
+// gave it, never the images directory's path on the host.
 func (d *Daemon) resolveRootfs(p string) (string, error) {
 	if p == "" {
 		return "", nil
 	}
 	images, err := filepath.EvalSymlinks(d.cfg.Images)
 	if err != nil {
-		return "", fmt.Errorf("%w: images directory: %v", errdefs.ErrUnavailable, err)
+		return "", d.hostFailure("the images directory cannot be read", err)
 	}
-	if !filepath.IsAbs(p) {
-		p = filepath.Join(images, p)
+	path := p
+	if !filepath.IsAbs(path) {
+		path = filepath.Join(images, path)
 	}
-	real, err := filepath.EvalSymlinks(p)
+	real, err := filepath.EvalSymlinks(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return "", fmt.Errorf("%w: rootfs %q: no such directory in kilnd's images directory", errdefs.ErrNotFound, clip(p))
+	}
 	if err == nil {
 		if rel, rerr := filepath.Rel(images, real); rerr != nil || rel == "." || rel == ".." || strings.HasPrefix(rel, "../") {
-			err = fmt.Errorf("outside %s", images)
+			return "", fmt.Errorf("%w: rootfs %q: a root filesystem must be a directory in kilnd's images directory (--images), and this is not in it", errdefs.ErrInvalidArgument, clip(p))
 		}
-	}
-	if err == nil {
-		if fi, serr := os.Stat(real); serr != nil || !fi.IsDir() {
-			err = fmt.Errorf("not a directory")
+		var fi os.FileInfo
+		if fi, err = os.Stat(real); err == nil && !fi.IsDir() {
+			return "", fmt.Errorf("%w: rootfs %q: not a directory", errdefs.ErrInvalidArgument, clip(p))
 		}
 	}
 	if err != nil {
-		return "", fmt.Errorf("%w: rootfs %q: a root filesystem must be a directory in kilnd's images directory %s (%v)", errdefs.ErrInvalidArgument, clip(p), images, err)
+		return "", d.hostFailure(fmt.Sprintf("rootfs %q cannot be read", clip(p)), err)
 	}
 	return real, nil
 }
 
-// Bounds of a create request.
-const (
-	maxCPUs        = 1024
-	maxIdleTimeout = 365 * 24 * 3600 // a year, in seconds
-)
+// diskFits refuses a disk larger than the filesystem of the state
+// directory, which holds the disks' images: sparse, they may together
+// promise more than it holds, but one that alone cannot be filled is no
+// quota.
+func (d *Daemon) diskFits(bytes int64) error {
+	if bytes == 0 {
+		return nil
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(d.cfg.StateDir, &st); err != nil {
+		return d.hostFailure("the state directory's filesystem cannot be read", err)
+	}
+	if size := int64(st.Blocks) * st.Bsize; bytes > size {
+		return fmt.Errorf("%w: limits.disk_bytes %d: the filesystem of kilnd's state directory holds %d bytes", errdefs.ErrNoSpace, bytes, size)
+	}
+	return nil
+}
+
+// hostFailure is what a client is told of a failure on the host, what
+// failed: an error of its class (no_space when the host's storage is
+// full, unavailable otherwise) whose message leaves out the cause's
+// words, which name host paths or speak the kernel's language. The cause
+// stays wrapped, and goes to kilnd's log with them: the one place an
+// operator reads it.
+func (d *Daemon) hostFailure(what string, cause error) error {
+	class := errdefs.ErrUnavailable
+	msg := "kilnd: " + what + " (kilnd's log says why)"
+	if errors.Is(cause, unix.ENOSPC) || errors.Is(cause, unix.EDQUOT) {
+		class, msg = errdefs.ErrNoSpace, "kilnd: "+what+": no space left in kilnd's state directory"
+	}
+	d.log.Error(what, "err", cause)
+	return errdefs.Opaque(class, msg, cause)
+}
 
 // get finds a sandbox not deleted by its id, its name or a unique
 // prefix of its id (lookup).

@@ -17,6 +17,8 @@ func FuzzValidateCreate(f *testing.F) {
 	f.Add([]byte(`{"limits":{"memory_bytes":0,"pids":0,"cpus":0}}`))
 	f.Add([]byte(`{"logs":{"max_size_bytes":65536,"max_files":3}}`))
 	f.Add([]byte(`{"logs":{"max_size_bytes":1,"max_files":1000}}`))
+	f.Add([]byte(`{"limits":{"cpus":0.001,"pids":1099511627776,"memory_bytes":9223372036854775807,"disk_bytes":1}}`))
+	f.Add([]byte(`{"limits":{"cpus":0.01,"pids":1,"memory_bytes":4194304,"disk_bytes":67108864}}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		var req CreateRequest
 		if json.Unmarshal(body, &req) != nil {
@@ -26,10 +28,14 @@ func FuzzValidateCreate(f *testing.F) {
 		if validateCreate(req, l) != nil {
 			return
 		}
+		h := host()
 		switch {
-		case l.MemoryBytes < 0 || l.Pids < 0 || l.CPUs < 0 || l.CPUs > maxCPUs,
-			l.MemoryBytes > 0 && l.MemoryBytes < 4<<20, l.Pids > 0 && l.Pids < 8,
-			req.IdleTimeoutSeconds < 0 || req.IdleTimeoutSeconds > maxIdleTimeout,
+		case l.MemoryBytes < 0 || l.Pids < 0 || l.CPUs < 0 || l.DiskBytes < 0,
+			l.CPUs > 0 && (l.CPUs < api.MinCPUs || l.CPUs > float64(h.cpus)),
+			l.MemoryBytes > 0 && (l.MemoryBytes < api.MinMemoryBytes || l.MemoryBytes > h.memory),
+			l.Pids > api.MaxPids,
+			l.DiskBytes > 0 && (l.DiskBytes < api.MinDiskBytes || l.DiskBytes > api.MaxDiskBytes),
+			req.IdleTimeoutSeconds < 0 || req.IdleTimeoutSeconds > api.MaxIdleTimeoutSeconds,
 			len(req.Hostname) > 63 || strings.ContainsAny(req.Hostname, " /\x00"),
 			req.Init != nil && req.Init.Command == "",
 			req.Logs != nil && (req.Logs.MaxSizeBytes != 0 && (req.Logs.MaxSizeBytes < api.MinLogFileSize || req.Logs.MaxSizeBytes > api.MaxLogFileSize) ||

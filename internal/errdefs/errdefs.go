@@ -36,9 +36,10 @@ var (
 	// (a shell's 127 and 126).
 	ErrCommandNotFound = &Class{"command not found"}
 	ErrNotExecutable   = &Class{"not executable"}
-	// ErrNoSpace: what was to be written does not fit in the space left
-	// (a sandbox's disk, its quota): neither the request's fault nor one
-	// of the API's bounds.
+	// ErrNoSpace: what was to be written, or asked for, does not fit in
+	// the space there is (a sandbox's disk, its quota, kilnd's state
+	// directory): neither the request's fault nor one of the API's
+	// bounds.
 	ErrNoSpace = &Class{"no space"}
 )
 

@@ -43,12 +43,8 @@ type Disks struct {
 	tmpl sync.Mutex
 }
 
-// Disk sizes: ext4 needs room for its journal and tables.
-const (
-	MinDiskBytes = 64 << 20
-	MaxDiskBytes = 16 << 40
-	spareDisks   = 2
-)
+// spareDisks is how many disks of the default size are made ahead.
+const spareDisks = 2
 
 // DisksAvailable says why this host cannot make disks, or nil.
 func DisksAvailable() error {
