@@ -30,6 +30,7 @@ func TestErrorCodes(t *testing.T) {
 		{process.ErrNotFound, api.CodeNotFound},
 		{process.ErrFinished, api.CodePrecondition},
 		{process.ErrStart, api.CodeInvalid},
+		{process.ErrNoDir, api.CodeNotFound},
 		{process.ErrNoCommand, api.CodeCommandNotFound},
 		{process.ErrNotExecutable, api.CodeNotExecutable},
 		{process.ErrNoStdin, api.CodeInvalid},

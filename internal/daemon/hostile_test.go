@@ -375,7 +375,7 @@ func TestHostileNonUTF8(t *testing.T) {
 	}
 	// Read as U+FFFD U+FFFD, a name no program has.
 	hostileRefusedWith(t, "a non-UTF-8 command", c.as("POST", inSB+"/exec-stream", `{"command":"`+"\xff\xfe"+`"}`), 400, api.CodeCommandNotFound)
-	hostileRefused(t, "a non-UTF-8 working directory", c.as("POST", inSB+"/exec-stream", `{"command":"true","cwd":"/`+"\xff"+`"}`), 400)
+	hostileRefused(t, "a non-UTF-8 working directory, not there", c.as("POST", inSB+"/exec-stream", `{"command":"true","cwd":"/`+"\xff"+`"}`), 404)
 	hostileRefused(t, "a non-UTF-8 hostname", c.as("POST", "/sandboxes", `{"hostname":"`+"\xff"+`"}`), 400)
 
 	// Stdin is bytes: they reach the process and come back exactly.

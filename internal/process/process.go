@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -33,6 +34,8 @@ var (
 	ErrNotFound = errdefs.New(errdefs.ErrNotFound, "not found")
 	ErrFinished = errdefs.New(errdefs.ErrFailedPrecondition, "process has finished")
 	ErrStart    = errdefs.New(errdefs.ErrInvalidArgument, "process could not start")
+	// ErrNoDir: the working directory asked for is not there.
+	ErrNoDir = errdefs.New(errdefs.ErrNotFound, "process could not start: no such working directory")
 	// ErrNoCommand and ErrNotExecutable are the start failures a shell
 	// tells apart (127 and 126): no such program, and one it cannot run.
 	ErrNoCommand     = errdefs.New(errdefs.ErrCommandNotFound, "command not found")
@@ -281,7 +284,11 @@ func startProcess(id string, spec Spec, drainFor time.Duration, onDone func()) (
 	}
 	cmd := &exec.Cmd{Path: argv[0], Args: argv, Env: spec.Env, Dir: spec.Dir}
 	if spec.Dir != "" {
-		if fi, err := os.Stat(spec.Dir); err != nil || !fi.IsDir() {
+		fi, err := os.Stat(spec.Dir)
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("%w: %q: %w", ErrNoDir, spec.Dir, errors.Unwrap(err))
+		}
+		if err != nil || !fi.IsDir() {
 			return nil, fmt.Errorf("%w: working directory %q: %v", ErrStart, spec.Dir, notDir(err))
 		}
 	}
