@@ -319,7 +319,7 @@ func (d *Daemon) relay(w http.ResponseWriter, r *http.Request, e *entry) {
 	d.mu.Unlock()
 	agentConn, err := sb.Dial(r.Context())
 	if err != nil {
-		reply.Error(w, fmt.Errorf("%w: sandbox %s: agent: %v", errdefs.ErrUnavailable, id, err))
+		reply.Error(w, unreachable(id, err))
 		return
 	}
 	defer agentConn.Close()
@@ -343,12 +343,12 @@ func (d *Daemon) relay(w http.ResponseWriter, r *http.Request, e *entry) {
 		echo = protos[0]
 	}
 	if err := out.Write(agentConn); err != nil {
-		reply.Error(w, fmt.Errorf("%w: sandbox %s: agent: %v", errdefs.ErrUnavailable, id, err))
+		reply.Error(w, unreachable(id, err))
 		return
 	}
 	sent, upgraded, moving, err := readAnswer(w, out, agentConn, echo)
 	if err != nil {
-		reply.Error(w, fmt.Errorf("%w: sandbox %s: agent: %v", errdefs.ErrUnavailable, id, err))
+		reply.Error(w, unreachable(id, err))
 		return
 	}
 	if !upgraded {
@@ -398,6 +398,13 @@ func (d *Daemon) relay(w http.ResponseWriter, r *http.Request, e *entry) {
 	conn.Close()
 	agentConn.Close()
 	<-toAgent
+}
+
+// unreachable is the answer to a request kilnd could not take to sandbox
+// id's agent, or whose answer it could not read: the cause kept, not
+// shown (it names the agent's socket, a path of the host's).
+func unreachable(id string, err error) error {
+	return errdefs.Opaque(errdefs.ErrUnavailable, "kilnd: sandbox "+id+": its agent cannot be reached", err)
 }
 
 // stripCredentials removes kilnd's token from headers bound for an agent:

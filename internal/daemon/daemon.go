@@ -711,8 +711,9 @@ func (d *Daemon) route(rec record, sb sandbox.Instance) *entry {
 				return
 			}
 			// The request may have reached the agent: nobody can say
-			// whether it took effect.
-			reply.Error(w, errdefs.New(errdefs.ErrOutcomeUnknown, "kilnd: sandbox "+rec.ID+": no answer from the agent: "+err.Error()))
+			// whether it took effect. (What the transport said of it
+			// names the agent's socket, a path of the host's.)
+			reply.Error(w, errdefs.Opaque(errdefs.ErrOutcomeUnknown, "kilnd: sandbox "+rec.ID+": no answer from the agent", err))
 		},
 	}
 	return &entry{rec: rec, sb: sb, proxy: p}

@@ -2,14 +2,12 @@ package daemon
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"strings"
 	"sync/atomic"
 
-	"github.com/sandkiln/sandkiln/internal/errdefs"
 	"github.com/sandkiln/sandkiln/internal/files"
 	"github.com/sandkiln/sandkiln/internal/reply"
 	"github.com/sandkiln/sandkiln/internal/sandbox"
@@ -102,7 +100,7 @@ func (d *Daemon) handover(w http.ResponseWriter, r *http.Request, e *entry) bool
 	}
 	conn, err := sb.Dial(r.Context())
 	if err != nil {
-		reply.Error(w, fmt.Errorf("%w: sandbox %s: agent: %v", errdefs.ErrUnavailable, id, err))
+		reply.Error(w, unreachable(id, err))
 		return true
 	}
 	uc, ok := conn.(*net.UnixConn)
@@ -117,7 +115,7 @@ func (d *Daemon) handover(w http.ResponseWriter, r *http.Request, e *entry) bool
 	}
 	h, resp, err := files.Handover(uc, r, rest, rawRest)
 	if err != nil {
-		reply.Error(w, fmt.Errorf("%w: sandbox %s: agent: %v", errdefs.ErrUnavailable, id, err))
+		reply.Error(w, unreachable(id, err))
 		return true
 	}
 	if resp != nil {

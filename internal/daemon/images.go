@@ -99,7 +99,7 @@ func (d *Daemon) pullImage(w http.ResponseWriter, r *http.Request) {
 		reply.Error(w, errdefs.New(errdefs.ErrInvalidArgument, "kilnd: ref is required (an image reference, such as busybox:latest)"))
 		return
 	}
-	streamImages(w, func(progress func(image.Progress)) ([]image.Image, error) {
+	d.streamImages(w, "pull", func(progress func(image.Progress)) ([]image.Image, error) {
 		img, err := d.images.Pull(r.Context(), req.Ref, progress)
 		if err != nil {
 			return nil, err
@@ -111,7 +111,7 @@ func (d *Daemon) pullImage(w http.ResponseWriter, r *http.Request) {
 
 func (d *Daemon) importImage(w http.ResponseWriter, r *http.Request) {
 	body := http.MaxBytesReader(w, r.Body, MaxImportBytes)
-	streamImages(w, func(progress func(image.Progress)) ([]image.Image, error) {
+	d.streamImages(w, "import", func(progress func(image.Progress)) ([]image.Image, error) {
 		imgs, err := d.images.Import(r.Context(), body, progress)
 		if err != nil {
 			return nil, err
@@ -127,8 +127,9 @@ func (d *Daemon) importImage(w http.ResponseWriter, r *http.Request) {
 // (api.ImageProgress) as run reports them, and a last line "done" with
 // the images or "error". The answer's status is held back until a layer's
 // first line, so that what fails before any (a bad reference, a missing
-// tag, an unreachable registry) is answered with its own status.
-func streamImages(w http.ResponseWriter, run func(progress func(image.Progress)) ([]image.Image, error)) {
+// tag, an unreachable registry) is answered with its own status. A failure
+// of the image store itself is told as storeFailure tells it.
+func (d *Daemon) streamImages(w http.ResponseWriter, op string, run func(progress func(image.Progress)) ([]image.Image, error)) {
 	rc := http.NewResponseController(w)
 	enc := json.NewEncoder(w)
 	// mu orders the lines of layers reported concurrently.
@@ -154,6 +155,7 @@ func streamImages(w http.ResponseWriter, run func(progress func(image.Progress))
 	mu.Lock()
 	defer mu.Unlock()
 	if err != nil {
+		err = d.storeFailure(op, err)
 		if !started {
 			reply.Error(w, err)
 			return
@@ -168,6 +170,23 @@ func streamImages(w http.ResponseWriter, run func(progress func(image.Progress))
 		out.Images = append(out.Images, apiImage(img))
 	}
 	enc.Encode(out)
+}
+
+// storeFailure is what a client is told of an image operation's failure:
+// err itself when it is the request's or the registry's, and when it is
+// the store's own (its filesystem failed or is full: class internal or
+// no space), a message of its class alone, the cause, which names the
+// store's paths, logged.
+func (d *Daemon) storeFailure(op string, err error) error {
+	switch errdefs.ClassOf(err) {
+	case errdefs.ErrNoSpace:
+		d.log.Error("image "+op, "err", err)
+		return errdefs.Opaque(errdefs.ErrNoSpace, "kilnd: image "+op+": no space left in kilnd's image store", err)
+	case errdefs.ErrInternal:
+		d.log.Error("image "+op, "err", err)
+		return errdefs.Opaque(errdefs.ErrInternal, "kilnd: image "+op+": the image store failed (kilnd's log says why)", err)
+	}
+	return err
 }
 
 // apiImage is img on the wire: its names and layers lists, if empty ones

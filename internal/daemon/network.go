@@ -1,11 +1,8 @@
 package daemon
 
 import (
-	"fmt"
-
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/egress"
-	"github.com/sandkiln/sandkiln/internal/errdefs"
 	"github.com/sandkiln/sandkiln/internal/sandbox"
 )
 
@@ -43,7 +40,7 @@ func (d *Daemon) apiPort() uint16 {
 func (d *Daemon) plug(id string, p api.Network, rec *record, opts *sandbox.Options) error {
 	m, err := d.network()
 	if err != nil {
-		return fmt.Errorf("%w: a network beyond the loopback: %v", errdefs.ErrUnavailable, err)
+		return d.hostFailure("a network beyond the loopback cannot be made", err)
 	}
 	p.Address = ""
 	if p.Egress == "" {

@@ -160,14 +160,14 @@ func Open(dir string, o Options) (*Store, error) {
 	}
 	for _, d := range []string{abs, s.layersDir()} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
-			return nil, fmt.Errorf("%w: image: store: %w", errdefs.ErrInternal, err)
+			return nil, storeError(err, "store")
 		}
 	}
 	if err := os.RemoveAll(s.tmpDir()); err != nil {
-		return nil, fmt.Errorf("%w: image: store: %w", errdefs.ErrInternal, err)
+		return nil, storeError(err, "store")
 	}
 	if err := os.Mkdir(s.tmpDir(), 0o700); err != nil {
-		return nil, fmt.Errorf("%w: image: store: %w", errdefs.ErrInternal, err)
+		return nil, storeError(err, "store")
 	}
 	if err := s.load(); err != nil {
 		return nil, err
@@ -190,7 +190,7 @@ func (s *Store) load() error {
 	switch {
 	case errors.Is(err, os.ErrNotExist):
 	case err != nil:
-		return fmt.Errorf("%w: image: store: %w", errdefs.ErrInternal, err)
+		return storeError(err, "store")
 	default:
 		if err := json.Unmarshal(b, &st); err != nil {
 			return fmt.Errorf("%w: image: store %s: %w", errdefs.ErrInternal, s.stateFile(), err)
@@ -203,14 +203,14 @@ func (s *Store) load() error {
 	used := usedLayers(images)
 	entries, err := os.ReadDir(s.layersDir())
 	if err != nil {
-		return fmt.Errorf("%w: image: store: %w", errdefs.ErrInternal, err)
+		return storeError(err, "store")
 	}
 	layers := map[string]int64{}
 	for _, e := range entries {
 		size, recorded := st.Layers[e.Name()]
 		if !used[e.Name()] || !recorded {
 			if err := os.RemoveAll(filepath.Join(s.layersDir(), e.Name())); err != nil {
-				return fmt.Errorf("%w: image: store: %w", errdefs.ErrInternal, err)
+				return storeError(err, "store")
 			}
 			continue
 		}
@@ -229,10 +229,10 @@ func (s *Store) save(images map[string]Image, layers map[string]int64) error {
 	st := state{Images: slices.SortedFunc(maps.Values(images), func(a, b Image) int { return strings.Compare(a.ID, b.ID) }), Layers: layers}
 	b, err := json.MarshalIndent(st, "", "\t")
 	if err != nil {
-		return fmt.Errorf("%w: image: store: %w", errdefs.ErrInternal, err)
+		return storeError(err, "store")
 	}
 	if err := writeFileAtomic(s.stateFile(), s.tmpDir(), b); err != nil {
-		return fmt.Errorf("%w: image: store: %w", errdefs.ErrInternal, err)
+		return storeError(err, "store")
 	}
 	s.images, s.names, s.layers = images, namesOf(images), layers
 	return nil
@@ -487,7 +487,7 @@ func (s *Store) LayerDirs(img Image) ([]string, error) {
 	s.mu.Unlock()
 	for _, d := range dirs {
 		if fi, err := os.Lstat(d); err != nil || !fi.IsDir() {
-			return nil, fmt.Errorf("%w: image: layer directory %s of image %s is missing", errdefs.ErrNotFound, d, img.ID)
+			return nil, fmt.Errorf("%w: image: layer %s of image %s is missing", errdefs.ErrNotFound, filepath.Base(d), img.ID)
 		}
 	}
 	return dirs, nil

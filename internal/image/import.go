@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/http"
 	"os"
 	"path"
@@ -37,14 +38,18 @@ const (
 func (s *Store) Import(ctx context.Context, r io.Reader, progress func(Progress)) ([]Image, error) {
 	f, err := os.CreateTemp(s.tmpDir(), "import-")
 	if err != nil {
-		return nil, fmt.Errorf("%w: image: import: %w", errdefs.ErrInternal, err)
+		return nil, storeError(err, "import")
 	}
 	defer os.Remove(f.Name())
 	defer f.Close()
 	if _, err := io.Copy(f, r); err != nil {
 		var maxErr *http.MaxBytesError
-		if errors.As(err, &maxErr) {
+		var spool *fs.PathError // the spool's write: a body's read is no file's
+		switch {
+		case errors.As(err, &maxErr):
 			return nil, fmt.Errorf("%w: image: import: %w", errdefs.ErrTooLarge, err)
+		case errors.As(err, &spool):
+			return nil, storeError(err, "import: spooling the tar")
 		}
 		return nil, fmt.Errorf("%w: image: import: reading the tar: %w", errdefs.ErrInvalidArgument, err)
 	}
@@ -94,7 +99,7 @@ type member struct {
 // here, never paths written to.
 func indexArchive(f *os.File) (*archive, error) {
 	if _, err := f.Seek(0, io.SeekStart); err != nil {
-		return nil, fmt.Errorf("%w: image: import: %w", errdefs.ErrInternal, err)
+		return nil, storeError(err, "import")
 	}
 	a := &archive{f: f, members: map[string]member{}}
 	tr := tar.NewReader(f)
@@ -115,7 +120,7 @@ func indexArchive(f *os.File) (*archive, error) {
 			// tar.Reader reads nothing ahead: f is at the member's data.
 			off, err := f.Seek(0, io.SeekCurrent)
 			if err != nil {
-				return nil, fmt.Errorf("%w: image: import: %w", errdefs.ErrInternal, err)
+				return nil, storeError(err, "import")
 			}
 			a.members[n] = member{off: off, size: hdr.Size}
 		case tar.TypeSymlink:
@@ -164,7 +169,7 @@ func (a *archive) read(n string, limit int64) ([]byte, error) {
 	}
 	b := make([]byte, m.size)
 	if _, err := a.f.ReadAt(b, m.off); err != nil {
-		return nil, fmt.Errorf("%w: image: import: %s: %w", errdefs.ErrInternal, n, err)
+		return nil, storeError(err, "import: %s", n)
 	}
 	return b, nil
 }

@@ -223,11 +223,11 @@ func (s *Store) ensureLayer(ctx context.Context, src *source, diffID string, b b
 func (s *Store) unpackLayer(ctx context.Context, src *source, diffID string, b blob, progress func(Progress)) (int64, error) {
 	tmp, err := os.MkdirTemp(s.tmpDir(), "layer-")
 	if err != nil {
-		return 0, fmt.Errorf("%w: image: layer %s: %w", errdefs.ErrInternal, diffID, err)
+		return 0, storeError(err, "layer %s", diffID)
 	}
 	defer os.RemoveAll(tmp) // nothing, once renamed
 	if err := os.Chmod(tmp, 0o755); err != nil {
-		return 0, fmt.Errorf("%w: image: layer %s: %w", errdefs.ErrInternal, diffID, err)
+		return 0, storeError(err, "layer %s", diffID)
 	}
 	rc, err := b.open()
 	if err != nil {
@@ -237,7 +237,7 @@ func (s *Store) unpackLayer(ctx context.Context, src *source, diffID string, b b
 	counted := &progressReader{r: rc, p: Progress{Layer: diffID, Total: b.size, Status: src.status}, report: progress}
 	layer, err := partial.CompressedToLayer(compressed{counted, b.size})
 	if err != nil {
-		return 0, fmt.Errorf("%w: image: layer %s: %w", errdefs.ErrInternal, diffID, err)
+		return 0, storeError(err, "layer %s", diffID)
 	}
 	ur, err := layer.Uncompressed()
 	if err != nil {
@@ -272,19 +272,19 @@ func (s *Store) unpackLayer(ctx context.Context, src *source, diffID string, b b
 	counted.flush()
 
 	if err := syncfs(tmp); err != nil {
-		return 0, fmt.Errorf("%w: image: layer %s: %w", errdefs.ErrInternal, diffID, err)
+		return 0, storeError(err, "layer %s", diffID)
 	}
 	dst := s.layerDir(strings.TrimPrefix(diffID, "sha256:"))
 	// A directory there is not recorded (else this would not run): a
 	// leftover of a failed removal.
 	if err := os.RemoveAll(dst); err != nil {
-		return 0, fmt.Errorf("%w: image: layer %s: %w", errdefs.ErrInternal, diffID, err)
+		return 0, storeError(err, "layer %s", diffID)
 	}
 	if err := os.Rename(tmp, dst); err != nil {
-		return 0, fmt.Errorf("%w: image: layer %s: %w", errdefs.ErrInternal, diffID, err)
+		return 0, storeError(err, "layer %s", diffID)
 	}
 	if err := syncDir(s.layersDir()); err != nil {
-		return 0, fmt.Errorf("%w: image: layer %s: %w", errdefs.ErrInternal, diffID, err)
+		return 0, storeError(err, "layer %s", diffID)
 	}
 	return unpacked.size, nil
 }

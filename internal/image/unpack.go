@@ -62,7 +62,7 @@ type dirTime struct {
 func unpack(ctx context.Context, dir string, r io.Reader) (unpacked, error) {
 	root, err := os.OpenRoot(dir)
 	if err != nil {
-		return unpacked{}, fmt.Errorf("%w: image: unpack: %w", errdefs.ErrInternal, err)
+		return unpacked{}, storeError(err, "unpack")
 	}
 	u := &unpacker{ctx: ctx, dir: dir, root: root, dirs: &dirNode{}, whiteouts: map[string]bool{}}
 	defer u.close()
@@ -120,15 +120,27 @@ func invalid(member, format string, args ...any) error {
 	return fmt.Errorf("%w: image: layer member %q: %s", errdefs.ErrInvalidArgument, member, fmt.Sprintf(format, args...))
 }
 
+// storeError is a failure of the store's own filesystem while doing what:
+// no space when it is full (ENOSPC, or a quota's EDQUOT), internal
+// otherwise. Its cause names the store's paths, which kilnd logs and
+// does not show a client.
+func storeError(err error, what string, args ...any) error {
+	class := errdefs.ErrInternal
+	if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) {
+		class = errdefs.ErrNoSpace
+	}
+	return fmt.Errorf("%w: image: %s: %w", class, fmt.Sprintf(what, args...), err)
+}
+
 // fsError classes a failed system call on member: one the tar's content
 // caused (a name too long, a file where a directory should be) is the
-// layer's fault, anything else the store's.
+// layer's fault, anything else the store's (storeError).
 func fsError(member string, err error) error {
 	if errors.Is(err, unix.ENAMETOOLONG) || errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.EEXIST) ||
 		errors.Is(err, unix.ELOOP) || errors.Is(err, unix.EISDIR) || errors.Is(err, unix.ENOENT) {
 		return fmt.Errorf("%w: image: layer member %q: %w", errdefs.ErrInvalidArgument, member, err)
 	}
-	return fmt.Errorf("%w: image: layer member %q: %w", errdefs.ErrInternal, member, err)
+	return storeError(err, "layer member %q", member)
 }
 
 func (u *unpacker) member(hdr *tar.Header, r io.Reader) error {
