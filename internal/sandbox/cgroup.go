@@ -34,6 +34,12 @@ const cgroupRoot = "/sys/fs/cgroup"
 // every process it starts is born there (a gVisor sandbox's runsc is born
 // there, by CLONE_INTO_CGROUP).
 //
+// On a hybrid host (ProcsLeaf) the v2 group, which has no controller
+// there, holds the agent and a child, "procs", that the spawner moves into
+// as it does on a pure v2 host: the sandbox's processes are apart from
+// the agent in both layouts, and can be frozen and killed together while
+// the agent goes on (KillProcs).
+//
 // The CPU limit holds the processes too, in procs (v2) or CPUProcs (v1);
 // the group above has the limit and agentCPUs more, which the agent runs
 // in. A workload at its limit is throttled, and its output and kilnd's
@@ -57,6 +63,9 @@ type Cgroups struct {
 	CPUProcs string `json:"cpu_procs,omitempty"`
 	// Leaves says V2 has the agent and procs leaves (a pure v2 host).
 	Leaves bool `json:"leaves,omitempty"`
+	// ProcsLeaf says V2 holds the agent and a procs child (a hybrid
+	// host; sandboxes made before it have neither).
+	ProcsLeaf bool `json:"procs_leaf,omitempty"`
 }
 
 // The leaves of a sandbox's v2 group on a pure v2 host.
@@ -98,10 +107,11 @@ func (c *Cgroups) agentDir() string {
 	return c.V2
 }
 
-// procsDir2 is the v2 group the sandbox's processes are born in, on a
-// pure v2 host; empty on a hybrid one.
+// procsDir2 is the v2 group the sandbox's processes are born in; empty
+// for a sandbox made before they had one on a hybrid host, whose
+// processes are in the agent's.
 func (c *Cgroups) procsDir2() string {
-	if c.Leaves {
+	if c.Leaves || c.ProcsLeaf {
 		return filepath.Join(c.V2, procsLeaf)
 	}
 	return ""
@@ -178,7 +188,7 @@ func newCgroups(name string, lim Limits) (*Cgroups, error) {
 			return nil, err
 		}
 	}
-	cg := &Cgroups{V2: filepath.Join(parent, name), V1: map[string]string{}, Leaves: pure}
+	cg := &Cgroups{V2: filepath.Join(parent, name), V1: map[string]string{}, Leaves: pure, ProcsLeaf: !pure}
 	if err := os.Mkdir(cg.V2, 0o755); err != nil {
 		return nil, fmt.Errorf("sandbox: make cgroup: %w", err)
 	}
@@ -233,6 +243,9 @@ func newCgroups(name string, lim Limits) (*Cgroups, error) {
 			}
 		}
 		return cg, nil
+	}
+	if err := os.Mkdir(cg.procsDir2(), 0o755); err != nil {
+		return fail(fmt.Errorf("sandbox: make cgroup: %w", err))
 	}
 	v1 := func(ctrl string) (string, error) {
 		own, ok := own1[ctrl]
@@ -304,8 +317,9 @@ func newCgroups(name string, lim Limits) (*Cgroups, error) {
 // open returns the v2 group the agent is born in, for starting it there.
 func (c *Cgroups) open() (*os.File, error) { return openDir(c.agentDir()) }
 
-// openProcs returns the v2 group the sandbox's processes are born in; nil
-// on a hybrid host, where they are born in the agent's.
+// openProcs returns the v2 group a gVisor sandbox's runtime is born in,
+// the procs leaf, on a pure v2 host; nil on a hybrid one, where it is
+// born in the agent's group (and its procs child stays empty).
 func (c *Cgroups) openProcs() (*os.File, error) {
 	if !c.Leaves {
 		return nil, nil
@@ -345,6 +359,62 @@ func (c *Cgroups) Kill(timeout time.Duration) error {
 		time.Sleep(time.Millisecond)
 	}
 	return nil
+}
+
+// KillProcs ends every process of the sandbox's own, in the procs group,
+// and leaves the agent running: the group is frozen, so that nothing in
+// it forks or runs while it is killed (a fork bomb competes for neither
+// the CPU nor the pids with what kills it), killed, and thawed, and then
+// KillProcs waits, bounded, until the group is empty. A freeze that does
+// not take within the bound is not waited for: cgroup.kill reaches a
+// child forked meanwhile too. A sandbox with no procs group has nothing
+// apart from its agent: KillProcs does nothing.
+func (c *Cgroups) KillProcs(timeout time.Duration) error {
+	dir := c.procsDir2()
+	if dir == "" {
+		return nil
+	}
+	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	deadline := time.Now().Add(timeout)
+	write := func(file, value string) error {
+		if err := os.WriteFile(filepath.Join(dir, file), []byte(value), 0); err != nil {
+			return fmt.Errorf("sandbox: %s %s: %w", file, value, err)
+		}
+		return nil
+	}
+	if err := write("cgroup.freeze", "1"); err != nil {
+		return err
+	}
+	// Thawed whatever happens: the kill takes effect as the tasks run,
+	// and a group left frozen would hold whatever the kill missed.
+	defer write("cgroup.freeze", "0")
+	for !c.event(dir, "frozen 1") && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if err := write("cgroup.kill", "1"); err != nil {
+		return err
+	}
+	if err := write("cgroup.freeze", "0"); err != nil {
+		return err
+	}
+	for c.event(dir, "populated 1") {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("sandbox: processes left in %s after %v", dir, timeout)
+		}
+		// cgroup.events can be watched with inotify; the kill takes a few
+		// milliseconds, so a short poll is as good and simpler.
+		time.Sleep(time.Millisecond)
+	}
+	return nil
+}
+
+// event reports whether the v2 group dir's cgroup.events has the line
+// (key and value) line.
+func (c *Cgroups) event(dir, line string) bool {
+	b, err := os.ReadFile(filepath.Join(dir, "cgroup.events"))
+	return err == nil && strings.Contains(string(b), line)
 }
 
 // Destroy removes the groups. They must be empty.
@@ -456,6 +526,9 @@ func EndLeftover(id string) error {
 	cg := &Cgroups{V2: filepath.Join(parent, name), V1: map[string]string{}, Leaves: pure}
 	if _, err := os.Stat(cg.V2); errors.Is(err, os.ErrNotExist) {
 		return nil
+	}
+	if _, err := os.Stat(filepath.Join(cg.V2, procsLeaf)); err == nil {
+		cg.ProcsLeaf = !pure
 	}
 	for _, ctrl := range []string{"memory", "pids", "cpu"} {
 		if own, ok := own1[ctrl]; ok {

@@ -63,8 +63,8 @@ type AgentConfig struct {
 	PidsLimited bool `json:"pids_limited,omitempty"`
 	// MemoryLimited says fdMemoryTasks is passed: their memory group.
 	MemoryLimited bool `json:"memory_limited,omitempty"`
-	// ProcsCgroup says fdProcsCgroup is passed: on a pure v2 host, the
-	// sandbox's procs group's cgroup.procs, which its spawner joins.
+	// ProcsCgroup says fdProcsCgroup is passed: the sandbox's v2 procs
+	// group's cgroup.procs, which its spawner joins.
 	ProcsCgroup bool `json:"procs_cgroup,omitempty"`
 	// OOMEvents says fdOOMEvents is passed.
 	OOMEvents bool `json:"oom_events,omitempty"`
@@ -148,9 +148,8 @@ const (
 	// fdNetwork is the pipe the agent waits on for kilnd to connect its
 	// network, when it has one: a byte, or nothing if that failed.
 	fdNetwork = 12
-	// fdProcsCgroup is the sandbox's v2 procs group's cgroup.procs, on a
-	// pure v2 host: the spawner moves into it, and every process it starts
-	// is born there.
+	// fdProcsCgroup is the sandbox's v2 procs group's cgroup.procs: the
+	// spawner moves into it, and every process it starts is born there.
 	fdProcsCgroup = 13
 	fdLast        = fdProcsCgroup
 )
@@ -747,11 +746,12 @@ func Enter() (*Inside, error) {
 		go joinCPU(os.NewFile(fdCPUProcs, "cpu cgroup.procs"))
 	}
 	iso := isolate(cfg.UIDBase)
-	// On a pure v2 host the spawner moves itself, every thread, into the
-	// procs group before it forks anything (the agent stays in its own
-	// leaf, outside the limits): what it allocated to start is charged
-	// outside them, so one the limits killed starts again in a sandbox
-	// whose memory is full.
+	// The spawner moves itself, every thread, into the v2 procs group
+	// before it forks anything (the agent stays outside it): on a pure v2
+	// host that group has the limits, and what it allocated to start is
+	// charged outside them, so one the limits killed starts again in a
+	// sandbox whose memory is full; on either host the sandbox's processes
+	// are in a group of their own, which kilnd freezes and kills at once.
 	if cfg.ProcsCgroup {
 		groups = append(groups, os.NewFile(fdProcsCgroup, "procs cgroup.procs"))
 	}

@@ -312,7 +312,7 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 	}
 	cfg.PidsLimited, cfg.MemoryLimited, cfg.CPULimited = cg.Procs != "", cg.MemoryProcs != "", cg.CPUProcs != ""
 	cfg.OOMEvents = oom != nil
-	cfg.ProcsCgroup = cg.Leaves
+	cfg.ProcsCgroup = cg.procsDir2() != ""
 	// The agent waits for its network on a pipe: a byte once kilnd has
 	// connected it, nothing if that failed.
 	var await, connected *os.File
@@ -743,11 +743,26 @@ func (s *Sandbox) adopted() {
 // files; with keepLogs the captured logs (and the directory holding them)
 // stay.
 func (s *Sandbox) Destroy(keepLogs bool) error {
-	// Ask the agent first: it stops its processes in order, so their
-	// captured runs end with their end records. Then kill what is left.
+	// The sandbox's processes first, all at once (frozen, killed, thawed),
+	// the agent left running: it sees each of them end, drains their
+	// output and ends their captured runs with their end records. Asked
+	// first, it would wait for them to its own shutdown's bound, and a
+	// fork bomb, or processes that left their process group, outlasts it
+	// (30 s and more went by before such a sandbox was gone).
+	var errs []error
+	if s.Cgroups != nil {
+		if err := s.Cgroups.KillProcs(killTimeout); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	// Then the agent's own shutdown, and whatever is left.
 	s.stop(stopTimeout)
-	return s.remove(keepLogs, nil)
+	return errors.Join(append(errs, s.remove(keepLogs, nil))...)
 }
+
+// killTimeout bounds the wait for a sandbox's processes to be gone once
+// they are killed.
+const killTimeout = 10 * time.Second
 
 // remove kills whatever is left in the sandbox, calls forget (if set)
 // once nothing runs, and removes its cgroups and files, the logs kept
