@@ -176,6 +176,8 @@ type entry struct {
 	sb       sandbox.Instance
 	proxy    *httputil.ReverseProxy
 	deleting bool // Delete has it: the watcher leaves it alone
+	// unfinished is its deletion until that is finished (see delete.go).
+	unfinished *deletion
 	// Activity, for the idle timeout: requests in flight (a watcher's
 	// WebSocket counts for as long as it is open) and the last one's end.
 	inflight int
@@ -220,6 +222,10 @@ type Daemon struct {
 	// may outlive its preview (revoked, expired, its sandbox deleted):
 	// what it names is checked against the sandbox's record.
 	previews map[string]string
+	// unfinished are the deletions handed to the finisher, by sandbox id.
+	unfinished map[string]*deletion
+	// retry wakes the finisher when a deletion is handed to it.
+	retry chan struct{}
 
 	// backends make sandboxes, by runtime name; unavailable says why
 	// those this host cannot run are missing.
@@ -227,7 +233,7 @@ type Daemon struct {
 	unavailable map[string]error
 
 	// closing ends the watchers (one per running sandbox, waiting for its
-	// agent to exit) and the idle janitor; wg waits for them.
+	// agent to exit), the janitor and the finisher; wg waits for them.
 	closing chan struct{}
 	wg      sync.WaitGroup
 
@@ -297,7 +303,8 @@ func New(cfg Config) (*Daemon, error) {
 	if err := sandbox.PrepareCgroups(); err != nil {
 		return nil, fmt.Errorf("kilnd: %w", err)
 	}
-	d := &Daemon{cfg: cfg, log: cfg.Log, sandboxes: map[string]*entry{}, names: map[string]string{}, closing: make(chan struct{})}
+	d := &Daemon{cfg: cfg, log: cfg.Log, sandboxes: map[string]*entry{}, names: map[string]string{},
+		unfinished: map[string]*deletion{}, retry: make(chan struct{}, 1), closing: make(chan struct{})}
 	d.backends, d.unavailable = Backends(cfg)
 	if d.images, err = image.Open(filepath.Join(cfg.StateDir, imagesDir), image.Options{Insecure: cfg.InsecureRegistries}); err != nil {
 		return nil, fmt.Errorf("kilnd: images: %w", err)
@@ -325,6 +332,7 @@ func New(cfg Config) (*Daemon, error) {
 		d.disksErr, d.disks = err, nil
 	}
 	d.wg.Go(d.janitor)
+	d.wg.Go(d.finisher)
 	return d, nil
 }
 
@@ -428,16 +436,20 @@ func (d *Daemon) save(rec record) error {
 	return nil
 }
 
-// recover reads every record and reconciles it with what runs.
+// recover reads every record and reconciles it with what runs; the
+// deletions an earlier kilnd left unfinished are handed to the finisher.
 func (d *Daemon) recover() error {
 	ents, err := os.ReadDir(filepath.Join(d.cfg.StateDir, sandboxesDir))
 	if err != nil {
 		return fmt.Errorf("kilnd: %w", err)
 	}
+	marked := d.markers()
 	for _, e := range ents {
 		if _, err := uuid.Parse(e.Name()); err != nil || !e.IsDir() {
 			continue
 		}
+		removeLogs, deleting := marked[e.Name()]
+		delete(marked, e.Name())
 		b, err := os.ReadFile(filepath.Join(d.sandboxDir(e.Name()), recordName))
 		if err != nil {
 			// Created but never recorded: kilnd died during the create.
@@ -449,6 +461,9 @@ func (d *Daemon) recover() error {
 				}
 			}
 			os.RemoveAll(d.sandboxDir(e.Name()))
+			if deleting {
+				os.Remove(d.marker(e.Name(), removeLogs))
+			}
 			continue
 		}
 		var rec record
@@ -457,6 +472,12 @@ func (d *Daemon) recover() error {
 			continue
 		}
 		e := &entry{rec: rec}
+		if deleting {
+			// The finisher takes the sandbox back, and ends it.
+			d.resume(e, removeLogs)
+			d.recovered(e)
+			continue
+		}
 		if rec.State != StateDeleted && rec.Sandbox != nil {
 			e.sb, err = d.adopt(rec)
 			if err != nil {
@@ -484,6 +505,10 @@ func (d *Daemon) recover() error {
 			d.stopped(e, "the agent was gone when kilnd started (host reboot or agent killed)")
 		}
 		d.recovered(e)
+	}
+	// Markers of deletions whose directory is gone: finished but for them.
+	for id, removeLogs := range marked {
+		os.Remove(d.marker(id, removeLogs))
 	}
 	return nil
 }
@@ -1099,72 +1124,6 @@ func (d *Daemon) List() []Info {
 		out = append(out, e.info())
 	}
 	return out
-}
-
-// Delete kills everything in a sandbox (named by its id, its name or a
-// unique prefix of its id) and removes it; its captured logs stay unless
-// removeLogs. Its name is free once it returns.
-func (d *Daemon) Delete(ref string, removeLogs bool) error {
-	return d.delete(ref, removeLogs, false)
-}
-
-// delete is Delete; claimed says the caller already marked the entry
-// deleting.
-func (d *Daemon) delete(ref string, removeLogs, claimed bool) error {
-	d.mu.Lock()
-	e, err := d.lookup(ref)
-	if err != nil {
-		d.mu.Unlock()
-		return err
-	}
-	if e.rec.State == StateDeleted || (e.deleting && !claimed) {
-		d.mu.Unlock()
-		return fmt.Errorf("%w: no sandbox %q", errdefs.ErrNotFound, clip(ref))
-	}
-	id := e.rec.ID
-	rec, sb := e.rec, e.sb
-	proxy := e.proxy
-	e.proxy = nil
-	e.deleting = true
-	d.mu.Unlock()
-	if rec.Sandbox != nil && sb == nil {
-		if sb, err = d.adopt(rec); err != nil {
-			d.mu.Lock()
-			e.deleting = false
-			d.mu.Unlock()
-			return fmt.Errorf("%w: delete %s: %v", errdefs.ErrUnavailable, id, err)
-		}
-	}
-	if sb != nil {
-		if err := sb.Destroy(!removeLogs); err != nil {
-			// Still there: give it back to the watcher and to requests.
-			d.mu.Lock()
-			e.deleting, e.proxy = false, proxy
-			d.mu.Unlock()
-			return fmt.Errorf("%w: delete %s: %v", errdefs.ErrUnavailable, id, err)
-		}
-	}
-	if rec.Disk != "" && d.disks != nil {
-		if err := d.disks.Release(rec.Disk); err != nil {
-			d.log.Error("release a deleted sandbox's disk", "id", id, "err", err)
-		}
-	}
-	d.unplug(id)
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.forget(e)
-	if removeLogs {
-		os.RemoveAll(d.sandboxDir(id))
-		delete(d.sandboxes, id)
-		return nil
-	}
-	d.metrics.stopped.WithLabelValues("deleted").Inc()
-	now := time.Now().UTC()
-	e.rec.State, e.rec.StoppedAt = StateDeleted, &now
-	if e.rec.Reason == "" {
-		e.rec.Reason = "deleted"
-	}
-	return d.save(e.rec)
 }
 
 func clip(s string) string {

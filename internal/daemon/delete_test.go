@@ -1,0 +1,121 @@
+package daemon_test
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/internal/sandbox"
+)
+
+// deleteRecord reads sandbox id's record from the state directory, as a
+// restarted kilnd would.
+func (k *kilnd) deleteRecord(id string) (state string, cg *sandbox.Cgroups) {
+	k.t.Helper()
+	b, err := os.ReadFile(filepath.Join(k.state, "sandboxes", id, "sandbox.json"))
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	var rec struct {
+		State   string `json:"state"`
+		Sandbox struct {
+			Cgroups *sandbox.Cgroups `json:"cgroups"`
+		} `json:"sandbox"`
+	}
+	if err := json.Unmarshal(b, &rec); err != nil {
+		k.t.Fatalf("record of %s: %v", id, err)
+	}
+	return rec.State, rec.Sandbox.Cgroups
+}
+
+// deleteShown fails the test if kilnd shows sandbox id: by its id, or in
+// its list.
+func (k *kilnd) deleteShown(id string) {
+	k.t.Helper()
+	if code, b := k.do("GET", "/sandboxes/"+id, k.d.Token(), nil); code != 404 {
+		k.t.Errorf("GET the deleted sandbox: %d %s", code, b)
+	}
+	var list []api.Sandbox
+	k.json("GET", "/sandboxes", nil, &list)
+	if slices.ContainsFunc(list, func(s api.Sandbox) bool { return s.ID == id }) {
+		k.t.Errorf("the deleted sandbox is listed: %+v", list)
+	}
+}
+
+// TestDeleteUnfinished: a delete that fails half-way, its record not
+// written for want of space in the state directory, is answered as done
+// and the sandbox is never shown again, by this kilnd or by one started
+// while the deletion is unfinished; once there is space, the deletion
+// finishes by itself: the record says deleted, the captured logs stay.
+func TestDeleteUnfinished(t *testing.T) {
+	k := start(t, "")
+	faultMount(t, k.faultSandboxes(), 4<<20)
+	id := k.sandbox()
+	var res api.ExecResult
+	k.json("POST", "/sandboxes/"+id+"/exec-stream", api.ExecRequest{Command: "echo", Args: []string{"kept"}, Capture: true}, &api.Started{})
+	k.json("POST", "/sandboxes/"+id+"/exec", api.ExecRequest{Command: "true"}, &res)
+	var logs []api.CapturedLog
+	k.json("GET", "/sandboxes/"+id+"/logs", nil, &logs)
+	if len(logs) != 1 {
+		t.Fatalf("captured logs %+v", logs)
+	}
+	pid := logs[0].Process
+	k.faultCaptureEnded(id, pid)
+
+	// The state directory's sandboxes are full: no record can be written.
+	filler := filepath.Join(k.faultSandboxes(), "filler")
+	f, err := os.Create(filler)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write(make([]byte, 8<<20)); !errors.Is(err, unix.ENOSPC) {
+		t.Fatalf("filling the state directory: %v", err)
+	}
+	f.Close()
+
+	if code, b := k.do("DELETE", "/sandboxes/"+id, k.d.Token(), nil); code != 204 {
+		t.Fatalf("DELETE: %d %s", code, b)
+	}
+	k.deleteShown(id)
+	if k.d.Unfinished(id) == nil {
+		t.Fatal("the deletion finished on a full state directory")
+	}
+	if state, _ := k.deleteRecord(id); state != api.SandboxRunning {
+		t.Fatalf("the record says %q: the fault did not take", state)
+	}
+
+	// A kilnd started meanwhile finds the deletion by its marker.
+	k.stop()
+	k = start(t, k.state)
+	defer k.cleanup()
+	k.deleteShown(id)
+	done := k.d.Unfinished(id)
+	if done == nil {
+		t.Fatal("the restarted kilnd has no unfinished deletion")
+	}
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-time.After(faultDeadline):
+		t.Fatal("the deletion did not finish once there was space")
+	}
+	if state, _ := k.deleteRecord(id); state != api.SandboxDeleted {
+		t.Errorf("the record says %q, want deleted", state)
+	}
+	k.deleteShown(id)
+	if code, b := k.do("GET", "/sandboxes/"+id+"/logs/"+pid, k.d.Token(), nil); code != 200 || string(b) != "kept\n" {
+		t.Errorf("captured log after the delete: %d %q", code, b)
+	}
+	if ents, err := os.ReadDir(filepath.Join(k.state, "deleting")); err != nil || len(ents) != 0 {
+		t.Errorf("markers left: %v %v", ents, err)
+	}
+}
