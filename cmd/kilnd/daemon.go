@@ -82,6 +82,7 @@ Flags:
 	fs.Var(&insecure, "insecure-registry", "a registry (`host[:port]`) images are pulled from over plain HTTP; those on loopback addresses\nalways are, every other one over TLS only (repeatable)")
 	logMaxSize := fs.String("log-max-size", units.BytesSize(float64(daemon.DefaultLogs.MaxSizeBytes)), "the `size` at which a captured process's log file is rotated (64KiB to 1GiB), unless its\nsandbox's create request says otherwise")
 	logMaxFiles := fs.Int("log-max-files", daemon.DefaultLogs.MaxFiles, "how many files of a captured process's log are kept, the active one included (2 to 100),\nunless its sandbox's create request says otherwise")
+	keepDeleted := fs.Duration("keep-deleted", daemon.DefaultKeepDeleted, "how long a deleted sandbox's record and captured logs stay before they are removed (1s to\n8760h, a year)")
 	captureBuffer := fs.String("capture-buffer", "8MiB", "per captured process, the `size` of output held for its log writer while it catches up\n(64KiB to 1GiB): a burst beyond it, faster than the disk, is dropped and counted")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -109,6 +110,10 @@ Flags:
 	}
 	if *flowGrace < time.Second || *flowGrace > time.Hour {
 		fmt.Fprintf(os.Stderr, "kilnd: --flow-grace %v: want 1s to 1h\n", *flowGrace)
+		return 2
+	}
+	if *keepDeleted < time.Second || *keepDeleted > 365*24*time.Hour {
+		fmt.Fprintf(os.Stderr, "kilnd: --keep-deleted %v: want 1s to 8760h (a year), such as 24h\n", *keepDeleted)
 		return 2
 	}
 	limits := api.Limits{Pids: *defPids, CPUs: *defCPUs}
@@ -148,7 +153,7 @@ Flags:
 		return 1
 	}
 	cfg := daemon.Config{StateDir: *stateDir, Listen: *listen, AllowOrigins: allow, AllowHosts: hosts, PreviewDomain: *previewDomain, PreviewListen: *previewListen, Exe: exe, Env: sandboxEnv, Images: *images,
-		Runsc: *runsc, RunscPlatform: *runscPlatform, CaptureQueue: queue, Logs: logs, FlowGrace: *flowGrace, DefaultLimits: &limits,
+		Runsc: *runsc, RunscPlatform: *runscPlatform, CaptureQueue: queue, Logs: logs, FlowGrace: *flowGrace, KeepDeleted: *keepDeleted, DefaultLimits: &limits,
 		EgressRange: erange, EgressDNS: dns, InsecureRegistries: insecure}
 	if *runtimes {
 		return printRuntimes(cfg)

@@ -88,6 +88,10 @@ type Config struct {
 	// ReadTimeout is how long a request, its body included, may take to
 	// arrive (zero: a minute); a file upload cut by it changes nothing.
 	ReadTimeout time.Duration
+	// KeepDeleted is how long a deleted sandbox's record and directory,
+	// its captured logs with it, stay after its delete (zero:
+	// DefaultKeepDeleted).
+	KeepDeleted time.Duration
 	// DefaultLimits are the limits of a sandbox whose request leaves them
 	// out (nil: DefaultLimits; a zero field there is no limit).
 	DefaultLimits *api.Limits
@@ -277,6 +281,9 @@ func New(cfg Config) (*Daemon, error) {
 		return nil, fmt.Errorf("kilnd: %v", err)
 	}
 	cfg.Logs = DefaultLogs.Apply(api.LogRotation(cfg.Logs))
+	if cfg.KeepDeleted <= 0 {
+		cfg.KeepDeleted = DefaultKeepDeleted
+	}
 	if err := os.MkdirAll(filepath.Join(cfg.StateDir, sandboxesDir), 0o700); err != nil {
 		return nil, fmt.Errorf("kilnd: state directory: %w", err)
 	}
@@ -337,7 +344,8 @@ func New(cfg Config) (*Daemon, error) {
 }
 
 // janitor deletes, keeping their captured logs, the sandboxes idle for
-// longer than their idle timeout.
+// longer than their idle timeout, and removes those deleted longer than
+// KeepDeleted ago (sweep).
 func (d *Daemon) janitor() {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
@@ -347,6 +355,7 @@ func (d *Daemon) janitor() {
 			return
 		case <-t.C:
 		}
+		d.sweep(time.Now())
 		var idle []string
 		d.mu.Lock()
 		for id, e := range d.sandboxes {

@@ -30,12 +30,19 @@ import (
 // with remove_logs), made before anything else and removed last: it takes
 // an inode and no data block, so a state directory with no space left for
 // a record still takes it.
+//
+// Deleted sandboxes' records and directories (their captured logs) are
+// removed KeepDeleted after their delete (the janitor's sweep).
 
 // deletingDir holds the markers of unfinished deletions.
 const deletingDir = "deleting"
 
 // allSuffix ends the marker of a deletion that removes the logs too.
 const allSuffix = ".all"
+
+// DefaultKeepDeleted is how long a deleted sandbox's record and captured
+// logs stay unless kilnd is told otherwise.
+const DefaultKeepDeleted = 24 * time.Hour
 
 // Retries of an unfinished deletion: the first after retryFirst, each
 // next one after twice as long, at most retryMax.
@@ -274,5 +281,41 @@ func (d *Daemon) finisher() {
 		} else {
 			wait = retryFirst
 		}
+	}
+}
+
+// sweep removes the records and directories of the sandboxes deleted
+// longer than KeepDeleted ago, their captured logs with them.
+func (d *Daemon) sweep(now time.Time) {
+	var old []*entry
+	d.mu.Lock()
+	for _, e := range d.sandboxes {
+		if e.rec.State != StateDeleted || e.unfinished != nil {
+			continue
+		}
+		at := e.rec.CreatedAt
+		if e.rec.StoppedAt != nil {
+			at = *e.rec.StoppedAt
+		}
+		if now.Sub(at) >= d.cfg.KeepDeleted {
+			old = append(old, e)
+		}
+	}
+	d.mu.Unlock()
+	for _, e := range old {
+		id := e.rec.ID
+		if err := os.RemoveAll(d.sandboxDir(id)); err != nil {
+			d.log.Error("remove a deleted sandbox's directory", "id", id, "err", err)
+			continue
+		}
+		d.mu.Lock()
+		delete(d.sandboxes, id)
+		for _, p := range e.rec.Previews {
+			if d.previews[p.Hash] == id {
+				delete(d.previews, p.Hash)
+			}
+		}
+		d.mu.Unlock()
+		d.log.Info("deleted sandbox removed", "id", id, "kept", d.cfg.KeepDeleted)
 	}
 }

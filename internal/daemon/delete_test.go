@@ -1,17 +1,21 @@
 package daemon_test
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/internal/daemon"
 	"github.com/sandkiln/sandkiln/internal/sandbox"
 )
 
@@ -117,5 +121,80 @@ func TestDeleteUnfinished(t *testing.T) {
 	}
 	if ents, err := os.ReadDir(filepath.Join(k.state, "deleting")); err != nil || len(ents) != 0 {
 		t.Errorf("markers left: %v %v", ents, err)
+	}
+}
+
+// TestKeepDeleted: a deleted sandbox's captured logs stay for
+// --keep-deleted, and then its record and directory are removed. The
+// removal is seen as the kernel reports it (inotify), not slept for.
+func TestKeepDeleted(t *testing.T) {
+	const keep = 2 * time.Second
+	k := startConfig(t, daemon.Config{KeepDeleted: keep})
+	defer k.cleanup()
+	id := k.sandbox()
+	var st api.Started
+	k.json("POST", "/sandboxes/"+id+"/exec-stream", api.ExecRequest{Command: "echo", Args: []string{"kept"}, Capture: true}, &st)
+	k.faultWait(id, st.ID)
+	k.faultCaptureEnded(id, st.ID)
+
+	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if _, err := unix.InotifyAddWatch(fd, k.faultSandboxes(), unix.IN_DELETE); err != nil {
+		t.Fatal(err)
+	}
+	deleted := time.Now()
+	if code, b := k.do("DELETE", "/sandboxes/"+id, k.d.Token(), nil); code != 204 {
+		t.Fatalf("DELETE: %d %s", code, b)
+	}
+	if code, b := k.do("GET", "/sandboxes/"+id+"/logs/"+st.ID, k.d.Token(), nil); code != 200 || string(b) != "kept\n" {
+		t.Fatalf("captured log just after the delete: %d %q", code, b)
+	}
+	deleteAwaitRemoved(t, fd, id)
+	if since := time.Since(deleted); since < keep {
+		t.Errorf("removed %v after the delete, before --keep-deleted %v", since, keep)
+	}
+	if code, b := k.do("GET", "/sandboxes/"+id+"/logs/"+st.ID, k.d.Token(), nil); code != 404 {
+		t.Errorf("captured log after --keep-deleted: %d %q", code, b)
+	}
+	if _, err := os.Stat(filepath.Join(k.faultSandboxes(), id)); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the sandbox's directory: %v", err)
+	}
+}
+
+// deleteAwaitRemoved waits, bounded, for inotify descriptor fd, watching
+// the sandboxes' directory, to report sandbox id's directory removed.
+func deleteAwaitRemoved(t *testing.T, fd int, id string) {
+	t.Helper()
+	deadline := time.Now().Add(faultDeadline)
+	buf := make([]byte, 64<<10)
+	for {
+		left := time.Until(deadline)
+		if left <= 0 {
+			t.Fatalf("the directory of %s was not removed", id)
+		}
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		if _, err := unix.Poll(fds, int(left/time.Millisecond)+1); err != nil && err != unix.EINTR {
+			t.Fatal(err)
+		}
+		n, err := unix.Read(fd, buf)
+		if err == unix.EAGAIN || err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		for off := 0; off+unix.SizeofInotifyEvent <= n; {
+			// struct inotify_event: wd, mask, cookie, len, then the name.
+			mask := binary.NativeEndian.Uint32(buf[off+4:])
+			size := int(binary.NativeEndian.Uint32(buf[off+12:]))
+			name := strings.TrimRight(string(buf[off+unix.SizeofInotifyEvent:off+unix.SizeofInotifyEvent+size]), "\x00")
+			if mask&unix.IN_ISDIR != 0 && name == id {
+				return
+			}
+			off += unix.SizeofInotifyEvent + size
+		}
 	}
 }
