@@ -198,3 +198,77 @@ func deleteAwaitRemoved(t *testing.T, fd int, id string) {
 		}
 	}
 }
+
+// TestForkBombDeleted: a sandbox whose processes fork as fast as they can,
+// up to its pids limit, each leaving its process group, is deleted in
+// under 2 s, and nothing of it is left in its cgroups (which exist no
+// more: a group is removed only empty).
+func TestForkBombDeleted(t *testing.T) {
+	// An agent built with the race detector, as the tests' is, waits a
+	// second at its exit for the detector's report unless told not to:
+	// no part of what a delete takes in kilnd.
+	t.Setenv("GORACE", strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
+	k := start(t, "")
+	defer k.cleanup()
+	const limit = 256
+	var info api.Sandbox
+	k.json("POST", "/sandboxes", api.CreateSandbox{Limits: api.LimitsRequest{Pids: new(int64(limit))}}, &info)
+	_, cg := k.deleteRecord(info.ID)
+	if cg == nil || cg.V2 == "" {
+		t.Fatalf("no cgroups recorded for %s", info.ID)
+	}
+	dirs := []string{cg.V2}
+	for _, d := range cg.V1 {
+		dirs = append(dirs, d)
+	}
+	// The group whose limit the sandbox's processes share: its
+	// pids.events counts the forks the limit refused.
+	limited := filepath.Join(cg.V2, "procs")
+	if cg.Procs != "" {
+		limited = cg.Procs
+	}
+	// Each of the bomb's processes starts two more, each in a session of
+	// its own (out of its process group, which a kill of the group would
+	// reach), and stays, holding the output open.
+	bomb := `printf '%s\n' 'setsid sh /tmp/bomb & setsid sh /tmp/bomb & exec sleep 1000' >/tmp/bomb; exec sh /tmp/bomb`
+	k.json("POST", "/sandboxes/"+info.ID+"/exec-stream", api.ExecRequest{Command: "sh", Args: []string{"-c", bomb}}, &api.Started{})
+	// The bomb has filled its limit once the kernel refused it a fork.
+	deadline := time.Now().Add(faultDeadline)
+	for {
+		b, err := os.ReadFile(filepath.Join(limited, "pids.events"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if max, ok := strings.CutPrefix(strings.TrimSpace(string(b)), "max "); ok && max != "0" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the fork bomb never reached its limit: pids.events %q", b)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	var st api.SandboxStats
+	k.json("GET", "/sandboxes/"+info.ID+"/stats", nil, &st)
+	if st.Pids == nil || *st.Pids < limit/2 {
+		t.Fatalf("the fork bomb runs %v tasks, want some hundreds", st.Pids)
+	}
+	began := time.Now()
+	code, b := k.do("DELETE", "/sandboxes/"+info.ID, k.d.Token(), nil)
+	took := time.Since(began)
+	if code != 204 {
+		t.Fatalf("DELETE: %d %s", code, b)
+	}
+	t.Logf("deleted in %v", took)
+	if took >= 2*time.Second {
+		t.Errorf("the fork bomb's sandbox took %v to delete, want under 2 s", took)
+	}
+	if k.d.Unfinished(info.ID) != nil {
+		t.Errorf("the deletion is unfinished")
+	}
+	for _, d := range dirs {
+		if _, err := os.Stat(d); !errors.Is(err, fs.ErrNotExist) {
+			procs, _ := os.ReadFile(filepath.Join(d, "cgroup.procs"))
+			t.Errorf("cgroup %s is still there (%v), its tasks %q", d, err, procs)
+		}
+	}
+}

@@ -338,6 +338,11 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 	// before its runtime starts, it makes no thread for a second one
 	// then, and each thread it would keep for good takes a host pid.
 	cmd.Env = []string{AgentEnv + "=" + string(raw), "GOMAXPROCS=1"}
+	if v, ok := os.LookupEnv("GORACE"); ok {
+		// A build with the race detector (the tests') takes its options
+		// here; without them each agent's exit waits a second for it.
+		cmd.Env = append(cmd.Env, "GORACE="+v)
+	}
 	cmd.Stdout, cmd.Stderr = agentLog, agentLog
 	cmd.ExtraFiles = make([]*os.File, fdLast-2) // fdListener to fdLast
 	cmd.ExtraFiles[fdListener-3], cmd.ExtraFiles[fdLogs-3] = lf, logs
