@@ -109,9 +109,10 @@ compare:
 
 # The fault suite alone (it is also part of `make test`): kilnd killed
 # mid-stream, an agent killed, the capture directory full, read-only or a
-# link, limits hit, stalled watchers, clients gone mid-write, and more.
+# link, limits hit, stalled watchers, clients gone mid-write, a delete on a
+# full state directory or of a fork bomb, and more.
 faults:
-	$(GO) test -race -count=1 -run '^(TestKill9MidStream|TestRestartWithoutLoss|TestAgentKilled|TestCaptureDirectory(Full|ReadOnly|ReplacedByLink)|TestWatcherStallsMidReplay|TestStdinRetryAfterDisconnect|TestStdoutClosedWhileRunning|TestLimitsSpareOtherSandboxes)$$' ./internal/daemon/
+	$(GO) test -race -count=1 -run '^(TestKill9MidStream|TestRestartWithoutLoss|TestAgentKilled|TestCaptureDirectory(Full|ReadOnly|ReplacedByLink)|TestWatcherStallsMidReplay|TestStdinRetryAfterDisconnect|TestStdoutClosedWhileRunning|TestLimitsSpareOtherSandboxes|TestDeleteUnfinished|TestForkBombDeleted)$$' ./internal/daemon/
 	$(GO) test -race -count=1 -run '^(TestLimits|TestOutOfMemoryNeverKillsTheAgent)$$' ./internal/sandbox/
 	$(GO) test -race -count=1 -run '^(TestOutputClosedButStillRunning|TestStalledReaderBesideFastOne)$$' ./internal/process/
 	$(GO) test -race -count=1 -run '^(TestFullDiskEndIsExactAndLossy|TestStartRefused|TestKilledDuringCapture|TestStuckWriterNeverBlocksTheWorkload)$$' ./internal/capture/

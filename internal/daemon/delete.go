@@ -25,11 +25,13 @@ import (
 // unfinished, and the finisher retries it from the first step not done,
 // until it is done; the sandbox is never shown again meanwhile.
 //
-// A kilnd that stops meanwhile, whatever its record says, finds the
-// deletion by its marker, an empty file STATE_DIR/deleting/ID (ID.all
-// with remove_logs), made before anything else and removed last: it takes
-// an inode and no data block, so a state directory with no space left for
-// a record still takes it.
+// The next kilnd, if this one stops meanwhile, finds the deletion by its
+// marker whatever the sandbox's record says: an empty file,
+// STATE_DIR/deleting/ID (ID.all with remove_logs), made before anything
+// is done on the host and removed last. It takes an inode and no data
+// block, so a state directory with no space left for a record still takes
+// it. (A marker that cannot be made is logged; the deletion is then
+// retried only while this kilnd runs.)
 //
 // Deleted sandboxes' records and directories (their captured logs) are
 // removed KeepDeleted after their delete (the janitor's sweep).
