@@ -56,7 +56,8 @@ const (
 // deletion is a delete not yet finished. Its steps are run by one
 // goroutine at a time: the delete's own, then the finisher's.
 type deletion struct {
-	e          *entry
+	id         string
+	e          *entry           // its record guarded by d.mu
 	sb         sandbox.Instance // nil until taken back, for a record alone
 	removeLogs bool
 	// ended says the sandbox is destroyed and its disk and network
@@ -96,7 +97,7 @@ func (d *Daemon) delete(ref string, removeLogs, claimed bool) error {
 		e.rec.Reason = "deleted"
 	}
 	d.forget(e)
-	del := &deletion{e: e, sb: e.sb, removeLogs: removeLogs, done: make(chan struct{})}
+	del := &deletion{id: id, e: e, sb: e.sb, removeLogs: removeLogs, done: make(chan struct{})}
 	e.unfinished = del
 	d.mu.Unlock()
 	if !removeLogs {
@@ -222,7 +223,7 @@ func (d *Daemon) resume(e *entry, removeLogs bool) {
 		}
 	}
 	e.deleting = true
-	del := &deletion{e: e, sb: e.sb, removeLogs: removeLogs, done: make(chan struct{})}
+	del := &deletion{id: rec.ID, e: e, sb: e.sb, removeLogs: removeLogs, done: make(chan struct{})}
 	e.unfinished = del
 	d.unfinished[rec.ID] = del
 }
@@ -273,9 +274,9 @@ func (d *Daemon) finisher() {
 		for _, del := range todo {
 			if err := d.finish(del); err != nil {
 				failed = true
-				d.log.Warn("a delete is not finished yet; kilnd retries it", "id", del.e.rec.ID, "err", err)
+				d.log.Warn("a delete is not finished yet; kilnd retries it", "id", del.id, "err", err)
 			} else {
-				d.log.Info("a delete finished", "id", del.e.rec.ID)
+				d.log.Info("a delete finished", "id", del.id)
 			}
 		}
 		if failed {
@@ -289,9 +290,13 @@ func (d *Daemon) finisher() {
 // sweep removes the records and directories of the sandboxes deleted
 // longer than KeepDeleted ago, their captured logs with them.
 func (d *Daemon) sweep(now time.Time) {
-	var old []*entry
+	type old struct {
+		id     string
+		hashes []string // of its previews
+	}
+	var olds []old
 	d.mu.Lock()
-	for _, e := range d.sandboxes {
+	for id, e := range d.sandboxes {
 		if e.rec.State != StateDeleted || e.unfinished != nil {
 			continue
 		}
@@ -300,24 +305,27 @@ func (d *Daemon) sweep(now time.Time) {
 			at = *e.rec.StoppedAt
 		}
 		if now.Sub(at) >= d.cfg.KeepDeleted {
-			old = append(old, e)
+			o := old{id: id}
+			for _, p := range e.rec.Previews {
+				o.hashes = append(o.hashes, p.Hash)
+			}
+			olds = append(olds, o)
 		}
 	}
 	d.mu.Unlock()
-	for _, e := range old {
-		id := e.rec.ID
-		if err := os.RemoveAll(d.sandboxDir(id)); err != nil {
-			d.log.Error("remove a deleted sandbox's directory", "id", id, "err", err)
+	for _, o := range olds {
+		if err := os.RemoveAll(d.sandboxDir(o.id)); err != nil {
+			d.log.Error("remove a deleted sandbox's directory", "id", o.id, "err", err)
 			continue
 		}
 		d.mu.Lock()
-		delete(d.sandboxes, id)
-		for _, p := range e.rec.Previews {
-			if d.previews[p.Hash] == id {
-				delete(d.previews, p.Hash)
+		delete(d.sandboxes, o.id)
+		for _, h := range o.hashes {
+			if d.previews[h] == o.id {
+				delete(d.previews, h)
 			}
 		}
 		d.mu.Unlock()
-		d.log.Info("deleted sandbox removed", "id", id, "kept", d.cfg.KeepDeleted)
+		d.log.Info("deleted sandbox removed", "id", o.id, "kept", d.cfg.KeepDeleted)
 	}
 }
