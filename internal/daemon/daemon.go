@@ -820,6 +820,12 @@ func (e *entry) info() Info {
 // Create makes a sandbox and records it.
 func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	limits := req.Limits.Apply(*d.cfg.DefaultLimits)
+	// The request is checked whole before anything of the host's is read
+	// or made, its image included; an init without a command, which takes
+	// its image's, is checked again once it has it.
+	if err := validateCreate(req, limits); err != nil {
+		return Info{}, err
+	}
 	var img image.Image
 	var layers []string
 	if req.Image != "" {
@@ -839,10 +845,10 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 				init.Command, init.Args = argv[0], argv[1:]
 				req.Init = &init
 			}
+			if err := req.Init.Check(false); err != nil {
+				return Info{}, fmt.Errorf("%w: init: %w", errdefs.ErrInvalidArgument, err)
+			}
 		}
-	}
-	if err := validateCreate(req, limits); err != nil {
-		return Info{}, err
 	}
 	logs := d.cfg.Logs
 	if req.Logs != nil {

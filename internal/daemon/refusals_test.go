@@ -86,6 +86,8 @@ func TestRefusals(t *testing.T) {
 		{"a rootfs up and out", "POST", "/sandboxes", `{"rootfs":"` + strings.Repeat("../", 32) + `etc"}`, 400, nil},
 		{"an image not there", "POST", "/sandboxes", `{"image":"missing:latest"}`, 404, nil},
 		{"an image and a rootfs", "POST", "/sandboxes", `{"image":"busybox","rootfs":"x"}`, 400, nil},
+		{"a limit out of range, before its image is looked for", "POST", "/sandboxes", `{"image":"missing:latest","limits":{"pids":-1}}`, 400, []string{"limits.pids", "-1"}},
+		{"an init with no command, and an image not there", "POST", "/sandboxes", `{"image":"missing:latest","init":{"args":["x"]}}`, 404, nil},
 		{"an egress not known", "POST", "/sandboxes", `{"network":{"egress":"some"}}`, 400, nil},
 		{"an egress range not a range", "POST", "/sandboxes", `{"network":{"allow":["300.0.0.0/8"]}}`, 400, nil},
 		{"a body not JSON", "POST", "/sandboxes", `{"limits":`, 400, nil},

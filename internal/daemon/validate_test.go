@@ -37,7 +37,7 @@ func FuzzValidateCreate(f *testing.F) {
 			l.DiskBytes > 0 && (l.DiskBytes < api.MinDiskBytes || l.DiskBytes > api.MaxDiskBytes),
 			req.IdleTimeoutSeconds < 0 || req.IdleTimeoutSeconds > api.MaxIdleTimeoutSeconds,
 			len(req.Hostname) > 63 || strings.ContainsAny(req.Hostname, " /\x00"),
-			req.Init != nil && req.Init.Command == "",
+			req.Init != nil && req.Init.Command == "" && req.Image == "",
 			req.Logs != nil && (req.Logs.MaxSizeBytes != 0 && (req.Logs.MaxSizeBytes < api.MinLogFileSize || req.Logs.MaxSizeBytes > api.MaxLogFileSize) ||
 				req.Logs.MaxFiles != 0 && (req.Logs.MaxFiles < api.MinLogFiles || req.Logs.MaxFiles > api.MaxLogFiles)):
 			t.Fatalf("accepted %+v", req)
