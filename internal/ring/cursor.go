@@ -220,9 +220,12 @@ func (c *Cursor) Hold(grace time.Duration, acked bool) bool {
 // Abandon closes c as Close does, and a holding cursor's hold goes with
 // it: its reader is not coming back.
 func (c *Cursor) Abandon() {
+	// Under the ring's lock: the pump reads a hold's grace there.
+	c.r.mu.Lock()
 	if c.holder != nil {
 		c.grace = 0
 	}
+	c.r.mu.Unlock()
 	c.Close()
 }
 
