@@ -261,7 +261,8 @@ func writeSDK(b *strings.Builder, r *sdkResult) {
 		"`kiln attach` into nothing (the time from the start request to kiln's exit), beside **relay**: the same\n"+
 		"writer on the host into a pipe, copied into a unix socket by a plain loop, read by a process of its own, the\n"+
 		"floor of any daemon relaying output to a client. Each SDK grants kilnd credit for the 64 KiB its queue holds\n"+
-		"and as much again, and the process waits for its reader (flow block): every byte arrives. kiln attach holds\n"+
+		"and what may wait behind it (the TypeScript SDK one frame of 256 KiB, the Python SDK as much again as the\n"+
+		"queue), and the process waits for its reader (flow block): every byte arrives. kiln attach holds\n"+
 		"the output too, and copies each message on as it comes. The repetitions are interleaved.\n\n", bytesText(r.size))
 	if len(r.missing) > 0 {
 		fmt.Fprintf(b, "Not run here: %s.\n\n", strings.Join(r.missing, "; "))

@@ -491,11 +491,11 @@ export const cases = [
       const first = await it.next();
       ok(!first.done && first.value.bytes.length <= LIMITS.maxChunkBytes);
       await until(t, child, (r) => r.held, "the process waiting for its reader");
-      // What crossed: the chunk delivered, a queue's worth unread, as much
-      // again held apart until the queue has room (the seed's bounded
-      // incoming frame), and the messages' headers.
+      // What crossed: the chunk delivered, a queue's worth unread, a frame
+      // held apart until the queue has room (the seed's bounded incoming
+      // frame), and the messages' headers.
       const crossed = t.proxy.bytesFrom(processPath(t, child, "/logs"));
-      ok(crossed <= first.value.bytes.length + 2 * LIMITS.maxQueuedBytes + 4096, `${crossed} bytes crossed while the consumer read one chunk`);
+      ok(crossed <= first.value.bytes.length + LIMITS.maxQueuedBytes + LIMITS.maxReadAheadBytes + 4096, `${crossed} bytes crossed while the consumer read one chunk`);
       let got = first.value.bytes.length;
       for (;;) {
         const { value, done } = await it.next();
@@ -608,7 +608,7 @@ export const cases = [
       const it = child.output();
       const first = await it.next();
       await until(t, child, (r) => r.held, "the process waiting for its reader");
-      ok(t.proxy.bytesFrom(processPath(t, child, "/logs")) <= first.value.bytes.length + 2 * LIMITS.maxQueuedBytes + 4096);
+      ok(t.proxy.bytesFrom(processPath(t, child, "/logs")) <= first.value.bytes.length + LIMITS.maxQueuedBytes + LIMITS.maxReadAheadBytes + 4096);
       await it.return();
       await child.detach();
     },
