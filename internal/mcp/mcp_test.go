@@ -479,3 +479,35 @@ func TestHTTPNeedsTheToken(t *testing.T) {
 	}
 	http.DefaultClient.CloseIdleConnections()
 }
+
+// TestOutputAfterExit: output a process's child writes after the process
+// exited is read, not cut off by an exit reported first: process_output
+// says exited only once every stream has ended.
+func TestOutputAfterExit(t *testing.T) {
+	k := startKilnd(t)
+	cs := transports[0].connect(t, k)
+	sb := newSandbox(t, cs)
+	p := call[mcp.StartOutput](t, cs, "process_start", map[string]any{"sandbox": sb,
+		"command": "(until [ -e /tmp/go ]; do sleep 0.01; done; echo late) &"})
+	h, err := k.c.Handle(sb).Process(t.Context(), p.PID, client.ProcessOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Detach()
+	// The shell has exited; its child holds the pipe until /tmp/go is
+	// there.
+	if _, err := h.Wait(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := h.Status(t.Context()); err != nil || st.Process.Streams["stdout"].Ended {
+		t.Fatalf("after the exit: %+v, %v; want stdout not ended yet", st, err)
+	}
+	r := call[mcp.OutputOutput](t, cs, "process_output", map[string]any{"sandbox": sb, "pid": p.PID})
+	if r.Exited {
+		t.Errorf("exited before the child's output: %+v", r)
+	}
+	call[mcp.FileOutput](t, cs, "file_write", map[string]any{"sandbox": sb, "path": "/tmp/go", "content": ""})
+	if got := readAll(t, cs, sb, p.PID); got.Stdout != "late\n" || *got.ExitCode != 0 {
+		t.Errorf("output %q, exit %d", got.Stdout, *got.ExitCode)
+	}
+}

@@ -161,7 +161,11 @@ func (s *Server) read(ctx context.Context, in OutputInput, bound int) (OutputOut
 	defer p.Detach()
 
 	pg := newPage(from, bound)
-	exitedBefore := st.State == client.Exited
+	// Ended before this call: exited, and every stream at its end. A
+	// process that has exited may still have output on its way (a
+	// child's, or what the pipes held), which its totals do not count
+	// yet: until its streams end, this reads on as for a running one.
+	exitedBefore := st.State == client.Exited && allEnded(st)
 	waiting := pg.reached(totals) && !exitedBefore
 	ended := false // the output ran to its end: every stream's, then the exit
 	if !pg.reached(totals) || waiting && in.WaitMS > 0 {
@@ -266,6 +270,16 @@ func readPage(ctx context.Context, p *client.Process, pg *page, totals map[strin
 		}
 	}
 	return true, nil
+}
+
+// allEnded reports whether every stream of the process reached its end.
+func allEnded(st client.Status) bool {
+	for _, ss := range st.Process.Streams {
+		if !ss.Ended {
+			return false
+		}
+	}
+	return true
 }
 
 // outputNote says in words what a result holds and what to do next.
