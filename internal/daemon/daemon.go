@@ -193,6 +193,8 @@ type Daemon struct {
 	cfg   Config
 	token string
 	log   *slog.Logger
+	// lock is the state directory's (lockState), held from New to Close.
+	lock *os.File
 	// disks make sandboxes' disks; nil, with disksErr saying why, where
 	// this host cannot.
 	disks    *sandbox.Disks
@@ -264,7 +266,7 @@ type Daemon struct {
 // and finds the sandboxes of an earlier run: those whose agent still runs
 // are adopted as they are; the others are marked stopped, what is left of
 // them killed, their captured logs kept.
-func New(cfg Config) (*Daemon, error) {
+func New(cfg Config) (_ *Daemon, err error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
@@ -287,9 +289,9 @@ func New(cfg Config) (*Daemon, error) {
 	if err := os.MkdirAll(filepath.Join(cfg.StateDir, sandboxesDir), 0o700); err != nil {
 		return nil, fmt.Errorf("kilnd: state directory: %w", err)
 	}
-	fi, err := os.Lstat(cfg.StateDir)
-	if err != nil {
-		return nil, fmt.Errorf("kilnd: state directory: %w", err)
+	fi, serr := os.Lstat(cfg.StateDir)
+	if serr != nil {
+		return nil, fmt.Errorf("kilnd: state directory: %w", serr)
 	}
 	if !fi.IsDir() {
 		return nil, fmt.Errorf("kilnd: state directory %s is not a directory (a symbolic link is refused)", cfg.StateDir)
@@ -297,6 +299,15 @@ func New(cfg Config) (*Daemon, error) {
 	if err := os.Chmod(cfg.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("kilnd: state directory: %w", err)
 	}
+	lock, err := lockState(cfg.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			lock.Close()
+		}
+	}()
 	if cfg.Images == "" {
 		cfg.Images = filepath.Join(cfg.StateDir, "images")
 	}
@@ -310,7 +321,7 @@ func New(cfg Config) (*Daemon, error) {
 	if err := sandbox.PrepareCgroups(); err != nil {
 		return nil, fmt.Errorf("kilnd: %w", err)
 	}
-	d := &Daemon{cfg: cfg, log: cfg.Log, sandboxes: map[string]*entry{}, names: map[string]string{},
+	d := &Daemon{cfg: cfg, log: cfg.Log, lock: lock, sandboxes: map[string]*entry{}, names: map[string]string{},
 		unfinished: map[string]*deletion{}, retry: make(chan struct{}, 1), closing: make(chan struct{})}
 	d.backends, d.unavailable = Backends(cfg)
 	if d.images, err = image.Open(filepath.Join(cfg.StateDir, imagesDir), image.Options{Insecure: cfg.InsecureRegistries}); err != nil {
@@ -718,6 +729,7 @@ func (d *Daemon) Close() {
 			r.Release()
 		}
 	}
+	d.lock.Close()
 }
 
 // route makes the entry of a running sandbox, with its proxy to the
