@@ -146,7 +146,8 @@ func TestEgress(t *testing.T) {
 	if err := open.Delete(ctx, true); err != nil {
 		t.Fatal(err)
 	}
-	iface := egress.IfacePrefix + strings.ReplaceAll(open.ID, "-", "")[20:]
+	instance := k.Daemon.Instance()
+	iface := egress.IfacePrefix(instance) + strings.ReplaceAll(open.ID, "-", "")[24:]
 	if _, err := net.InterfaceByName(iface); err == nil {
 		t.Errorf("link %s is left after the sandbox was deleted", iface)
 	}
@@ -159,7 +160,7 @@ func TestEgress(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, ch := range chains {
-		if ch.Table.Name == egress.TableName && strings.HasSuffix(ch.Name, iface[len(egress.IfacePrefix):]) {
+		if ch.Table.Name == egress.TableName(instance) && strings.HasSuffix(ch.Name, iface) {
 			t.Errorf("chain %s is left after the sandbox was deleted", ch.Name)
 		}
 	}

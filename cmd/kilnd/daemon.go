@@ -75,7 +75,8 @@ Flags:
 	runsc := fs.String("runsc", lookRunsc(), "gVisor's runsc `binary`, for sandboxes created with the runtime gvisor (default: runsc in PATH)")
 	runscPlatform := fs.String("runsc-platform", "systrap", "how runsc intercepts a gVisor sandbox's system calls: systrap (gVisor's default) or ptrace")
 	runtimes := fs.Bool("runtimes", false, "print the sandbox runtimes this host can run, and why the others cannot, and exit")
-	egressRange := fs.String("egress-range", egress.DefaultRange.String(), "the IPv4 `CIDR` the addresses of sandboxes with a network come from, a /30 each; it must\nbe unused on the host")
+	instance := fs.String("instance", "", "this kilnd's `name` among those of the host (1 to 32 of a-z, 0-9 and -), which its nftables\ntable, its sandboxes' links and cgroups carry (default: the state directory's base name and a\nhash of its path, such as sandkiln-3fa2c1)")
+	egressRange := fs.String("egress-range", "", "the IPv4 `CIDR` the addresses of sandboxes with a network come from, a /30 each; it must\nbe unused on the host, and is refused if another kilnd's overlaps it (default: the one this\nkilnd had, else the first of "+egress.DefaultRange.String()+" and the /16s after it no other kilnd has)")
 	var egressDNS repeated
 	fs.Var(&egressDNS, "egress-dns", "a name server (an IPv4 `address`) for sandboxes with a network (repeatable; default: the host's,\nfrom /etc/resolv.conf or, if that names only loopback ones, systemd-resolved's)")
 	var insecure repeated
@@ -133,10 +134,19 @@ Flags:
 		fmt.Fprintf(os.Stderr, "kilnd: default limits: %v\n", err)
 		return 2
 	}
-	erange, err := netip.ParsePrefix(*egressRange)
-	if err != nil || !erange.Addr().Is4() || erange.Bits() > 29 {
-		fmt.Fprintf(os.Stderr, "kilnd: --egress-range %q: want an IPv4 CIDR of /29 or wider, such as %s\n", *egressRange, egress.DefaultRange)
-		return 2
+	var erange netip.Prefix
+	if *egressRange != "" {
+		erange, err = netip.ParsePrefix(*egressRange)
+		if err != nil || !erange.Addr().Is4() || erange.Bits() > 29 {
+			fmt.Fprintf(os.Stderr, "kilnd: --egress-range %q: want an IPv4 CIDR of /29 or wider, such as %s\n", *egressRange, egress.DefaultRange)
+			return 2
+		}
+	}
+	if *instance != "" {
+		if err := daemon.ValidateInstance(*instance); err != nil {
+			fmt.Fprintf(os.Stderr, "kilnd: --instance: %v\n", err)
+			return 2
+		}
 	}
 	var dns []netip.Addr
 	for _, s := range egressDNS {
@@ -154,7 +164,7 @@ Flags:
 	}
 	cfg := daemon.Config{StateDir: *stateDir, Listen: *listen, AllowOrigins: allow, AllowHosts: hosts, PreviewDomain: *previewDomain, PreviewListen: *previewListen, Exe: exe, Env: sandboxEnv, Images: *images,
 		Runsc: *runsc, RunscPlatform: *runscPlatform, CaptureQueue: queue, Logs: logs, FlowGrace: *flowGrace, KeepDeleted: *keepDeleted, DefaultLimits: &limits,
-		EgressRange: erange, EgressDNS: dns, InsecureRegistries: insecure}
+		Instance: *instance, EgressRange: erange, EgressDNS: dns, InsecureRegistries: insecure}
 	if *runtimes {
 		return printRuntimes(cfg)
 	}

@@ -95,11 +95,18 @@ type Config struct {
 	// DefaultLimits are the limits of a sandbox whose request leaves them
 	// out (nil: DefaultLimits; a zero field there is no limit).
 	DefaultLimits *api.Limits
+	// Instance is this kilnd's name among the host's (empty:
+	// DefaultInstance of StateDir): see instance.go.
+	Instance string
 	// EgressRange is where the addresses of sandboxes with a network come
-	// from (zero: egress.DefaultRange); EgressDNS the name servers they
-	// are given (empty: the host's, egress.HostResolvers).
-	EgressRange netip.Prefix
-	EgressDNS   []netip.Addr
+	// from (zero: the one this instance had, else the first free one from
+	// egress.DefaultRange); EgressDNS the name servers they are given
+	// (empty: the host's, egress.HostResolvers). EgressRegistry is where
+	// the kilnds of the host claim their ranges (empty:
+	// egress.DefaultRegistry).
+	EgressRange    netip.Prefix
+	EgressDNS      []netip.Addr
+	EgressRegistry string
 	// InsecureRegistries are the registries (host or host:port) images
 	// are pulled from over plain HTTP, beside those on loopback addresses.
 	InsecureRegistries []string
@@ -193,8 +200,10 @@ type Daemon struct {
 	cfg   Config
 	token string
 	log   *slog.Logger
-	// lock is the state directory's (lockState), held from New to Close.
-	lock *os.File
+	// lock is the state directory's (lockState), held from New to Close;
+	// so is registration, the claim of the instance's egress range.
+	lock         *os.File
+	registration *egress.Registration
 	// disks make sandboxes' disks; nil, with disksErr saying why, where
 	// this host cannot.
 	disks    *sandbox.Disks
@@ -282,6 +291,12 @@ func New(cfg Config) (_ *Daemon, err error) {
 	if err := ValidatePreviewDomain(cfg.PreviewDomain, cfg.AllowHosts); err != nil {
 		return nil, fmt.Errorf("kilnd: %v", err)
 	}
+	if cfg.Instance == "" {
+		cfg.Instance = DefaultInstance(cfg.StateDir)
+	}
+	if err := ValidateInstance(cfg.Instance); err != nil {
+		return nil, fmt.Errorf("kilnd: %v", err)
+	}
 	cfg.Logs = DefaultLogs.Apply(api.LogRotation(cfg.Logs))
 	if cfg.KeepDeleted <= 0 {
 		cfg.KeepDeleted = DefaultKeepDeleted
@@ -335,6 +350,12 @@ func New(cfg Config) (_ *Daemon, err error) {
 		return nil, err
 	}
 	if err := d.recover(); err != nil {
+		return nil, err
+	}
+	if err := d.registerEgress(); err != nil {
+		// The watchers recover started for the sandboxes it adopted.
+		close(d.closing)
+		d.wg.Wait()
 		return nil, err
 	}
 	var inUse []string
@@ -729,6 +750,7 @@ func (d *Daemon) Close() {
 			r.Release()
 		}
 	}
+	d.registration.Close()
 	d.lock.Close()
 }
 
@@ -1254,7 +1276,8 @@ func (d *Daemon) Serve(ctx context.Context) error {
 		previews = "http://ID." + d.previewDomain() + ":" + port + "/"
 	}
 	// Where TCP clients find the token (its value is never logged).
-	d.log.Info("kilnd serving", "socket", sock, "listen", listen, "token", filepath.Join(d.cfg.StateDir, TokenName), "sandboxes", n, "previews", previews)
+	d.log.Info("kilnd serving", "instance", d.cfg.Instance, "socket", sock, "listen", listen, "token", filepath.Join(d.cfg.StateDir, TokenName),
+		"sandboxes", n, "previews", previews, "egress_range", d.cfg.EgressRange)
 	var serr error
 	select {
 	case <-ctx.Done():

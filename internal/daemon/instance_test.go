@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -39,7 +40,7 @@ func TestSecondKilndOnTheStateDir(t *testing.T) {
 	sb := k.sandbox()
 	var log lockedBuffer
 	exe, _ := os.Executable()
-	cfg := daemon.Config{StateDir: k.state, Exe: exe, Env: env, Log: slog.New(slog.NewTextHandler(&log, nil))}
+	cfg := daemon.Config{StateDir: k.state, Exe: exe, Env: env, Log: slog.New(slog.NewTextHandler(&log, nil)), EgressRegistry: filepath.Join(k.state, "egress-registry")}
 	if d, err := daemon.New(cfg); err == nil {
 		d.Close()
 		t.Fatal("a second kilnd started on a state directory in use")
@@ -66,4 +67,37 @@ func TestSecondKilndOnTheStateDir(t *testing.T) {
 		t.Error(err)
 	}
 	d.Close()
+}
+
+func TestDefaultInstance(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct{ dir, begins string }{
+		{"/var/lib/sandkiln", "sandkiln-"},
+		{"/srv/Kiln_State.2", "kiln-state-2-"},
+		{"/srv/a-very-long-state-directory-name", "a-very-long-stat-"},
+		{"/", "kilnd-"},
+		{"/srv/---", "kilnd-"},
+		{dir, filepath.Base(dir) + "-"},
+	} {
+		name := daemon.DefaultInstance(tc.dir)
+		if !strings.HasPrefix(name, tc.begins) || len(name) != len(tc.begins)+6 {
+			t.Errorf("DefaultInstance(%q) = %q, want %q and six hex digits", tc.dir, name, tc.begins)
+		}
+		if err := daemon.ValidateInstance(name); err != nil {
+			t.Errorf("DefaultInstance(%q) = %q: %v", tc.dir, name, err)
+		}
+		if again := daemon.DefaultInstance(tc.dir + "/"); again != name {
+			t.Errorf("DefaultInstance(%q/) = %q, not %q", tc.dir, again, name)
+		}
+	}
+	if daemon.DefaultInstance("/a/sandkiln") == daemon.DefaultInstance("/b/sandkiln") {
+		t.Error("two state directories of one name have one instance")
+	}
+	link := filepath.Join(t.TempDir(), "link")
+	if err := os.Symlink(dir, link); err != nil {
+		t.Fatal(err)
+	}
+	if daemon.DefaultInstance(link) != daemon.DefaultInstance(dir) {
+		t.Error("a state directory reached through a link has an instance of its own")
+	}
 }

@@ -18,20 +18,12 @@ func (d *Daemon) network() (*egress.Manager, error) {
 	if len(resolvers) == 0 {
 		resolvers = egress.HostResolvers()
 	}
-	m, err := egress.New(egress.Config{Range: d.cfg.EgressRange, Resolvers: resolvers, APIPort: d.apiPort()}, d.adopted)
+	m, err := egress.New(egress.Config{Instance: d.cfg.Instance, Range: d.cfg.EgressRange, Resolvers: resolvers}, d.adopted)
 	if err != nil {
 		return nil, err
 	}
 	d.net, d.adopted = m, nil
 	return m, nil
-}
-
-// apiPort is the TCP port kilnd's API listens on, zero if none.
-func (d *Daemon) apiPort() uint16 {
-	if a := d.tcp.Load(); a != nil {
-		return uint16(a.Port)
-	}
-	return 0
 }
 
 // plug gives sandbox id, about to be made, its place on the network with
@@ -73,8 +65,8 @@ func (d *Daemon) unplug(id string) {
 }
 
 // readopt installs the rules of the sandboxes with a network that
-// outlived the last kilnd, once its API port is known (they never reach
-// it): until then the last kilnd's rules are in force.
+// outlived the last kilnd, as kilnd starts serving: until then the last
+// kilnd's rules are in force.
 func (d *Daemon) readopt() {
 	d.netMu.Lock()
 	n := len(d.adopted)

@@ -23,21 +23,17 @@ var DefaultRange = netip.MustParsePrefix("10.200.0.0/16")
 // MaxCIDRs bounds each of a policy's lists.
 const MaxCIDRs = 64
 
-// IfacePrefix begins the name of every host end of a sandbox's link;
-// the rules refuse what comes from or goes to one kilnd does not know.
-const IfacePrefix = "kv-"
-
 // Config is how kilnd connects sandboxes.
 type Config struct {
+	// Instance is the kilnd instance's name (see TableName and
+	// IfacePrefix): required.
+	Instance string
 	// Range is where sandboxes' addresses come from (default
-	// DefaultRange); it must not be in use on the host.
+	// DefaultRange); it must not be in use on the host (Register).
 	Range netip.Prefix
 	// Resolvers are the name servers a sandbox's resolv.conf names and
 	// its policy lets it reach on port 53.
 	Resolvers []netip.Addr
-	// APIPort, when not zero, is kilnd's TCP port: no sandbox reaches it
-	// on any of the host's addresses, whatever its policy allows.
-	APIPort uint16
 }
 
 // Attachment is a sandbox's place on the network, kept in its record:
@@ -118,10 +114,17 @@ var refused = []netip.Prefix{
 }
 
 // Manager connects sandboxes and keeps the host's rules for them: one
-// nftables table, kilnd's alone, rebuilt whole (atomically) whenever a
-// sandbox joins or leaves.
+// nftables table, this kilnd instance's alone, rebuilt whole (atomically)
+// whenever a sandbox joins or leaves.
 type Manager struct {
-	cfg Config
+	cfg    Config
+	table  string // TableName(cfg.Instance)
+	prefix string // IfacePrefix(cfg.Instance)
+	// former are the tables of this kilnd's sandboxes that an earlier
+	// kilnd on its state directory made (under another instance name, or
+	// the table all kilnds shared before instances): removed in the
+	// transaction that first installs this one's.
+	former []string
 
 	// mu guards attached and serializes rebuilds of the table.
 	mu       sync.Mutex
@@ -130,8 +133,12 @@ type Manager struct {
 
 // New checks the host can do what egress needs and installs the rules for
 // the sandboxes attached already (those that outlived a kilnd, from their
-// records; their links are as they were): the error says why not.
+// records; their links are as they were, their names perhaps an earlier
+// kilnd's): the error says why not.
 func New(cfg Config, attached map[string]Attachment) (*Manager, error) {
+	if err := CheckInstance(cfg.Instance); err != nil {
+		return nil, err
+	}
 	if !cfg.Range.IsValid() {
 		cfg.Range = DefaultRange
 	}
@@ -139,13 +146,19 @@ func New(cfg Config, attached map[string]Attachment) (*Manager, error) {
 		return nil, fmt.Errorf("egress: range %s: want an IPv4 range of at least /29", cfg.Range)
 	}
 	cfg.Range = cfg.Range.Masked()
-	m := &Manager{cfg: cfg, attached: map[string]Attachment{}}
+	m := &Manager{cfg: cfg, table: TableName(cfg.Instance), prefix: IfacePrefix(cfg.Instance), attached: map[string]Attachment{}}
 	for id, a := range attached {
 		m.attached[id] = a
 	}
+	former, err := formerTables(m.table, attached)
+	if err != nil {
+		return nil, err
+	}
+	m.former = former
 	if err := m.apply(); err != nil {
 		return nil, err
 	}
+	m.former = nil
 	return m, nil
 }
 
@@ -176,7 +189,7 @@ func (m *Manager) Allocate(id string, p api.Network) (Attachment, error) {
 		used[a.Host] = true
 		names[a.Iface] = true
 	}
-	a := Attachment{Policy: p, Iface: IfacePrefix + ifaceSuffix(id)}
+	a := Attachment{Policy: p, Iface: m.prefix + ifaceSuffix(id)}
 	if names[a.Iface] {
 		return Attachment{}, fmt.Errorf("%w: egress: interface %s is taken", errdefs.ErrAlreadyExists, a.Iface)
 	}
@@ -214,12 +227,14 @@ func (m *Manager) Release(id string) error {
 	return errors.Join(err, m.unlink(a.Iface))
 }
 
-// ifaceSuffix is the part of a sandbox's id its interface is named by: the
-// end of a UUIDv7, which is random (its start is the time).
+// ifaceSuffix is the part of a sandbox's id its interface is named by,
+// after its instance's prefix: the end of a UUIDv7, which is random (its
+// start is the time). Two sandboxes of one kilnd that share it are told
+// apart by Allocate, which refuses the second.
 func ifaceSuffix(id string) string {
 	s := strings.ReplaceAll(id, "-", "")
-	if len(s) > 12 {
-		s = s[len(s)-12:]
+	if len(s) > ifaceSuffixLen {
+		s = s[len(s)-ifaceSuffixLen:]
 	}
 	return s
 }

@@ -68,7 +68,8 @@ func TestPolicy(t *testing.T) {
 	// A server on the host's own addresses, and one as kilnd's API port.
 	hostSrv := listen(t, "0.0.0.0:0")
 	apiSrv := listen(t, "0.0.0.0:0")
-	m, err := egress.New(egress.Config{Resolvers: []netip.Addr{up.Addr}, APIPort: port(apiSrv)}, nil)
+	cfg := egress.Config{Instance: "policy", Resolvers: []netip.Addr{up.Addr}}
+	m, err := egress.New(cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +91,7 @@ func TestPolicy(t *testing.T) {
 	}
 	open, openAddr := attach("0190aaaa-0000-7000-8000-000000000001", api.Network{Egress: api.EgressAllow})
 	denied, _ := attach("0190aaaa-0000-7000-8000-000000000002", api.Network{Egress: api.EgressAllow, Deny: []string{up.Addr.String()}})
-	listed, _ := attach("0190aaaa-0000-7000-8000-000000000003", api.Network{Allow: []string{"192.168.77.0/24", "0.0.0.0/0"}})
+	listed, _ := attach("0190aaaa-0000-7000-8000-000000000003", api.Network{Allow: []string{"192.168.77.0/24", "0.0.0.0/0", up.HostAddr.String()}})
 	only, _ := attach("0190aaaa-0000-7000-8000-000000000004", api.Network{Allow: []string{up.Private.String()}})
 
 	// A sandbox's own server, which no other reaches.
@@ -104,10 +105,11 @@ func TestPolicy(t *testing.T) {
 		{"the host's own addresses are refused", open, hostOwn, ""},
 		{"the gateway is the host", open, net.JoinHostPort(openAddr.Host.String(), strconv.Itoa(int(port(hostSrv)))), ""},
 		{"kilnd's port is refused", open, net.JoinHostPort(up.HostAddr.String(), strconv.Itoa(int(port(apiSrv)))), ""},
+		{"allowing the host's address leaves it out", listed, hostOwn, ""},
 		{"deny comes first", denied, web, ""},
 		{"allowed private range", listed, private, "upstream saw " + up.HostAddr.String()},
 		{"allowing everything still leaves kilnd out", listed, net.JoinHostPort(up.HostAddr.String(), strconv.Itoa(int(port(apiSrv)))), ""},
-		{"allowing everything lets the host in", listed, hostOwn, "host"},
+		{"allowing everything leaves the gateway out", listed, net.JoinHostPort(openAddr.Host.String(), strconv.Itoa(int(port(hostSrv)))), ""},
 		{"an allow list alone is all there is", only, web, ""},
 		{"an allow list alone", only, private, "upstream saw " + up.HostAddr.String()},
 		{"sandboxes do not reach each other", listed, net.JoinHostPort(openAddr.Addr.String(), strconv.Itoa(int(port(peer)))), ""},
@@ -142,14 +144,14 @@ func TestPolicy(t *testing.T) {
 
 	// A new kilnd that knows no sandbox leaves them no way out; one that
 	// adopts one rebuilds its rules.
-	if _, err := egress.New(egress.Config{Resolvers: []netip.Addr{up.Addr}, APIPort: port(apiSrv)}, nil); err != nil {
+	if _, err := egress.New(cfg, nil); err != nil {
 		t.Fatal(err)
 	}
 	if body, err := egresstest.Get(open, web); !egresstest.Refused(err) {
 		t.Fatalf("before adoption: GET = %q, %v; want refused (no rules for it)", body, err)
 	}
 	a := openAddr
-	m2, err := egress.New(egress.Config{Resolvers: []netip.Addr{up.Addr}, APIPort: port(apiSrv)}, map[string]egress.Attachment{"0190aaaa-0000-7000-8000-000000000001": a})
+	m2, err := egress.New(cfg, map[string]egress.Attachment{"0190aaaa-0000-7000-8000-000000000001": a})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +173,7 @@ func TestPolicy(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, ch := range chains {
-		if ch.Table.Name == egress.TableName && strings.HasSuffix(ch.Name, a.Iface[len(egress.IfacePrefix):]) {
+		if ch.Table.Name == egress.TableName(cfg.Instance) && strings.HasSuffix(ch.Name, a.Iface) {
 			t.Errorf("chain %s is left after Release", ch.Name)
 		}
 	}

@@ -3,6 +3,7 @@ package egress
 import (
 	"fmt"
 	"net/netip"
+	"strings"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
@@ -11,10 +12,6 @@ import (
 
 	"github.com/sandkiln/sandkiln/api"
 )
-
-// TableName is kilnd's nftables table (family inet): it holds every rule
-// for sandboxes, and nothing else does.
-const TableName = "kiln"
 
 // The table's chains. The base chains send what comes from a sandbox's
 // link to that sandbox's chain (sandboxChain), whether it is bound for
@@ -29,9 +26,6 @@ const (
 	refuseChain  = "refuse"
 )
 
-// sandboxChain names the chain of a sandbox's policy.
-func sandboxChain(a Attachment) string { return "sandbox-" + a.Iface[len(IfacePrefix):] }
-
 // apply replaces the table with one for the sandboxes attached now, in
 // one transaction: a packet meets the old rules or the new, never none.
 // m.mu is held.
@@ -40,12 +34,17 @@ func (m *Manager) apply() error {
 	if err != nil {
 		return fmt.Errorf("egress: nftables: %w", err)
 	}
-	t := &nftables.Table{Name: TableName, Family: nftables.TableFamilyINet}
+	t := &nftables.Table{Name: m.table, Family: nftables.TableFamilyINet}
 	// Added, then deleted, then added: the deletion cannot fail for want
 	// of a table, and the transaction leaves exactly the new one.
 	c.AddTable(t)
 	c.DelTable(t)
 	c.AddTable(t)
+	// The rules an earlier kilnd made for these sandboxes go as these
+	// come: never both, never neither.
+	for _, name := range m.former {
+		c.DelTable(&nftables.Table{Name: name, Family: nftables.TableFamilyINet})
+	}
 	accept := nftables.ChainPolicyAccept
 	input := c.AddChain(&nftables.Chain{Name: inputChain, Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &accept})
@@ -66,8 +65,18 @@ func (m *Manager) apply() error {
 	rule(refuse, []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_ADMIN_PROHIBITED}})
 
 	// Into a link: replies only, from anywhere (another sandbox included).
-	rule(forward, ifname(expr.MetaKeyOIFNAME, IfacePrefix, true), ctState(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), verdict(expr.VerdictAccept, ""))
-	rule(forward, ifname(expr.MetaKeyOIFNAME, IfacePrefix, true), verdict(expr.VerdictGoto, refuseChain))
+	// The links are this instance's by their prefix, or (adopted from a
+	// kilnd that named them otherwise) one by one; another instance's are
+	// its table's to guard.
+	established := ctState(expr.CtStateBitESTABLISHED | expr.CtStateBitRELATED)
+	rule(forward, ifname(expr.MetaKeyOIFNAME, m.prefix, true), established, verdict(expr.VerdictAccept, ""))
+	rule(forward, ifname(expr.MetaKeyOIFNAME, m.prefix, true), verdict(expr.VerdictGoto, refuseChain))
+	for _, id := range sortedIDs(m.attached) {
+		if a := m.attached[id]; !strings.HasPrefix(a.Iface, m.prefix) {
+			rule(forward, ifname(expr.MetaKeyOIFNAME, a.Iface, false), established, verdict(expr.VerdictAccept, ""))
+			rule(forward, ifname(expr.MetaKeyOIFNAME, a.Iface, false), verdict(expr.VerdictGoto, refuseChain))
+		}
+	}
 	for _, id := range sortedIDs(m.attached) {
 		a := m.attached[id]
 		ch := c.AddChain(&nftables.Chain{Name: sandboxChain(a), Table: t})
@@ -76,12 +85,19 @@ func (m *Manager) apply() error {
 			rule(base, ifname(expr.MetaKeyIIFNAME, a.Iface, false), verdict(expr.VerdictGoto, ch.Name))
 		}
 	}
-	// From a link kilnd does not know (one left behind): nothing.
+	// From a link of this instance it does not know (one left behind):
+	// nothing.
 	for _, base := range []*nftables.Chain{input, forward} {
-		rule(base, ifname(expr.MetaKeyIIFNAME, IfacePrefix, true), verdict(expr.VerdictGoto, refuseChain))
+		rule(base, ifname(expr.MetaKeyIIFNAME, m.prefix, true), verdict(expr.VerdictGoto, refuseChain))
 	}
-	// Out to the world, under the host's address.
-	rule(nat, nfproto(unix.NFPROTO_IPV4), prefix(12, m.cfg.Range), ifnameNot(expr.MetaKeyOIFNAME, IfacePrefix), []expr.Any{&expr.Masq{}})
+	// Out to the world, under the host's address: the range's, and any
+	// sandbox's outside it (adopted from a kilnd that had another range).
+	rule(nat, nfproto(unix.NFPROTO_IPV4), prefix(12, m.cfg.Range), ifnameNot(expr.MetaKeyOIFNAME, m.prefix), []expr.Any{&expr.Masq{}})
+	for _, id := range sortedIDs(m.attached) {
+		if a := m.attached[id]; !m.cfg.Range.Contains(a.Addr) {
+			rule(nat, nfproto(unix.NFPROTO_IPV4), prefix(12, netip.PrefixFrom(a.Addr, 32)), ifnameNot(expr.MetaKeyOIFNAME, m.prefix), []expr.Any{&expr.Masq{}})
+		}
+	}
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("egress: install the nftables rules: %w", err)
 	}
@@ -90,16 +106,15 @@ func (m *Manager) apply() error {
 
 // policy fills a sandbox's chain: its Network's order (see api.Network),
 // after the checks no policy changes: IPv4 from its own address only,
-// replies to what it opened, and never kilnd's port.
+// replies to what it opened, and none of the host's own addresses, so no
+// kilnd's port on any of them, whatever allow says (the resolvers on port
+// 53 alone, should one be the host's).
 func (m *Manager) policy(rule func(*nftables.Chain, ...[]expr.Any), ch *nftables.Chain, a Attachment) {
 	refuse := verdict(expr.VerdictGoto, refuseChain)
 	accept := verdict(expr.VerdictAccept, "")
 	rule(ch, nfprotoNot(unix.NFPROTO_IPV4), verdict(expr.VerdictDrop, ""))
 	rule(ch, prefixNot(12, netip.PrefixFrom(a.Addr, 32)), verdict(expr.VerdictDrop, ""))
 	rule(ch, ctState(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), accept)
-	if m.cfg.APIPort != 0 {
-		rule(ch, local(), l4proto(unix.IPPROTO_TCP), port(m.cfg.APIPort), refuse)
-	}
 	for _, s := range a.Policy.Deny {
 		if p, err := ParseCIDR(s); err == nil {
 			rule(ch, prefix(16, p), refuse)
@@ -110,12 +125,12 @@ func (m *Manager) policy(rule func(*nftables.Chain, ...[]expr.Any), ch *nftables
 			rule(ch, prefix(16, netip.PrefixFrom(r, 32)), l4proto(proto), port(53), accept)
 		}
 	}
+	rule(ch, local(), refuse)
 	for _, s := range a.Policy.Allow {
 		if p, err := ParseCIDR(s); err == nil {
 			rule(ch, prefix(16, p), accept)
 		}
 	}
-	rule(ch, local(), refuse)
 	for _, p := range refused {
 		rule(ch, prefix(16, p), refuse)
 	}

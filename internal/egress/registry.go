@@ -1,0 +1,296 @@
+package egress
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+)
+
+// DefaultRegistry is where the kilnds of a host claim their egress
+// ranges: under /run, so that the claims end with the boot, as the
+// sandboxes, links and rules they describe do.
+const DefaultRegistry = "/run/sandkiln/egress"
+
+// Claim is what a kilnd instance records of itself in the registry.
+type Claim struct {
+	Instance string       `json:"instance"`
+	StateDir string       `json:"state_dir"`
+	Range    netip.Prefix `json:"range"`
+}
+
+// Registration is a running kilnd's claim. It holds a shared lock on its
+// file, which tells every other kilnd that it runs, until Close; the file
+// stays, for its next start to keep the range.
+type Registration struct {
+	Claim
+	f *os.File
+}
+
+// Close ends the kilnd's hold on its claim; its sandboxes' rules (its
+// table) hold it on while they are there.
+func (r *Registration) Close() error { return r.f.Close() }
+
+// Register claims an egress range for kilnd instance me.Instance, on
+// state directory me.StateDir, in the registry dir (made if missing).
+// me.Range, when set, is the range asked for: refused, with an error
+// naming the other instance, if it overlaps another's. Otherwise the
+// range is the one this instance had (a restart keeps its sandboxes'
+// addresses), else the first of DefaultRange and the /16s after it that
+// overlaps no other's.
+//
+// Another instance's claim counts while its kilnd runs (holds the lock on
+// its claim) or its table holds a sandbox's rules (its sandboxes outlive
+// it); the rest are forgotten. So does the table all kilnds shared before
+// instances while it holds rules for a link not in attached (the
+// sandboxes this kilnd adopted). The instance's name may be no other
+// running kilnd's, and the prefix of its links no other's either.
+func Register(dir string, me Claim, attached map[string]Attachment) (*Registration, error) {
+	if err := CheckInstance(me.Instance); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("egress: registry: %w", err)
+	}
+	lock, err := os.OpenFile(filepath.Join(dir, ".lock"), os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("egress: registry: %w", err)
+	}
+	defer lock.Close()
+	// Held while the claims are read and this one written: two kilnds
+	// starting at once take turns.
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX); err != nil {
+		return nil, fmt.Errorf("egress: registry: %w", err)
+	}
+	others, own, err := readClaims(dir, me)
+	if err != nil {
+		return nil, err
+	}
+	legacy, err := legacyRange(attached)
+	if err != nil {
+		return nil, err
+	}
+	if legacy.IsValid() {
+		others = append(others, Claim{Instance: "(a kilnd older than instances, table inet " + legacyTable + ")", Range: legacy})
+	}
+	for _, o := range others {
+		if o.Instance == me.Instance {
+			return nil, fmt.Errorf("egress: kilnd instance %q runs already, on state directory %s: give this one another name (--instance)", me.Instance, o.StateDir)
+		}
+		if IfacePrefix(o.Instance) == IfacePrefix(me.Instance) {
+			return nil, fmt.Errorf("egress: the links of kilnd instances %q and %q (state directory %s) would have the same names (%s…): give this one another name (--instance)",
+				me.Instance, o.Instance, o.StateDir, IfacePrefix(me.Instance))
+		}
+	}
+	if me.Range.IsValid() {
+		me.Range = me.Range.Masked()
+		if o, ok := overlapping(me.Range, others); ok {
+			return nil, fmt.Errorf("egress: range %s overlaps %s, kilnd instance %q's (state directory %s): give another (--egress-range), or none for a free one",
+				me.Range, o.Range, o.Instance, o.StateDir)
+		}
+	} else {
+		me.Range, err = freeRange(own, others)
+		if err != nil {
+			return nil, err
+		}
+	}
+	f, err := writeClaim(dir, me)
+	if err != nil {
+		return nil, err
+	}
+	return &Registration{Claim: me, f: f}, nil
+}
+
+// readClaims reads the registry's claims that count (Register), removing
+// those that no longer do, and returns those of other instances and the
+// range this one had, if any. Claims of this state directory under
+// another name are this instance's former ones: forgotten.
+func readClaims(dir string, me Claim) (others []Claim, own netip.Prefix, err error) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, netip.Prefix{}, fmt.Errorf("egress: registry: %w", err)
+	}
+	tables, err := usedTables()
+	if err != nil {
+		return nil, netip.Prefix{}, err
+	}
+	for _, e := range ents {
+		name, ok := strings.CutSuffix(e.Name(), ".json")
+		if !ok || strings.HasPrefix(name, ".") {
+			continue
+		}
+		path := filepath.Join(dir, e.Name())
+		b, err := os.ReadFile(path)
+		var c Claim
+		if err == nil {
+			err = json.Unmarshal(b, &c)
+		}
+		if err != nil || c.Instance != name || !c.Range.IsValid() {
+			continue // not a claim: left as it is
+		}
+		if c.Instance == me.Instance && c.StateDir == me.StateDir {
+			own = c.Range
+			continue
+		}
+		if c.StateDir == me.StateDir || !running(path) && !tables[TableName(c.Instance)] {
+			os.Remove(path)
+			continue
+		}
+		others = append(others, c)
+	}
+	return others, own, nil
+}
+
+// running says whether the kilnd that made the claim at path still runs:
+// it holds a shared lock on the file, and an exclusive one is refused.
+func running(path string) bool {
+	f, err := os.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	return unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) != nil
+}
+
+// usedTables are the kilnd tables that hold a sandbox's rules.
+func usedTables() (map[string]bool, error) {
+	c, err := nftables.New()
+	if err != nil {
+		return nil, fmt.Errorf("egress: nftables: %w", err)
+	}
+	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return nil, fmt.Errorf("egress: list the nftables chains: %w", err)
+	}
+	used := map[string]bool{}
+	for _, ch := range chains {
+		if isKilndTable(ch.Table) && strings.HasPrefix(ch.Name, sandboxChainPrefix) {
+			used[ch.Table.Name] = true
+		}
+	}
+	return used, nil
+}
+
+// legacyRange is the range of the table all kilnds shared before
+// instances, if that table holds rules for a link not in attached: a
+// kilnd of that age runs beside this one, or its sandboxes do.
+func legacyRange(attached map[string]Attachment) (netip.Prefix, error) {
+	c, err := nftables.New()
+	if err != nil {
+		return netip.Prefix{}, fmt.Errorf("egress: nftables: %w", err)
+	}
+	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return netip.Prefix{}, fmt.Errorf("egress: list the nftables chains: %w", err)
+	}
+	mine := map[string]bool{}
+	for _, a := range attached {
+		mine[a.Iface] = true
+	}
+	ifaces := tableIfaces(legacyTable, chains)
+	if !slices.ContainsFunc(ifaces, func(i string) bool { return !mine[i] }) {
+		return netip.Prefix{}, nil
+	}
+	i := slices.IndexFunc(chains, func(ch *nftables.Chain) bool {
+		return ch.Table.Name == legacyTable && ch.Name == natChain
+	})
+	if i < 0 {
+		return DefaultRange, nil
+	}
+	rules, err := c.GetRules(chains[i].Table, chains[i])
+	if err != nil {
+		return netip.Prefix{}, fmt.Errorf("egress: read table %s: %w", legacyTable, err)
+	}
+	for _, r := range rules {
+		if p, ok := sourcePrefix(r.Exprs); ok {
+			return p, nil
+		}
+	}
+	return DefaultRange, nil
+}
+
+// sourcePrefix reads back the source prefix a rule matches, as prefix
+// writes it.
+func sourcePrefix(exprs []expr.Any) (netip.Prefix, bool) {
+	for i := 0; i+2 < len(exprs); i++ {
+		p, ok1 := exprs[i].(*expr.Payload)
+		b, ok2 := exprs[i+1].(*expr.Bitwise)
+		c, ok3 := exprs[i+2].(*expr.Cmp)
+		if !ok1 || !ok2 || !ok3 || p.Base != expr.PayloadBaseNetworkHeader || p.Offset != 12 || p.Len != 4 || len(b.Mask) != 4 || len(c.Data) != 4 {
+			continue
+		}
+		bits := 0
+		for m := binary.BigEndian.Uint32(b.Mask); m&0x80000000 != 0; m <<= 1 {
+			bits++
+		}
+		return netip.PrefixFrom(netip.AddrFrom4([4]byte(c.Data)), bits).Masked(), true
+	}
+	return netip.Prefix{}, false
+}
+
+// overlapping finds the claim whose range overlaps p.
+func overlapping(p netip.Prefix, claims []Claim) (Claim, bool) {
+	for _, c := range claims {
+		if c.Range.Overlaps(p) {
+			return c, true
+		}
+	}
+	return Claim{}, false
+}
+
+// freeRange is the range of an instance that asks for none: its own
+// earlier one, else the first of DefaultRange and the /16s after it in
+// 10.0.0.0/8 that overlaps none of others'.
+func freeRange(own netip.Prefix, others []Claim) (netip.Prefix, error) {
+	if own.IsValid() {
+		if _, ok := overlapping(own, others); !ok {
+			return own, nil
+		}
+	}
+	for p := DefaultRange; ; {
+		if _, ok := overlapping(p, others); !ok {
+			return p, nil
+		}
+		b := p.Addr().As4()
+		if b[1] == 255 {
+			return netip.Prefix{}, fmt.Errorf("egress: no free range from %s to 10.255.0.0/16 (%d kilnd instances have them): give one (--egress-range)", DefaultRange, len(others))
+		}
+		b[1]++
+		p = netip.PrefixFrom(netip.AddrFrom4(b), 16)
+	}
+}
+
+// writeClaim writes me's claim (a temporary file renamed over it) and
+// returns it open, with the shared lock that says this kilnd runs.
+func writeClaim(dir string, me Claim) (*os.File, error) {
+	b, err := json.Marshal(me)
+	if err != nil {
+		return nil, err
+	}
+	path := filepath.Join(dir, me.Instance+".json")
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o600); err != nil {
+		return nil, fmt.Errorf("egress: registry: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
+		return nil, fmt.Errorf("egress: registry: %w", err)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("egress: registry: %w", err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_SH); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("egress: registry: %w", err)
+	}
+	return f, nil
+}
