@@ -18,11 +18,11 @@ const runscDir = "runsc"
 func Backends(cfg Config) (map[string]sandbox.Backend, map[string]error) {
 	ranges := sandbox.NewIDRanges()
 	backends := map[string]sandbox.Backend{
-		sandbox.RuntimeNamespaces: &sandbox.Namespaces{Exe: cfg.Exe, Ranges: ranges},
+		sandbox.RuntimeNamespaces: &sandbox.Namespaces{Exe: cfg.Exe, Ranges: ranges, Instance: cfg.Instance},
 	}
 	unavailable := map[string]error{}
 	g := &sandbox.GVisor{Exe: cfg.Exe, Runsc: cfg.Runsc, Root: filepath.Join(cfg.StateDir, runscDir),
-		Platform: cfg.RunscPlatform, Ranges: ranges}
+		Platform: cfg.RunscPlatform, Ranges: ranges, Instance: cfg.Instance}
 	if err := g.Check(); err != nil {
 		unavailable[sandbox.RuntimeGVisor] = err
 	}

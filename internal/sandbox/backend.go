@@ -136,6 +136,8 @@ type Namespaces struct {
 	// Exe is the binary re-executed as the agent.
 	Exe    string
 	Ranges *IDRanges
+	// Instance is kilnd's instance (Options.Instance).
+	Instance string
 }
 
 // Name implements Backend.
@@ -143,7 +145,7 @@ func (n *Namespaces) Name() string { return RuntimeNamespaces }
 
 // Create implements Backend.
 func (n *Namespaces) Create(ctx context.Context, o Options) (Instance, error) {
-	o.Exe = n.Exe
+	o.Exe, o.Instance = n.Exe, n.Instance
 	o.UIDBase = n.Ranges.Claim(o.ID)
 	sb, err := Create(ctx, o)
 	if err != nil {
@@ -171,5 +173,9 @@ func (n *Namespaces) Adopt(state json.RawMessage) (Instance, error) {
 	return &sb, nil
 }
 
+// Release removes, as kilnd stops, its instance's cgroups if no sandbox's
+// groups are left in them; those of the sandboxes that run on stay.
+func (n *Namespaces) Release() { removeInstanceGroup(n.Instance) }
+
 // EndLeftover implements Backend.
-func (n *Namespaces) EndLeftover(id, _ string) error { return EndLeftover(id) }
+func (n *Namespaces) EndLeftover(id, _ string) error { return endLeftover(n.Instance, id) }

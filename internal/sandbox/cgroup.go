@@ -504,10 +504,10 @@ func (c *Cgroups) ReadEvent(ctrl, file, key string) int64 {
 	return EventIn(b, key)
 }
 
-// EndLeftover kills and removes the cgroups of sandbox name ("kiln-" and
-// its id) if a crash left them behind without a record: where they would
-// be, below this process's own groups.
-func EndLeftover(id string) error {
+// EndLeftover kills and removes the cgroups of a sandbox, name (see
+// groupName), if a crash left them behind without a record: where they
+// would be, below this process's own groups.
+func EndLeftover(name string) error {
 	own2, own1, err := ownCgroups()
 	if err != nil {
 		return err
@@ -522,7 +522,6 @@ func EndLeftover(id string) error {
 			return err
 		}
 	}
-	name := "kiln-" + id
 	cg := &Cgroups{V2: filepath.Join(parent, name), V1: map[string]string{}, Leaves: pure}
 	if _, err := os.Stat(cg.V2); errors.Is(err, os.ErrNotExist) {
 		return nil

@@ -39,6 +39,8 @@ type GVisor struct {
 	// Ranges hands out the sandboxes' uid ranges, shared with the other
 	// backends.
 	Ranges *IDRanges
+	// Instance is kilnd's instance (Options.Instance).
+	Instance string
 }
 
 // The room a gVisor sandbox's limits leave for runsc, its kernel and its
@@ -356,7 +358,11 @@ func (g *GVisor) Create(ctx context.Context, o Options) (_ Instance, err error) 
 	if lim.MemoryBytes > 0 {
 		lim.MemoryBytes += gvisorMemory
 	}
-	cg, err := newCgroups("kiln-"+o.ID, lim)
+	group, err := groupName(g.Instance, o.ID)
+	if err != nil {
+		return nil, err
+	}
+	cg, err := newCgroups(group, lim)
 	if err != nil {
 		return nil, err
 	}
@@ -446,7 +452,7 @@ func (g *GVisor) Adopt(state json.RawMessage) (Instance, error) {
 // sandbox, then runsc's record of the container and the host mount of its
 // disk.
 func (g *GVisor) EndLeftover(id, dir string) error {
-	err := EndLeftover(id)
+	err := endLeftover(g.Instance, id)
 	sb := &guestSandbox{Container: "kiln-" + id, Root: g.Root, DiskMount: filepath.Join(dir, diskName), ImageMount: filepath.Join(dir, lowerName(0)),
 		RootMount: filepath.Join(dir, rootName), NetNS: filepath.Join(dir, netnsName), g: g}
 	sb.LayerMounts, _ = filepath.Glob(filepath.Join(dir, lowerName(0)+".*"))

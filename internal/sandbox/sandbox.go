@@ -42,6 +42,9 @@ type Options struct {
 	Hostname string
 	// Exe is the binary to re-execute as the agent.
 	Exe string
+	// Instance is the kilnd instance whose cgroup the sandbox's groups
+	// are made in (see groupName); empty: kilnd's own.
+	Instance string
 	// Rootfs, when set, is a root filesystem directory to use instead of
 	// the host's system directories, read-only under a writable overlay.
 	Rootfs string
@@ -258,7 +261,11 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 			return nil, fmt.Errorf("sandbox: upper layer: %w", err)
 		}
 	}
-	cg, err := newCgroups("kiln-"+o.ID, o.Limits)
+	group, err := groupName(o.Instance, o.ID)
+	if err != nil {
+		return nil, err
+	}
+	cg, err := newCgroups(group, o.Limits)
 	if err != nil {
 		return nil, err
 	}
