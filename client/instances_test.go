@@ -20,8 +20,8 @@ import (
 // starts and stops them in every order. After each start and each stop,
 // every sandbox, its kilnd running or not, reaches the upstream by name
 // and reaches no running kilnd's API port on any of the host's
-// addresses; their ranges are apart, and a range that overlaps another
-// kilnd's is refused with that kilnd's name.
+// addresses; their ranges and host users are apart, and a range that
+// overlaps another kilnd's is refused with that kilnd's name.
 func TestThreeKilnds(t *testing.T) {
 	if !egresstest.Isolate(t) {
 		return
@@ -34,10 +34,11 @@ func TestThreeKilnds(t *testing.T) {
 		sb   *client.Sandbox
 		info api.Sandbox
 		port string
+		uids string // the host's first uid of the sandbox's
 	}
 	var nodes [3]*node
 	for i := range nodes {
-		nodes[i] = &node{cfg: daemon.Config{StateDir: t.TempDir(), Listen: "0.0.0.0:0", EgressDNS: []netip.Addr{up.Addr}, EgressRegistry: registry}}
+		nodes[i] = &node{cfg: daemon.Config{StateDir: t.TempDir(), Listen: "0.0.0.0:0", EgressDNS: []netip.Addr{up.Addr}, Registry: registry}}
 	}
 	ctx := ctxT(t)
 	t.Cleanup(func() {
@@ -83,6 +84,12 @@ func TestThreeKilnds(t *testing.T) {
 		res, err := n.sb.Exec(ctx, client.ExecOptions{Command: "python3", Args: []string{"-c", fetchPy, "http://" + web + "/"}})
 		if err != nil || string(res.Stdout) != saw {
 			t.Fatalf("a new sandbox: %q, %v; want %q", res.Stdout, err, saw)
+		}
+		res, err = n.sb.Exec(ctx, client.ExecOptions{Command: "cat", Args: []string{"/proc/self/uid_map"}})
+		if f := strings.Fields(string(res.Stdout)); err != nil || len(f) < 3 {
+			t.Fatalf("uid map: %q, %v", res.Stdout, err)
+		} else {
+			n.uids = f[1]
 		}
 	}
 	stop := func(n *node) {
@@ -149,10 +156,14 @@ func TestThreeKilnds(t *testing.T) {
 				}
 				ranges[n.k.Daemon.EgressRange().String()] = i
 			}
+			// Nor do their users meet.
+			if nodes[0].uids == nodes[1].uids || nodes[1].uids == nodes[2].uids || nodes[0].uids == nodes[2].uids {
+				t.Errorf("the sandboxes' host uids begin at %s, %s and %s: want three", nodes[0].uids, nodes[1].uids, nodes[2].uids)
+			}
 			// A fourth kilnd asking for the second's range is refused,
 			// the second named.
 			taken := nodes[1].k.Daemon.EgressRange()
-			_, err := daemontest.StartConfig(daemon.Config{StateDir: t.TempDir(), EgressRange: taken, EgressDNS: []netip.Addr{up.Addr}, EgressRegistry: registry})
+			_, err := daemontest.StartConfig(daemon.Config{StateDir: t.TempDir(), EgressRange: taken, EgressDNS: []netip.Addr{up.Addr}, Registry: registry})
 			if err == nil || !strings.Contains(err.Error(), nodes[1].k.Daemon.Instance()) || !strings.Contains(err.Error(), "overlaps") {
 				t.Fatalf("a kilnd asking for %s, another's range: %v; want refused, naming %s", taken, err, nodes[1].k.Daemon.Instance())
 			}

@@ -101,12 +101,12 @@ type Config struct {
 	// EgressRange is where the addresses of sandboxes with a network come
 	// from (zero: the one this instance had, else the first free one from
 	// egress.DefaultRange); EgressDNS the name servers they are given
-	// (empty: the host's, egress.HostResolvers). EgressRegistry is where
-	// the kilnds of the host claim their ranges (empty:
-	// egress.DefaultRegistry).
-	EgressRange    netip.Prefix
-	EgressDNS      []netip.Addr
-	EgressRegistry string
+	// (empty: the host's, egress.HostResolvers).
+	EgressRange netip.Prefix
+	EgressDNS   []netip.Addr
+	// Registry is where the kilnds of the host claim their egress ranges
+	// and uid windows (empty: DefaultRegistry).
+	Registry string
 	// InsecureRegistries are the registries (host or host:port) images
 	// are pulled from over plain HTTP, beside those on loopback addresses.
 	InsecureRegistries []string
@@ -120,6 +120,10 @@ type Config struct {
 	// the TCP listener's, as Serve serves them: a test holds every answer
 	// to the OpenAPI document with it.
 	Wrap func(http.Handler) http.Handler
+
+	// uidFirst is the first uid of the instance's window (New claims
+	// it); zero: sandbox.DefaultUIDBase.
+	uidFirst int
 }
 
 // DefaultLimits are a sandbox's limits unless kilnd is told otherwise: no
@@ -201,9 +205,11 @@ type Daemon struct {
 	token string
 	log   *slog.Logger
 	// lock is the state directory's (lockState), held from New to Close;
-	// so is registration, the claim of the instance's egress range.
+	// so are registration and uids, the instance's claims of its egress
+	// range and of its window of host uids.
 	lock         *os.File
 	registration *egress.Registration
+	uids         *sandbox.UIDRegistration
 	// disks make sandboxes' disks; nil, with disksErr saying why, where
 	// this host cannot.
 	disks    *sandbox.Disks
@@ -336,7 +342,17 @@ func New(cfg Config) (_ *Daemon, err error) {
 	if err := sandbox.PrepareCgroups(); err != nil {
 		return nil, fmt.Errorf("kilnd: %w", err)
 	}
-	d := &Daemon{cfg: cfg, log: cfg.Log, lock: lock, sandboxes: map[string]*entry{}, names: map[string]string{},
+	uids, err := sandbox.ClaimUIDs(filepath.Join(cmp.Or(cfg.Registry, DefaultRegistry), "uids"), cfg.Instance, canonical(cfg.StateDir))
+	if err != nil {
+		return nil, fmt.Errorf("kilnd: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			uids.Close()
+		}
+	}()
+	cfg.uidFirst = uids.First()
+	d := &Daemon{cfg: cfg, log: cfg.Log, lock: lock, uids: uids, sandboxes: map[string]*entry{}, names: map[string]string{},
 		unfinished: map[string]*deletion{}, retry: make(chan struct{}, 1), closing: make(chan struct{})}
 	d.backends, d.unavailable = Backends(cfg)
 	if d.images, err = image.Open(filepath.Join(cfg.StateDir, imagesDir), image.Options{Insecure: cfg.InsecureRegistries}); err != nil {
@@ -751,6 +767,7 @@ func (d *Daemon) Close() {
 		}
 	}
 	d.registration.Close()
+	d.uids.Close()
 	d.lock.Close()
 }
 
@@ -1277,7 +1294,7 @@ func (d *Daemon) Serve(ctx context.Context) error {
 	}
 	// Where TCP clients find the token (its value is never logged).
 	d.log.Info("kilnd serving", "instance", d.cfg.Instance, "socket", sock, "listen", listen, "token", filepath.Join(d.cfg.StateDir, TokenName),
-		"sandboxes", n, "previews", previews, "egress_range", d.cfg.EgressRange)
+		"sandboxes", n, "previews", previews, "egress_range", d.cfg.EgressRange, "uids_from", d.uids.First())
 	var serr error
 	select {
 	case <-ctx.Done():

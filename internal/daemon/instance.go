@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -18,8 +19,15 @@ import (
 // Every name a kilnd gives the host carries it: its nftables table
 // (egress.TableName), its sandboxes' links (egress.IfacePrefix) and the
 // cgroup its sandboxes' groups are made in; its runsc root is in its state
-// directory already. Its egress range is claimed in a registry under /run
-// (egress.Register), where no other instance's may overlap it.
+// directory already. Its egress range and its window of host uids are
+// claimed in a registry under /run (egress.Register, sandbox.ClaimUIDs),
+// where no other instance's may overlap them.
+
+// DefaultRegistry is where the kilnds of a host claim their egress ranges
+// and windows of host uids (in egress and uids): under /run, so that the
+// claims end with the boot, as the sandboxes, links and rules they
+// describe do.
+const DefaultRegistry = "/run/sandkiln"
 
 // DefaultInstance is the name of the instance a kilnd on stateDir is
 // unless told otherwise: the directory's base name, made fit for a name
@@ -76,10 +84,7 @@ func ValidateInstance(name string) error {
 // network that outlived the last kilnd are known: a range that overlaps
 // another kilnd's is refused, with its name.
 func (d *Daemon) registerEgress() error {
-	dir := d.cfg.EgressRegistry
-	if dir == "" {
-		dir = egress.DefaultRegistry
-	}
+	dir := filepath.Join(cmp.Or(d.cfg.Registry, DefaultRegistry), "egress")
 	d.netMu.Lock()
 	adopted := maps.Clone(d.adopted)
 	d.netMu.Unlock()

@@ -17,6 +17,9 @@ const runscDir = "runsc"
 // the same, to take back and end the sandboxes an earlier run made.
 func Backends(cfg Config) (map[string]sandbox.Backend, map[string]error) {
 	ranges := sandbox.NewIDRanges()
+	if cfg.uidFirst != 0 {
+		ranges = sandbox.NewIDRangesFrom(cfg.uidFirst)
+	}
 	backends := map[string]sandbox.Backend{
 		sandbox.RuntimeNamespaces: &sandbox.Namespaces{Exe: cfg.Exe, Ranges: ranges, Instance: cfg.Instance},
 	}

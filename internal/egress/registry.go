@@ -15,11 +15,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// DefaultRegistry is where the kilnds of a host claim their egress
-// ranges: under /run, so that the claims end with the boot, as the
-// sandboxes, links and rules they describe do.
-const DefaultRegistry = "/run/sandkiln/egress"
-
 // Claim is what a kilnd instance records of itself in the registry.
 type Claim struct {
 	Instance string       `json:"instance"`

@@ -90,23 +90,36 @@ func Transport(dial func(context.Context) (net.Conn, error)) *http.Transport {
 // one per sandbox, so that the users of two sandboxes are never the same
 // host users: files, signals and the kernel's per-user limits stay apart.
 type IDRanges struct {
+	first int // the window's first uid (see ClaimUIDs)
+
 	mu   sync.Mutex
 	used map[int]string // base → sandbox id
 }
 
-// NewIDRanges returns an empty set of ranges.
-func NewIDRanges() *IDRanges { return &IDRanges{used: map[int]string{}} }
+// NewIDRanges returns an empty set of ranges, UIDWindow of them from
+// DefaultUIDBase.
+func NewIDRanges() *IDRanges { return NewIDRangesFrom(DefaultUIDBase) }
 
-// Claim gives sandbox id the lowest free range and returns its base.
-func (r *IDRanges) Claim(id string) int {
+// NewIDRangesFrom returns an empty set of ranges, UIDWindow of them from
+// first, a window ClaimUIDs gave.
+func NewIDRangesFrom(first int) *IDRanges {
+	return &IDRanges{first: first, used: map[int]string{}}
+}
+
+// Claim gives sandbox id the lowest free range and returns its base; it
+// fails when the window is full.
+func (r *IDRanges) Claim(id string) (int, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	base := DefaultUIDBase
+	base := r.first
 	for r.used[base] != "" {
 		base += IDRange
 	}
+	if base >= r.first+UIDWindow*IDRange {
+		return 0, fmt.Errorf("sandbox: %d sandboxes hold every uid range of this kilnd", UIDWindow)
+	}
 	r.used[base] = id
-	return base
+	return base, nil
 }
 
 // Hold marks base as sandbox id's, for a sandbox found again.
@@ -146,7 +159,10 @@ func (n *Namespaces) Name() string { return RuntimeNamespaces }
 // Create implements Backend.
 func (n *Namespaces) Create(ctx context.Context, o Options) (Instance, error) {
 	o.Exe, o.Instance = n.Exe, n.Instance
-	o.UIDBase = n.Ranges.Claim(o.ID)
+	var err error
+	if o.UIDBase, err = n.Ranges.Claim(o.ID); err != nil {
+		return nil, err
+	}
 	sb, err := Create(ctx, o)
 	if err != nil {
 		n.Ranges.Release(o.UIDBase, o.ID)

@@ -24,39 +24,59 @@ func groupName(instance, id string) (string, error) {
 	if instance == "" {
 		return name, nil
 	}
-	parent := "kiln-" + instance
-	if err := makeInstanceGroup(parent); err != nil {
+	if err := makeInstanceGroup(instance); err != nil {
 		return "", err
 	}
-	return filepath.Join(parent, name), nil
+	return filepath.Join("kiln-"+instance, name), nil
 }
 
-// makeInstanceGroup makes the group of an instance, parent, in kilnd's own
-// v2 group and in each of its v1 groups of the controllers limits use; on
-// a pure v2 host it enables for its children the controllers kilnd's
-// group enables for it.
-func makeInstanceGroup(parent string) error {
+// instanceDirs are the groups of instance: in kilnd's own v2 group, then
+// (on a hybrid host) in each of its v1 groups of the controllers limits
+// use. pure says the host is pure v2.
+func instanceDirs(instance string) (dirs []string, pure bool, err error) {
 	own2, own1, err := ownCgroups()
 	if err != nil {
-		return fmt.Errorf("sandbox: read own cgroups: %w", err)
+		return nil, false, fmt.Errorf("sandbox: read own cgroups: %w", err)
 	}
 	mount, pure := v2Mount()
 	if mount == "" {
-		return errors.New("sandbox: no cgroup v2 hierarchy is mounted (needed to kill a sandbox's every process at once)")
+		return nil, false, errors.New("sandbox: no cgroup v2 hierarchy is mounted (needed to kill a sandbox's every process at once)")
 	}
 	v2 := filepath.Join(mount, own2)
 	if pure {
 		if v2, err = v2Parent(); err != nil {
-			return err
+			return nil, false, err
 		}
 	}
-	dirs := []string{filepath.Join(v2, parent)}
+	name := "kiln-" + instance
+	dirs = []string{filepath.Join(v2, name)}
 	if !pure {
 		for _, ctrl := range sandboxControllers {
 			if own, ok := own1[ctrl]; ok {
-				dirs = append(dirs, filepath.Join(cgroupRoot, ctrl, own, parent))
+				dirs = append(dirs, filepath.Join(cgroupRoot, ctrl, own, name))
 			}
 		}
+	}
+	return dirs, pure, nil
+}
+
+// instanceGroup is the v2 group of instance, which holds a group for each
+// of its sandboxes; empty if there is none to be had.
+func instanceGroup(instance string) string {
+	dirs, _, err := instanceDirs(instance)
+	if err != nil {
+		return ""
+	}
+	return dirs[0]
+}
+
+// makeInstanceGroup makes the groups of instance; on a pure v2 host it
+// enables for their children the controllers kilnd's group enables for
+// it.
+func makeInstanceGroup(instance string) error {
+	dirs, pure, err := instanceDirs(instance)
+	if err != nil {
+		return err
 	}
 	for _, dir := range dirs {
 		if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
@@ -72,6 +92,22 @@ func makeInstanceGroup(parent string) error {
 	return nil
 }
 
+// removeInstanceGroup removes the groups of instance if no sandbox's are
+// left in them (a kilnd that stops leaves its running sandboxes' there,
+// and the groups with them).
+func removeInstanceGroup(instance string) {
+	if instance == "" {
+		return
+	}
+	dirs, _, err := instanceDirs(instance)
+	if err != nil {
+		return
+	}
+	for _, dir := range dirs {
+		unix.Rmdir(dir) // refused while a sandbox's group is in it
+	}
+}
+
 // endLeftover ends the groups a create of sandbox id interrupted by a
 // crash left, wherever its kilnd made them: in its instance's group, or
 // (a kilnd older than instances) in its own.
@@ -81,36 +117,4 @@ func endLeftover(instance, id string) error {
 		errs = append(errs, EndLeftover(filepath.Join("kiln-"+instance, "kiln-"+id)))
 	}
 	return errors.Join(append(errs, EndLeftover("kiln-"+id))...)
-}
-
-// removeInstanceGroup removes the groups of instance if no sandbox's are
-// left in them (a kilnd that stops leaves its running sandboxes' there,
-// and the groups with them).
-func removeInstanceGroup(instance string) {
-	if instance == "" {
-		return
-	}
-	own2, own1, err := ownCgroups()
-	if err != nil {
-		return
-	}
-	mount, pure := v2Mount()
-	if mount == "" {
-		return
-	}
-	v2 := filepath.Join(mount, own2)
-	if pure {
-		if v2, err = v2Parent(); err != nil {
-			return
-		}
-	}
-	dirs := []string{filepath.Join(v2, "kiln-"+instance)}
-	for _, ctrl := range sandboxControllers {
-		if own, ok := own1[ctrl]; ok && !pure {
-			dirs = append(dirs, filepath.Join(cgroupRoot, ctrl, own, "kiln-"+instance))
-		}
-	}
-	for _, dir := range dirs {
-		unix.Rmdir(dir) // refused while a sandbox's group is in it
-	}
 }

@@ -226,7 +226,9 @@ func (g *GVisor) Create(ctx context.Context, o Options) (_ Instance, err error) 
 	if err := os.Mkdir(o.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
-	o.UIDBase = g.Ranges.Claim(o.ID)
+	if o.UIDBase, err = g.Ranges.Claim(o.ID); err != nil {
+		return nil, err
+	}
 	sb := &guestSandbox{Sandbox: Sandbox{ID: o.ID, Dir: o.Dir, UIDBase: o.UIDBase, ranges: g.Ranges}, Container: "kiln-" + o.ID, Root: g.Root, g: g}
 	cleanup := []func(){func() { g.Ranges.Release(o.UIDBase, o.ID) }}
 	defer func() {
