@@ -65,11 +65,12 @@ func Register(dir string, me Claim, attached map[string]Attachment) (*Registrati
 	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX); err != nil {
 		return nil, fmt.Errorf("egress: registry: %w", err)
 	}
-	others, own, err := readClaims(dir, me)
+	c, chains := readChains()
+	others, own, err := readClaims(dir, me, usedTables(chains))
 	if err != nil {
 		return nil, err
 	}
-	legacy, err := legacyRange(attached)
+	legacy, err := legacyRange(c, chains, attached)
 	if err != nil {
 		return nil, err
 	}
@@ -108,14 +109,10 @@ func Register(dir string, me Claim, attached map[string]Attachment) (*Registrati
 // those that no longer do, and returns those of other instances and the
 // range this one had, if any. Claims of this state directory under
 // another name are this instance's former ones: forgotten.
-func readClaims(dir string, me Claim) (others []Claim, own netip.Prefix, err error) {
+func readClaims(dir string, me Claim, tables map[string]bool) (others []Claim, own netip.Prefix, err error) {
 	ents, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, netip.Prefix{}, fmt.Errorf("egress: registry: %w", err)
-	}
-	tables, err := usedTables()
-	if err != nil {
-		return nil, netip.Prefix{}, err
 	}
 	for _, e := range ents {
 		name, ok := strings.CutSuffix(e.Name(), ".json")
@@ -155,37 +152,36 @@ func running(path string) bool {
 	return unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) != nil
 }
 
-// usedTables are the kilnd tables that hold a sandbox's rules.
-func usedTables() (map[string]bool, error) {
+// readChains lists the host's inet chains. Where nftables cannot be read
+// (a kernel without it) there are none, and no kilnd's rules: egress
+// fails there at its first use, saying why, and kilnd runs on without.
+func readChains() (*nftables.Conn, []*nftables.Chain) {
 	c, err := nftables.New()
 	if err != nil {
-		return nil, fmt.Errorf("egress: nftables: %w", err)
+		return nil, nil
 	}
 	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyINet)
 	if err != nil {
-		return nil, fmt.Errorf("egress: list the nftables chains: %w", err)
+		return nil, nil
 	}
+	return c, chains
+}
+
+// usedTables are the kilnd tables that hold a sandbox's rules.
+func usedTables(chains []*nftables.Chain) map[string]bool {
 	used := map[string]bool{}
 	for _, ch := range chains {
 		if isKilndTable(ch.Table) && strings.HasPrefix(ch.Name, sandboxChainPrefix) {
 			used[ch.Table.Name] = true
 		}
 	}
-	return used, nil
+	return used
 }
 
 // legacyRange is the range of the table all kilnds shared before
 // instances, if that table holds rules for a link not in attached: a
 // kilnd of that age runs beside this one, or its sandboxes do.
-func legacyRange(attached map[string]Attachment) (netip.Prefix, error) {
-	c, err := nftables.New()
-	if err != nil {
-		return netip.Prefix{}, fmt.Errorf("egress: nftables: %w", err)
-	}
-	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyINet)
-	if err != nil {
-		return netip.Prefix{}, fmt.Errorf("egress: list the nftables chains: %w", err)
-	}
+func legacyRange(c *nftables.Conn, chains []*nftables.Chain, attached map[string]Attachment) (netip.Prefix, error) {
 	mine := map[string]bool{}
 	for _, a := range attached {
 		mine[a.Iface] = true
