@@ -102,9 +102,9 @@ func TestRegister(t *testing.T) {
 	}
 	a := must("a", "/state/a", "", "10.200.0.0/16")
 	b := must("b", "/state/b", "", "10.201.0.0/16")
-	refused("c", "/state/c", "10.200.128.0/24", nil, `"a"`, "/state/a", "10.200.0.0/16")
+	refused("c", "/state/c", "10.200.128.0/24", nil, `range 10.200.128.0/24 overlaps 10.200.0.0/16, the range of kilnd instance "a" (state directory /state/a)`)
 	refused("c", "/state/c", "10.0.0.0/8", nil, "overlaps")
-	refused("a", "/state/other", "", nil, `"a" runs already`, "/state/a")
+	refused("a", "/state/other", "", nil, `kilnd instance "a" (state directory /state/a) runs already`)
 	c := must("c", "/state/c", "10.202.0.0/24", "10.202.0.0/24")
 	c.Close()
 
@@ -136,7 +136,7 @@ func TestRegister(t *testing.T) {
 
 	// The table of a kilnd older than instances, with a sandbox's rules.
 	legacy := legacyTable(t, "0123456789ab", netip.MustParsePrefix("10.220.0.0/16"))
-	refused("e", "/state/e", "10.220.3.0/24", nil, "older than instances", "10.220.0.0/16")
+	refused("e", "/state/e", "10.220.3.0/24", nil, "overlaps 10.220.0.0/16, the range of a kilnd older than instances (its table inet kiln)")
 	mine := map[string]egress.Attachment{"0190eeee-0000-7000-8000-0123456789ab": {Iface: "kv-0123456789ab",
 		Host: netip.MustParseAddr("10.220.0.1"), Addr: netip.MustParseAddr("10.220.0.2"), Policy: api.Network{Egress: api.EgressAllow}}}
 	e, err := reg("e", "/state/e", "10.220.0.0/16", mine)

@@ -22,6 +22,15 @@ type Claim struct {
 	Range    netip.Prefix `json:"range"`
 }
 
+// who names the kilnd that made the claim, in an error; one with no
+// instance stands for a kilnd older than instances, its table's.
+func (c Claim) who() string {
+	if c.Instance == "" {
+		return "a kilnd older than instances (its table inet " + legacyTable + ")"
+	}
+	return fmt.Sprintf("kilnd instance %q (state directory %s)", c.Instance, c.StateDir)
+}
+
 // Registration is a running kilnd's claim. It holds a shared lock on its
 // file, which tells every other kilnd that it runs, until Close; the file
 // stays, for its next start to keep the range.
@@ -74,23 +83,23 @@ func Register(dir string, me Claim, attached map[string]Attachment) (*Registrati
 	if err != nil {
 		return nil, err
 	}
-	if legacy.IsValid() {
-		others = append(others, Claim{Instance: "(a kilnd older than instances, table inet " + legacyTable + ")", Range: legacy})
-	}
 	for _, o := range others {
-		if o.Instance == me.Instance {
-			return nil, fmt.Errorf("egress: kilnd instance %q runs already, on state directory %s: give this one another name (--instance)", me.Instance, o.StateDir)
+		switch {
+		case o.Instance == me.Instance:
+			return nil, fmt.Errorf("egress: %s runs already: give this one another name (--instance)", o.who())
+		case IfacePrefix(o.Instance) == IfacePrefix(me.Instance):
+			return nil, fmt.Errorf("egress: the links of kilnd instance %q and of %s would have the same names (%s…): give this one another name (--instance)",
+				me.Instance, o.who(), IfacePrefix(me.Instance))
 		}
-		if IfacePrefix(o.Instance) == IfacePrefix(me.Instance) {
-			return nil, fmt.Errorf("egress: the links of kilnd instances %q and %q (state directory %s) would have the same names (%s…): give this one another name (--instance)",
-				me.Instance, o.Instance, o.StateDir, IfacePrefix(me.Instance))
-		}
+	}
+	if legacy.IsValid() {
+		others = append(others, Claim{Range: legacy})
 	}
 	if me.Range.IsValid() {
 		me.Range = me.Range.Masked()
 		if o, ok := overlapping(me.Range, others); ok {
-			return nil, fmt.Errorf("egress: range %s overlaps %s, kilnd instance %q's (state directory %s): give another (--egress-range), or none for a free one",
-				me.Range, o.Range, o.Instance, o.StateDir)
+			return nil, fmt.Errorf("egress: range %s overlaps %s, the range of %s: give another (--egress-range), or none for a free one",
+				me.Range, o.Range, o.who())
 		}
 	} else {
 		me.Range, err = freeRange(own, others)
