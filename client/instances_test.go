@@ -27,7 +27,7 @@ func TestThreeKilnds(t *testing.T) {
 		return
 	}
 	up := egresstest.StartUpstream(t)
-	registry := t.TempDir()
+	claims := t.TempDir()
 	type node struct {
 		cfg  daemon.Config
 		k    *daemontest.Kilnd // nil while stopped
@@ -38,7 +38,7 @@ func TestThreeKilnds(t *testing.T) {
 	}
 	var nodes [3]*node
 	for i := range nodes {
-		nodes[i] = &node{cfg: daemon.Config{StateDir: t.TempDir(), Listen: "0.0.0.0:0", EgressDNS: []netip.Addr{up.Addr}, Registry: registry}}
+		nodes[i] = &node{cfg: daemon.Config{StateDir: t.TempDir(), Listen: "0.0.0.0:0", EgressDNS: []netip.Addr{up.Addr}, ClaimsDir: claims}}
 	}
 	ctx := ctxT(t)
 	t.Cleanup(func() {
@@ -163,7 +163,7 @@ func TestThreeKilnds(t *testing.T) {
 			// A fourth kilnd asking for the second's range is refused,
 			// the second named.
 			taken := nodes[1].k.Daemon.EgressRange()
-			_, err := daemontest.StartConfig(daemon.Config{StateDir: t.TempDir(), EgressRange: taken, EgressDNS: []netip.Addr{up.Addr}, Registry: registry})
+			_, err := daemontest.StartConfig(daemon.Config{StateDir: t.TempDir(), EgressRange: taken, EgressDNS: []netip.Addr{up.Addr}, ClaimsDir: claims})
 			if err == nil || !strings.Contains(err.Error(), nodes[1].k.Daemon.Instance()) || !strings.Contains(err.Error(), "overlaps") {
 				t.Fatalf("a kilnd asking for %s, another's range: %v; want refused, naming %s", taken, err, nodes[1].k.Daemon.Instance())
 			}

@@ -104,9 +104,9 @@ type Config struct {
 	// (empty: the host's, egress.HostResolvers).
 	EgressRange netip.Prefix
 	EgressDNS   []netip.Addr
-	// Registry is where the kilnds of the host claim their egress ranges
-	// and uid windows (empty: DefaultRegistry).
-	Registry string
+	// ClaimsDir is where the kilnds of the host claim their egress ranges
+	// and uid windows (empty: DefaultClaimsDir).
+	ClaimsDir string
 	// InsecureRegistries are the registries (host or host:port) images
 	// are pulled from over plain HTTP, beside those on loopback addresses.
 	InsecureRegistries []string
@@ -310,9 +310,9 @@ func New(cfg Config) (_ *Daemon, err error) {
 	if err := os.MkdirAll(filepath.Join(cfg.StateDir, sandboxesDir), 0o700); err != nil {
 		return nil, fmt.Errorf("kilnd: state directory: %w", err)
 	}
-	fi, serr := os.Lstat(cfg.StateDir)
-	if serr != nil {
-		return nil, fmt.Errorf("kilnd: state directory: %w", serr)
+	fi, err := os.Lstat(cfg.StateDir)
+	if err != nil {
+		return nil, fmt.Errorf("kilnd: state directory: %w", err)
 	}
 	if !fi.IsDir() {
 		return nil, fmt.Errorf("kilnd: state directory %s is not a directory (a symbolic link is refused)", cfg.StateDir)
@@ -342,7 +342,7 @@ func New(cfg Config) (_ *Daemon, err error) {
 	if err := sandbox.PrepareCgroups(); err != nil {
 		return nil, fmt.Errorf("kilnd: %w", err)
 	}
-	uids, err := sandbox.ClaimUIDs(filepath.Join(cmp.Or(cfg.Registry, DefaultRegistry), "uids"), cfg.Instance, canonical(cfg.StateDir))
+	uids, err := sandbox.ClaimUIDs(filepath.Join(cmp.Or(cfg.ClaimsDir, DefaultClaimsDir), "uids"), cfg.Instance, canonical(cfg.StateDir))
 	if err != nil {
 		return nil, fmt.Errorf("kilnd: %w", err)
 	}

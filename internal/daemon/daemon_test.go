@@ -53,7 +53,7 @@ const (
 
 func serveForever(state, listen string) int {
 	exe, _ := os.Executable()
-	d, err := daemon.New(daemon.Config{StateDir: state, Listen: listen, Exe: exe, Env: env, Registry: filepath.Join(state, "registry")})
+	d, err := daemon.New(daemon.Config{StateDir: state, Listen: listen, Exe: exe, Env: env, ClaimsDir: filepath.Join(state, "claims")})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

@@ -23,11 +23,11 @@ import (
 // claimed in a registry under /run (egress.Register, sandbox.ClaimUIDs),
 // where no other instance's may overlap them.
 
-// DefaultRegistry is where the kilnds of a host claim their egress ranges
-// and windows of host uids (in egress and uids): under /run, so that the
-// claims end with the boot, as the sandboxes, links and rules they
-// describe do.
-const DefaultRegistry = "/run/sandkiln"
+// DefaultClaimsDir is where the kilnds of a host claim their egress
+// ranges and windows of host uids (in egress and uids): under /run, so
+// that the claims end with the boot, as the sandboxes, links and rules
+// they describe do.
+const DefaultClaimsDir = "/run/sandkiln"
 
 // DefaultInstance is the name of the instance a kilnd on stateDir is
 // unless told otherwise: the directory's base name, made fit for a name
@@ -84,7 +84,7 @@ func ValidateInstance(name string) error {
 // network that outlived the last kilnd are known: a range that overlaps
 // another kilnd's is refused, with its name.
 func (d *Daemon) registerEgress() error {
-	dir := filepath.Join(cmp.Or(d.cfg.Registry, DefaultRegistry), "egress")
+	dir := filepath.Join(cmp.Or(d.cfg.ClaimsDir, DefaultClaimsDir), "egress")
 	d.netMu.Lock()
 	adopted := maps.Clone(d.adopted)
 	d.netMu.Unlock()

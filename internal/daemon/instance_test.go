@@ -40,7 +40,7 @@ func TestSecondKilndOnTheStateDir(t *testing.T) {
 	sb := k.sandbox()
 	var log lockedBuffer
 	exe, _ := os.Executable()
-	cfg := daemon.Config{StateDir: k.state, Exe: exe, Env: env, Log: slog.New(slog.NewTextHandler(&log, nil)), Registry: filepath.Join(k.state, "registry")}
+	cfg := daemon.Config{StateDir: k.state, Exe: exe, Env: env, Log: slog.New(slog.NewTextHandler(&log, nil)), ClaimsDir: filepath.Join(k.state, "claims")}
 	if d, err := daemon.New(cfg); err == nil {
 		d.Close()
 		t.Fatal("a second kilnd started on a state directory in use")

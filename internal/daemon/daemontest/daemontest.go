@@ -41,10 +41,10 @@ func Start(state, listen string) (*Kilnd, error) {
 }
 
 // StartConfig is Start with more of kilnd's configuration; what it leaves
-// out is the tests' (the agent the test binary, Env, runsc in PATH, a
-// registry of instances in the state directory, never the host's, and in a
+// out is the tests' (the agent the test binary, Env, runsc in PATH, the
+// instances' claims in the state directory, never the host's, and in a
 // test binary the OpenAPI validator as its Wrap). Kilnds that are to see
-// each other's egress ranges and uid windows are given one registry.
+// each other's egress ranges and uid windows are given one ClaimsDir.
 func StartConfig(cfg daemon.Config) (*Kilnd, error) {
 	if os.Geteuid() != 0 {
 		return nil, errors.New("kilnd needs root")
@@ -55,8 +55,8 @@ func StartConfig(cfg daemon.Config) (*Kilnd, error) {
 	if cfg.Env == nil {
 		cfg.Env = Env
 	}
-	if cfg.Registry == "" {
-		cfg.Registry = filepath.Join(cfg.StateDir, "registry")
+	if cfg.ClaimsDir == "" {
+		cfg.ClaimsDir = filepath.Join(cfg.StateDir, "claims")
 	}
 	if cfg.Runsc == "" {
 		// gVisor where runsc is in PATH (and new enough: daemon.Backends).
