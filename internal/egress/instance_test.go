@@ -293,7 +293,7 @@ func TestInstancesApart(t *testing.T) {
 
 	// A sandbox of a kilnd older than instances: its link and the shared
 	// table it made.
-	old := egress.Attachment{Iface: "kv-0123456789ab", Host: netip.MustParseAddr("10.200.255.1"), Addr: netip.MustParseAddr("10.200.255.2"),
+	old := egress.Attachment{Iface: "kv-0123456789ab", Host: netip.MustParseAddr("10.250.0.1"), Addr: netip.MustParseAddr("10.250.0.2"),
 		Policy: api.Network{Egress: api.EgressAllow}}
 	no := egresstest.NewNetns(t)
 	if err := ma.Attach(no, old); err != nil {
