@@ -603,11 +603,11 @@ const (
 // allow list, the sandbox gets an interface (eth0) with an address from
 // kilnd's range, a route out through the host (NAT), and a resolv.conf
 // naming the host's resolvers; its traffic is filtered in this order:
-// Deny refused, the resolvers (port 53) reached, Allow reached, the
-// host's own addresses and the private, loopback, link-local, shared
-// and multicast ranges refused, then the rest reached with egress
-// "allow" and refused with "none". kilnd's own TCP port is never
-// reached. IPv4 only; both runtimes.
+// Deny refused, the resolvers (port 53) reached, the host's own
+// addresses refused whatever Allow says (so no kilnd's API port is ever
+// reached), Allow reached, the private, loopback, link-local, shared and
+// multicast ranges refused, then the rest reached with egress "allow"
+// and refused with "none". IPv4 only; both runtimes.
 type Network struct {
 	// Egress is "none" (the default: only Allow) or "allow" (everything
 	// but the refused above).
