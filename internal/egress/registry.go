@@ -6,13 +6,13 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
-	"golang.org/x/sys/unix"
+
+	"github.com/sandkiln/sandkiln/internal/claims"
 )
 
 // Claim is what a kilnd instance records of itself in the registry.
@@ -61,21 +61,15 @@ func Register(dir string, me Claim, attached map[string]Attachment) (*Registrati
 	if err := CheckInstance(me.Instance); err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("egress: registry: %w", err)
-	}
-	lock, err := os.OpenFile(filepath.Join(dir, ".lock"), os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("egress: registry: %w", err)
-	}
-	defer lock.Close()
-	// Held while the claims are read and this one written: two kilnds
+	// Locked while the claims are read and this one written: two kilnds
 	// starting at once take turns.
-	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX); err != nil {
-		return nil, fmt.Errorf("egress: registry: %w", err)
+	reg, err := claims.Open(dir)
+	if err != nil {
+		return nil, fmt.Errorf("egress: %w", err)
 	}
+	defer reg.Close()
 	c, chains := readChains()
-	others, own, err := readClaims(dir, me, usedTables(chains))
+	others, own, err := readClaims(reg, me, usedTables(chains))
 	if err != nil {
 		return nil, err
 	}
@@ -107,9 +101,9 @@ func Register(dir string, me Claim, attached map[string]Attachment) (*Registrati
 			return nil, err
 		}
 	}
-	f, err := writeClaim(dir, me)
+	f, err := reg.Write(me.Instance, me)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("egress: %w", err)
 	}
 	return &Registration{Claim: me, f: f}, nil
 }
@@ -118,47 +112,27 @@ func Register(dir string, me Claim, attached map[string]Attachment) (*Registrati
 // those that no longer do, and returns those of other instances and the
 // range this one had, if any. Claims of this state directory under
 // another name are this instance's former ones: forgotten.
-func readClaims(dir string, me Claim, tables map[string]bool) (others []Claim, own netip.Prefix, err error) {
-	ents, err := os.ReadDir(dir)
+func readClaims(dir *claims.Dir, me Claim, tables map[string]bool) (others []Claim, own netip.Prefix, err error) {
+	all, err := dir.List()
 	if err != nil {
-		return nil, netip.Prefix{}, fmt.Errorf("egress: registry: %w", err)
+		return nil, netip.Prefix{}, fmt.Errorf("egress: %w", err)
 	}
-	for _, e := range ents {
-		name, ok := strings.CutSuffix(e.Name(), ".json")
-		if !ok || strings.HasPrefix(name, ".") {
-			continue
-		}
-		path := filepath.Join(dir, e.Name())
-		b, err := os.ReadFile(path)
+	for _, f := range all {
 		var c Claim
-		if err == nil {
-			err = json.Unmarshal(b, &c)
-		}
-		if err != nil || c.Instance != name || !c.Range.IsValid() {
+		if json.Unmarshal(f.Data, &c) != nil || c.Instance != f.Name || !c.Range.IsValid() {
 			continue // not a claim: left as it is
 		}
 		if c.Instance == me.Instance && c.StateDir == me.StateDir {
 			own = c.Range
 			continue
 		}
-		if c.StateDir == me.StateDir || !running(path) && !tables[TableName(c.Instance)] {
-			os.Remove(path)
+		if c.StateDir == me.StateDir || !f.Held() && !tables[TableName(c.Instance)] {
+			dir.Remove(f)
 			continue
 		}
 		others = append(others, c)
 	}
 	return others, own, nil
-}
-
-// running says whether the kilnd that made the claim at path still runs:
-// it holds a shared lock on the file, and an exclusive one is refused.
-func running(path string) bool {
-	f, err := os.Open(path)
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	return unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) != nil
 }
 
 // readChains lists the host's inet chains. Where nftables cannot be read
@@ -266,31 +240,4 @@ func freeRange(own netip.Prefix, others []Claim) (netip.Prefix, error) {
 		b[1]++
 		p = netip.PrefixFrom(netip.AddrFrom4(b), 16)
 	}
-}
-
-// writeClaim writes me's claim (a temporary file renamed over it) and
-// returns it open, with the shared lock that says this kilnd runs.
-func writeClaim(dir string, me Claim) (*os.File, error) {
-	b, err := json.Marshal(me)
-	if err != nil {
-		return nil, err
-	}
-	path := filepath.Join(dir, me.Instance+".json")
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, append(b, '\n'), 0o600); err != nil {
-		return nil, fmt.Errorf("egress: registry: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
-		return nil, fmt.Errorf("egress: registry: %w", err)
-	}
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("egress: registry: %w", err)
-	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_SH); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("egress: registry: %w", err)
-	}
-	return f, nil
 }

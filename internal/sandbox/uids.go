@@ -4,10 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"path/filepath"
-	"strings"
 
-	"golang.org/x/sys/unix"
+	"github.com/sandkiln/sandkiln/internal/claims"
 )
 
 // The host's uids are shared by every kilnd on it. Each kilnd instance
@@ -53,51 +51,36 @@ func (r *UIDRegistration) Close() error { return r.f.Close() }
 // first free one. Another instance's claim holds while its kilnd runs or
 // a sandbox's group is in its instance's group; the others are forgotten.
 func ClaimUIDs(dir, instance, stateDir string) (*UIDRegistration, error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("sandbox: uid registry: %w", err)
-	}
-	lock, err := os.OpenFile(filepath.Join(dir, ".lock"), os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC, 0o600)
+	reg, err := claims.Open(dir)
 	if err != nil {
-		return nil, fmt.Errorf("sandbox: uid registry: %w", err)
+		return nil, fmt.Errorf("sandbox: uids: %w", err)
 	}
-	defer lock.Close()
-	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX); err != nil {
-		return nil, fmt.Errorf("sandbox: uid registry: %w", err)
-	}
-	ents, err := os.ReadDir(dir)
+	defer reg.Close()
+	all, err := reg.List()
 	if err != nil {
-		return nil, fmt.Errorf("sandbox: uid registry: %w", err)
+		return nil, fmt.Errorf("sandbox: uids: %w", err)
 	}
-	taken := map[int]string{}
+	taken := map[int]bool{}
 	own := -1
-	for _, e := range ents {
-		name, ok := strings.CutSuffix(e.Name(), ".json")
-		if !ok || strings.HasPrefix(name, ".") {
-			continue
-		}
-		path := filepath.Join(dir, e.Name())
-		b, err := os.ReadFile(path)
+	for _, f := range all {
 		var c UIDClaim
-		if err == nil {
-			err = json.Unmarshal(b, &c)
-		}
-		if err != nil || c.Instance != name || c.Window < 0 || c.Window >= uidWindows {
+		if json.Unmarshal(f.Data, &c) != nil || c.Instance != f.Name || c.Window < 0 || c.Window >= uidWindows {
 			continue // not a claim: left as it is
 		}
 		switch {
 		case c.Instance == instance && c.StateDir == stateDir:
 			own = c.Window
-		case c.StateDir == stateDir || !claimHeld(path) && !hasGroups(c.Cgroup):
-			os.Remove(path)
+		case c.StateDir == stateDir || !f.Held() && !hasGroups(c.Cgroup):
+			reg.Remove(f)
 		default:
-			taken[c.Window] = fmt.Sprintf("kilnd instance %q (state directory %s)", c.Instance, c.StateDir)
+			taken[c.Window] = true
 		}
 	}
 	me := UIDClaim{Instance: instance, StateDir: stateDir, Window: own, Cgroup: instanceGroup(instance)}
-	if _, ok := taken[own]; ok || own < 0 {
+	if own < 0 || taken[own] {
 		me.Window = -1
 		for w := range uidWindows {
-			if _, ok := taken[w]; !ok {
+			if !taken[w] {
 				me.Window = w
 				break
 			}
@@ -106,23 +89,11 @@ func ClaimUIDs(dir, instance, stateDir string) (*UIDRegistration, error) {
 			return nil, fmt.Errorf("sandbox: no free window of host uids: %d kilnds have them all", len(taken))
 		}
 	}
-	f, err := writeUIDClaim(dir, me)
+	f, err := reg.Write(instance, me)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("sandbox: uids: %w", err)
 	}
 	return &UIDRegistration{UIDClaim: me, f: f}, nil
-}
-
-// claimHeld says whether the kilnd that made the claim at path still
-// runs: it holds a shared lock on the file, and an exclusive one is
-// refused.
-func claimHeld(path string) bool {
-	f, err := os.Open(path)
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	return unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) != nil
 }
 
 // hasGroups says whether the group dir has a group in it.
@@ -137,29 +108,4 @@ func hasGroups(dir string) bool {
 		}
 	}
 	return false
-}
-
-func writeUIDClaim(dir string, me UIDClaim) (*os.File, error) {
-	b, err := json.Marshal(me)
-	if err != nil {
-		return nil, err
-	}
-	path := filepath.Join(dir, me.Instance+".json")
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, append(b, '\n'), 0o600); err != nil {
-		return nil, fmt.Errorf("sandbox: uid registry: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
-		return nil, fmt.Errorf("sandbox: uid registry: %w", err)
-	}
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("sandbox: uid registry: %w", err)
-	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_SH); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("sandbox: uid registry: %w", err)
-	}
-	return f, nil
 }
