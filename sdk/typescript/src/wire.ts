@@ -121,7 +121,7 @@ export interface paths {
         put?: never;
         /**
          * create a sandbox
-         * @description A name, when given, must be free: one a sandbox not deleted has is refused 409 (already_exists), and nothing is made.
+         * @description The request is checked whole before anything is made: a value out of its range (see Limits, CreateSandbox, ExecRequest, LogRotation) is refused with 400 invalid_argument naming the field, the range and the value; a rootfs or image that is not there, 404; a disk larger than the filesystem of kilnd's state directory, or one that cannot be made for want of space, 507 no_space. A name, when given, must be free: one a sandbox not deleted has is refused 409 (already_exists), and nothing is made. No answer names a path of the host's or carries the kernel's words: a failure of the host's is 503 (or 507 for want of space), and kilnd's log says why.
          */
         post: operations["createSandbox"];
         delete?: never;
@@ -144,7 +144,10 @@ export interface paths {
         get: operations["getSandbox"];
         put?: never;
         post?: never;
-        /** delete a sandbox; everything in it is killed, its captured logs kept unless remove_logs */
+        /**
+         * delete a sandbox; everything in it is killed, its captured logs kept unless remove_logs
+         * @description The sandbox is deleted at once: from the answer on no list shows it and no call reaches it (its exact id still reads its captured logs, for kilnd's --keep-deleted, 24 h by default; then they are removed with its record). What is left to do on the host (its processes killed, its cgroups, disk, network and files removed, its record written) is finished before the answer when it can be; when it cannot (kilnd's state directory full, say), kilnd retries it until it is done, and again after a restart.
+         */
         delete: operations["deleteSandbox"];
         options?: never;
         head?: never;
@@ -785,7 +788,7 @@ export interface components {
             message: string;
         };
         /**
-         * @description each code has one status: invalid_argument 400, unauthenticated 401, permission_denied 403, not_found 404, method_not_allowed 405, already_exists 409, failed_precondition 412, too_large 413, out_of_range 416 (output evicted before the offset asked for), internal 500, outcome_unknown 502 (the sandbox's agent took the request and no answer came back: it may or may not have taken effect), bad_gateway 502 (a sandbox's port answered badly, or nothing listens on it), unavailable 503, no_space 507 (what was to be written does not fit in the space left: a sandbox's disk, its quota), command_not_found 400 and not_executable 400 (a process's program is not there, or cannot be run)
+         * @description each code has one status: invalid_argument 400, unauthenticated 401, permission_denied 403, not_found 404, method_not_allowed 405, already_exists 409, failed_precondition 412, too_large 413, out_of_range 416 (output evicted before the offset asked for), internal 500, outcome_unknown 502 (the sandbox's agent took the request and no answer came back: it may or may not have taken effect), bad_gateway 502 (a sandbox's port answered badly, or nothing listens on it), unavailable 503, no_space 507 (what was to be written, or asked for, does not fit in the space there is: a sandbox's disk, its quota, kilnd's state directory), command_not_found 400 and not_executable 400 (a process's program is not there, or cannot be run)
          * @enum {string}
          */
         ErrorCode: "invalid_argument" | "unauthenticated" | "permission_denied" | "not_found" | "method_not_allowed" | "already_exists" | "failed_precondition" | "too_large" | "out_of_range" | "internal" | "outcome_unknown" | "bad_gateway" | "unavailable" | "command_not_found" | "not_executable" | "no_space";
@@ -853,12 +856,15 @@ export interface components {
             dir: string;
             seq: number;
         };
-        /** @description In a create request, a limit left out is kilnd's default (--default-memory 1GiB, --default-pids 1024, --default-cpus 1, --default-disk 10GiB unless kilnd was told otherwise) and 0 is none. In a sandbox, the limits it has (0 or left out: none). */
+        /** @description In a create request, a limit left out is kilnd's default (--default-memory 1GiB, --default-pids 1024, --default-cpus 1, --default-disk 10GiB unless kilnd was told otherwise) and 0 is none; any other value must be within its range, or the create is refused with 400 invalid_argument naming the field, the range and the value. In a sandbox, the limits it has (0 or left out: none). */
         Limits: {
+            /** @description 4194304 (4 MiB) to the host's memory, or 0 for none */
             memory_bytes?: number;
+            /** @description the tasks (processes and threads) of the sandbox's processes at once: 1 to 4194304 (the kernel's most process IDs), or 0 for none */
             pids?: number;
+            /** @description cores for the sandbox's processes (its agent has a core more): 0.01 (the kernel's least quota, 1 ms in every 100 ms) to the host's CPUs, or 0 for none */
             cpus?: number;
-            /** @description the size of the sandbox's disk, which holds /workspace and an image's writable layer */
+            /** @description the size of the sandbox's disk, which holds /workspace and an image's writable layer: 67108864 (64 MiB) to 17592186044416 (16 TiB), or 0 for none; one larger than the filesystem of kilnd's state directory is refused with 507 no_space */
             disk_bytes?: number;
         };
         CreateSandbox: {
@@ -866,10 +872,11 @@ export interface components {
             name?: string;
             /** @description default the name, or kiln- and the last 12 hex digits of the id */
             hostname?: string;
-            /** @description a root filesystem: a directory in kilnd's images directory (a name, or a path inside it); default the host's /usr and /etc read-only */
+            /** @description a root filesystem: a directory in kilnd's images directory (a name, or a path inside it; one that is not there is 404, one outside it 400); default the host's /usr and /etc read-only */
             rootfs?: string;
             limits?: components["schemas"]["Limits"];
             init?: components["schemas"]["ExecRequest"];
+            /** @description delete the sandbox (its captured logs kept) after this long without a request or an open watcher: 0 (never) to a year */
             idle_timeout_seconds?: number;
             /**
              * @description the kind of sandbox: Linux namespaces on the host's kernel (the default), or inside gVisor's kernel (runsc); kilnd --runtimes lists those the host has
@@ -1022,14 +1029,14 @@ export interface components {
             cols: number;
             rows: number;
         };
-        /** @description command is required but in a sandbox made from an image with an entrypoint or cmd: without one, the entrypoint runs with args, or, without args, with the image's cmd */
+        /** @description command is required but in a sandbox made from an image with an entrypoint or cmd: without one, the entrypoint runs with args, or, without args, with the image's cmd. Every field is checked before the process is started: a value out of its range is refused with 400 invalid_argument naming the field, the range and the value; a cwd that is not there, 404. */
         ExecRequest: {
             command?: string;
             args?: string[];
             env?: {
                 [key: string]: string;
             };
-            /** @description default the image's working directory, or /workspace */
+            /** @description default the image's working directory, or /workspace; one that is not there is 404, one that is not a directory 400 */
             cwd?: string;
             /** @description NAME, UID, NAME:GROUP or UID:GID of the sandbox's (its /etc/passwd and /etc/group), as docker exec --user; default the image's user, or root. A user other than root holds no capabilities */
             user?: string;
@@ -1045,7 +1052,7 @@ export interface components {
             flow: "drop" | "block";
             /** @description how long, in milliseconds, the output is read after the process exits while something it left behind (a background child) still holds it open: the output ends when its last writer closes it, or when this runs out, and the exit then says output_cut. What is left of the process's group is killed once the output has ended. 0 or left out: 3000. */
             drain_ms?: number;
-            /** @description finite exec only, 1 to 1048576 */
+            /** @description finite exec only: the output kept, both streams together, 1 to 1048576 (0 or left out: 1048576) */
             max_output_bytes?: number;
             /** @description finite exec only: kill the process after this long (0: never), at most 7 days */
             timeout_ms?: number;
@@ -1443,6 +1450,7 @@ export interface operations {
             413: components["responses"]["Error"];
             500: components["responses"]["Error"];
             503: components["responses"]["Error"];
+            507: components["responses"]["Error"];
         };
     };
     getSandbox: {
@@ -2517,7 +2525,9 @@ export interface operations {
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
             413: components["responses"]["Error"];
+            500: components["responses"]["Error"];
             503: components["responses"]["Error"];
+            507: components["responses"]["Error"];
         };
     };
     importImage: {
@@ -2533,7 +2543,7 @@ export interface operations {
             };
         };
         responses: {
-            /** @description one ImageProgress per line, the last one done (with the images) or error */
+            /** @description one ImageProgress per line, the last one done (with the images) or error; an error before the first layer (a tar that is not one, a store with no space left for it: 507 no_space) is answered with its own status instead */
             200: {
                 headers: {
                     [name: string]: unknown;
@@ -2546,6 +2556,8 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             413: components["responses"]["Error"];
+            500: components["responses"]["Error"];
+            507: components["responses"]["Error"];
         };
     };
     getImage: {
