@@ -66,12 +66,23 @@ type Cgroups struct {
 	// ProcsLeaf says V2 holds the agent and a procs child (a hybrid
 	// host; sandboxes made before it have neither).
 	ProcsLeaf bool `json:"procs_leaf,omitempty"`
+	// PidsLeaf says the procs leaf has a threaded child with the pids
+	// limit (a pure v2 host; sandboxes made before it have the limit on
+	// procs itself).
+	PidsLeaf bool `json:"pids_leaf,omitempty"`
 }
 
 // The leaves of a sandbox's v2 group on a pure v2 host.
 const (
 	agentLeaf = "agent"
 	procsLeaf = "procs"
+	// pidsLeaf is procs's threaded child with the pids limit: v2 counts a
+	// process's every thread in its process's group, unless the group is
+	// threaded, where each thread is in a group of its own. The spawner
+	// is in procs (its memory and CPU are the sandbox's), its forking
+	// thread in pids, and so is every process it starts; the limit holds
+	// them and that one thread, as v1's tasks files do.
+	pidsLeaf = "pids"
 )
 
 // agentCPUs is the CPU, in cores, that a sandbox with a CPU limit has
@@ -80,18 +91,16 @@ const (
 const agentCPUs = 1
 
 // spawnerTasks is what a sandbox's pids group holds of its spawner, which
-// starts its processes there: the limit written is the sandbox's and
-// this more, so that a limit of N lets the sandbox's own processes have N
-// tasks. On a host with v1 controllers the spawner's forking thread
-// alone joins the group; on a pure v2 host the whole spawner is in procs,
-// and its threads (five at rest, a few more while system calls block)
-// count.
-func spawnerTasks(pure bool) int64 {
-	if pure {
-		return 16
-	}
-	return 1
-}
+// starts its processes there: its forking thread. The limit written is
+// the sandbox's and this more, so that a limit of N lets the sandbox's
+// own processes have N tasks.
+const spawnerTasks = 1
+
+// oldSpawnerTasks is the same for a sandbox made on a pure v2 host before
+// its procs group had a threaded pids child: the whole spawner is in the
+// limited group, and its threads (five at rest, a few more while system
+// calls block) count.
+const oldSpawnerTasks = 16
 
 // cfsQuota is a CPU limit in cores as a quota of microseconds per
 // period of cfsPeriod.
@@ -117,9 +126,21 @@ func (c *Cgroups) procsDir2() string {
 	return ""
 }
 
+// pidsDir2 is the threaded v2 group with the pids limit, below procs, on
+// a pure v2 host; empty without a pids limit or on other hosts.
+func (c *Cgroups) pidsDir2() string {
+	if c.PidsLeaf {
+		return filepath.Join(c.V2, procsLeaf, pidsLeaf)
+	}
+	return ""
+}
+
 // procsDir is the group below V1[ctrl] (or, on a pure v2 host, below V2)
 // that holds the processes, if any.
 func (c *Cgroups) procsDir(ctrl string) string {
+	if c.PidsLeaf && ctrl == "pids" {
+		return c.pidsDir2()
+	}
 	if c.Leaves && (ctrl == "pids" || ctrl == "memory" || ctrl == "cpu") {
 		return c.procsDir2()
 	}
@@ -230,7 +251,18 @@ func newCgroups(name string, lim Limits) (*Cgroups, error) {
 			set(procs, "memory.swap.max", "0")
 		}
 		if lim.Pids > 0 {
-			if err := set(procs, "pids.max", strconv.FormatInt(lim.Pids+spawnerTasks(true), 10)); err != nil {
+			pids := filepath.Join(procs, pidsLeaf)
+			if err := os.Mkdir(pids, 0o755); err != nil {
+				return fail(fmt.Errorf("sandbox: make cgroup: %w", err))
+			}
+			cg.PidsLeaf = true
+			if err := set(pids, "cgroup.type", "threaded"); err != nil {
+				return fail(err)
+			}
+			if err := set(procs, "cgroup.subtree_control", "+pids"); err != nil {
+				return fail(err)
+			}
+			if err := set(pids, "pids.max", strconv.FormatInt(lim.Pids+spawnerTasks, 10)); err != nil {
 				return fail(err)
 			}
 		}
@@ -284,7 +316,7 @@ func newCgroups(name string, lim Limits) (*Cgroups, error) {
 		if err := os.Mkdir(cg.Procs, 0o755); err != nil {
 			return fail(fmt.Errorf("sandbox: make pids cgroup: %w", err))
 		}
-		if err := set(cg.Procs, "pids.max", strconv.FormatInt(lim.Pids+spawnerTasks(false), 10)); err != nil {
+		if err := set(cg.Procs, "pids.max", strconv.FormatInt(lim.Pids+spawnerTasks, 10)); err != nil {
 			return fail(err)
 		}
 	}
@@ -420,7 +452,7 @@ func (c *Cgroups) event(dir, line string) bool {
 // Destroy removes the groups. They must be empty.
 func (c *Cgroups) Destroy() error {
 	var errs []error
-	for _, dir := range []string{c.Procs, c.MemoryProcs, c.CPUProcs, c.procsDir2()} {
+	for _, dir := range []string{c.Procs, c.MemoryProcs, c.CPUProcs, c.pidsDir2(), c.procsDir2()} {
 		if dir == "" {
 			continue
 		}

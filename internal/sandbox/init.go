@@ -66,6 +66,10 @@ type AgentConfig struct {
 	// ProcsCgroup says fdProcsCgroup is passed: the sandbox's v2 procs
 	// group's cgroup.procs, which its spawner joins.
 	ProcsCgroup bool `json:"procs_cgroup,omitempty"`
+	// PidsThreads says fdPidsThreads is passed: the cgroup.threads of the
+	// threaded group below the v2 procs group that holds the pids limit
+	// on a pure v2 host, which its spawner's forking thread joins.
+	PidsThreads bool `json:"pids_threads,omitempty"`
 	// OOMEvents says fdOOMEvents is passed.
 	OOMEvents bool `json:"oom_events,omitempty"`
 	// CPULimited says fdCPUTasks and fdCPUProcs are passed: the sandbox's
@@ -151,7 +155,10 @@ const (
 	// fdProcsCgroup is the sandbox's v2 procs group's cgroup.procs: the
 	// spawner moves into it, and every process it starts is born there.
 	fdProcsCgroup = 13
-	fdLast        = fdProcsCgroup
+	// fdPidsThreads is the cgroup.threads file of the v2 pids group below
+	// procs, when pids are limited on a pure v2 host.
+	fdPidsThreads = 14
+	fdLast        = fdPidsThreads
 )
 
 // hostDirs are bound read-only from the host when no rootfs is given.
@@ -754,6 +761,12 @@ func Enter() (*Inside, error) {
 	// are in a group of their own, which kilnd freezes and kills at once.
 	if cfg.ProcsCgroup {
 		groups = append(groups, os.NewFile(fdProcsCgroup, "procs cgroup.procs"))
+	}
+	// Then its forking thread alone moves on, into the threaded group with
+	// the pids limit, where every process it starts is born: the limit
+	// counts them and that one thread, not the spawner's others.
+	if cfg.PidsThreads {
+		groups = append(groups, os.NewFile(fdPidsThreads, "pids cgroup.threads"))
 	}
 	spawner := confine.NewSpawner(exe, confine.Config{NoFile: noFile(), NProc: nproc(cfg.PidsMax)}, groups,
 		func(cmd *exec.Cmd) error {

@@ -320,6 +320,7 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 	cfg.PidsLimited, cfg.MemoryLimited, cfg.CPULimited = cg.Procs != "", cg.MemoryProcs != "", cg.CPUProcs != ""
 	cfg.OOMEvents = oom != nil
 	cfg.ProcsCgroup = cg.procsDir2() != ""
+	cfg.PidsThreads = cg.pidsDir2() != ""
 	// The agent waits for its network on a pipe: a byte once kilnd has
 	// connected it, nothing if that failed.
 	var await, connected *os.File
@@ -362,7 +363,7 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 		fd        int
 		dir, file string
 	}{{fdTasks, cg.Procs, "tasks"}, {fdMemoryTasks, cg.MemoryProcs, "tasks"}, {fdCPUTasks, cg.CPUProcs, "tasks"}, {fdCPUProcs, cg.V1["cpu"], "cgroup.procs"},
-		{fdProcsCgroup, cg.procsDir2(), "cgroup.procs"}} {
+		{fdProcsCgroup, cg.procsDir2(), "cgroup.procs"}, {fdPidsThreads, cg.pidsDir2(), "cgroup.threads"}} {
 		if g.dir == "" {
 			continue
 		}

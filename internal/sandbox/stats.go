@@ -56,20 +56,31 @@ func (c *Cgroups) Stats() (Stats, error) {
 		s.MemoryLimitBytes = readCount(dir, "memory.limit_in_bytes", "")
 		s.OOMKills = readCount(dir, "memory.oom_control", "oom_kill")
 	} else {
-		s.MemoryBytes = readCount(c.V2, "memory.current", "")
-		s.MemoryPeakBytes = readCount(c.V2, "memory.peak", "")
-		s.MemoryLimitBytes = readCount(c.V2, "memory.max", "")
-		s.OOMKills = readCount(c.V2, "memory.events", "oom_kill")
+		// A pure v2 host's limits are on the procs leaf, which holds
+		// the sandbox's processes without the agent, as v1's groups do.
+		dir := c.V2
+		if c.Leaves {
+			dir = c.procsDir2()
+		}
+		s.MemoryBytes = readCount(dir, "memory.current", "")
+		s.MemoryPeakBytes = readCount(dir, "memory.peak", "")
+		s.MemoryLimitBytes = readCount(dir, "memory.max", "")
+		s.OOMKills = readCount(dir, "memory.events", "oom_kill")
 	}
-	dir := c.V2
-	if c.Procs != "" {
-		dir = c.Procs
+	// The sandbox's pids limit, as it was asked for: the group's has
+	// room for the spawner beside it.
+	dir, spawner := c.V2, int64(0)
+	switch {
+	case c.Procs != "":
+		dir, spawner = c.Procs, spawnerTasks
+	case c.PidsLeaf:
+		dir, spawner = c.pidsDir2(), spawnerTasks
+	case c.Leaves:
+		dir, spawner = c.procsDir2(), oldSpawnerTasks
 	}
 	s.Pids, s.PidsLimit = readCount(dir, "pids.current", ""), readCount(dir, "pids.max", "")
-	if s.PidsLimit != nil && c.Procs != "" {
-		// The sandbox's limit, as it was asked for: the group's has room
-		// for the spawner beside it.
-		*s.PidsLimit -= spawnerTasks(false)
+	if s.PidsLimit != nil {
+		*s.PidsLimit -= spawner
 	}
 	return s, nil
 }

@@ -37,6 +37,18 @@ func TestStatsLayouts(t *testing.T) {
 		"v2/pids.current":   "4\n",
 		"v2/pids.max":       "max\n",
 
+		// A pure v2 host's: the limits on the procs leaf, the pids limit
+		// on its threaded child.
+		"pure/cpu.stat":                "usage_usec 500000\n",
+		"pure/memory.current":          "99999999\n",
+		"pure/pids.current":            "99\n",
+		"pure/procs/memory.current":    "1048576\n",
+		"pure/procs/memory.peak":       "2097152\n",
+		"pure/procs/memory.max":        "16777216\n",
+		"pure/procs/memory.events":     "oom_kill 1\n",
+		"pure/procs/pids/pids.current": "5\n",
+		"pure/procs/pids/pids.max":     "9\n",
+
 		"unified/cpu.stat":                       "usage_usec 1250000\nuser_usec 1000000\nsystem_usec 250000\n",
 		"memory/procs/memory.usage_in_bytes":     "10485760\n",
 		"memory/procs/memory.max_usage_in_bytes": "20971520\n",
@@ -55,6 +67,10 @@ func TestStatsLayouts(t *testing.T) {
 			CPUSeconds: 2.5, MemoryBytes: p(50 << 20), MemoryPeakBytes: p(60 << 20), MemoryLimitBytes: p(64 << 20),
 			OOMKills: p(2), Pids: p(4),
 		}},
+		{"pure v2", Cgroups{V2: filepath.Join(root, "pure"), Leaves: true, PidsLeaf: true}, Stats{
+			CPUSeconds: 0.5, MemoryBytes: p(1 << 20), MemoryPeakBytes: p(2 << 20), MemoryLimitBytes: p(16 << 20),
+			OOMKills: p(1), Pids: p(5), PidsLimit: p(9 - spawnerTasks),
+		}},
 		{"hybrid", Cgroups{
 			V2:          filepath.Join(root, "unified"),
 			V1:          map[string]string{"memory": filepath.Join(root, "memory"), "pids": filepath.Join(root, "pids")},
@@ -62,7 +78,7 @@ func TestStatsLayouts(t *testing.T) {
 			Procs:       filepath.Join(root, "pids/procs"),
 		}, Stats{
 			CPUSeconds: 1.25, MemoryBytes: p(10 << 20), MemoryPeakBytes: p(20 << 20), MemoryLimitBytes: p(32 << 20),
-			OOMKills: p(5), Pids: p(3), PidsLimit: p(64 - spawnerTasks(false)),
+			OOMKills: p(5), Pids: p(3), PidsLimit: p(64 - spawnerTasks),
 		}},
 		// Unlimited on a hybrid host: the v2 group keeps CPU time alone.
 		{"hybrid unlimited", Cgroups{V2: filepath.Join(root, "unified")}, Stats{CPUSeconds: 1.25}},
