@@ -577,7 +577,22 @@ type CreateSandbox struct {
 	// Logs sets the rotation of the sandbox's captured logs; what it
 	// leaves out is kilnd's default (--log-max-size, --log-max-files).
 	Logs *LogRotation `json:"logs,omitempty"`
+	// OnOOM is what happens past the memory limit: OnOOMEndSandbox (the
+	// default) or OnOOMKillProcess (the namespaces runtime only).
+	OnOOM string `json:"on_oom,omitempty"`
 }
+
+// What happens to a sandbox past its memory limit (CreateSandbox.OnOOM).
+const (
+	// OnOOMEndSandbox ends the whole sandbox, as a Kubernetes container
+	// is ended: every process is killed at once and the sandbox is
+	// stopped with a reason beginning "out of memory".
+	OnOOMEndSandbox = "end_sandbox"
+	// OnOOMKillProcess has the kernel's out-of-memory killer end one
+	// process, the one using the most, which reports oom_killed; the
+	// sandbox runs on, as a Docker container does.
+	OnOOMKillProcess = "kill_process"
+)
 
 // LogRotation is when a captured log rotates and how many of its files
 // are kept: per process, at most MaxSizeBytes × MaxFiles bytes on disk.
@@ -645,8 +660,11 @@ type Sandbox struct {
 	Rootfs    string     `json:"rootfs,omitempty"`
 	Runtime   string     `json:"runtime"`
 	Limits    Limits     `json:"limits"`
-	Reason    string     `json:"reason,omitempty"`
-	AgentPID  int        `json:"agent_pid,omitempty"`
+	// OnOOM is what happens to it past its memory limit
+	// (CreateSandbox.OnOOM).
+	OnOOM    string `json:"on_oom"`
+	Reason   string `json:"reason,omitempty"`
+	AgentPID int    `json:"agent_pid,omitempty"`
 	// Exit is the init command's exit, once the sandbox ended with it.
 	Exit               *Exit `json:"exit,omitempty"`
 	IdleTimeoutSeconds int64 `json:"idle_timeout_seconds,omitempty"`

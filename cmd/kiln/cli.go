@@ -335,6 +335,11 @@ func networkFlags(cmd *cobra.Command) func() *api.Network {
 	}
 }
 
+// onOOMFlag adds --on-oom, what happens past the memory limit, to cmd.
+func onOOMFlag(cmd *cobra.Command, to *string) {
+	cmd.Flags().StringVar(to, "on-oom", "", "past the memory limit: end_sandbox (the default: every process ends, the sandbox stops)\nor kill_process (the kernel kills the process using the most; namespaces only)")
+}
+
 func (c *cli) sandboxCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "sandbox", Short: "Create, list, inspect and remove sandboxes"}
 	var o api.CreateSandbox
@@ -381,6 +386,7 @@ func (c *cli) sandboxCmd() *cobra.Command {
 	create.Flags().StringVar(&o.Rootfs, "rootfs", "", "a root filesystem: a `directory` in kilnd's images directory, instead of the host's /usr and /etc")
 	create.Flags().StringVar(&o.Runtime, "runtime", "", "the kind of sandbox: namespaces (the default) or gvisor (gVisor's kernel between the sandbox\nand the host's; kilnd --runtimes says which this host has)")
 	limits = limitFlags(create)
+	onOOMFlag(create, &o.OnOOM)
 	create.Flags().Duration("idle-timeout", 0, "delete the sandbox (keeping its logs) after this long unused")
 	network = networkFlags(create)
 	ls := &cobra.Command{

@@ -589,15 +589,33 @@ func TestCreateLimits(t *testing.T) {
 	}
 }
 
-// TestOutOfMemorySaid: a command the out-of-memory killer ends exits 137,
-// and kiln says why.
+// TestOutOfMemorySaid: a command whose sandbox runs out of memory exits
+// 137, and kiln says why: by default the sandbox ends with it; created
+// with --on-oom kill_process, the command alone is killed, and the
+// sandbox runs on.
 func TestOutOfMemorySaid(t *testing.T) {
 	state := kilnd(t)
-	_, out, _ := kiln(t, state, "", "sandbox", "create", "--memory", "32M")
-	sb := strings.TrimSpace(out)
-	code, _, errOut := kiln(t, state, "", "exec", sb, "--", "dd", "if=/dev/zero", "of=/tmp/fill", "bs=1M", "count=64")
-	if code != 137 || !strings.Contains(errOut, "out of memory") {
-		t.Errorf("exit %d, stderr %q; want 137 and out of memory said", code, errOut)
+	for _, tc := range []struct {
+		onOOM, says string
+		stopped     bool
+	}{
+		{"", "the sandbox ran out of memory and was ended", true},
+		{"kill_process", "the process was killed out of memory", false},
+	} {
+		args := []string{"sandbox", "create", "--memory", "32M"}
+		if tc.onOOM != "" {
+			args = append(args, "--on-oom", tc.onOOM)
+		}
+		_, out, _ := kiln(t, state, "", args...)
+		sb := strings.TrimSpace(out)
+		code, _, errOut := kiln(t, state, "", "exec", sb, "--", "dd", "if=/dev/zero", "of=/tmp/fill", "bs=1M", "count=64")
+		if code != 137 || !strings.Contains(errOut, tc.says) {
+			t.Errorf("on_oom %q: exit %d, stderr %q; want 137 and %q", tc.onOOM, code, errOut, tc.says)
+		}
+		_, out, _ = kiln(t, state, "", "sandbox", "inspect", sb)
+		if stopped := strings.Contains(out, `"state": "stopped"`); stopped != tc.stopped {
+			t.Errorf("on_oom %q: the sandbox after: %s", tc.onOOM, out)
+		}
 	}
 }
 

@@ -185,6 +185,9 @@ func (c *cli) follow(ctx context.Context, p *client.Process, foreground bool) er
 	// A foreground command's output is its own, bytes; --json is the
 	// summary on stderr.
 	if err := c.copyOutput(ctx, p, c.json && !foreground); err != nil {
+		if foreground && c.endedOutOfMemory(ctx, p, err) {
+			return exitError{exitOOM}
+		}
 		if foreground && errors.Is(err, client.ErrInterrupted) {
 			// The command's outcome is unknown here, and its output
 			// incomplete: kiln's own code, never one it could have had.
@@ -198,9 +201,33 @@ func (c *cli) follow(ctx context.Context, p *client.Process, foreground bool) er
 	}
 	r, err := p.Wait(ctx)
 	if err != nil {
+		if foreground && c.endedOutOfMemory(ctx, p, err) {
+			return exitError{exitOOM}
+		}
 		return err
 	}
 	return c.outcome(r, foreground)
+}
+
+// exitOOM is a foreground command's exit code when its sandbox ended out
+// of memory, every process in it killed: 128+SIGKILL, as a process the
+// out-of-memory killer ends has, and as docker run exits when its
+// container is.
+const exitOOM = 137
+
+// endedOutOfMemory reports, and says, whether err is p's sandbox having
+// stopped because it ran out of memory (on_oom end_sandbox).
+func (c *cli) endedOutOfMemory(ctx context.Context, p *client.Process, err error) bool {
+	if !client.IsFailedPrecondition(err) {
+		return false
+	}
+	info, ierr := p.Sandbox().Info(ctx)
+	if ierr != nil || info.State != api.SandboxStopped || !strings.HasPrefix(info.Reason, "out of memory") {
+		return false
+	}
+	fmt.Fprintf(c.stderr, "kiln: the sandbox ran out of memory and was ended, every process in it killed: it reached its memory limit\n"+
+		"kiln: (a sandbox created with --on-oom kill_process loses only the process using the most)\n")
+	return true
 }
 
 // outcome says what follow found: the line about output that is not
@@ -967,6 +994,7 @@ sandbox's limits are those of kiln sandbox create.
 	sf.add(cmd, false)
 	cmd.Flags().BoolVar(&rm, "rm", false, "remove the sandbox afterwards (its captured logs kept)")
 	limits = limitFlags(cmd)
+	onOOMFlag(cmd, &opts.OnOOM)
 	cmd.Flags().StringVar(&opts.Image, "image", "", "an `image` kilnd has (kiln image pull) as the root, its config the command's defaults")
 	cmd.Flags().StringVar(&opts.Rootfs, "rootfs", "", "a root filesystem: a `directory` in kilnd's images directory, instead of the host's /usr and /etc")
 	cmd.Flags().StringVar(&opts.Runtime, "runtime", "", "the kind of sandbox: namespaces (the default) or gvisor")

@@ -181,6 +181,22 @@ type record struct {
 	// sandbox runs.
 	Image   string `json:"image,omitempty"`
 	ImageID string `json:"image_id,omitempty"`
+	// OnOOM is what happens to it past its memory limit (api.OnOOM*;
+	// empty in records older than the choice: see onOOMOf).
+	OnOOM string `json:"on_oom,omitempty"`
+}
+
+// onOOMOf is what happens to rec's sandbox past its memory limit. A
+// record older than the choice was made when a namespace sandbox lost
+// one process and a gVisor sandbox ended as a whole, and still does.
+func onOOMOf(rec record) string {
+	switch {
+	case rec.OnOOM != "":
+		return rec.OnOOM
+	case runtimeOf(rec) == sandbox.RuntimeGVisor:
+		return api.OnOOMEndSandbox
+	}
+	return api.OnOOMKillProcess
 }
 
 // entry is a known sandbox and, while it runs, the route to its agent.
@@ -856,7 +872,7 @@ func (d *Daemon) infoOf(e *entry) Info {
 func (e *entry) info() Info {
 	i := Info{ID: e.rec.ID, Name: e.rec.Name, State: e.rec.State, CreatedAt: e.rec.CreatedAt, StoppedAt: e.rec.StoppedAt,
 		Hostname: e.rec.Hostname, Rootfs: e.rec.Rootfs, Image: e.rec.Image, ImageID: e.rec.ImageID, Limits: e.rec.Limits, Reason: e.rec.Reason,
-		Exit: e.rec.Exit, IdleTimeoutSeconds: e.rec.IdleTimeout, Runtime: runtimeOf(e.rec)}
+		Exit: e.rec.Exit, IdleTimeoutSeconds: e.rec.IdleTimeout, Runtime: runtimeOf(e.rec), OnOOM: onOOMOf(e.rec)}
 	if e.rec.State == StateRunning && e.sb != nil {
 		i.AgentPID = e.sb.AgentPID()
 	}
@@ -958,7 +974,7 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	began := time.Now()
 	rec := record{ID: id, Name: req.Name, State: StateRunning, CreatedAt: began.UTC(), Hostname: req.Hostname,
 		Rootfs: req.Rootfs, Limits: limits, Init: req.Init, IdleTimeout: req.IdleTimeoutSeconds,
-		Runtime: backend.Name(), Disk: diskImage}
+		Runtime: backend.Name(), Disk: diskImage, OnOOM: cmp.Or(req.OnOOM, api.OnOOMEndSandbox)}
 	if req.Image != "" {
 		rec.Image, rec.ImageID = req.Image, img.ID
 	}
@@ -972,7 +988,8 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		Dir: d.sandboxDir(id), ID: id, Hostname: rec.Hostname,
 		Rootfs: req.Rootfs, Layers: layers, Limits: limits, Disk: diskMount, Env: d.cfg.Env, Init: req.Init, CaptureQueue: d.cfg.CaptureQueue,
 		CaptureMaxSize: logs.MaxSizeBytes, CaptureMaxFiles: logs.MaxFiles, FlowGrace: d.cfg.FlowGrace,
-		Workdir: img.Config.WorkingDir, Entrypoint: img.Config.Entrypoint, Cmd: img.Config.Cmd, User: img.Config.User,
+		EndOnOOM: rec.OnOOM == api.OnOOMEndSandbox,
+		Workdir:  img.Config.WorkingDir, Entrypoint: img.Config.Entrypoint, Cmd: img.Config.Cmd, User: img.Config.User,
 		// The record is written while the agent sets itself up (a backend
 		// that cannot say when it runs has it written once it answers).
 		Started: func(state json.RawMessage) error {

@@ -690,7 +690,7 @@ func TestLimitsSpareOtherSandboxes(t *testing.T) {
 	// Half a core each: the faults are to starve their own sandboxes, not
 	// the machine the test runs on.
 	k.json("POST", "/sandboxes", api.CreateSandbox{Limits: api.LimitsRequest{Pids: new(int64(64)), CPUs: new(0.5)}}, &bombed)
-	k.json("POST", "/sandboxes", api.CreateSandbox{Limits: api.LimitsRequest{MemoryBytes: new(int64(64 << 20)), CPUs: new(0.5)}}, &starved)
+	k.json("POST", "/sandboxes", api.CreateSandbox{Limits: api.LimitsRequest{MemoryBytes: new(int64(64 << 20)), CPUs: new(0.5)}, OnOOM: api.OnOOMKillProcess}, &starved)
 	k.json("POST", "/sandboxes", api.CreateSandbox{}, &other)
 	bombCG, starvedCG := k.faultCgroups(bombed.ID), k.faultCgroups(starved.ID)
 	bomb := k.faultStart(bombed.ID, api.ExecRequest{Command: "python3", Args: []string{"-c", faultBomb}})

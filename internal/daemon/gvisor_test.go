@@ -218,20 +218,50 @@ for i in range(64):
 }
 
 // TestOutOfMemory: what the README says happens past a sandbox's memory
-// limit, through kilnd, on each runtime. In a namespace sandbox the
-// kernel kills a process, reported with oom_killed, and the sandbox goes
-// on; in a gVisor one the whole sandbox ends, stopped with the reason
-// "out of memory", whichever process was picked and however the memory
-// was filled, and no process's exit is reported as if it alone had been
-// killed.
+// limit, through kilnd. By default the whole sandbox ends the same way on
+// both runtimes: stopped with the reason "out of memory", its agent gone,
+// whichever process was picked and however the memory was filled; an
+// exec under way answers either its process's kill for its memory or
+// that the sandbox went, never a plain exit. A namespace sandbox created
+// with on_oom kill_process loses the process alone, reported with
+// oom_killed, and goes on; a gVisor one cannot be asked to.
 func TestOutOfMemory(t *testing.T) {
 	limits := fmt.Sprintf(`"limits":{"memory_bytes":%d}`, 128<<20)
-	t.Run("namespaces", func(t *testing.T) {
+	for _, runtime := range []string{"namespaces", "gvisor"} {
+		t.Run(runtime, func(t *testing.T) {
+			k := start(t, "")
+			defer k.cleanup()
+			for _, hog := range memoryHogs {
+				sb := createGVisor(t, k, `{"runtime":"`+runtime+`",`+limits+`}`)
+				if sb.OnOOM != api.OnOOMEndSandbox {
+					t.Fatalf("on_oom %q, want %s by default", sb.OnOOM, api.OnOOMEndSandbox)
+				}
+				code, b := k.do("POST", "/sandboxes/"+sb.ID+"/exec", k.d.Token(), api.ExecRequest{Command: "sh", Args: []string{"-c", hog.script}})
+				if code == http.StatusOK {
+					var res api.ExecResult
+					if err := json.Unmarshal(b, &res); err != nil || res.Signal != "KILL" || !res.OOMKilled {
+						t.Errorf("%s: the exec answered %s", hog.name, b)
+					}
+				}
+				info := k.awaitStopped(sb.ID)
+				if info.State != daemon.StateStopped || !strings.HasPrefix(info.Reason, "out of memory") {
+					t.Errorf("%s: %s, reason %q; want stopped, out of memory", hog.name, info.State, info.Reason)
+				}
+				if err := syscall.Kill(sb.AgentPID, 0); err == nil {
+					t.Errorf("%s: the agent %d still runs", hog.name, sb.AgentPID)
+				}
+			}
+		})
+	}
+	t.Run("namespaces kill_process", func(t *testing.T) {
 		k := start(t, "")
 		defer k.cleanup()
 		for _, hog := range memoryHogs {
 			var sb daemon.Info
-			k.json("POST", "/sandboxes", `{`+limits+`}`, &sb)
+			k.json("POST", "/sandboxes", `{"on_oom":"kill_process",`+limits+`}`, &sb)
+			if sb.OnOOM != api.OnOOMKillProcess {
+				t.Fatalf("on_oom %q, want %s", sb.OnOOM, api.OnOOMKillProcess)
+			}
 			var res api.ExecResult
 			k.json("POST", "/sandboxes/"+sb.ID+"/exec", api.ExecRequest{Command: "sh", Args: []string{"-c", hog.script}}, &res)
 			if res.Signal != "KILL" || !res.OOMKilled {
@@ -245,25 +275,6 @@ func TestOutOfMemory(t *testing.T) {
 			k.json("POST", "/sandboxes/"+sb.ID+"/exec", api.ExecRequest{Command: "echo", Args: []string{"alive"}}, &res)
 			if res.Stdout != "alive\n" {
 				t.Errorf("%s: the sandbox after: %+v", hog.name, res)
-			}
-		}
-	})
-	t.Run("gvisor", func(t *testing.T) {
-		k := start(t, "")
-		defer k.cleanup()
-		for _, hog := range memoryHogs {
-			sb := createGVisor(t, k, `{"runtime":"gvisor",`+limits+`}`)
-			// Its only answer is that the sandbox went.
-			code, b := k.do("POST", "/sandboxes/"+sb.ID+"/exec", k.d.Token(), api.ExecRequest{Command: "sh", Args: []string{"-c", hog.script}})
-			if code == http.StatusOK {
-				t.Errorf("%s: the exec answered %s", hog.name, b)
-			}
-			info := k.awaitStopped(sb.ID)
-			if info.State != daemon.StateStopped || !strings.HasPrefix(info.Reason, "out of memory") {
-				t.Errorf("%s: %s, reason %q; want stopped, out of memory", hog.name, info.State, info.Reason)
-			}
-			if err := syscall.Kill(sb.AgentPID, 0); err == nil {
-				t.Errorf("%s: runsc %d still runs", hog.name, sb.AgentPID)
 			}
 		}
 	})

@@ -83,7 +83,7 @@ func TestSandboxMetrics(t *testing.T) {
 	defer k.cleanup()
 	var big, small api.Sandbox
 	k.json("POST", "/sandboxes", api.CreateSandbox{}, &big)
-	k.json("POST", "/sandboxes", api.CreateSandbox{Limits: api.LimitsRequest{MemoryBytes: new(int64(32 << 20))}}, &small)
+	k.json("POST", "/sandboxes", api.CreateSandbox{Limits: api.LimitsRequest{MemoryBytes: new(int64(32 << 20))}, OnOOM: api.OnOOMKillProcess}, &small)
 	bigLabel, smallLabel := `sandbox="`+big.ID+`"`, `sandbox="`+small.ID+`"`
 
 	// tail keeps its input's last lines, here all of it, until the input ends: 60 MB, held while

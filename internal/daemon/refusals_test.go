@@ -80,6 +80,8 @@ func TestRefusals(t *testing.T) {
 		{"a hostname with a space", "POST", "/sandboxes", `{"hostname":"a b"}`, 400, nil},
 		{"a name not a DNS label", "POST", "/sandboxes", `{"name":"A_B"}`, 400, nil},
 		{"a runtime not known", "POST", "/sandboxes", `{"runtime":"vm"}`, 400, nil},
+		{"an on_oom not known", "POST", "/sandboxes", `{"on_oom":"restart"}`, 400, []string{"on_oom", "restart", "end_sandbox", "kill_process"}},
+		{"a gvisor sandbox that would lose one process", "POST", "/sandboxes", `{"runtime":"gvisor","on_oom":"kill_process"}`, 400, []string{"on_oom", "kill_process", "end_sandbox"}},
 		{"an unknown field", "POST", "/sandboxes", `{"limits":{"cpu":1}}`, 400, nil},
 		{"a rootfs not there", "POST", "/sandboxes", `{"rootfs":"missing"}`, 404, nil},
 		{"a rootfs outside the images", "POST", "/sandboxes", `{"rootfs":"/etc"}`, 400, nil},

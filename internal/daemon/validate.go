@@ -11,6 +11,7 @@ import (
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/egress"
 	"github.com/sandkiln/sandkiln/internal/errdefs"
+	"github.com/sandkiln/sandkiln/internal/sandbox"
 )
 
 // A create request is checked whole, against the ranges the API documents
@@ -81,6 +82,15 @@ func validateCreate(req CreateRequest, limits api.Limits) error {
 		if err := req.Init.Check(false); err != nil {
 			return fmt.Errorf("%w: init: %w", errdefs.ErrInvalidArgument, err)
 		}
+	}
+	switch req.OnOOM {
+	case "", api.OnOOMEndSandbox:
+	case api.OnOOMKillProcess:
+		if req.Runtime == sandbox.RuntimeGVisor {
+			return fmt.Errorf("%w: on_oom %s: a gvisor sandbox can only end as a whole out of memory (its processes, its kernel and the agent share one host memory group); want %s", errdefs.ErrInvalidArgument, req.OnOOM, api.OnOOMEndSandbox)
+		}
+	default:
+		return fmt.Errorf("%w: on_oom %q: want %s (the default) or %s", errdefs.ErrInvalidArgument, clip(req.OnOOM), api.OnOOMEndSandbox, api.OnOOMKillProcess)
 	}
 	if req.Logs != nil {
 		if err := ValidateLogs(*req.Logs, "logs."); err != nil {

@@ -20,6 +20,8 @@ type CreateInput struct {
 	Egress *EgressInput `json:"egress,omitempty" jsonschema:"network access beyond the sandbox's loopback; left out, none"`
 	// IdleTimeoutSeconds deletes the sandbox after that long unused.
 	IdleTimeoutSeconds int64 `json:"idle_timeout_seconds,omitempty" jsonschema:"delete the sandbox (keeping its captured logs) after this many seconds without a call"`
+	// OnOOM is what happens past the memory limit.
+	OnOOM string `json:"on_oom,omitempty" jsonschema:"past the memory limit: end_sandbox (the default: every process is killed and the sandbox stops) or kill_process (only the process using the most memory is killed and the sandbox runs on)"`
 }
 
 // LimitsInput is a sandbox's limits as a model writes them.
@@ -96,7 +98,7 @@ func (s *Server) addSandboxTools() {
 }
 
 func (s *Server) createSandbox(ctx context.Context, _ *mcp.CallToolRequest, in CreateInput) (*mcp.CallToolResult, SandboxOutput, error) {
-	o := api.CreateSandbox{Image: in.Image, Name: in.Name, IdleTimeoutSeconds: in.IdleTimeoutSeconds}
+	o := api.CreateSandbox{Image: in.Image, Name: in.Name, IdleTimeoutSeconds: in.IdleTimeoutSeconds, OnOOM: in.OnOOM}
 	if in.IdleTimeoutSeconds < 0 {
 		return nil, SandboxOutput{}, fmt.Errorf("idle_timeout_seconds %d: want 0 (none) or more", in.IdleTimeoutSeconds)
 	}

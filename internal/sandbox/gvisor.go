@@ -229,7 +229,7 @@ func (g *GVisor) Create(ctx context.Context, o Options) (_ Instance, err error) 
 	if o.UIDBase, err = g.Ranges.Claim(o.ID); err != nil {
 		return nil, err
 	}
-	sb := &guestSandbox{Sandbox: Sandbox{ID: o.ID, Dir: o.Dir, UIDBase: o.UIDBase, ranges: g.Ranges}, Container: "kiln-" + o.ID, Root: g.Root, g: g}
+	sb := &guestSandbox{Sandbox: Sandbox{ID: o.ID, Dir: o.Dir, UIDBase: o.UIDBase, EndOnOOM: true, ranges: g.Ranges}, Container: "kiln-" + o.ID, Root: g.Root, g: g}
 	cleanup := []func(){func() { g.Ranges.Release(o.UIDBase, o.ID) }}
 	defer func() {
 		if err != nil {
@@ -435,7 +435,9 @@ func (g *GVisor) Release() {
 
 // Adopt implements Backend.
 func (g *GVisor) Adopt(state json.RawMessage) (Instance, error) {
-	sb := &guestSandbox{g: g}
+	// Every gVisor sandbox ends as a whole out of memory, those recorded
+	// before the record said so too.
+	sb := &guestSandbox{Sandbox: Sandbox{EndOnOOM: true}, g: g}
 	if err := json.Unmarshal(state, sb); err != nil {
 		return nil, fmt.Errorf("sandbox: state: %w", err)
 	}

@@ -68,6 +68,10 @@ type Options struct {
 	Entrypoint, Cmd []string
 	// User, an image's, is who a process of no user runs as.
 	User string
+	// EndOnOOM ends the whole sandbox when it runs out of memory, instead
+	// of the one process the kernel's killer picks (see AwaitExit).
+	// gVisor sandboxes always end so.
+	EndOnOOM bool
 	// Ready bounds the wait for the agent to answer.
 	Ready time.Duration
 	// Init, when set, is the command whose exit ends the sandbox.
@@ -126,6 +130,9 @@ type Sandbox struct {
 	Started uint64   `json:"started"`  // the agent's start time in clock ticks, against pid reuse
 	UIDBase int      `json:"uid_base"` // the host uid the sandbox's root is
 	Cgroups *Cgroups `json:"cgroups"`
+	// EndOnOOM says the sandbox ends as a whole when it is out of memory
+	// (see AwaitExit); otherwise the kernel's killer ends one process.
+	EndOnOOM bool `json:"end_on_oom,omitempty"`
 
 	// reaped is closed once this kilnd has waited for the agent it started;
 	// nil for an agent adopted after a restart.
@@ -163,10 +170,6 @@ func (s *Sandbox) End() {
 }
 
 // Socket is the path of the agent's API socket.
-// ExitReason implements Instance: the agent is outside the sandbox's
-// limits, so what ended it is not the sandbox's doing.
-func (s *Sandbox) ExitReason() string { return "" }
-
 func (s *Sandbox) Socket() string { return filepath.Join(s.Dir, SocketName) }
 
 // Create makes a sandbox and starts its agent, and returns once the agent
@@ -273,7 +276,12 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 		cg.Kill(5 * time.Second)
 		cg.Destroy()
 	})
-	sb = &Sandbox{ID: o.ID, Dir: o.Dir, Cgroups: cg, UIDBase: o.UIDBase}
+	sb = &Sandbox{ID: o.ID, Dir: o.Dir, Cgroups: cg, UIDBase: o.UIDBase, EndOnOOM: o.EndOnOOM}
+	if o.EndOnOOM {
+		if err := cg.oomGroup(); err != nil {
+			return nil, err
+		}
+	}
 
 	var l net.Listener
 	err = withSocketPath(sb.Socket(), func(path string) error {
@@ -654,7 +662,7 @@ func (s *Sandbox) InitExit() *InitExit {
 
 // AwaitExit blocks until the agent has exited or stop is closed; it works
 // for an agent this kilnd started and for one it adopted.
-func (s *Sandbox) AwaitExit(stop <-chan struct{}) {
+func (s *Sandbox) awaitAgent(stop <-chan struct{}) {
 	if s.reaped != nil {
 		// Its reaper's channel says it: no descriptor and no goroutine
 		// more per sandbox, of which kilnd may have thousands.

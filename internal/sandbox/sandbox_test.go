@@ -156,6 +156,10 @@ func TestLimits(t *testing.T) {
 	if r := run(t, sb, "echo alive"); strings.TrimSpace(r.Stdout) != "alive" {
 		t.Errorf("after the limits: %q", r.Stdout)
 	}
+	// Not made to end out of memory, it does not, nor says it did.
+	if r := sb.ExitReason(); r != "" || !sb.Alive() {
+		t.Errorf("after the limits: alive %v, exit reason %q", sb.Alive(), r)
+	}
 }
 
 // TestPidsLimitCountsTheSandboxsOwn: a pids limit of N is N tasks for

@@ -363,7 +363,7 @@ export interface paths {
         put?: never;
         /**
          * let go of the output a flow block process holds for readers not attached
-         * @description A flow block process's output is held for its first holding watcher from the start, and for a holding watcher that went, for kilnd's --flow-grace: the process waits for them when they fall behind. This lets those holds go: the process no longer waits for a watcher that is not attached. A holding watcher attached now keeps its hold, and one may attach later. A finished process holds nothing: 204 all the same.
+         * @description A flow block process's output is held for its first holding watcher from the start, and for a holding watcher that went, for kilnd's --flow-grace: the process waits for them when they fall behind. This lets those holds go: the process no longer waits for a watcher that is not attached. A holding watcher attached now keeps its hold, and one may attach later. A finished process holds nothing: 204 all the same; a stopped sandbox's processes neither: 412 failed_precondition.
          */
         post: operations["releaseOutput"];
         delete?: never;
@@ -887,6 +887,11 @@ export interface components {
             /** @description an image kilnd has (GET /images): its layers are the root, under a writable overlay, and its config's env, working directory, entrypoint and cmd the defaults of every process (one with no command runs the entrypoint with its args, or with the image's cmd); not with rootfs */
             image?: string;
             logs?: components["schemas"]["LogRotation"];
+            /**
+             * @description what happens past the memory limit: end_sandbox (the default, on both runtimes, as Kubernetes ends a container) kills every process at once and stops the sandbox with a reason beginning "out of memory"; kill_process (namespaces only, as Docker does) has the kernel kill the process using the most, which reports oom_killed, and the sandbox runs on. A gvisor sandbox asked for kill_process is refused 400.
+             * @enum {string}
+             */
+            on_oom?: "end_sandbox" | "kill_process";
         };
         /** @description When each captured process's log rotates and how many of its files are kept: at most max_size_bytes × max_files bytes on disk per process. A field left out (or 0) is kilnd's default (--log-max-size 10MiB, --log-max-files 5 unless kilnd was told otherwise); one out of range is refused with 400 invalid_argument naming the field, the range and the value. */
         LogRotation: {
@@ -1013,6 +1018,11 @@ export interface components {
             /** @enum {string} */
             runtime: "namespaces" | "gvisor";
             limits: components["schemas"]["Limits"];
+            /**
+             * @description what happens to it past its memory limit (a sandbox made before the choice: kill_process in namespaces, end_sandbox in gvisor)
+             * @enum {string}
+             */
+            on_oom: "end_sandbox" | "kill_process";
             /** @description why it stopped */
             reason?: string;
             /** @description its agent's process ID on the host, while it runs */
@@ -1885,6 +1895,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            412: components["responses"]["Error"];
             502: components["responses"]["Error"];
             503: components["responses"]["Error"];
         };

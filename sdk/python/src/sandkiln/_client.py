@@ -159,6 +159,7 @@ class AsyncSandboxes:
         init: Mapping[str, Any] | None = None,
         idle_timeout_seconds: int | None = None,
         logs: Mapping[str, int] | None = None,
+        on_oom: str | None = None,
         timeout: float | None = None,
     ) -> Opening[AsyncSandbox]:
         """Creates a sandbox and gives it once it is ready (kilnd checks
@@ -169,7 +170,7 @@ class AsyncSandboxes:
         body = {k: v for k, v in {
             "name": name, "hostname": hostname, "image": image, "rootfs": rootfs, "runtime": runtime,
             "limits": dict(limits) if limits is not None else None, "network": network, "init": init,
-            "idle_timeout_seconds": idle_timeout_seconds, "logs": logs,
+            "idle_timeout_seconds": idle_timeout_seconds, "logs": logs, "on_oom": on_oom,
         }.items() if v is not None}
         return Opening(self._create(body, timeout))
 

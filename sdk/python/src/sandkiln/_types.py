@@ -246,6 +246,7 @@ class SandboxInfo(TypedDict, total=False):
     rootfs: str
     runtime: str
     limits: SandboxLimits
+    on_oom: str
     reason: str
     agent_pid: int
     exit: dict[str, Any]

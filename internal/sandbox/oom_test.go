@@ -1,0 +1,89 @@
+package sandbox_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/internal/sandbox"
+)
+
+// TestGVisorOutOfMemoryUnwatched: a gVisor sandbox that ran out of memory
+// while nothing awaited it (kilnd restarting) is ended as a whole as soon
+// as something does, and says why. Memory taken a little at a time has
+// the host's killer pick the stub of the process taking it, so that the
+// sandbox would otherwise run on without it.
+func TestGVisorOutOfMemoryUnwatched(t *testing.T) {
+	sb := newBox(t, sandbox.RuntimeGVisor, sandbox.Options{Limits: sandbox.Limits{MemoryBytes: 64 << 20}})
+	body, _ := json.Marshal(api.ExecRequest{Command: "python3", Args: []string{"-c", `
+l = []
+for i in range(64):
+    l.append(bytearray(8 << 20))
+`}})
+	c := &http.Client{Transport: sandbox.Transport(sb.Dial)}
+	defer c.CloseIdleConnections()
+	// Either its process alone was killed (and the agent answers), or
+	// gVisor's kernel was (and nothing does).
+	if resp, err := c.Post("http://agent/exec", "application/json", bytes.NewReader(body)); err == nil {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		t.Logf("the hog alone ended: %d %s", resp.StatusCode, b)
+	}
+	stop := make(chan struct{})
+	timer := time.AfterFunc(time.Minute, func() { close(stop) })
+	defer timer.Stop()
+	sb.AwaitExit(stop)
+	if sb.Alive() {
+		t.Fatal("the sandbox still runs")
+	}
+	if r := sb.ExitReason(); !strings.HasPrefix(r, "out of memory") {
+		t.Errorf("exit reason %q, want out of memory", r)
+	}
+}
+
+// TestOutOfMemoryEndsTheSandbox: a namespace sandbox made to end out of
+// memory does, as a whole, and says why, whether the kernel's event came
+// while kilnd watched or before it did (here: the hog is run, and killed,
+// before anything awaits the sandbox). Its agent, outside the limit,
+// outlives the kernel's kill and is ended by the watch.
+func TestOutOfMemoryEndsTheSandbox(t *testing.T) {
+	for _, watched := range []bool{false, true} {
+		t.Run(map[bool]string{false: "unwatched", true: "watched"}[watched], func(t *testing.T) {
+			sb := newBox(t, sandbox.RuntimeNamespaces, sandbox.Options{Limits: sandbox.Limits{MemoryBytes: 64 << 20}, EndOnOOM: true})
+			stop := make(chan struct{})
+			timer := time.AfterFunc(time.Minute, func() { close(stop) })
+			defer timer.Stop()
+			ended := make(chan struct{})
+			if watched {
+				go func() { sb.AwaitExit(stop); close(ended) }()
+			}
+			body, _ := json.Marshal(api.ExecRequest{Command: "python3", Args: []string{"-c", "b = bytearray(256 << 20); print(len(b))"}})
+			c := &http.Client{Transport: sandbox.Transport(sb.Dial)}
+			defer c.CloseIdleConnections()
+			if resp, err := c.Post("http://agent/exec", "application/json", bytes.NewReader(body)); err == nil {
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				var res api.ExecResult
+				if resp.StatusCode == http.StatusOK && (json.Unmarshal(b, &res) != nil || !res.OOMKilled) {
+					t.Errorf("the hog's exit: %s", b)
+				}
+			}
+			if !watched {
+				sb.AwaitExit(stop)
+				close(ended)
+			}
+			<-ended
+			if sb.Alive() {
+				t.Fatal("the sandbox still runs")
+			}
+			if r := sb.ExitReason(); !strings.HasPrefix(r, "out of memory") {
+				t.Errorf("exit reason %q, want out of memory", r)
+			}
+		})
+	}
+}
