@@ -19,7 +19,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/sandkiln/sandkiln/api"
-	"github.com/sandkiln/sandkiln/internal/agent"
+	"github.com/sandkiln/sandkiln/internal/guest/agent"
 	"github.com/sandkiln/sandkiln/internal/process"
 	"github.com/sandkiln/sandkiln/internal/ring"
 )

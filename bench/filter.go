@@ -12,7 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sandkiln/sandkiln/internal/confine"
+	"github.com/sandkiln/sandkiln/internal/guest/confine"
 )
 
 // The filter's own cost: this binary re-executed to time system calls in a

@@ -15,8 +15,7 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/sandkiln/sandkiln/internal/agent"
-	"github.com/sandkiln/sandkiln/internal/sandbox"
+	"github.com/sandkiln/sandkiln/internal/roles"
 )
 
 func main() {
@@ -25,9 +24,7 @@ func main() {
 		os.Exit(childMain())
 	}
 	// The kilnd cases re-execute this binary as each sandbox's agent.
-	if sandbox.IsAgent() {
-		os.Exit(agent.Main())
-	}
+	roles.PlayIfReexecuted()
 	cfg, err := parseFlags(os.Args[1:])
 	if errors.Is(err, flag.ErrHelp) {
 		os.Exit(0)

@@ -4,10 +4,8 @@ import (
 	"os"
 	"testing"
 
+	"github.com/sandkiln/sandkiln/internal/roles"
 	"go.uber.org/goleak"
-
-	"github.com/sandkiln/sandkiln/internal/agent"
-	"github.com/sandkiln/sandkiln/internal/sandbox"
 )
 
 func TestMain(m *testing.M) {
@@ -15,8 +13,6 @@ func TestMain(m *testing.M) {
 	if isChild() {
 		os.Exit(childMain())
 	}
-	if sandbox.IsAgent() {
-		os.Exit(agent.Main())
-	}
+	roles.PlayIfReexecuted()
 	goleak.VerifyTestMain(m)
 }

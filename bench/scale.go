@@ -13,7 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandkiln/sandkiln/internal/daemon"
-	"github.com/sandkiln/sandkiln/internal/sandbox"
+	"github.com/sandkiln/sandkiln/internal/handoff"
 )
 
 // The scale section's targets: a create at the largest count within
@@ -28,7 +28,7 @@ const (
 	// the sandboxes cost: longer than kilnd keeps an idle connection to an
 	// agent (sandbox.Transport), which holds its buffers, and than a
 	// sandbox's spawner outlasts its last process.
-	scaleIdleWindow = sandbox.DefaultSpawnerIdle + 2*time.Second
+	scaleIdleWindow = handoff.DefaultSpawnerIdle + 2*time.Second
 	scaleListCalls  = 20
 )
 
@@ -336,7 +336,7 @@ func writeScale(b *strings.Builder, cfg config, s *scaleResult) {
 		"spawners still run: one outlasts its sandbox's last process by %v; kilnd's heap, descriptors and goroutines,\n"+
 		"growth since before the first), an exec of `true` in the first sandbox, idle, whose spawner starts again\n"+
 		"(wake), and at once a second (warm), and %d calls of `GET /sandboxes`.\n\n",
-		cfg.scale, scaleIdleWindow, sandbox.DefaultSpawnerIdle, scaleListCalls)
+		cfg.scale, scaleIdleWindow, handoff.DefaultSpawnerIdle, scaleListCalls)
 	b.WriteString("| sandboxes | create p50 | create p99 | agent PSS MiB | spawner PSS MiB | spawners running | kilnd heap MiB | MiB per sandbox | kilnd idle CPU | exec wake | exec warm | list p50 | list p99 | descriptors per sandbox | goroutines per sandbox | threads per sandbox |\n" +
 		"|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, st := range s.steps {

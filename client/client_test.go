@@ -20,16 +20,13 @@ import (
 
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/client"
-	"github.com/sandkiln/sandkiln/internal/agent"
 	"github.com/sandkiln/sandkiln/internal/apitest"
 	"github.com/sandkiln/sandkiln/internal/daemon/daemontest"
-	"github.com/sandkiln/sandkiln/internal/sandbox"
+	"github.com/sandkiln/sandkiln/internal/roles"
 )
 
 func TestMain(m *testing.M) {
-	if sandbox.IsAgent() {
-		os.Exit(agent.Main())
-	}
+	roles.PlayIfReexecuted()
 	if addr := os.Getenv(echoEnv); addr != "" {
 		serveEcho(addr) // in a sandbox, for TestPorts
 		os.Exit(0)

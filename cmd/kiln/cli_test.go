@@ -9,8 +9,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/sandkiln/sandkiln/internal/image/imagetest"
 	"io"
 	"net"
 	"net/http"
@@ -23,21 +21,21 @@ import (
 	"testing"
 	"time"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/sandkiln/sandkiln/internal/image/imagetest"
+	"github.com/sandkiln/sandkiln/internal/roles"
+
 	"github.com/google/go-cmp/cmp"
 	"go.uber.org/goleak"
 
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/client"
-	"github.com/sandkiln/sandkiln/internal/agent"
 	"github.com/sandkiln/sandkiln/internal/daemon"
 	"github.com/sandkiln/sandkiln/internal/daemon/daemontest"
-	"github.com/sandkiln/sandkiln/internal/sandbox"
 )
 
 func TestMain(m *testing.M) {
-	if sandbox.IsAgent() {
-		os.Exit(agent.Main())
-	}
+	roles.PlayIfReexecuted()
 	// The terminal test runs this binary as kiln itself, under tmux.
 	if os.Getenv(asCLIEnv) != "" {
 		os.Exit(run(context.Background(), os.Args[1:], os.Stdin, os.Stdout, os.Stderr))

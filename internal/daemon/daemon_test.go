@@ -26,18 +26,16 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandkiln/sandkiln/api"
-	"github.com/sandkiln/sandkiln/internal/agent"
 	"github.com/sandkiln/sandkiln/internal/apitest"
 	"github.com/sandkiln/sandkiln/internal/capture"
 	"github.com/sandkiln/sandkiln/internal/daemon"
 	"github.com/sandkiln/sandkiln/internal/daemon/daemontest"
+	"github.com/sandkiln/sandkiln/internal/roles"
 	"github.com/sandkiln/sandkiln/internal/sandbox"
 )
 
 func TestMain(m *testing.M) {
-	if sandbox.IsAgent() {
-		os.Exit(agent.Main())
-	}
+	roles.PlayIfReexecuted()
 	if state := os.Getenv(daemonEnv); state != "" {
 		os.Exit(serveForever(state, os.Getenv(daemonListenEnv)))
 	}

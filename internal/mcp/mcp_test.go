@@ -17,17 +17,14 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/sandkiln/sandkiln/client"
-	"github.com/sandkiln/sandkiln/internal/agent"
 	"github.com/sandkiln/sandkiln/internal/daemon"
 	"github.com/sandkiln/sandkiln/internal/daemon/daemontest"
 	"github.com/sandkiln/sandkiln/internal/mcp"
-	"github.com/sandkiln/sandkiln/internal/sandbox"
+	"github.com/sandkiln/sandkiln/internal/roles"
 )
 
 func TestMain(m *testing.M) {
-	if sandbox.IsAgent() {
-		os.Exit(agent.Main())
-	}
+	roles.PlayIfReexecuted()
 	goleak.VerifyTestMain(m)
 }
 

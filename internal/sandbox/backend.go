@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"sync"
 	"time"
+
+	"github.com/sandkiln/sandkiln/internal/handoff"
 )
 
 // A Backend makes sandboxes of one kind (a runtime) and finds them again
@@ -44,7 +46,7 @@ type Instance interface {
 	// directory holding them) kept when keepLogs.
 	Destroy(keepLogs bool) error
 	// InitExit is the exit of the sandbox's init command, once recorded.
-	InitExit() *InitExit
+	InitExit() *handoff.InitExit
 	// AgentPID is the agent's process, or the process standing for it,
 	// in kilnd's pid namespace.
 	AgentPID() int

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/internal/handoff"
 )
 
 // Limits bound a sandbox's resources; zero means no limit.
@@ -498,25 +499,13 @@ func (c *Cgroups) OOMKills() int64 {
 	}
 	defer f.Close()
 	b, _ := io.ReadAll(f)
-	return EventIn(b, "oom_kill")
+	return handoff.EventIn(b, "oom_kill")
 }
 
 // memoryLimited reports whether the v2 group dir has a memory limit.
 func memoryLimited(dir string) bool {
 	b, err := os.ReadFile(filepath.Join(dir, "memory.max"))
 	return err == nil && strings.TrimSpace(string(b)) != "max"
-}
-
-// EventIn reads the counter key from an events file's content.
-func EventIn(b []byte, key string) int64 {
-	for line := range strings.Lines(string(b)) {
-		k, v, ok := strings.Cut(strings.TrimSpace(line), " ")
-		if ok && k == key {
-			n, _ := strconv.ParseInt(v, 10, 64)
-			return n
-		}
-	}
-	return 0
 }
 
 // ReadEvent reads a counter from a v1 or v2 events file (memory oom_kill,
@@ -533,7 +522,7 @@ func (c *Cgroups) ReadEvent(ctrl, file, key string) int64 {
 	if err != nil {
 		return 0
 	}
-	return EventIn(b, key)
+	return handoff.EventIn(b, key)
 }
 
 // EndLeftover kills and removes the cgroups of a sandbox, name (see

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/sandkiln/sandkiln/internal/handoff"
+	"github.com/sandkiln/sandkiln/internal/rootfs"
 	"golang.org/x/sys/unix"
 )
 
@@ -137,7 +139,7 @@ type guestSandbox struct {
 }
 
 // Socket is where runsc passes the agent's socket through to the host.
-func (s *guestSandbox) Socket() string { return filepath.Join(s.Dir, guestSock, SocketName) }
+func (s *guestSandbox) Socket() string { return filepath.Join(s.Dir, handoff.GuestSock, SocketName) }
 
 // Dial implements Instance.
 func (s *guestSandbox) Dial(ctx context.Context) (net.Conn, error) {
@@ -214,7 +216,7 @@ func (g *GVisor) Create(ctx context.Context, o Options) (_ Instance, err error) 
 		if err != nil {
 			return nil, fmt.Errorf("sandbox: %w", err)
 		}
-		dynamic := needsLoader(exe)
+		dynamic := rootfs.NeedsLoader(exe)
 		exe.Close()
 		if dynamic {
 			// Its loader and libraries are the host's, which an image
@@ -238,7 +240,7 @@ func (g *GVisor) Create(ctx context.Context, o Options) (_ Instance, err error) 
 			}
 		}
 	}()
-	for _, d := range []string{LogsName, guestSock, "bundle"} {
+	for _, d := range []string{LogsName, handoff.GuestSock, "bundle"} {
 		if err := os.Mkdir(filepath.Join(o.Dir, d), 0o700); err != nil {
 			return nil, fmt.Errorf("sandbox: %w", err)
 		}
@@ -334,7 +336,7 @@ func (g *GVisor) Create(ctx context.Context, o Options) (_ Instance, err error) 
 		}
 		network = "sandbox"
 		if sb.RootMount != "" {
-			if err := imageResolvConf(sb.RootMount, o.Resolvers, o.UIDBase); err != nil {
+			if err := rootfs.ImageResolvConf(sb.RootMount, o.Resolvers, o.UIDBase); err != nil {
 				return nil, fmt.Errorf("sandbox: %w", err)
 			}
 		}
@@ -463,7 +465,7 @@ func (g *GVisor) EndLeftover(id, dir string) error {
 	return errors.Join(err, sb.forget())
 }
 
-// guestAgentName is the name of kilnd's binary in guestDir, which the
+// guestAgentName is the name of kilnd's binary in handoff.GuestDir, which the
 // container's processes list as PID 1's command.
 const guestAgentName = "kiln-agent"
 
@@ -482,9 +484,9 @@ var allCaps = []string{
 // the given image as the root (root, an overlay on it) or, without
 // one, the host's system directories read-only with the sandbox's own
 // /etc files, as on the host backend; the workspace; the agent's handles
-// in guestDir.
+// in handoff.GuestDir.
 func (g *GVisor) spec(o Options, workspace, root, netns string) (*specs.Spec, error) {
-	cfg := AgentConfig{
+	cfg := handoff.AgentConfig{
 		ID: o.ID, Hostname: o.Hostname, Env: o.Env, Init: o.Init, Guest: RuntimeGVisor, UIDBase: o.UIDBase,
 		Dir: o.Workdir, Entrypoint: o.Entrypoint, Cmd: o.Cmd, User: o.User,
 		CaptureQueue: o.CaptureQueue, CaptureMaxSize: o.CaptureMaxSize, CaptureMaxFiles: o.CaptureMaxFiles,
@@ -526,9 +528,9 @@ func (g *GVisor) spec(o Options, workspace, root, netns string) (*specs.Spec, er
 		tmpfs("/tmp", "1777", false),
 		tmpfs("/root", "0700", true),
 		bind(workspace, "/workspace", false),
-		bind(g.Exe, filepath.Join(guestDir, guestAgentName), true),
-		bind(filepath.Join(o.Dir, LogsName), filepath.Join(guestDir, guestLogs), false),
-		bind(filepath.Join(o.Dir, guestSock), filepath.Join(guestDir, guestSock), false),
+		bind(g.Exe, filepath.Join(handoff.GuestDir, guestAgentName), true),
+		bind(filepath.Join(o.Dir, LogsName), filepath.Join(handoff.GuestDir, handoff.GuestLogs), false),
+		bind(filepath.Join(o.Dir, handoff.GuestSock), filepath.Join(handoff.GuestDir, handoff.GuestSock), false),
 	}
 	r := &specs.Root{Path: root}
 	if root == "" {
@@ -546,8 +548,8 @@ func (g *GVisor) spec(o Options, workspace, root, netns string) (*specs.Spec, er
 		Version: specs.Version,
 		Process: &specs.Process{
 			User: specs.User{UID: 0, GID: 0},
-			Args: []string{filepath.Join(guestDir, guestAgentName)},
-			Env:  []string{AgentEnv + "=" + string(raw)},
+			Args: []string{filepath.Join(handoff.GuestDir, guestAgentName)},
+			Env:  []string{handoff.AgentEnv + "=" + string(raw)},
 			Cwd:  "/",
 			Capabilities: &specs.LinuxCapabilities{
 				Bounding: caps, Effective: caps, Permitted: caps,
@@ -573,30 +575,30 @@ func hostRoot(root, etc, hostname string, resolvers []string) ([][2]string, erro
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
 	var binds [][2]string
-	err := eachHostDir(root, func(host, target string) error {
+	err := rootfs.EachHostDir(root, func(host, target string) error {
 		binds = append(binds, [2]string{host, host})
 		return os.Mkdir(target, 0o755)
 	})
 	if err != nil {
 		return nil, err
 	}
-	for _, d := range []string{"tmp", "workspace", "dev", "proc", "sys", "root", guestDir[1:]} {
+	for _, d := range []string{"tmp", "workspace", "dev", "proc", "sys", "root", handoff.GuestDir[1:]} {
 		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
 			return nil, err
 		}
 	}
-	for _, d := range []string{guestLogs, guestSock} {
-		if err := os.Mkdir(filepath.Join(root, guestDir, d), 0o700); err != nil {
+	for _, d := range []string{handoff.GuestLogs, handoff.GuestSock} {
+		if err := os.Mkdir(filepath.Join(root, handoff.GuestDir, d), 0o700); err != nil {
 			return nil, err
 		}
 	}
-	if err := os.WriteFile(filepath.Join(root, guestDir, guestAgentName), nil, 0o500); err != nil {
+	if err := os.WriteFile(filepath.Join(root, handoff.GuestDir, guestAgentName), nil, 0o500); err != nil {
 		return nil, err
 	}
 	if err := os.Mkdir(etc, 0o755); err != nil {
 		return nil, err
 	}
-	for _, f := range etcFiles(hostname, resolvers) {
+	for _, f := range rootfs.EtcFiles(hostname, resolvers) {
 		if fi, err := os.Lstat(filepath.Join("/etc", f[0])); err != nil || !fi.Mode().IsRegular() {
 			continue
 		}
@@ -610,7 +612,7 @@ func hostRoot(root, etc, hostname string, resolvers []string) ([][2]string, erro
 }
 
 // joinEnv makes kilnd's binary join cgroups and execute a program (see
-// IsAgent): how runsc starts inside a gVisor sandbox's groups.
+// IsJoin): how runsc starts inside a gVisor sandbox's groups.
 const joinEnv = "KILN_JOIN"
 
 // joinRequest is joinEnv's value, as JSON.
@@ -621,9 +623,14 @@ type joinRequest struct {
 	Args   []string `json:"args"`
 }
 
-// joinAndExec serves joinEnv: it moves this process into the groups, then
-// executes the program in its place, with the rest of the environment.
-func joinAndExec() {
+// IsJoin reports whether kilnd's binary was started to join a gVisor
+// sandbox's cgroups and execute runsc there (JoinAndExec).
+func IsJoin() bool { return os.Getenv(joinEnv) != "" }
+
+// JoinAndExec serves joinEnv: it moves this process into the groups, then
+// executes the program in its place, with the rest of the environment. It
+// never returns.
+func JoinAndExec() {
 	var req joinRequest
 	err := json.Unmarshal([]byte(os.Getenv(joinEnv)), &req)
 	os.Unsetenv(joinEnv)

@@ -15,7 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sandkiln/sandkiln/internal/confine"
+	"github.com/sandkiln/sandkiln/internal/guest/confine"
 	"github.com/sandkiln/sandkiln/internal/sandbox"
 )
 

@@ -1,4 +1,8 @@
-// Package sandbox creates namespace sandboxes, each run by kilnd's own binary re-executed as its agent (PID 1), in a cgroup of its own.
+// Package sandbox is the host's side of kilnd's sandboxes: its backends
+// (Linux namespaces, gVisor) make each sandbox's cgroups, disk and
+// network hand-off, start its agent (kilnd's own binary re-executed, whose
+// side is package guest, reached only through package handoff), adopt it
+// again after a restart, and end it.
 package sandbox
 
 import (
@@ -6,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -19,7 +24,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/internal/handoff"
 	"github.com/sandkiln/sandkiln/internal/pidfd"
+	"github.com/sandkiln/sandkiln/internal/rootfs"
 )
 
 // DefaultHostname is a sandbox's hostname when its request names none:
@@ -87,7 +94,7 @@ type Options struct {
 	// holding watcher (zero: process.DefaultFlowGrace).
 	FlowGrace time.Duration
 	// SpawnerIdle is how long the sandbox's spawner outlasts its last
-	// process (zero: DefaultSpawnerIdle; negative: it stays).
+	// process (zero: handoff.DefaultSpawnerIdle; negative: it stays).
 	SpawnerIdle time.Duration
 	// Started, when set, is called with the instance's state (what
 	// Backend.Adopt takes) once its agent runs, before it answers: kilnd
@@ -109,11 +116,11 @@ type Options struct {
 const DefaultUIDBase = 100000
 
 // IDRange is how many uids (and gids) a sandbox maps.
-const IDRange = idRange
+const IDRange = handoff.IDRange
 
 // Names in a sandbox's directory.
 const (
-	SocketName    = "agent.sock"
+	SocketName    = handoff.SocketName
 	LogsName      = "logs"
 	WorkspaceName = "workspace"
 	diskName      = "disk" // where the agent mounts the sandbox's disk
@@ -195,7 +202,7 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 			}
 		}
 	}()
-	cfg := AgentConfig{
+	cfg := handoff.AgentConfig{
 		ID: o.ID, Hostname: o.Hostname, Root: filepath.Join(o.Dir, rootName),
 		UIDBase: o.UIDBase, Env: o.Env, Init: o.Init, Dir: o.Workdir, Entrypoint: o.Entrypoint, Cmd: o.Cmd, User: o.User,
 		CaptureQueue: o.CaptureQueue, CaptureMaxSize: o.CaptureMaxSize, CaptureMaxFiles: o.CaptureMaxFiles,
@@ -353,15 +360,15 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 	// The agent runs its Go code on one thread (agent.Procs); told so
 	// before its runtime starts, it makes no thread for a second one
 	// then, and each thread it would keep for good takes a host pid.
-	cmd.Env = []string{AgentEnv + "=" + string(raw), "GOMAXPROCS=1"}
+	cmd.Env = []string{handoff.AgentEnv + "=" + string(raw), "GOMAXPROCS=1"}
 	if v, ok := os.LookupEnv("GORACE"); ok {
 		// A build with the race detector (the tests') takes its options
 		// here; without them each agent's exit waits a second for it.
 		cmd.Env = append(cmd.Env, "GORACE="+v)
 	}
 	cmd.Stdout, cmd.Stderr = agentLog, agentLog
-	cmd.ExtraFiles = make([]*os.File, fdLast-2) // fdListener to fdLast
-	cmd.ExtraFiles[fdListener-3], cmd.ExtraFiles[fdLogs-3] = lf, logs
+	cmd.ExtraFiles = make([]*os.File, handoff.FDLast-2) // handoff.FDListener to handoff.FDLast
+	cmd.ExtraFiles[handoff.FDListener-3], cmd.ExtraFiles[handoff.FDLogs-3] = lf, logs
 	// The spawner's forking thread joins the limited groups, and so every
 	// process it starts is born in them; the agent joins the CPU group
 	// above their CPU limit itself, whose own bounds the two together.
@@ -370,8 +377,8 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 	for _, g := range []struct {
 		fd        int
 		dir, file string
-	}{{fdTasks, cg.Procs, "tasks"}, {fdMemoryTasks, cg.MemoryProcs, "tasks"}, {fdCPUTasks, cg.CPUProcs, "tasks"}, {fdCPUProcs, cg.V1["cpu"], "cgroup.procs"},
-		{fdProcsCgroup, cg.procsDir2(), "cgroup.procs"}, {fdPidsThreads, cg.pidsDir2(), "cgroup.threads"}} {
+	}{{handoff.FDTasks, cg.Procs, "tasks"}, {handoff.FDMemoryTasks, cg.MemoryProcs, "tasks"}, {handoff.FDCPUTasks, cg.CPUProcs, "tasks"}, {handoff.FDCPUProcs, cg.V1["cpu"], "cgroup.procs"},
+		{handoff.FDProcsCgroup, cg.procsDir2(), "cgroup.procs"}, {handoff.FDPidsThreads, cg.pidsDir2(), "cgroup.threads"}} {
 		if g.dir == "" {
 			continue
 		}
@@ -383,13 +390,13 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 		cmd.ExtraFiles[g.fd-3] = f
 	}
 	if oom != nil {
-		cmd.ExtraFiles[fdOOMEvents-3] = oom
+		cmd.ExtraFiles[handoff.FDOOMEvents-3] = oom
 	}
 	if o.Disk != nil {
-		cmd.ExtraFiles[fdDisk-3] = o.Disk
+		cmd.ExtraFiles[handoff.FDDisk-3] = o.Disk
 	}
 	if await != nil {
-		cmd.ExtraFiles[fdNetwork-3] = await
+		cmd.ExtraFiles[handoff.FDNetwork-3] = await
 	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Cloneflags:  unix.CLONE_NEWPID | unix.CLONE_NEWNS | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC | unix.CLONE_NEWNET,
@@ -552,8 +559,19 @@ func dialSocket(ctx context.Context, path string) (c net.Conn, err error) {
 	return c, err
 }
 
-// holderEnv makes kilnd's binary the user-namespace holder (see IsAgent).
+// holderEnv makes kilnd's binary the user-namespace holder (see idmapped).
 const holderEnv = "KILN_USERNS_HOLDER"
+
+// IsHolder reports whether kilnd's binary was started to hold a user
+// namespace while kilnd id-maps an image's layers (HoldUserns).
+func IsHolder() bool { return os.Getenv(holderEnv) != "" }
+
+// HoldUserns serves holderEnv: it holds the user namespace it was started
+// in until kilnd closes its standard input. It never returns.
+func HoldUserns() {
+	io.Copy(io.Discard, os.Stdin)
+	os.Exit(0)
+}
 
 // lowers are the directories of o's root filesystem, the top one first,
 // each checked to be one; none for the host's system directories.
@@ -598,8 +616,8 @@ func idmapped(exe string, dirs []string, base int) (trees []*os.File, err error)
 	}
 	holder.SysProcAttr = &syscall.SysProcAttr{
 		Cloneflags:  unix.CLONE_NEWUSER,
-		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: base, Size: idRange}},
-		GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: base, Size: idRange}},
+		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: base, Size: handoff.IDRange}},
+		GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: base, Size: handoff.IDRange}},
 	}
 	if err := holder.Start(); err != nil {
 		return nil, fmt.Errorf("user namespace holder: %w", err)
@@ -622,7 +640,7 @@ func idmapped(exe string, dirs []string, base int) (trees []*os.File, err error)
 		}
 	}()
 	for _, dir := range dirs {
-		fd, err := idmapTree(dir, int(ns.Fd()))
+		fd, err := rootfs.IDMapTree(dir, int(ns.Fd()))
 		if err != nil {
 			return nil, err
 		}
@@ -631,29 +649,14 @@ func idmapped(exe string, dirs []string, base int) (trees []*os.File, err error)
 	return trees, nil
 }
 
-// idmapTree returns a detached copy of the mount tree at dir whose owners
-// are shifted by the user namespace userns's mapping.
-func idmapTree(dir string, userns int) (int, error) {
-	fd, err := unix.OpenTree(unix.AT_FDCWD, dir, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
-	if err != nil {
-		return -1, fmt.Errorf("sandbox: rootfs %s: open_tree: %w", dir, err)
-	}
-	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP, Userns_fd: uint64(userns)}
-	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, &attr); err != nil {
-		unix.Close(fd)
-		return -1, fmt.Errorf("sandbox: rootfs %s: id-map the mount: %w", dir, err)
-	}
-	return fd, nil
-}
-
 // InitExit reads the exit of the sandbox's init command, which the agent
 // recorded before ending the sandbox; nil when there is none.
-func (s *Sandbox) InitExit() *InitExit {
-	b, err := os.ReadFile(filepath.Join(s.Dir, LogsName, InitExitName))
+func (s *Sandbox) InitExit() *handoff.InitExit {
+	b, err := os.ReadFile(filepath.Join(s.Dir, LogsName, handoff.InitExitName))
 	if err != nil {
 		return nil
 	}
-	var e InitExit
+	var e handoff.InitExit
 	if json.Unmarshal(b, &e) != nil {
 		return nil
 	}

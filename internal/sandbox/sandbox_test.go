@@ -23,7 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandkiln/sandkiln/api"
-	"github.com/sandkiln/sandkiln/internal/agent"
+	"github.com/sandkiln/sandkiln/internal/roles"
 	"github.com/sandkiln/sandkiln/internal/sandbox"
 )
 
@@ -36,9 +36,7 @@ func TestMain(m *testing.M) {
 		prepareMain()
 		os.Exit(0)
 	}
-	if sandbox.IsAgent() {
-		os.Exit(agent.Main())
-	}
+	roles.PlayIfReexecuted()
 	goleak.VerifyTestMain(m)
 }
 

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/sandkiln/sandkiln/internal/handoff"
 )
 
 // Stats are a sandbox's resource figures as its cgroups keep them. A
@@ -49,7 +51,7 @@ func (c *Cgroups) Stats() (Stats, error) {
 	if err != nil {
 		return Stats{}, fmt.Errorf("sandbox: cgroup stats: %w", err)
 	}
-	s := Stats{CPUSeconds: float64(EventIn(b, "usage_usec")) / 1e6}
+	s := Stats{CPUSeconds: float64(handoff.EventIn(b, "usage_usec")) / 1e6}
 	if dir := c.MemoryProcs; dir != "" {
 		s.MemoryBytes = readCount(dir, "memory.usage_in_bytes", "")
 		s.MemoryPeakBytes = readCount(dir, "memory.max_usage_in_bytes", "")
@@ -109,23 +111,6 @@ func readCount(dir, file, key string) *int64 {
 	return &n
 }
 
-// GuestUsage is what a runtime's own kernel (gVisor's) counts of a
-// sandbox's processes, the agent apart: the figures the namespace
-// backend's procs groups keep on the host, where a gVisor sandbox's
-// groups hold its kernel, its file server and their threads as well.
-type GuestUsage struct {
-	// Pids counts the tasks (threads included) of the sandbox's
-	// processes, its spawner's among them.
-	Pids int64 `json:"pids"`
-	// MemoryBytes is the memory they use: their own, their files in
-	// memory (/tmp, /dev/shm) and the page cache they caused.
-	MemoryBytes int64 `json:"memory_bytes"`
-}
-
-// UsagePath is the agent's route (GET) answering GuestUsage, kilnd's
-// alone: it is not forwarded from kilnd's API.
-const UsagePath = "/usage"
-
 // usageTimeout bounds the question of a stats read to the agent.
 const usageTimeout = 2 * time.Second
 
@@ -157,30 +142,30 @@ func (s *guestSandbox) Stats() (Stats, error) {
 // usage asks the agent what gVisor's kernel counts of the sandbox's
 // processes. The agent is the sandbox's: its answer is read within
 // bounds, and is a figure to show, never one to act on.
-func (s *guestSandbox) usage() (GuestUsage, error) {
+func (s *guestSandbox) usage() (handoff.GuestUsage, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), usageTimeout)
 	defer cancel()
 	t := Transport(s.Dial)
 	t.DisableKeepAlives = true
 	defer t.CloseIdleConnections()
-	req, err := http.NewRequestWithContext(ctx, "GET", "http://agent"+UsagePath, nil)
+	req, err := http.NewRequestWithContext(ctx, "GET", "http://agent"+handoff.UsagePath, nil)
 	if err != nil {
-		return GuestUsage{}, err
+		return handoff.GuestUsage{}, err
 	}
 	resp, err := t.RoundTrip(req)
 	if err != nil {
-		return GuestUsage{}, fmt.Errorf("sandbox: ask the agent its usage: %w", err)
+		return handoff.GuestUsage{}, fmt.Errorf("sandbox: ask the agent its usage: %w", err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return GuestUsage{}, fmt.Errorf("sandbox: ask the agent its usage: %s", resp.Status)
+		return handoff.GuestUsage{}, fmt.Errorf("sandbox: ask the agent its usage: %s", resp.Status)
 	}
-	var u GuestUsage
+	var u handoff.GuestUsage
 	if err := json.NewDecoder(io.LimitReader(resp.Body, 4096)).Decode(&u); err != nil {
-		return GuestUsage{}, fmt.Errorf("sandbox: the agent's usage: %w", err)
+		return handoff.GuestUsage{}, fmt.Errorf("sandbox: the agent's usage: %w", err)
 	}
 	if u.Pids < 0 || u.MemoryBytes < 0 {
-		return GuestUsage{}, fmt.Errorf("sandbox: the agent's usage: %+v", u)
+		return handoff.GuestUsage{}, fmt.Errorf("sandbox: the agent's usage: %+v", u)
 	}
 	return u, nil
 }

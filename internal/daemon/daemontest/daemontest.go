@@ -22,8 +22,9 @@ import (
 // Env is the sandboxes' base environment in tests.
 var Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME=/root", "LANG=C.UTF-8"}
 
-// Kilnd is a running kilnd. The test binary's TestMain must run
-// agent.Main when sandbox.IsAgent reports true.
+// Kilnd is a running kilnd. The test binary's TestMain must call
+// roles.PlayIfReexecuted first: kilnd re-executes the test binary as each
+// sandbox's agent.
 //
 // In a test binary, every answer kilnd gives is held to its OpenAPI
 // document (apitest.Validator): Stop and Close report those that did not

@@ -30,10 +30,10 @@ import (
 	"github.com/sandkiln/sandkiln/internal/decode"
 	"github.com/sandkiln/sandkiln/internal/errdefs"
 	"github.com/sandkiln/sandkiln/internal/files"
+	"github.com/sandkiln/sandkiln/internal/handoff"
 	"github.com/sandkiln/sandkiln/internal/process"
 	"github.com/sandkiln/sandkiln/internal/reply"
 	"github.com/sandkiln/sandkiln/internal/ring"
-	"github.com/sandkiln/sandkiln/internal/sandbox"
 )
 
 // Config sets up a Server.
@@ -71,8 +71,8 @@ type Config struct {
 	Disk string
 	// Usage, when set, reads what a runtime's own kernel counts of the
 	// sandbox's processes, which GET /usage answers for kilnd (see
-	// sandbox.GuestUsage).
-	Usage func() (sandbox.GuestUsage, error)
+	// handoff.GuestUsage).
+	Usage func() (handoff.GuestUsage, error)
 	Log   *slog.Logger
 }
 
@@ -116,7 +116,7 @@ func (s *Server) routes() {
 	m.HandleFunc("POST /exec-stream", s.startStream)
 	m.HandleFunc("GET /exec-stream", s.list)
 	m.HandleFunc("GET /counts", s.counts)
-	m.HandleFunc("GET "+sandbox.UsagePath, s.usage)
+	m.HandleFunc("GET "+handoff.UsagePath, s.usage)
 	m.HandleFunc("GET /exec-stream/{pid}", s.status)
 	m.HandleFunc("DELETE /exec-stream/{pid}", s.terminate)
 	m.HandleFunc("GET /exec-stream/{pid}/wait", s.wait)

@@ -1,212 +1,42 @@
-package sandbox
+package guest
 
 import (
 	"cmp"
-	"debug/elf"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
-	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/capture"
-	"github.com/sandkiln/sandkiln/internal/confine"
-	"github.com/sandkiln/sandkiln/internal/files"
+	"github.com/sandkiln/sandkiln/internal/guest/confine"
+	"github.com/sandkiln/sandkiln/internal/handoff"
+	"github.com/sandkiln/sandkiln/internal/rootfs"
 )
-
-// AgentConfig is what the re-executed binary needs to become a sandbox's
-// agent. It travels in the environment variable AgentEnv, as JSON.
-type AgentConfig struct {
-	ID       string `json:"id"`
-	Hostname string `json:"hostname"`
-	// Root is an empty host directory the sandbox's root is built on (in
-	// the agent's own mount namespace; the host never sees the mounts).
-	Root string `json:"root"`
-	// Workspace is the host directory mounted writable at /workspace.
-	Workspace string `json:"workspace"`
-	// Disk, when set, is where the agent mounts fdDisk, in its own mount
-	// namespace, before it reads Workspace, Upper and Work, which are on it.
-	Disk string `json:"disk,omitempty"`
-	// Rootfs, when set, is a root filesystem directory used (read-only,
-	// with a writable layer in Upper and Work) instead of the host's.
-	Rootfs string `json:"rootfs,omitempty"`
-	// Layers are its layers' host directories, the top one first, and
-	// Lowers where the agent mounts each, id-mapped by the sandbox's user
-	// namespace (its spawner's).
-	Layers []string `json:"layers,omitempty"`
-	Lowers []string `json:"lowers,omitempty"`
-	Upper  string   `json:"upper,omitempty"`
-	Work   string   `json:"work,omitempty"`
-	// UIDBase is the host uid (and gid) the sandbox's root maps to.
-	UIDBase int `json:"uid_base"`
-	// Env is the processes' base environment; Dir their default working
-	// directory (empty: /workspace); Entrypoint and Cmd what one of no
-	// command of its own runs (api.ImageConfig.Command).
-	Env        []string `json:"env"`
-	Dir        string   `json:"dir,omitempty"`
-	Entrypoint []string `json:"entrypoint,omitempty"`
-	Cmd        []string `json:"cmd,omitempty"`
-	User       string   `json:"user,omitempty"` // who a process of no user runs as
-	// PidsLimited says fdTasks is passed: the processes' pids group.
-	PidsLimited bool `json:"pids_limited,omitempty"`
-	// MemoryLimited says fdMemoryTasks is passed: their memory group.
-	MemoryLimited bool `json:"memory_limited,omitempty"`
-	// ProcsCgroup says fdProcsCgroup is passed: the sandbox's v2 procs
-	// group's cgroup.procs, which its spawner joins.
-	ProcsCgroup bool `json:"procs_cgroup,omitempty"`
-	// PidsThreads says fdPidsThreads is passed: the cgroup.threads of the
-	// threaded group below the v2 procs group that holds the pids limit
-	// on a pure v2 host, which its spawner's forking thread joins.
-	PidsThreads bool `json:"pids_threads,omitempty"`
-	// OOMEvents says fdOOMEvents is passed.
-	OOMEvents bool `json:"oom_events,omitempty"`
-	// CPULimited says fdCPUTasks and fdCPUProcs are passed: the sandbox's
-	// v1 cpu group, which the agent joins, and the one below it, of the
-	// processes' limit, which its spawner's forking thread joins.
-	CPULimited bool `json:"cpu_limited,omitempty"`
-	// Init, when set, is the sandbox's init command: the agent starts it
-	// (captured) first, and its exit ends the sandbox.
-	Init *api.ExecRequest `json:"init,omitempty"`
-	// CaptureQueue bounds each captured process's queue to its log writer,
-	// in bytes (zero: the default).
-	CaptureQueue int64 `json:"capture_queue,omitempty"`
-	// CaptureMaxSize and CaptureMaxFiles rotate each captured process's
-	// log (zero: the defaults).
-	CaptureMaxSize  int64 `json:"capture_max_size,omitempty"`
-	CaptureMaxFiles int   `json:"capture_max_files,omitempty"`
-	// FlowGrace is how long a flow block process's output waits for its
-	// holding watcher (zero: the default).
-	FlowGrace time.Duration `json:"flow_grace,omitempty"`
-	// SpawnerIdle is how long the sandbox's spawner stays once it has
-	// started nothing and nothing of the sandbox runs (zero:
-	// DefaultSpawnerIdle; negative: it stays).
-	SpawnerIdle time.Duration `json:"spawner_idle,omitempty"`
-	// PidsMax is the sandbox's pids limit, zero without one; each process
-	// also gets it as its RLIMIT_NPROC.
-	PidsMax int64 `json:"pids_max,omitempty"`
-	// TmpfsBytes sizes /tmp and /root, the sandbox's memory limit: what is
-	// written there is memory (zero: the kernel's default, half the RAM).
-	TmpfsBytes int64 `json:"tmpfs_bytes,omitempty"`
-	// Network says fdNetwork is passed: the sandbox has a network beyond
-	// its loopback, which kilnd connects while the agent starts; Resolvers
-	// are the name servers of its resolv.conf.
-	Network   bool     `json:"network,omitempty"`
-	Resolvers []string `json:"resolvers,omitempty"`
-	// Guest, when set, names the runtime that made the agent its
-	// container's init and built its root (RuntimeGVisor): the agent then
-	// finds its handles in guestDir instead of inherited descriptors.
-	Guest string `json:"guest,omitempty"`
-}
-
-// InitExitName is the file in a sandbox's logs directory where the agent
-// records its init command's exit, durably, before the sandbox ends.
-const InitExitName = "init.json"
-
-// InitExit is the content of InitExitName.
-type InitExit struct {
-	Process  string    `json:"process"`
-	ExitedAt time.Time `json:"exited_at"`
-	api.Exit
-}
-
-// AgentEnv names the environment variable that makes kilnd's binary run as
-// a sandbox's agent.
-const AgentEnv = "KILN_AGENT_CONFIG"
-
-// The agent's inherited descriptors, in order after stdio.
-const (
-	fdListener = 3 // the unix socket kilnd serves the agent's API through
-	fdLogs     = 4 // the sandbox's capture directory on the host
-	fdTasks    = 5 // the v1 pids group's tasks file, when pids are limited
-	// (Descriptor 6 was once the rootfs as a detached, id-mapped mount:
-	// the agent now makes that mount itself.)
-	// fdMemoryTasks is the v1 memory group's tasks file, when memory is
-	// limited.
-	fdMemoryTasks = 7
-	// fdCPUTasks is the tasks file of the v1 cpu group that holds the
-	// processes' limit, when CPU is limited.
-	// (Descriptor 8 was once a pipe kilnd wrote to once it had moved the
-	// agent into its v1 groups: an agent reads it as the tasks file only
-	// when its config says CPULimited, which such a kilnd never does.)
-	fdCPUTasks = 8
-	// fdOOMEvents is the file counting out-of-memory kills in the limited
-	// memory group, when memory is limited.
-	fdOOMEvents = 9
-	// fdDisk is the detached mount of the sandbox's disk, when it has one.
-	fdDisk = 10
-	// fdCPUProcs is the v1 cpu group's cgroup.procs file, when CPU is
-	// limited.
-	fdCPUProcs = 11
-	// fdNetwork is the pipe the agent waits on for kilnd to connect its
-	// network, when it has one: a byte, or nothing if that failed.
-	fdNetwork = 12
-	// fdProcsCgroup is the sandbox's v2 procs group's cgroup.procs: the
-	// spawner moves into it, and every process it starts is born there.
-	fdProcsCgroup = 13
-	// fdPidsThreads is the cgroup.threads file of the v2 pids group below
-	// procs, when pids are limited on a pure v2 host.
-	fdPidsThreads = 14
-	fdLast        = fdPidsThreads
-)
-
-// hostDirs are bound read-only from the host when no rootfs is given.
-var hostDirs = []string{"usr", "etc", "bin", "lib", "lib64", "sbin"}
-
-// eachHostDir puts hostDirs in root: the same link where the host has a
-// symbolic link (a merged /usr's /bin), bind(host, target) for a
-// directory; one the host lacks is left out.
-func eachHostDir(root string, bind func(host, target string) error) error {
-	for _, d := range hostDirs {
-		host := "/" + d
-		fi, err := os.Lstat(host)
-		if err != nil {
-			continue
-		}
-		target := filepath.Join(root, d)
-		if fi.Mode()&os.ModeSymlink != 0 {
-			link, err := os.Readlink(host)
-			if err != nil {
-				return err
-			}
-			if err := os.Symlink(link, target); err != nil {
-				return err
-			}
-			continue
-		}
-		if err := bind(host, target); err != nil {
-			return err
-		}
-	}
-	return nil
-}
 
 // setupRoot builds the sandbox's filesystem and moves the agent into it:
 // a tmpfs root with the host's system directories (or the given rootfs
 // under a writable overlay) read-only, private /tmp, writable /workspace,
 // a minimal /dev, its own /proc; then pivot_root, and the old root
 // detached so nothing of the host stays reachable.
-func setupRoot(cfg AgentConfig, userns *os.File) error {
+func setupRoot(cfg handoff.AgentConfig, userns *os.File) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make mounts private: %w", err)
 	}
 	if cfg.Disk != "" {
 		// Here only: the host never sees it, and it ends with the sandbox.
-		if err := unix.MoveMount(fdDisk, "", unix.AT_FDCWD, cfg.Disk, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		if err := unix.MoveMount(handoff.FDDisk, "", unix.AT_FDCWD, cfg.Disk, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
 			return fmt.Errorf("mount the sandbox's disk: %w", err)
 		}
-		unix.Close(fdDisk)
+		unix.Close(handoff.FDDisk)
 	}
 	root := cfg.Root
 	if cfg.Rootfs != "" {
@@ -217,7 +47,7 @@ func setupRoot(cfg AgentConfig, userns *os.File) error {
 			return errors.New("no user namespace to map the rootfs with")
 		}
 		for i, lower := range cfg.Lowers {
-			fd, err := idmapTree(cfg.Layers[i], int(userns.Fd()))
+			fd, err := rootfs.IDMapTree(cfg.Layers[i], int(userns.Fd()))
 			if err == nil {
 				err = unix.MoveMount(fd, "", unix.AT_FDCWD, lower, unix.MOVE_MOUNT_F_EMPTY_PATH)
 				unix.Close(fd)
@@ -260,7 +90,7 @@ func setupRoot(cfg AgentConfig, userns *os.File) error {
 			return fmt.Errorf("mount the rootfs overlay: %w", err)
 		}
 		if cfg.Network {
-			if err := imageResolvConf(root, cfg.Resolvers, cfg.UIDBase); err != nil {
+			if err := rootfs.ImageResolvConf(root, cfg.Resolvers, cfg.UIDBase); err != nil {
 				return err
 			}
 		}
@@ -268,7 +98,7 @@ func setupRoot(cfg AgentConfig, userns *os.File) error {
 		if err := unix.Mount("tmpfs", root, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755,size=16m"); err != nil {
 			return fmt.Errorf("mount the root: %w", err)
 		}
-		if err := eachHostDir(root, bindReadOnly); err != nil {
+		if err := rootfs.EachHostDir(root, bindReadOnly); err != nil {
 			return err
 		}
 		if err := ownEtc(root, cfg.Hostname, cfg.Resolvers); err != nil {
@@ -383,37 +213,7 @@ func maskProc(proc string) error {
 	return nil
 }
 
-// etcFiles are the host's /etc files a sandbox on the host's system sees
-// its own of instead: its users, its name, its network (loopback only and
-// no resolver, or the resolvers given). The rest of /etc (the loader's cache, certificates,
-// alternatives) is the host's, read-only, as the programs of /usr need.
-func etcFiles(hostname string, resolvers []string) [][2]string {
-	resolv := "# This sandbox has no network beyond its loopback, and no resolver.\n"
-	if len(resolvers) > 0 {
-		resolv = resolvConf(resolvers)
-	}
-	return [][2]string{
-		{"passwd", "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"},
-		{"group", "root:x:0:\ntty:x:5:\nusers:x:100:\nnogroup:x:65534:\n"},
-		{"hosts", "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t" + hostname + "\n"},
-		{"hostname", hostname + "\n"},
-		{"resolv.conf", resolv},
-		{"nsswitch.conf", "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\nnetworks: files\nprotocols: files\nservices: files\nethers: files\nrpc: files\n"},
-		{"shadow", ""},
-		{"gshadow", ""},
-	}
-}
-
-// resolvConf names resolvers.
-func resolvConf(resolvers []string) string {
-	var b strings.Builder
-	for _, r := range resolvers {
-		b.WriteString("nameserver " + r + "\n")
-	}
-	return b.String()
-}
-
-// ownEtc puts the sandbox's etcFiles over the host's, each read-only, where
+// ownEtc puts the sandbox's rootfs.EtcFiles over the host's, each read-only, where
 // the host has a regular file of that name. Where it has a symbolic link
 // (resolv.conf's often, to /run) to a directory the sandbox does not get
 // from the host, the file is made where the link leads, in the sandbox's
@@ -427,11 +227,11 @@ func ownEtc(root, hostname string, resolvers []string) error {
 		return fmt.Errorf("mount the sandbox's /etc files: %w", err)
 	}
 	sealed := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV | unix.MOUNT_ATTR_NOEXEC}
-	for _, f := range etcFiles(hostname, resolvers) {
+	for _, f := range rootfs.EtcFiles(hostname, resolvers) {
 		target := filepath.Join(root, "etc", f[0])
 		fi, err := os.Lstat(target)
 		if err == nil && fi.Mode()&os.ModeSymlink != 0 {
-			if err := fillLink(root, target, f[1]); err != nil {
+			if err := rootfs.FillLink(root, target, f[1]); err != nil {
 				return fmt.Errorf("/etc/%s: %w", f[0], err)
 			}
 			continue
@@ -455,57 +255,6 @@ func ownEtc(root, hostname string, resolvers []string) error {
 		return err
 	}
 	return os.Remove(src)
-}
-
-// imageResolvConf gives a sandbox with an image and a network its
-// resolvers: /etc/resolv.conf written in its writable layer, the
-// sandbox's root's to change, in place of whatever the image had there (a
-// link included: resolved in root, it is not followed out of it).
-func imageResolvConf(root string, resolvers []string, owner int) error {
-	r, err := os.OpenRoot(root)
-	if err != nil {
-		return err
-	}
-	defer r.Close()
-	if err := r.MkdirAll("etc", 0o755); err != nil {
-		return fmt.Errorf("/etc/resolv.conf: %w", err)
-	}
-	if fi, err := r.Lstat("etc/resolv.conf"); err == nil && !fi.Mode().IsRegular() {
-		if err := r.RemoveAll("etc/resolv.conf"); err != nil {
-			return fmt.Errorf("/etc/resolv.conf: %w", err)
-		}
-	}
-	err = r.WriteFile("etc/resolv.conf", []byte(resolvConf(resolvers)), 0o644)
-	if err == nil {
-		err = r.Lchown("etc/resolv.conf", owner, owner)
-	}
-	if err != nil {
-		return fmt.Errorf("/etc/resolv.conf: %w", err)
-	}
-	return nil
-}
-
-// fillLink writes content where link, a host /etc file's symbolic link
-// seen in root, leads, if that is outside the directories bound from
-// the host: in root's own tmpfs, which nothing of the host's is in.
-func fillLink(root, link, content string) error {
-	dest, err := os.Readlink(link)
-	if err != nil {
-		return err
-	}
-	if !filepath.IsAbs(dest) {
-		dest = filepath.Join("/etc", dest)
-	}
-	dest = filepath.Clean(dest)
-	top, _, _ := strings.Cut(strings.TrimPrefix(dest, "/"), "/")
-	if top == "" || slices.Contains(hostDirs, top) {
-		return nil
-	}
-	p := filepath.Join(root, dest)
-	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-		return err
-	}
-	return os.WriteFile(p, []byte(content), 0o644)
 }
 
 func bindReadOnly(src, dst string) error {
@@ -596,8 +345,8 @@ func loopbackUp() error {
 func isolate(base int) func(*syscall.SysProcAttr) {
 	return func(a *syscall.SysProcAttr) {
 		a.Cloneflags |= unix.CLONE_NEWUSER
-		a.UidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: base, Size: idRange}}
-		a.GidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: base, Size: idRange}}
+		a.UidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: base, Size: handoff.IDRange}}
+		a.GidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: base, Size: handoff.IDRange}}
 		a.GidMappingsEnableSetgroups = true
 		a.Credential = &syscall.Credential{Uid: 0, Gid: 0, Groups: []uint32{}}
 	}
@@ -624,22 +373,6 @@ func noFile() [2]uint64 {
 	return [2]uint64{min(1024, hard), hard}
 }
 
-// needsLoader reports whether the binary exe is linked dynamically (has an
-// ELF interpreter), as a build with cgo is.
-func needsLoader(exe *os.File) bool {
-	f, err := elf.NewFile(io.NewSectionReader(exe, 0, 1<<62))
-	if err != nil {
-		return true
-	}
-	defer f.Close()
-	for _, p := range f.Progs {
-		if p.Type == elf.PT_INTERP {
-			return true
-		}
-	}
-	return false
-}
-
 // openSelf opens this binary for the spawner, close-on-exec, on a
 // descriptor no start moves a process's files onto.
 func openSelf() (*os.File, error) {
@@ -655,16 +388,13 @@ func openSelf() (*os.File, error) {
 	return os.NewFile(uintptr(fd), "kilnd"), nil
 }
 
-// idRange is how many uids a sandbox maps.
-const idRange = 65536
-
 var errNotAgent = errors.New("sandbox: not started as an agent")
 
 // Inside is what a process that Enter made into a sandbox's agent holds:
 // its configuration, the API listener, the capture directory, and the
 // isolation to apply to every process it starts.
 type Inside struct {
-	Config   AgentConfig
+	Config   handoff.AgentConfig
 	Listener net.Listener
 	Logs     *capture.Dir
 	// Spawner starts each of the sandbox's processes: in the sandbox's
@@ -675,30 +405,12 @@ type Inside struct {
 	// memory group so far; nil without a memory limit.
 	OOMKills func() int64
 	// Usage reads what a runtime's own kernel counts of the sandbox's
-	// processes (see GuestUsage); nil where the host's groups count them.
-	Usage func() (GuestUsage, error)
+	// processes (see handoff.GuestUsage); nil where the host's groups count them.
+	Usage func() (handoff.GuestUsage, error)
 }
 
 // IsAgent reports whether this process was started as a sandbox's agent.
-// It also serves the two modes of kilnd's binary that never return: a
-// sandbox's spawner, which starts its processes, and the short-lived
-// helper that holds a user namespace while kilnd id-maps a rootfs.
-func IsAgent() bool {
-	if confine.Is() {
-		confine.Main()
-	}
-	if files.Is() {
-		files.Main()
-	}
-	if os.Getenv(joinEnv) != "" {
-		joinAndExec()
-	}
-	if os.Getenv(holderEnv) != "" {
-		io.Copy(io.Discard, os.Stdin) // until kilnd closes the pipe
-		os.Exit(0)
-	}
-	return os.Getenv(AgentEnv) != ""
-}
+func IsAgent() bool { return os.Getenv(handoff.AgentEnv) != "" }
 
 // Enter turns this process, started by Create, into its sandbox's agent:
 // it builds the sandbox's filesystem and moves into it, names the host,
@@ -706,12 +418,12 @@ func IsAgent() bool {
 // (no core dumps, no ptrace, no /proc/1/fd for the sandbox's root), and
 // takes its inherited handles, which no child inherits.
 func Enter() (*Inside, error) {
-	raw := os.Getenv(AgentEnv)
+	raw := os.Getenv(handoff.AgentEnv)
 	if raw == "" {
 		return nil, errNotAgent
 	}
-	os.Unsetenv(AgentEnv)
-	var cfg AgentConfig
+	os.Unsetenv(handoff.AgentEnv)
+	var cfg handoff.AgentConfig
 	if err := json.Unmarshal([]byte(raw), &cfg); err != nil {
 		return nil, fmt.Errorf("sandbox: agent config: %w", err)
 	}
@@ -743,14 +455,14 @@ func Enter() (*Inside, error) {
 	}
 	var groups []*os.File
 	if cfg.PidsLimited {
-		groups = append(groups, os.NewFile(fdTasks, "pids tasks"))
+		groups = append(groups, os.NewFile(handoff.FDTasks, "pids tasks"))
 	}
 	if cfg.MemoryLimited {
-		groups = append(groups, os.NewFile(fdMemoryTasks, "memory tasks"))
+		groups = append(groups, os.NewFile(handoff.FDMemoryTasks, "memory tasks"))
 	}
 	if cfg.CPULimited {
-		groups = append(groups, os.NewFile(fdCPUTasks, "cpu tasks"))
-		go joinCPU(os.NewFile(fdCPUProcs, "cpu cgroup.procs"))
+		groups = append(groups, os.NewFile(handoff.FDCPUTasks, "cpu tasks"))
+		go joinCPU(os.NewFile(handoff.FDCPUProcs, "cpu cgroup.procs"))
 	}
 	iso := isolate(cfg.UIDBase)
 	// The spawner moves itself, every thread, into the v2 procs group
@@ -760,13 +472,13 @@ func Enter() (*Inside, error) {
 	// sandbox whose memory is full; on either host the sandbox's processes
 	// are in a group of their own, which kilnd freezes and kills at once.
 	if cfg.ProcsCgroup {
-		groups = append(groups, os.NewFile(fdProcsCgroup, "procs cgroup.procs"))
+		groups = append(groups, os.NewFile(handoff.FDProcsCgroup, "procs cgroup.procs"))
 	}
 	// Then its forking thread alone moves on, into the threaded group with
 	// the pids limit, where every process it starts is born: the limit
 	// counts them and that one thread, not the spawner's others.
 	if cfg.PidsThreads {
-		groups = append(groups, os.NewFile(fdPidsThreads, "pids cgroup.threads"))
+		groups = append(groups, os.NewFile(handoff.FDPidsThreads, "pids cgroup.threads"))
 	}
 	spawner := confine.NewSpawner(exe, confine.Config{NoFile: noFile(), NProc: nproc(cfg.PidsMax)}, groups,
 		func(cmd *exec.Cmd) error {
@@ -785,7 +497,7 @@ func Enter() (*Inside, error) {
 	// be done before the root is the image's.
 	// Nor can a spawner start again there, once the root is the image's:
 	// that one stays.
-	loader := cfg.Rootfs != "" && needsLoader(exe)
+	loader := cfg.Rootfs != "" && rootfs.NeedsLoader(exe)
 	if loader {
 		if err := spawner.AwaitRunning(); err != nil {
 			return nil, fmt.Errorf("sandbox: %w", err)
@@ -808,41 +520,35 @@ func Enter() (*Inside, error) {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
 	if cfg.Network {
-		if err := awaitNetwork(os.NewFile(fdNetwork, "network")); err != nil {
+		if err := awaitNetwork(os.NewFile(handoff.FDNetwork, "network")); err != nil {
 			return nil, err
 		}
 	}
-	lf := os.NewFile(fdListener, "agent.sock")
+	lf := os.NewFile(handoff.FDListener, "agent.sock")
 	l, err := net.FileListener(lf) // a close-on-exec duplicate
 	lf.Close()
 	if err != nil {
 		return nil, fmt.Errorf("sandbox: agent socket: %w", err)
 	}
-	logs, err := capture.NewDir(os.NewFile(fdLogs, "logs"))
+	logs, err := capture.NewDir(os.NewFile(handoff.FDLogs, "logs"))
 	if err != nil {
 		l.Close()
 		return nil, err
 	}
 	in := &Inside{Config: cfg, Listener: l, Logs: logs, Spawner: spawner}
 	if cfg.OOMEvents {
-		f := os.NewFile(fdOOMEvents, "oom events")
+		f := os.NewFile(handoff.FDOOMEvents, "oom events")
 		in.OOMKills = func() int64 {
 			var b [512]byte
 			n, _ := f.ReadAt(b[:], 0)
-			return EventIn(b[:n], "oom_kill")
+			return handoff.EventIn(b[:n], "oom_kill")
 		}
 	}
-	if idle := cmp.Or(cfg.SpawnerIdle, DefaultSpawnerIdle); idle > 0 && !loader {
+	if idle := cmp.Or(cfg.SpawnerIdle, handoff.DefaultSpawnerIdle); idle > 0 && !loader {
 		spawner.StopWhenIdle(idle)
 	}
 	return in, nil
 }
-
-// DefaultSpawnerIdle is how long a sandbox's spawner outlasts its last
-// process: an idle sandbox then costs its agent alone, about half as much
-// memory and threads, and the process that wakes it waits for a new
-// spawner, a few milliseconds.
-const DefaultSpawnerIdle = 5 * time.Second
 
 // awaitNetwork waits until kilnd has connected the sandbox's network: a
 // byte on f; its end without one is kilnd's failure (or end), and the

@@ -14,24 +14,25 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandkiln/sandkiln/internal/capture"
+	"github.com/sandkiln/sandkiln/internal/guest"
+	"github.com/sandkiln/sandkiln/internal/handoff"
 	"github.com/sandkiln/sandkiln/internal/process"
-	"github.com/sandkiln/sandkiln/internal/sandbox"
 )
 
 // recordInit waits for the init command and records its exit durably in
 // the capture directory, where kilnd reads it even after the sandbox is
 // gone.
-func recordInit(table *process.Table, in *sandbox.Inside, id string) error {
+func recordInit(table *process.Table, in *guest.Inside, id string) error {
 	e, err := table.Wait(context.Background(), id)
 	if err != nil {
 		return err
 	}
-	rec := sandbox.InitExit{Process: id, ExitedAt: time.Now().UTC(), Exit: toExit(&e)}
+	rec := handoff.InitExit{Process: id, ExitedAt: time.Now().UTC(), Exit: toExit(&e)}
 	b, err := json.Marshal(rec)
 	if err != nil {
 		return err
 	}
-	return in.Logs.WriteFile(sandbox.InitExitName, b)
+	return in.Logs.WriteFile(handoff.InitExitName, b)
 }
 
 // shutdownTimeout bounds the agent's own shutdown: every process killed,
@@ -68,7 +69,7 @@ func run() error {
 	// a SIGCHLD missed now would leave a zombie.
 	sigs := make(chan os.Signal, 64)
 	signal.Notify(sigs, unix.SIGCHLD, unix.SIGTERM, unix.SIGINT)
-	in, err := sandbox.Enter()
+	in, err := guest.Enter()
 	if err != nil {
 		return err
 	}

@@ -8,8 +8,7 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
-
-	"github.com/sandkiln/sandkiln/internal/sandbox"
+	"github.com/sandkiln/sandkiln/internal/handoff"
 )
 
 // TestUsage: GET /usage answers what the runtime's kernel counts, where
@@ -17,27 +16,27 @@ import (
 // namespace sandbox, whose host groups kilnd reads itself); a failed read
 // is an error, never figures.
 func TestUsage(t *testing.T) {
-	want := sandbox.GuestUsage{Pids: 7, MemoryBytes: 64 << 20}
+	want := handoff.GuestUsage{Pids: 7, MemoryBytes: 64 << 20}
 	for _, c := range []struct {
 		name  string
-		usage func() (sandbox.GuestUsage, error)
+		usage func() (handoff.GuestUsage, error)
 		code  int
 	}{
 		{"none", nil, http.StatusNotFound},
-		{"read", func() (sandbox.GuestUsage, error) { return want, nil }, http.StatusOK},
-		{"failed", func() (sandbox.GuestUsage, error) { return sandbox.GuestUsage{}, errors.New("gone") }, http.StatusInternalServerError},
+		{"read", func() (handoff.GuestUsage, error) { return want, nil }, http.StatusOK},
+		{"failed", func() (handoff.GuestUsage, error) { return handoff.GuestUsage{}, errors.New("gone") }, http.StatusInternalServerError},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			s := New(Config{Usage: c.usage})
 			rec := httptest.NewRecorder()
-			s.ServeHTTP(rec, httptest.NewRequest("GET", sandbox.UsagePath, nil))
+			s.ServeHTTP(rec, httptest.NewRequest("GET", handoff.UsagePath, nil))
 			if rec.Code != c.code {
-				t.Fatalf("GET %s: %d %s, want %d", sandbox.UsagePath, rec.Code, rec.Body, c.code)
+				t.Fatalf("GET %s: %d %s, want %d", handoff.UsagePath, rec.Code, rec.Body, c.code)
 			}
 			if c.code != http.StatusOK {
 				return
 			}
-			var got sandbox.GuestUsage
+			var got handoff.GuestUsage
 			if err := json.Unmarshal(rec.Body.Bytes(), &got); err != nil {
 				t.Fatal(err)
 			}

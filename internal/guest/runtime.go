@@ -1,4 +1,4 @@
-package sandbox
+package guest
 
 import (
 	"fmt"
@@ -12,30 +12,19 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandkiln/sandkiln/internal/capture"
-	"github.com/sandkiln/sandkiln/internal/confine"
-)
-
-// guestDir is where, in a container a runtime built, the agent finds its
-// handles: its binary, the capture directory and the directory of its API
-// socket, each mounted there from the host. The agent takes them and hides
-// them before any sandboxed process starts.
-const guestDir = "/.kiln"
-
-// Names in guestDir (and guestAgentName).
-const (
-	guestLogs = "logs"
-	guestSock = "sock"
+	"github.com/sandkiln/sandkiln/internal/guest/confine"
+	"github.com/sandkiln/sandkiln/internal/handoff"
 )
 
 // enterGuest is Enter for an agent that a runtime (gVisor's runsc) made
 // its container's init: the root, /proc, /dev, the hostname, the
 // loopback and the limits are the runtime's, as the container's spec
-// gave them. The agent takes its handles from guestDir, hides it from the
+// gave them. The agent takes its handles from handoff.GuestDir, hides it from the
 // sandbox, and confines each process as on the host: the sandbox's user
 // namespace, mapped to its uid range (users other than the agent's, which
 // the runtime's kernel keeps apart from it as the host's would), Docker's
 // capabilities, rlimits and seccomp filter.
-func enterGuest(cfg AgentConfig) (*Inside, error) {
+func enterGuest(cfg handoff.AgentConfig) (*Inside, error) {
 	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
 		return nil, fmt.Errorf("sandbox: close-on-exec for inherited descriptors: %w", err)
 	}
@@ -43,7 +32,7 @@ func enterGuest(cfg AgentConfig) (*Inside, error) {
 	if err != nil {
 		return nil, err
 	}
-	logsDir, err := os.OpenFile(filepath.Join(guestDir, guestLogs), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	logsDir, err := os.OpenFile(filepath.Join(handoff.GuestDir, handoff.GuestLogs), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		exe.Close()
 		return nil, fmt.Errorf("sandbox: capture directory: %w", err)
@@ -55,7 +44,7 @@ func enterGuest(cfg AgentConfig) (*Inside, error) {
 	}
 	// The socket is made in a directory the runtime passes through to the
 	// host's, where kilnd dials it.
-	l, err := net.Listen("unix", filepath.Join(guestDir, guestSock, SocketName))
+	l, err := net.Listen("unix", filepath.Join(handoff.GuestDir, handoff.GuestSock, handoff.SocketName))
 	if err != nil {
 		exe.Close()
 		logs.Close()
@@ -66,11 +55,11 @@ func enterGuest(cfg AgentConfig) (*Inside, error) {
 	// and the capture directory through these mounts. Nothing below an
 	// empty read-only mount can be reached, and the sandbox's processes,
 	// in a user namespace of their own, cannot unmount it.
-	if err := unix.Mount("tmpfs", guestDir, "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0555"); err != nil {
+	if err := unix.Mount("tmpfs", handoff.GuestDir, "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0555"); err != nil {
 		exe.Close()
 		logs.Close()
 		l.Close()
-		return nil, fmt.Errorf("sandbox: hide %s: %w", guestDir, err)
+		return nil, fmt.Errorf("sandbox: hide %s: %w", handoff.GuestDir, err)
 	}
 	// The sandbox's processes are born in a group of the runtime's
 	// kernel, which counts them and their memory apart from the agent's.
@@ -105,7 +94,7 @@ func enterGuest(cfg AgentConfig) (*Inside, error) {
 // which the host's groups (holding the runtime's threads and its memory)
 // do not tell apart from the runtime's own. The hierarchy is mounted
 // nowhere the sandbox could see it.
-func guestProcsGroup(max int64) (*os.File, func() (GuestUsage, error), error) {
+func guestProcsGroup(max int64) (*os.File, func() (handoff.GuestUsage, error), error) {
 	fs, err := unix.Fsopen("cgroup2", unix.FSOPEN_CLOEXEC)
 	if err != nil {
 		return nil, nil, fmt.Errorf("sandbox: the runtime's cgroups: fsopen: %w", err)
@@ -153,15 +142,15 @@ func guestProcsGroup(max int64) (*os.File, func() (GuestUsage, error), error) {
 	}
 	// The directory stays open for the agent's life: its files are read
 	// through it, the hierarchy being mounted nowhere.
-	usage := func() (GuestUsage, error) {
-		var u GuestUsage
+	usage := func() (handoff.GuestUsage, error) {
+		var u handoff.GuestUsage
 		for _, f := range []struct {
 			name string
 			v    *int64
 		}{{"pids.current", &u.Pids}, {"memory.current", &u.MemoryBytes}} {
 			n, err := readAt(dir, f.name)
 			if err != nil {
-				return GuestUsage{}, err
+				return handoff.GuestUsage{}, err
 			}
 			*f.v = n
 		}
