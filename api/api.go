@@ -892,7 +892,7 @@ func (r ExecRequest) Check(finite bool) error {
 	}
 	for k, v := range r.Env {
 		if k == "" || strings.ContainsAny(k, "=\x00") || strings.IndexByte(v, 0) >= 0 {
-			return fmt.Errorf("%w: environment variable %q", ErrInvalid, clipText(k))
+			return fmt.Errorf("%w: environment variable %q", ErrInvalid, Clip(k))
 		}
 		size += len(k) + len(v) + 2
 	}
@@ -906,12 +906,12 @@ func (r ExecRequest) Check(finite bool) error {
 			return fmt.Errorf("%w: a finite exec has no stdin; use exec-stream", ErrInvalid)
 		}
 	default:
-		return fmt.Errorf("%w: stdin %q: want %q or %q", ErrInvalid, clipText(r.Stdin), StdinPipe, StdinClosed)
+		return fmt.Errorf("%w: stdin %q: want %q or %q", ErrInvalid, Clip(r.Stdin), StdinPipe, StdinClosed)
 	}
 	switch r.Flow {
 	case "", FlowDrop, FlowBlock:
 	default:
-		return fmt.Errorf("%w: flow %q: want %q or %q", ErrInvalid, clipText(r.Flow), FlowDrop, FlowBlock)
+		return fmt.Errorf("%w: flow %q: want %q or %q", ErrInvalid, Clip(r.Flow), FlowDrop, FlowBlock)
 	}
 	if r.DrainMS < 0 || r.DrainMS > MaxDrainMS {
 		return fmt.Errorf("%w: drain_ms %d: want 0 (the default, %d) to %d", ErrInvalid, r.DrainMS, DefaultDrainMS, MaxDrainMS)
@@ -932,7 +932,9 @@ func (r ExecRequest) Check(finite bool) error {
 	return nil
 }
 
-func clipText(s string) string {
+// Clip is a value a client sent, as an error quotes it back: its first
+// 64 bytes, "…" if there were more, and valid UTF-8.
+func Clip(s string) string {
 	if len(s) > 64 {
 		s = s[:64] + "…"
 	}

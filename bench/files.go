@@ -108,7 +108,7 @@ func measureFiles(ctx context.Context, cfg config) (*filesResult, error) {
 			return nil, fmt.Errorf("download: %w", err)
 		}
 		if fi, err := os.Stat(out); err != nil || fi.Size() != res.big {
-			return nil, fmt.Errorf("download: %v bytes of %d (%v)", fi.Size(), res.big, err)
+			return nil, fmt.Errorf("download: %v bytes of %d (%w)", fi.Size(), res.big, err)
 		}
 		os.Remove(out)
 		// A new file each rep, the last one removed: freeing a gigabyte

@@ -104,7 +104,7 @@ func New(o Options) (*Client, error) {
 		if c.token == "" {
 			b, err := os.ReadFile(filepath.Join(o.StateDir, "token"))
 			if err != nil {
-				return nil, fmt.Errorf("%w %s: give Options.Token, set $%s, or a StateDir holding kilnd's token file (%v)", ErrNoToken, addr, TokenEnv, err)
+				return nil, fmt.Errorf("%w %s: give Options.Token, set $%s, or a StateDir holding kilnd's token file (%w)", ErrNoToken, addr, TokenEnv, err)
 			}
 			c.token = strings.TrimSpace(string(b))
 		}

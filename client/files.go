@@ -229,7 +229,7 @@ func (s *Sandbox) WatchFiles(ctx context.Context, dir string, o WatchOptions) (*
 	}
 	if err != nil || hello.Type != "hello" {
 		c.CloseNow()
-		return nil, fmt.Errorf("client: watch %s: no hello: %v", dir, err)
+		return nil, fmt.Errorf("client: watch %s: no hello: %w", dir, err)
 	}
 	return &FileWatch{ID: hello.ID, Dir: hello.Dir, Seq: hello.Seq, conn: c, ctx: ctx}, nil
 }

@@ -258,7 +258,7 @@ func (c *Checker) Message(typ websocket.MessageType, msg []byte) (string, error)
 	}
 	var m control
 	if err := json.Unmarshal(msg, &m); err != nil {
-		return "", fmt.Errorf("message %d, %.200q: %v", n, msg, err)
+		return "", fmt.Errorf("message %d, %.200q: %w", n, msg, err)
 	}
 	if m.Type == api.TypeHello {
 		if c.Hello != nil {

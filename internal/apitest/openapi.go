@@ -246,7 +246,7 @@ func (v *Validator) checkJSON(a Answer, schema *openapi3.SchemaRef) error {
 	}
 	var value any
 	if err := json.Unmarshal(a.Body, &value); err != nil {
-		return fmt.Errorf("not JSON: %v", err)
+		return fmt.Errorf("not JSON: %w", err)
 	}
 	return schema.Value.VisitJSON(value, openapi3.VisitAsResponse(), openapi3.MultiErrors(), openapi3.DisableSchemaErrorDetails())
 }
@@ -263,7 +263,7 @@ func checkLines(body []byte, schema *openapi3.SchemaRef) error {
 		body = rest
 		var value any
 		if err := json.Unmarshal(line, &value); err != nil {
-			return fmt.Errorf("line %d is not JSON: %v", n, err)
+			return fmt.Errorf("line %d is not JSON: %w", n, err)
 		}
 		if err := schema.Value.VisitJSON(value, openapi3.VisitAsResponse(), openapi3.MultiErrors(), openapi3.DisableSchemaErrorDetails()); err != nil {
 			return fmt.Errorf("line %d doesn't match schema %s: %w", n, schema.Ref, err)

@@ -143,7 +143,7 @@ func parseLine(line []byte) (Record, bool, error) {
 	}
 	t, err := time.Parse(time.RFC3339Nano, string(ts))
 	if err != nil {
-		return r, false, fmt.Errorf("%w: timestamp: %v", errRecord, err)
+		return r, false, fmt.Errorf("%w: timestamp: %w", errRecord, err)
 	}
 	r.Time = t
 	name, rest, ok := bytes.Cut(rest, []byte{' '})
@@ -256,7 +256,7 @@ var errMeta = errors.New("invalid metadata")
 func parseMeta(content []byte, tagged bool) (Meta, error) {
 	var m Meta
 	if err := json.Unmarshal(content, &m); err != nil {
-		return m, fmt.Errorf("%w: %v", errMeta, err)
+		return m, fmt.Errorf("%w: %w", errMeta, err)
 	}
 	if m.Stdout < 0 || m.Stderr < 0 || m.Seq < 0 || m.Offset < 0 || m.Size < 0 {
 		return m, fmt.Errorf("%w: negative count", errMeta)
@@ -302,7 +302,7 @@ func parseMeta(content []byte, tagged bool) (Meta, error) {
 		return m, fmt.Errorf("%w: unknown event %q", errMeta, m.Event)
 	}
 	if err := checkRunID(m.Run); err != nil {
-		return m, fmt.Errorf("%w: %v", errMeta, err)
+		return m, fmt.Errorf("%w: %w", errMeta, err)
 	}
 	return m, nil
 }
@@ -317,7 +317,7 @@ func checkTagged(m Meta) error {
 			return fmt.Errorf("%w: file record needs a sequence number", errMeta)
 		}
 		if err := checkRunID(m.Run); err != nil {
-			return fmt.Errorf("%w: %v", errMeta, err)
+			return fmt.Errorf("%w: %w", errMeta, err)
 		}
 		if m.At == nil || (m.Ended == nil) != (m.Dropped == nil) || (m.Ended == nil) != (m.Size == 0) || m.Stdout != 0 || m.Stderr != 0 {
 			return fmt.Errorf("%w: a header needs the streams' offsets, and an end with its loss", errMeta)

@@ -144,7 +144,7 @@ func (d *Daemon) Handler(tcp bool) http.Handler {
 	})
 	guarded := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !d.originAllowed(r) {
-			reply.Error(w, errdefs.New(errdefs.ErrPermissionDenied, "kilnd: origin "+clip(r.Header.Get("Origin"))+" is not allowed (see --allow-origin)"))
+			reply.Error(w, errdefs.New(errdefs.ErrPermissionDenied, "kilnd: origin "+api.Clip(r.Header.Get("Origin"))+" is not allowed (see --allow-origin)"))
 			return
 		}
 		// Before the token: an old preview URL is told where previews are.
@@ -163,7 +163,7 @@ func (d *Daemon) Handler(tcp bool) http.Handler {
 		// that follows the redirect would reach another file than it named.
 		// (An escaped dot or slash stays inside its segment, an id.)
 		if p := r.URL.EscapedPath(); p != "/" && path.Clean(p) != strings.TrimSuffix(p, "/") {
-			reply.Error(w, errdefs.New(errdefs.ErrInvalidArgument, fmt.Sprintf("kilnd: path %s is not clean (no \"..\", \".\" or empty segment)", clip(p))))
+			reply.Error(w, errdefs.New(errdefs.ErrInvalidArgument, fmt.Sprintf("kilnd: path %s is not clean (no \"..\", \".\" or empty segment)", api.Clip(p))))
 			return
 		}
 		// Set by kilnd alone, for the agent.
@@ -182,7 +182,7 @@ func (d *Daemon) Handler(tcp bool) http.Handler {
 			return
 		}
 		if tcp && !d.hostAllowed(r) {
-			reply.Error(w, errdefs.New(errdefs.ErrPermissionDenied, "kilnd: host "+clip(r.Host)+" is not one kilnd serves (see --allow-host)"))
+			reply.Error(w, errdefs.New(errdefs.ErrPermissionDenied, "kilnd: host "+api.Clip(r.Host)+" is not one kilnd serves (see --allow-host)"))
 			return
 		}
 		if appPath(r.URL.Path) {
@@ -356,7 +356,7 @@ func (d *Daemon) relay(w http.ResponseWriter, r *http.Request, e *entry) {
 	}
 	conn, brw, err := http.NewResponseController(w).Hijack()
 	if err != nil {
-		reply.Error(w, fmt.Errorf("%w: %v", errdefs.ErrUnavailable, err))
+		reply.Error(w, fmt.Errorf("%w: %w", errdefs.ErrUnavailable, err))
 		return
 	}
 	defer conn.Close()

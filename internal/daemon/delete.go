@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/errdefs"
 	"github.com/sandkiln/sandkiln/internal/sandbox"
 )
@@ -87,7 +88,7 @@ func (d *Daemon) delete(ref string, removeLogs, claimed bool) error {
 	}
 	if e.rec.State == StateDeleted || (e.deleting && !claimed) {
 		d.mu.Unlock()
-		return fmt.Errorf("%w: no sandbox %q", errdefs.ErrNotFound, clip(ref))
+		return fmt.Errorf("%w: no sandbox %q", errdefs.ErrNotFound, api.Clip(ref))
 	}
 	id := e.rec.ID
 	e.proxy, e.deleting = nil, true

@@ -217,7 +217,7 @@ func (d *Daemon) imageRoot(ref string) (image.Image, []string, func(), error) {
 	layers, err := d.images.LayerDirs(img)
 	if err != nil {
 		release()
-		return image.Image{}, nil, nil, fmt.Errorf("%w: image %s: %v", errdefs.ErrNotFound, ref, err)
+		return image.Image{}, nil, nil, fmt.Errorf("%w: image %s: %w", errdefs.ErrNotFound, ref, err)
 	}
 	return img, layers, release, nil
 }

@@ -118,12 +118,12 @@ func parseLogQuery(r *http.Request) (logQuery, error) {
 	case "stderr":
 		lq.filter.Stderr = true
 	default:
-		return lq, fmt.Errorf("%w: stream %q: want stdout or stderr", errdefs.ErrInvalidArgument, clip(q.Get("stream")))
+		return lq, fmt.Errorf("%w: stream %q: want stdout or stderr", errdefs.ErrInvalidArgument, api.Clip(q.Get("stream")))
 	}
 	if v := q.Get("tail"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 0 {
-			return lq, fmt.Errorf("%w: tail %q: want a count of lines", errdefs.ErrInvalidArgument, clip(v))
+			return lq, fmt.Errorf("%w: tail %q: want a count of lines", errdefs.ErrInvalidArgument, api.Clip(v))
 		}
 		lq.filter.Tail = n
 	}
@@ -137,7 +137,7 @@ func parseLogQuery(r *http.Request) (logQuery, error) {
 		} else if dur, err := time.ParseDuration(v); err == nil && dur >= 0 {
 			*t = time.Now().Add(-dur)
 		} else {
-			return lq, fmt.Errorf("%w: %s %q: want an RFC 3339 time or a duration such as 10m", errdefs.ErrInvalidArgument, name, clip(v))
+			return lq, fmt.Errorf("%w: %s %q: want an RFC 3339 time or a duration such as 10m", errdefs.ErrInvalidArgument, name, api.Clip(v))
 		}
 	}
 	var err error
@@ -151,14 +151,14 @@ func parseLogQuery(r *http.Request) (logQuery, error) {
 	case "json":
 		lq.json = true
 	default:
-		return lq, fmt.Errorf("%w: format %q: want raw or json", errdefs.ErrInvalidArgument, clip(q.Get("format")))
+		return lq, fmt.Errorf("%w: format %q: want raw or json", errdefs.ErrInvalidArgument, api.Clip(q.Get("format")))
 	}
 	switch q.Get("source") {
 	case "", "best":
 	case "log":
 		lq.fromLog = true
 	default:
-		return lq, fmt.Errorf("%w: source %q: want best or log", errdefs.ErrInvalidArgument, clip(q.Get("source")))
+		return lq, fmt.Errorf("%w: source %q: want best or log", errdefs.ErrInvalidArgument, api.Clip(q.Get("source")))
 	}
 	return lq, nil
 }
@@ -224,7 +224,7 @@ func boolParam(v string) (bool, error) {
 	}
 	b, err := strconv.ParseBool(v)
 	if err != nil {
-		return false, fmt.Errorf("%w: %q is not true or false", errdefs.ErrInvalidArgument, clip(v))
+		return false, fmt.Errorf("%w: %q is not true or false", errdefs.ErrInvalidArgument, api.Clip(v))
 	}
 	return b, nil
 }
@@ -247,7 +247,7 @@ func (d *Daemon) readLog(w http.ResponseWriter, r *http.Request) {
 	defer dir.Close()
 	pid := r.PathValue("pid")
 	if _, err := uuid.Parse(pid); err != nil {
-		reply.Error(w, fmt.Errorf("%w: no process %q", errdefs.ErrNotFound, clip(pid)))
+		reply.Error(w, fmt.Errorf("%w: no process %q", errdefs.ErrNotFound, api.Clip(pid)))
 		return
 	}
 	sub, err := dir.OpenSub(pid)

@@ -167,7 +167,7 @@ func (d *Daemon) revokePreview(w http.ResponseWriter, r *http.Request) {
 	defer d.mu.Unlock()
 	i := slices.IndexFunc(e.rec.Previews, func(p preview) bool { return p.ID == r.PathValue("preview") })
 	if i < 0 {
-		reply.Error(w, fmt.Errorf("%w: sandbox %s has no preview %q", errdefs.ErrNotFound, e.rec.ID, clip(r.PathValue("preview"))))
+		reply.Error(w, fmt.Errorf("%w: sandbox %s has no preview %q", errdefs.ErrNotFound, e.rec.ID, api.Clip(r.PathValue("preview"))))
 		return
 	}
 	kept := e.rec
@@ -243,7 +243,7 @@ func (d *Daemon) servePreview(w http.ResponseWriter, r *http.Request) {
 	u.RawPath = raw
 	var err error
 	if u.Path, err = url.PathUnescape(raw); err != nil {
-		reply.Error(w, fmt.Errorf("%w: %v", errdefs.ErrInvalidArgument, err))
+		reply.Error(w, fmt.Errorf("%w: %w", errdefs.ErrInvalidArgument, err))
 		return
 	}
 	out.URL = &u

@@ -42,7 +42,7 @@ func (d *Daemon) previewDomain() string {
 func ValidatePreviewDomain(domain string, allowHosts []string) error {
 	domain = cmp.Or(domain, DefaultPreviewDomain)
 	bad := func(why string) error {
-		return fmt.Errorf("%w: preview domain %q: %s", errdefs.ErrInvalidArgument, clip(domain), why)
+		return fmt.Errorf("%w: preview domain %q: %s", errdefs.ErrInvalidArgument, api.Clip(domain), why)
 	}
 	if len(domain) > 200 {
 		return bad("longer than 200 bytes")
@@ -62,7 +62,7 @@ func ValidatePreviewDomain(domain string, allowHosts []string) error {
 			name = host
 		}
 		if underDomain(strings.TrimSuffix(name, "."), domain) {
-			return fmt.Errorf("%w: allowed host %q is under the preview domain %s: every name there is a preview's", errdefs.ErrInvalidArgument, clip(h), domain)
+			return fmt.Errorf("%w: allowed host %q is under the preview domain %s: every name there is a preview's", errdefs.ErrInvalidArgument, api.Clip(h), domain)
 		}
 	}
 	return nil
@@ -174,7 +174,7 @@ func (d *Daemon) previewAuthority(r *http.Request, tcp bool) (string, error) {
 // notPreviewed answers a request that reaches no preview on a preview's
 // host, or one for the previews' listener naming another host.
 func notPreviewed(w http.ResponseWriter, r *http.Request) {
-	reply.Error(w, errdefs.New(errdefs.ErrNotFound, "kilnd: host "+clip(r.Host)+" is no preview's, and a preview's host serves that preview alone"))
+	reply.Error(w, errdefs.New(errdefs.ErrNotFound, "kilnd: host "+api.Clip(r.Host)+" is no preview's, and a preview's host serves that preview alone"))
 }
 
 // PreviewHandler serves previews alone, as the previews' own listener
@@ -190,7 +190,7 @@ func (d *Daemon) previewHandler() http.Handler {
 	m := http.NewServeMux()
 	m.HandleFunc(previewPrefix, d.servePreview)
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		reply.Error(w, errdefs.New(errdefs.ErrNotFound, "kilnd: a preview's host serves "+previewPrefix+"TOKEN/ alone (no route "+clip(r.URL.Path)+")"))
+		reply.Error(w, errdefs.New(errdefs.ErrNotFound, "kilnd: a preview's host serves "+previewPrefix+"TOKEN/ alone (no route "+api.Clip(r.URL.Path)+")"))
 	})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if id, _ := d.previewHost(r); id == "" {
@@ -199,7 +199,7 @@ func (d *Daemon) previewHandler() http.Handler {
 		}
 		// Refused rather than redirected, as the API's paths are.
 		if p := r.URL.EscapedPath(); p != "/" && path.Clean(p) != strings.TrimSuffix(p, "/") {
-			reply.Error(w, errdefs.New(errdefs.ErrInvalidArgument, fmt.Sprintf("kilnd: path %s is not clean (no \"..\", \".\" or empty segment)", clip(p))))
+			reply.Error(w, errdefs.New(errdefs.ErrInvalidArgument, fmt.Sprintf("kilnd: path %s is not clean (no \"..\", \".\" or empty segment)", api.Clip(p))))
 			return
 		}
 		// Set by kilnd alone, for the agent.

@@ -66,12 +66,12 @@ func validateCreate(req CreateRequest, limits api.Limits) error {
 		return err
 	}
 	if req.Name != "" && !isLabel(req.Name) {
-		return fmt.Errorf("%w: sandbox name %q: want a DNS label (RFC 1123): a-z, 0-9 and '-', 1 to 63 characters, not beginning or ending with '-'", errdefs.ErrInvalidArgument, clip(req.Name))
+		return fmt.Errorf("%w: sandbox name %q: want a DNS label (RFC 1123): a-z, 0-9 and '-', 1 to 63 characters, not beginning or ending with '-'", errdefs.ErrInvalidArgument, api.Clip(req.Name))
 	}
 	if len(req.Hostname) > 63 || strings.ContainsFunc(req.Hostname, func(r rune) bool {
 		return !(r == '-' || r == '.' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z')
 	}) {
-		return fmt.Errorf("%w: hostname %q: want at most 63 of a-z, A-Z, 0-9, '-' and '.'", errdefs.ErrInvalidArgument, clip(req.Hostname))
+		return fmt.Errorf("%w: hostname %q: want at most 63 of a-z, A-Z, 0-9, '-' and '.'", errdefs.ErrInvalidArgument, api.Clip(req.Hostname))
 	}
 	if req.IdleTimeoutSeconds < 0 || req.IdleTimeoutSeconds > api.MaxIdleTimeoutSeconds {
 		return fmt.Errorf("%w: idle_timeout_seconds %d: want 0 (none) to %d (a year)", errdefs.ErrInvalidArgument, req.IdleTimeoutSeconds, api.MaxIdleTimeoutSeconds)
@@ -90,7 +90,7 @@ func validateCreate(req CreateRequest, limits api.Limits) error {
 			return fmt.Errorf("%w: on_oom %s: a gvisor sandbox can only end as a whole out of memory (its processes, its kernel and the agent share one host memory group); want %s", errdefs.ErrInvalidArgument, req.OnOOM, api.OnOOMEndSandbox)
 		}
 	default:
-		return fmt.Errorf("%w: on_oom %q: want %s (the default) or %s", errdefs.ErrInvalidArgument, clip(req.OnOOM), api.OnOOMEndSandbox, api.OnOOMKillProcess)
+		return fmt.Errorf("%w: on_oom %q: want %s (the default) or %s", errdefs.ErrInvalidArgument, api.Clip(req.OnOOM), api.OnOOMEndSandbox, api.OnOOMKillProcess)
 	}
 	if req.Logs != nil {
 		if err := ValidateLogs(*req.Logs, "logs."); err != nil {

@@ -59,7 +59,7 @@ func Validate(p *api.Network) error {
 	switch p.Egress {
 	case "", api.EgressNone, api.EgressAllow:
 	default:
-		return fmt.Errorf("%w: network egress %q: want %q or %q", errdefs.ErrInvalidArgument, clip(p.Egress), api.EgressNone, api.EgressAllow)
+		return fmt.Errorf("%w: network egress %q: want %q or %q", errdefs.ErrInvalidArgument, api.Clip(p.Egress), api.EgressNone, api.EgressAllow)
 	}
 	for _, l := range []struct {
 		name  string
@@ -70,7 +70,7 @@ func Validate(p *api.Network) error {
 		}
 		for _, c := range l.cidrs {
 			if _, err := ParseCIDR(c); err != nil {
-				return fmt.Errorf("%w: network %s: %v", errdefs.ErrInvalidArgument, l.name, err)
+				return fmt.Errorf("%w: network %s: %w", errdefs.ErrInvalidArgument, l.name, err)
 			}
 		}
 	}
@@ -90,10 +90,10 @@ func ParseCIDR(s string) (netip.Prefix, error) {
 		}
 	}
 	if err != nil {
-		return netip.Prefix{}, fmt.Errorf("%q is not a CIDR", clip(s))
+		return netip.Prefix{}, fmt.Errorf("%q is not a CIDR", api.Clip(s))
 	}
 	if !p.Addr().Is4() {
-		return netip.Prefix{}, fmt.Errorf("%q: only IPv4 is supported", clip(s))
+		return netip.Prefix{}, fmt.Errorf("%q: only IPv4 is supported", api.Clip(s))
 	}
 	return p.Masked(), nil
 }
@@ -243,13 +243,6 @@ func addr4(v uint32) netip.Addr {
 	var b [4]byte
 	binary.BigEndian.PutUint32(b[:], v)
 	return netip.AddrFrom4(b)
-}
-
-func clip(s string) string {
-	if len(s) > 64 {
-		return s[:64] + "…"
-	}
-	return s
 }
 
 // HostResolvers are the host's name servers a sandbox can reach: those of

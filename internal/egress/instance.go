@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/google/nftables"
+	"github.com/sandkiln/sandkiln/api"
 )
 
 // Many kilnds share a host, each an instance with a name of its own
@@ -25,7 +26,7 @@ func CheckInstance(name string) error {
 		ok = ok && (r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-')
 	}
 	if !ok {
-		return fmt.Errorf("egress: instance name %q: want 1 to 32 of a-z, 0-9 and -, not beginning with -", clip(name))
+		return fmt.Errorf("egress: instance name %q: want 1 to 32 of a-z, 0-9 and -, not beginning with -", api.Clip(name))
 	}
 	return nil
 }

@@ -77,7 +77,7 @@ func (s *Server) handover(w http.ResponseWriter, r *http.Request) {
 	}
 	conn, brw, err := http.NewResponseController(w).Hijack()
 	if err != nil {
-		reply.Error(w, fmt.Errorf("%w: files: hand the file over: %v", errdefs.ErrInternal, err))
+		reply.Error(w, fmt.Errorf("%w: files: hand the file over: %w", errdefs.ErrInternal, err))
 		return
 	}
 	defer conn.Close()
@@ -128,7 +128,7 @@ func (h *Handed) Commit(size int64) (api.FileInfo, error) {
 	if !h.pending {
 		fi, err := h.f.Stat()
 		if err != nil {
-			return api.FileInfo{}, fmt.Errorf("%w: files: %v", errdefs.ErrInternal, err)
+			return api.FileInfo{}, fmt.Errorf("%w: files: %w", errdefs.ErrInternal, err)
 		}
 		e := h.Entry
 		e.Size, e.ModTime = fi.Size(), fi.ModTime().UTC()
@@ -161,7 +161,7 @@ func (h *Handed) settle(v string) (header, error) {
 		err = json.Unmarshal([]byte(line), &a)
 	}
 	if err != nil {
-		return header{}, fmt.Errorf("%w: files: the agent's answer to the upload's %s: %v", errdefs.ErrOutcomeUnknown, strings.Fields(v)[0], err)
+		return header{}, fmt.Errorf("%w: files: the agent's answer to the upload's %s: %w", errdefs.ErrOutcomeUnknown, strings.Fields(v)[0], err)
 	}
 	return a, nil
 }
@@ -245,7 +245,7 @@ func handed(conn *net.UnixConn, f *os.File, line, buf []byte) (*Handed, error) {
 	}
 	var h header
 	if err := json.Unmarshal(line, &h); err != nil || h.Entry == nil {
-		return nil, fmt.Errorf("files: the handover's header: %v", err)
+		return nil, fmt.Errorf("files: the handover's header: %w", err)
 	}
 	// The agent checked it; so does kilnd, which writes it.
 	fi, err := f.Stat()

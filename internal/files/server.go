@@ -148,7 +148,7 @@ func (s *Server) launch(withStdin bool, op, p string, args ...string) (*call, er
 		if c.stdin != nil {
 			c.stdin.Close()
 		}
-		return nil, fmt.Errorf("%w: files: start the helper: %v", errdefs.ErrUnavailable, err)
+		return nil, fmt.Errorf("%w: files: start the helper: %w", errdefs.ErrUnavailable, err)
 	}
 	return c, nil
 }
@@ -189,7 +189,7 @@ func (c *call) readHeader() error {
 		if i := bytes.IndexByte(buf[:n], '\n'); i >= 0 {
 			c.rest = buf[i+1 : n]
 			if err := json.Unmarshal(buf[:i], &c.h); err != nil {
-				return fmt.Errorf("%w: files: the helper's answer: %v", errdefs.ErrInternal, err)
+				return fmt.Errorf("%w: files: the helper's answer: %w", errdefs.ErrInternal, err)
 			}
 			return nil
 		}

@@ -188,7 +188,7 @@ func (s *Server) writeFile(ctx context.Context, _ *mcp.CallToolRequest, in Write
 	case "base64":
 		var err error
 		if content, err = base64.StdEncoding.DecodeString(in.Content); err != nil {
-			return nil, FileOutput{}, fmt.Errorf("content is not base64: %v", err)
+			return nil, FileOutput{}, fmt.Errorf("content is not base64: %w", err)
 		}
 	default:
 		return nil, FileOutput{}, fmt.Errorf("encoding %q: want utf-8 or base64", in.Encoding)

@@ -37,7 +37,7 @@ func parseLogURI(uri string) (sandbox, pid string, _ error) {
 		pid, err = url.PathUnescape(parts[2])
 	}
 	if err != nil {
-		return "", "", fmt.Errorf("resource %q: %v", uri, err)
+		return "", "", fmt.Errorf("resource %q: %w", uri, err)
 	}
 	return sandbox, pid, nil
 }

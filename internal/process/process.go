@@ -289,7 +289,7 @@ func startProcess(id string, spec Spec, drainFor time.Duration, onDone func()) (
 			return nil, fmt.Errorf("%w: %q: %w", ErrNoDir, spec.Dir, errors.Unwrap(err))
 		}
 		if err != nil || !fi.IsDir() {
-			return nil, fmt.Errorf("%w: working directory %q: %v", ErrStart, spec.Dir, notDir(err))
+			return nil, fmt.Errorf("%w: working directory %q: %w", ErrStart, spec.Dir, notDir(err))
 		}
 	}
 	p := &Process{
@@ -413,7 +413,7 @@ func startError(prog string, err error) error {
 	case errors.Is(err, unix.EACCES) || errors.Is(err, unix.ENOEXEC) || errors.Is(err, unix.EISDIR) || errors.Is(err, unix.EPERM):
 		class = ErrNotExecutable
 	}
-	return fmt.Errorf("%w: %s: %v", class, prog, err)
+	return fmt.Errorf("%w: %s: %w", class, prog, err)
 }
 
 // errNotInPath is lookPath's: no directory of PATH has the program.

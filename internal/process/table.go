@@ -13,6 +13,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/capture"
 	"github.com/sandkiln/sandkiln/internal/errdefs"
 	"github.com/sandkiln/sandkiln/internal/ring"
@@ -190,7 +191,7 @@ func parseID(id string) (uuid.UUID, error) {
 	u, err := uuid.Parse(id)
 	if err != nil || len(id) != 36 {
 		// No process can have this id: as not found as an unknown one.
-		return uuid.UUID{}, fmt.Errorf("%w: %q is not a process id", ErrNotFound, clip(id, 64))
+		return uuid.UUID{}, fmt.Errorf("%w: %q is not a process id", ErrNotFound, api.Clip(id))
 	}
 	return u, nil
 }
@@ -424,7 +425,7 @@ func (t *Table) graceOver(id uuid.UUID, e *entry, gen int) {
 		dropped:  st.Dropped,
 		started:  st.StartedAt.UnixNano(),
 		exited:   st.ExitedAt.UnixNano(),
-		cmdline:  clip(strings.Join(st.Argv, " "), maxCmdline),
+		cmdline:  clipCopy(strings.Join(st.Argv, " "), maxCmdline),
 	}
 	for _, s := range st.Streams {
 		ts.streams |= 1 << s
@@ -436,7 +437,7 @@ func (t *Table) graceOver(id uuid.UUID, e *entry, gen int) {
 	}
 }
 
-func clip(s string, n int) string {
+func clipCopy(s string, n int) string {
 	if len(s) <= n {
 		return strings.Clone(s)
 	}

@@ -225,13 +225,6 @@ func (s *Server) begin(id string) (*capture.Writer, error) {
 	return w, nil
 }
 
-func clip(s string) string {
-	if len(s) > 64 {
-		s = s[:64] + "…"
-	}
-	return strings.ToValidUTF8(s, "\uFFFD")
-}
-
 // StartInit starts a sandbox's init command: like an exec-stream, always
 // captured, with stdin closed.
 func (s *Server) StartInit(req api.ExecRequest) (string, error) {
@@ -437,7 +430,7 @@ func parseSignal(v string) (syscall.Signal, error) {
 	if sig := unix.SignalNum(name); sig != 0 {
 		return sig, nil
 	}
-	return 0, fmt.Errorf("%w: unknown signal %q", process.ErrInvalid, clip(v))
+	return 0, fmt.Errorf("%w: unknown signal %q", process.ErrInvalid, api.Clip(v))
 }
 
 func (s *Server) signal(w http.ResponseWriter, r *http.Request) {
@@ -470,7 +463,7 @@ func (s *Server) stdin(w http.ResponseWriter, r *http.Request) {
 	}
 	if err != nil {
 		// A body cut short: nothing of it is written.
-		writeError(w, fmt.Errorf("%w: reading the body: %v", process.ErrInvalid, err))
+		writeError(w, fmt.Errorf("%w: reading the body: %w", process.ErrInvalid, err))
 		return
 	}
 	offset, given, err := stdinOffset(r.URL.Query())
@@ -506,7 +499,7 @@ func stdinOffset(q url.Values) (offset int64, given bool, err error) {
 		return 0, false, nil
 	}
 	if offset, err = strconv.ParseInt(v, 10, 64); err != nil || offset < 0 {
-		return 0, false, fmt.Errorf("%w: offset %q", process.ErrInvalid, clip(v))
+		return 0, false, fmt.Errorf("%w: offset %q", process.ErrInvalid, api.Clip(v))
 	}
 	return offset, true, nil
 }

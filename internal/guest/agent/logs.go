@@ -75,7 +75,7 @@ func parseFrom(q url.Values) (ring.Offsets, error) {
 		}
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || n < 0 {
-			return from, fmt.Errorf("%w: %s offset %q", process.ErrInvalid, name, clip(v))
+			return from, fmt.Errorf("%w: %s offset %q", process.ErrInvalid, name, api.Clip(v))
 		}
 		from[st] = n
 	}
@@ -89,7 +89,7 @@ func parseBool(q url.Values, name string, def bool) (bool, error) {
 	}
 	b, err := strconv.ParseBool(v)
 	if err != nil {
-		return def, fmt.Errorf("%w: %s=%q: want true or false", process.ErrInvalid, name, clip(v))
+		return def, fmt.Errorf("%w: %s=%q: want true or false", process.ErrInvalid, name, api.Clip(v))
 	}
 	return b, nil
 }
@@ -120,7 +120,7 @@ func (s *Server) logs(w http.ResponseWriter, r *http.Request) {
 	case api.FlowBlock:
 		ao.Hold = true
 	default:
-		writeError(w, fmt.Errorf("%w: flow %q: want %s or %s", process.ErrInvalid, clip(v), api.FlowDrop, api.FlowBlock))
+		writeError(w, fmt.Errorf("%w: flow %q: want %s or %s", process.ErrInvalid, api.Clip(v), api.FlowDrop, api.FlowBlock))
 		return
 	}
 	if ao.Acked, err = parseBool(q, "ack", false); err != nil {
@@ -130,7 +130,7 @@ func (s *Server) logs(w http.ResponseWriter, r *http.Request) {
 	var granted int64
 	if v := q.Get("credit"); v != "" {
 		if granted, err = strconv.ParseInt(v, 10, 64); err != nil || granted < api.CreditFrame || granted > api.MaxCredit {
-			writeError(w, fmt.Errorf("%w: credit %q: want %d to %d bytes", process.ErrInvalid, clip(v), api.CreditFrame, api.MaxCredit))
+			writeError(w, fmt.Errorf("%w: credit %q: want %d to %d bytes", process.ErrInvalid, api.Clip(v), api.CreditFrame, api.MaxCredit))
 			return
 		}
 	}
@@ -585,7 +585,7 @@ func (s *Server) readInput(ctx context.Context, c *websocket.Conn, id string, st
 			}
 			accepted, err := s.cfg.Table.Write(id, offset, data)
 			if err != nil {
-				c.Close(websocket.StatusPolicyViolation, clip("stdin: "+err.Error()))
+				c.Close(websocket.StatusPolicyViolation, api.Clip("stdin: "+err.Error()))
 				return
 			}
 			offset = accepted
@@ -621,7 +621,7 @@ func (s *Server) readInput(ctx context.Context, c *websocket.Conn, id string, st
 				}
 			}
 			if err != nil {
-				c.Close(websocket.StatusPolicyViolation, clip(err.Error()))
+				c.Close(websocket.StatusPolicyViolation, api.Clip(err.Error()))
 				return
 			}
 		}
@@ -647,7 +647,7 @@ var streamOf = map[string]ring.Stream{"stdout": ring.Stdout, "stderr": ring.Stde
 func controlMessage(data []byte) (api.ClientMessage, error) {
 	var m api.ClientMessage
 	if err := json.Unmarshal(data, &m); err != nil {
-		return m, fmt.Errorf("%w: %v", errBadJSON, err)
+		return m, fmt.Errorf("%w: %w", errBadJSON, err)
 	}
 	switch m.Type {
 	case api.TypeStdinClose:
@@ -658,7 +658,7 @@ func controlMessage(data []byte) (api.ClientMessage, error) {
 	case api.TypeAck, api.TypeCredit:
 		for name, off := range m.Offsets {
 			if _, ok := streamOf[name]; !ok || off < 0 {
-				return m, fmt.Errorf("ack of %s offset %d", clip(name), off)
+				return m, fmt.Errorf("ack of %s offset %d", api.Clip(name), off)
 			}
 		}
 		if m.Type == api.TypeCredit && (m.Bytes < 1 || m.Bytes > api.MaxCredit) {
@@ -666,7 +666,7 @@ func controlMessage(data []byte) (api.ClientMessage, error) {
 		}
 	case api.TypeRelease:
 	default:
-		return m, fmt.Errorf("unknown message type %q", clip(m.Type))
+		return m, fmt.Errorf("unknown message type %q", api.Clip(m.Type))
 	}
 	return m, nil
 }

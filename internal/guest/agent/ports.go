@@ -62,7 +62,7 @@ func (s *Server) proxyPort(w http.ResponseWriter, r *http.Request) {
 	raw = strings.TrimPrefix(strings.TrimPrefix(raw, "/ports/"+r.PathValue("port")), "/")
 	rest, err := url.PathUnescape(raw)
 	if err != nil {
-		reply.Error(w, fmt.Errorf("%w: %v", errdefs.ErrInvalidArgument, err))
+		reply.Error(w, fmt.Errorf("%w: %w", errdefs.ErrInvalidArgument, err))
 		return
 	}
 	rp := &httputil.ReverseProxy{

@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/errdefs"
 )
 
@@ -32,7 +33,7 @@ const maxAccountFile = 4 << 20
 func lookupUser(spec string) (user, error) {
 	name, group, hasGroup := strings.Cut(spec, ":")
 	if name == "" || hasGroup && group == "" {
-		return user{}, fmt.Errorf("%w: user %q: want NAME, UID, NAME:GROUP or UID:GID", errdefs.ErrInvalidArgument, clip(spec))
+		return user{}, fmt.Errorf("%w: user %q: want NAME, UID, NAME:GROUP or UID:GID", errdefs.ErrInvalidArgument, api.Clip(spec))
 	}
 	passwd, err := readAccounts("/etc/passwd")
 	if err != nil {
@@ -46,7 +47,7 @@ func lookupUser(spec string) (user, error) {
 		uid, err1 := parseID(entry[2])
 		gid, err2 := parseID(entry[3])
 		if err1 != nil || err2 != nil {
-			return user{}, fmt.Errorf("%w: user %q: its /etc/passwd entry is malformed", errdefs.ErrInvalidArgument, clip(name))
+			return user{}, fmt.Errorf("%w: user %q: its /etc/passwd entry is malformed", errdefs.ErrInvalidArgument, api.Clip(name))
 		}
 		cred.Uid, cred.Gid = uid, gid
 		if len(entry) > 5 {
@@ -55,7 +56,7 @@ func lookupUser(spec string) (user, error) {
 	default:
 		uid, err := parseID(name)
 		if err != nil {
-			return user{}, fmt.Errorf("%w: user %q: no such user in the sandbox's /etc/passwd", errdefs.ErrInvalidArgument, clip(name))
+			return user{}, fmt.Errorf("%w: user %q: no such user in the sandbox's /etc/passwd", errdefs.ErrInvalidArgument, api.Clip(name))
 		}
 		cred.Uid, cred.Gid = uid, uid
 	}
@@ -67,13 +68,13 @@ func lookupUser(spec string) (user, error) {
 		if g, ok := findEntry(groups, group, 2); ok {
 			gid, err := parseID(g[2])
 			if err != nil {
-				return user{}, fmt.Errorf("%w: group %q: its /etc/group entry is malformed", errdefs.ErrInvalidArgument, clip(group))
+				return user{}, fmt.Errorf("%w: group %q: its /etc/group entry is malformed", errdefs.ErrInvalidArgument, api.Clip(group))
 			}
 			cred.Gid = gid
 		} else if gid, err := parseID(group); err == nil {
 			cred.Gid = gid
 		} else {
-			return user{}, fmt.Errorf("%w: group %q: no such group in the sandbox's /etc/group", errdefs.ErrInvalidArgument, clip(group))
+			return user{}, fmt.Errorf("%w: group %q: no such group in the sandbox's /etc/group", errdefs.ErrInvalidArgument, api.Clip(group))
 		}
 	}
 	// The groups that name the user as a member, when it has a name.
@@ -132,7 +133,7 @@ func readAccounts(path string) ([][]string, error) {
 		return nil, nil // no names: numbers only
 	}
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s: %v", errdefs.ErrInvalidArgument, path, err)
+		return nil, fmt.Errorf("%w: %s: %w", errdefs.ErrInvalidArgument, path, err)
 	}
 	defer f.Close()
 	var st unix.Stat_t
@@ -143,7 +144,7 @@ func readAccounts(path string) ([][]string, error) {
 	}
 	b, err := io.ReadAll(io.LimitReader(f, maxAccountFile))
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s: %v", errdefs.ErrInvalidArgument, path, err)
+		return nil, fmt.Errorf("%w: %s: %w", errdefs.ErrInvalidArgument, path, err)
 	}
 	var out [][]string
 	sc := bufio.NewScanner(bytes.NewReader(b))

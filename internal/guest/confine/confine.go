@@ -106,7 +106,7 @@ func confine(cfg Config) error {
 		return fmt.Errorf("confine: drop supplementary groups: %w", err)
 	}
 	if gs, err := unix.Getgroups(); err != nil || len(gs) > 0 {
-		return fmt.Errorf("confine: the spawner holds supplementary groups %v (%v)", gs, err)
+		return fmt.Errorf("confine: the spawner holds supplementary groups %v (%w)", gs, err)
 	}
 	if cfg.NoFile[1] > 0 {
 		// syscall's Setrlimit, so that a fork does not restore the limit

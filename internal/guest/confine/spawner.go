@@ -419,7 +419,7 @@ func (s *Spawner) begin() error {
 	}
 	if err := s.start(cmd); err != nil {
 		conn.Close()
-		return fmt.Errorf("confine: start the sandbox's spawner: %v", err)
+		return fmt.Errorf("confine: start the sandbox's spawner: %w", err)
 	}
 	gone := make(chan struct{})
 	go func() {

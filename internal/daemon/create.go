@@ -1,0 +1,369 @@
+// A sandbox's life: its creation, what it is made from (limits, rootfs,
+// disk, logs) and its end, watched.
+
+package daemon
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/internal/egress"
+	"github.com/sandkiln/sandkiln/internal/errdefs"
+	"github.com/sandkiln/sandkiln/internal/image"
+	"github.com/sandkiln/sandkiln/internal/sandbox"
+	"golang.org/x/sys/unix"
+)
+
+// stopped records that a sandbox is no longer running. The init
+// command's exit, if the agent recorded one, becomes the sandbox's;
+// otherwise its exit is unknown. Whatever is left of it is the caller's
+// to end (Instance.End), outside d.mu: that can take a while.
+func (d *Daemon) stopped(e *entry, reason string) {
+	rec := &e.rec
+	if e.sb != nil {
+		if ie := e.sb.InitExit(); ie != nil {
+			rec.Exit, reason = &ie.Exit, "the init command ended: "+ie.Exit.String()
+		}
+	}
+	if rec.Exit == nil {
+		reason += "; exit unknown"
+	}
+	now := time.Now().UTC()
+	rec.State, rec.StoppedAt, rec.Reason = StateStopped, &now, reason
+	if err := d.save(*rec); err != nil {
+		d.log.Error("record a stopped sandbox", "id", rec.ID, "err", err)
+	}
+}
+
+// agentExited is the reason a sandbox whose agent exited stopped.
+func agentExited(sb sandbox.Instance) string {
+	if r := sb.ExitReason(); r != "" {
+		return r
+	}
+	return "the agent exited"
+}
+
+// watch waits, in a goroutine, for a running sandbox's agent to exit, and
+// then records the sandbox stopped (with its init command's exit).
+func (d *Daemon) watch(e *entry) {
+	sb, id := e.sb, e.rec.ID
+	d.wg.Go(func() {
+		sb.AwaitExit(d.closing)
+		select {
+		case <-d.closing:
+			return
+		default:
+		}
+		d.mu.Lock()
+		deleting := e.deleting
+		d.mu.Unlock()
+		if deleting {
+			return
+		}
+		reason := agentExited(sb) // before End takes its groups
+		sb.End()
+		d.unplug(id)
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		if e.deleting || e.rec.State != StateRunning {
+			return
+		}
+		d.stopped(e, reason)
+		e.proxy = nil
+		d.metrics.stopped.WithLabelValues("stopped").Inc()
+		d.log.Info("sandbox stopped", "id", e.rec.ID, "reason", e.rec.Reason)
+	})
+}
+
+// CreateRequest is the body of POST /sandboxes.
+type CreateRequest = api.CreateSandbox
+
+// Info describes a sandbox in the API.
+type Info = api.Sandbox
+
+// infoOf describes e under the lock that guards its record.
+func (d *Daemon) infoOf(e *entry) Info {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return e.info()
+}
+
+func (e *entry) info() Info {
+	i := Info{ID: e.rec.ID, Name: e.rec.Name, State: e.rec.State, CreatedAt: e.rec.CreatedAt, StoppedAt: e.rec.StoppedAt,
+		Hostname: e.rec.Hostname, Rootfs: e.rec.Rootfs, Image: e.rec.Image, ImageID: e.rec.ImageID, Limits: e.rec.Limits, Reason: e.rec.Reason,
+		Exit: e.rec.Exit, IdleTimeoutSeconds: e.rec.IdleTimeout, Runtime: runtimeOf(e.rec), OnOOM: onOOMOf(e.rec)}
+	if e.rec.State == StateRunning && e.sb != nil {
+		i.AgentPID = e.sb.AgentPID()
+	}
+	if a := e.rec.Network; a != nil {
+		n := a.Policy
+		n.Address = a.Addr.String()
+		i.Network = &n
+	}
+	return i
+}
+
+// Create makes a sandbox and records it.
+func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
+	limits := req.Limits.Apply(*d.cfg.DefaultLimits)
+	// The request is checked whole before anything of the host's is read
+	// or made, its image included; an init without a command, which takes
+	// its image's, is checked again once it has it.
+	if err := validateCreate(req, limits); err != nil {
+		return Info{}, err
+	}
+	var img image.Image
+	var layers []string
+	if req.Image != "" {
+		if req.Rootfs != "" {
+			return Info{}, fmt.Errorf("%w: an image or a rootfs, not both", errdefs.ErrInvalidArgument)
+		}
+		var release func()
+		var err error
+		if img, layers, release, err = d.imageRoot(req.Image); err != nil {
+			return Info{}, err
+		}
+		defer release()
+		if req.Init != nil && req.Init.Command == "" {
+			// The image's command, as docker run has it.
+			if argv := img.Config.Command(req.Init.Args); len(argv) > 0 {
+				init := *req.Init
+				init.Command, init.Args = argv[0], argv[1:]
+				req.Init = &init
+			}
+			if err := req.Init.Check(false); err != nil {
+				return Info{}, fmt.Errorf("%w: init: %w", errdefs.ErrInvalidArgument, err)
+			}
+		}
+	}
+	logs := d.cfg.Logs
+	if req.Logs != nil {
+		logs = logs.Apply(*req.Logs)
+	}
+	runtime := req.Runtime
+	if runtime == "" {
+		runtime = sandbox.RuntimeNamespaces
+	}
+	backend, ok := d.backends[runtime]
+	if !ok {
+		return Info{}, fmt.Errorf("%w: runtime %q: want %s", errdefs.ErrInvalidArgument, api.Clip(runtime), strings.Join(RuntimeNames, " or "))
+	}
+	if why := d.unavailable[runtime]; why != nil {
+		return Info{}, errdefs.Opaque(errdefs.ErrUnavailable, fmt.Sprintf("kilnd: runtime %s is not available on this host (kilnd --runtimes says why)", runtime), why)
+	}
+	rootfs, err := d.resolveRootfs(req.Rootfs)
+	if err != nil {
+		return Info{}, err
+	}
+	req.Rootfs = rootfs
+	if d.disks == nil && limits.DiskBytes > 0 {
+		if req.Limits.DiskBytes != nil {
+			return Info{}, errdefs.Opaque(errdefs.ErrUnavailable, "kilnd: this host cannot make sandbox disks, so no disk quota (kilnd's log says why, when it started)", d.disksErr)
+		}
+		limits.DiskBytes = 0 // the default, which this host cannot apply
+	}
+	if err := d.diskFits(limits.DiskBytes); err != nil {
+		return Info{}, err
+	}
+	id := uuid.Must(uuid.NewV7()).String()
+	created := false
+	if req.Name != "" {
+		if err := d.claimName(req.Name, id); err != nil {
+			return Info{}, err
+		}
+		defer func() {
+			if !created {
+				d.freeName(req.Name, id)
+			}
+		}()
+	}
+	var disk *sandbox.Disk
+	if limits.DiskBytes > 0 {
+		if disk, err = d.disks.Take(limits.DiskBytes); err != nil {
+			return Info{}, d.hostFailure(fmt.Sprintf("sandbox %s: its disk could not be made", id), err)
+		}
+		// The agent has it once it started; this copy goes either way.
+		defer disk.Mount.Close()
+	}
+	var diskMount *os.File
+	var diskImage string
+	if disk != nil {
+		diskMount, diskImage = disk.Mount, disk.Image
+	}
+	began := time.Now()
+	rec := record{ID: id, Name: req.Name, State: StateRunning, CreatedAt: began.UTC(), Hostname: req.Hostname,
+		Rootfs: req.Rootfs, Limits: limits, Init: req.Init, IdleTimeout: req.IdleTimeoutSeconds,
+		Runtime: backend.Name(), Disk: diskImage, OnOOM: cmp.Or(req.OnOOM, api.OnOOMEndSandbox)}
+	if req.Image != "" {
+		rec.Image, rec.ImageID = req.Image, img.ID
+	}
+	if rec.Hostname == "" {
+		rec.Hostname = req.Name
+	}
+	if rec.Hostname == "" {
+		rec.Hostname = sandbox.DefaultHostname(id)
+	}
+	opts := sandbox.Options{
+		Dir: d.sandboxDir(id), ID: id, Hostname: rec.Hostname,
+		Rootfs: req.Rootfs, Layers: layers, Limits: limits, Disk: diskMount, Env: d.cfg.Env, Init: req.Init, CaptureQueue: d.cfg.CaptureQueue,
+		CaptureMaxSize: logs.MaxSizeBytes, CaptureMaxFiles: logs.MaxFiles, FlowGrace: d.cfg.FlowGrace,
+		EndOnOOM: rec.OnOOM == api.OnOOMEndSandbox,
+		Workdir:  img.Config.WorkingDir, Entrypoint: img.Config.Entrypoint, Cmd: img.Config.Cmd, User: img.Config.User,
+		// The record is written while the agent sets itself up (a backend
+		// that cannot say when it runs has it written once it answers).
+		Started: func(state json.RawMessage) error {
+			rec.Sandbox = state
+			return d.save(rec)
+		},
+	}
+	if req.Image != "" {
+		opts.Env = withEnv(d.cfg.Env, img.Config.Env)
+	}
+	if egress.Wanted(req.Network) {
+		if err := d.plug(id, *req.Network, &rec, &opts); err != nil {
+			if disk != nil {
+				d.disks.Release(diskImage)
+			}
+			return Info{}, err
+		}
+	}
+	// undo is what a failed create leaves to release.
+	undo := func() {
+		if disk != nil {
+			d.disks.Release(diskImage)
+		}
+		if rec.Network != nil {
+			d.unplug(id)
+		}
+	}
+	sb, err := backend.Create(ctx, opts)
+	if err != nil {
+		os.RemoveAll(d.sandboxDir(id))
+		undo()
+		return Info{}, d.hostFailure(fmt.Sprintf("sandbox %s could not be made", id), err)
+	}
+	if state := sb.State(); !bytes.Equal(state, rec.Sandbox) {
+		rec.Sandbox = state
+		if err := d.save(rec); err != nil {
+			sb.Destroy(false)
+			undo()
+			return Info{}, d.hostFailure(fmt.Sprintf("sandbox %s could not be recorded", id), err)
+		}
+	}
+	d.metrics.creates.Observe(time.Since(began).Seconds())
+	e := d.route(rec, sb)
+	e.lastUsed = time.Now()
+	d.mu.Lock()
+	d.add(e)
+	d.watch(e)
+	d.mu.Unlock()
+	created = true
+	d.log.Info("sandbox created", "id", id, "name", req.Name, "runtime", backend.Name(), "agent", sb.AgentPID())
+	return d.infoOf(e), nil
+}
+
+// withEnv is base with env's entries added, each replacing base's of the
+// same name: an image's environment over kilnd's.
+func withEnv(base, env []string) []string {
+	out := slices.Clone(base)
+	for _, e := range env {
+		name, _, _ := strings.Cut(e, "=")
+		out = slices.DeleteFunc(out, func(b string) bool { return strings.HasPrefix(b, name+"=") })
+		out = append(out, e)
+	}
+	return out
+}
+
+// Logs is a captured log's rotation, every field set.
+type Logs api.LogRotation
+
+// Apply returns l with what r sets in place of it.
+func (l Logs) Apply(r api.LogRotation) Logs {
+	if r.MaxSizeBytes != 0 {
+		l.MaxSizeBytes = r.MaxSizeBytes
+	}
+	if r.MaxFiles != 0 {
+		l.MaxFiles = r.MaxFiles
+	}
+	return l
+}
+
+// resolveRootfs finds a requested rootfs in the images directory: a name
+// in it, or an absolute path that (symbolic links resolved) lies inside
+// it. Nothing else is accepted. Its errors name the rootfs as the request
+// gave it, never the images directory's path on the host.
+func (d *Daemon) resolveRootfs(p string) (string, error) {
+	if p == "" {
+		return "", nil
+	}
+	images, err := filepath.EvalSymlinks(d.cfg.Images)
+	if err != nil {
+		return "", d.hostFailure("the images directory cannot be read", err)
+	}
+	path := p
+	if !filepath.IsAbs(path) {
+		path = filepath.Join(images, path)
+	}
+	real, err := filepath.EvalSymlinks(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return "", fmt.Errorf("%w: rootfs %q: no such directory in kilnd's images directory", errdefs.ErrNotFound, api.Clip(p))
+	}
+	if err == nil {
+		if rel, rerr := filepath.Rel(images, real); rerr != nil || rel == "." || rel == ".." || strings.HasPrefix(rel, "../") {
+			return "", fmt.Errorf("%w: rootfs %q: a root filesystem must be a directory in kilnd's images directory (--images), and this is not in it", errdefs.ErrInvalidArgument, api.Clip(p))
+		}
+		var fi os.FileInfo
+		if fi, err = os.Stat(real); err == nil && !fi.IsDir() {
+			return "", fmt.Errorf("%w: rootfs %q: not a directory", errdefs.ErrInvalidArgument, api.Clip(p))
+		}
+	}
+	if err != nil {
+		return "", d.hostFailure(fmt.Sprintf("rootfs %q cannot be read", api.Clip(p)), err)
+	}
+	return real, nil
+}
+
+// diskFits refuses a disk larger than the filesystem of the state
+// directory, which holds the disks' images: sparse, they may together
+// promise more than it holds, but one that alone cannot be filled is no
+// quota.
+func (d *Daemon) diskFits(bytes int64) error {
+	if bytes == 0 {
+		return nil
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(d.cfg.StateDir, &st); err != nil {
+		return d.hostFailure("the state directory's filesystem cannot be read", err)
+	}
+	if size := int64(st.Blocks) * st.Bsize; bytes > size {
+		return fmt.Errorf("%w: limits.disk_bytes %d: the filesystem of kilnd's state directory holds %d bytes", errdefs.ErrNoSpace, bytes, size)
+	}
+	return nil
+}
+
+// hostFailure is what a client is told of a failure on the host, what
+// failed: an error of its class (no_space when the host's storage is
+// full, unavailable otherwise) whose message leaves out the cause's
+// words, which name host paths or speak the kernel's language. The cause
+// stays wrapped, and goes to kilnd's log with them: the one place an
+// operator reads it.
+func (d *Daemon) hostFailure(what string, cause error) error {
+	class := errdefs.ErrUnavailable
+	msg := "kilnd: " + what + " (kilnd's log says why)"
+	if errors.Is(cause, unix.ENOSPC) || errors.Is(cause, unix.EDQUOT) {
+		class, msg = errdefs.ErrNoSpace, "kilnd: "+what+": no space left in kilnd's state directory"
+	}
+	d.log.Error(what, "err", cause)
+	return errdefs.Opaque(class, msg, cause)
+}
