@@ -182,39 +182,63 @@ func (s *Sandbox) Socket() string { return filepath.Join(s.Dir, SocketName) }
 // Create makes a sandbox and starts its agent, and returns once the agent
 // answers. On failure nothing of it is left running.
 func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
+	o = o.withDefaults(10 * time.Second)
 	if o.UIDBase == 0 {
 		o.UIDBase = DefaultUIDBase
 	}
-	if o.Hostname == "" {
-		o.Hostname = DefaultHostname(o.ID)
+	s, err := begin(o, rootName, LogsName)
+	if err != nil {
+		return nil, err
 	}
-	if o.Ready == 0 {
-		o.Ready = 10 * time.Second
-	}
-	if err := os.Mkdir(o.Dir, 0o700); err != nil {
-		return nil, fmt.Errorf("sandbox: %w", err)
-	}
-	cleanup := []func(){}
-	defer func() {
-		if err != nil {
-			for i := len(cleanup) - 1; i >= 0; i-- {
-				cleanup[i]()
-			}
-		}
-	}()
+	defer s.end(&err)
 	cfg := handoff.AgentConfig{
 		ID: o.ID, Hostname: o.Hostname, Root: filepath.Join(o.Dir, rootName),
 		UIDBase: o.UIDBase, Env: o.Env, Init: o.Init, Dir: o.Workdir, Entrypoint: o.Entrypoint, Cmd: o.Cmd, User: o.User,
 		CaptureQueue: o.CaptureQueue, CaptureMaxSize: o.CaptureMaxSize, CaptureMaxFiles: o.CaptureMaxFiles,
 		FlowGrace: o.FlowGrace, SpawnerIdle: o.SpawnerIdle, TmpfsBytes: o.Limits.MemoryBytes, PidsMax: o.Limits.Pids,
 	}
-	for _, d := range []string{rootName, LogsName} {
-		if err := os.Mkdir(filepath.Join(o.Dir, d), 0o700); err != nil {
-			return nil, fmt.Errorf("sandbox: %w", err)
-		}
+	if err := writableLayers(o, &cfg); err != nil {
+		return nil, err
 	}
-	// The writable layers: on the sandbox's disk, which the agent mounts
-	// where it finds them (in its own mount namespace only), or in Dir.
+	cg, err := s.cgroups(o.Instance, o.Limits, o.EndOnOOM, nil)
+	if err != nil {
+		return nil, err
+	}
+	sb = &Sandbox{ID: o.ID, Dir: o.Dir, Cgroups: cg, UIDBase: o.UIDBase, EndOnOOM: o.EndOnOOM}
+	a, err := agentCommand(s, sb, cfg)
+	defer a.close()
+	if err != nil {
+		return nil, err
+	}
+	err = a.cmd.Start()
+	a.handedOver()
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: start the agent: %w", err)
+	}
+	if err := running(ctx, sb, sb, a.cmd, o, "", a.connected); err != nil {
+		return nil, err
+	}
+	return sb, nil
+}
+
+// withDefaults is o with the hostname and the wait for the agent (ready)
+// that a request leaves out.
+func (o Options) withDefaults(ready time.Duration) Options {
+	if o.Hostname == "" {
+		o.Hostname = DefaultHostname(o.ID)
+	}
+	if o.Ready == 0 {
+		o.Ready = ready
+	}
+	return o
+}
+
+// writableLayers makes the sandbox's writable layers, its workspace and,
+// with a root file system of its own, the overlay's upper layer, and says
+// where they are in cfg: on the sandbox's disk, which the agent mounts
+// where it finds them (in its own mount namespace only), or in its
+// directory. The sandbox's root owns them.
+func writableLayers(o Options, cfg *handoff.AgentConfig) error {
 	layers := o.Dir
 	mkdir := func(name string, mode uint32, owner int) error {
 		path := filepath.Join(o.Dir, name)
@@ -231,7 +255,7 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 		cfg.Disk = filepath.Join(o.Dir, diskName)
 		layers = cfg.Disk
 		if err := os.Mkdir(cfg.Disk, 0o700); err != nil {
-			return nil, fmt.Errorf("sandbox: %w", err)
+			return fmt.Errorf("sandbox: %w", err)
 		}
 		mkdir = func(name string, mode uint32, owner int) error {
 			fd := int(o.Disk.Fd())
@@ -246,91 +270,116 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 		}
 	}
 	cfg.Workspace = filepath.Join(layers, WorkspaceName)
-	// The sandbox's root owns its workspace.
 	if err := mkdir(WorkspaceName, 0o755, o.UIDBase); err != nil {
-		return nil, fmt.Errorf("sandbox: workspace: %w", err)
+		return fmt.Errorf("sandbox: workspace: %w", err)
 	}
 	lowers, err := o.lowers()
-	if err != nil {
-		return nil, err
+	if err != nil || len(lowers) == 0 {
+		return err
 	}
-	if len(lowers) > 0 {
-		cfg.Rootfs, cfg.Layers = lowers[0], lowers
-		for i := range lowers {
-			cfg.Lowers = append(cfg.Lowers, filepath.Join(o.Dir, lowerName(i)))
-			if err := os.Mkdir(cfg.Lowers[i], 0o755); err != nil {
-				return nil, fmt.Errorf("sandbox: %w", err)
-			}
-		}
-		cfg.Upper, cfg.Work = filepath.Join(layers, "upper"), filepath.Join(layers, "work")
-		// The merged root is the upper layer's: the sandbox's root owns it.
-		if err := mkdir("upper", 0o755, o.UIDBase); err != nil {
-			return nil, fmt.Errorf("sandbox: upper layer: %w", err)
-		}
-		if err := mkdir("work", 0o755, 0); err != nil {
-			return nil, fmt.Errorf("sandbox: upper layer: %w", err)
+	cfg.Rootfs, cfg.Layers = lowers[0], lowers
+	for i := range lowers {
+		cfg.Lowers = append(cfg.Lowers, filepath.Join(o.Dir, lowerName(i)))
+		if err := os.Mkdir(cfg.Lowers[i], 0o755); err != nil {
+			return fmt.Errorf("sandbox: %w", err)
 		}
 	}
-	group, err := groupName(o.Instance, o.ID)
-	if err != nil {
-		return nil, err
+	cfg.Upper, cfg.Work = filepath.Join(layers, "upper"), filepath.Join(layers, "work")
+	// The merged root is the upper layer's: the sandbox's root owns it.
+	if err := mkdir("upper", 0o755, o.UIDBase); err != nil {
+		return fmt.Errorf("sandbox: upper layer: %w", err)
 	}
-	cg, err := newCgroups(group, o.Limits)
-	if err != nil {
-		return nil, err
+	if err := mkdir("work", 0o755, 0); err != nil {
+		return fmt.Errorf("sandbox: upper layer: %w", err)
 	}
-	cleanup = append(cleanup, func() {
-		cg.Kill(5 * time.Second)
-		cg.Destroy()
-	})
-	sb = &Sandbox{ID: o.ID, Dir: o.Dir, Cgroups: cg, UIDBase: o.UIDBase, EndOnOOM: o.EndOnOOM}
-	if o.EndOnOOM {
-		if err := cg.oomGroup(); err != nil {
-			return nil, err
-		}
-	}
+	return nil
+}
 
-	var l net.Listener
-	err = withSocketPath(sb.Socket(), func(path string) error {
-		var err error
-		l, err = net.Listen("unix", path)
+// agentStart is the agent's command, ready to start, with the descriptors
+// it inherits: kilnd's copies of them are closed once it has started
+// (handedOver), the rest when Create returns (close).
+type agentStart struct {
+	cmd *exec.Cmd
+	// listener is the agent's API socket; connected, when the sandbox has
+	// a network, the pipe kilnd says it is connected on.
+	listener  *net.UnixListener
+	connected *os.File
+	closers   []*os.File
+}
+
+// handedOver closes kilnd's copies of what the agent, started, inherited:
+// a connection to its socket is then answered by the agent or refused,
+// never left waiting.
+func (a *agentStart) handedOver() {
+	for _, f := range a.cmd.ExtraFiles {
+		if f != nil {
+			f.Close()
+		}
+	}
+	a.listener.Close()
+}
+
+// close closes what is left open of the start.
+func (a *agentStart) close() {
+	if a.listener != nil {
+		a.listener.Close()
+	}
+	for _, f := range a.closers {
+		f.Close()
+	}
+}
+
+// agentCommand makes the command that starts sb's agent: kilnd's own
+// binary, in new namespaces (pid, mount, uts, ipc, network), born in
+// sb's cgroup, given cfg and inheriting the descriptors handoff numbers.
+// The agentStart it returns is to be closed even with an error.
+func agentCommand(s *startup, sb *Sandbox, cfg handoff.AgentConfig) (*agentStart, error) {
+	o, cg := s.o, sb.Cgroups
+	a := &agentStart{}
+	keep := func(f *os.File) *os.File {
+		a.closers = append(a.closers, f)
+		return f
+	}
+	err := withSocketPath(sb.Socket(), func(path string) error {
+		l, err := net.Listen("unix", path)
+		if err == nil {
+			a.listener = l.(*net.UnixListener)
+		}
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("sandbox: agent socket: %w", err)
+		return a, fmt.Errorf("sandbox: agent socket: %w", err)
 	}
-	ul := l.(*net.UnixListener)
-	ul.SetUnlinkOnClose(false) // the agent serves it after kilnd lets go
-	defer ul.Close()
+	a.listener.SetUnlinkOnClose(false) // the agent serves it after kilnd lets go
 	if err := os.Chmod(sb.Socket(), 0o600); err != nil {
-		return nil, fmt.Errorf("sandbox: %w", err)
+		return a, fmt.Errorf("sandbox: %w", err)
 	}
-	lf, err := ul.File()
+	lf, err := a.listener.File()
 	if err != nil {
-		return nil, fmt.Errorf("sandbox: %w", err)
+		return a, fmt.Errorf("sandbox: %w", err)
 	}
-	defer lf.Close()
+	keep(lf)
 	logs, err := os.OpenFile(filepath.Join(o.Dir, LogsName), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("sandbox: %w", err)
+		return a, fmt.Errorf("sandbox: %w", err)
 	}
-	defer logs.Close()
+	keep(logs)
 	cgf, err := cg.open()
 	if err != nil {
-		return nil, fmt.Errorf("sandbox: %w", err)
+		return a, fmt.Errorf("sandbox: %w", err)
 	}
-	defer cgf.Close()
-	agentLog, err := os.OpenFile(filepath.Join(o.Dir, agentLogName), os.O_WRONLY|os.O_CREATE|os.O_APPEND|unix.O_NOFOLLOW, 0o600)
+	keep(cgf)
+	agentLog, err := s.agentLog()
 	if err != nil {
-		return nil, fmt.Errorf("sandbox: %w", err)
+		return a, err
 	}
-	defer agentLog.Close()
+	keep(agentLog)
 	oom, err := cg.OOMEvents()
 	if err != nil {
-		return nil, fmt.Errorf("sandbox: %w", err)
+		return a, fmt.Errorf("sandbox: %w", err)
 	}
 	if oom != nil {
-		defer oom.Close()
+		keep(oom)
 	}
 	cfg.PidsLimited, cfg.MemoryLimited, cfg.CPULimited = cg.Procs != "", cg.MemoryProcs != "", cg.CPUProcs != ""
 	cfg.OOMEvents = oom != nil
@@ -338,22 +387,21 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 	cfg.PidsThreads = cg.pidsDir2() != ""
 	// The agent waits for its network on a pipe: a byte once kilnd has
 	// connected it, nothing if that failed.
-	var await, connected *os.File
+	var await *os.File
 	if o.Network != nil {
 		r, w, err := os.Pipe()
 		if err != nil {
-			return nil, fmt.Errorf("sandbox: %w", err)
+			return a, fmt.Errorf("sandbox: %w", err)
 		}
-		defer r.Close()
-		defer w.Close()
-		await, connected = r, w
+		await, a.connected = keep(r), keep(w)
 		cfg.Network, cfg.Resolvers = true, o.Resolvers
 	}
 	raw, err := json.Marshal(cfg)
 	if err != nil {
-		return nil, err
+		return a, err
 	}
 	cmd := exec.Command(o.Exe)
+	a.cmd = cmd
 	// Its command line is what the sandbox's processes see as PID 1's:
 	// a name, not kilnd's path on the host.
 	cmd.Args = []string{"kiln-agent"}
@@ -384,10 +432,9 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 		}
 		f, err := os.OpenFile(filepath.Join(g.dir, g.file), os.O_WRONLY|unix.O_CLOEXEC, 0)
 		if err != nil {
-			return nil, fmt.Errorf("sandbox: %w", err)
+			return a, fmt.Errorf("sandbox: %w", err)
 		}
-		defer f.Close()
-		cmd.ExtraFiles[g.fd-3] = f
+		cmd.ExtraFiles[g.fd-3] = keep(f)
 	}
 	if oom != nil {
 		cmd.ExtraFiles[handoff.FDOOMEvents-3] = oom
@@ -408,22 +455,7 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 		// too, and refuses to run if it cannot).
 		Credential: &syscall.Credential{Uid: uint32(os.Getuid()), Gid: uint32(os.Getgid()), Groups: []uint32{}},
 	}
-	err = cmd.Start()
-	// The agent has its copies; kilnd's go now, so that a connection to
-	// the socket is answered by the agent or refused, never left waiting.
-	for _, f := range cmd.ExtraFiles {
-		if f != nil {
-			f.Close()
-		}
-	}
-	ul.Close()
-	if err != nil {
-		return nil, fmt.Errorf("sandbox: start the agent: %w", err)
-	}
-	if err := running(ctx, sb, sb, cmd, o, "", connected); err != nil {
-		return nil, err
-	}
-	return sb, nil
+	return a, nil
 }
 
 // running records cmd, just started, as the agent of s (the instance inst

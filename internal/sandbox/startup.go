@@ -1,0 +1,88 @@
+package sandbox
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// startup is what the two backends' Create share of a sandbox's start-up:
+// its directory and the directories in it, the cgroups, the agent's log,
+// and the undoing of all of it if the start fails. Each backend adds its
+// own steps: its root file system, how the agent gets its handles (the
+// namespace backend's inherits descriptors, gVisor's finds paths in its
+// container), and the room its limits need.
+type startup struct {
+	o Options
+	// undo is what to undo, in reverse order, if the start fails.
+	undo []func()
+}
+
+// begin makes the sandbox's directory, and in it the directories names.
+func begin(o Options, names ...string) (*startup, error) {
+	if err := os.Mkdir(o.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	s := &startup{o: o}
+	for _, d := range names {
+		if err := os.Mkdir(filepath.Join(o.Dir, d), 0o700); err != nil {
+			return nil, fmt.Errorf("sandbox: %w", err)
+		}
+	}
+	return s, nil
+}
+
+// onFailure adds f to what is undone if the start fails.
+func (s *startup) onFailure(f func()) { s.undo = append(s.undo, f) }
+
+// end undoes the start if it failed (*err is not nil). Deferred.
+func (s *startup) end(err *error) {
+	if *err == nil {
+		return
+	}
+	for i := len(s.undo) - 1; i >= 0; i-- {
+		s.undo[i]()
+	}
+}
+
+// cgroups makes the sandbox's groups in kilnd instance's, with the limits
+// lim (the sandbox's, and what its runtime needs beyond them), set to end
+// the sandbox as a whole out of memory if endOnOOM; forget, if set, runs
+// between their processes' end and their removal when the start fails.
+func (s *startup) cgroups(instance string, lim Limits, endOnOOM bool, forget func()) (*Cgroups, error) {
+	group, err := groupName(instance, s.o.ID)
+	if err != nil {
+		return nil, err
+	}
+	cg, err := newCgroups(group, lim)
+	if err != nil {
+		return nil, err
+	}
+	s.onFailure(func() {
+		cg.Kill(5 * time.Second)
+		if forget != nil {
+			forget()
+		}
+		cg.Destroy()
+	})
+	if endOnOOM {
+		if err := cg.oomGroup(); err != nil {
+			return nil, err
+		}
+	}
+	return cg, nil
+}
+
+// agentLog opens the log the agent (or the runtime) writes its own
+// output to, in the sandbox's directory. The caller closes it once the
+// agent has its copy.
+func (s *startup) agentLog() (*os.File, error) {
+	f, err := os.OpenFile(filepath.Join(s.o.Dir, agentLogName), os.O_WRONLY|os.O_CREATE|os.O_APPEND|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	return f, nil
+}
