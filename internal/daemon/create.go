@@ -114,68 +114,15 @@ func (e *entry) info() Info {
 	return i
 }
 
-// Create makes a sandbox and records it.
+// Create makes a sandbox and records it: the request is checked whole
+// (plan), then the sandbox made, and it is recorded as it starts.
 func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
-	limits := req.Limits.Apply(*d.cfg.DefaultLimits)
-	// The request is checked whole before anything of the host's is read
-	// or made, its image included; an init without a command, which takes
-	// its image's, is checked again once it has it.
-	if err := validateCreate(req, limits); err != nil {
-		return Info{}, err
-	}
-	var img image.Image
-	var layers []string
-	if req.Image != "" {
-		if req.Rootfs != "" {
-			return Info{}, fmt.Errorf("%w: an image or a rootfs, not both", errdefs.ErrInvalidArgument)
-		}
-		var release func()
-		var err error
-		if img, layers, release, err = d.imageRoot(req.Image); err != nil {
-			return Info{}, err
-		}
-		defer release()
-		if req.Init != nil && req.Init.Command == "" {
-			// The image's command, as docker run has it.
-			if argv := img.Config.Command(req.Init.Args); len(argv) > 0 {
-				init := *req.Init
-				init.Command, init.Args = argv[0], argv[1:]
-				req.Init = &init
-			}
-			if err := req.Init.Check(false); err != nil {
-				return Info{}, fmt.Errorf("%w: init: %w", errdefs.ErrInvalidArgument, err)
-			}
-		}
-	}
-	logs := d.cfg.Logs
-	if req.Logs != nil {
-		logs = logs.Apply(*req.Logs)
-	}
-	runtime := req.Runtime
-	if runtime == "" {
-		runtime = sandbox.RuntimeNamespaces
-	}
-	backend, ok := d.backends[runtime]
-	if !ok {
-		return Info{}, fmt.Errorf("%w: runtime %q: want %s", errdefs.ErrInvalidArgument, api.Clip(runtime), strings.Join(RuntimeNames, " or "))
-	}
-	if why := d.unavailable[runtime]; why != nil {
-		return Info{}, errdefs.Opaque(errdefs.ErrUnavailable, fmt.Sprintf("kilnd: runtime %s is not available on this host (kilnd --runtimes says why)", runtime), why)
-	}
-	rootfs, err := d.resolveRootfs(req.Rootfs)
+	p, err := d.plan(req)
 	if err != nil {
 		return Info{}, err
 	}
-	req.Rootfs = rootfs
-	if d.disks == nil && limits.DiskBytes > 0 {
-		if req.Limits.DiskBytes != nil {
-			return Info{}, errdefs.Opaque(errdefs.ErrUnavailable, "kilnd: this host cannot make sandbox disks, so no disk quota (kilnd's log says why, when it started)", d.disksErr)
-		}
-		limits.DiskBytes = 0 // the default, which this host cannot apply
-	}
-	if err := d.diskFits(limits.DiskBytes); err != nil {
-		return Info{}, err
-	}
+	defer p.release()
+	req, limits, backend, img := p.req, p.limits, p.backend, p.img
 	id := uuid.Must(uuid.NewV7()).String()
 	created := false
 	if req.Name != "" {
@@ -214,22 +161,7 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	if rec.Hostname == "" {
 		rec.Hostname = sandbox.DefaultHostname(id)
 	}
-	opts := sandbox.Options{
-		Dir: d.sandboxDir(id), ID: id, Hostname: rec.Hostname,
-		Rootfs: req.Rootfs, Layers: layers, Limits: limits, Disk: diskMount, Env: d.cfg.Env, Init: req.Init, CaptureQueue: d.cfg.CaptureQueue,
-		CaptureMaxSize: logs.MaxSizeBytes, CaptureMaxFiles: logs.MaxFiles, FlowGrace: d.cfg.FlowGrace,
-		EndOnOOM: rec.OnOOM == api.OnOOMEndSandbox,
-		Workdir:  img.Config.WorkingDir, Entrypoint: img.Config.Entrypoint, Cmd: img.Config.Cmd, User: img.Config.User,
-		// The record is written while the agent sets itself up (a backend
-		// that cannot say when it runs has it written once it answers).
-		Started: func(state json.RawMessage) error {
-			rec.Sandbox = state
-			return d.save(rec)
-		},
-	}
-	if req.Image != "" {
-		opts.Env = withEnv(d.cfg.Env, img.Config.Env)
-	}
+	opts := d.options(p, &rec, diskMount)
 	if egress.Wanted(req.Network) {
 		if err := d.plug(id, *req.Network, &rec, &opts); err != nil {
 			if disk != nil {
@@ -271,6 +203,108 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	created = true
 	d.log.Info("sandbox created", "id", id, "name", req.Name, "runtime", backend.Name(), "agent", sb.AgentPID())
 	return d.infoOf(e), nil
+}
+
+// options are the sandbox's options for its backend, made from the plan
+// and its record rec, which they write as the agent starts.
+func (d *Daemon) options(p createPlan, rec *record, disk *os.File) sandbox.Options {
+	req, img := p.req, p.img
+	opts := sandbox.Options{
+		Dir: d.sandboxDir(rec.ID), ID: rec.ID, Hostname: rec.Hostname,
+		Rootfs: req.Rootfs, Layers: p.layers, Limits: p.limits, Disk: disk, Env: d.cfg.Env, Init: req.Init, CaptureQueue: d.cfg.CaptureQueue,
+		CaptureMaxSize: p.logs.MaxSizeBytes, CaptureMaxFiles: p.logs.MaxFiles, FlowGrace: d.cfg.FlowGrace,
+		EndOnOOM: rec.OnOOM == api.OnOOMEndSandbox,
+		Workdir:  img.Config.WorkingDir, Entrypoint: img.Config.Entrypoint, Cmd: img.Config.Cmd, User: img.Config.User,
+		// The record is written while the agent sets itself up (a backend
+		// that cannot say when it runs has it written once it answers).
+		Started: func(state json.RawMessage) error {
+			rec.Sandbox = state
+			return d.save(*rec)
+		},
+	}
+	if req.Image != "" {
+		opts.Env = withEnv(d.cfg.Env, img.Config.Env)
+	}
+	return opts
+}
+
+// createPlan is a create request checked whole, with what it comes to:
+// its limits (kilnd's defaults where it leaves them out), its image and
+// the image's layers (held from removal until release), its rotation of
+// logs and the backend of its runtime.
+type createPlan struct {
+	req     CreateRequest
+	limits  api.Limits
+	img     image.Image
+	layers  []string
+	logs    Logs
+	backend sandbox.Backend
+	release func()
+}
+
+// plan checks a create request before anything of the host's is read or
+// made, its image included; an init without a command, which takes its
+// image's, is checked again once it has it.
+func (d *Daemon) plan(req CreateRequest) (p createPlan, err error) {
+	p.release = func() {}
+	limits := req.Limits.Apply(*d.cfg.DefaultLimits)
+	if err := validateCreate(req, limits); err != nil {
+		return p, err
+	}
+	if req.Image != "" {
+		if req.Rootfs != "" {
+			return p, fmt.Errorf("%w: an image or a rootfs, not both", errdefs.ErrInvalidArgument)
+		}
+		if p.img, p.layers, p.release, err = d.imageRoot(req.Image); err != nil {
+			p.release = func() {}
+			return p, err
+		}
+		defer func() {
+			if err != nil {
+				p.release()
+			}
+		}()
+		if req.Init != nil && req.Init.Command == "" {
+			// The image's command, as docker run has it.
+			if argv := p.img.Config.Command(req.Init.Args); len(argv) > 0 {
+				init := *req.Init
+				init.Command, init.Args = argv[0], argv[1:]
+				req.Init = &init
+			}
+			if err := req.Init.Check(false); err != nil {
+				return p, fmt.Errorf("%w: init: %w", errdefs.ErrInvalidArgument, err)
+			}
+		}
+	}
+	p.logs = d.cfg.Logs
+	if req.Logs != nil {
+		p.logs = p.logs.Apply(*req.Logs)
+	}
+	runtime := req.Runtime
+	if runtime == "" {
+		runtime = sandbox.RuntimeNamespaces
+	}
+	var ok bool
+	if p.backend, ok = d.backends[runtime]; !ok {
+		return p, fmt.Errorf("%w: runtime %q: want %s", errdefs.ErrInvalidArgument, api.Clip(runtime), strings.Join(RuntimeNames, " or "))
+	}
+	if why := d.unavailable[runtime]; why != nil {
+		return p, errdefs.Opaque(errdefs.ErrUnavailable, fmt.Sprintf("kilnd: runtime %s is not available on this host (kilnd --runtimes says why)", runtime), why)
+	}
+	if req.Rootfs, err = d.resolveRootfs(req.Rootfs); err != nil {
+		return p, err
+	}
+	if d.disks == nil && limits.DiskBytes > 0 {
+		if req.Limits.DiskBytes != nil {
+			return p, errdefs.Opaque(errdefs.ErrUnavailable, "kilnd: this host cannot make sandbox disks, so no disk quota (kilnd's log says why, when it started)", d.disksErr)
+		}
+		limits.DiskBytes = 0 // the default, which this host cannot apply
+	}
+	if err := d.diskFits(limits.DiskBytes); err != nil {
+		return p, err
+	}
+	p.req, p.limits = req, limits
+	return p, nil
 }
 
 // withEnv is base with env's entries added, each replacing base's of the

@@ -194,7 +194,10 @@ func v2Mount() (string, bool) {
 	return "", false
 }
 
-// newCgroups makes the groups of sandbox name with its limits.
+// newCgroups makes the groups of sandbox name with its limits: on a pure
+// v2 host, one group with the agent's leaf and the limited procs leaf
+// (limitPure); on a hybrid one, a v2 group for killing and freezing, and
+// v1 groups with the limits (limitHybrid).
 func newCgroups(name string, lim Limits) (*Cgroups, error) {
 	own2, own1, err := ownCgroups()
 	if err != nil {
@@ -214,71 +217,87 @@ func newCgroups(name string, lim Limits) (*Cgroups, error) {
 	if err := os.Mkdir(cg.V2, 0o755); err != nil {
 		return nil, fmt.Errorf("sandbox: make cgroup: %w", err)
 	}
-	fail := func(err error) (*Cgroups, error) {
+	if _, err = os.Stat(filepath.Join(cg.V2, "cgroup.kill")); err != nil {
+		err = fmt.Errorf("sandbox: this kernel's cgroup v2 has no cgroup.kill: %w", err)
+	} else if pure {
+		err = cg.limitPure(lim)
+	} else {
+		err = cg.limitHybrid(lim, own1, name)
+	}
+	if err != nil {
 		cg.Destroy()
 		return nil, err
 	}
-	if _, err := os.Stat(filepath.Join(cg.V2, "cgroup.kill")); err != nil {
-		return fail(fmt.Errorf("sandbox: this kernel's cgroup v2 has no cgroup.kill: %w", err))
+	return cg, nil
+}
+
+// setCgroup writes value to a cgroup's file.
+func setCgroup(dir, file, value string) error {
+	if err := os.WriteFile(filepath.Join(dir, file), []byte(value), 0); err != nil {
+		return fmt.Errorf("sandbox: set %s to %s: %w", file, value, err)
 	}
-	set := func(dir, file, value string) error {
-		if err := os.WriteFile(filepath.Join(dir, file), []byte(value), 0); err != nil {
-			return fmt.Errorf("sandbox: set %s to %s: %w", file, value, err)
+	return nil
+}
+
+// limitPure makes, on a pure v2 host, the agent's leaf and the procs leaf
+// below c.V2, and puts the limits on procs.
+func (c *Cgroups) limitPure(lim Limits) error {
+	for _, leaf := range []string{agentLeaf, procsLeaf} {
+		if err := os.Mkdir(filepath.Join(c.V2, leaf), 0o755); err != nil {
+			return fmt.Errorf("sandbox: make cgroup: %w", err)
 		}
-		return nil
 	}
-	if pure {
-		for _, leaf := range []string{agentLeaf, procsLeaf} {
-			if err := os.Mkdir(filepath.Join(cg.V2, leaf), 0o755); err != nil {
-				return fail(fmt.Errorf("sandbox: make cgroup: %w", err))
-			}
-		}
-		// The group holds no process itself: its leaves can have the
-		// controllers, the limits on procs alone.
-		controllers := "+memory +pids"
-		if lim.CPUs > 0 {
-			controllers += " +cpu"
-		}
-		if err := set(cg.V2, "cgroup.subtree_control", controllers); err != nil {
-			return fail(err)
-		}
-		procs := cg.procsDir2()
-		if lim.MemoryBytes > 0 {
-			if err := set(procs, "memory.max", strconv.FormatInt(lim.MemoryBytes, 10)); err != nil {
-				return fail(err)
-			}
-			// Without swap the limit is the limit (no such file without
-			// swap accounting, where there is nothing to turn off).
-			set(procs, "memory.swap.max", "0")
-		}
-		if lim.Pids > 0 {
-			pids := filepath.Join(procs, pidsLeaf)
-			if err := os.Mkdir(pids, 0o755); err != nil {
-				return fail(fmt.Errorf("sandbox: make cgroup: %w", err))
-			}
-			cg.PidsLeaf = true
-			if err := set(pids, "cgroup.type", "threaded"); err != nil {
-				return fail(err)
-			}
-			if err := set(procs, "cgroup.subtree_control", "+pids"); err != nil {
-				return fail(err)
-			}
-			if err := set(pids, "pids.max", strconv.FormatInt(lim.Pids+spawnerTasks, 10)); err != nil {
-				return fail(err)
-			}
-		}
-		if lim.CPUs > 0 {
-			if err := set(cg.V2, "cpu.max", fmt.Sprintf("%d %d", cfsQuota(lim.CPUs+agentCPUs), cfsPeriod)); err != nil {
-				return fail(err)
-			}
-			if err := set(procs, "cpu.max", fmt.Sprintf("%d %d", cfsQuota(lim.CPUs), cfsPeriod)); err != nil {
-				return fail(err)
-			}
-		}
-		return cg, nil
+	// The group holds no process itself: its leaves can have the
+	// controllers, the limits on procs alone.
+	controllers := "+memory +pids"
+	if lim.CPUs > 0 {
+		controllers += " +cpu"
 	}
-	if err := os.Mkdir(cg.procsDir2(), 0o755); err != nil {
-		return fail(fmt.Errorf("sandbox: make cgroup: %w", err))
+	if err := setCgroup(c.V2, "cgroup.subtree_control", controllers); err != nil {
+		return err
+	}
+	procs := c.procsDir2()
+	if lim.MemoryBytes > 0 {
+		if err := setCgroup(procs, "memory.max", strconv.FormatInt(lim.MemoryBytes, 10)); err != nil {
+			return err
+		}
+		// Without swap the limit is the limit (no such file without
+		// swap accounting, where there is nothing to turn off).
+		setCgroup(procs, "memory.swap.max", "0")
+	}
+	if lim.Pids > 0 {
+		pids := filepath.Join(procs, pidsLeaf)
+		if err := os.Mkdir(pids, 0o755); err != nil {
+			return fmt.Errorf("sandbox: make cgroup: %w", err)
+		}
+		c.PidsLeaf = true
+		if err := setCgroup(pids, "cgroup.type", "threaded"); err != nil {
+			return err
+		}
+		if err := setCgroup(procs, "cgroup.subtree_control", "+pids"); err != nil {
+			return err
+		}
+		if err := setCgroup(pids, "pids.max", strconv.FormatInt(lim.Pids+spawnerTasks, 10)); err != nil {
+			return err
+		}
+	}
+	if lim.CPUs > 0 {
+		if err := setCgroup(c.V2, "cpu.max", fmt.Sprintf("%d %d", cfsQuota(lim.CPUs+agentCPUs), cfsPeriod)); err != nil {
+			return err
+		}
+		if err := setCgroup(procs, "cpu.max", fmt.Sprintf("%d %d", cfsQuota(lim.CPUs), cfsPeriod)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// limitHybrid makes, on a hybrid host, the v2 procs child and, for each
+// limit, a v1 group of its controller below kilnd's own (own1), with a
+// procs child holding the limit.
+func (c *Cgroups) limitHybrid(lim Limits, own1 map[string]string, name string) error {
+	if err := os.Mkdir(c.procsDir2(), 0o755); err != nil {
+		return fmt.Errorf("sandbox: make cgroup: %w", err)
 	}
 	v1 := func(ctrl string) (string, error) {
 		own, ok := own1[ctrl]
@@ -289,62 +308,62 @@ func newCgroups(name string, lim Limits) (*Cgroups, error) {
 		if err := os.Mkdir(dir, 0o755); err != nil {
 			return "", fmt.Errorf("sandbox: make %s cgroup: %w", ctrl, err)
 		}
-		cg.V1[ctrl] = dir
+		c.V1[ctrl] = dir
 		return dir, nil
 	}
 	if lim.MemoryBytes > 0 {
 		dir, err := v1("memory")
 		if err != nil {
-			return fail(err)
+			return err
 		}
-		cg.MemoryProcs = filepath.Join(dir, "procs")
-		if err := os.Mkdir(cg.MemoryProcs, 0o755); err != nil {
-			return fail(fmt.Errorf("sandbox: make memory cgroup: %w", err))
+		c.MemoryProcs = filepath.Join(dir, "procs")
+		if err := os.Mkdir(c.MemoryProcs, 0o755); err != nil {
+			return fmt.Errorf("sandbox: make memory cgroup: %w", err)
 		}
-		if err := set(cg.MemoryProcs, "memory.limit_in_bytes", strconv.FormatInt(lim.MemoryBytes, 10)); err != nil {
-			return fail(err)
+		if err := setCgroup(c.MemoryProcs, "memory.limit_in_bytes", strconv.FormatInt(lim.MemoryBytes, 10)); err != nil {
+			return err
 		}
 		// Without swap the limit is the limit.
-		set(cg.MemoryProcs, "memory.memsw.limit_in_bytes", strconv.FormatInt(lim.MemoryBytes, 10))
-		set(cg.MemoryProcs, "memory.swappiness", "0")
+		setCgroup(c.MemoryProcs, "memory.memsw.limit_in_bytes", strconv.FormatInt(lim.MemoryBytes, 10))
+		setCgroup(c.MemoryProcs, "memory.swappiness", "0")
 	}
 	if lim.Pids > 0 {
 		dir, err := v1("pids")
 		if err != nil {
-			return fail(err)
+			return err
 		}
-		cg.Procs = filepath.Join(dir, "procs")
-		if err := os.Mkdir(cg.Procs, 0o755); err != nil {
-			return fail(fmt.Errorf("sandbox: make pids cgroup: %w", err))
+		c.Procs = filepath.Join(dir, "procs")
+		if err := os.Mkdir(c.Procs, 0o755); err != nil {
+			return fmt.Errorf("sandbox: make pids cgroup: %w", err)
 		}
-		if err := set(cg.Procs, "pids.max", strconv.FormatInt(lim.Pids+spawnerTasks, 10)); err != nil {
-			return fail(err)
+		if err := setCgroup(c.Procs, "pids.max", strconv.FormatInt(lim.Pids+spawnerTasks, 10)); err != nil {
+			return err
 		}
 	}
 	if lim.CPUs > 0 {
 		dir, err := v1("cpu")
 		if err != nil {
-			return fail(err)
+			return err
 		}
-		cg.CPUProcs = filepath.Join(dir, "procs")
-		if err := os.Mkdir(cg.CPUProcs, 0o755); err != nil {
-			return fail(fmt.Errorf("sandbox: make cpu cgroup: %w", err))
+		c.CPUProcs = filepath.Join(dir, "procs")
+		if err := os.Mkdir(c.CPUProcs, 0o755); err != nil {
+			return fmt.Errorf("sandbox: make cpu cgroup: %w", err)
 		}
 		// The group's before its child's: a v1 child's quota may not
 		// exceed its parent's.
 		for _, q := range []struct {
 			dir  string
 			cpus float64
-		}{{dir, lim.CPUs + agentCPUs}, {cg.CPUProcs, lim.CPUs}} {
-			if err := set(q.dir, "cpu.cfs_period_us", strconv.Itoa(cfsPeriod)); err != nil {
-				return fail(err)
+		}{{dir, lim.CPUs + agentCPUs}, {c.CPUProcs, lim.CPUs}} {
+			if err := setCgroup(q.dir, "cpu.cfs_period_us", strconv.Itoa(cfsPeriod)); err != nil {
+				return err
 			}
-			if err := set(q.dir, "cpu.cfs_quota_us", strconv.FormatInt(cfsQuota(q.cpus), 10)); err != nil {
-				return fail(err)
+			if err := setCgroup(q.dir, "cpu.cfs_quota_us", strconv.FormatInt(cfsQuota(q.cpus), 10)); err != nil {
+				return err
 			}
 		}
 	}
-	return cg, nil
+	return nil
 }
 
 // open returns the v2 group the agent is born in, for starting it there.

@@ -360,157 +360,192 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request, id string, st pro
 	// closed at once, whatever write it is in.
 	defer context.AfterFunc(ctx, func() { c.CloseNow() })()
 
+	o := &wsOut{s: s, mc: mc, c: c, a: a, fc: fc, v1: v1, ctx: ctx, cancel: cancel, limit: firstMessage}
+	if v1 && !o.hello(id, st) {
+		return
+	}
+	o.stream()
+}
+
+// wsOut writes a watcher's output to its WebSocket, as watch set it up.
+type wsOut struct {
+	s      *Server
+	mc     *movable
+	c      *websocket.Conn
+	a      *process.Attachment
+	fc     *credit // nil but for a credit watcher
+	v1     bool    // kiln.v1 frames, not the raw shape
+	ctx    context.Context
+	cancel context.CancelFunc
 	// batch holds small messages that had more ready behind them, whole
 	// frames, written with the next message that has none: a watcher
 	// that keeps up with short chunks of two streams (which are never
 	// merged), or a stream's end and the exit, gets them in one write.
 	// Nothing waits in it: the message before a wait goes out at once,
 	// and so does the exit, after which nothing is ready.
-	var batch []byte
-	send := func(op byte, head, body []byte) bool {
-		if n := len(head) + len(body); n <= batchMessage && len(batch)+n <= maxBatch && a.Ready() {
-			batch = appendWSHeader(batch, op, n)
-			batch = append(append(batch, head...), body...)
-			return true
-		}
-		err := mc.writeMessage(batch, op, head, body, writeTimeout)
-		batch = batch[:0]
-		if err != nil {
-			cancel()
-			return false
-		}
+	batch []byte
+	frame []byte // a data frame's header, reused
+	// limit bounds the next message's output. It starts small and
+	// doubles, up to maxMerged, with each message that fills half of it
+	// or more: a link that breaks before a whole large message gets
+	// through (a flaky network, a proxy that cuts connections) still
+	// carries the first bytes of each connection, so a client that comes
+	// back from where it got always gets further.
+	limit int
+}
+
+// send writes a message (or batches it); false once the watcher is gone.
+func (o *wsOut) send(op byte, head, body []byte) bool {
+	if n := len(head) + len(body); n <= batchMessage && len(o.batch)+n <= maxBatch && o.a.Ready() {
+		o.batch = appendWSHeader(o.batch, op, n)
+		o.batch = append(append(o.batch, head...), body...)
 		return true
 	}
-	sendJSON := func(v any) bool {
-		b, _ := json.Marshal(v)
-		return send(wsText, b, nil)
+	err := o.mc.writeMessage(o.batch, op, head, body, writeTimeout)
+	o.batch = o.batch[:0]
+	if err != nil {
+		o.cancel()
+		return false
 	}
-	if v1 {
-		h := api.Hello{Type: api.TypeHello, Streams: map[string]api.HelloSpan{}}
-		// The totals are taken after the retained span: the ring may have
-		// moved on since the request's status, and a span must not start
-		// past its stream's total.
-		totals := st.Totals
-		first, err := s.cfg.Table.Retained(id)
-		if err != nil {
-			first = st.First
-		} else if now, err := s.cfg.Table.Status(id); err == nil {
-			totals = now.Totals
-		}
-		for _, s := range st.Streams {
-			h.Streams[streamName(s)] = api.HelloSpan{First: first[s], Total: totals[s]}
-		}
-		if !sendJSON(h) {
-			return
-		}
+	return true
+}
+
+func (o *wsOut) sendJSON(v any) bool {
+	b, _ := json.Marshal(v)
+	return o.send(wsText, b, nil)
+}
+
+// sendData writes a chunk: the header, then the chunk as the ring holds
+// it, one message, and no copy of the payload on the way.
+func (o *wsOut) sendData(e process.Event) bool {
+	if !o.v1 {
+		return o.send(wsBinary, nil, e.Data)
 	}
-	var frame []byte
-	sendData := func(e process.Event) bool {
-		if !v1 {
-			return send(wsBinary, nil, e.Data)
-		}
-		// The header, then the chunk as the ring holds it: one message,
-		// and no copy of the payload on the way.
-		frame = api.AppendFrame(frame[:0], api.Frame{Stream: streamCode(e.Stream), Offset: uint64(e.Offset), Seq: e.Seq})
-		return send(wsBinary, frame, e.Data)
-	}
-	// limit bounds the next message's output. It starts small and doubles,
-	// up to maxMerged, with each message that fills half of it or more: a
-	// link that breaks before a whole large message gets through (a flaky
-	// network, a proxy that cuts connections) still carries the first
-	// bytes of each connection, so a client that comes back from where it
-	// got always gets further.
-	// flush writes what is batched, before a wait for credit: the watcher
-	// may be waiting for it to grant more.
-	flush := func() bool {
-		if len(batch) == 0 {
-			return true
-		}
-		err := mc.writeFrames(batch, writeTimeout)
-		batch = batch[:0]
-		if err != nil {
-			cancel()
-			return false
-		}
+	o.frame = api.AppendFrame(o.frame[:0], api.Frame{Stream: streamCode(e.Stream), Offset: uint64(e.Offset), Seq: e.Seq})
+	return o.send(wsBinary, o.frame, e.Data)
+}
+
+// flush writes what is batched, before a wait for credit: the watcher
+// may be waiting for it to grant more.
+func (o *wsOut) flush() bool {
+	if len(o.batch) == 0 {
 		return true
 	}
-	// awaitCredit waits until a credit watcher may be sent output,
-	// sending what is batched first if it must wait.
-	awaitCredit := func() bool {
-		if fc == nil {
-			return true
-		}
-		if fc.available() == 0 && !flush() {
-			return false
-		}
-		return fc.wait(ctx) == nil
+	err := o.mc.writeFrames(o.batch, writeTimeout)
+	o.batch = o.batch[:0]
+	if err != nil {
+		o.cancel()
+		return false
 	}
-	limit := firstMessage
+	return true
+}
+
+// awaitCredit waits until a credit watcher may be sent output, sending
+// what is batched first if it must wait.
+func (o *wsOut) awaitCredit() bool {
+	if o.fc == nil {
+		return true
+	}
+	if o.fc.available() == 0 && !o.flush() {
+		return false
+	}
+	return o.fc.wait(o.ctx) == nil
+}
+
+// hello sends kiln.v1's first message: each stream's retained span.
+func (o *wsOut) hello(id string, st process.Status) bool {
+	h := api.Hello{Type: api.TypeHello, Streams: map[string]api.HelloSpan{}}
+	// The totals are taken after the retained span: the ring may have
+	// moved on since the request's status, and a span must not start
+	// past its stream's total.
+	totals := st.Totals
+	first, err := o.s.cfg.Table.Retained(id)
+	if err != nil {
+		first = st.First
+	} else if now, err := o.s.cfg.Table.Status(id); err == nil {
+		totals = now.Totals
+	}
+	for _, s := range st.Streams {
+		h.Streams[streamName(s)] = api.HelloSpan{First: first[s], Total: totals[s]}
+	}
+	return o.sendJSON(h)
+}
+
+// stream sends the output, its gaps, ends and exit, until the
+// attachment's end (the connection is then closed normally) or the
+// watcher's.
+func (o *wsOut) stream() {
 	for {
-		// A credit watcher's output waits for its credit (below) once it
-		// is taken from the ring, a message's worth at most; its gaps,
+		// A credit watcher's output waits for its credit (in data) once
+		// it is taken from the ring, a message's worth at most; its gaps,
 		// ends and exit do not. Its hold (flow=block, acked) is where it
 		// says it has read, not where this has got to.
-		next := limit
-		if fc != nil {
-			if avail := fc.available(); avail > 0 {
-				next = int(min(int64(limit), avail))
+		next := o.limit
+		if o.fc != nil {
+			if avail := o.fc.available(); avail > 0 {
+				next = int(min(int64(o.limit), avail))
 			}
 		}
 		// A watcher that is behind gets what continues a chunk in one
 		// message: a message per chunk of a small-write program costs more
 		// than the bytes (headers, a write each, a read each).
-		e, err := a.NextMerged(ctx, next)
+		e, err := o.a.NextMerged(o.ctx, next)
 		if errors.Is(err, io.EOF) {
-			c.Close(websocket.StatusNormalClosure, "")
+			o.c.Close(websocket.StatusNormalClosure, "")
 			return
 		}
-		if err != nil {
-			return
-		}
-		ok := true
-		switch e.Kind {
-		case ring.Data:
-			// A chunk larger than the limit by itself goes in pieces, each
-			// with its own offset and seq: the same bytes, in order.
-			for rest := e; ok && len(rest.Data) > 0; {
-				n := min(len(rest.Data), limit)
-				if fc != nil {
-					if !awaitCredit() {
-						return
-					}
-					n = fc.take(n)
-				}
-				piece := rest
-				piece.Data = rest.Data[:n]
-				ok = sendData(piece)
-				rest.Data, rest.Offset, rest.Seq = rest.Data[n:], rest.Offset+int64(n), rest.Seq+uint64(n)
-				if 2*n >= limit {
-					limit = min(2*limit, maxMerged)
-				}
-			}
-		case ring.Gap:
-			s.lostTo(e)
-			if v1 {
-				ok = sendJSON(api.Gap{Type: api.TypeGap, Stream: streamName(e.Stream), From: e.Offset, To: e.To, LostBytes: e.Lost()})
-			} else {
-				ok = send(wsText, []byte(lostLine(e.Event)), nil)
-			}
-		case ring.End:
-			if v1 {
-				ok = sendJSON(api.End{Type: api.TypeEnd, Stream: streamName(e.Stream), TotalBytes: e.Offset})
-			}
-		case ring.Exit:
-			if v1 {
-				ok = sendJSON(api.ExitMessage{Type: api.TypeExit, Exit: toExit(&e.Exit)})
-			} else {
-				ok = send(wsText, []byte("["+toExit(&e.Exit).String()+"]\n"), nil)
-			}
-		}
-		if !ok {
+		if err != nil || !o.event(e) {
 			return
 		}
 	}
+}
+
+// event sends one event of the attachment's.
+func (o *wsOut) event(e process.Event) bool {
+	switch e.Kind {
+	case ring.Data:
+		return o.data(e)
+	case ring.Gap:
+		o.s.lostTo(e)
+		if o.v1 {
+			return o.sendJSON(api.Gap{Type: api.TypeGap, Stream: streamName(e.Stream), From: e.Offset, To: e.To, LostBytes: e.Lost()})
+		}
+		return o.send(wsText, []byte(lostLine(e.Event)), nil)
+	case ring.End:
+		if o.v1 {
+			return o.sendJSON(api.End{Type: api.TypeEnd, Stream: streamName(e.Stream), TotalBytes: e.Offset})
+		}
+	case ring.Exit:
+		if o.v1 {
+			return o.sendJSON(api.ExitMessage{Type: api.TypeExit, Exit: toExit(&e.Exit)})
+		}
+		return o.send(wsText, []byte("["+toExit(&e.Exit).String()+"]\n"), nil)
+	}
+	return true
+}
+
+// data sends a chunk. One larger than the limit by itself goes in
+// pieces, each with its own offset and seq: the same bytes, in order.
+func (o *wsOut) data(e process.Event) bool {
+	for rest := e; len(rest.Data) > 0; {
+		n := min(len(rest.Data), o.limit)
+		if o.fc != nil {
+			if !o.awaitCredit() {
+				return false
+			}
+			n = o.fc.take(n)
+		}
+		piece := rest
+		piece.Data = rest.Data[:n]
+		if !o.sendData(piece) {
+			return false
+		}
+		rest.Data, rest.Offset, rest.Seq = rest.Data[n:], rest.Offset+int64(n), rest.Seq+uint64(n)
+		if 2*n >= o.limit {
+			o.limit = min(2*o.limit, maxMerged)
+		}
+	}
+	return true
 }
 
 // lostTo counts a gap a watcher is told of, and its bytes when known.
