@@ -261,7 +261,6 @@ func (d *Daemon) readLog(w http.ResponseWriter, r *http.Request) {
 	}
 	rd := capture.NewReader(sub, capture.ReadOptions{})
 	defer rd.Close()
-	ctx := r.Context()
 	// The runs are known once the log is read: they come as trailers.
 	w.Header().Set("Trailer", "Kiln-Runs, Kiln-Complete")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
@@ -271,8 +270,25 @@ func (d *Daemon) readLog(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/octet-stream")
 	}
 	w.WriteHeader(http.StatusOK)
+	emit := logEmitter(w, lq)
+	if !readCaptured(r.Context(), rd, lq, emit) {
+		return // the status is sent; the missing trailers say the read did not finish
+	}
+	runs, complete := runInfos(rd.Runs())
+	rj, _ := json.Marshal(runs)
+	w.Header().Set("Kiln-Runs", string(rj))
+	w.Header().Set("Kiln-Complete", strconv.FormatBool(complete))
+	if lq.follow {
+		d.followLog(w, r, rd, lq, emit)
+	}
+}
+
+// logEmitter writes each entry of a captured log as lq asks: records as
+// JSON lines, or the payload as it was written (a gap of rotation as a
+// line saying so).
+func logEmitter(w http.ResponseWriter, lq logQuery) func(capture.Entry) error {
 	enc := json.NewEncoder(w)
-	emit := func(e capture.Entry) error {
+	return func(e capture.Entry) error {
 		if lq.json {
 			for _, rec := range toRecords(e, lq.filter) {
 				if err := enc.Encode(rec); err != nil {
@@ -288,8 +304,13 @@ func (d *Daemon) readLog(w http.ResponseWriter, r *http.Request) {
 		_, err := w.Write(e.Payload())
 		return err
 	}
-	// Without tail the output streams as it is read; with it, only the
-	// entries of the last lines are kept, trimmed as the reading goes.
+}
+
+// readCaptured emits what the log holds now, filtered; false if the read
+// or a write failed. Without tail the output streams as it is read; with
+// it, only the entries of the last lines are kept, trimmed as the reading
+// goes.
+func readCaptured(ctx context.Context, rd *capture.Reader, lq logQuery, emit func(capture.Entry) error) bool {
 	var es []capture.Entry
 	for {
 		e, err := rd.Next(ctx)
@@ -297,14 +318,14 @@ func (d *Daemon) readLog(w http.ResponseWriter, r *http.Request) {
 			break
 		}
 		if err != nil {
-			return // the status is sent; the missing trailers say the read did not finish
+			return false
 		}
 		if !lq.keeps(e) {
 			continue
 		}
 		if lq.filter.Tail < 0 {
 			if emit(e) != nil {
-				return
+				return false
 			}
 			continue
 		}
@@ -319,23 +340,22 @@ func (d *Daemon) readLog(w http.ResponseWriter, r *http.Request) {
 	if lq.filter.Tail >= 0 {
 		for _, e := range capture.Tail(es, lq.filter.Tail) {
 			if emit(e) != nil {
-				return
+				return false
 			}
 		}
 	}
-	runs, complete := runInfos(rd.Runs())
-	rj, _ := json.Marshal(runs)
-	w.Header().Set("Kiln-Runs", string(rj))
-	w.Header().Set("Kiln-Complete", strconv.FormatBool(complete))
-	if !lq.follow {
-		return
-	}
+	return true
+}
+
+// followLog keeps emitting what is appended to the log, across rotation.
+// Following ends with the process: once it is not live and the log's
+// last run has its end record, or has not had one for a whole idle check
+// after the process was seen gone (its writer died with it).
+func (d *Daemon) followLog(w http.ResponseWriter, r *http.Request, rd *capture.Reader, lq logQuery, emit func(capture.Entry) error) {
+	ctx, pid := r.Context(), r.PathValue("pid")
 	rc := http.NewResponseController(w)
 	rc.Flush()
 	rd.SetFollow(true)
-	// Following ends with the process: once it is not live and the log's
-	// last run has its end record, or has not had one for a whole idle
-	// check after the process was seen gone (its writer died with it).
 	goneBefore := false
 	for {
 		wait, cancel := context.WithTimeout(ctx, followCheck)

@@ -50,35 +50,7 @@ func watchTree(conn *net.UnixConn, dir string) error {
 		return err
 	}
 	defer unix.Close(fd)
-	paths := map[int]string{}
-	// add watches p and the directories below it. Of a directory made
-	// while the watch runs (fresh), what was made in it before its own
-	// watch came is told as created; what its watch then reports again
-	// is told once (made).
-	made := map[string]bool{}
-	var found []api.FileEvent
-	add := func(p string, fresh bool) {
-		filepath.WalkDir(p, func(q string, d fs.DirEntry, err error) error {
-			if err != nil {
-				return nil
-			}
-			if fresh && q != p {
-				found = append(found, api.FileEvent{Op: api.FileCreated, Path: q, Dir: d.IsDir()})
-				made[q] = true
-				if fi, err := d.Info(); err == nil && fi.Mode().IsRegular() && fi.Size() > 0 {
-					found = append(found, api.FileEvent{Op: api.FileWritten, Path: q})
-					made["write "+q] = true
-				}
-			}
-			if !d.IsDir() {
-				return nil
-			}
-			if wd, err := unix.InotifyAddWatch(fd, q, inotifyMask); err == nil {
-				paths[wd] = q
-			}
-			return nil
-		})
-	}
+	t := &treeWatch{fd: fd, dir: dir, paths: map[int]string{}, made: map[string]bool{}}
 	fi, err := os.Stat(dir)
 	if err != nil {
 		return err
@@ -86,39 +58,19 @@ func watchTree(conn *net.UnixConn, dir string) error {
 	if !fi.IsDir() {
 		return fmt.Errorf("files: %s is not a directory: %w", dir, unix.ENOTDIR)
 	}
-	add(dir, false)
+	t.add(dir, false)
 	if err := answer(conn, info(dir, fi), -1, nil); err != nil {
 		return nil
 	}
-	w := bufio.NewWriter(conn)
-	var last api.FileEvent
-	emit := func(e api.FileEvent) {
-		if e.Op == api.FileWritten && last == e {
-			return // one write event for a run of writes to a file
-		}
-		last = e
-		b, _ := json.Marshal(e)
-		w.Write(append(b, '\n'))
-	}
-	// A move's two halves come as two events with one cookie: a move
-	// out of the tree is a remove, into it a create.
-	var moved *api.FileEvent
-	var movedCookie uint32
-	flush := func() {
-		if moved != nil {
-			moved.Op = api.FileRemoved
-			emit(*moved)
-			moved = nil
-		}
-	}
+	t.w = bufio.NewWriter(conn)
 	buf := make([]byte, 64<<10)
 	for {
-		if w.Buffered() > 0 || moved != nil {
+		if t.w.Buffered() > 0 || t.moved != nil {
 			// Nothing more for a moment: what is pending goes out.
 			fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
 			if n, _ := unix.Poll(fds, 50); n == 0 {
-				flush()
-				if w.Flush() != nil {
+				t.flush()
+				if t.w.Flush() != nil {
 					return nil
 				}
 			}
@@ -144,63 +96,129 @@ func watchTree(conn *net.UnixConn, dir string) error {
 				name = string(raw)
 			}
 			off += unix.SizeofInotifyEvent + int(ev.Len)
-			if ev.Mask&unix.IN_Q_OVERFLOW != 0 {
-				flush()
-				emit(api.FileEvent{Op: api.FileOverflow})
-				continue
-			}
-			base, ok := paths[int(ev.Wd)]
-			if !ok {
-				continue
-			}
-			p := filepath.Join(base, name)
-			isDir := ev.Mask&unix.IN_ISDIR != 0
-			if ev.Mask&unix.IN_IGNORED != 0 {
-				delete(paths, int(ev.Wd))
-				continue
-			}
-			if moved != nil && !(ev.Mask&unix.IN_MOVED_TO != 0 && ev.Cookie == movedCookie) {
-				flush()
-			}
-			switch {
-			case ev.Mask&unix.IN_CREATE != 0:
-				if made[p] {
-					delete(made, p) // told already, when its directory was found
-					break
-				}
-				emit(api.FileEvent{Op: api.FileCreated, Path: p, Dir: isDir})
-				if isDir {
-					add(p, true)
-				}
-			case ev.Mask&unix.IN_MODIFY != 0:
-				if made["write "+p] {
-					delete(made, "write "+p)
-					break
-				}
-				emit(api.FileEvent{Op: api.FileWritten, Path: p})
-			case ev.Mask&unix.IN_DELETE != 0:
-				emit(api.FileEvent{Op: api.FileRemoved, Path: p, Dir: isDir})
-			case ev.Mask&unix.IN_MOVED_FROM != 0:
-				moved, movedCookie = &api.FileEvent{Path: p, Dir: isDir}, ev.Cookie
-			case ev.Mask&unix.IN_MOVED_TO != 0:
-				if moved != nil {
-					emit(api.FileEvent{Op: api.FileRenamed, From: moved.Path, Path: p, Dir: isDir})
-					moved = nil
-				} else {
-					emit(api.FileEvent{Op: api.FileCreated, Path: p, Dir: isDir})
-				}
-				if isDir {
-					add(p, true)
-				}
-			case ev.Mask&unix.IN_DELETE_SELF != 0 && base == dir:
-				emit(api.FileEvent{Op: api.FileRemoved, Path: dir, Dir: true})
-			}
-			for _, e := range found {
-				emit(e)
-			}
-			found = found[:0]
+			t.event(ev, name)
 		}
 	}
+}
+
+// treeWatch is the state of watchTree's watch.
+type treeWatch struct {
+	fd    int            // the inotify instance
+	dir   string         // the watched tree's top
+	paths map[int]string // each watch's directory
+	w     *bufio.Writer  // the events, as JSON lines, to the agent
+	last  api.FileEvent  // the event emitted last
+	// Of a directory made while the watch runs (fresh), what was made in
+	// it before its own watch came is told as created (found); what its
+	// watch then reports again is told once (made).
+	made  map[string]bool
+	found []api.FileEvent
+	// A move's two halves come as two events with one cookie: a move out
+	// of the tree is a remove, into it a create.
+	moved       *api.FileEvent
+	movedCookie uint32
+}
+
+// add watches p and the directories below it.
+func (t *treeWatch) add(p string, fresh bool) {
+	filepath.WalkDir(p, func(q string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return nil
+		}
+		if fresh && q != p {
+			t.found = append(t.found, api.FileEvent{Op: api.FileCreated, Path: q, Dir: d.IsDir()})
+			t.made[q] = true
+			if fi, err := d.Info(); err == nil && fi.Mode().IsRegular() && fi.Size() > 0 {
+				t.found = append(t.found, api.FileEvent{Op: api.FileWritten, Path: q})
+				t.made["write "+q] = true
+			}
+		}
+		if !d.IsDir() {
+			return nil
+		}
+		if wd, err := unix.InotifyAddWatch(t.fd, q, inotifyMask); err == nil {
+			t.paths[wd] = q
+		}
+		return nil
+	})
+}
+
+// emit writes an event, one write event for a run of writes to a file.
+func (t *treeWatch) emit(e api.FileEvent) {
+	if e.Op == api.FileWritten && t.last == e {
+		return
+	}
+	t.last = e
+	b, _ := json.Marshal(e)
+	t.w.Write(append(b, '\n'))
+}
+
+// flush tells a move whose other half did not come as a remove.
+func (t *treeWatch) flush() {
+	if t.moved != nil {
+		t.moved.Op = api.FileRemoved
+		t.emit(*t.moved)
+		t.moved = nil
+	}
+}
+
+// event tells what one inotify event, of the entry name, says.
+func (t *treeWatch) event(ev *unix.InotifyEvent, name string) {
+	if ev.Mask&unix.IN_Q_OVERFLOW != 0 {
+		t.flush()
+		t.emit(api.FileEvent{Op: api.FileOverflow})
+		return
+	}
+	base, ok := t.paths[int(ev.Wd)]
+	if !ok {
+		return
+	}
+	p := filepath.Join(base, name)
+	isDir := ev.Mask&unix.IN_ISDIR != 0
+	if ev.Mask&unix.IN_IGNORED != 0 {
+		delete(t.paths, int(ev.Wd))
+		return
+	}
+	if t.moved != nil && !(ev.Mask&unix.IN_MOVED_TO != 0 && ev.Cookie == t.movedCookie) {
+		t.flush()
+	}
+	switch {
+	case ev.Mask&unix.IN_CREATE != 0:
+		if t.made[p] {
+			delete(t.made, p) // told already, when its directory was found
+			break
+		}
+		t.emit(api.FileEvent{Op: api.FileCreated, Path: p, Dir: isDir})
+		if isDir {
+			t.add(p, true)
+		}
+	case ev.Mask&unix.IN_MODIFY != 0:
+		if t.made["write "+p] {
+			delete(t.made, "write "+p)
+			break
+		}
+		t.emit(api.FileEvent{Op: api.FileWritten, Path: p})
+	case ev.Mask&unix.IN_DELETE != 0:
+		t.emit(api.FileEvent{Op: api.FileRemoved, Path: p, Dir: isDir})
+	case ev.Mask&unix.IN_MOVED_FROM != 0:
+		t.moved, t.movedCookie = &api.FileEvent{Path: p, Dir: isDir}, ev.Cookie
+	case ev.Mask&unix.IN_MOVED_TO != 0:
+		if t.moved != nil {
+			t.emit(api.FileEvent{Op: api.FileRenamed, From: t.moved.Path, Path: p, Dir: isDir})
+			t.moved = nil
+		} else {
+			t.emit(api.FileEvent{Op: api.FileCreated, Path: p, Dir: isDir})
+		}
+		if isDir {
+			t.add(p, true)
+		}
+	case ev.Mask&unix.IN_DELETE_SELF != 0 && base == t.dir:
+		t.emit(api.FileEvent{Op: api.FileRemoved, Path: t.dir, Dir: true})
+	}
+	for _, e := range t.found {
+		t.emit(e)
+	}
+	t.found = t.found[:0]
 }
 
 // watch is one directory's events, on the agent.

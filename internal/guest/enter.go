@@ -38,73 +38,105 @@ func setupRoot(cfg handoff.AgentConfig, userns *os.File) error {
 		}
 		unix.Close(handoff.FDDisk)
 	}
-	root := cfg.Root
+	var err error
 	if cfg.Rootfs != "" {
-		// Each layer, its owners mapped into the sandbox's range by its
-		// user namespace (the image's root's files are the sandbox's
-		// root's), becomes one of the overlay's lower layers.
-		if userns == nil {
-			return errors.New("no user namespace to map the rootfs with")
-		}
-		for i, lower := range cfg.Lowers {
-			fd, err := rootfs.IDMapTree(cfg.Layers[i], int(userns.Fd()))
-			if err == nil {
-				err = unix.MoveMount(fd, "", unix.AT_FDCWD, lower, unix.MOVE_MOUNT_F_EMPTY_PATH)
-				unix.Close(fd)
-			}
-			if err != nil {
-				return fmt.Errorf("mount the rootfs: %w", err)
-			}
-		}
-		// Paths relative to the sandbox's directory: the overlay's
-		// options, in the sandbox's mount table, name no host path.
-		base := filepath.Dir(cfg.Lowers[0])
-		rel := func(p string) (string, error) {
-			r, err := filepath.Rel(base, p)
-			if err != nil || strings.HasPrefix(r, "..") || strings.ContainsAny(r, ",:") {
-				return "", fmt.Errorf("overlay layer %s is not in %s", p, base)
-			}
-			return r, nil
-		}
-		var lowers []string
-		for _, p := range cfg.Lowers {
-			r, err := rel(p)
-			if err != nil {
-				return err
-			}
-			lowers = append(lowers, r)
-		}
-		upper, err := rel(cfg.Upper)
-		if err != nil {
-			return err
-		}
-		work, err := rel(cfg.Work)
-		if err != nil {
-			return err
-		}
-		if err := unix.Chdir(base); err != nil {
-			return err
-		}
-		opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", strings.Join(lowers, ":"), upper, work)
-		if err := unix.Mount("overlay", root, "overlay", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
-			return fmt.Errorf("mount the rootfs overlay: %w", err)
-		}
-		if cfg.Network {
-			if err := rootfs.ImageResolvConf(root, cfg.Resolvers, cfg.UIDBase); err != nil {
-				return err
-			}
-		}
+		err = imageRoot(cfg, userns)
 	} else {
-		if err := unix.Mount("tmpfs", root, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755,size=16m"); err != nil {
-			return fmt.Errorf("mount the root: %w", err)
-		}
-		if err := rootfs.EachHostDir(root, bindReadOnly); err != nil {
-			return err
-		}
-		if err := ownEtc(root, cfg.Hostname, cfg.Resolvers); err != nil {
-			return err
+		err = hostRoot(cfg)
+	}
+	if err == nil {
+		err = mountInRoot(cfg)
+	}
+	if err == nil {
+		err = pivot(cfg.Root)
+	}
+	if err != nil {
+		return err
+	}
+	// The host-bind root holds only mount points: read-only. A given
+	// rootfs stays writable through its overlay.
+	if cfg.Rootfs == "" {
+		if err := unix.Mount("", "/", "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY, ""); err != nil {
+			return fmt.Errorf("make the root read-only: %w", err)
 		}
 	}
+	return nil
+}
+
+// imageRoot mounts, at cfg.Root, the overlay of a root file system's
+// layers and its writable layer. Each layer, its owners mapped into the
+// sandbox's range by its user namespace (the image's root's files are
+// the sandbox's root's), becomes one of the overlay's lower layers.
+func imageRoot(cfg handoff.AgentConfig, userns *os.File) error {
+	if userns == nil {
+		return errors.New("no user namespace to map the rootfs with")
+	}
+	for i, lower := range cfg.Lowers {
+		fd, err := rootfs.IDMapTree(cfg.Layers[i], int(userns.Fd()))
+		if err == nil {
+			err = unix.MoveMount(fd, "", unix.AT_FDCWD, lower, unix.MOVE_MOUNT_F_EMPTY_PATH)
+			unix.Close(fd)
+		}
+		if err != nil {
+			return fmt.Errorf("mount the rootfs: %w", err)
+		}
+	}
+	// Paths relative to the sandbox's directory: the overlay's options,
+	// in the sandbox's mount table, name no host path.
+	base := filepath.Dir(cfg.Lowers[0])
+	rel := func(p string) (string, error) {
+		r, err := filepath.Rel(base, p)
+		if err != nil || strings.HasPrefix(r, "..") || strings.ContainsAny(r, ",:") {
+			return "", fmt.Errorf("overlay layer %s is not in %s", p, base)
+		}
+		return r, nil
+	}
+	var lowers []string
+	for _, p := range cfg.Lowers {
+		r, err := rel(p)
+		if err != nil {
+			return err
+		}
+		lowers = append(lowers, r)
+	}
+	upper, err := rel(cfg.Upper)
+	if err != nil {
+		return err
+	}
+	work, err := rel(cfg.Work)
+	if err != nil {
+		return err
+	}
+	if err := unix.Chdir(base); err != nil {
+		return err
+	}
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", strings.Join(lowers, ":"), upper, work)
+	if err := unix.Mount("overlay", cfg.Root, "overlay", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+		return fmt.Errorf("mount the rootfs overlay: %w", err)
+	}
+	if cfg.Network {
+		return rootfs.ImageResolvConf(cfg.Root, cfg.Resolvers, cfg.UIDBase)
+	}
+	return nil
+}
+
+// hostRoot mounts, at cfg.Root, a small tmpfs with the host's system
+// directories bound read-only and the sandbox's own /etc files.
+func hostRoot(cfg handoff.AgentConfig) error {
+	if err := unix.Mount("tmpfs", cfg.Root, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755,size=16m"); err != nil {
+		return fmt.Errorf("mount the root: %w", err)
+	}
+	if err := rootfs.EachHostDir(cfg.Root, bindReadOnly); err != nil {
+		return err
+	}
+	return ownEtc(cfg.Root, cfg.Hostname, cfg.Resolvers)
+}
+
+// mountInRoot mounts what every sandbox's root has of its own: /tmp and
+// /root in memory (within its memory limit), the workspace, a minimal
+// /dev and its /proc.
+func mountInRoot(cfg handoff.AgentConfig) error {
+	root := cfg.Root
 	for _, d := range []string{"tmp", "workspace", "dev", "proc", "root", ".old"} {
 		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
 			return err
@@ -137,9 +169,11 @@ func setupRoot(cfg handoff.AgentConfig, userns *os.File) error {
 	if err := unix.Mount("proc", filepath.Join(root, "proc"), "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 		return fmt.Errorf("mount /proc: %w", err)
 	}
-	if err := maskProc(filepath.Join(root, "proc")); err != nil {
-		return err
-	}
+	return maskProc(filepath.Join(root, "proc"))
+}
+
+// pivot makes root the agent's root, and detaches the host's.
+func pivot(root string) error {
 	if err := unix.PivotRoot(root, filepath.Join(root, ".old")); err != nil {
 		return fmt.Errorf("pivot_root: %w", err)
 	}
@@ -149,17 +183,7 @@ func setupRoot(cfg handoff.AgentConfig, userns *os.File) error {
 	if err := unix.Unmount("/.old", unix.MNT_DETACH); err != nil {
 		return fmt.Errorf("detach the host's root: %w", err)
 	}
-	if err := os.Remove("/.old"); err != nil {
-		return err
-	}
-	// The host-bind root holds only mount points: read-only. A given
-	// rootfs stays writable through its overlay.
-	if cfg.Rootfs == "" {
-		if err := unix.Mount("", "/", "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY, ""); err != nil {
-			return fmt.Errorf("make the root read-only: %w", err)
-		}
-	}
-	return nil
+	return os.Remove("/.old")
 }
 
 // What of /proc a sandbox does not see, and what it cannot write: OCI's
@@ -453,38 +477,7 @@ func Enter() (*Inside, error) {
 	if err != nil {
 		return nil, err
 	}
-	var groups []*os.File
-	if cfg.PidsLimited {
-		groups = append(groups, os.NewFile(handoff.FDTasks, "pids tasks"))
-	}
-	if cfg.MemoryLimited {
-		groups = append(groups, os.NewFile(handoff.FDMemoryTasks, "memory tasks"))
-	}
-	if cfg.CPULimited {
-		groups = append(groups, os.NewFile(handoff.FDCPUTasks, "cpu tasks"))
-		go joinCPU(os.NewFile(handoff.FDCPUProcs, "cpu cgroup.procs"))
-	}
-	iso := isolate(cfg.UIDBase)
-	// The spawner moves itself, every thread, into the v2 procs group
-	// before it forks anything (the agent stays outside it): on a pure v2
-	// host that group has the limits, and what it allocated to start is
-	// charged outside them, so one the limits killed starts again in a
-	// sandbox whose memory is full; on either host the sandbox's processes
-	// are in a group of their own, which kilnd freezes and kills at once.
-	if cfg.ProcsCgroup {
-		groups = append(groups, os.NewFile(handoff.FDProcsCgroup, "procs cgroup.procs"))
-	}
-	// Then its forking thread alone moves on, into the threaded group with
-	// the pids limit, where every process it starts is born: the limit
-	// counts them and that one thread, not the spawner's others.
-	if cfg.PidsThreads {
-		groups = append(groups, os.NewFile(handoff.FDPidsThreads, "pids cgroup.threads"))
-	}
-	spawner := confine.NewSpawner(exe, confine.Config{NoFile: noFile(), NProc: nproc(cfg.PidsMax)}, groups,
-		func(cmd *exec.Cmd) error {
-			iso(cmd.SysProcAttr)
-			return startOwned(cmd, cfg.UIDBase) // its per-user counts the sandbox's alone
-		})
+	spawner := newSpawner(cfg, exe)
 	// Started, and executed, before the root is built: a child forked
 	// while it is holds copies of the agent's descriptors, and a fork
 	// during pivot_root can keep the old root. It comes up meanwhile; the
@@ -524,6 +517,57 @@ func Enter() (*Inside, error) {
 			return nil, err
 		}
 	}
+	in, err := takeHandles(cfg, spawner)
+	if err != nil {
+		return nil, err
+	}
+	if idle := cmp.Or(cfg.SpawnerIdle, handoff.DefaultSpawnerIdle); idle > 0 && !loader {
+		spawner.StopWhenIdle(idle)
+	}
+	return in, nil
+}
+
+// newSpawner makes the sandbox's spawner: this binary (exe), in the
+// sandbox's user namespace and owned by its first uid, its forking
+// thread in the groups whose files kilnd handed over (cfg says which).
+func newSpawner(cfg handoff.AgentConfig, exe *os.File) *confine.Spawner {
+	var groups []*os.File
+	if cfg.PidsLimited {
+		groups = append(groups, os.NewFile(handoff.FDTasks, "pids tasks"))
+	}
+	if cfg.MemoryLimited {
+		groups = append(groups, os.NewFile(handoff.FDMemoryTasks, "memory tasks"))
+	}
+	if cfg.CPULimited {
+		groups = append(groups, os.NewFile(handoff.FDCPUTasks, "cpu tasks"))
+		go joinCPU(os.NewFile(handoff.FDCPUProcs, "cpu cgroup.procs"))
+	}
+	iso := isolate(cfg.UIDBase)
+	// The spawner moves itself, every thread, into the v2 procs group
+	// before it forks anything (the agent stays outside it): on a pure v2
+	// host that group has the limits, and what it allocated to start is
+	// charged outside them, so one the limits killed starts again in a
+	// sandbox whose memory is full; on either host the sandbox's processes
+	// are in a group of their own, which kilnd freezes and kills at once.
+	if cfg.ProcsCgroup {
+		groups = append(groups, os.NewFile(handoff.FDProcsCgroup, "procs cgroup.procs"))
+	}
+	// Then its forking thread alone moves on, into the threaded group with
+	// the pids limit, where every process it starts is born: the limit
+	// counts them and that one thread, not the spawner's others.
+	if cfg.PidsThreads {
+		groups = append(groups, os.NewFile(handoff.FDPidsThreads, "pids cgroup.threads"))
+	}
+	return confine.NewSpawner(exe, confine.Config{NoFile: noFile(), NProc: nproc(cfg.PidsMax)}, groups,
+		func(cmd *exec.Cmd) error {
+			iso(cmd.SysProcAttr)
+			return startOwned(cmd, cfg.UIDBase) // its per-user counts the sandbox's alone
+		})
+}
+
+// takeHandles takes what kilnd handed the agent: its API's listener, the
+// capture directory, and the out-of-memory counter when there is one.
+func takeHandles(cfg handoff.AgentConfig, spawner *confine.Spawner) (*Inside, error) {
 	lf := os.NewFile(handoff.FDListener, "agent.sock")
 	l, err := net.FileListener(lf) // a close-on-exec duplicate
 	lf.Close()
@@ -543,9 +587,6 @@ func Enter() (*Inside, error) {
 			n, _ := f.ReadAt(b[:], 0)
 			return handoff.EventIn(b[:n], "oom_kill")
 		}
-	}
-	if idle := cmp.Or(cfg.SpawnerIdle, handoff.DefaultSpawnerIdle); idle > 0 && !loader {
-		spawner.StopWhenIdle(idle)
 	}
 	return in, nil
 }
