@@ -81,7 +81,7 @@ time.sleep(3600)
 `, held, shm)}}, &st)
 		k.json("POST", "/sandboxes/"+sb.ID+"/exec-stream", api.ExecRequest{Command: "sh", Args: []string{"-c",
 			// Past the page cache, which only a namespace sandbox's
-			// memory counts (the README says so).
+			// memory counts (docs/operations.md says so).
 			fmt.Sprintf("dd if=/dev/zero of=/workspace/fill bs=1M count=%d oflag=direct 2>/dev/null; ", written>>20) +
 				"for i in 1 2 3 4; do sleep 3600 & done; touch /tmp/slept; wait"}}, &st)
 		// Inside, until the workload says it is all there (the exec's
@@ -217,7 +217,7 @@ for i in range(64):
 	{"a file and a process", `head -c 120M /dev/zero > /tmp/fill; exec python3 -c 'b = bytearray(160 << 20); print(len(b))'`},
 }
 
-// TestOutOfMemory: what the README says happens past a sandbox's memory
+// TestOutOfMemory: what docs/security.md says happens past a sandbox's memory
 // limit, through kilnd. By default the whole sandbox ends the same way on
 // both runtimes: stopped with the reason "out of memory", its agent gone,
 // whichever process was picked and however the memory was filled; an
