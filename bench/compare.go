@@ -106,6 +106,8 @@ func (s *compareShape) add(name, note string) *timedCase {
 
 // measureCompare runs every case of the comparison, reps times
 // interleaved after an unmeasured small warm-up.
+// Long because a benchmark reads best as its steps in the order they run,
+// each case measured between the same two clock reads.
 func measureCompare(ctx context.Context, cfg config, exe string) (*compareResult, error) {
 	if os.Geteuid() != 0 {
 		return nil, errors.New("the comparison needs root (sandboxes, runc, runsc)")
@@ -429,6 +431,8 @@ func runTerminal(ctx context.Context, exe string, sh shape, size int64) (time.Du
 
 // compareSandboxes measures a sandbox's start (create, exec true, remove)
 // and its memory while idle, in sandkiln and in the OCI runtimes.
+// Long because a benchmark reads best as its steps in the order they run,
+// the same steps for each runtime side by side.
 func compareSandboxes(ctx context.Context, cfg config, res *compareResult, base string, hasRunc, hasRunsc bool) error {
 	k, c, err := startKilnd(filepath.Join(base, "kilnd"))
 	if err != nil {

@@ -39,6 +39,7 @@ type filesRep struct {
 
 // measureFiles copies the big file and the tree into a sandbox and back,
 // reps times, interleaved with the host's copies of the same.
+// Long because a benchmark reads best as its steps in the order they run.
 func measureFiles(ctx context.Context, cfg config) (*filesResult, error) {
 	scale := max(1, cfg.kilndScale)
 	res := &filesResult{big: filesBig / int64(scale), small: int64(filesSmall / scale)}

@@ -29,6 +29,8 @@ const benchImage = "bench.test/box:3-layers"
 // busybox with its applets, then two layers of small files (the second
 // removing one of the first's), as a docker save tar. A host without
 // busybox gets the reason instead.
+// Long because it writes the tar's files one after another, as the
+// image's layers hold them.
 func importBenchImage(ctx context.Context, c client) (skipped string, err error) {
 	bb, err := os.ReadFile("/bin/busybox")
 	if err != nil {

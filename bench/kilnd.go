@@ -124,6 +124,7 @@ func (c client) call(ctx context.Context, method, path string, body, out any) er
 
 // measureKilnd runs a kilnd in this process (its agents are this binary
 // re-executed) and measures it through its API.
+// Long because a benchmark reads best as its steps in the order they run.
 func measureKilnd(ctx context.Context, cfg config) (*kilndResult, error) {
 	res := &kilndResult{wsBytes: cfg.wsSize}
 	scale := max(1, cfg.kilndScale)
@@ -587,6 +588,8 @@ func pct(ds []time.Duration, p int) time.Duration {
 	return s[max(0, min(i, len(s)-1))]
 }
 
+// writeKilnd writes kilnd's section of the report. Long because it is
+// the section's tables, row after row, as the report shows them.
 func writeKilnd(b *strings.Builder, k *kilndResult) {
 	b.WriteString("## kilnd\n\n")
 	if k.skipped != "" {

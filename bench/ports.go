@@ -46,6 +46,7 @@ func httpChildMain() int {
 
 // measurePorts times GET requests to the app, one at a time, the three
 // ways interleaved.
+// Long because a benchmark reads best as its steps in the order they run.
 func measurePorts(ctx context.Context, cfg config) (*portsResult, error) {
 	res := &portsResult{}
 	if os.Geteuid() != 0 {

@@ -265,6 +265,8 @@ const (
 	targetStalledSlowdown = 1.10 // workload with a full disk over no capture, at most
 )
 
+// writeCapture writes the capture section of the report. Long because it
+// is the section's table, row after row, as the report shows it.
 func writeCapture(b *strings.Builder, c *captureResult) {
 	b.WriteString("## Capture to disk\n\n")
 	fmt.Fprintf(b, "The child writes %s per run in two shapes: %s (each write a 16 KiB line ending in a newline) and\n"+

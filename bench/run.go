@@ -29,6 +29,9 @@ type results struct {
 	scale      *scaleResult
 }
 
+// run runs the benchmark's sections that cfg selects and writes the
+// report. Long because it is the sections in the order the report has
+// them, each a call and its result.
 func run(ctx context.Context, cfg config) (err error) {
 	if cfg.cpuprofile != "" {
 		f, err := os.Create(cfg.cpuprofile)

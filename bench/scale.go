@@ -77,6 +77,7 @@ type scaleResult struct {
 // measureScale creates sandboxes up to cfg.scale, cfg.scaleStep at a
 // time, and measures what they cost at each step; then restarts kilnd on
 // the same state and deletes them all.
+// Long because a benchmark reads best as its steps in the order they run.
 func measureScale(ctx context.Context, cfg config) (*scaleResult, error) {
 	res := &scaleResult{}
 	if os.Geteuid() != 0 {

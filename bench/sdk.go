@@ -62,6 +62,9 @@ type sdkResult struct {
 	skipped       string
 }
 
+// measureSDK times the TypeScript SDK's stream burst on each runtime
+// beside the relay it is held to. Long because a benchmark reads best as
+// its steps in the order they run.
 func measureSDK(ctx context.Context, cfg config) (*sdkResult, error) {
 	res := &sdkResult{size: 256 << 20, cliSize: 1 << 30, samples: map[string][]time.Duration{}}
 	if os.Geteuid() != 0 {

@@ -340,6 +340,9 @@ func onOOMFlag(cmd *cobra.Command, to *string) {
 	cmd.Flags().StringVar(to, "on-oom", "", "past the memory limit: end_sandbox (the default: every process ends, the sandbox stops)\nor kill_process (the kernel kills the process using the most; namespaces only)")
 }
 
+// sandboxCmd is kiln sandbox and its subcommands. Long because cobra's
+// commands are declarations: each subcommand with its flags, examples and
+// help stays in one place, as kiln sandbox --help shows them together.
 func (c *cli) sandboxCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "sandbox", Short: "Create, list, inspect and remove sandboxes"}
 	var o api.CreateSandbox

@@ -16,6 +16,9 @@ import (
 	"github.com/sandkiln/sandkiln/client"
 )
 
+// imageCmd is kiln image and its subcommands. Long because cobra's
+// commands are declarations: each subcommand with its flags and help stays
+// in one place, as kiln image --help shows them together.
 func (c *cli) imageCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "image", Short: "Pull, import, list, inspect and remove the OCI images sandboxes start from"}
 	pull := &cobra.Command{

@@ -312,6 +312,9 @@ interactive, this terminal in raw mode, and the detach keys (ctrl-p,ctrl-q) leav
 	return cmd
 }
 
+// logsCmd is kiln logs. Long because it is one command's declaration:
+// its flags, their help and examples, and the choice between the live
+// process and its captured log, which the help explains in the same order.
 func (c *cli) logsCmd() *cobra.Command {
 	var (
 		follow, timestamps, stdout, stderr bool

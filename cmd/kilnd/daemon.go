@@ -44,6 +44,10 @@ type repeated []string
 func (o *repeated) String() string     { return strings.Join(*o, ",") }
 func (o *repeated) Set(v string) error { *o = append(*o, v); return nil }
 
+// daemonMain parses kilnd's flags and runs kilnd until a signal. It is
+// long because it is a list: every flag with its help, in the order
+// -help shows them, then each checked, with the error naming it, and made
+// into the configuration, read top to bottom.
 func daemonMain(args []string) int {
 	fs := flag.NewFlagSet("kilnd", flag.ContinueOnError)
 	fs.Usage = func() {

@@ -71,6 +71,9 @@ var Routes = []Route{
 // the API or the console: over TCP it is a preview's, unless previews
 // have a listener of their own, and otherwise it is answered 404; and a
 // preview's path is answered 404 on every other host.
+//
+// It is long because it is the route table: every route of the API in one
+// place, as the OpenAPI document lists them.
 func (d *Daemon) Handler(tcp bool) http.Handler {
 	handlers := map[string]http.HandlerFunc{
 		"GET /{$}":           d.console.ServeIndex,

@@ -464,40 +464,79 @@ func (d *Daemon) readFromAgent(w http.ResponseWriter, r *http.Request, id, pid s
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(http.StatusOK)
+	selects := lq.selects
+	st := &agentRead{pos: map[string]int64{}, lost: map[string]int64{}, target: map[string]int64{}}
+	if !st.relay(ctx, c, w, lq, selects) {
+		return true // the client went
+	}
+	if !st.complete && (lq.follow || !st.caughtUp()) {
+		// The agent's stream broke off (the sandbox stopped, or the agent
+		// died): the rest is what the log holds; without the trailers if
+		// the client went, as when the log's read does not finish.
+		_, terminal := st.target["terminal"]
+		if ctx.Err() != nil || !restFromLog(ctx, w, logs, terminal, st.pos, st.lost, selects) {
+			return true
+		}
+	}
+	if cruns, _, err := capture.Summarize(ctx, logs); err == nil {
+		runs, ok := runInfos(cruns)
+		rj, _ := json.Marshal(runs)
+		w.Header().Set("Kiln-Runs", string(rj))
+		w.Header().Set("Kiln-Complete", strconv.FormatBool(ok))
+	}
+	lj, _ := json.Marshal(st.lost)
+	w.Header().Set("Kiln-Lost", string(lj))
+	return true
+}
+
+// selects reports whether the query's output takes stream.
+func (lq logQuery) selects(stream string) bool {
+	switch stream {
+	case "stderr":
+		return lq.filter.Stderr || !lq.filter.Stdout
+	}
+	return lq.filter.Stdout || !lq.filter.Stderr
+}
+
+// agentRead is where readFromAgent's relay of the agent's stream got:
+// each stream's next offset (pos), the bytes the agent said were lost,
+// each stream's total when it began (target), and whether the exit came.
+type agentRead struct {
+	pos, lost, target map[string]int64
+	complete          bool
+}
+
+// caughtUp reports whether every stream got to its total at the start.
+func (st *agentRead) caughtUp() bool {
+	for s, t := range st.target {
+		if st.pos[s] < t {
+			return false
+		}
+	}
+	return true
+}
+
+// relay writes the output of the agent's kiln.v1 stream c to w until its
+// exit, the stream's break, or, without follow, once it has caught up;
+// false if the client went.
+func (st *agentRead) relay(ctx context.Context, c *websocket.Conn, w http.ResponseWriter, lq logQuery, selects func(string) bool) bool {
 	rc := http.NewResponseController(w)
-	selects := func(stream string) bool {
-		switch stream {
-		case "stderr":
-			return lq.filter.Stderr || !lq.filter.Stdout
-		}
-		return lq.filter.Stdout || !lq.filter.Stderr
-	}
-	pos, lost, target := map[string]int64{}, map[string]int64{}, map[string]int64{}
-	caughtUp := func() bool {
-		for s, t := range target {
-			if pos[s] < t {
-				return false
-			}
-		}
-		return true
-	}
-	complete := false
 	for {
 		typ, data, err := c.Read(ctx)
 		if err != nil {
-			break // the exit's normal close, the client gone, or the agent
+			return true // the exit's normal close, the client gone, or the agent
 		}
 		if typ == websocket.MessageBinary {
 			f, err := api.ParseFrame(data)
 			if err != nil {
-				break
+				return true
 			}
 			stream := api.StreamNames[f.Stream]
-			pos[stream] = int64(f.Offset) + int64(len(f.Data))
+			st.pos[stream] = int64(f.Offset) + int64(len(f.Data))
 			if selects(stream) {
 				rc.SetWriteDeadline(time.Now().Add(relayWriteTimeout))
 				if _, err := w.Write(f.Data); err != nil {
-					return true
+					return false
 				}
 				rc.Flush()
 			}
@@ -508,45 +547,27 @@ func (d *Daemon) readFromAgent(w http.ResponseWriter, r *http.Request, id, pid s
 				api.Gap
 			}
 			if json.Unmarshal(data, &m) != nil {
-				break
+				return true
 			}
 			switch m.Type {
 			case api.TypeHello:
 				for s, span := range m.Streams {
 					if known(s) {
-						target[s] = span.Total
+						st.target[s] = span.Total
 					}
 				}
 			case api.TypeGap:
 				if known(m.Stream) && m.LostBytes >= 0 {
-					pos[m.Stream], lost[m.Stream] = m.To, lost[m.Stream]+m.LostBytes
+					st.pos[m.Stream], st.lost[m.Stream] = m.To, st.lost[m.Stream]+m.LostBytes
 				}
 			case api.TypeExit:
-				complete = true
+				st.complete = true
 			}
 		}
-		if complete || !lq.follow && caughtUp() {
-			break
-		}
-	}
-	if !complete && (lq.follow || !caughtUp()) {
-		// The agent's stream broke off (the sandbox stopped, or the agent
-		// died): the rest is what the log holds; without the trailers if
-		// the client went, as when the log's read does not finish.
-		_, terminal := target["terminal"]
-		if ctx.Err() != nil || !restFromLog(ctx, w, logs, terminal, pos, lost, selects) {
+		if st.complete || !lq.follow && st.caughtUp() {
 			return true
 		}
 	}
-	if cruns, _, err := capture.Summarize(ctx, logs); err == nil {
-		runs, ok := runInfos(cruns)
-		rj, _ := json.Marshal(runs)
-		w.Header().Set("Kiln-Runs", string(rj))
-		w.Header().Set("Kiln-Complete", strconv.FormatBool(ok))
-	}
-	lj, _ := json.Marshal(lost)
-	w.Header().Set("Kiln-Lost", string(lj))
-	return true
 }
 
 // known says stream names a stream of the kiln.v1 protocol: the agent's

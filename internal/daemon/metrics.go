@@ -148,6 +148,8 @@ func buildInfo() prometheus.Collector {
 // sandboxCollector reads each running sandbox's cgroups at every scrape:
 // nothing polls between scrapes. A figure a sandbox's cgroups do not keep
 // on this host (see sandbox.Stats) has no series.
+// It is long because it is a table: each metric's name, help and labels
+// beside the figure it reads, as promtool and a scrape show them.
 func sandboxCollector(d *Daemon) prometheus.Collector {
 	label := []string{"sandbox"}
 	cpu := prometheus.NewDesc("kilnd_sandbox_cpu_seconds_total", "CPU time a running sandbox's processes, its agent among them, have used, from its cgroup.", label, nil)

@@ -309,58 +309,9 @@ func startProcess(id string, spec Spec, drainFor time.Duration, onDone func()) (
 	if spec.Capture != nil {
 		p.sink = spec.Capture.Sink()
 	}
-	var childEnds []*os.File // closed in the parent once the child has them
-	closeAll := func(fs []*os.File) {
-		for _, f := range fs {
-			if f != nil {
-				f.Close()
-			}
-		}
-	}
-	var streams []ring.Stream
-	if spec.Terminal != nil {
-		master, slave, err := openTerminal(*spec.Terminal)
-		if err != nil {
-			return nil, fmt.Errorf("process: open terminal: %w", err)
-		}
-		cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Credential: spec.Credential}
-		childEnds = append(childEnds, slave)
-		in, err := dupFile(master)
-		if err != nil {
-			closeAll([]*os.File{master, slave})
-			return nil, err
-		}
-		p.master = master
-		p.outputs = []*os.File{master}
-		p.stdin = stdin.New(in)
-		streams = []ring.Stream{ring.PTY}
-	} else {
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: spec.Credential}
-		for range 2 {
-			r, w, err := os.Pipe()
-			if err != nil {
-				closeAll(p.outputs)
-				closeAll(childEnds)
-				return nil, fmt.Errorf("process: pipe: %w", err)
-			}
-			growPipe(r)
-			p.outputs = append(p.outputs, r)
-			childEnds = append(childEnds, w)
-		}
-		cmd.Stdout, cmd.Stderr = childEnds[0], childEnds[1]
-		streams = []ring.Stream{ring.Stdout, ring.Stderr}
-		if spec.Stdin == StdinPipe {
-			r, w, err := os.Pipe()
-			if err != nil {
-				closeAll(p.outputs)
-				closeAll(childEnds)
-				return nil, fmt.Errorf("process: pipe: %w", err)
-			}
-			cmd.Stdin = r
-			childEnds = append(childEnds, r)
-			p.stdin = stdin.New(w)
-		}
+	streams, childEnds, err := p.openStdio(cmd, spec)
+	if err != nil {
+		return nil, err
 	}
 	p.ring = ring.New(ring.Config{Capacity: spec.RingBytes, Streams: streams})
 	if p.flow == FlowBlock {
@@ -393,6 +344,67 @@ func startProcess(id string, spec Spec, drainFor time.Duration, onDone func()) (
 	}
 	go p.reap()
 	return p, nil
+}
+
+// openStdio gives cmd its standard descriptors: a terminal, or a pipe for
+// each output stream and, with StdinPipe, one for its input. p keeps the
+// ends it reads and writes; childEnds are closed once the child has
+// them. It returns the streams p's ring holds.
+func (p *Process) openStdio(cmd *exec.Cmd, spec Spec) (streams []ring.Stream, childEnds []*os.File, err error) {
+	defer func() {
+		if err != nil {
+			closeAll(p.outputs)
+			closeAll(childEnds)
+		}
+	}()
+	if spec.Terminal != nil {
+		master, slave, err := openTerminal(*spec.Terminal)
+		if err != nil {
+			return nil, nil, fmt.Errorf("process: open terminal: %w", err)
+		}
+		cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Credential: spec.Credential}
+		childEnds = append(childEnds, slave)
+		in, err := dupFile(master)
+		if err != nil {
+			master.Close()
+			return nil, childEnds, err
+		}
+		p.master = master
+		p.outputs = []*os.File{master}
+		p.stdin = stdin.New(in)
+		return []ring.Stream{ring.PTY}, childEnds, nil
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: spec.Credential}
+	for range 2 {
+		r, w, err := os.Pipe()
+		if err != nil {
+			return nil, childEnds, fmt.Errorf("process: pipe: %w", err)
+		}
+		growPipe(r)
+		p.outputs = append(p.outputs, r)
+		childEnds = append(childEnds, w)
+	}
+	cmd.Stdout, cmd.Stderr = childEnds[0], childEnds[1]
+	if spec.Stdin == StdinPipe {
+		r, w, err := os.Pipe()
+		if err != nil {
+			return nil, childEnds, fmt.Errorf("process: pipe: %w", err)
+		}
+		cmd.Stdin = r
+		childEnds = append(childEnds, r)
+		p.stdin = stdin.New(w)
+	}
+	return []ring.Stream{ring.Stdout, ring.Stderr}, childEnds, nil
+}
+
+// closeAll closes each file of fs that is not nil.
+func closeAll(fs []*os.File) {
+	for _, f := range fs {
+		if f != nil {
+			f.Close()
+		}
+	}
 }
 
 func notDir(err error) error {

@@ -336,65 +336,9 @@ func (a *agentStart) close() {
 func agentCommand(s *startup, sb *Sandbox, cfg handoff.AgentConfig) (*agentStart, error) {
 	o, cg := s.o, sb.Cgroups
 	a := &agentStart{}
-	keep := func(f *os.File) *os.File {
-		a.closers = append(a.closers, f)
-		return f
-	}
-	err := withSocketPath(sb.Socket(), func(path string) error {
-		l, err := net.Listen("unix", path)
-		if err == nil {
-			a.listener = l.(*net.UnixListener)
-		}
-		return err
-	})
-	if err != nil {
-		return a, fmt.Errorf("sandbox: agent socket: %w", err)
-	}
-	a.listener.SetUnlinkOnClose(false) // the agent serves it after kilnd lets go
-	if err := os.Chmod(sb.Socket(), 0o600); err != nil {
-		return a, fmt.Errorf("sandbox: %w", err)
-	}
-	lf, err := a.listener.File()
-	if err != nil {
-		return a, fmt.Errorf("sandbox: %w", err)
-	}
-	keep(lf)
-	logs, err := os.OpenFile(filepath.Join(o.Dir, LogsName), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return a, fmt.Errorf("sandbox: %w", err)
-	}
-	keep(logs)
-	cgf, err := cg.open()
-	if err != nil {
-		return a, fmt.Errorf("sandbox: %w", err)
-	}
-	keep(cgf)
-	agentLog, err := s.agentLog()
+	h, err := a.openHandles(s, sb, &cfg)
 	if err != nil {
 		return a, err
-	}
-	keep(agentLog)
-	oom, err := cg.OOMEvents()
-	if err != nil {
-		return a, fmt.Errorf("sandbox: %w", err)
-	}
-	if oom != nil {
-		keep(oom)
-	}
-	cfg.PidsLimited, cfg.MemoryLimited, cfg.CPULimited = cg.Procs != "", cg.MemoryProcs != "", cg.CPUProcs != ""
-	cfg.OOMEvents = oom != nil
-	cfg.ProcsCgroup = cg.procsDir2() != ""
-	cfg.PidsThreads = cg.pidsDir2() != ""
-	// The agent waits for its network on a pipe: a byte once kilnd has
-	// connected it, nothing if that failed.
-	var await *os.File
-	if o.Network != nil {
-		r, w, err := os.Pipe()
-		if err != nil {
-			return a, fmt.Errorf("sandbox: %w", err)
-		}
-		await, a.connected = keep(r), keep(w)
-		cfg.Network, cfg.Resolvers = true, o.Resolvers
 	}
 	raw, err := json.Marshal(cfg)
 	if err != nil {
@@ -414,9 +358,9 @@ func agentCommand(s *startup, sb *Sandbox, cfg handoff.AgentConfig) (*agentStart
 		// here; without them each agent's exit waits a second for it.
 		cmd.Env = append(cmd.Env, "GORACE="+v)
 	}
-	cmd.Stdout, cmd.Stderr = agentLog, agentLog
+	cmd.Stdout, cmd.Stderr = h.agentLog, h.agentLog
 	cmd.ExtraFiles = make([]*os.File, handoff.FDLast-2) // handoff.FDListener to handoff.FDLast
-	cmd.ExtraFiles[handoff.FDListener-3], cmd.ExtraFiles[handoff.FDLogs-3] = lf, logs
+	cmd.ExtraFiles[handoff.FDListener-3], cmd.ExtraFiles[handoff.FDLogs-3] = h.listener, h.logs
 	// The spawner's forking thread joins the limited groups, and so every
 	// process it starts is born in them; the agent joins the CPU group
 	// above their CPU limit itself, whose own bounds the two together.
@@ -434,28 +378,101 @@ func agentCommand(s *startup, sb *Sandbox, cfg handoff.AgentConfig) (*agentStart
 		if err != nil {
 			return a, fmt.Errorf("sandbox: %w", err)
 		}
-		cmd.ExtraFiles[g.fd-3] = keep(f)
+		cmd.ExtraFiles[g.fd-3] = a.keep(f)
 	}
-	if oom != nil {
-		cmd.ExtraFiles[handoff.FDOOMEvents-3] = oom
+	if h.oom != nil {
+		cmd.ExtraFiles[handoff.FDOOMEvents-3] = h.oom
 	}
 	if o.Disk != nil {
 		cmd.ExtraFiles[handoff.FDDisk-3] = o.Disk
 	}
-	if await != nil {
-		cmd.ExtraFiles[handoff.FDNetwork-3] = await
+	if h.await != nil {
+		cmd.ExtraFiles[handoff.FDNetwork-3] = h.await
 	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Cloneflags:  unix.CLONE_NEWPID | unix.CLONE_NEWNS | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC | unix.CLONE_NEWNET,
 		Setsid:      true,
 		UseCgroupFD: true,
-		CgroupFD:    int(cgf.Fd()),
+		CgroupFD:    int(h.cgroup.Fd()),
 		// No supplementary group of kilnd's: they are host groups, in
 		// force in the sandbox though unmapped (its spawner drops them
 		// too, and refuses to run if it cannot).
 		Credential: &syscall.Credential{Uid: uint32(os.Getuid()), Gid: uint32(os.Getgid()), Groups: []uint32{}},
 	}
 	return a, nil
+}
+
+// agentHandles are the files an agent is started with, beside its
+// cgroups' (agentCommand opens those).
+type agentHandles struct {
+	listener, logs *os.File // its API socket; the capture directory
+	cgroup         *os.File // the v2 group it is born in
+	agentLog       *os.File // its own output
+	oom            *os.File // the out-of-memory counter, with a memory limit
+	await          *os.File // the network's pipe's end, with a network
+}
+
+// keep adds f to what close closes, and returns it.
+func (a *agentStart) keep(f *os.File) *os.File {
+	a.closers = append(a.closers, f)
+	return f
+}
+
+// openHandles opens the agent's socket (a.listener) and the files it is
+// started with, and says in cfg which it gets.
+func (a *agentStart) openHandles(s *startup, sb *Sandbox, cfg *handoff.AgentConfig) (h agentHandles, err error) {
+	o, cg := s.o, sb.Cgroups
+	err = withSocketPath(sb.Socket(), func(path string) error {
+		l, err := net.Listen("unix", path)
+		if err == nil {
+			a.listener = l.(*net.UnixListener)
+		}
+		return err
+	})
+	if err != nil {
+		return h, fmt.Errorf("sandbox: agent socket: %w", err)
+	}
+	a.listener.SetUnlinkOnClose(false) // the agent serves it after kilnd lets go
+	if err := os.Chmod(sb.Socket(), 0o600); err != nil {
+		return h, fmt.Errorf("sandbox: %w", err)
+	}
+	if h.listener, err = a.listener.File(); err != nil {
+		return h, fmt.Errorf("sandbox: %w", err)
+	}
+	a.keep(h.listener)
+	if h.logs, err = os.OpenFile(filepath.Join(o.Dir, LogsName), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0); err != nil {
+		return h, fmt.Errorf("sandbox: %w", err)
+	}
+	a.keep(h.logs)
+	if h.cgroup, err = cg.open(); err != nil {
+		return h, fmt.Errorf("sandbox: %w", err)
+	}
+	a.keep(h.cgroup)
+	if h.agentLog, err = s.agentLog(); err != nil {
+		return h, err
+	}
+	a.keep(h.agentLog)
+	if h.oom, err = cg.OOMEvents(); err != nil {
+		return h, fmt.Errorf("sandbox: %w", err)
+	}
+	if h.oom != nil {
+		a.keep(h.oom)
+	}
+	cfg.PidsLimited, cfg.MemoryLimited, cfg.CPULimited = cg.Procs != "", cg.MemoryProcs != "", cg.CPUProcs != ""
+	cfg.OOMEvents = h.oom != nil
+	cfg.ProcsCgroup = cg.procsDir2() != ""
+	cfg.PidsThreads = cg.pidsDir2() != ""
+	// The agent waits for its network on a pipe: a byte once kilnd has
+	// connected it, nothing if that failed.
+	if o.Network != nil {
+		r, w, err := os.Pipe()
+		if err != nil {
+			return h, fmt.Errorf("sandbox: %w", err)
+		}
+		h.await, a.connected = a.keep(r), a.keep(w)
+		cfg.Network, cfg.Resolvers = true, o.Resolvers
+	}
+	return h, nil
 }
 
 // running records cmd, just started, as the agent of s (the instance inst
