@@ -219,37 +219,8 @@ func New(cfg Config) (_ *Daemon, err error) {
 	if cfg.DefaultLimits == nil {
 		cfg.DefaultLimits = &DefaultLimits
 	}
-	if err := ValidateLimits(*cfg.DefaultLimits, ""); err != nil {
-		return nil, fmt.Errorf("kilnd: default limits: %w", err)
-	}
-	if err := ValidateLogs(api.LogRotation(cfg.Logs), ""); err != nil {
-		return nil, fmt.Errorf("kilnd: default log rotation: %w", err)
-	}
-	if err := ValidatePreviewDomain(cfg.PreviewDomain, cfg.AllowHosts); err != nil {
-		return nil, fmt.Errorf("kilnd: %w", err)
-	}
-	if cfg.Instance == "" {
-		cfg.Instance = DefaultInstance(cfg.StateDir)
-	}
-	if err := ValidateInstance(cfg.Instance); err != nil {
-		return nil, fmt.Errorf("kilnd: %w", err)
-	}
-	cfg.Logs = DefaultLogs.Apply(api.LogRotation(cfg.Logs))
-	if cfg.KeepDeleted <= 0 {
-		cfg.KeepDeleted = DefaultKeepDeleted
-	}
-	if err := os.MkdirAll(filepath.Join(cfg.StateDir, sandboxesDir), 0o700); err != nil {
-		return nil, fmt.Errorf("kilnd: state directory: %w", err)
-	}
-	fi, err := os.Lstat(cfg.StateDir)
-	if err != nil {
-		return nil, fmt.Errorf("kilnd: state directory: %w", err)
-	}
-	if !fi.IsDir() {
-		return nil, fmt.Errorf("kilnd: state directory %s is not a directory (a symbolic link is refused)", cfg.StateDir)
-	}
-	if err := os.Chmod(cfg.StateDir, 0o700); err != nil {
-		return nil, fmt.Errorf("kilnd: state directory: %w", err)
+	if err := cfg.check(); err != nil {
+		return nil, err
 	}
 	lock, err := lockState(cfg.StateDir)
 	if err != nil {
@@ -320,6 +291,44 @@ func New(cfg Config) (_ *Daemon, err error) {
 	d.wg.Go(d.janitor)
 	d.wg.Go(d.finisher)
 	return d, nil
+}
+
+// check checks cfg and fills in its defaults, and makes the state
+// directory, kilnd's alone (0700, not a symbolic link).
+func (cfg *Config) check() error {
+	if err := ValidateLimits(*cfg.DefaultLimits, ""); err != nil {
+		return fmt.Errorf("kilnd: default limits: %w", err)
+	}
+	if err := ValidateLogs(api.LogRotation(cfg.Logs), ""); err != nil {
+		return fmt.Errorf("kilnd: default log rotation: %w", err)
+	}
+	if err := ValidatePreviewDomain(cfg.PreviewDomain, cfg.AllowHosts); err != nil {
+		return fmt.Errorf("kilnd: %w", err)
+	}
+	if cfg.Instance == "" {
+		cfg.Instance = DefaultInstance(cfg.StateDir)
+	}
+	if err := ValidateInstance(cfg.Instance); err != nil {
+		return fmt.Errorf("kilnd: %w", err)
+	}
+	cfg.Logs = DefaultLogs.Apply(api.LogRotation(cfg.Logs))
+	if cfg.KeepDeleted <= 0 {
+		cfg.KeepDeleted = DefaultKeepDeleted
+	}
+	if err := os.MkdirAll(filepath.Join(cfg.StateDir, sandboxesDir), 0o700); err != nil {
+		return fmt.Errorf("kilnd: state directory: %w", err)
+	}
+	fi, err := os.Lstat(cfg.StateDir)
+	if err != nil {
+		return fmt.Errorf("kilnd: state directory: %w", err)
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("kilnd: state directory %s is not a directory (a symbolic link is refused)", cfg.StateDir)
+	}
+	if err := os.Chmod(cfg.StateDir, 0o700); err != nil {
+		return fmt.Errorf("kilnd: state directory: %w", err)
+	}
+	return nil
 }
 
 // janitor deletes, keeping their captured logs, the sandboxes idle for
