@@ -122,7 +122,12 @@ test("the console, as a user uses it", async () => {
   // stdout and stderr told apart.
   await page.fill("#start input[name=command]", "echo out; echo err >&2");
   await page.click("#start button[type=submit]");
-  await page.waitForSelector("#log .exit");
+  // The new process's log, ended: not the last one's, still shown until
+  // the page has switched to it.
+  await page.waitForFunction(() => {
+    const log = document.querySelector("#log");
+    return log && !log.textContent.includes("line-1") && log.querySelector(".exit");
+  });
   assert.equal(await page.textContent("#log .stdout"), "out\n");
   assert.equal(await page.textContent("#log .stderr"), "err\n");
 
