@@ -115,11 +115,11 @@ type Spec struct {
 	// joined the process closes the sink and waits for the writer to write
 	// the end record, for at most CaptureTimeout. If the process fails to
 	// start, the run is ended at once.
-	Capture *capture.Writer
+	Capture Capturer
 	// Begin, when set (and Capture is not), is called with the process's
 	// id before anything runs, to begin its capture; an error fails the
 	// start.
-	Begin func(id string) (*capture.Writer, error)
+	Begin func(id string) (Capturer, error)
 	// Launch, when set, starts the command in place of its Start, after
 	// the engine has set its own attributes (process group, terminal): a
 	// sandbox starts it in its user namespace, confined, born in the
@@ -134,6 +134,16 @@ type Spec struct {
 	// while something it left behind still holds it open (zero means
 	// DefaultDrain); see Process.reap.
 	Drain time.Duration
+}
+
+// Capturer is what a process needs of its durable log's writer (a
+// capture.Writer): the sink its pumps push to, the run's end and outcome,
+// and the lines it holds for readers that come while a line is cut.
+type Capturer interface {
+	Sink() *capture.Sink
+	Finish(ctx context.Context) error
+	Result() capture.Result
+	Caught(ctx context.Context) ([capture.NumLogStreams]capture.HeldLine, error)
 }
 
 // DefaultDrain is how long a process's output may go on after its exit,
@@ -222,7 +232,7 @@ type Process struct {
 	killSent  bool
 	ring      *ring.Ring
 	sink      *capture.Sink
-	capture   *capture.Writer
+	capture   Capturer
 	stdin     *stdin.Queue // nil for StdinClosed
 	terminal  bool
 	openLog   func() (*capture.Dir, error) // a captured process's log, for readers; set before it is shared

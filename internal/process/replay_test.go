@@ -19,7 +19,7 @@ import (
 
 // capturedTable is a table whose processes may be captured into a fresh
 // directory, their readers taking from the log what the ring lost.
-func capturedTable(t *testing.T, cfg TableConfig, opt capture.Options) (*Table, func(string) (*capture.Writer, error)) {
+func capturedTable(t *testing.T, cfg TableConfig, opt capture.Options) (*Table, func(string) (Capturer, error)) {
 	t.Helper()
 	logs, err := capture.OpenDir(t.TempDir())
 	if err != nil {
@@ -29,7 +29,7 @@ func capturedTable(t *testing.T, cfg TableConfig, opt capture.Options) (*Table, 
 	cfg.Logs = logs.OpenSub
 	tb := NewTable(cfg)
 	t.Cleanup(func() { tb.Shutdown(context.Background()) })
-	begin := func(id string) (*capture.Writer, error) {
+	begin := func(id string) (Capturer, error) {
 		d, err := logs.Sub(id)
 		if err != nil {
 			return nil, err

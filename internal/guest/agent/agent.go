@@ -207,7 +207,7 @@ func (s *Server) spec(req api.ExecRequest, finite bool) (process.Spec, error) {
 }
 
 // begin starts the capture of process id in its own directory.
-func (s *Server) begin(id string) (*capture.Writer, error) {
+func (s *Server) begin(id string) (process.Capturer, error) {
 	d, err := s.cfg.Logs.Sub(id)
 	if err != nil {
 		return nil, err
