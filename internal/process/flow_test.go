@@ -34,6 +34,7 @@ func randomFile(t *testing.T, n int) (string, [32]byte) {
 // while the watcher has not read a byte, and the watcher is then told
 // exactly what it lost.
 func TestFlowBlockSlowReaderGetsEverything(t *testing.T) {
+	t.Parallel()
 	const n = 64 << 20
 	path, sum := randomFile(t, n)
 	p := startT(t, Spec{Argv: []string{"cat", path}, Flow: FlowBlock})
@@ -97,6 +98,7 @@ func TestFlowBlockSlowReaderGetsEverything(t *testing.T) {
 // TestFlowBlockHoldsUntilTheReaderComes: output written before the holding
 // reader attaches is kept for it, however much more than the ring it is.
 func TestFlowBlockHoldsUntilTheReaderComes(t *testing.T) {
+	t.Parallel()
 	const n = 8 << 20
 	p := startT(t, Spec{Argv: []string{"sh", "-c", "head -c " + strconv.Itoa(n) + " /dev/zero; echo done >&2"}, Flow: FlowBlock, RingBytes: 64 << 10})
 	// Before anyone reads, the process fills the ring and waits.
@@ -116,6 +118,7 @@ func TestFlowBlockHoldsUntilTheReaderComes(t *testing.T) {
 // mid-stream holds the process for the grace period, not longer: then the
 // output drops again, and the process runs to its normal end.
 func TestFlowBlockReaderGoneRunsOnAfterGrace(t *testing.T) {
+	t.Parallel()
 	const n = 16 << 20
 	p := startT(t, Spec{Argv: []string{"sh", "-c", "head -c " + strconv.Itoa(n) + " /dev/zero; exit 3"}, Flow: FlowBlock,
 		FlowGrace: 300 * time.Millisecond, RingBytes: 256 << 10})
@@ -146,6 +149,7 @@ func TestFlowBlockReaderGoneRunsOnAfterGrace(t *testing.T) {
 // TestFlowDropRefusesAHold: a process started to drop keeps its promise to
 // its workload: no reader may hold it back.
 func TestFlowDropRefusesAHold(t *testing.T) {
+	t.Parallel()
 	p := startT(t, Spec{Argv: []string{"true"}})
 	if _, err := p.Attach(ring.Offsets{}, AttachOptions{Hold: true}); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("hold on a drop process: %v, want ErrInvalid", err)
@@ -155,6 +159,7 @@ func TestFlowDropRefusesAHold(t *testing.T) {
 // TestKillFreesAHeldProcess: shutting a process down does not wait on its
 // holding reader.
 func TestKillFreesAHeldProcess(t *testing.T) {
+	t.Parallel()
 	p := startT(t, Spec{Argv: []string{"sh", "-c", "head -c 8388608 /dev/zero; sleep 1000"}, Flow: FlowBlock, RingBytes: 64 << 10})
 	h, err := p.Attach(ring.Offsets{}, AttachOptions{Hold: true})
 	if err != nil {

@@ -39,6 +39,7 @@ func spans(t *testing.T, next func() (Event, error)) []span {
 // with the first's offset and seq; the bytes, their order and the streams'
 // interleaving are those Next gives.
 func TestNextMergedJoinsOnlyWhatContinues(t *testing.T) {
+	t.Parallel()
 	// Many small writes: runs of stdout, a stderr line between runs.
 	p := startT(t, sh(`for r in 1 2 3; do for i in $(seq 100); do printf '%0500d' $i; done; echo "run $r" >&2; done`))
 	waitDone(t, p)

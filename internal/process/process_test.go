@@ -129,6 +129,7 @@ func sh(script string) Spec { return Spec{Argv: []string{script}, Shell: true} }
 // Seed validation row: more than a pipe buffer with nobody attached, then
 // exit 23 — no deadlock, every byte counted, the exit reported.
 func TestMoreThanPipeBufferWithNoReaderThenExit23(t *testing.T) {
+	t.Parallel()
 	const n = 8 << 20
 	p := startT(t, Spec{Argv: []string{"sh", "-c", "head -c " + strconv.Itoa(n) + " /dev/zero; exit 23"}, RingBytes: 64 << 10})
 	ex, err := p.Wait(ctxT(t))
@@ -163,6 +164,7 @@ func TestMoreThanPipeBufferWithNoReaderThenExit23(t *testing.T) {
 // Seed validation row: attach after the ring wraps — exact loss on the
 // stream that wrapped, the other stream untouched.
 func TestAttachAfterRingWraps(t *testing.T) {
+	t.Parallel()
 	const n = 1 << 20
 	p := startT(t, Spec{Argv: []string{"sh", "-c", "head -c " + strconv.Itoa(n) + " /dev/zero; read x; echo done >&2"}, RingBytes: 64 << 10, Stdin: StdinPipe})
 	// Pipes are read concurrently, so only once stdout has been pumped
@@ -187,6 +189,7 @@ func TestAttachAfterRingWraps(t *testing.T) {
 // Seed validation row: one stream fully evicted before attach — its
 // total still reports the exact loss.
 func TestStreamFullyEvictedBeforeAttach(t *testing.T) {
+	t.Parallel()
 	p := startT(t, Spec{Argv: []string{"sh", "-c", "echo early >&2; read x; head -c 1048576 /dev/zero"}, RingBytes: 64 << 10, Stdin: StdinPipe})
 	waitPumped(t, p, ring.Stderr, 6)
 	p.Write(0, []byte("\n"))
@@ -203,6 +206,7 @@ func TestStreamFullyEvictedBeforeAttach(t *testing.T) {
 // is killed with the group once the drain time is out, the pumps reach
 // EOF, the drain finishes, and the exit says the output was cut.
 func TestBackgroundChildDoesNotHoldThePumps(t *testing.T) {
+	t.Parallel()
 	spec := sh("sleep 1000 & exit 0")
 	spec.Drain = 100 * time.Millisecond
 	p := startT(t, spec)
@@ -221,6 +225,7 @@ func TestBackgroundChildDoesNotHoldThePumps(t *testing.T) {
 // the streams end when their last writer closes them, within the drain
 // time, and then nothing was cut.
 func TestOutputAfterExitIsRead(t *testing.T) {
+	t.Parallel()
 	fifo := filepath.Join(t.TempDir(), "go")
 	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
 		t.Fatal(err)
@@ -250,6 +255,7 @@ func TestOutputAfterExitIsRead(t *testing.T) {
 // A child that left the process group (setsid) cannot be killed with it;
 // the bounded drain still ends the streams.
 func TestEscapedChildCannotHoldTheDrain(t *testing.T) {
+	t.Parallel()
 	spec := sh(escape("sleep 1000") + "echo $pid; exit 0")
 	spec.Drain = 100 * time.Millisecond
 	p := startT(t, spec)
@@ -281,6 +287,7 @@ func escape(cmd string) string {
 // descriptor is closed, and the escaped child keeps its own: as with pipes,
 // the drain's bound is what ends the stream.
 func TestEscapedChildCannotHoldTheTerminal(t *testing.T) {
+	t.Parallel()
 	for _, child := range []string{"sleep 1000", "yes"} {
 		t.Run(child, func(t *testing.T) {
 			// The pid goes to a file: a flood would push it out of the ring.
@@ -309,6 +316,7 @@ func TestEscapedChildCannotHoldTheTerminal(t *testing.T) {
 }
 
 func TestStartFailuresAreErrors(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	noexec := dir + "/script"
 	if err := os.WriteFile(noexec, []byte("#!/bin/sh\n"), 0o644); err != nil {
@@ -353,6 +361,7 @@ func TestStartFailuresAreErrors(t *testing.T) {
 }
 
 func TestExitCodeAndSignal(t *testing.T) {
+	t.Parallel()
 	p := startT(t, sh("exit 3"))
 	if ex, _ := p.Wait(ctxT(t)); ex != (Exit{Code: 3}) {
 		t.Fatalf("exit %v", ex)
@@ -376,6 +385,7 @@ func TestExitCodeAndSignal(t *testing.T) {
 }
 
 func TestTerminateKillsTheGroup(t *testing.T) {
+	t.Parallel()
 	p := startT(t, sh("sleep 1000 & sleep 1000; echo never"))
 	if err := p.Terminate(); err != nil {
 		t.Fatal(err)
@@ -388,6 +398,7 @@ func TestTerminateKillsTheGroup(t *testing.T) {
 }
 
 func TestStdinPipe(t *testing.T) {
+	t.Parallel()
 	p := startT(t, Spec{Argv: []string{"cat"}, Stdin: StdinPipe})
 	if n, err := p.Write(0, []byte("hello ")); err != nil || n != 6 {
 		t.Fatalf("write: %d %v", n, err)
@@ -423,6 +434,7 @@ func TestStdinPipe(t *testing.T) {
 }
 
 func TestStdinClosedByDefault(t *testing.T) {
+	t.Parallel()
 	p := startT(t, Spec{Argv: []string{"cat"}})
 	if ex, _ := p.Wait(ctxT(t)); ex.Code != 0 {
 		t.Fatalf("cat exit %v", ex)
@@ -433,6 +445,7 @@ func TestStdinClosedByDefault(t *testing.T) {
 }
 
 func TestTerminal(t *testing.T) {
+	t.Parallel()
 	p := startT(t, Spec{
 		Argv:     []string{"stty size; read line; stty size; echo got:$line"},
 		Shell:    true,
@@ -482,6 +495,7 @@ func TestTerminal(t *testing.T) {
 // A process may close its output and go on running: the streams end, the
 // exit is not invented, and it arrives once observed.
 func TestOutputClosedButStillRunning(t *testing.T) {
+	t.Parallel()
 	p := startT(t, Spec{Argv: []string{"sh", "-c", "exec >&- 2>&-; read x"}, Stdin: StdinPipe})
 	a, _ := p.Attach(ring.Offsets{}, AttachOptions{})
 	defer a.Close()
@@ -515,6 +529,7 @@ func TestOutputClosedButStillRunning(t *testing.T) {
 // stalled one holds an event, the fast one accounts for every byte, and the
 // stalled one, when it resumes, is told exactly what it missed.
 func TestStalledReaderBesideFastOne(t *testing.T) {
+	t.Parallel()
 	const n = 32 << 20
 	p := startT(t, Spec{Argv: []string{"sh", "-c", "head -c " + strconv.Itoa(n) + " /dev/zero"}, RingBytes: 256 << 10})
 	stalled, _ := p.Attach(ring.Offsets{}, AttachOptions{})

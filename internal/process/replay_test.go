@@ -76,6 +76,7 @@ func attach(t *testing.T, tb *Table, id string, from ring.Offsets) *Attachment {
 // the streams interleaved as in the log; and so does one that resumes in
 // the middle of the lines.
 func TestWrappedRingIsFilledFromTheLog(t *testing.T) {
+	t.Parallel()
 	tb, begin := capturedTable(t, TableConfig{}, capture.Options{MaxSize: 64 << 20})
 	script, stdout, stderr := lines(200000)
 	id := runDrained(t, tb, Spec{Argv: []string{"sh", "-c", script}, Begin: begin})
@@ -101,6 +102,7 @@ func TestWrappedRingIsFilledFromTheLog(t *testing.T) {
 // TestTombstoneIsFilledFromTheLog: once a captured process is a tombstone,
 // its ring gone, a late reader gets its whole output from the log.
 func TestTombstoneIsFilledFromTheLog(t *testing.T) {
+	t.Parallel()
 	tb, begin := capturedTable(t, TableConfig{Grace: time.Millisecond}, capture.Options{})
 	script, stdout, stderr := lines(3000)
 	id := runDrained(t, tb, Spec{Argv: []string{"sh", "-c", script}, Begin: begin})
@@ -125,6 +127,7 @@ func TestTombstoneIsFilledFromTheLog(t *testing.T) {
 // process stalls while the ring wraps; when it reads on, what it missed
 // comes from the log, nothing lost, and then the live tail.
 func TestStalledReaderResumesFromTheLog(t *testing.T) {
+	t.Parallel()
 	tb, begin := capturedTable(t, TableConfig{}, capture.Options{MaxSize: 64 << 20})
 	id, err := tb.Start(Spec{Argv: []string{"sh", "-c", "head -c 8388608 /dev/zero | tr '\\0' x; echo; read line; echo after $line"},
 		Stdin: StdinPipe, Begin: begin})
@@ -162,6 +165,7 @@ func mustProcess(t *testing.T, tb *Table, id string) *Process {
 // holds (the log's queue dropped them, rotation removed them) are reported
 // as gaps that count exactly them, at their offsets; the rest comes whole.
 func TestLostToBothIsAGapOfExactlyThat(t *testing.T) {
+	t.Parallel()
 	t.Run("rotated away", func(t *testing.T) {
 		// 4 files of 256 KiB keep about 700 KiB of payload of 11 MiB.
 		tb, begin := capturedTable(t, TableConfig{}, capture.Options{MaxSize: 256 << 10, MaxFiles: 4})
@@ -209,6 +213,7 @@ func TestLostToBothIsAGapOfExactlyThat(t *testing.T) {
 // runs; each time, what it missed comes from the log, read on from where
 // the last gap's replay stopped, and it gets every byte.
 func TestSlowReaderOfALiveProcessLosesNothing(t *testing.T) {
+	t.Parallel()
 	tb, begin := capturedTable(t, TableConfig{}, capture.Options{MaxSize: 64 << 20})
 	script, stdout, stderr := lines(100000)
 	id, err := tb.Start(Spec{Argv: []string{"sh", "-c", script}, Begin: begin, RingBytes: 64 << 10})
@@ -257,6 +262,7 @@ func TestSlowReaderOfALiveProcessLosesNothing(t *testing.T) {
 // the other stream's line that comes before its end does not stand
 // between its records, for a reader that joins partial records.
 func TestUnfinishedLineComesFromTheWriter(t *testing.T) {
+	t.Parallel()
 	tb, begin := capturedTable(t, TableConfig{}, capture.Options{MaxSize: 64 << 20})
 	const size = 512 << 10
 	id, err := tb.Start(Spec{Argv: []string{"sh", "-c", "echo before >&2; head -c 524288 /dev/zero | tr '\\0' x; " +

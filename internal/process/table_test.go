@@ -32,6 +32,7 @@ func runDrained(t *testing.T, tb *Table, spec Spec) string {
 // Seed validation row: tombstone before and after eviction — terminal
 // semantics retained, then not found.
 func TestTombstoneBeforeAndAfterEviction(t *testing.T) {
+	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
 		tb := NewTable(TableConfig{Grace: time.Second, TombstoneTTL: time.Minute, MaxTombstones: 2})
 		defer tb.Shutdown(context.Background())
@@ -96,6 +97,7 @@ func TestTombstoneBeforeAndAfterEviction(t *testing.T) {
 }
 
 func TestTombstonesBoundedByCount(t *testing.T) {
+	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
 		tb := NewTable(TableConfig{Grace: time.Second, MaxTombstones: 2})
 		defer tb.Shutdown(context.Background())
@@ -117,6 +119,7 @@ func TestTombstonesBoundedByCount(t *testing.T) {
 }
 
 func TestBadIDs(t *testing.T) {
+	t.Parallel()
 	tb := NewTable(TableConfig{})
 	defer tb.Shutdown(context.Background())
 	for _, id := range []string{"", "../../etc/passwd", "0192e4a0-0000-7000-8000-00000000000g", "{0192e4a0-0000-7000-8000-000000000000}"} {
@@ -132,6 +135,8 @@ func TestBadIDs(t *testing.T) {
 // Seed validation row: 2,000 completed processes do not grow the number of
 // open file descriptors.
 func TestTwoThousandProcessesFlatFDs(t *testing.T) {
+	// Not in parallel: it counts the test process's descriptors, which
+	// every other test opens too.
 	if testing.Short() {
 		t.Skip("spawns 2,000 processes")
 	}
@@ -156,6 +161,7 @@ func openFDs(t *testing.T) int {
 }
 
 func TestShutdownKillsLiveProcesses(t *testing.T) {
+	t.Parallel()
 	tb := NewTable(TableConfig{})
 	id, err := tb.Start(Spec{Argv: []string{"sleep", "1000"}})
 	if err != nil {
