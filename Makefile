@@ -2,15 +2,20 @@
 GO ?= go
 STATICCHECK = $(GO) tool -modfile=tools/go.mod staticcheck
 
-.PHONY: test test-v2 check bench compare fuzz faults soak sdk-test console-test python-test mcp-test
+# Go 1.21 and later fetch the Go that go.mod names; Debian's Go turns that
+# off in its go.env (GOTOOLCHAIN=local), the environment turns it back on.
+export GOTOOLCHAIN ?= auto
+
+.PHONY: test test-deps test-v2 check bench compare fuzz faults soak sdk-test console-test python-test mcp-test
 
 # The whole test suite: formatting, vet, staticcheck, every test under the
 # race detector (the interop module's too: sandkiln's files and streams
 # read by the tools users read them with), and each benchmark once so it
 # keeps working. A package's tests may take longer than go test's 10
 # minutes on a loaded 2-core machine (the daemon's, with real sandboxes);
-# the timeout is a bound against a hang.
-test: check
+# the timeout is a bound against a hang. What it needs is installed first.
+test: test-deps
+	$(MAKE) check
 	$(GO) test -race -count=1 -timeout=30m ./...
 	cd interop && $(GO) test -race -count=1 -timeout=30m ./...
 	$(GO) test -run='^$$' -bench=. -benchtime=1x ./...
@@ -18,6 +23,12 @@ test: check
 	$(MAKE) console-test
 	$(MAKE) python-test
 	$(MAKE) mcp-test
+
+# What the tests need, installed when it is missing (a no-op when all is
+# there): Debian's packages, Go, Node.js 20 or later, gVisor's runsc and
+# the OpenAPI linter. `make test` runs it first; CI on a fresh machine too.
+test-deps:
+	scripts/test-deps.sh
 
 # The cgroup tests on a pure cgroup v2 kernel, as most users' hosts are
 # (this one keeps its controllers on v1): Debian's kernel, downloaded and
