@@ -6,7 +6,22 @@ STATICCHECK = $(GO) tool -modfile=tools/go.mod staticcheck
 # off in its go.env (GOTOOLCHAIN=local), the environment turns it back on.
 export GOTOOLCHAIN ?= auto
 
-.PHONY: test test-deps test-v2 check bench compare fuzz faults soak sdk-test console-test python-test mcp-test
+.PHONY: run build test test-deps test-v2 check bench compare fuzz faults soak sdk-test console-test python-test mcp-test
+
+# Set-up and run in one command on a fresh Debian 12 or 13, as root:
+# what is missing is installed and said (scripts/run-deps.sh), kilnd is
+# built and started in the foreground (scripts/run.sh). STATE_DIR and
+# LISTEN are kilnd's --state-dir and --listen.
+run:
+	scripts/run-deps.sh
+	scripts/run.sh
+
+# kilnd linked statically (CGO_ENABLED=0): each sandbox runs kilnd's
+# binary as its agent, and one made from an image has none of the host's
+# libraries. Into the checkout, where .gitignore leaves them out.
+build:
+	CGO_ENABLED=0 $(GO) build -o kilnd ./cmd/kilnd
+	CGO_ENABLED=0 $(GO) build -o kiln ./cmd/kiln
 
 # The whole test suite: formatting, vet, staticcheck, every test under the
 # race detector (the interop module's too: sandkiln's files and streams
