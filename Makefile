@@ -1,12 +1,13 @@
 # The README's commands. `make test` is what CI runs.
 GO ?= go
 STATICCHECK = $(GO) tool -modfile=tools/go.mod staticcheck
+SDK = sdk/typescript
 
 # Go 1.21 and later fetch the Go that go.mod names; Debian's Go turns that
 # off in its go.env (GOTOOLCHAIN=local), the environment turns it back on.
 export GOTOOLCHAIN ?= auto
 
-.PHONY: run build test test-deps test-v2 check bench compare fuzz faults soak sdk-test console-test python-test mcp-test
+.PHONY: run build sdk-pack test test-deps test-v2 check bench compare fuzz faults soak sdk-test console-test python-test mcp-test
 
 # Set-up and run in one command on a fresh Debian 12 or 13, as root:
 # what is missing is installed and said (scripts/run-deps.sh), kilnd is
@@ -22,6 +23,16 @@ run:
 build:
 	CGO_ENABLED=0 $(GO) build -o kilnd ./cmd/kilnd
 	CGO_ENABLED=0 $(GO) build -o kiln ./cmd/kiln
+
+# The TypeScript SDK as npm would install it from a registry: built, and
+# packed into dist/ for `npm install ./dist/sandkiln-sdk-VERSION.tgz`.
+sdk-pack: $(SDK)/node_modules/.package-lock.json
+	cd $(SDK) && npm run --silent build
+	mkdir -p dist
+	@tgz=$$(cd $(SDK) && npm pack --silent --pack-destination ../../dist | tail -n 1) && \
+	echo "packed: $(CURDIR)/dist/$$tgz" && \
+	echo "install it into a project with: npm install $(CURDIR)/dist/$$tgz" && \
+	echo "(on Node 20, add ws: npm install $(CURDIR)/dist/$$tgz ws; Node 22 and later have their own WebSocket)"
 
 # The whole test suite: formatting, vet, staticcheck, every test under the
 # race detector (the interop module's too: sandkiln's files and streams
@@ -58,7 +69,6 @@ test-v2:
 # Node 20 (with ws), Node 22 (its own WebSocket), Bun and Deno, and its npm
 # pack installed into an empty project. Node 22, Bun and Deno come from
 # npm, pinned in its lock file.
-SDK = sdk/typescript
 sdk-test: $(SDK)/node_modules/.package-lock.json
 	cd $(SDK) && npm run --silent build && npm run --silent test:all
 
