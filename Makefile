@@ -1,4 +1,5 @@
-# The README's commands. `make test` is what CI runs.
+# The README's commands. `make test` is what CI runs. `make` alone, or
+# `make help`, lists them.
 GO ?= go
 STATICCHECK = $(GO) tool -modfile=tools/go.mod staticcheck
 SDK = sdk/typescript
@@ -7,7 +8,19 @@ SDK = sdk/typescript
 # off in its go.env (GOTOOLCHAIN=local), the environment turns it back on.
 export GOTOOLCHAIN ?= auto
 
-.PHONY: run build sdk-pack test test-deps test-v2 check bench compare fuzz faults soak sdk-test console-test python-test mcp-test
+.PHONY: help run build sdk-pack test test-deps test-v2 check bench compare fuzz faults soak sdk-test console-test python-test mcp-test
+
+help:
+	@echo 'make run        install what kilnd needs (Go, mkfs.ext4), build ./kilnd and ./kiln, start kilnd'
+	@echo '                on 127.0.0.1:7777 with a demo sandbox, print the console URL and what to type'
+	@echo '                next (as root; Ctrl-C stops it). RUNSC=1 also builds gVisor'"'"'s runsc (2 min)'
+	@echo 'make build      build ./kilnd and ./kiln, statically linked'
+	@echo 'make test       install what the tests need (scripts/test-deps.sh), then run them all'
+	@echo 'make test-v2    the cgroup tests on a pure cgroup v2 kernel, in a VM'
+	@echo 'make check      gofmt, go vet and staticcheck'
+	@echo 'make sdk-pack   build the TypeScript SDK and pack it into dist/, for npm install'
+	@echo 'make sdk-test, console-test, python-test, mcp-test, faults, soak, fuzz, bench, compare:'
+	@echo '                parts of make test, and more; each is described in the Makefile'
 
 # Set-up and run in one command on a fresh Debian 12 or 13, as root:
 # what is missing is installed and said (scripts/run-deps.sh), kilnd is
