@@ -7,6 +7,9 @@ SDK = sdk/typescript
 # Go 1.21 and later fetch the Go that go.mod names; Debian's Go turns that
 # off in its go.env (GOTOOLCHAIN=local), the environment turns it back on.
 export GOTOOLCHAIN ?= auto
+# Go's own install puts it in /usr/local/go/bin, which sudo's PATH leaves
+# out; last in PATH, so that any other go comes first.
+export PATH := $(PATH):/usr/local/go/bin
 
 .PHONY: help run build sdk-pack test test-deps test-v2 check bench compare fuzz faults soak sdk-test console-test python-test mcp-test
 

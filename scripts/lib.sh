@@ -11,6 +11,9 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # which would stop them, so the environment says auto (unless the user
 # chose otherwise).
 export GOTOOLCHAIN=${GOTOOLCHAIN:-auto}
+# Go's own install puts it in /usr/local/go/bin, which sudo's PATH leaves
+# out; last in PATH, so that any other go comes first.
+export PATH=$PATH:/usr/local/go/bin
 
 say() { printf '%s: %s\n' "${0##*/}" "$*" >&2; }
 die() {
