@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Helpers the setup scripts share; sourced, not run. Each check looks
 # before it installs, so that a machine with everything runs none of
 # apt-get, npm or go install, and a second run costs a few hundredths of
@@ -42,8 +43,9 @@ apt_install() {
 
 # go_minor prints the minor version of the go in PATH (19 for go1.19.8),
 # the local one: GOTOOLCHAIN=local keeps it from switching to go.mod's.
+# Nothing when it does not run.
 go_minor() {
-	GOTOOLCHAIN=local go env GOVERSION 2>/dev/null | sed -n 's/^go1\.\([0-9]*\).*/\1/p'
+	(cd / && GOTOOLCHAIN=local go env GOVERSION 2>/dev/null) | sed -n 's/^go1\.\([0-9]*\).*/\1/p' || true
 }
 
 # ensure_go makes sure a go that can build the module is in PATH. Any Go
@@ -51,8 +53,8 @@ go_minor() {
 # 13's golang-go is 1.24; Debian 12's is 1.19, too old, so there it comes
 # from bookworm-backports.
 ensure_go() {
-	local minor
-	minor=$(command -v go >/dev/null 2>&1 && go_minor || true)
+	local minor=
+	if command -v go >/dev/null 2>&1; then minor=$(go_minor); fi
 	if [ -z "$minor" ] || [ "$minor" -lt 21 ]; then
 		if [ -n "$minor" ]; then
 			say "$(command -v go) is Go 1.$minor; Go 1.21 or later is needed (it fetches the Go that go.mod names)"
@@ -64,7 +66,7 @@ ensure_go() {
 		codename=$(. /etc/os-release 2>/dev/null && echo "${VERSION_CODENAME:-}")
 		if [ "$codename" = bookworm ]; then
 			if ! grep -rqs '^[^#]*bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
-				[ "$(id -u)" = 0 ] || die "Go from bookworm-backports needs root: run this as root"
+				[ "$(id -u)" = 0 ] || die "Go from bookworm-backports needs root: run this again as root, or as root: echo 'deb http://deb.debian.org/debian bookworm-backports main' >/etc/apt/sources.list.d/bookworm-backports.list && apt-get update && apt-get install -t bookworm-backports golang-go"
 				say "adding bookworm-backports to apt's sources (/etc/apt/sources.list.d/bookworm-backports.list): Debian 12's own Go is 1.19"
 				echo 'deb http://deb.debian.org/debian bookworm-backports main' >/etc/apt/sources.list.d/bookworm-backports.list
 				apt_updated=
@@ -74,7 +76,8 @@ ensure_go() {
 			apt_install golang-go
 		fi
 		hash -r
-		minor=$(command -v go >/dev/null 2>&1 && go_minor || true)
+		minor=
+		if command -v go >/dev/null 2>&1; then minor=$(go_minor); fi
 		if [ -z "$minor" ] || [ "$minor" -lt 21 ]; then
 			die "go in PATH ($(command -v go || echo none)) is still older than 1.21: install Go from https://go.dev/dl/ and put it first in PATH"
 		fi

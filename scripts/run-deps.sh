@@ -5,6 +5,7 @@
 # sandboxes of the gvisor runtime (built from source, about two minutes,
 # so not by default: kilnd runs without it and says so).
 set -euo pipefail
+# shellcheck source=scripts/lib.sh
 . "$(dirname "$0")/lib.sh"
 
 ensure_go

@@ -8,6 +8,7 @@
 # (default 127.0.0.1:7777, loopback: the console and the API with the
 # token) are kilnd's --state-dir and --listen.
 set -euo pipefail
+# shellcheck source=scripts/lib.sh
 . "$(dirname "$0")/lib.sh"
 cd "$ROOT"
 

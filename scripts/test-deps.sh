@@ -5,6 +5,7 @@
 # nothing and takes about a second. What cannot be installed stops it,
 # named, with how to get it: no test is skipped for want of a tool.
 set -euo pipefail
+# shellcheck source=scripts/lib.sh
 . "$(dirname "$0")/lib.sh"
 cd "$ROOT"
 
