@@ -4,8 +4,9 @@ GO ?= go
 STATICCHECK = $(GO) tool -modfile=tools/go.mod staticcheck
 SDK = sdk/typescript
 
-# Go 1.21 and later fetch the Go that go.mod names; Debian's Go turns that
-# off in its go.env (GOTOOLCHAIN=local), the environment turns it back on.
+# Go 1.21 and later fetch the Go that go.mod names, unless GOTOOLCHAIN is
+# local (as a go.env or `go env -w` may set it); the environment says auto
+# unless it says otherwise itself.
 export GOTOOLCHAIN ?= auto
 # Go's own install puts it in /usr/local/go/bin, which sudo's PATH leaves
 # out; last in PATH, so that any other go comes first.

@@ -8,9 +8,9 @@
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 # Go 1.21 and later fetch the toolchain go.mod names from the module
-# proxy by themselves; Debian's Go sets GOTOOLCHAIN=local in its go.env,
-# which would stop them, so the environment says auto (unless the user
-# chose otherwise).
+# proxy by themselves, unless GOTOOLCHAIN is local (as a go.env or
+# `go env -w` may set it): the environment says auto, unless it says
+# otherwise itself.
 export GOTOOLCHAIN=${GOTOOLCHAIN:-auto}
 # Go's own install puts it in /usr/local/go/bin, which sudo's PATH leaves
 # out; last in PATH, so that any other go comes first.
