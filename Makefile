@@ -89,7 +89,10 @@ test-v2:
 sdk-test: $(SDK)/node_modules/.package-lock.json
 	cd $(SDK) && npm run --silent build && npm run --silent test:all
 
+# Node.js 20 or later first, installed when missing (make sdk-pack after
+# make run alone, which needs none).
 $(SDK)/node_modules/.package-lock.json: $(SDK)/package-lock.json
+	scripts/node-deps.sh
 	cd $(SDK) && npm ci --no-audit --no-fund --loglevel=error
 
 # The web console: built with Vite into internal/console/dist, which kilnd

