@@ -1,16 +1,64 @@
-# The README's commands. `make test` is what CI runs.
+# The README's commands. `make test` is what CI runs. `make` alone, or
+# `make help`, lists them.
 GO ?= go
 STATICCHECK = $(GO) tool -modfile=tools/go.mod staticcheck
+SDK = sdk/typescript
 
-.PHONY: test test-v2 check bench compare fuzz faults soak sdk-test console-test python-test mcp-test
+# Go 1.21 and later fetch the Go that go.mod names, unless GOTOOLCHAIN is
+# local (as a go.env or `go env -w` may set it); the environment says auto
+# unless it says otherwise itself.
+export GOTOOLCHAIN ?= auto
+# Go's own install puts it in /usr/local/go/bin, which sudo's PATH leaves
+# out; last in PATH, so that any other go comes first.
+export PATH := $(PATH):/usr/local/go/bin
+
+.PHONY: help run build sdk-pack test test-deps test-v2 check bench compare fuzz faults soak sdk-test console-test python-test mcp-test
+
+help:
+	@echo 'make run        install what kilnd needs (Go, mkfs.ext4), build ./kilnd and ./kiln, start kilnd'
+	@echo '                on 127.0.0.1:7777 with a demo sandbox, print the console URL and what to type'
+	@echo '                next (as root; Ctrl-C stops it). RUNSC=1 also builds gVisor'"'"'s runsc (2 min)'
+	@echo 'make build      build ./kilnd and ./kiln, statically linked'
+	@echo 'make test       install what the tests need (scripts/test-deps.sh), then run them all'
+	@echo 'make test-v2    the cgroup tests on a pure cgroup v2 kernel, in a VM'
+	@echo 'make check      gofmt, go vet and staticcheck'
+	@echo 'make sdk-pack   build the TypeScript SDK and pack it into dist/, for npm install'
+	@echo 'make sdk-test, console-test, python-test, mcp-test, faults, soak, fuzz, bench, compare:'
+	@echo '                parts of make test, and more; each is described in the Makefile'
+
+# Set-up and run in one command on a fresh Debian 12 or 13, as root:
+# what is missing is installed and said (scripts/run-deps.sh), kilnd is
+# built and started in the foreground (scripts/run.sh). STATE_DIR and
+# LISTEN are kilnd's --state-dir and --listen.
+run:
+	scripts/run-deps.sh
+	scripts/run.sh
+
+# kilnd linked statically (CGO_ENABLED=0): each sandbox runs kilnd's
+# binary as its agent, and one made from an image has none of the host's
+# libraries. Into the checkout, where .gitignore leaves them out.
+build:
+	CGO_ENABLED=0 $(GO) build -o kilnd ./cmd/kilnd
+	CGO_ENABLED=0 $(GO) build -o kiln ./cmd/kiln
+
+# The TypeScript SDK as npm would install it from a registry: built, and
+# packed into dist/ for `npm install ./dist/sandkiln-sdk-VERSION.tgz`.
+sdk-pack: $(SDK)/node_modules/.package-lock.json
+	cd $(SDK) && npm run --silent build
+	mkdir -p dist
+	@tgz=$$(cd $(SDK) && npm pack --silent --pack-destination ../../dist | tail -n 1) && \
+	echo "packed: $(CURDIR)/dist/$$tgz" && \
+	echo "install it into a project with: npm install $(CURDIR)/dist/$$tgz" && \
+	echo "(on Node 20, add ws: npm install $(CURDIR)/dist/$$tgz ws; Node 22 and later have their own WebSocket)"
 
 # The whole test suite: formatting, vet, staticcheck, every test under the
 # race detector (the interop module's too: sandkiln's files and streams
 # read by the tools users read them with), and each benchmark once so it
 # keeps working. A package's tests may take longer than go test's 10
 # minutes on a loaded 2-core machine (the daemon's, with real sandboxes);
-# the timeout is a bound against a hang.
-test: check
+# the timeout is a bound against a hang. What it needs is installed first.
+test: test-deps
+	$(MAKE) check
 	$(GO) test -race -count=1 -timeout=30m ./...
 	cd interop && $(GO) test -race -count=1 -timeout=30m ./...
 	$(GO) test -run='^$$' -bench=. -benchtime=1x ./...
@@ -18,6 +66,12 @@ test: check
 	$(MAKE) console-test
 	$(MAKE) python-test
 	$(MAKE) mcp-test
+
+# What the tests need, installed when it is missing (a no-op when all is
+# there): Debian's packages, Go, Node.js 20 or later, gVisor's runsc and
+# the OpenAPI linter. `make test` runs it first; CI on a fresh machine too.
+test-deps:
+	scripts/test-deps.sh
 
 # The cgroup tests on a pure cgroup v2 kernel, as most users' hosts are
 # (this one keeps its controllers on v1): Debian's kernel, downloaded and
@@ -32,11 +86,13 @@ test-v2:
 # Node 20 (with ws), Node 22 (its own WebSocket), Bun and Deno, and its npm
 # pack installed into an empty project. Node 22, Bun and Deno come from
 # npm, pinned in its lock file.
-SDK = sdk/typescript
 sdk-test: $(SDK)/node_modules/.package-lock.json
 	cd $(SDK) && npm run --silent build && npm run --silent test:all
 
+# Node.js 20 or later first, installed when missing (make sdk-pack after
+# make run alone, which needs none).
 $(SDK)/node_modules/.package-lock.json: $(SDK)/package-lock.json
+	scripts/node-deps.sh
 	cd $(SDK) && npm ci --no-audit --no-fund --loglevel=error
 
 # The web console: built with Vite into internal/console/dist, which kilnd
