@@ -86,3 +86,15 @@ func (s *startup) agentLog() (*os.File, error) {
 	}
 	return f, nil
 }
+
+// withDefaults is o with the hostname and the wait for the agent (ready)
+// that a request leaves out.
+func (o Options) withDefaults(ready time.Duration) Options {
+	if o.Hostname == "" {
+		o.Hostname = DefaultHostname(o.ID)
+	}
+	if o.Ready == 0 {
+		o.Ready = ready
+	}
+	return o
+}
