@@ -34,90 +34,111 @@ func ReadLines(output iter.Seq2[Chunk, error], maxLineBytes int) iter.Seq2[Line,
 		maxLineBytes = 16 << 10
 	}
 	return func(yield func(Line, error) bool) {
-		type state struct {
-			buf       []byte
-			truncated bool // this line overflowed: discarding to its end
-		}
-		streams := map[string]*state{}
-		var order []string
-		get := func(s string) *state {
-			st := streams[s]
-			if st == nil {
-				st = &state{}
-				streams[s] = st
-				order = append(order, s)
-			}
-			return st
-		}
-		emit := func(s string, st *state, partial bool) bool {
-			text := st.buf
-			if !partial {
-				text = bytes.TrimSuffix(text, []byte{'\r'})
-			}
-			l := Line{Stream: s, Text: string(bytes.ToValidUTF8(text, []byte("\uFFFD"))), Partial: partial, Truncated: st.truncated}
-			st.buf, st.truncated = st.buf[:0], false
-			return yield(l, nil)
-		}
-		flushAll := func() bool {
-			for _, s := range order {
-				if st := streams[s]; len(st.buf) > 0 || st.truncated {
-					if !emit(s, st, true) {
-						return false
-					}
-				}
-			}
-			return true
-		}
+		lr := &lineReader{max: maxLineBytes, streams: map[string]*lineState{}, yield: yield}
 		for ch, err := range output {
 			if err != nil {
-				if flushAll() {
+				if lr.flushAll() {
 					yield(Line{}, err)
 				}
 				return
 			}
-			st := get(ch.Stream)
-			if ch.Lost > 0 {
-				if (len(st.buf) > 0 || st.truncated) && !emit(ch.Stream, st, true) {
-					return
-				}
-				continue
-			}
-			data := ch.Bytes
-			if data == nil {
-				data = []byte(ch.Text)
-			}
-			for len(data) > 0 {
-				i := bytes.IndexByte(data, '\n')
-				piece := data
-				if i >= 0 {
-					piece = data[:i]
-				}
-				if !st.truncated {
-					room := maxLineBytes - len(st.buf)
-					if len(piece) > room {
-						// Clip at a character boundary, keeping a CR that
-						// may end the line out of the count.
-						cut := room
-						for cut > 0 && !utf8.RuneStart(piece[cut]) {
-							cut--
-						}
-						st.buf = append(st.buf, piece[:cut]...)
-						st.truncated = true
-					} else {
-						st.buf = append(st.buf, piece...)
-					}
-				}
-				if i < 0 {
-					break
-				}
-				if !emit(ch.Stream, st, false) {
-					return
-				}
-				data = data[i+1:]
+			if !lr.chunk(ch) {
+				return
 			}
 		}
-		flushAll()
+		lr.flushAll()
 	}
+}
+
+// lineReader is ReadLines's state: each stream's line so far, in the
+// order the streams came.
+type lineReader struct {
+	max     int
+	streams map[string]*lineState
+	order   []string
+	yield   func(Line, error) bool
+}
+
+type lineState struct {
+	buf       []byte
+	truncated bool // this line overflowed: discarding to its end
+}
+
+func (lr *lineReader) get(s string) *lineState {
+	st := lr.streams[s]
+	if st == nil {
+		st = &lineState{}
+		lr.streams[s] = st
+		lr.order = append(lr.order, s)
+	}
+	return st
+}
+
+// emit yields stream s's line; false once the consumer stopped.
+func (lr *lineReader) emit(s string, st *lineState, partial bool) bool {
+	text := st.buf
+	if !partial {
+		text = bytes.TrimSuffix(text, []byte{'\r'})
+	}
+	l := Line{Stream: s, Text: string(bytes.ToValidUTF8(text, []byte("\uFFFD"))), Partial: partial, Truncated: st.truncated}
+	st.buf, st.truncated = st.buf[:0], false
+	return lr.yield(l, nil)
+}
+
+// flushAll yields each stream's unfinished line, marked partial.
+func (lr *lineReader) flushAll() bool {
+	for _, s := range lr.order {
+		if st := lr.streams[s]; len(st.buf) > 0 || st.truncated {
+			if !lr.emit(s, st, true) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// chunk takes a chunk of output: a gap ends the line it cut; bytes add to
+// their stream's line, each newline ending one. False once the consumer
+// stopped.
+func (lr *lineReader) chunk(ch Chunk) bool {
+	st := lr.get(ch.Stream)
+	if ch.Lost > 0 {
+		return !(len(st.buf) > 0 || st.truncated) || lr.emit(ch.Stream, st, true)
+	}
+	data := ch.Bytes
+	if data == nil {
+		data = []byte(ch.Text)
+	}
+	for len(data) > 0 {
+		i := bytes.IndexByte(data, '\n')
+		piece := data
+		if i >= 0 {
+			piece = data[:i]
+		}
+		if !st.truncated {
+			room := lr.max - len(st.buf)
+			if len(piece) > room {
+				// Clip at a character boundary, keeping a CR that may end
+				// the line out of the count.
+				cut := room
+				for cut > 0 && !utf8.RuneStart(piece[cut]) {
+					cut--
+				}
+				st.buf = append(st.buf, piece[:cut]...)
+				st.truncated = true
+			} else {
+				st.buf = append(st.buf, piece...)
+			}
+		}
+		if i < 0 {
+			break
+		}
+		if !lr.emit(ch.Stream, st, false) {
+			return false
+		}
+		data = data[i+1:]
+	}
+	return true
 }
 
 // TailOptions bound a Tail. Zero values take the defaults.

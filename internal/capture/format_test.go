@@ -53,6 +53,7 @@ var recordLine = regexp.MustCompile(`^(\S+) (stdout|stderr|kiln) ([FP]) (.*)$`)
 // kiln here): every line of every file is such a record, and the metadata
 // lines are full lines of the kiln stream holding a JSON object.
 func TestEveryLineIsARecord(t *testing.T) {
+	t.Parallel()
 	d, path := testDir(t)
 	gate := make(chan struct{})
 	w := begin(t, d, Options{MaxSize: 2048, MaxFiles: 1000, QueueBytes: 8 << 10, beforeLoop: func() { <-gate }})
@@ -109,6 +110,7 @@ func TestEveryLineIsARecord(t *testing.T) {
 // afterwards", "a run's end is an appended record": a run's first file is
 // its header, then begin; the end is the last line of the log.
 func TestMetadataRecordsAsTheSeedWritesThem(t *testing.T) {
+	t.Parallel()
 	d, path := testDir(t)
 	gate := make(chan struct{})
 	w := begin(t, d, Options{QueueBytes: 2*itemCost + 16, beforeLoop: func() { <-gate }})
@@ -152,6 +154,7 @@ func TestMetadataRecordsAsTheSeedWritesThem(t *testing.T) {
 // printing matching text": output that prints a metadata line, or a whole
 // end record, is output, and the run is still the one its writer records.
 func TestOutputCannotForgeMetadata(t *testing.T) {
+	t.Parallel()
 	d, _ := testDir(t)
 	w := begin(t, d, Options{})
 	f := newFeeder(w)
@@ -177,6 +180,7 @@ func TestOutputCannotForgeMetadata(t *testing.T) {
 // held at any moment of a run that rotates, drops and ends is where it was
 // when the run ended: every earlier look at a file is a prefix of it.
 func TestFilesAreOnlyAppendedTo(t *testing.T) {
+	t.Parallel()
 	d, path := testDir(t)
 	w := begin(t, d, Options{MaxSize: 4096, MaxFiles: 1000, QueueBytes: 8 << 10})
 	f := newFeeder(w)
@@ -236,6 +240,7 @@ func mustOpen(t *testing.T, d *Dir, name string) *os.File {
 // tailers know a file by, are the same while the run writes and after it
 // ended.
 func TestFirstBytesNeverChange(t *testing.T) {
+	t.Parallel()
 	d, path := testDir(t)
 	w := begin(t, d, Options{})
 	f := newFeeder(w)
@@ -269,6 +274,7 @@ func TestFirstBytesNeverChange(t *testing.T) {
 // nearly every record, the active name holds a file that begins with its
 // whole header, and an archive's name always names the same file.
 func TestRotationRenamesCompleteFiles(t *testing.T) {
+	t.Parallel()
 	d, path := testDir(t)
 	w := begin(t, d, Options{MaxSize: 1024, MaxFiles: 1000})
 	done := make(chan struct{})

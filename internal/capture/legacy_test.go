@@ -50,6 +50,7 @@ func appendTagged(dst, ts []byte, on LogStream, m Meta, size int) []byte {
 // newline; then a short lossless run. Every byte comes back at its stream
 // offset, and each run has its state.
 func TestReadsLogsOfThePreviousFormat(t *testing.T) {
+	t.Parallel()
 	d, err := OpenDir("testdata/header512")
 	if err != nil {
 		t.Fatal(err)
@@ -129,6 +130,7 @@ func TestReadsLogsOfThePreviousFormat(t *testing.T) {
 // 512-byte headers say where each began and ended, as the previous format
 // had them (rewritten in place at the end).
 func TestClassificationOfPreviousFormatHeaders(t *testing.T) {
+	t.Parallel()
 	const a = "0190b0a4-7d2e-7a91-8c55-0e6f2ab41d90"
 	ts := []byte("2026-11-29T10:00:00.000000000Z")
 	ended := time.Date(2026, 11, 29, 10, 0, 1, 0, time.UTC)

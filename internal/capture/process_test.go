@@ -80,6 +80,7 @@ func read(t *testing.T, d *capture.Dir) (capture.Log, map[capture.LogStream]stri
 }
 
 func TestShortLivedProcessWithCaptureAndNoReader(t *testing.T) {
+	t.Parallel()
 	d := captureDir(t)
 	p, w := run(t, d, capture.Options{}, process.Spec{Argv: []string{"sh", "-c", "echo out; echo err >&2; printf tail; exit 23"}})
 	st := done(t, p)
@@ -101,6 +102,7 @@ func TestShortLivedProcessWithCaptureAndNoReader(t *testing.T) {
 // TestBackgroundChildStillEndsTheCapture: sh -c 'child & exit' leaves a
 // child holding the pipes; the drain kills it, so the run reaches its end.
 func TestBackgroundChildStillEndsTheCapture(t *testing.T) {
+	t.Parallel()
 	d := captureDir(t)
 	p, _ := run(t, d, capture.Options{}, process.Spec{Argv: []string{"sh", "-c", "sleep 1000 & echo started"}})
 	done(t, p)
@@ -117,6 +119,7 @@ func TestBackgroundChildStillEndsTheCapture(t *testing.T) {
 // process still writes 64 MiB and exits, and the end record reports exactly
 // what was written and not persisted.
 func TestStuckWriterNeverBlocksTheWorkload(t *testing.T) {
+	t.Parallel()
 	d := captureDir(t)
 	stuck := make(chan struct{})
 	var opt capture.Options
@@ -154,6 +157,7 @@ func TestStuckWriterNeverBlocksTheWorkload(t *testing.T) {
 }
 
 func TestStartFailureEndsTheRunEmpty(t *testing.T) {
+	t.Parallel()
 	d := captureDir(t)
 	w, err := capture.Begin(d, uuid.Must(uuid.NewV7()).String(), capture.Options{})
 	if err != nil {
@@ -175,6 +179,7 @@ func TestStartFailureEndsTheRunEmpty(t *testing.T) {
 // reach the writer between its wake-ups wait in the queue, they are not
 // dropped.
 func TestOrdinaryWorkloadsAreLossless(t *testing.T) {
+	t.Parallel()
 	hog := exec.Command("sh", "-c", "while :; do :; done")
 	if err := hog.Start(); err != nil {
 		t.Fatal(err)

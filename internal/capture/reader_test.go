@@ -95,6 +95,7 @@ func dirSize(t *testing.T, path string) (total int64, files int) {
 }
 
 func TestRotationBoundsDiskAndKeepsOrder(t *testing.T) {
+	t.Parallel()
 	d, path := testDir(t)
 	opt := Options{MaxSize: 4096, MaxFiles: 3}
 	w := begin(t, d, opt)
@@ -124,6 +125,7 @@ func TestRotationBoundsDiskAndKeepsOrder(t *testing.T) {
 // and rotation removes an old begin: Runs remain distinct; reader reports
 // retention loss rather than a false crash."
 func TestRunsStayDistinctWhenRotationRemovesAnOldBegin(t *testing.T) {
+	t.Parallel()
 	d, _ := testDir(t)
 	opt := Options{MaxSize: 4096, MaxFiles: 3}
 	var ids []string
@@ -152,6 +154,7 @@ func TestRunsStayDistinctWhenRotationRemovesAnOldBegin(t *testing.T) {
 // panics, returns a prefix of the whole log's records (nothing twice), and
 // never reports the cut run as complete.
 func TestCutAtEveryOffset(t *testing.T) {
+	t.Parallel()
 	d, path := testDir(t)
 	gate := make(chan struct{})
 	// Room for the first three chunks, not the fourth.
@@ -222,6 +225,7 @@ func beginAndBeKilled(t *testing.T, output string) Log {
 // success." A process that synced begin and was killed before it could
 // start anything leaves an interrupted run.
 func TestBeginSyncedThenKilledBeforeStart(t *testing.T) {
+	t.Parallel()
 	l := beginAndBeKilled(t, "")
 	if len(l.Runs) != 1 || l.Runs[0].State != Interrupted {
 		t.Fatalf("runs %+v, want one interrupted", l.Runs)
@@ -233,6 +237,7 @@ func TestBeginSyncedThenKilledBeforeStart(t *testing.T) {
 // mid-run leaves what it wrote,
 // and the run reads as interrupted, never as complete.
 func TestKilledDuringCapture(t *testing.T) {
+	t.Parallel()
 	l := beginAndBeKilled(t, "written before the kill\n")
 	if got := string(payload(l, LogStdout)); got != "written before the kill\n" {
 		t.Errorf("stdout %q", got)
@@ -282,6 +287,7 @@ func beginAndDie(path string) {
 }
 
 func TestTornTailOfAKilledWriterIsSetAside(t *testing.T) {
+	t.Parallel()
 	d, path := testDir(t)
 	w := begin(t, d, Options{})
 	f := newFeeder(w)
@@ -325,6 +331,7 @@ func TestTornTailOfAKilledWriterIsSetAside(t *testing.T) {
 }
 
 func TestInterruptedRotationIsCleanedUp(t *testing.T) {
+	t.Parallel()
 	d, path := testDir(t)
 	w := begin(t, d, Options{})
 	f := newFeeder(w)
@@ -364,6 +371,7 @@ func TestInterruptedRotationIsCleanedUp(t *testing.T) {
 // or invalid metadata JSON is reported as corrupted/unknown, never as
 // successful capture."
 func TestClassification(t *testing.T) {
+	t.Parallel()
 	const a, b = "0190b0a4-7d2e-7a91-8c55-0e6f2ab41d90", "0190b0a4-7d2e-7a91-8c55-0e6f2ab41d91"
 	begin := func(id string) string { return `{"run":"` + id + `","event":"begin"}` }
 	end := func(id string, out, errs int) string {
@@ -429,6 +437,7 @@ func TestClassification(t *testing.T) {
 }
 
 func TestFilter(t *testing.T) {
+	t.Parallel()
 	d, _ := testDir(t)
 	gate := make(chan struct{})
 	w := begin(t, d, Options{beforeLoop: func() { <-gate }})
@@ -504,6 +513,7 @@ func follow(t *testing.T, r *Reader, run string, each func(Entry)) {
 // TestFollowerKeepsUpAcrossRotation: a follower reading while the writer
 // appends and rotates gets every record once, in order, with no gap.
 func TestFollowerKeepsUpAcrossRotation(t *testing.T) {
+	t.Parallel()
 	d, _ := testDir(t)
 	w := begin(t, d, Options{MaxSize: 2048, MaxFiles: 1000})
 	r := NewReader(d, ReadOptions{Follow: true, Poll: time.Millisecond})
@@ -538,6 +548,7 @@ func TestFollowerKeepsUpAcrossRotation(t *testing.T) {
 // record and keeps two files while the follower is stalled; the follower
 // then reports exactly the log bytes it missed.
 func TestRotationOnEveryRecordWithASlowFollower(t *testing.T) {
+	t.Parallel()
 	d, _ := testDir(t)
 	w := begin(t, d, Options{MaxSize: 1024, MaxFiles: 2})
 	r := NewReader(d, ReadOptions{Follow: true, Poll: time.Millisecond})
@@ -583,6 +594,7 @@ func TestRotationOnEveryRecordWithASlowFollower(t *testing.T) {
 // after the rename; the follower waits out the first and drains the second
 // before moving on.
 func TestFollowAcrossAPlainRename(t *testing.T) {
+	t.Parallel()
 	d, path := testDir(t)
 	ts := "2026-11-29T10:00:00.000000000Z "
 	active := filepath.Join(path, ActiveName)
@@ -636,6 +648,7 @@ func TestFollowAcrossAPlainRename(t *testing.T) {
 }
 
 func TestReaderOfAnEmptyDirectory(t *testing.T) {
+	t.Parallel()
 	d, _ := testDir(t)
 	r := NewReader(d, ReadOptions{})
 	defer r.Close()
@@ -720,6 +733,7 @@ func FuzzReadLog(f *testing.F) {
 // TestReadThenFollow: a reader that reached the end of the log, with a
 // line still being written, follows on from there without losing it.
 func TestReadThenFollow(t *testing.T) {
+	t.Parallel()
 	d, path := testDir(t)
 	ts := "2026-11-29T10:00:00.000000000Z "
 	active := filepath.Join(path, ActiveName)
@@ -767,6 +781,7 @@ func TestReadThenFollow(t *testing.T) {
 // writer lost or rotation cut, every record the reader returns says where
 // in its stream it stands, and holds the bytes the stream had there.
 func TestRecordsKnowTheirStreamOffsets(t *testing.T) {
+	t.Parallel()
 	d, _ := testDir(t)
 	gate := make(chan struct{})
 	w := begin(t, d, Options{MaxSize: 4096, MaxFiles: 1000, QueueBytes: 4 << 10, beforeLoop: func() { <-gate }})

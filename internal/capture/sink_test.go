@@ -268,6 +268,7 @@ func stdout(n int64) ring.Offsets { return ring.Offsets{ring.Stdout: n} }
 // the following Data needs, so that data is lost too and counted again,
 // in pending and in total.
 func TestCapacityOneDropRefillsTheSlot(t *testing.T) {
+	t.Parallel()
 	out := ring.Stdout
 	runSteps(t, itemCost+3, []step{
 		{stream: out, push: 3, want: observed{Items: 1, Used: itemCost + 3}},
@@ -283,6 +284,7 @@ func TestCapacityOneDropRefillsTheSlot(t *testing.T) {
 }
 
 func TestPushSteps(t *testing.T) {
+	t.Parallel()
 	out, errs := ring.Stdout, ring.Stderr
 	tests := []struct {
 		name   string
@@ -357,6 +359,7 @@ func TestPushSteps(t *testing.T) {
 }
 
 func TestMisuseIsReported(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name string
 		f    func()
@@ -399,6 +402,7 @@ func TestMisuseIsReported(t *testing.T) {
 // reused, so the ring has to allocate fresh blocks: pushing then costs
 // allocations where it otherwise costs none.
 func TestFailedPushReleasesItsReference(t *testing.T) {
+	// Not in parallel: it measures the test process's allocations.
 	s := NewSink(itemCost + 1000)
 	p := newProducer(s, 16<<10, ring.Stdout)
 	p.push(ring.Stdout, 1000)
@@ -432,6 +436,7 @@ func TestFailedPushReleasesItsReference(t *testing.T) {
 // reused constantly: a chunk whose memory the sink failed to hold would
 // show up as wrong content.
 func TestOverflowCountsTheWholeRunsLoss(t *testing.T) {
+	t.Parallel()
 	s := NewSink(8 << 10)
 	p := newProducer(s, 16<<10, ring.Stdout, ring.Stderr)
 	c := startConsumer(s)
@@ -466,6 +471,7 @@ func TestOverflowCountsTheWholeRunsLoss(t *testing.T) {
 // sink and a writer that starts late, then drains as fast as it can. Run
 // with -race: it also checks the per-stream state is not shared unsafely.
 func TestConcurrentPumps(t *testing.T) {
+	t.Parallel()
 	streams := []ring.Stream{ring.Stdout, ring.Stderr}
 	s := NewSink(64 << 10)
 	p := newProducer(s, 64<<10, streams...)
@@ -514,6 +520,7 @@ func TestConcurrentPumps(t *testing.T) {
 // the writer asleep meanwhile, costs the queue one item per ring block,
 // not one per line, so 20,000 lines fit where 16 chunks used to.
 func TestShortLinesAreOneItem(t *testing.T) {
+	t.Parallel()
 	s := NewSink(DefaultQueueBytes)
 	p := newProducer(s, 1<<20, ring.Stdout)
 	for range 20000 {
@@ -545,6 +552,7 @@ func TestShortLinesAreOneItem(t *testing.T) {
 // TestTakeWaitsForPushOrClose: Take parks until a pump hands something
 // over, and Close wakes it with the end.
 func TestTakeWaitsForPushOrClose(t *testing.T) {
+	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
 		s := NewSink(MinQueueBytes)
 		p := newProducer(s, 4<<10, ring.Stdout)
@@ -585,6 +593,7 @@ func TestTakeWaitsForPushOrClose(t *testing.T) {
 // writer stalls, checking after every push that exactly one of the rules'
 // outcomes happened, and the accounting identities at the end.
 func TestPushProperty(t *testing.T) {
+	t.Parallel()
 	rapid.Check(t, func(t *rapid.T) {
 		budget := rapid.Int64Range(MinQueueBytes, 8*itemCost+8000).Draw(t, "budget")
 		s := NewSink(budget)

@@ -131,6 +131,7 @@ func states(runs []Run) []string {
 }
 
 func TestShortRunBeginOutputLosslessEnd(t *testing.T) {
+	t.Parallel()
 	d, _ := testDir(t)
 	w := begin(t, d, Options{})
 	f := newFeeder(w)
@@ -191,6 +192,7 @@ func shapes(l Log) []record {
 // by F for a newline-terminated line. A final line without a newline
 // remains a trailing P; readers do not add a newline for it."
 func TestFraming(t *testing.T) {
+	t.Parallel()
 	const M = MaxContent
 	line := func(n int) []byte { return append(bytes.Repeat([]byte{'a'}, n), '\n') }
 	cases := []struct {
@@ -249,6 +251,7 @@ func TestFraming(t *testing.T) {
 // "The writer reads total_dropped from shared Arc<AtomicU64> values when it
 // writes end."
 func TestQueueOverflowEndCountsTheWholeRun(t *testing.T) {
+	t.Parallel()
 	d, _ := testDir(t)
 	gate := make(chan struct{})
 	// Room for one item of four lines.
@@ -280,6 +283,7 @@ func TestQueueOverflowEndCountsTheWholeRun(t *testing.T) {
 // waits, and what the end record reports dropped is exactly what was
 // written and not persisted.
 func TestStuckWriterDropsExactly(t *testing.T) {
+	t.Parallel()
 	d, _ := testDir(t)
 	stuck := make(chan struct{})
 	first := true
@@ -317,6 +321,7 @@ func TestStuckWriterDropsExactly(t *testing.T) {
 // TestWriterStoppedLeavesNoEnd: a writer that cannot finish in time is
 // stopped; it writes nothing afterwards and the run reads as interrupted.
 func TestWriterStoppedLeavesNoEnd(t *testing.T) {
+	t.Parallel()
 	d, path := testDir(t)
 	stuck := make(chan struct{})
 	inWrite := make(chan struct{}, 1)
@@ -364,6 +369,7 @@ func TestWriterStoppedLeavesNoEnd(t *testing.T) {
 // read-only share: Init fails before Start and does not write an unsafe
 // target", and "opens the final file with O_NOFOLLOW".
 func TestStartRefused(t *testing.T) {
+	t.Parallel()
 	t.Run("invalid run id", func(t *testing.T) {
 		d, path := testDir(t)
 		for _, id := range []string{"", "x", uuid.Nil.String(), strings.ToUpper(newRunID()), "{" + newRunID() + "}", "urn:uuid:" + newRunID(), newRunID() + "\n"} {
@@ -461,6 +467,7 @@ func smallFS(t *testing.T, size int) string {
 // writer keeps taking chunks, counts what it cannot persist, and the end
 // record (written into the space it reserved) says exactly how much.
 func TestFullDiskEndIsExactAndLossy(t *testing.T) {
+	t.Parallel()
 	path := smallFS(t, 256<<10)
 	d, err := OpenDir(path)
 	if err != nil {
@@ -519,6 +526,7 @@ func TestFullDiskEndIsExactAndLossy(t *testing.T) {
 // to rotate once the cause is gone, and every byte is in the log or
 // counted.
 func TestFailedRotationRecovers(t *testing.T) {
+	t.Parallel()
 	d, path := testDir(t)
 	opt := Options{MaxSize: 4096, MaxFiles: 3, retry: time.Millisecond}
 	w := begin(t, d, opt)
@@ -590,6 +598,7 @@ func TestFailedRotationRecovers(t *testing.T) {
 // stream never follows a partial one; a reader that waits for the log to
 // hold everything (Caught) is given a copy of it, at its offset, instead.
 func TestUnfinishedLineWaitsForItsNewline(t *testing.T) {
+	t.Parallel()
 	d, _ := testDir(t)
 	w := begin(t, d, Options{})
 	f := newFeeder(w)
@@ -642,6 +651,7 @@ func TestUnfinishedLineWaitsForItsNewline(t *testing.T) {
 // lines before it: no reader that joins partial records joins the wrong
 // ones.
 func TestLongLineRecordsStayTogether(t *testing.T) {
+	t.Parallel()
 	d, _ := testDir(t)
 	gate := make(chan struct{})
 	w := begin(t, d, Options{beforeLoop: func() { <-gate }})

@@ -51,39 +51,9 @@ func (d *Daemon) Serve(ctx context.Context) error {
 		c.Close()
 		return fmt.Errorf("kilnd: another kilnd serves %s", sock)
 	}
-	// TCP first: once the socket answers, both do.
-	var tl net.Listener
-	if d.cfg.Listen != "" {
-		var err error
-		if tl, err = net.Listen("tcp", d.cfg.Listen); err != nil {
-			return fmt.Errorf("kilnd: %w", err)
-		}
-		d.tcp.Store(tl.Addr().(*net.TCPAddr))
-	}
-	var pl net.Listener
-	if d.cfg.PreviewListen != "" {
-		var err error
-		if pl, err = net.Listen("tcp", d.cfg.PreviewListen); err != nil {
-			if tl != nil {
-				tl.Close()
-			}
-			return fmt.Errorf("kilnd: previews: %w", err)
-		}
-		d.previewTCP.Store(pl.Addr().(*net.TCPAddr))
-	}
-	d.readopt()
-	os.Remove(sock)
-	ul, err := net.Listen("unix", sock)
-	if err == nil {
-		err = os.Chmod(sock, 0o600)
-	}
+	ul, tl, pl, err := d.listen(sock)
 	if err != nil {
-		for _, l := range []net.Listener{ul, tl, pl} {
-			if l != nil {
-				l.Close()
-			}
-		}
-		return fmt.Errorf("kilnd: %w", err)
+		return err
 	}
 	wrap := func(h http.Handler) http.Handler {
 		if d.cfg.Wrap != nil {
@@ -137,6 +107,44 @@ func (d *Daemon) Serve(ctx context.Context) error {
 		serr = nil
 	}
 	return serr
+}
+
+// listen opens kilnd's listeners: TCP and the previews' own when they are
+// configured, then the unix socket at sock (mode 0600), last, so that once
+// the socket answers, all do. Between them, the sandboxes recovered are
+// adopted again (readopt).
+func (d *Daemon) listen(sock string) (ul, tl, pl net.Listener, err error) {
+	defer func() {
+		if err != nil {
+			for _, l := range []net.Listener{ul, tl, pl} {
+				if l != nil {
+					l.Close()
+				}
+			}
+			ul, tl, pl = nil, nil, nil
+		}
+	}()
+	if d.cfg.Listen != "" {
+		if tl, err = net.Listen("tcp", d.cfg.Listen); err != nil {
+			return nil, nil, nil, fmt.Errorf("kilnd: %w", err)
+		}
+		d.tcp.Store(tl.Addr().(*net.TCPAddr))
+	}
+	if d.cfg.PreviewListen != "" {
+		if pl, err = net.Listen("tcp", d.cfg.PreviewListen); err != nil {
+			return nil, tl, nil, fmt.Errorf("kilnd: previews: %w", err)
+		}
+		d.previewTCP.Store(pl.Addr().(*net.TCPAddr))
+	}
+	d.readopt()
+	os.Remove(sock)
+	if ul, err = net.Listen("unix", sock); err == nil {
+		err = os.Chmod(sock, 0o600)
+	}
+	if err != nil {
+		return ul, tl, pl, fmt.Errorf("kilnd: %w", err)
+	}
+	return ul, tl, pl, nil
 }
 
 // limitListener accepts at most n connections at a time.
