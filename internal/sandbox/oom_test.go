@@ -25,19 +25,47 @@ l = []
 for i in range(64):
     l.append(bytearray(8 << 20))
 `}})
-	c := &http.Client{Transport: sandbox.Transport(sb.Dial)}
-	defer c.CloseIdleConnections()
 	// Either its process alone was killed (and the agent answers), or
 	// gVisor's kernel was (and nothing does).
-	if resp, err := c.Post("http://agent/exec", "application/json", bytes.NewReader(body)); err == nil {
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		t.Logf("the hog alone ended: %d %s", resp.StatusCode, b)
+	if code, b, ok := postExec(sb, body); ok {
+		t.Logf("the hog alone ended: %d %s", code, b)
 	}
-	stop := make(chan struct{})
-	timer := time.AfterFunc(time.Minute, func() { close(stop) })
-	defer timer.Stop()
-	sb.AwaitExit(stop)
+	endedOutOfMemory(t, sb, agentEnded(sb))
+}
+
+// postExec posts an exec request (JSON) to sb's agent; ok is false when
+// no answer came: the sandbox ended under it.
+func postExec(sb box, body []byte) (code int, answer []byte, ok bool) {
+	c := &http.Client{Transport: sandbox.Transport(sb.Dial)}
+	defer c.CloseIdleConnections()
+	resp, err := c.Post("http://agent/exec", "application/json", bytes.NewReader(body))
+	if err != nil {
+		return 0, nil, false
+	}
+	defer resp.Body.Close()
+	answer, _ = io.ReadAll(resp.Body)
+	return resp.StatusCode, answer, true
+}
+
+// agentEnded returns a channel closed once sb's agent has exited, or a
+// minute has passed.
+func agentEnded(sb box) <-chan struct{} {
+	ended := make(chan struct{})
+	go func() {
+		stop := make(chan struct{})
+		timer := time.AfterFunc(time.Minute, func() { close(stop) })
+		defer timer.Stop()
+		sb.AwaitExit(stop)
+		close(ended)
+	}()
+	return ended
+}
+
+// endedOutOfMemory waits for ended (agentEnded's), and holds that sb no
+// longer runs and says it ended out of memory.
+func endedOutOfMemory(t *testing.T, sb box, ended <-chan struct{}) {
+	t.Helper()
+	<-ended
 	if sb.Alive() {
 		t.Fatal("the sandbox still runs")
 	}
@@ -55,35 +83,21 @@ func TestOutOfMemoryEndsTheSandbox(t *testing.T) {
 	for _, watched := range []bool{false, true} {
 		t.Run(map[bool]string{false: "unwatched", true: "watched"}[watched], func(t *testing.T) {
 			sb := newBox(t, sandbox.RuntimeNamespaces, sandbox.Options{Limits: sandbox.Limits{MemoryBytes: 64 << 20}, EndOnOOM: true})
-			stop := make(chan struct{})
-			timer := time.AfterFunc(time.Minute, func() { close(stop) })
-			defer timer.Stop()
-			ended := make(chan struct{})
+			var ended <-chan struct{}
 			if watched {
-				go func() { sb.AwaitExit(stop); close(ended) }()
+				ended = agentEnded(sb)
 			}
 			body, _ := json.Marshal(api.ExecRequest{Command: "python3", Args: []string{"-c", "b = bytearray(256 << 20); print(len(b))"}})
-			c := &http.Client{Transport: sandbox.Transport(sb.Dial)}
-			defer c.CloseIdleConnections()
-			if resp, err := c.Post("http://agent/exec", "application/json", bytes.NewReader(body)); err == nil {
-				b, _ := io.ReadAll(resp.Body)
-				resp.Body.Close()
+			if code, b, ok := postExec(sb, body); ok {
 				var res api.ExecResult
-				if resp.StatusCode == http.StatusOK && (json.Unmarshal(b, &res) != nil || !res.OOMKilled) {
+				if code == http.StatusOK && (json.Unmarshal(b, &res) != nil || !res.OOMKilled) {
 					t.Errorf("the hog's exit: %s", b)
 				}
 			}
 			if !watched {
-				sb.AwaitExit(stop)
-				close(ended)
+				ended = agentEnded(sb)
 			}
-			<-ended
-			if sb.Alive() {
-				t.Fatal("the sandbox still runs")
-			}
-			if r := sb.ExitReason(); !strings.HasPrefix(r, "out of memory") {
-				t.Errorf("exit reason %q, want out of memory", r)
-			}
+			endedOutOfMemory(t, sb, ended)
 		})
 	}
 }

@@ -194,23 +194,10 @@ func TestGVisorLimits(t *testing.T) {
 	}
 	// No answer comes: the sandbox ends under the request.
 	body, _ := json.Marshal(api.ExecRequest{Command: "python3", Args: []string{"-c", "b = bytearray(512 << 20); print(len(b))"}})
-	c := &http.Client{Transport: sandbox.Transport(sb.Dial)}
-	defer c.CloseIdleConnections()
-	if resp, err := c.Post("http://agent/exec", "application/json", bytes.NewReader(body)); err == nil {
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		t.Fatalf("512 MiB in a 64 MiB gVisor sandbox answered %d: %s", resp.StatusCode, b)
+	if code, b, ok := postExec(sb, body); ok {
+		t.Fatalf("512 MiB in a 64 MiB gVisor sandbox answered %d: %s", code, b)
 	}
-	stop := make(chan struct{})
-	timer := time.AfterFunc(time.Minute, func() { close(stop) })
-	defer timer.Stop()
-	sb.AwaitExit(stop)
-	if sb.Alive() {
-		t.Fatal("the sandbox still runs")
-	}
-	if r := sb.ExitReason(); !strings.Contains(r, "out of memory") {
-		t.Errorf("exit reason %q, want out of memory", r)
-	}
+	endedOutOfMemory(t, sb, agentEnded(sb))
 }
 
 // forkBomb runs, in a sandbox limited to 64 processes, a bomb that keeps
