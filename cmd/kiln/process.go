@@ -206,7 +206,7 @@ func (c *cli) follow(ctx context.Context, p *client.Process, foreground bool) er
 		}
 		return err
 	}
-	return c.outcome(r, foreground)
+	return c.outcome(r, foreground, p.Sandbox().Described.OnOOM)
 }
 
 // exitOOM is a foreground command's exit code when its sandbox ended out
@@ -225,14 +225,18 @@ func (c *cli) endedOutOfMemory(ctx context.Context, p *client.Process, err error
 	if ierr != nil || info.State != api.SandboxStopped || !strings.HasPrefix(info.Reason, "out of memory") {
 		return false
 	}
-	fmt.Fprintf(c.stderr, "kiln: the sandbox ran out of memory and was ended, every process in it killed: it reached its memory limit\n"+
-		"kiln: (a sandbox created with --on-oom kill_process loses only the process using the most)\n")
+	fmt.Fprintf(c.stderr, "kiln: the sandbox ran out of memory: it was ended with every process in it\n%s\n", killProcessHint)
 	return true
 }
 
+// killProcessHint says what a sandbox that is not to end out of memory
+// is created with.
+const killProcessHint = "kiln: (a sandbox created with --on-oom kill_process loses only the process using the most)"
+
 // outcome says what follow found: the line about output that is not
-// complete, a foreground command's summary with --json, and the exit.
-func (c *cli) outcome(r client.Result, foreground bool) error {
+// complete, a foreground command's summary with --json, and the exit;
+// onOOM is the sandbox's (api.OnOOM*).
+func (c *cli) outcome(r client.Result, foreground bool, onOOM string) error {
 	if r.Exit.OutputCut() {
 		fmt.Fprintln(c.stderr, "kiln: the output was cut: something the process left behind still held it open when the drain time after its exit ran out (--drain)")
 	}
@@ -247,7 +251,7 @@ func (c *cli) outcome(r client.Result, foreground bool) error {
 			Streams        map[string]client.StreamCount `json:"streams"`
 		}{r.Exit.API(), r.OutputComplete, r.Streams})
 	}
-	c.sayOOM(r.Exit)
+	c.sayOOM(r.Exit, onOOM)
 	if foreground && !r.OutputComplete {
 		return exitError{exitIncomplete}
 	}
@@ -258,9 +262,14 @@ func (c *cli) outcome(r client.Result, foreground bool) error {
 }
 
 // sayOOM tells the user when the out-of-memory killer ended the process:
-// its exit code (137) alone does not.
-func (c *cli) sayOOM(e client.Exit) {
-	if e.OOMKilled() {
+// its exit code (137) alone does not. In a sandbox that ends out of
+// memory (onOOM), the sandbox is being ended with it.
+func (c *cli) sayOOM(e client.Exit, onOOM string) {
+	switch {
+	case !e.OOMKilled():
+	case onOOM == api.OnOOMEndSandbox:
+		fmt.Fprintf(c.stderr, "kiln: the sandbox ran out of memory: the process was killed, and the sandbox is ended with every process in it\n%s\n", killProcessHint)
+	default:
 		fmt.Fprintln(c.stderr, "kiln: the process was killed out of memory: it reached the sandbox's memory limit")
 	}
 }
@@ -830,7 +839,7 @@ func (c *cli) waitCmd() *cobra.Command {
 				if c.json {
 					c.printJSON(r.Exit)
 				}
-				c.sayOOM(r.Exit)
+				c.sayOOM(r.Exit, p.Sandbox().Described.OnOOM)
 				if code := exitCode(r.Exit); code != 0 {
 					return exitError{code}
 				}
