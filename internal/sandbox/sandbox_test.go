@@ -387,18 +387,25 @@ func testInheritedDescriptorsStayOut(t *testing.T, runtime string) {
 // spawnerOf finds the sandbox's spawner: the agent's child of that name.
 func spawnerOf(t *testing.T, sb *sandbox.Sandbox) int {
 	t.Helper()
-	run(t, sb, "true") // it runs by now
-	// Each thread's children: any of the agent's threads may have forked it.
-	paths, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", sb.PID))
+	// A spawner with a short idle time may end between the run that
+	// starts it and the look (a slow machine's, an emulated one's): the
+	// next run starts it again.
 	var b []byte
-	for _, p := range paths {
-		c, _ := os.ReadFile(p)
-		b = append(b, c...)
-	}
-	for _, f := range strings.Fields(string(b)) {
-		if comm, _ := os.ReadFile("/proc/" + f + "/comm"); strings.TrimSpace(string(comm)) == "kiln-spawner" {
-			pid, _ := strconv.Atoi(f)
-			return pid
+	for range 5 {
+		run(t, sb, "true") // it runs by now
+		// Each thread's children: any of the agent's threads may have
+		// forked it.
+		paths, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", sb.PID))
+		b = b[:0]
+		for _, p := range paths {
+			c, _ := os.ReadFile(p)
+			b = append(b, c...)
+		}
+		for _, f := range strings.Fields(string(b)) {
+			if comm, _ := os.ReadFile("/proc/" + f + "/comm"); strings.TrimSpace(string(comm)) == "kiln-spawner" {
+				pid, _ := strconv.Atoi(f)
+				return pid
+			}
 		}
 	}
 	t.Fatalf("no spawner among the agent's children %q", b)
