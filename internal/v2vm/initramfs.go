@@ -31,7 +31,7 @@ var suites = []suite{
 	{Name: "sandbox", Package: "./internal/sandbox", Timeout: 5 * time.Minute,
 		Run: "^(TestMissingControllers|TestRefusedWithoutDelegation|TestLimits|TestCPULimit|TestOutOfMemoryNeverKillsTheAgent|TestOutOfMemoryEndsTheSandbox|TestPidsLimitCountsTheSandboxsOwn|TestStatsThisHost|TestTmpfsWithinTheMemoryLimit|TestSpawnerKilled|TestSpawnerStopsWhenIdle|TestProbes|TestIsolation)$/^(namespaces|watched|unwatched)$"},
 	{Name: "daemon", Package: "./internal/daemon", Timeout: 6 * time.Minute,
-		Run: "^(TestDeleteKeepsCapturedLogs|TestInitCommandEndsTheSandbox|TestAgentKilled|TestUnrecordedSandboxIsEnded|TestRestartWithoutLoss|TestKill9MidStream|TestLimitsSpareOtherSandboxes|TestOutOfMemory)$"},
+		Run: "^(TestDeleteKeepsCapturedLogs|TestInitCommandEndsTheSandbox|TestAgentKilled|TestUnrecordedSandboxIsEnded|TestRestartWithoutLoss|TestKill9MidStream|TestLimitsSpareOtherSandboxes)$"},
 }
 
 // modules are the kernel modules the guest loads, in order (Debian's
