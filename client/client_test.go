@@ -68,19 +68,7 @@ func startKilnd(t *testing.T) *daemontest.Kilnd {
 // startKilndOn is startKilnd with a TCP listener on listen too.
 func startKilndOn(t *testing.T, listen string) *daemontest.Kilnd {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("kilnd needs root")
-	}
-	k, err := daemontest.Start(t.TempDir(), listen)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := k.Close(); err != nil {
-			t.Errorf("kilnd: %v", err)
-		}
-	})
-	return k
+	return daemontest.StartT(t, listen)
 }
 
 // clientOf returns a client of the kilnd at state, and a sandbox.

@@ -169,16 +169,7 @@ func TestRunnableBlocks(t *testing.T) {
 // that previews have a host and port to be named by, on TCP.
 func kilnd(t *testing.T) *daemontest.Kilnd {
 	t.Helper()
-	k, err := daemontest.Start(t.TempDir(), "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := k.Close(); err != nil {
-			t.Errorf("kilnd: %v", err)
-		}
-	})
-	return k
+	return daemontest.StartT(t, "127.0.0.1:0")
 }
 
 // environ is this process's environment with $KILN_STATE_DIR naming k's

@@ -54,19 +54,7 @@ func kilnd(t *testing.T) string {
 // kilndOf is kilnd, the daemon itself.
 func kilndOf(t *testing.T) *daemontest.Kilnd {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("kilnd needs root")
-	}
-	k, err := daemontest.Start(t.TempDir(), "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := k.Close(); err != nil {
-			t.Errorf("kilnd: %v", err)
-		}
-	})
-	return k
+	return daemontest.StartT(t, "")
 }
 
 // kiln runs the command line and returns its exit code and output.

@@ -33,15 +33,7 @@ func TestExitCodes(t *testing.T) {
 		t.Skip("kilnd needs root")
 	}
 	addr := freeAddr(t)
-	k, err := daemontest.Start(t.TempDir(), addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := k.Close(); err != nil {
-			t.Errorf("kilnd: %v", err)
-		}
-	})
+	k := daemontest.StartT(t, addr)
 	state := k.State
 	_, out, _ := kiln(t, state, "", "sandbox", "create")
 	sb := strings.TrimSpace(out)

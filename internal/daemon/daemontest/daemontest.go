@@ -41,6 +41,26 @@ func Start(state, listen string) (*Kilnd, error) {
 	return StartConfig(daemon.Config{StateDir: state, Listen: listen})
 }
 
+// StartT is Start for a test: on a state directory of t's own, closed
+// when t ends (an error then fails t); t is skipped without root, which
+// kilnd needs.
+func StartT(t testing.TB, listen string) *Kilnd {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("kilnd needs root")
+	}
+	k, err := Start(t.TempDir(), listen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := k.Close(); err != nil {
+			t.Errorf("kilnd: %v", err)
+		}
+	})
+	return k
+}
+
 // StartConfig is Start with more of kilnd's configuration; what it leaves
 // out is the tests' (the agent the test binary, Env, runsc in PATH, the
 // instances' claims in the state directory, never the host's, and in a
