@@ -137,14 +137,11 @@ func (d *Daemon) Handler(tcp bool) http.Handler {
 	open := map[string]bool{}
 	for _, rt := range Routes {
 		key := strings.TrimSpace(rt.Method + " " + rt.Pattern)
-		m.Handle(key, handlers[key])
+		m.Handle(key, route(handlers[key]))
 		if rt.Open {
 			open[key] = true
 		}
 	}
-	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		reply.Error(w, errdefs.New(errdefs.ErrNotFound, fmt.Sprintf("kilnd: no route %s %s", r.Method, r.URL.Path)))
-	})
 	guarded := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !d.originAllowed(r) {
 			reply.Error(w, errdefs.New(errdefs.ErrPermissionDenied, "kilnd: origin "+api.Clip(r.Header.Get("Origin"))+" is not allowed (see --allow-origin)"))
@@ -171,7 +168,11 @@ func (d *Daemon) Handler(tcp bool) http.Handler {
 		}
 		// Set by kilnd alone, for the agent.
 		r.Header.Del(api.PrefixHeader)
-		m.ServeHTTP(w, r)
+		if h, _ := m.Handler(r); isRoute(h) {
+			m.ServeHTTP(w, r) // which sets the path's values
+			return
+		}
+		noRoute(w, r, m)
 	})
 	withCORS := d.cors().Handler(guarded)
 	previews := d.previewHandler()
@@ -194,6 +195,39 @@ func (d *Daemon) Handler(tcp bool) http.Handler {
 		}
 		withCORS.ServeHTTP(w, r)
 	}))
+}
+
+// route marks the handlers of kilnd's routes, to tell them from the
+// ones a ServeMux makes itself when no route matches: its 404, its 405
+// and its redirects to a path with a slash added.
+type route http.HandlerFunc
+
+func (h route) ServeHTTP(w http.ResponseWriter, r *http.Request) { h(w, r) }
+
+func isRoute(h http.Handler) bool {
+	_, ok := h.(route)
+	return ok
+}
+
+// noRoute answers a request that no route takes: 405 with the methods
+// the path has in Allow, as HTTP asks, or 404; in the API's error shape,
+// and never a redirect (a client that follows one would call another
+// route than it named).
+func noRoute(w http.ResponseWriter, r *http.Request, m *http.ServeMux) {
+	var allow []string
+	for _, method := range []string{"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"} {
+		probe := *r
+		probe.Method = method
+		if h, _ := m.Handler(&probe); isRoute(h) {
+			allow = append(allow, method)
+		}
+	}
+	if len(allow) == 0 {
+		reply.Error(w, errdefs.New(errdefs.ErrNotFound, fmt.Sprintf("kilnd: no route %s %s", r.Method, api.Clip(r.URL.Path))))
+		return
+	}
+	w.Header().Set("Allow", strings.Join(allow, ", "))
+	reply.Error(w, errdefs.New(errdefs.ErrMethodNotAllowed, fmt.Sprintf("kilnd: %s %s: this path takes %s", r.Method, api.Clip(r.URL.Path), strings.Join(allow, ", "))))
 }
 
 // cors lets the pages of the origins kilnd allows (its own and
@@ -236,7 +270,8 @@ func (d *Daemon) createHandler(w http.ResponseWriter, r *http.Request) {
 		reply.Error(w, err)
 		return
 	}
-	reply.JSON(w, http.StatusOK, info)
+	w.Header().Set("Location", "/sandboxes/"+info.ID)
+	reply.JSON(w, http.StatusCreated, info)
 }
 
 // decodeBody is the one request decoder (decode.Body), by the name

@@ -136,7 +136,7 @@ export interface paths {
             header?: never;
             path: {
                 /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
-                id: components["parameters"]["Sandbox"];
+                id: components["parameters"]["SandboxID"];
             };
             cookie?: never;
         };
@@ -160,7 +160,7 @@ export interface paths {
             header?: never;
             path: {
                 /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
-                id: components["parameters"]["Sandbox"];
+                id: components["parameters"]["SandboxID"];
             };
             cookie?: never;
         };
@@ -180,7 +180,7 @@ export interface paths {
             header?: never;
             path: {
                 /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
-                id: components["parameters"]["Sandbox"];
+                id: components["parameters"]["SandboxID"];
             };
             cookie?: never;
         };
@@ -206,7 +206,7 @@ export interface paths {
             header?: never;
             path: {
                 /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
-                id: components["parameters"]["Sandbox"];
+                id: components["parameters"]["SandboxID"];
             };
             cookie?: never;
         };
@@ -227,8 +227,8 @@ export interface paths {
             header?: never;
             path: {
                 /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
-                id: components["parameters"]["Sandbox"];
-                pid: components["parameters"]["Process"];
+                id: components["parameters"]["SandboxID"];
+                pid: components["parameters"]["ProcessID"];
             };
             cookie?: never;
         };
@@ -249,8 +249,8 @@ export interface paths {
             header?: never;
             path: {
                 /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
-                id: components["parameters"]["Sandbox"];
-                pid: components["parameters"]["Process"];
+                id: components["parameters"]["SandboxID"];
+                pid: components["parameters"]["ProcessID"];
             };
             cookie?: never;
         };
@@ -270,8 +270,8 @@ export interface paths {
             header?: never;
             path: {
                 /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
-                id: components["parameters"]["Sandbox"];
-                pid: components["parameters"]["Process"];
+                id: components["parameters"]["SandboxID"];
+                pid: components["parameters"]["ProcessID"];
             };
             cookie?: never;
         };
@@ -291,8 +291,8 @@ export interface paths {
             header?: never;
             path: {
                 /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
-                id: components["parameters"]["Sandbox"];
-                pid: components["parameters"]["Process"];
+                id: components["parameters"]["SandboxID"];
+                pid: components["parameters"]["ProcessID"];
             };
             cookie?: never;
         };
@@ -312,8 +312,8 @@ export interface paths {
             header?: never;
             path: {
                 /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
-                id: components["parameters"]["Sandbox"];
-                pid: components["parameters"]["Process"];
+                id: components["parameters"]["SandboxID"];
+                pid: components["parameters"]["ProcessID"];
             };
             cookie?: never;
         };
@@ -333,8 +333,8 @@ export interface paths {
             header?: never;
             path: {
                 /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
-                id: components["parameters"]["Sandbox"];
-                pid: components["parameters"]["Process"];
+                id: components["parameters"]["SandboxID"];
+                pid: components["parameters"]["ProcessID"];
             };
             cookie?: never;
         };
@@ -354,8 +354,8 @@ export interface paths {
             header?: never;
             path: {
                 /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
-                id: components["parameters"]["Sandbox"];
-                pid: components["parameters"]["Process"];
+                id: components["parameters"]["SandboxID"];
+                pid: components["parameters"]["ProcessID"];
             };
             cookie?: never;
         };
@@ -378,8 +378,8 @@ export interface paths {
             header?: never;
             path: {
                 /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
-                id: components["parameters"]["Sandbox"];
-                pid: components["parameters"]["Process"];
+                id: components["parameters"]["SandboxID"];
+                pid: components["parameters"]["ProcessID"];
             };
             cookie?: never;
         };
@@ -429,7 +429,7 @@ export interface paths {
             header?: never;
             path: {
                 /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
-                id: components["parameters"]["Sandbox"];
+                id: components["parameters"]["SandboxID"];
             };
             cookie?: never;
         };
@@ -449,8 +449,8 @@ export interface paths {
             header?: never;
             path: {
                 /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
-                id: components["parameters"]["Sandbox"];
-                pid: components["parameters"]["Process"];
+                id: components["parameters"]["SandboxID"];
+                pid: components["parameters"]["ProcessID"];
             };
             cookie?: never;
         };
@@ -478,7 +478,7 @@ export interface paths {
             header?: never;
             path: {
                 /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
-                id: components["parameters"]["Sandbox"];
+                id: components["parameters"]["SandboxID"];
                 /** @description the absolute path inside the sandbox without its leading slash (files/workspace/a.txt is /workspace/a.txt); its slashes are the path's, each segment escaped; it must be clean (no "..", "." or empty segment) */
                 path: string;
             };
@@ -524,7 +524,7 @@ export interface paths {
             header?: never;
             path: {
                 /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
-                id: components["parameters"]["Sandbox"];
+                id: components["parameters"]["SandboxID"];
             };
             cookie?: never;
         };
@@ -567,7 +567,7 @@ export interface paths {
             header?: never;
             path: {
                 /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
-                id: components["parameters"]["Sandbox"];
+                id: components["parameters"]["SandboxID"];
                 port: number;
                 /** @description the app's path, its slashes its own */
                 path: string;
@@ -599,7 +599,7 @@ export interface paths {
             header?: never;
             path: {
                 /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
-                id: components["parameters"]["Sandbox"];
+                id: components["parameters"]["SandboxID"];
                 port: number;
             };
             cookie?: never;
@@ -620,7 +620,7 @@ export interface paths {
             header?: never;
             path: {
                 /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
-                id: components["parameters"]["Sandbox"];
+                id: components["parameters"]["SandboxID"];
             };
             cookie?: never;
         };
@@ -641,7 +641,7 @@ export interface paths {
             header?: never;
             path: {
                 /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
-                id: components["parameters"]["Sandbox"];
+                id: components["parameters"]["SandboxID"];
                 preview: string;
             };
             cookie?: never;
@@ -1264,8 +1264,8 @@ export interface components {
     };
     parameters: {
         /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
-        Sandbox: string;
-        Process: string;
+        SandboxID: string;
+        ProcessID: string;
     };
     requestBodies: never;
     headers: never;
@@ -1444,8 +1444,10 @@ export interface operations {
         };
         responses: {
             /** @description the sandbox, running */
-            200: {
+            201: {
                 headers: {
+                    /** @description the sandbox's path, /sandboxes/{id} */
+                    Location?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1469,7 +1471,7 @@ export interface operations {
             header?: never;
             path: {
                 /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
-                id: components["parameters"]["Sandbox"];
+                id: components["parameters"]["SandboxID"];
             };
             cookie?: never;
         };
@@ -1498,7 +1500,7 @@ export interface operations {
             header?: never;
             path: {
                 /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
-                id: components["parameters"]["Sandbox"];
+                id: components["parameters"]["SandboxID"];
             };
             cookie?: never;
         };
@@ -1523,7 +1525,7 @@ export interface operations {
             header?: never;
             path: {
                 /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
-                id: components["parameters"]["Sandbox"];
+                id: components["parameters"]["SandboxID"];
             };
             cookie?: never;
         };
@@ -1550,7 +1552,7 @@ export interface operations {
             header?: never;
             path: {
                 /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
-                id: components["parameters"]["Sandbox"];
+                id: components["parameters"]["SandboxID"];
             };
             cookie?: never;
         };
@@ -1585,7 +1587,7 @@ export interface operations {
             header?: never;
             path: {
                 /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
-                id: components["parameters"]["Sandbox"];
+                id: components["parameters"]["SandboxID"];
             };
             cookie?: never;
         };
@@ -1615,7 +1617,7 @@ export interface operations {
             header?: never;
             path: {
                 /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
-                id: components["parameters"]["Sandbox"];
+                id: components["parameters"]["SandboxID"];
             };
             cookie?: never;
         };
@@ -1650,8 +1652,8 @@ export interface operations {
             header?: never;
             path: {
                 /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
-                id: components["parameters"]["Sandbox"];
-                pid: components["parameters"]["Process"];
+                id: components["parameters"]["SandboxID"];
+                pid: components["parameters"]["ProcessID"];
             };
             cookie?: never;
         };
@@ -1681,8 +1683,8 @@ export interface operations {
             header?: never;
             path: {
                 /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
-                id: components["parameters"]["Sandbox"];
-                pid: components["parameters"]["Process"];
+                id: components["parameters"]["SandboxID"];
+                pid: components["parameters"]["ProcessID"];
             };
             cookie?: never;
         };
@@ -1712,8 +1714,8 @@ export interface operations {
             header?: never;
             path: {
                 /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
-                id: components["parameters"]["Sandbox"];
-                pid: components["parameters"]["Process"];
+                id: components["parameters"]["SandboxID"];
+                pid: components["parameters"]["ProcessID"];
             };
             cookie?: never;
         };
@@ -1743,8 +1745,8 @@ export interface operations {
             header?: never;
             path: {
                 /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
-                id: components["parameters"]["Sandbox"];
-                pid: components["parameters"]["Process"];
+                id: components["parameters"]["SandboxID"];
+                pid: components["parameters"]["ProcessID"];
             };
             cookie?: never;
         };
@@ -1779,8 +1781,8 @@ export interface operations {
             header?: never;
             path: {
                 /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
-                id: components["parameters"]["Sandbox"];
-                pid: components["parameters"]["Process"];
+                id: components["parameters"]["SandboxID"];
+                pid: components["parameters"]["ProcessID"];
             };
             cookie?: never;
         };
@@ -1815,8 +1817,8 @@ export interface operations {
             header?: never;
             path: {
                 /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
-                id: components["parameters"]["Sandbox"];
-                pid: components["parameters"]["Process"];
+                id: components["parameters"]["SandboxID"];
+                pid: components["parameters"]["ProcessID"];
             };
             cookie?: never;
         };
@@ -1844,8 +1846,8 @@ export interface operations {
             header?: never;
             path: {
                 /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
-                id: components["parameters"]["Sandbox"];
-                pid: components["parameters"]["Process"];
+                id: components["parameters"]["SandboxID"];
+                pid: components["parameters"]["ProcessID"];
             };
             cookie?: never;
         };
@@ -1878,8 +1880,8 @@ export interface operations {
             header?: never;
             path: {
                 /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
-                id: components["parameters"]["Sandbox"];
-                pid: components["parameters"]["Process"];
+                id: components["parameters"]["SandboxID"];
+                pid: components["parameters"]["ProcessID"];
             };
             cookie?: never;
         };
@@ -1921,8 +1923,8 @@ export interface operations {
             header?: never;
             path: {
                 /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
-                id: components["parameters"]["Sandbox"];
-                pid: components["parameters"]["Process"];
+                id: components["parameters"]["SandboxID"];
+                pid: components["parameters"]["ProcessID"];
             };
             cookie?: never;
         };
@@ -1960,7 +1962,7 @@ export interface operations {
             header?: never;
             path: {
                 /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
-                id: components["parameters"]["Sandbox"];
+                id: components["parameters"]["SandboxID"];
             };
             cookie?: never;
         };
@@ -1999,8 +2001,8 @@ export interface operations {
             header?: never;
             path: {
                 /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
-                id: components["parameters"]["Sandbox"];
-                pid: components["parameters"]["Process"];
+                id: components["parameters"]["SandboxID"];
+                pid: components["parameters"]["ProcessID"];
             };
             cookie?: never;
         };
@@ -2038,7 +2040,7 @@ export interface operations {
             header?: never;
             path: {
                 /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
-                id: components["parameters"]["Sandbox"];
+                id: components["parameters"]["SandboxID"];
                 /** @description the absolute path inside the sandbox without its leading slash (files/workspace/a.txt is /workspace/a.txt); its slashes are the path's, each segment escaped; it must be clean (no "..", "." or empty segment) */
                 path: string;
             };
@@ -2101,7 +2103,7 @@ export interface operations {
             header?: never;
             path: {
                 /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
-                id: components["parameters"]["Sandbox"];
+                id: components["parameters"]["SandboxID"];
                 /** @description the absolute path inside the sandbox without its leading slash (files/workspace/a.txt is /workspace/a.txt); its slashes are the path's, each segment escaped; it must be clean (no "..", "." or empty segment) */
                 path: string;
             };
@@ -2145,7 +2147,7 @@ export interface operations {
             header?: never;
             path: {
                 /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
-                id: components["parameters"]["Sandbox"];
+                id: components["parameters"]["SandboxID"];
                 /** @description the absolute path inside the sandbox without its leading slash (files/workspace/a.txt is /workspace/a.txt); its slashes are the path's, each segment escaped; it must be clean (no "..", "." or empty segment) */
                 path: string;
             };
@@ -2189,7 +2191,7 @@ export interface operations {
             header?: never;
             path: {
                 /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
-                id: components["parameters"]["Sandbox"];
+                id: components["parameters"]["SandboxID"];
                 /** @description the absolute path inside the sandbox without its leading slash (files/workspace/a.txt is /workspace/a.txt); its slashes are the path's, each segment escaped; it must be clean (no "..", "." or empty segment) */
                 path: string;
             };
@@ -2222,7 +2224,7 @@ export interface operations {
             header?: never;
             path: {
                 /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
-                id: components["parameters"]["Sandbox"];
+                id: components["parameters"]["SandboxID"];
             };
             cookie?: never;
         };
@@ -2259,7 +2261,7 @@ export interface operations {
             header?: never;
             path: {
                 /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
-                id: components["parameters"]["Sandbox"];
+                id: components["parameters"]["SandboxID"];
             };
             cookie?: never;
         };
@@ -2295,7 +2297,7 @@ export interface operations {
             header?: never;
             path: {
                 /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
-                id: components["parameters"]["Sandbox"];
+                id: components["parameters"]["SandboxID"];
                 port: number;
                 /** @description the app's path, its slashes its own */
                 path: string;
@@ -2327,7 +2329,7 @@ export interface operations {
             header?: never;
             path: {
                 /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
-                id: components["parameters"]["Sandbox"];
+                id: components["parameters"]["SandboxID"];
                 port: number;
                 /** @description the app's path, its slashes its own */
                 path: string;
@@ -2352,7 +2354,7 @@ export interface operations {
             header?: never;
             path: {
                 /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
-                id: components["parameters"]["Sandbox"];
+                id: components["parameters"]["SandboxID"];
                 port: number;
             };
             cookie?: never;
@@ -2381,7 +2383,7 @@ export interface operations {
             header?: never;
             path: {
                 /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
-                id: components["parameters"]["Sandbox"];
+                id: components["parameters"]["SandboxID"];
             };
             cookie?: never;
         };
@@ -2408,7 +2410,7 @@ export interface operations {
             header?: never;
             path: {
                 /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
-                id: components["parameters"]["Sandbox"];
+                id: components["parameters"]["SandboxID"];
             };
             cookie?: never;
         };
@@ -2441,7 +2443,7 @@ export interface operations {
             header?: never;
             path: {
                 /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
-                id: components["parameters"]["Sandbox"];
+                id: components["parameters"]["SandboxID"];
                 preview: string;
             };
             cookie?: never;
