@@ -580,7 +580,24 @@ type CreateSandbox struct {
 	// OnOOM is what happens past the memory limit: OnOOMEndSandbox (the
 	// default) or OnOOMKillProcess (the namespaces runtime only).
 	OnOOM string `json:"on_oom,omitempty"`
+	// Labels are the caller's own key=value pairs, kept with the sandbox
+	// and matched by GET /sandboxes?label=: at most MaxLabels, each key
+	// 1 to MaxLabelKeyLen of a-z, A-Z, 0-9, '.', '_', '-' and '/' (a
+	// letter or digit first), each value at most MaxLabelValueLen bytes
+	// of UTF-8 without control characters.
+	Labels map[string]string `json:"labels,omitempty"`
 }
+
+// NextCursorHeader carries, on a page of GET /sandboxes?limit=, the
+// cursor of the page after it; absent on the last.
+const NextCursorHeader = "Kiln-Next-Cursor"
+
+// The bounds of a sandbox's labels.
+const (
+	MaxLabels        = 64
+	MaxLabelKeyLen   = 128
+	MaxLabelValueLen = 256
+)
 
 // What happens to a sandbox past its memory limit (CreateSandbox.OnOOM).
 const (
@@ -674,6 +691,8 @@ type Sandbox struct {
 	// and ImageID that image's ID.
 	Image   string `json:"image,omitempty"`
 	ImageID string `json:"image_id,omitempty"`
+	// Labels are those it was created with.
+	Labels map[string]string `json:"labels,omitempty"`
 }
 
 // SandboxStats are a running sandbox's resource figures, read from its

@@ -356,6 +356,35 @@ func (c *Client) Sandboxes(ctx context.Context) ([]api.Sandbox, error) {
 	return out, c.call(ctx, "GET", "/sandboxes", nil, nil, &out, true)
 }
 
+// SandboxFilter chooses sandboxes for SandboxesWhere: each field left
+// empty chooses all.
+type SandboxFilter struct {
+	// Labels must each match: "KEY" (the sandbox has the label) or
+	// "KEY=VALUE".
+	Labels                      []string
+	Name, State, Image, Runtime string
+	// All takes the deleted sandboxes whose records kilnd keeps in too.
+	All bool
+}
+
+// SandboxesWhere lists the sandboxes f chooses, oldest first.
+func (c *Client) SandboxesWhere(ctx context.Context, f SandboxFilter) ([]api.Sandbox, error) {
+	q := url.Values{}
+	for k, v := range map[string]string{"name": f.Name, "state": f.State, "image": f.Image, "runtime": f.Runtime} {
+		if v != "" {
+			q.Set(k, v)
+		}
+	}
+	if f.All {
+		q.Set("all", "true")
+	}
+	if len(f.Labels) > 0 {
+		q["label"] = f.Labels
+	}
+	var out []api.Sandbox
+	return out, c.call(ctx, "GET", "/sandboxes", q, nil, &out, true)
+}
+
 // Health says kilnd answers: nil when it does.
 func (c *Client) Health(ctx context.Context) error {
 	return c.call(ctx, "GET", "/healthz", nil, nil, nil, true)

@@ -90,9 +90,7 @@ func (d *Daemon) Handler(tcp bool) http.Handler {
 		},
 		"GET /metrics":    d.metrics.handler.ServeHTTP,
 		"POST /sandboxes": d.createHandler,
-		"GET /sandboxes": func(w http.ResponseWriter, r *http.Request) {
-			reply.JSON(w, http.StatusOK, d.List())
-		},
+		"GET /sandboxes":  d.listHandler,
 		"GET /sandboxes/{id}": func(w http.ResponseWriter, r *http.Request) {
 			e, err := d.get(r.PathValue("id"))
 			if err != nil {
@@ -272,6 +270,85 @@ func (d *Daemon) createHandler(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Location", "/sandboxes/"+info.ID)
 	reply.JSON(w, http.StatusCreated, info)
+}
+
+// MaxListLimit bounds GET /sandboxes?limit=.
+const MaxListLimit = 1000
+
+// listHandler answers GET /sandboxes: the sandboxes its query chooses
+// (label, name, state, image, runtime; all for the deleted ones kept
+// too), a page of limit at a time, the next page's cursor in
+// Kiln-Next-Cursor and a Link header.
+func (d *Daemon) listHandler(w http.ResponseWriter, r *http.Request) {
+	s, err := selectionOf(r.URL.Query())
+	if err != nil {
+		reply.Error(w, err)
+		return
+	}
+	list, next := d.Select(s)
+	if next != "" {
+		q := r.URL.Query()
+		q.Set("cursor", next)
+		w.Header().Set(api.NextCursorHeader, next)
+		w.Header().Set("Link", "<"+r.URL.Path+"?"+q.Encode()+`>; rel="next"`)
+	}
+	reply.JSON(w, http.StatusOK, list)
+}
+
+// selectionOf reads a list's query. A parameter it does not know is
+// refused, so that a misspelt filter does not list everything.
+func selectionOf(q url.Values) (Selection, error) {
+	var s Selection
+	invalid := func(format string, a ...any) (Selection, error) {
+		return Selection{}, fmt.Errorf("%w: "+format, append([]any{errdefs.ErrInvalidArgument}, a...)...)
+	}
+	for k, vs := range q {
+		if len(vs) > 1 && k != "label" {
+			return invalid("%s given %d times: want it once", api.Clip(k), len(vs))
+		}
+		v := vs[0]
+		switch k {
+		case "label":
+			if len(vs) > api.MaxLabels {
+				return invalid("label given %d times: want at most %d", len(vs), api.MaxLabels)
+			}
+			for _, l := range vs {
+				if key, _, _ := strings.Cut(l, "="); !isLabelKey(key) {
+					return invalid("label %q: want KEY or KEY=VALUE, KEY 1 to %d of a-z, A-Z, 0-9, '.', '_', '-' and '/'", api.Clip(l), api.MaxLabelKeyLen)
+				}
+			}
+			s.Labels = vs
+		case "name":
+			s.Name = v
+		case "image":
+			s.Image = v
+		case "runtime":
+			s.Runtime = v
+		case "state":
+			if v != StateRunning && v != StateStopped && v != StateDeleted {
+				return invalid("state %q: want %s, %s or %s", api.Clip(v), StateRunning, StateStopped, StateDeleted)
+			}
+			s.State = v
+			s.Deleted = s.Deleted || v == StateDeleted
+		case "all":
+			all, err := strconv.ParseBool(v)
+			if err != nil {
+				return invalid("all %q: want true or false", api.Clip(v))
+			}
+			s.Deleted = s.Deleted || all
+		case "limit":
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 || n > MaxListLimit {
+				return invalid("limit %q: want 1 to %d", api.Clip(v), MaxListLimit)
+			}
+			s.Limit = n
+		case "cursor":
+			s.After = v
+		default:
+			return invalid("no list parameter %q: want label, name, state, image, runtime, all, limit or cursor", api.Clip(k))
+		}
+	}
+	return s, nil
 }
 
 // decodeBody is the one request decoder (decode.Body), by the name

@@ -102,7 +102,8 @@ func (d *Daemon) infoOf(e *entry) Info {
 func (e *entry) info() Info {
 	i := Info{ID: e.rec.ID, Name: e.rec.Name, State: e.rec.State, CreatedAt: e.rec.CreatedAt, StoppedAt: e.rec.StoppedAt,
 		Hostname: e.rec.Hostname, Rootfs: e.rec.Rootfs, Image: e.rec.Image, ImageID: e.rec.ImageID, Limits: e.rec.Limits, Reason: e.rec.Reason,
-		Exit: e.rec.Exit, IdleTimeoutSeconds: e.rec.IdleTimeout, Runtime: runtimeOf(e.rec), OnOOM: onOOMOf(e.rec)}
+		Exit: e.rec.Exit, IdleTimeoutSeconds: e.rec.IdleTimeout, Runtime: runtimeOf(e.rec), OnOOM: onOOMOf(e.rec),
+		Labels: e.rec.Labels}
 	if e.rec.State == StateRunning && e.sb != nil {
 		i.AgentPID = e.sb.AgentPID()
 	}
@@ -151,7 +152,7 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	began := time.Now()
 	rec := record{ID: id, Name: req.Name, State: StateRunning, CreatedAt: began.UTC(), Hostname: req.Hostname,
 		Rootfs: req.Rootfs, Limits: limits, Init: req.Init, IdleTimeout: req.IdleTimeoutSeconds,
-		Runtime: backend.Name(), Disk: diskImage, OnOOM: cmp.Or(req.OnOOM, api.OnOOMEndSandbox)}
+		Runtime: backend.Name(), Disk: diskImage, OnOOM: cmp.Or(req.OnOOM, api.OnOOMEndSandbox), Labels: req.Labels}
 	if req.Image != "" {
 		rec.Image, rec.ImageID = req.Image, img.ID
 	}

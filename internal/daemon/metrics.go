@@ -4,8 +4,10 @@ import (
 	"bufio"
 	"context"
 	"io"
+	"maps"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -69,7 +71,7 @@ func newMetrics(d *Daemon) *metrics {
 	m := &metrics{
 		requests: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "kilnd_api_request_duration_seconds",
-			Help:    "Time kilnd took to answer API requests, by route (the pattern matched, \"none\" for a request refused before routing), method (OTHER for a method HTTP does not define) and status code; a WebSocket is counted when it switches protocols (code 101), the time until then.",
+			Help:    "Time kilnd took to answer API requests, by route (the pattern matched, \"none\" for a request that no pattern matched or that was refused before routing), method (OTHER for a method HTTP does not define) and status code; a WebSocket is counted when it switches protocols (code 101), the time until then.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 4, 10),
 		}, []string{"route", "method", "code"}),
 		creates: prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -125,9 +127,66 @@ func newMetrics(d *Daemon) *metrics {
 				ch <- prometheus.MustNewConstMetric(sandboxes, prometheus.GaugeValue, float64(n), state)
 			}
 		}},
-		sandboxCollector(d))
+		sandboxCollector(d), sandboxInfo(d))
 	m.handler = promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
 	return m
+}
+
+// sandboxInfo is kilnd_sandbox_info: a series of value 1 for each
+// sandbox not deleted, labelled with what people know it by (its id as
+// sandbox, as every per-sandbox series has it, its name, image, runtime
+// and state) and each of its labels as label_KEY, so that a query joins
+// names and labels to any per-sandbox series:
+//
+//	kilnd_sandbox_memory_bytes * on(sandbox) group_left(name) kilnd_sandbox_info
+//
+// Each scrape's series all carry the labels' keys of every sandbox (empty
+// where one has not that label), as a metric family's series must; a key
+// whose name in Prometheus's alphabet another key has already taken gets
+// _2, _3, … after it. It describes nothing ahead, since its labels change
+// with the sandboxes.
+func sandboxInfo(d *Daemon) prometheus.Collector {
+	return collectorFunc{collect: func(ch chan<- prometheus.Metric) {
+		d.mu.Lock()
+		recs := make([]record, 0, len(d.live))
+		for _, id := range d.live {
+			recs = append(recs, d.sandboxes[id].rec)
+		}
+		d.mu.Unlock()
+		keys := map[string]bool{}
+		for _, rec := range recs {
+			for k := range rec.Labels {
+				keys[k] = true
+			}
+		}
+		names := []string{"sandbox", "name", "image", "runtime", "state"}
+		taken := map[string]bool{}
+		for _, n := range names {
+			taken[n] = true
+		}
+		sorted := slices.Sorted(maps.Keys(keys))
+		for _, k := range sorted {
+			n := "label_" + strings.Map(func(r rune) rune {
+				if isAlnum(r) || r == '_' {
+					return r
+				}
+				return '_'
+			}, k)
+			for i, base := 2, n; taken[n]; i++ {
+				n = base + "_" + strconv.Itoa(i)
+			}
+			taken[n] = true
+			names = append(names, n)
+		}
+		desc := prometheus.NewDesc("kilnd_sandbox_info", "A sandbox not deleted, by what people know it by: its id (sandbox), name, image, runtime, state and its labels (label_KEY); always 1.", names, nil)
+		for _, rec := range recs {
+			values := []string{rec.ID, rec.Name, rec.Image, runtimeOf(rec), rec.State}
+			for _, k := range sorted {
+				values = append(values, rec.Labels[k])
+			}
+			ch <- prometheus.MustNewConstMetric(desc, prometheus.GaugeValue, 1, values...)
+		}
+	}}
 }
 
 // buildInfo is kilnd_build_info: which kilnd this is, as GET /version

@@ -139,7 +139,7 @@ func TestSandboxMetrics(t *testing.T) {
 	k.do("BREW", "/sandboxes/"+big.ID, k.d.Token(), nil) // a method of a client's making
 	k.do("GET", "/sandboxes/"+big.ID, "", nil)           // refused before routing: no token
 	body = k.scrape()
-	if v, ok := sample(body, "kilnd_api_request_duration_seconds_count", `route="/"`, `method="OTHER"`, `code="404"`); !ok || v != 1 {
+	if v, ok := sample(body, "kilnd_api_request_duration_seconds_count", `route="none"`, `method="OTHER"`, `code="405"`); !ok || v != 1 {
 		t.Errorf("a BREW answered %v times (%v): %s", v, ok, grepLines(body, `method="OTHER"`))
 	}
 	if v, ok := sample(body, "kilnd_api_request_duration_seconds_count", `route="none"`, `method="GET"`, `code="401"`); !ok || v != 1 {

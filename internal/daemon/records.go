@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http/httputil"
 	"os"
 	"path/filepath"
@@ -62,6 +63,8 @@ type record struct {
 	// OnOOM is what happens to it past its memory limit (api.OnOOM*;
 	// empty in records older than the choice: see onOOMOf).
 	OnOOM string `json:"on_oom,omitempty"`
+	// Labels are the caller's own, as the create gave them.
+	Labels map[string]string `json:"labels,omitempty"`
 }
 
 // onOOMOf is what happens to rec's sandbox past its memory limit. A
@@ -361,27 +364,82 @@ func (d *Daemon) get(ref string) (*entry, error) {
 }
 
 // List returns every sandbox not deleted, oldest first.
+func (d *Daemon) List() []Info {
+	list, _ := d.Select(Selection{})
+	return list
+}
+
+// Selection chooses sandboxes for Select: each field left empty chooses
+// all.
+type Selection struct {
+	// Labels must each match: "KEY" (the sandbox has the label) or
+	// "KEY=VALUE".
+	Labels                      []string
+	Name, State, Image, Runtime string
+	// Deleted takes in the deleted sandboxes whose records are kept
+	// (kilnd --keep-deleted).
+	Deleted bool
+	// After, a cursor Select gave, starts after the sandbox it names;
+	// Limit, when not 0, is the most it returns.
+	After string
+	Limit int
+}
+
+// matches reports whether rec is chosen by s, its state aside.
+func (s Selection) matches(rec record) bool {
+	if s.Name != "" && rec.Name != s.Name || s.Runtime != "" && runtimeOf(rec) != s.Runtime {
+		return false
+	}
+	if s.Image != "" && rec.Image != s.Image && rec.ImageID != s.Image && !strings.HasPrefix(rec.ImageID, "sha256:"+s.Image) {
+		return false
+	}
+	for _, l := range s.Labels {
+		k, v, hasValue := strings.Cut(l, "=")
+		got, ok := rec.Labels[k]
+		if !ok || hasValue && got != v {
+			return false
+		}
+	}
+	return true
+}
+
+// Select returns the sandboxes s chooses, oldest first, and the cursor
+// of the page after them ("" when there is none).
 //
 // It takes d.mu twice whatever the count: once for the entries, once for
 // their infos. Between the two, outside the lock, it asks each running
 // sandbox whether its agent lives (a read of /proc each): one whose agent
 // died is recorded stopped, as get does, so that a list never shows it
 // running.
-func (d *Daemon) List() []Info {
+func (d *Daemon) Select(s Selection) ([]Info, string) {
 	type seen struct {
 		e    *entry
 		sb   sandbox.Instance // when running and not being deleted
 		dead bool
 	}
 	d.mu.Lock()
-	all := make([]seen, 0, len(d.live))
-	for _, id := range d.live {
-		e := d.sandboxes[id]
-		s := seen{e: e}
-		if e.rec.State == StateRunning && !e.deleting {
-			s.sb = e.sb
+	ids := d.live
+	if s.Deleted {
+		ids = slices.Sorted(maps.Keys(d.sandboxes))
+	}
+	if s.After != "" {
+		i, found := slices.BinarySearch(ids, s.After)
+		if found {
+			i++
 		}
-		all = append(all, s)
+		ids = ids[i:]
+	}
+	var all []seen
+	for _, id := range ids {
+		e := d.sandboxes[id]
+		if !s.matches(e.rec) {
+			continue
+		}
+		c := seen{e: e}
+		if e.rec.State == StateRunning && !e.deleting {
+			c.sb = e.sb
+		}
+		all = append(all, c)
 	}
 	d.mu.Unlock()
 	for i := range all {
@@ -391,19 +449,25 @@ func (d *Daemon) List() []Info {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	out := make([]Info, 0, len(all))
-	for _, s := range all {
-		e := s.e
-		if e.rec.State == StateDeleted {
+	out := []Info{}
+	for _, c := range all {
+		e := c.e
+		if e.rec.State == StateDeleted && !s.Deleted {
 			continue // deleted meanwhile
 		}
-		if s.dead && e.rec.State == StateRunning && e.sb == s.sb && !e.deleting {
+		if c.dead && e.rec.State == StateRunning && e.sb == c.sb && !e.deleting {
 			d.stopped(e, agentExited(e.sb))
 			e.proxy = nil
 		}
+		if s.State != "" && e.rec.State != s.State {
+			continue
+		}
+		if s.Limit > 0 && len(out) == s.Limit {
+			return out, out[len(out)-1].ID
+		}
 		out = append(out, e.info())
 	}
-	return out
+	return out, ""
 }
 
 // runtimeOf is the runtime that made a sandbox.

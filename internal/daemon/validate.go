@@ -5,6 +5,8 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"unicode"
+	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
 
@@ -97,7 +99,42 @@ func validateCreate(req CreateRequest, limits api.Limits) error {
 			return err
 		}
 	}
+	if err := validateLabels(req.Labels); err != nil {
+		return err
+	}
 	return egress.Validate(req.Network)
+}
+
+// validateLabels checks a create's labels against api.MaxLabels and the
+// lengths and characters the API documents.
+func validateLabels(labels map[string]string) error {
+	if len(labels) > api.MaxLabels {
+		return fmt.Errorf("%w: labels: %d of them: want at most %d", errdefs.ErrInvalidArgument, len(labels), api.MaxLabels)
+	}
+	for k, v := range labels {
+		if !isLabelKey(k) {
+			return fmt.Errorf("%w: labels: key %q: want 1 to %d of a-z, A-Z, 0-9, '.', '_', '-' and '/', a letter or digit first", errdefs.ErrInvalidArgument, api.Clip(k), api.MaxLabelKeyLen)
+		}
+		if len(v) > api.MaxLabelValueLen || !utf8.ValidString(v) || strings.ContainsFunc(v, unicode.IsControl) {
+			return fmt.Errorf("%w: labels: the value of %s (%d bytes): want at most %d bytes of UTF-8 without control characters", errdefs.ErrInvalidArgument, k, len(v), api.MaxLabelValueLen)
+		}
+	}
+	return nil
+}
+
+// isLabelKey reports whether s may be a label's key: one a filter
+// (label=KEY=VALUE) and a metric's label can carry as it is.
+func isLabelKey(s string) bool {
+	if len(s) < 1 || len(s) > api.MaxLabelKeyLen || !isAlnum(rune(s[0])) {
+		return false
+	}
+	return !strings.ContainsFunc(s, func(r rune) bool {
+		return !(isAlnum(r) || r == '.' || r == '_' || r == '-' || r == '/')
+	})
+}
+
+func isAlnum(r rune) bool {
+	return r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z'
 }
 
 // ValidateLogs checks a log rotation: each field zero (the default) or

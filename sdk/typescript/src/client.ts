@@ -31,6 +31,17 @@ type Schemas = components["schemas"];
 export type SandboxInfo = Schemas["Sandbox"];
 /** What a sandbox is created with (the body of POST /sandboxes). */
 export type SandboxOptions = Schemas["CreateSandbox"];
+
+/** What Sandboxes.list chooses by; each left out chooses all. */
+export interface SandboxFilter {
+  label?: string | readonly string[] | Readonly<Record<string, string>>;
+  name?: string;
+  state?: "running" | "stopped" | "deleted";
+  image?: string;
+  runtime?: string;
+  /** The deleted sandboxes whose records kilnd keeps, too. */
+  all?: boolean;
+}
 export type FileInfo = Schemas["FileInfo"];
 export type Preview = Schemas["Preview"];
 export type ImageInfo = Schemas["Image"];
@@ -143,9 +154,20 @@ export class Sandboxes {
     return this.handle(info);
   }
 
-  /** Every sandbox kilnd has. */
-  async list(options: SignalOptions = {}): Promise<SandboxInfo[]> {
-    return (await this.client.transport.call<SandboxInfo[] | null>("GET", "/sandboxes", { idempotent: true, signal: options.signal })) ?? [];
+  /**
+   * The sandboxes kilnd has, oldest first; deleted ones only with
+   * `all: true` (or `state: "deleted"`). Each filter given narrows the
+   * list: `label` is "KEY" (has it), "KEY=VALUE", an array of those, or a
+   * record of KEY to VALUE, each of which must match.
+   */
+  async list(options: SandboxFilter & SignalOptions = {}): Promise<SandboxInfo[]> {
+    const { signal, label, name, state, image, runtime, all } = checkOptions(options, ["label", "name", "state", "image", "runtime", "all", "signal"], "sandboxes.list()");
+    const labels = label === undefined ? undefined
+      : typeof label === "string" ? [label]
+      : Array.isArray(label) ? [...label]
+      : Object.entries(label).map(([k, v]) => `${k}=${v}`);
+    const query = { label: labels, name, state, image, runtime, all: all ? true : undefined };
+    return (await this.client.transport.call<SandboxInfo[] | null>("GET", "/sandboxes", { idempotent: true, signal, query })) ?? [];
   }
 
   private handle(info: SandboxInfo): Sandbox {

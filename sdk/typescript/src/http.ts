@@ -10,7 +10,8 @@ export const CONTROL_TIMEOUT_MS = 30_000;
 const MAX_ERROR_BODY = 64 << 10;
 
 export interface CallOptions {
-  query?: Record<string, string | number | boolean | undefined>;
+  /** A parameter whose value is an array is repeated, a value each. */
+  query?: Record<string, string | number | boolean | readonly string[] | undefined>;
   /** A JSON body (any value) or bytes. */
   json?: unknown;
   bytes?: Uint8Array;
@@ -42,7 +43,8 @@ export class Transport {
     let u = this.base + path;
     const q = new URLSearchParams();
     for (const [k, v] of Object.entries(query ?? {})) {
-      if (v !== undefined) q.set(k, String(v));
+      if (Array.isArray(v)) for (const item of v) q.append(k, item);
+      else if (v !== undefined) q.set(k, String(v));
     }
     const s = q.toString();
     if (s) u += "?" + s;

@@ -116,7 +116,10 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** list sandboxes (deleted ones are not listed) */
+        /**
+         * list sandboxes (deleted ones only when asked)
+         * @description Each parameter given narrows the list; one kilnd does not know, or a value out of its range, is refused 400 naming it. With limit, a page at a time: the next page's cursor is in Kiln-Next-Cursor and Link (rel=next), absent on the last page; a sandbox created or deleted between pages does not make another appear twice.
+         */
         get: operations["listSandboxes"];
         put?: never;
         /**
@@ -892,6 +895,10 @@ export interface components {
              * @enum {string}
              */
             on_oom?: "end_sandbox" | "kill_process";
+            /** @description the caller's own key=value pairs, kept with the sandbox and chosen by GET /sandboxes?label=: each key 1 to 128 of a-z, A-Z, 0-9, '.', '_', '-' and '/', a letter or digit first; each value at most 256 bytes of UTF-8 without control characters */
+            labels?: {
+                [key: string]: string;
+            };
         };
         /** @description When each captured process's log rotates and how many of its files are kept: at most max_size_bytes × max_files bytes on disk per process. A field left out (or 0) is kilnd's default (--log-max-size 10MiB, --log-max-files 5 unless kilnd was told otherwise); one out of range is refused with 400 invalid_argument naming the field, the range and the value. */
         LogRotation: {
@@ -1023,6 +1030,10 @@ export interface components {
              * @enum {string}
              */
             on_oom: "end_sandbox" | "kill_process";
+            /** @description those it was created with */
+            labels?: {
+                [key: string]: string;
+            };
             /** @description why it stopped */
             reason?: string;
             /** @description its agent's process ID on the host, while it runs */
@@ -1410,7 +1421,21 @@ export interface operations {
     };
     listSandboxes: {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description KEY (it has the label) or KEY=VALUE; repeated, each must match */
+                label?: string[];
+                name?: string;
+                /** @description deleted takes the deleted ones kept (kilnd --keep-deleted) in */
+                state?: "running" | "stopped" | "deleted";
+                /** @description the image as the create named it, or its ID or an ID's prefix */
+                image?: string;
+                runtime?: string;
+                /** @description the deleted ones kept too */
+                all?: boolean;
+                limit?: number;
+                /** @description a page's Kiln-Next-Cursor: the page after it */
+                cursor?: string;
+            };
             header?: never;
             path?: never;
             cookie?: never;
@@ -1420,12 +1445,17 @@ export interface operations {
             /** @description sandboxes, oldest first */
             200: {
                 headers: {
+                    /** @description the next page's cursor, when there is one */
+                    "Kiln-Next-Cursor"?: string;
+                    /** @description the next page's URL, rel="next", when there is one */
+                    Link?: string;
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["Sandbox"][];
                 };
             };
+            400: components["responses"]["Error"];
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
         };

@@ -392,6 +392,27 @@ test("errors carry kilnd's code", async () => {
   await rejects(down.sandboxes.create(), "UNAVAILABLE"); // refused: never sent, so not unknown
 });
 
+test("labels, and the list chosen by them, by state and with the deleted ones", async () => {
+  const b = await client.sandboxes.create({ labels: { suite: "ts-labels" } });
+  const a = await client.sandboxes.create({ labels: { suite: "ts-labels", tier: "front" } });
+  try {
+    assert.deepEqual(a.info.labels, { suite: "ts-labels", tier: "front" });
+    const ids = async (o) => (await client.sandboxes.list(o)).map((s) => s.id);
+    const both = [a.id, b.id].sort();
+    assert.deepEqual(await ids({ label: "suite=ts-labels" }), both);
+    assert.deepEqual(await ids({ label: { suite: "ts-labels", tier: "front" } }), [a.id]);
+    assert.deepEqual(await ids({ label: ["suite=ts-labels", "tier"] }), [a.id]);
+    assert.deepEqual(await ids({ label: "suite=ts-labels", state: "stopped" }), []);
+    await b.destroy();
+    assert.deepEqual(await ids({ label: "suite=ts-labels" }), [a.id]);
+    assert.deepEqual(await ids({ label: "suite=ts-labels", all: true }), both);
+    await rejects(client.sandboxes.list({ state: "paused" }), "INVALID_ARGUMENT");
+    await rejects(client.sandboxes.list({ colour: "red" }), "INVALID_ARGUMENT");
+  } finally {
+    await a.destroy();
+  }
+});
+
 test("health and version: kilnd answers, and says which build it is", async () => {
   assert.equal(await client.health(), true);
   const v = await client.version();

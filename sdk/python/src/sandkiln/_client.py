@@ -160,6 +160,7 @@ class AsyncSandboxes:
         idle_timeout_seconds: int | None = None,
         logs: Mapping[str, int] | None = None,
         on_oom: str | None = None,
+        labels: Mapping[str, str] | None = None,
         timeout: float | None = None,
     ) -> Opening[AsyncSandbox]:
         """Creates a sandbox and gives it once it is ready (kilnd checks
@@ -171,6 +172,7 @@ class AsyncSandboxes:
             "name": name, "hostname": hostname, "image": image, "rootfs": rootfs, "runtime": runtime,
             "limits": dict(limits) if limits is not None else None, "network": network, "init": init,
             "idle_timeout_seconds": idle_timeout_seconds, "logs": logs, "on_oom": on_oom,
+            "labels": dict(labels) if labels is not None else None,
         }.items() if v is not None}
         return Opening(self._create(body, timeout))
 
@@ -189,9 +191,22 @@ class AsyncSandboxes:
         info = await self._t.call("GET", f"/sandboxes/{segment(sid)}", idempotent=True, timeout=timeout)
         return AsyncSandbox(self._t, info, self)
 
-    async def list(self, *, timeout: float | None = None) -> builtins.list[SandboxInfo]:
-        """Every sandbox kilnd has (deleted ones are not listed)."""
-        return cast("builtins.list[SandboxInfo]", await self._t.call("GET", "/sandboxes", idempotent=True, timeout=timeout) or [])
+    async def list(self, *, label: str | Sequence[str] | Mapping[str, str] | None = None, name: str | None = None,
+                   state: str | None = None, image: str | None = None, runtime: str | None = None, all: bool = False,
+                   timeout: float | None = None) -> builtins.list[SandboxInfo]:
+        """The sandboxes kilnd has, oldest first; deleted ones only with
+        all=True (or state="deleted"). Each filter given narrows the list:
+        label is "KEY" (has it), "KEY=VALUE", several of those, or a
+        mapping of KEY to VALUE, each of which must match."""
+        labels: list[str] | None = None
+        if isinstance(label, str):
+            labels = [label]
+        elif isinstance(label, Mapping):
+            labels = [f"{k}={v}" for k, v in label.items()]
+        elif label is not None:
+            labels = list(label)
+        query = {"label": labels, "name": name, "state": state, "image": image, "runtime": runtime, "all": True if all else None}
+        return cast("builtins.list[SandboxInfo]", await self._t.call("GET", "/sandboxes", query=query, idempotent=True, timeout=timeout) or [])
 
     async def delete(self, sandbox: str | SandboxReference | Mapping[str, Any] | AsyncSandbox, *, remove_logs: bool = False,
                      timeout: float | None = None) -> None:

@@ -11,7 +11,7 @@ import hashlib
 import json as jsonlib
 import os
 import ssl
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
@@ -31,7 +31,7 @@ _WS_MAX_MESSAGE = 16 << 20
 _WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 
 
-Query = Mapping[str, "str | int | bool | None"]
+Query = Mapping[str, "str | int | bool | Sequence[str] | None"]
 """Query parameters; None leaves one out."""
 
 
@@ -261,7 +261,7 @@ class Transport:
     def _target(self, path: str, query: Query | None) -> str:
         t = self._prefix + path
         if query:
-            q = urlencode({k: _qv(v) for k, v in query.items() if v is not None})
+            q = urlencode([(k, item) for k, v in query.items() if v is not None for item in _qv(v)])
             if q:
                 t += "?" + q
         return t
@@ -584,10 +584,14 @@ def _json_or_none(raw: bytes) -> Any:
         return None
 
 
-def _qv(v: str | int | bool | None) -> str:
+def _qv(v: str | int | bool | Sequence[str]) -> list[str]:
+    """A query parameter's values: a sequence of strings is the
+    parameter repeated."""
     if isinstance(v, bool):
-        return "true" if v else "false"
-    return str(v)
+        return ["true" if v else "false"]
+    if isinstance(v, (str, int)):
+        return [str(v)]
+    return list(v)
 
 
 def segment(s: str) -> str:

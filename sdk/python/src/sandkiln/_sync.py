@@ -12,7 +12,7 @@ import builtins
 import threading
 import weakref
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
 from typing import Any, Generic, Literal, TypeVar, overload
 
 from ._client import AsyncClient, AsyncProcesses, AsyncSandbox, AsyncSandboxes, AsyncTerminals
@@ -496,19 +496,22 @@ class Sandboxes:
     def create(self, *, name: str | None = None, hostname: str | None = None, image: str | None = None, rootfs: str | None = None,
                runtime: str | None = None, limits: Mapping[str, int | float] | None = None, network: Mapping[str, Any] | None = None,
                init: Mapping[str, Any] | None = None, idle_timeout_seconds: int | None = None, logs: Mapping[str, int] | None = None,
-               on_oom: str | None = None, timeout: float | None = None) -> Sandbox:
+               on_oom: str | None = None, labels: Mapping[str, str] | None = None, timeout: float | None = None) -> Sandbox:
         """Creates a sandbox; see AsyncSandboxes.create. ``with
         client.sandboxes.create() as sandbox`` destroys it at the block's end."""
         a = self._p.call(_wait(self._a.create(
             name=name, hostname=hostname, image=image, rootfs=rootfs, runtime=runtime, limits=limits, network=network,
-            init=init, idle_timeout_seconds=idle_timeout_seconds, logs=logs, on_oom=on_oom, timeout=timeout)))
+            init=init, idle_timeout_seconds=idle_timeout_seconds, logs=logs, on_oom=on_oom, labels=labels, timeout=timeout)))
         return Sandbox(self._p, a)
 
     def get(self, sandbox: str | SandboxReference | Mapping[str, Any], *, timeout: float | None = None) -> Sandbox:
         return Sandbox(self._p, self._p.call(self._a.get(sandbox, timeout=timeout)))
 
-    def list(self, *, timeout: float | None = None) -> builtins.list[SandboxInfo]:
-        return self._p.call(self._a.list(timeout=timeout))
+    def list(self, *, label: str | Sequence[str] | Mapping[str, str] | None = None, name: str | None = None,
+             state: str | None = None, image: str | None = None, runtime: str | None = None, all: bool = False,
+             timeout: float | None = None) -> builtins.list[SandboxInfo]:
+        """See AsyncSandboxes.list."""
+        return self._p.call(self._a.list(label=label, name=name, state=state, image=image, runtime=runtime, all=all, timeout=timeout))
 
     def delete(self, sandbox: str | SandboxReference | Mapping[str, Any] | Sandbox, *, remove_logs: bool = False,
                timeout: float | None = None) -> None:

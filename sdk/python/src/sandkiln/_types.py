@@ -254,6 +254,7 @@ class SandboxInfo(TypedDict, total=False):
     network: dict[str, Any]
     image: str
     image_id: str
+    labels: dict[str, str]
 
 
 class ProcessInfo(TypedDict, total=False):
