@@ -11,7 +11,6 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
-	"text/tabwriter"
 	"time"
 
 	"github.com/docker/go-units"
@@ -134,7 +133,7 @@ never hidden.`,
 	}
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error { return usageError{err, cmd.CommandPath()} })
 	root.SetHelpTemplate(root.HelpTemplate() + "{{if not .HasParent}}" + exitCodesHelp + "\n{{end}}")
-	root.AddCommand(c.sandboxCmd(), c.execCmd(), c.logsCmd(), c.attachCmd(), c.psCmd(), c.waitCmd(), c.killCmd(), c.shellCmd(), c.runCmd(), c.cpCmd(), c.portForwardCmd(), c.previewCmd(), c.watchCmd(), c.imageCmd(), c.statsCmd(), c.mcpCmd(), c.versionCmd())
+	root.AddCommand(c.sandboxCmd(), c.lsCmd(), c.execCmd(), c.logsCmd(), c.attachCmd(), c.psCmd(), c.waitCmd(), c.killCmd(), c.shellCmd(), c.runCmd(), c.cpCmd(), c.portForwardCmd(), c.previewCmd(), c.watchCmd(), c.imageCmd(), c.statsCmd(), c.mcpCmd(), c.versionCmd())
 	root.InitDefaultHelpCmd()
 	root.InitDefaultCompletionCmd()
 	usage(root)
@@ -203,7 +202,9 @@ func (c *cli) sayError(err error, code int) {
 		enc.Encode(map[string]any{"error": map[string]any{"code": kind, "message": err.Error(), "exit_code": code}})
 		return
 	}
-	fmt.Fprintln(c.stderr, "kiln:", explain(err))
+	// One prefix: kiln's. kilnd's own ("kilnd: "), which the SDK puts
+	// on kilnd's answers, would only say again who is speaking.
+	fmt.Fprintln(c.stderr, "kiln:", strings.ReplaceAll(explain(err), "kilnd: ", ""))
 	if isUsage {
 		fmt.Fprintf(c.stderr, "See '%s --help'.\n", ue.cmd)
 	}
@@ -348,11 +349,13 @@ func (c *cli) sandboxCmd() *cobra.Command {
 	var o api.CreateSandbox
 	var network func() *api.Network
 	var limits func(*pflag.FlagSet) (api.LimitsRequest, error)
+	var labels func() (map[string]string, error)
 	create := &cobra.Command{
 		Use:   "create",
 		Short: "Create a sandbox and print its id",
 		Example: `  kiln sandbox create
   kiln sandbox create --name web                # then kiln exec web -- …, kiln shell web
+  kiln sandbox create -l team=web -l env=dev    # kiln ls -f label=team=web finds it
   kiln sandbox create --memory 512M --pids 256 --cpus 1.5 --idle-timeout 10m
   kiln sandbox create --runtime gvisor
   kiln sandbox create --image busybox
@@ -371,6 +374,9 @@ func (c *cli) sandboxCmd() *cobra.Command {
 			idle, _ := cmd.Flags().GetDuration("idle-timeout")
 			o.IdleTimeoutSeconds = int64(idle / time.Second)
 			o.Network = network()
+			if o.Labels, err = labels(); err != nil {
+				return err
+			}
 			sb, err := cl.CreateSandbox(cmd.Context(), o)
 			if err != nil {
 				return err
@@ -392,39 +398,7 @@ func (c *cli) sandboxCmd() *cobra.Command {
 	onOOMFlag(create, &o.OnOOM)
 	create.Flags().Duration("idle-timeout", 0, "delete the sandbox (keeping its logs) after this long unused")
 	network = networkFlags(create)
-	ls := &cobra.Command{
-		Use: "ls", Aliases: []string{"list"}, Short: "List sandboxes", Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			cl, err := c.client()
-			if err != nil {
-				return err
-			}
-			defer cl.Close()
-			list, err := cl.Sandboxes(cmd.Context())
-			if err != nil {
-				return err
-			}
-			if c.json {
-				return c.printJSON(list)
-			}
-			w := tabwriter.NewWriter(c.stdout, 2, 4, 2, ' ', 0)
-			wide := c.output == "wide"
-			head := "ID\tNAME\tSTATE\tRUNTIME\tCREATED\tHOSTNAME"
-			if wide {
-				head += "\tIMAGE\tMEMORY\tPIDS\tCPUS\tDISK"
-			}
-			fmt.Fprintln(w, head)
-			for _, s := range list {
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s", s.ID, s.Name, s.State, s.Runtime, s.CreatedAt.Local().Format(time.DateTime), s.Hostname)
-				if wide {
-					l := s.Limits
-					fmt.Fprintf(w, "\t%s\t%s\t%s\t%s\t%s", orDash(s.Image), sizeOrNone(l.MemoryBytes), numOrNone(l.Pids), numOrNone(l.CPUs), sizeOrNone(l.DiskBytes))
-				}
-				fmt.Fprintln(w)
-			}
-			return w.Flush()
-		},
-	}
+	labels = labelFlag(create)
 	inspect := &cobra.Command{
 		Use: "inspect SANDBOX", Short: "Describe a sandbox as JSON", Args: cobra.ExactArgs(1),
 		ValidArgsFunction: c.complete(sandboxArg),
@@ -477,7 +451,7 @@ func (c *cli) sandboxCmd() *cobra.Command {
 				return err
 			}
 			defer cl.Close()
-			o, err := so.options(args[1:])
+			o, err := so.options(commandOf(args[1:]))
 			if err != nil {
 				return err
 			}
@@ -493,13 +467,14 @@ func (c *cli) sandboxCmd() *cobra.Command {
 		},
 	}
 	so.add(es, true)
-	cmd.AddCommand(create, ls, inspect, rm, es)
+	cmd.AddCommand(create, c.lsCmd(), inspect, rm, es)
 	return cmd
 }
 
 // startFlags are a process's options on the command line.
 type startFlags struct {
 	env        []string
+	envFiles   []string
 	cwd        string
 	user       string
 	stdin      bool
@@ -514,7 +489,12 @@ type startFlags struct {
 // add adds the flags: of a detached process (kiln sandbox exec-stream) or
 // of one run in the foreground (kiln exec, kiln run).
 func (f *startFlags) add(cmd *cobra.Command, detached bool) {
-	cmd.Flags().StringArrayVarP(&f.env, "env", "e", nil, "set an environment variable (`NAME=VALUE`, repeatable)")
+	// Everything after the sandbox (and after run's first argument) is
+	// the command's, its flags too, as docker exec and docker run have it:
+	// kiln exec web ls -la.
+	cmd.Flags().SetInterspersed(false)
+	cmd.Flags().StringArrayVarP(&f.env, "env", "e", nil, "set an environment variable: `NAME=VALUE`, or NAME to pass kiln's own (repeatable)")
+	cmd.Flags().StringArrayVar(&f.envFiles, "env-file", nil, "read environment variables from a `file` of NAME=VALUE lines (# comments; repeatable)")
 	cmd.Flags().StringVarP(&f.cwd, "workdir", "w", "", "working directory (default the image's, or /workspace)")
 	cmd.Flags().StringVarP(&f.user, "user", "u", "", "run as a user of the sandbox's: `NAME`, UID, NAME:GROUP or UID:GID (default the image's, or root)")
 	cmd.Flags().BoolVar(&f.capture, "capture", false, "keep the output durably in the sandbox's captured logs")
@@ -528,6 +508,16 @@ func (f *startFlags) add(cmd *cobra.Command, detached bool) {
 		cmd.Flags().StringVar(&f.detachKeys, "detach-keys", defaultDetachKeys, "with -it, the `keys` that detach, leaving the command running: characters or ctrl-<key>, comma separated")
 		addOverflow(cmd, &f.overflow)
 	}
+}
+
+// commandOf is the command in args, the arguments after the sandbox: a
+// "--" before it, which the flags' parser keeps once the sandbox has
+// ended the flags, is not part of it.
+func commandOf(args []string) []string {
+	if len(args) > 0 && args[0] == "--" {
+		return args[1:]
+	}
+	return args
 }
 
 // parse is options, and the detach keys, with their errors as usage.
@@ -569,17 +559,56 @@ func (f *startFlags) options(argv []string) (client.StartOptions, error) {
 		// the process never waits for a reader.
 		o.Flow = api.FlowDrop
 	}
-	for _, kv := range f.env {
-		k, v, ok := strings.Cut(kv, "=")
-		if !ok || k == "" {
-			return o, fmt.Errorf("--env %q: want NAME=VALUE", kv)
-		}
-		if o.Env == nil {
-			o.Env = map[string]string{}
-		}
-		o.Env[k] = v
+	env, err := f.environment()
+	if err != nil {
+		return o, err
+	}
+	if len(env) > 0 {
+		o.Env = env
 	}
 	return o, nil
+}
+
+// environment is what --env-file and --env set, in that order (so --env
+// wins), as docker run reads them: NAME=VALUE sets NAME; NAME alone
+// passes kiln's own NAME on, if kiln has one. In a file, a line that is
+// empty or begins with # is skipped.
+func (f *startFlags) environment() (map[string]string, error) {
+	env := map[string]string{}
+	set := func(kv, from string) error {
+		k, v, ok := strings.Cut(kv, "=")
+		if k == "" || strings.ContainsAny(k, " \t") {
+			return fmt.Errorf("%s %q: want NAME=VALUE, or NAME to pass kiln's own on", from, kv)
+		}
+		if !ok {
+			if v, ok = os.LookupEnv(k); !ok {
+				return nil
+			}
+		}
+		env[k] = v
+		return nil
+	}
+	for _, name := range f.envFiles {
+		b, err := os.ReadFile(name)
+		if err != nil {
+			return nil, fmt.Errorf("--env-file: %w", err)
+		}
+		for i, line := range strings.Split(string(b), "\n") {
+			line = strings.TrimSuffix(line, "\r")
+			if strings.TrimSpace(line) == "" || strings.HasPrefix(strings.TrimLeft(line, " \t"), "#") {
+				continue
+			}
+			if err := set(line, fmt.Sprintf("--env-file %s, line %d:", name, i+1)); err != nil {
+				return nil, err
+			}
+		}
+	}
+	for _, kv := range f.env {
+		if err := set(kv, "--env"); err != nil {
+			return nil, err
+		}
+	}
+	return env, nil
 }
 
 // drainMS is --drain in the API's milliseconds: 0 (kilnd's default) to

@@ -300,7 +300,7 @@ interactive, this terminal in raw mode, and the detach keys (ctrl-p,ctrl-q) leav
 		Args:              cobra.MinimumNArgs(2),
 		ValidArgsFunction: c.complete(sandboxArg),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			o, keys, err := sf.parse(cmd, args[1:])
+			o, keys, err := sf.parse(cmd, commandOf(args[1:]))
 			if err != nil {
 				return err
 			}
@@ -321,6 +321,38 @@ interactive, this terminal in raw mode, and the detach keys (ctrl-p,ctrl-q) leav
 	return cmd
 }
 
+// firstProcess is the process kiln logs SANDBOX shows, as docker logs
+// shows a container's: the first started in it (its init command, or the
+// command kiln run -d started), running or captured.
+func firstProcess(ctx context.Context, sb *client.Sandbox) (string, error) {
+	var first string
+	procs, err := sb.Processes(ctx)
+	if err == nil {
+		for _, p := range procs {
+			if first == "" || p.ID < first {
+				first = p.ID // ids sort by when they were made
+			}
+		}
+	} else if !client.IsNotFound(err) && !client.IsFailedPrecondition(err) {
+		return "", err
+	}
+	if first == "" {
+		logs, err := sb.CapturedLogs(ctx)
+		if err != nil {
+			return "", err
+		}
+		for _, l := range logs {
+			if first == "" || l.Process < first {
+				first = l.Process
+			}
+		}
+	}
+	if first == "" {
+		return "", fmt.Errorf("sandbox %s has no process, running or captured: start one (kiln exec, kiln sandbox exec-stream)", sb.ID)
+	}
+	return first, nil
+}
+
 // logsCmd is kiln logs. Long because it is one command's declaration:
 // its flags, their help and examples, and the choice between the live
 // process and its captured log, which the help explains in the same order.
@@ -330,7 +362,7 @@ func (c *cli) logsCmd() *cobra.Command {
 		tail, since, until, overflow       string
 	)
 	cmd := &cobra.Command{
-		Use:   "logs SANDBOX PROCESS",
+		Use:   "logs SANDBOX [PROCESS]",
 		Short: "Show a process's output: replay, then with -f the live tail; its captured log once it is gone",
 		Long: `Shows what the sandbox still holds of the process's output from the beginning and, with -f,
 follows it to the process's exit (kiln then exits with its code). Once the process is gone (or
@@ -347,9 +379,10 @@ With --json each line of output is a JSON object: from the sandbox, {stream, off
 base64} and gaps {stream, offset, lost}; from the captured log, its records {time, stream,
 text or base64, partial} and gaps {gap}.`,
 		Example: `  kiln logs -f $SB $P
+  kiln logs -f web                       # its first process: its init, or kiln run -d's command
   kiln logs -n 20 --stderr $SB $P
   kiln logs --since 10m --until 5m -t $SB $P`,
-		Args:              cobra.ExactArgs(2),
+		Args:              cobra.RangeArgs(1, 2),
 		ValidArgsFunction: c.complete(sandboxArg, loggedProcessArg),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if stdout && stderr {
@@ -391,6 +424,13 @@ text or base64, partial} and gaps {gap}.`,
 			return c.withClient(func(cl *client.Client) error {
 				ctx := cmd.Context()
 				sb := cl.Handle(args[0])
+				if len(args) == 1 {
+					pid, err := firstProcess(ctx, sb)
+					if err != nil {
+						return err
+					}
+					args = append(args, pid)
+				}
 				if !fromLog {
 					p, err := sb.Process(ctx, args[1], client.ProcessOptions{Format: client.Bytes, Overflow: ov, ChunkBytes: copyChunk, Borrow: true})
 					if err == nil {
@@ -889,8 +929,8 @@ running: kiln attach -i SANDBOX PROCESS comes back to it.`,
 		ValidArgsFunction: c.complete(sandboxArg),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			argv := []string{"sh", "-l"}
-			if len(args) > 1 {
-				argv = args[1:]
+			if cmdline := commandOf(args[1:]); len(cmdline) > 0 {
+				argv = cmdline
 			}
 			seq, err := parseDetachKeys(keys)
 			if err != nil {
@@ -906,6 +946,7 @@ running: kiln attach -i SANDBOX PROCESS comes back to it.`,
 			})
 		},
 	}
+	cmd.Flags().SetInterspersed(false) // kiln shell web bash -l: the command's flags are its own
 	cmd.Flags().StringVar(&keys, "detach-keys", defaultDetachKeys, "the `keys` that detach, leaving the shell running: characters or ctrl-<key>, comma separated")
 	addOverflow(cmd, &overflow)
 	return cmd
@@ -948,12 +989,14 @@ func (c *cli) runCmd() *cobra.Command {
 	var (
 		sf      startFlags
 		rm      bool
+		detach  bool
 		opts    api.CreateSandbox
 		network func() *api.Network
 		limits  func(*pflag.FlagSet) (api.LimitsRequest, error)
+		labels  func() (map[string]string, error)
 	)
 	cmd := &cobra.Command{
-		Use:   "run [--rm] [-i] [-t] [--image IMAGE] -- [CMD [ARG...]]",
+		Use:   "run [--rm] [-d] [-i] [-t] [--image IMAGE] [--] [CMD [ARG...]]",
 		Short: "Create a sandbox, run a command in it attached, exit with its code",
 		Long: `Creates a sandbox and runs a command in it in the foreground, as kiln exec does: its stdout to
 kiln's stdout, its stderr to kiln's stderr, its stdin closed unless -i sends kiln's stdin to it.
@@ -962,6 +1005,7 @@ sandbox's limits are those of kiln sandbox create.
 ` + foregroundExit,
 		Example: `  kiln run --rm -- sh -c 'echo hello; exit 7'; echo $?   # hello, then 7
   kiln run -it -- python3                                 # interactive
+  SB=$(kiln run -d --name web -- python3 -m http.server)  # detached; kiln logs -f web follows it
   kiln run --rm --memory 256M --pids 64 -- make -j4
   kiln run --rm --egress allow -- curl -sI https://example.com
   kiln run --rm --image busybox                           # the image's own command`,
@@ -980,11 +1024,28 @@ sandbox's limits are those of kiln sandbox create.
 				return err
 			}
 			opts.Network = network()
+			if opts.Labels, err = labels(); err != nil {
+				return err
+			}
+			if detach && (rm || sf.tty || sf.stdin) {
+				return usageError{errors.New("-d with --rm, -t or -i: a detached command has no terminal or input of kiln's, and kiln is not there to remove its sandbox"), cmd.CommandPath()}
+			}
 			return c.withClient(func(cl *client.Client) error {
 				ctx := cmd.Context()
 				sb, err := cl.CreateSandbox(ctx, opts)
 				if err != nil {
 					return err
+				}
+				if detach {
+					// Its output kept, whether or not anyone watches:
+					// kiln logs SANDBOX shows it.
+					o.Flow, o.Capture = api.FlowDrop, true
+					if _, err := sb.Start(ctx, o); err != nil {
+						sb.Delete(context.WithoutCancel(ctx), false)
+						return err
+					}
+					fmt.Fprintln(c.stdout, sb.ID)
+					return nil
 				}
 				if rm {
 					c.removing = true
@@ -1005,11 +1066,14 @@ sandbox's limits are those of kiln sandbox create.
 	}
 	sf.add(cmd, false)
 	cmd.Flags().BoolVar(&rm, "rm", false, "remove the sandbox afterwards (its captured logs kept)")
+	cmd.Flags().BoolVarP(&detach, "detach", "d", false, "start the command and print the sandbox's id; its output is captured (kiln logs SANDBOX)")
 	limits = limitFlags(cmd)
 	onOOMFlag(cmd, &opts.OnOOM)
 	cmd.Flags().StringVar(&opts.Image, "image", "", "an `image` kilnd has (kiln image pull) as the root, its config the command's defaults")
 	cmd.Flags().StringVar(&opts.Rootfs, "rootfs", "", "a root filesystem: a `directory` in kilnd's images directory, instead of the host's /usr and /etc")
 	cmd.Flags().StringVar(&opts.Runtime, "runtime", "", "the kind of sandbox: namespaces (the default) or gvisor")
 	network = networkFlags(cmd)
+	labels = labelFlag(cmd)
+	cmd.Flags().StringVar(&opts.Name, "name", "", "a `name` for the sandbox, as kiln sandbox create --name")
 	return cmd
 }

@@ -1,0 +1,251 @@
+package main
+
+import (
+	"bytes"
+	"cmp"
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"text/template"
+	"time"
+
+	"github.com/spf13/cobra"
+	"go.yaml.in/yaml/v4"
+
+	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/client"
+)
+
+// lsCmd is kiln sandbox ls, also kiln ls: as docker ps lists containers,
+// the running sandboxes unless -a, chosen by --filter, as a table, ids
+// alone (-q), JSON or a Go template.
+func (c *cli) lsCmd() *cobra.Command {
+	var (
+		all, quiet bool
+		filters    []string
+		format     string
+	)
+	cmd := &cobra.Command{
+		Use: "ls", Aliases: []string{"list"}, Short: "List sandboxes: the running ones, or with -a all of them", Args: cobra.NoArgs,
+		Long: `Lists the running sandboxes, oldest first; with -a the stopped ones too, and the deleted ones
+whose records and captured logs kilnd still keeps (kilnd --keep-deleted).
+
+--filter (-f) chooses, and may be repeated (each must match):
+  label=KEY          sandboxes with the label KEY
+  label=KEY=VALUE    sandboxes whose label KEY is VALUE
+  name=NAME, status=running|stopped|deleted, image=IMAGE, runtime=namespaces|gvisor
+
+--format prints each sandbox by a Go template, as docker ps does ({{.ID}}, {{.Name}},
+{{.State}}, {{.Image}}, {{.Runtime}}, {{.CreatedAt}}, {{.Labels}}, {{index .Labels "KEY"}},
+{{json .}}, {{join .Args ","}}), or: table (the default), wide, json (one object a line)
+or yaml.`,
+		Example: `  kiln ls
+  kiln ls -a
+  kiln ls -q --filter label=team=web | xargs kiln sandbox rm
+  kiln ls --format '{{.Name}} {{index .Labels "team"}}'`,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			f, err := sandboxFilter(filters)
+			if err != nil {
+				return usageError{err, cmd.CommandPath()}
+			}
+			f.All = all
+			if !all && f.State == "" {
+				f.State = api.SandboxRunning
+			}
+			format := format
+			switch {
+			case format == "" && c.json:
+				format = "json-list"
+			case format == "":
+				format = cmp.Or(c.output, "table")
+			}
+			var tmpl *template.Template
+			switch format {
+			case "table", "wide", "json", "json-list", "yaml":
+			default:
+				if tmpl, err = template.New("format").Funcs(formatFuncs).Parse(format); err != nil {
+					return usageError{fmt.Errorf("--format: %w", err), cmd.CommandPath()}
+				}
+			}
+			return c.withClient(func(cl *client.Client) error {
+				list, err := cl.SandboxesWhere(cmd.Context(), f)
+				if err != nil {
+					return err
+				}
+				switch {
+				case quiet:
+					for _, s := range list {
+						fmt.Fprintln(c.stdout, s.ID)
+					}
+					return nil
+				case tmpl != nil:
+					for _, s := range list {
+						if err := tmpl.Execute(c.stdout, s); err != nil {
+							return usageError{fmt.Errorf("--format: %w", err), cmd.CommandPath()}
+						}
+						fmt.Fprintln(c.stdout)
+					}
+					return nil
+				case format == "json-list":
+					return c.printJSON(list)
+				case format == "json":
+					enc := json.NewEncoder(c.stdout)
+					for _, s := range list {
+						if err := enc.Encode(s); err != nil {
+							return err
+						}
+					}
+					return nil
+				case format == "yaml":
+					return printYAML(c.stdout, list)
+				}
+				return c.sandboxTable(list, format == "wide")
+			})
+		},
+	}
+	cmd.Flags().BoolVarP(&all, "all", "a", false, "the stopped sandboxes too, and the deleted ones kilnd keeps")
+	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "print the ids alone")
+	cmd.Flags().StringArrayVarP(&filters, "filter", "f", nil, "choose by `KEY=VALUE`: label=KEY[=VALUE], name=, status=, image=, runtime= (repeatable)")
+	cmd.Flags().StringVar(&format, "format", "", "a Go `template` for each sandbox, or table, wide, json or yaml")
+	return cmd
+}
+
+// sandboxFilter reads --filter's KEY=VALUE pairs.
+func sandboxFilter(filters []string) (client.SandboxFilter, error) {
+	var f client.SandboxFilter
+	for _, kv := range filters {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || v == "" {
+			return f, fmt.Errorf("--filter %q: want KEY=VALUE, KEY one of label, name, status, image, runtime", kv)
+		}
+		one := func(to *string) error {
+			if *to != "" && *to != v {
+				return fmt.Errorf("--filter %s given twice (%q and %q): a sandbox has one", k, *to, v)
+			}
+			*to = v
+			return nil
+		}
+		var err error
+		switch k {
+		case "label":
+			f.Labels = append(f.Labels, v)
+		case "name":
+			err = one(&f.Name)
+		case "status", "state":
+			err = one(&f.State)
+		case "image", "ancestor":
+			err = one(&f.Image)
+		case "runtime":
+			err = one(&f.Runtime)
+		default:
+			err = fmt.Errorf("--filter %q: no filter %q; want label, name, status, image or runtime", kv, k)
+		}
+		if err != nil {
+			return f, err
+		}
+	}
+	return f, nil
+}
+
+// formatFuncs are the functions --format's templates have, as Docker's
+// do.
+var formatFuncs = template.FuncMap{
+	"json": func(v any) (string, error) {
+		b, err := json.Marshal(v)
+		return string(b), err
+	},
+	"join":  strings.Join,
+	"lower": strings.ToLower,
+	"upper": strings.ToUpper,
+}
+
+// sandboxTable prints sandboxes as kiln ls's table.
+func (c *cli) sandboxTable(list []api.Sandbox, wide bool) error {
+	w := tabwriter.NewWriter(c.stdout, 2, 4, 2, ' ', 0)
+	head := "ID\tNAME\tSTATE\tRUNTIME\tCREATED\tHOSTNAME"
+	if wide {
+		head += "\tIMAGE\tMEMORY\tPIDS\tCPUS\tDISK\tLABELS"
+	}
+	fmt.Fprintln(w, head)
+	for _, s := range list {
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s", s.ID, s.Name, s.State, s.Runtime, s.CreatedAt.Local().Format(time.DateTime), s.Hostname)
+		if wide {
+			l := s.Limits
+			var labels []string
+			for _, k := range slices.Sorted(maps.Keys(s.Labels)) {
+				labels = append(labels, k+"="+s.Labels[k])
+			}
+			fmt.Fprintf(w, "\t%s\t%s\t%s\t%s\t%s\t%s", orDash(s.Image), sizeOrNone(l.MemoryBytes), numOrNone(l.Pids), numOrNone(l.CPUs), sizeOrNone(l.DiskBytes), orDash(strings.Join(labels, ",")))
+		}
+		fmt.Fprintln(w)
+	}
+	return w.Flush()
+}
+
+// printYAML prints v as YAML with the names its JSON has: through JSON,
+// so that the two never disagree.
+func printYAML(w io.Writer, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber() // sizes stay integers, not 1.073741824e+09
+	var plain any
+	if err := dec.Decode(&plain); err != nil {
+		return err
+	}
+	out, err := yaml.Marshal(numbers(plain))
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(out)
+	return err
+}
+
+// labelFlag adds --label (-l) to cmd, repeatable, and returns what reads
+// it: the labels of the sandbox it creates.
+func labelFlag(cmd *cobra.Command) func() (map[string]string, error) {
+	var given []string
+	cmd.Flags().StringArrayVarP(&given, "label", "l", nil, "a `KEY=VALUE` label of the sandbox's, that kiln ls --filter label=… chooses by (repeatable)")
+	return func() (map[string]string, error) {
+		if len(given) == 0 {
+			return nil, nil
+		}
+		labels := map[string]string{}
+		for _, kv := range given {
+			k, v, _ := strings.Cut(kv, "=")
+			if k == "" {
+				return nil, usageError{fmt.Errorf("--label %q: want KEY=VALUE (or KEY, for an empty value)", kv), cmd.CommandPath()}
+			}
+			labels[k] = v
+		}
+		return labels, nil
+	}
+}
+
+// numbers turns the JSON numbers in v into int64 or float64, as YAML
+// writes them.
+func numbers(v any) any {
+	switch v := v.(type) {
+	case json.Number:
+		if n, err := v.Int64(); err == nil {
+			return n
+		}
+		f, _ := v.Float64()
+		return f
+	case map[string]any:
+		for k, e := range v {
+			v[k] = numbers(e)
+		}
+	case []any:
+		for i, e := range v {
+			v[i] = numbers(e)
+		}
+	}
+	return v
+}
