@@ -588,6 +588,39 @@ type CreateSandbox struct {
 	Labels map[string]string `json:"labels,omitempty"`
 }
 
+// ShortID is how an id is shown where people read it, as Docker shows a
+// container's: the first 12 of a sandbox id's 64 hex digits, which are
+// random, so that any few of them that no other id begins with find it.
+// An id of another shape (a sandbox made before ids were random, a
+// UUIDv7, whose first digits are its time) is shown whole.
+func ShortID(id string) string {
+	if IsSandboxID(id) {
+		return id[:ShortIDLen]
+	}
+	return id
+}
+
+// ShortIDLen is the length of ShortID's ids; MinIDPrefix the fewest
+// characters of an id that name it.
+const (
+	ShortIDLen  = 12
+	MinIDPrefix = 4
+)
+
+// IsSandboxID reports whether id has the shape of the sandbox ids kilnd
+// makes: 64 lower-case hex digits.
+func IsSandboxID(id string) bool {
+	if len(id) != 64 {
+		return false
+	}
+	for _, c := range []byte(id) {
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
 // NextCursorHeader carries, on a page of GET /sandboxes?limit=, the
 // cursor of the page after it; absent on the last.
 const NextCursorHeader = "Kiln-Next-Cursor"

@@ -83,7 +83,7 @@ func TestSandboxLifecycleAndLogs(t *testing.T) {
 	state := kilnd(t)
 	code, out, errs := kiln(t, state, "", "sandbox", "create")
 	sb := strings.TrimSpace(out)
-	if code != 0 || len(sb) != 36 {
+	if code != 0 || !api.IsSandboxID(sb) {
 		t.Fatalf("create: %d %q %q", code, out, errs)
 	}
 	code, out, _ = kiln(t, state, "", "sandbox", "exec-stream", "--capture", sb, "--", "sh", "-c", "echo one; echo two >&2; exit 4")
@@ -103,7 +103,7 @@ func TestSandboxLifecycleAndLogs(t *testing.T) {
 		t.Errorf("ps --json: %d %q", code, out)
 	}
 	code, out, _ = kiln(t, state, "", "sandbox", "ls")
-	if code != 0 || !strings.HasPrefix(out, "ID ") || !strings.Contains(out, sb) || !strings.Contains(out, "running") {
+	if code != 0 || !strings.HasPrefix(out, "ID ") || !strings.Contains(out, api.ShortID(sb)) || !strings.Contains(out, "running") {
 		t.Errorf("ls: %d %q", code, out)
 	}
 	if code, out, _ := kiln(t, state, "", "exec", sb, "--", "sh", "-c", "cat; exit 5"); code != 5 || out != "" {
@@ -340,7 +340,7 @@ func TestTablesGolden(t *testing.T) {
 	_, ls, _ := kiln(t, state, "", "sandbox", "ls")
 	_, wide, _ := kiln(t, state, "", "sandbox", "ls", "-o", "wide")
 	_, ps, _ := kiln(t, state, "", "ps", sb)
-	stable := strings.NewReplacer(sb, "SANDBOX-ID", p, "PROCESS-ID")
+	stable := strings.NewReplacer(sb, "SANDBOX-ID", api.ShortID(sb), "SANDBOX-ID", p, "PROCESS-ID")
 	got := stable.Replace(ls + "\n" + wide + "\n" + ps)
 	got = regexp.MustCompile(`\d{4}-\d\d-\d\d \d\d:\d\d:\d\d|\d\d:\d\d:\d\d`).ReplaceAllString(got, "TIME")
 	path := filepath.Join("testdata", "tables.golden")
@@ -841,7 +841,7 @@ func TestSandboxNamesAndPrefixes(t *testing.T) {
 	state := kilnd(t)
 	code, out, errs := kiln(t, state, "", "sandbox", "create", "--name", "web")
 	id := strings.TrimSpace(out)
-	if code != 0 || len(id) != 36 {
+	if code != 0 || !api.IsSandboxID(id) {
 		t.Fatalf("create --name web: %d %q %q", code, out, errs)
 	}
 	if code, out, _ := kiln(t, state, "", "exec", "web", "--", "cat", "/proc/sys/kernel/hostname"); code != 0 || out != "web\n" {

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/sandkiln/sandkiln/client"
+
+	"github.com/sandkiln/sandkiln/api"
 )
 
 // bashCompletion is kiln's bash completion script, sourced in a real bash
@@ -137,7 +139,7 @@ func TestCompletionInBash(t *testing.T) {
 	state := kilnd(t)
 	_, out, errs := kiln(t, state, "", "sandbox", "create", "--name", "web")
 	web := strings.TrimSpace(out)
-	if len(web) != 36 {
+	if !api.IsSandboxID(web) {
 		t.Fatalf("create --name web: %q %q", out, errs)
 	}
 	_, out, _ = kiln(t, state, "", "sandbox", "create")
@@ -279,7 +281,7 @@ func TestCompletionInFishAndZsh(t *testing.T) {
 	state := kilnd(t)
 	_, out, errs := kiln(t, state, "", "sandbox", "create", "--name", "web")
 	web := strings.TrimSpace(out)
-	if len(web) != 36 {
+	if !api.IsSandboxID(web) {
 		t.Fatalf("create --name web: %q %q", out, errs)
 	}
 	_, out, _ = kiln(t, state, "", "sandbox", "exec-stream", web, "--", "true")

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sandkiln/sandkiln/api"
 )
 
 // kilnExe runs kiln as its own process (this test binary, as kiln), with
@@ -75,7 +77,7 @@ func TestDockerHabits(t *testing.T) {
 	}
 
 	job := strings.TrimSpace(ok("run", "-d", "--name", "job", "-l", "team=back", "--", "sh", "-c", "echo one; echo two >&2; exit 3"))
-	if len(job) != 36 {
+	if !api.IsSandboxID(job) {
 		t.Fatalf("run -d printed %q", job)
 	}
 	code, out, errs = kilnExe(t, state, nil, "logs", "-f", "job")
@@ -88,13 +90,14 @@ func TestDockerHabits(t *testing.T) {
 
 	other := strings.TrimSpace(ok("sandbox", "create"))
 	ok("sandbox", "rm", other)
-	if out := ok("ls", "-q"); out != web+"\n"+job+"\n" {
+	short := api.ShortID
+	if out := ok("ls", "-q"); out != short(web)+"\n"+short(job)+"\n" {
 		t.Errorf("ls -q: %q, want web and job", out)
 	}
-	if out := ok("ls", "-a", "-q"); out != web+"\n"+job+"\n"+other+"\n" {
+	if out := ok("ls", "-a", "-q", "--no-trunc"); out != web+"\n"+job+"\n"+other+"\n" {
 		t.Errorf("ls -a -q: %q, want the deleted one too", out)
 	}
-	if out := ok("ls", "-q", "--filter", "label=team=front"); out != web+"\n" {
+	if out := ok("ls", "-q", "--filter", "label=team=front"); out != short(web)+"\n" {
 		t.Errorf("--filter label=team=front: %q", out)
 	}
 	if out := ok("ls", "-a", "-f", "status=deleted", "--format", "{{.ID}} {{.State}}"); out != other+" deleted\n" {
@@ -109,7 +112,18 @@ func TestDockerHabits(t *testing.T) {
 	if out := ok("ls", "--format", "yaml", "-f", "name=web"); !strings.Contains(out, "  memory_bytes: 1073741824\n") || !strings.Contains(out, "    team: front\n") {
 		t.Errorf("--format yaml: %q", out)
 	}
-	if out := ok("sandbox", "ls", "-o", "wide"); !strings.Contains(out, "team=front,tier=1") {
+	// The short id names the sandbox, as any 4 or more of its first
+	// characters do; fewer name nothing.
+	if out := ok("exec", short(web), "hostname"); out != "web\n" {
+		t.Errorf("exec by short id: %q", out)
+	}
+	if out := ok("exec", web[:4], "hostname"); out != "web\n" {
+		t.Errorf("exec by 4 characters: %q", out)
+	}
+	if code, _, errs := kilnExe(t, state, nil, "exec", web[:3], "hostname"); code != 125 || !strings.Contains(errs, "no sandbox") {
+		t.Errorf("exec by 3 characters: %d %q", code, errs)
+	}
+	if out := ok("sandbox", "ls", "-o", "wide"); !strings.Contains(out, "team=front,tier=1") || !strings.Contains(out, web) {
 		t.Errorf("ls -o wide shows no labels: %q", out)
 	}
 	for _, bad := range [][]string{

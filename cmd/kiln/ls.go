@@ -25,9 +25,9 @@ import (
 // alone (-q), JSON or a Go template.
 func (c *cli) lsCmd() *cobra.Command {
 	var (
-		all, quiet bool
-		filters    []string
-		format     string
+		all, quiet, noTrunc bool
+		filters             []string
+		format              string
 	)
 	cmd := &cobra.Command{
 		Use: "ls", Aliases: []string{"list"}, Short: "List sandboxes: the running ones, or with -a all of them", Args: cobra.NoArgs,
@@ -38,6 +38,9 @@ whose records and captured logs kilnd still keeps (kilnd --keep-deleted).
   label=KEY          sandboxes with the label KEY
   label=KEY=VALUE    sandboxes whose label KEY is VALUE
   name=NAME, status=running|stopped|deleted, image=IMAGE, runtime=namespaces|gvisor
+
+Ids are shown as Docker shows them, their first 12 characters, which name the sandbox
+anywhere kiln takes one; --no-trunc (and -o wide) shows them whole.
 
 --format prints each sandbox by a Go template, as docker ps does ({{.ID}}, {{.Name}},
 {{.State}}, {{.Image}}, {{.Runtime}}, {{.CreatedAt}}, {{.Labels}}, {{index .Labels "KEY"}},
@@ -71,6 +74,10 @@ or yaml.`,
 					return usageError{fmt.Errorf("--format: %w", err), cmd.CommandPath()}
 				}
 			}
+			shown := api.ShortID
+			if noTrunc {
+				shown = func(id string) string { return id }
+			}
 			return c.withClient(func(cl *client.Client) error {
 				list, err := cl.SandboxesWhere(cmd.Context(), f)
 				if err != nil {
@@ -79,7 +86,7 @@ or yaml.`,
 				switch {
 				case quiet:
 					for _, s := range list {
-						fmt.Fprintln(c.stdout, s.ID)
+						fmt.Fprintln(c.stdout, shown(s.ID))
 					}
 					return nil
 				case tmpl != nil:
@@ -103,12 +110,13 @@ or yaml.`,
 				case format == "yaml":
 					return printYAML(c.stdout, list)
 				}
-				return c.sandboxTable(list, format == "wide")
+				return c.sandboxTable(list, format == "wide", format == "wide" || noTrunc)
 			})
 		},
 	}
 	cmd.Flags().BoolVarP(&all, "all", "a", false, "the stopped sandboxes too, and the deleted ones kilnd keeps")
 	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "print the ids alone")
+	cmd.Flags().BoolVar(&noTrunc, "no-trunc", false, "whole ids (in the table and with -q), not their first 12 characters")
 	cmd.Flags().StringArrayVarP(&filters, "filter", "f", nil, "choose by `KEY=VALUE`: label=KEY[=VALUE], name=, status=, image=, runtime= (repeatable)")
 	cmd.Flags().StringVar(&format, "format", "", "a Go `template` for each sandbox, or table, wide, json or yaml")
 	return cmd
@@ -163,8 +171,9 @@ var formatFuncs = template.FuncMap{
 	"upper": strings.ToUpper,
 }
 
-// sandboxTable prints sandboxes as kiln ls's table.
-func (c *cli) sandboxTable(list []api.Sandbox, wide bool) error {
+// sandboxTable prints sandboxes as kiln ls's table: with wide, more
+// columns; with whole, ids whole.
+func (c *cli) sandboxTable(list []api.Sandbox, wide, whole bool) error {
 	w := tabwriter.NewWriter(c.stdout, 2, 4, 2, ' ', 0)
 	head := "ID\tNAME\tSTATE\tRUNTIME\tCREATED\tHOSTNAME"
 	if wide {
@@ -172,7 +181,11 @@ func (c *cli) sandboxTable(list []api.Sandbox, wide bool) error {
 	}
 	fmt.Fprintln(w, head)
 	for _, s := range list {
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s", s.ID, s.Name, s.State, s.Runtime, s.CreatedAt.Local().Format(time.DateTime), s.Hostname)
+		id := s.ID
+		if !whole {
+			id = api.ShortID(id)
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s", id, s.Name, s.State, s.Runtime, s.CreatedAt.Local().Format(time.DateTime), s.Hostname)
 		if wide {
 			l := s.Limits
 			var labels []string

@@ -27,7 +27,9 @@ const (
 
 // statsRow is one sandbox's line of kiln stats, and its JSON.
 type statsRow struct {
+	// Sandbox is its id, Name its name if it has one.
 	Sandbox string `json:"sandbox"`
+	Name    string `json:"name,omitempty"`
 	// CPUPercent is the CPU time used between two reads over the time
 	// between them: 100 is one core busy.
 	CPUPercent float64 `json:"cpu_percent"`
@@ -129,26 +131,33 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 // between the list and the read.
 func readStats(ctx context.Context, cl *client.Client, ids []string) ([]statsRow, error) {
 	named := len(ids) > 0
-	if !named {
-		list, err := cl.Sandboxes(ctx)
-		if err != nil {
-			return nil, err
-		}
-		for _, s := range list {
-			if s.State == api.SandboxRunning {
-				ids = append(ids, s.ID)
-			}
+	list, err := cl.Sandboxes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	names := map[string]string{}
+	for _, s := range list {
+		names[s.ID] = s.Name
+		if !named && s.State == api.SandboxRunning {
+			ids = append(ids, s.ID)
 		}
 	}
 	var rows []statsRow
 	var errs []error
-	for _, id := range ids {
+	for _, ref := range ids {
+		id := ref
+		if _, known := names[ref]; !known && named {
+			// A name or a prefix: the row shows the sandbox's id.
+			if info, err := cl.Handle(ref).Info(ctx); err == nil {
+				id = info.ID
+			}
+		}
 		st, err := cl.Handle(id).Stats(ctx)
 		switch {
 		case err == nil:
-			rows = append(rows, statsRow{Sandbox: id, SandboxStats: st})
+			rows = append(rows, statsRow{Sandbox: id, Name: names[id], SandboxStats: st})
 		case named:
-			errs = append(errs, fmt.Errorf("%s: %w", id, err))
+			errs = append(errs, fmt.Errorf("%s: %w", ref, err))
 		case !client.IsFailedPrecondition(err) && !client.IsNotFound(err):
 			return nil, err
 		}
@@ -174,7 +183,7 @@ func statsRows(before, after []statsRow) []statsRow {
 
 func printStats(w io.Writer, rows []statsRow) error {
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "SANDBOX\tCPU %\tMEM USAGE / LIMIT\tMEM %\tPIDS\tOOM\tDISK USAGE / SIZE")
+	fmt.Fprintln(tw, "SANDBOX\tNAME\tCPU %\tMEM USAGE / LIMIT\tMEM %\tPIDS\tOOM\tDISK USAGE / SIZE")
 	for _, r := range rows {
 		mem, memPct := "-", "-"
 		if r.MemoryBytes != nil {
@@ -189,7 +198,7 @@ func printStats(w io.Writer, rows []statsRow) error {
 		if c := r.Counts; c != nil && c.DiskUsedBytes != nil && c.DiskSizeBytes != nil {
 			disk = units.BytesSize(float64(*c.DiskUsedBytes)) + " / " + units.BytesSize(float64(*c.DiskSizeBytes))
 		}
-		fmt.Fprintf(tw, "%s\t%.2f%%\t%s\t%s\t%s\t%s\t%s\n", r.Sandbox, r.CPUPercent, mem, memPct, count(r.Pids), count(r.OOMKills), disk)
+		fmt.Fprintf(tw, "%s\t%s\t%.2f%%\t%s\t%s\t%s\t%s\t%s\n", api.ShortID(r.Sandbox), orDash(r.Name), r.CPUPercent, mem, memPct, count(r.Pids), count(r.OOMKills), disk)
 	}
 	return tw.Flush()
 }

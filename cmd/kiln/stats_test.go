@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/sandkiln/sandkiln/api"
 )
 
 // TestStats: kiln stats --no-stream prints a sandbox's row with a CPU %
@@ -30,10 +32,10 @@ func TestStats(t *testing.T) {
 		t.Fatalf("stats: %d %s", code, errs)
 	}
 	lines := strings.Split(strings.TrimSpace(out), "\n")
-	if len(lines) != 2 || !regexp.MustCompile(`^SANDBOX +CPU % +MEM USAGE / LIMIT +MEM % +PIDS +OOM +DISK USAGE / SIZE$`).MatchString(lines[0]) {
+	if len(lines) != 2 || !regexp.MustCompile(`^SANDBOX +NAME +CPU % +MEM USAGE / LIMIT +MEM % +PIDS +OOM +DISK USAGE / SIZE$`).MatchString(lines[0]) {
 		t.Fatalf("stats:\n%s", out)
 	}
-	row := regexp.MustCompile(`^` + sb + ` +(\d+\.\d\d)% +\d+(\.\d+)?[KM]iB / 1GiB +\d+\.\d\d% +(\d+) +0 +\d+(\.\d+)?[KMG]iB / \d+(\.\d+)?GiB$`).FindStringSubmatch(lines[1])
+	row := regexp.MustCompile(`^` + api.ShortID(sb) + ` +- +(\d+\.\d\d)% +\d+(\.\d+)?[KM]iB / 1GiB +\d+\.\d\d% +(\d+) +0 +\d+(\.\d+)?[KMG]iB / \d+(\.\d+)?GiB$`).FindStringSubmatch(lines[1])
 	if row == nil {
 		t.Fatalf("row %q", lines[1])
 	}
@@ -47,7 +49,7 @@ func TestStats(t *testing.T) {
 	}
 
 	code, out, errs = kiln(t, state, "", "stats", "--no-stream")
-	if code != 0 || !strings.Contains(out, sb) || strings.Contains(out, gone) || strings.Count(out, "\n") != 2 {
+	if code != 0 || !strings.Contains(out, api.ShortID(sb)) || strings.Contains(out, api.ShortID(gone)) || strings.Count(out, "\n") != 2 {
 		t.Errorf("stats of every running sandbox: %d %s\n%s", code, errs, out)
 	}
 

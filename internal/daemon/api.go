@@ -285,7 +285,11 @@ func (d *Daemon) listHandler(w http.ResponseWriter, r *http.Request) {
 		reply.Error(w, err)
 		return
 	}
-	list, next := d.Select(s)
+	list, next, err := d.Select(s)
+	if err != nil {
+		reply.Error(w, err)
+		return
+	}
 	if next != "" {
 		q := r.URL.Query()
 		q.Set("cursor", next)

@@ -7,6 +7,8 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,7 +18,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/egress"
 	"github.com/sandkiln/sandkiln/internal/errdefs"
@@ -115,6 +116,15 @@ func (e *entry) info() Info {
 	return i
 }
 
+// newID is a new sandbox's id: 64 hex digits of 32 random bytes, as
+// Docker's container ids, so that its first few tell it from every other
+// (api.ShortID).
+func newID() string {
+	b := make([]byte, 32)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
 // Create makes a sandbox and records it: the request is checked whole
 // (plan), then the sandbox made, and it is recorded as it starts.
 func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
@@ -124,7 +134,7 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	}
 	defer p.release()
 	req, limits, backend, img := p.req, p.limits, p.backend, p.img
-	id := uuid.Must(uuid.NewV7()).String()
+	id := newID()
 	created := false
 	if req.Name != "" {
 		if err := d.claimName(req.Name, id); err != nil {

@@ -161,9 +161,9 @@ type Daemon struct {
 	// anything is made, so that two creates cannot both take it, and
 	// the delete that ends a sandbox frees it.
 	names map[string]string
-	// live are the ids of the sandboxes not deleted, in order (v7 ids
-	// sort by creation): List's order, and where a prefix of an id is
-	// looked up, by binary search.
+	// live are the ids of the sandboxes not deleted, sorted: where a
+	// prefix of an id is looked up, by binary search. (Lists sort by
+	// creation.)
 	live        []string
 	imageLeases map[string]int
 	// previewing ends what each preview serves (by its token's hash):

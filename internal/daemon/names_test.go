@@ -53,7 +53,7 @@ func TestSandboxNames(t *testing.T) {
 	defer k.cleanup()
 	var web daemon.Info
 	k.json("POST", "/sandboxes", `{"name":"web"}`, &web)
-	if web.Name != "web" || web.Hostname != "web" || len(web.ID) != 36 {
+	if web.Name != "web" || web.Hostname != "web" || !api.IsSandboxID(web.ID) {
 		t.Fatalf("created %+v, want the name web as its name and hostname", web)
 	}
 	var got daemon.Info

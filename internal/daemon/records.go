@@ -5,6 +5,7 @@
 package daemon
 
 import (
+	"cmp"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
@@ -15,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -159,6 +161,17 @@ func (d *Daemon) save(rec record) error {
 	return nil
 }
 
+// isSandboxDir reports whether e is a sandbox's directory: named by its
+// id, of the shape kilnd makes (api.IsSandboxID) or, made by a kilnd
+// before, a UUID.
+func isSandboxDir(e os.DirEntry) bool {
+	if !e.IsDir() {
+		return false
+	}
+	_, err := uuid.Parse(e.Name())
+	return err == nil || api.IsSandboxID(e.Name())
+}
+
 // recover reads every record and reconciles it with what runs; the
 // deletions an earlier kilnd left unfinished are handed to the finisher.
 func (d *Daemon) recover() error {
@@ -168,7 +181,7 @@ func (d *Daemon) recover() error {
 	}
 	marked := d.markers()
 	for _, e := range ents {
-		if _, err := uuid.Parse(e.Name()); err != nil || !e.IsDir() {
+		if !isSandboxDir(e) {
 			continue
 		}
 		removeLogs, deleting := marked[e.Name()]
@@ -308,10 +321,29 @@ func (d *Daemon) freeName(name, id string) {
 	}
 }
 
+// described names a few of ids' sandboxes, by short id and name, for an
+// error that lists them. Called with d.mu held.
+func (d *Daemon) described(ids []string) string {
+	const most = 5
+	var out []string
+	for _, id := range ids[:min(len(ids), most)] {
+		s := api.ShortID(id)
+		if name := d.sandboxes[id].rec.Name; name != "" {
+			s += " " + name
+		}
+		out = append(out, s)
+	}
+	if len(ids) > most {
+		out = append(out, fmt.Sprintf("and %d more", len(ids)-most))
+	}
+	return strings.Join(out, ", ")
+}
+
 // lookup finds the sandbox ref stands for, as Docker finds a container:
 // the sandbox whose id it is (a deleted one too), else the one it names,
-// else the one not deleted whose id it begins. A prefix that two or more
-// ids begin with is refused. Called with d.mu held.
+// else the one not deleted whose id it begins, if it is api.MinIDPrefix
+// characters or more. A prefix that two or more ids begin with is
+// refused, naming them. Called with d.mu held.
 func (d *Daemon) lookup(ref string) (*entry, error) {
 	if e, ok := d.sandboxes[ref]; ok {
 		return e, nil
@@ -323,20 +355,20 @@ func (d *Daemon) lookup(ref string) (*entry, error) {
 		// Claimed by a create that has not made it yet: it may still be
 		// a prefix.
 	}
-	if ref != "" {
+	if len(ref) >= api.MinIDPrefix {
 		i, _ := slices.BinarySearch(d.live, ref)
-		n := 0
+		var matches []string
 		for _, id := range d.live[i:] {
 			if !strings.HasPrefix(id, ref) {
 				break
 			}
-			n++
+			matches = append(matches, id)
 		}
 		switch {
-		case n == 1:
-			return d.sandboxes[d.live[i]], nil
-		case n > 1:
-			return nil, fmt.Errorf("%w: sandbox prefix %q matches %d sandboxes: give more of the id, or its name", errdefs.ErrInvalidArgument, api.Clip(ref), n)
+		case len(matches) == 1:
+			return d.sandboxes[matches[0]], nil
+		case len(matches) > 1:
+			return nil, fmt.Errorf("%w: sandbox prefix %q matches %d sandboxes (%s): give more of the id, or its name", errdefs.ErrInvalidArgument, api.Clip(ref), len(matches), d.described(matches))
 		}
 	}
 	return nil, fmt.Errorf("%w: no sandbox %q", errdefs.ErrNotFound, api.Clip(ref))
@@ -365,7 +397,7 @@ func (d *Daemon) get(ref string) (*entry, error) {
 
 // List returns every sandbox not deleted, oldest first.
 func (d *Daemon) List() []Info {
-	list, _ := d.Select(Selection{})
+	list, _, _ := d.Select(Selection{})
 	return list
 }
 
@@ -404,35 +436,33 @@ func (s Selection) matches(rec record) bool {
 }
 
 // Select returns the sandboxes s chooses, oldest first, and the cursor
-// of the page after them ("" when there is none).
+// of the page after them ("" when there is none); its error is a cursor
+// it did not give.
 //
 // It takes d.mu twice whatever the count: once for the entries, once for
 // their infos. Between the two, outside the lock, it asks each running
 // sandbox whether its agent lives (a read of /proc each): one whose agent
 // died is recorded stopped, as get does, so that a list never shows it
 // running.
-func (d *Daemon) Select(s Selection) ([]Info, string) {
+func (d *Daemon) Select(s Selection) ([]Info, string, error) {
 	type seen struct {
 		e    *entry
 		sb   sandbox.Instance // when running and not being deleted
 		dead bool
 	}
+	after, err := parseCursor(s.After)
+	if err != nil {
+		return nil, "", err
+	}
 	d.mu.Lock()
 	ids := d.live
 	if s.Deleted {
-		ids = slices.Sorted(maps.Keys(d.sandboxes))
-	}
-	if s.After != "" {
-		i, found := slices.BinarySearch(ids, s.After)
-		if found {
-			i++
-		}
-		ids = ids[i:]
+		ids = slices.Collect(maps.Keys(d.sandboxes))
 	}
 	var all []seen
 	for _, id := range ids {
 		e := d.sandboxes[id]
-		if !s.matches(e.rec) {
+		if !s.matches(e.rec) || s.After != "" && compareCursors(cursorOf(e.rec), after) <= 0 {
 			continue
 		}
 		c := seen{e: e}
@@ -442,6 +472,7 @@ func (d *Daemon) Select(s Selection) ([]Info, string) {
 		all = append(all, c)
 	}
 	d.mu.Unlock()
+	slices.SortFunc(all, func(a, b seen) int { return compareCursors(cursorOf(a.e.rec), cursorOf(b.e.rec)) })
 	for i := range all {
 		if sb := all[i].sb; sb != nil {
 			all[i].dead = !sb.Alive()
@@ -450,6 +481,7 @@ func (d *Daemon) Select(s Selection) ([]Info, string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	out := []Info{}
+	var last record
 	for _, c := range all {
 		e := c.e
 		if e.rec.State == StateDeleted && !s.Deleted {
@@ -463,11 +495,44 @@ func (d *Daemon) Select(s Selection) ([]Info, string) {
 			continue
 		}
 		if s.Limit > 0 && len(out) == s.Limit {
-			return out, out[len(out)-1].ID
+			return out, cursorOf(last).String(), nil
 		}
 		out = append(out, e.info())
+		last = e.rec
 	}
-	return out, ""
+	return out, "", nil
+}
+
+// cursor is a place in a list of sandboxes, oldest first: a sandbox's
+// creation and, for those made in the same nanosecond, its id. As a
+// string it is the two with a dot between.
+type cursor struct {
+	created int64
+	id      string
+}
+
+func cursorOf(rec record) cursor { return cursor{rec.CreatedAt.UnixNano(), rec.ID} }
+
+func (c cursor) String() string { return strconv.FormatInt(c.created, 10) + "." + c.id }
+
+func compareCursors(a, b cursor) int {
+	if c := cmp.Compare(a.created, b.created); c != 0 {
+		return c
+	}
+	return strings.Compare(a.id, b.id)
+}
+
+// parseCursor reads a cursor Select gave ("" for none).
+func parseCursor(s string) (cursor, error) {
+	if s == "" {
+		return cursor{}, nil
+	}
+	created, id, _ := strings.Cut(s, ".")
+	n, err := strconv.ParseInt(created, 10, 64)
+	if err != nil || id == "" {
+		return cursor{}, fmt.Errorf("%w: cursor %q: want one a page's Kiln-Next-Cursor gave", errdefs.ErrInvalidArgument, api.Clip(s))
+	}
+	return cursor{n, id}, nil
 }
 
 // runtimeOf is the runtime that made a sandbox.

@@ -1,10 +1,12 @@
 package sandbox_test
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/google/uuid"
 
+	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/sandbox"
 )
 
@@ -20,7 +22,13 @@ func TestDefaultHostname(t *testing.T) {
 		}
 		seen[h] = true
 	}
+	// A sandbox made before ids were random keeps its UUID's random end.
 	if got := sandbox.DefaultHostname("01a2338f-1247-73e8-9968-fd6c64d81146"); got != "kiln-fd6c64d81146" {
 		t.Errorf("got %q", got)
+	}
+	// Today's ids: the short id kiln shows and takes.
+	id := "3f2a9c41d07b" + strings.Repeat("e", 52)
+	if got := sandbox.DefaultHostname(id); got != "kiln-"+api.ShortID(id) || got != "kiln-3f2a9c41d07b" {
+		t.Errorf("got %q for %s", got, id)
 	}
 }

@@ -27,10 +27,14 @@ import (
 )
 
 // DefaultHostname is a sandbox's hostname when its request names none:
-// "kiln-" and the id's last 12 hex digits, as Docker names a container's.
-// In a UUIDv7 those are random; its first ones are its time, the same for
-// sandboxes made in the same millisecond.
+// "kiln-" and its short id (api.ShortID), as Docker names a container's,
+// so that the name a shell's prompt shows is one kiln takes. A sandbox
+// made when ids were UUIDv7s has the id's last 12 hex digits, its random
+// ones (the first are its time).
 func DefaultHostname(id string) string {
+	if api.IsSandboxID(id) {
+		return "kiln-" + api.ShortID(id)
+	}
 	id = strings.ReplaceAll(id, "-", "")
 	return "kiln-" + id[max(0, len(id)-12):]
 }

@@ -138,7 +138,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
-                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["SandboxID"];
             };
             cookie?: never;
@@ -162,7 +162,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
-                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["SandboxID"];
             };
             cookie?: never;
@@ -182,7 +182,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
-                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["SandboxID"];
             };
             cookie?: never;
@@ -208,7 +208,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
-                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["SandboxID"];
             };
             cookie?: never;
@@ -229,7 +229,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
-                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["SandboxID"];
                 pid: components["parameters"]["ProcessID"];
             };
@@ -251,7 +251,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
-                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["SandboxID"];
                 pid: components["parameters"]["ProcessID"];
             };
@@ -272,7 +272,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
-                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["SandboxID"];
                 pid: components["parameters"]["ProcessID"];
             };
@@ -293,7 +293,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
-                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["SandboxID"];
                 pid: components["parameters"]["ProcessID"];
             };
@@ -314,7 +314,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
-                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["SandboxID"];
                 pid: components["parameters"]["ProcessID"];
             };
@@ -335,7 +335,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
-                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["SandboxID"];
                 pid: components["parameters"]["ProcessID"];
             };
@@ -356,7 +356,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
-                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["SandboxID"];
                 pid: components["parameters"]["ProcessID"];
             };
@@ -380,7 +380,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
-                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["SandboxID"];
                 pid: components["parameters"]["ProcessID"];
             };
@@ -431,7 +431,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
-                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["SandboxID"];
             };
             cookie?: never;
@@ -451,7 +451,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
-                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["SandboxID"];
                 pid: components["parameters"]["ProcessID"];
             };
@@ -480,7 +480,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
-                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["SandboxID"];
                 /** @description the absolute path inside the sandbox without its leading slash (files/workspace/a.txt is /workspace/a.txt); its slashes are the path's, each segment escaped; it must be clean (no "..", "." or empty segment) */
                 path: string;
@@ -526,7 +526,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
-                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["SandboxID"];
             };
             cookie?: never;
@@ -569,7 +569,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
-                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["SandboxID"];
                 port: number;
                 /** @description the app's path, its slashes its own */
@@ -601,7 +601,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
-                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["SandboxID"];
                 port: number;
             };
@@ -622,7 +622,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
-                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["SandboxID"];
             };
             cookie?: never;
@@ -643,7 +643,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
-                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["SandboxID"];
                 preview: string;
             };
@@ -1274,7 +1274,7 @@ export interface components {
         };
     };
     parameters: {
-        /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+        /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
         SandboxID: string;
         ProcessID: string;
     };
@@ -1500,7 +1500,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
-                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["SandboxID"];
             };
             cookie?: never;
@@ -1529,7 +1529,7 @@ export interface operations {
             };
             header?: never;
             path: {
-                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["SandboxID"];
             };
             cookie?: never;
@@ -1554,7 +1554,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
-                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["SandboxID"];
             };
             cookie?: never;
@@ -1581,7 +1581,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
-                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["SandboxID"];
             };
             cookie?: never;
@@ -1616,7 +1616,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
-                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["SandboxID"];
             };
             cookie?: never;
@@ -1646,7 +1646,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
-                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["SandboxID"];
             };
             cookie?: never;
@@ -1681,7 +1681,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
-                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["SandboxID"];
                 pid: components["parameters"]["ProcessID"];
             };
@@ -1712,7 +1712,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
-                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["SandboxID"];
                 pid: components["parameters"]["ProcessID"];
             };
@@ -1743,7 +1743,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
-                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["SandboxID"];
                 pid: components["parameters"]["ProcessID"];
             };
@@ -1774,7 +1774,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
-                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["SandboxID"];
                 pid: components["parameters"]["ProcessID"];
             };
@@ -1810,7 +1810,7 @@ export interface operations {
             };
             header?: never;
             path: {
-                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["SandboxID"];
                 pid: components["parameters"]["ProcessID"];
             };
@@ -1846,7 +1846,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
-                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["SandboxID"];
                 pid: components["parameters"]["ProcessID"];
             };
@@ -1875,7 +1875,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
-                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["SandboxID"];
                 pid: components["parameters"]["ProcessID"];
             };
@@ -1909,7 +1909,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
-                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["SandboxID"];
                 pid: components["parameters"]["ProcessID"];
             };
@@ -1952,7 +1952,7 @@ export interface operations {
             };
             header?: never;
             path: {
-                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["SandboxID"];
                 pid: components["parameters"]["ProcessID"];
             };
@@ -1991,7 +1991,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
-                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["SandboxID"];
             };
             cookie?: never;
@@ -2030,7 +2030,7 @@ export interface operations {
             };
             header?: never;
             path: {
-                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["SandboxID"];
                 pid: components["parameters"]["ProcessID"];
             };
@@ -2069,7 +2069,7 @@ export interface operations {
             };
             header?: never;
             path: {
-                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["SandboxID"];
                 /** @description the absolute path inside the sandbox without its leading slash (files/workspace/a.txt is /workspace/a.txt); its slashes are the path's, each segment escaped; it must be clean (no "..", "." or empty segment) */
                 path: string;
@@ -2132,7 +2132,7 @@ export interface operations {
             };
             header?: never;
             path: {
-                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["SandboxID"];
                 /** @description the absolute path inside the sandbox without its leading slash (files/workspace/a.txt is /workspace/a.txt); its slashes are the path's, each segment escaped; it must be clean (no "..", "." or empty segment) */
                 path: string;
@@ -2176,7 +2176,7 @@ export interface operations {
             };
             header?: never;
             path: {
-                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["SandboxID"];
                 /** @description the absolute path inside the sandbox without its leading slash (files/workspace/a.txt is /workspace/a.txt); its slashes are the path's, each segment escaped; it must be clean (no "..", "." or empty segment) */
                 path: string;
@@ -2220,7 +2220,7 @@ export interface operations {
             };
             header?: never;
             path: {
-                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["SandboxID"];
                 /** @description the absolute path inside the sandbox without its leading slash (files/workspace/a.txt is /workspace/a.txt); its slashes are the path's, each segment escaped; it must be clean (no "..", "." or empty segment) */
                 path: string;
@@ -2253,7 +2253,7 @@ export interface operations {
             };
             header?: never;
             path: {
-                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["SandboxID"];
             };
             cookie?: never;
@@ -2290,7 +2290,7 @@ export interface operations {
             };
             header?: never;
             path: {
-                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["SandboxID"];
             };
             cookie?: never;
@@ -2326,7 +2326,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
-                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["SandboxID"];
                 port: number;
                 /** @description the app's path, its slashes its own */
@@ -2358,7 +2358,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
-                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["SandboxID"];
                 port: number;
                 /** @description the app's path, its slashes its own */
@@ -2383,7 +2383,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
-                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["SandboxID"];
                 port: number;
             };
@@ -2412,7 +2412,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
-                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["SandboxID"];
             };
             cookie?: never;
@@ -2439,7 +2439,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
-                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["SandboxID"];
             };
             cookie?: never;
@@ -2472,7 +2472,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
-                /** @description the sandbox: its id, else its name, else a prefix of its id that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
                 id: components["parameters"]["SandboxID"];
                 preview: string;
             };

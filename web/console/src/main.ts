@@ -71,8 +71,13 @@ function report(err: unknown): void {
   if (err instanceof SandkilnError && err.code === "UNAUTHENTICATED") logout("the token was refused");
 }
 
+/**
+ * An id as kiln shows it and takes it: a sandbox id's first 12 hex digits
+ * (they are random); an id of another shape, a UUID's last 12 (its first
+ * are its time).
+ */
 function short(id: string): string {
-  return id.slice(-12);
+  return /^[0-9a-f]{64}$/.test(id) ? id.slice(0, 12) : id.slice(-12);
 }
 
 function exitText(r: { exitCode: number | null; signal: string | null; oomKilled?: boolean }): string {
