@@ -233,80 +233,117 @@ func extractLocal(dir, top, rename string, tr *tar.Reader) (int64, error) {
 		return 0, err
 	}
 	defer root.Close()
-	made := cmp.Or(rename, top)
-	var total int64
-	var dirs []struct {
-		name string
-		mode fs.FileMode
-	}
-	defer func() {
-		for i := len(dirs) - 1; i >= 0; i-- {
-			root.Chmod(dirs[i].name, dirs[i].mode)
-		}
-	}()
+	x := &localExtract{root: root, dir: dir, top: top, made: cmp.Or(rename, top)}
+	defer x.setDirModes()
 	for {
 		h, err := tr.Next()
 		if err == io.EOF {
-			return total, nil
+			return x.total, nil
 		}
 		if err != nil {
-			return total, fmt.Errorf("the sandbox's archive: %w", err)
+			return x.total, fmt.Errorf("the sandbox's archive: %w", err)
 		}
-		name := path.Clean(h.Name)
-		rest, under := strings.CutPrefix(name, top+"/")
-		switch {
-		case strings.HasPrefix(h.Name, "/") || name == ".." || strings.HasPrefix(name, "../"):
-			return total, fmt.Errorf("the sandbox's archive: %q leads out of %s", h.Name, filepath.Join(dir, made))
-		case name == top:
-			name = made
-		case under:
-			name = path.Join(made, rest)
-		default:
-			return total, fmt.Errorf("the sandbox's archive: %q is not in %s", h.Name, top)
-		}
-		mode := fs.FileMode(h.Mode) & 0o777
-		switch h.Typeflag {
-		case tar.TypeDir:
-			if err := root.MkdirAll(name, 0o700); err != nil {
-				return total, err
-			}
-			dirs = append(dirs, struct {
-				name string
-				mode fs.FileMode
-			}{name, mode | 0o700})
-		case tar.TypeReg:
-			if err := root.MkdirAll(path.Dir(name), 0o755); err != nil {
-				return total, err
-			}
-			root.Remove(name) // a link there is replaced, never written through
-			f, err := root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
-			if err != nil {
-				return total, err
-			}
-			n, err := io.CopyBuffer(struct{ io.Writer }{f}, tr, copyBuf())
-			total += n
-			if cerr := f.Close(); err == nil {
-				err = cerr
-			}
-			if err != nil {
-				return total, err
-			}
-			root.Chtimes(name, h.AccessTime, h.ModTime)
-		case tar.TypeSymlink:
-			// Within what the copy makes: never the top itself, never
-			// out of it.
-			target := path.Join(path.Dir(name), h.Linkname)
-			if name == made || strings.HasPrefix(h.Linkname, "/") || !strings.HasPrefix(target+"/", made+"/") {
-				return total, fmt.Errorf("the sandbox's archive: the link %s to %s leads out of %s", h.Name, h.Linkname, filepath.Join(dir, made))
-			}
-			root.Remove(name)
-			if err := root.Symlink(h.Linkname, name); err != nil {
-				return total, err
-			}
-		default:
-			// Devices, FIFOs and hard links are not made on this host.
+		if err := x.entry(h, tr); err != nil {
+			return x.total, err
 		}
 	}
+}
+
+// localExtract is one extraction into a local directory (extractLocal):
+// the root it may not leave, what it makes there (made, the archive's top
+// renamed), the bytes of file content written so far, and the
+// directories made, whose modes are set once their contents are in.
+type localExtract struct {
+	root           *os.Root
+	dir, top, made string
+	total          int64
+	dirs           []dirMode
+}
+
+// dirMode is a directory extracted and the mode it is to have.
+type dirMode struct {
+	name string
+	mode fs.FileMode
+}
+
+// setDirModes gives the directories made their modes, the deepest first:
+// a directory's own mode may close it to the setting of those below it.
+func (x *localExtract) setDirModes() {
+	for i := len(x.dirs) - 1; i >= 0; i-- {
+		x.root.Chmod(x.dirs[i].name, x.dirs[i].mode)
+	}
+}
+
+// entry extracts the archive's entry h, whose content tr reads.
+func (x *localExtract) entry(h *tar.Header, tr *tar.Reader) error {
+	name, err := x.place(h.Name)
+	if err != nil {
+		return err
+	}
+	mode := fs.FileMode(h.Mode) & 0o777
+	switch h.Typeflag {
+	case tar.TypeDir:
+		if err := x.root.MkdirAll(name, 0o700); err != nil {
+			return err
+		}
+		x.dirs = append(x.dirs, dirMode{name, mode | 0o700})
+	case tar.TypeReg:
+		return x.file(name, mode, h, tr)
+	case tar.TypeSymlink:
+		// Within what the copy makes: never the top itself, never
+		// out of it.
+		target := path.Join(path.Dir(name), h.Linkname)
+		if name == x.made || strings.HasPrefix(h.Linkname, "/") || !strings.HasPrefix(target+"/", x.made+"/") {
+			return fmt.Errorf("the sandbox's archive: the link %s to %s leads out of %s", h.Name, h.Linkname, filepath.Join(x.dir, x.made))
+		}
+		x.root.Remove(name)
+		return x.root.Symlink(h.Linkname, name)
+	default:
+		// Devices, FIFOs and hard links are not made on this host.
+	}
+	return nil
+}
+
+// place is where the entry the archive names entry goes, relative to the
+// directory: the top, or below it, renamed to made. Any other entry the
+// archive has no business holding.
+func (x *localExtract) place(entry string) (string, error) {
+	name := path.Clean(entry)
+	rest, under := strings.CutPrefix(name, x.top+"/")
+	switch {
+	case strings.HasPrefix(entry, "/") || name == ".." || strings.HasPrefix(name, "../"):
+		return "", fmt.Errorf("the sandbox's archive: %q leads out of %s", entry, filepath.Join(x.dir, x.made))
+	case name == x.top:
+		return x.made, nil
+	case under:
+		return path.Join(x.made, rest), nil
+	default:
+		return "", fmt.Errorf("the sandbox's archive: %q is not in %s", entry, x.top)
+	}
+}
+
+// file writes a regular file's content from tr at name, a new file with
+// mode: whatever was there, a link included, is replaced, never written
+// through.
+func (x *localExtract) file(name string, mode fs.FileMode, h *tar.Header, tr *tar.Reader) error {
+	if err := x.root.MkdirAll(path.Dir(name), 0o755); err != nil {
+		return err
+	}
+	x.root.Remove(name)
+	f, err := x.root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
+	if err != nil {
+		return err
+	}
+	n, err := io.CopyBuffer(struct{ io.Writer }{f}, tr, copyBuf())
+	x.total += n
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	x.root.Chtimes(name, h.AccessTime, h.ModTime)
+	return nil
 }
 
 // bytesText is n bytes as people read them: 512 B, 2.0 KiB, 1.5 GiB.

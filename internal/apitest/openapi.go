@@ -152,27 +152,10 @@ func (v *Validator) Check(r *http.Request, a Answer) error {
 		// OpenAPI does not describe it.
 		return nil
 	}
-	method := r.Method
-	if method == http.MethodHead {
-		method = http.MethodGet
-	}
-	paths := v.paths
-	if v.OwnServers != nil && v.OwnServers(r) {
-		paths = v.own
-	}
-	h, _ := paths.Handler(r)
-	template, _ := h.(templateHandler)
-	var item *openapi3.PathItem
-	if template != "" {
-		item = v.doc.Paths.Value(string(template))
-	}
-	var op *openapi3.Operation
-	if item != nil {
-		op = item.GetOperation(method)
-	}
-	where := fmt.Sprintf("%s %s", r.Method, clipText(r.URL.Path))
-	if op == nil {
+	rt := v.routeOf(r)
+	if rt.op == nil {
 		// Nothing the document describes: an error is the right answer.
+		where := fmt.Sprintf("%s %s", r.Method, clipText(r.URL.Path))
 		if a.Status < 400 {
 			return fmt.Errorf("%s: answered %d, and the document has no such operation", where, a.Status)
 		}
@@ -183,10 +166,10 @@ func (v *Validator) Check(r *http.Request, a Answer) error {
 	}
 	// Named by its template, not the path asked for: the same mismatch
 	// for other IDs is counted as one.
-	where = fmt.Sprintf("%s %s (%s)", r.Method, template, op.OperationID)
-	resp := op.Responses.Status(a.Status)
+	where := fmt.Sprintf("%s %s (%s)", r.Method, rt.template, rt.op.OperationID)
+	resp := rt.op.Responses.Status(a.Status)
 	if resp == nil {
-		resp = op.Responses.Default()
+		resp = rt.op.Responses.Default()
 	}
 	if resp == nil || resp.Value == nil {
 		return fmt.Errorf("%s: answered %d, a status the operation does not document", where, a.Status)
@@ -194,11 +177,50 @@ func (v *Validator) Check(r *http.Request, a Answer) error {
 	if a.Status == http.StatusSwitchingProtocols || a.Status == http.StatusNoContent || a.Status == http.StatusNotModified {
 		return nil
 	}
+	return v.checkContent(r, a, rt, where, resp.Value.Content)
+}
+
+// route is the operation of the document a request was made to, and
+// where the document has it; op is nil when it has none.
+type route struct {
+	template string
+	item     *openapi3.PathItem
+	op       *openapi3.Operation
+	// method is the request's, a HEAD taken as the GET it answers as.
+	method string
+}
+
+// routeOf finds the operation r was made to, among the path items of the
+// servers it was made to (OwnServers).
+func (v *Validator) routeOf(r *http.Request) route {
+	rt := route{method: r.Method}
+	if rt.method == http.MethodHead {
+		rt.method = http.MethodGet
+	}
+	paths := v.paths
+	if v.OwnServers != nil && v.OwnServers(r) {
+		paths = v.own
+	}
+	h, _ := paths.Handler(r)
+	template, _ := h.(templateHandler)
+	rt.template = string(template)
+	if rt.template != "" {
+		rt.item = v.doc.Paths.Value(rt.template)
+	}
+	if rt.item != nil {
+		rt.op = rt.item.GetOperation(rt.method)
+	}
+	return rt
+}
+
+// checkContent holds an answer's Content-Type and body to content, what
+// the document gives for its status; its errors begin with where, as
+// Check's do.
+func (v *Validator) checkContent(r *http.Request, a Answer, rt route, where string, content openapi3.Content) error {
 	ct := a.Header.Get("Content-Type")
 	if ct == "" && len(a.Body) > 0 {
 		ct = http.DetectContentType(a.Body)
 	}
-	content := resp.Value.Content
 	if a.Written == 0 && ct == "" {
 		return nil
 	}
@@ -213,7 +235,7 @@ func (v *Validator) Check(r *http.Request, a Answer) error {
 	in := &openapi3filter.ResponseValidationInput{
 		RequestValidationInput: &openapi3filter.RequestValidationInput{
 			Request: r,
-			Route:   &routers.Route{Spec: v.doc, Path: string(template), PathItem: item, Method: method, Operation: op},
+			Route:   &routers.Route{Spec: v.doc, Path: rt.template, PathItem: rt.item, Method: rt.method, Operation: rt.op},
 		},
 		Status: a.Status,
 		Header: a.Header,

@@ -1,9 +1,7 @@
 package daemon
 
 import (
-	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"path"
@@ -442,25 +440,7 @@ func (d *Daemon) relay(w http.ResponseWriter, r *http.Request, e *entry) {
 		return
 	}
 	defer agentConn.Close()
-	out := r.Clone(r.Context())
-	path, rawPath := agentPath(r.URL)
-	out.URL = &url.URL{Path: path, RawPath: rawPath, RawQuery: r.URL.RawQuery}
-	out.Host, out.RequestURI = "agent", ""
-	stripCredentials(r, out.Header)
-	// An output watcher of a sandbox whose agent shares kilnd's kernel is
-	// offered its client's socket (see moveClient); another's goes
-	// through kilnd.
-	out.Header.Del(api.MoveHeader)
-	if wsKind(path) == wsOutput && runtime == sandbox.RuntimeNamespaces && movableAddr(r) {
-		out.Header.Set(api.MoveHeader, "1")
-	}
-	// A client that offers the token protocol alone (a browser's
-	// WebSocket cannot set a header) speaks the default, kiln.raw; its
-	// handshake fails unless the answer names a protocol it offered.
-	var echo string
-	if protos := offeredProtocols(r); len(protos) > 0 && !slices.ContainsFunc(protos, func(p string) bool { return !isTokenProtocol(p) }) {
-		echo = protos[0]
-	}
+	out, echo := agentRequest(r, runtime)
 	if err := out.Write(agentConn); err != nil {
 		reply.Error(w, unreachable(id, err))
 		return
@@ -479,44 +459,33 @@ func (d *Daemon) relay(w http.ResponseWriter, r *http.Request, e *entry) {
 		return
 	}
 	defer conn.Close()
-	kind := wsKind(path)
-	d.metrics.wsOpened.WithLabelValues(kind).Inc()
-	open := d.metrics.wsOpen.WithLabelValues(kind)
-	open.Inc()
-	defer open.Dec()
-	// Hijacked, the connection is no longer the server's to watch: it
-	// ends with the request's context (a preview revoked or expired).
-	stop := context.AfterFunc(r.Context(), func() {
-		shutdown(conn) // the agent's too, once it has the socket
-		conn.Close()
-		agentConn.Close()
-	})
-	defer stop()
-	// The server's request deadlines no longer apply: a watcher stays as
-	// long as it reads. (Writes get their own deadline below.)
-	conn.SetDeadline(time.Time{})
-	conn.SetWriteDeadline(time.Now().Add(relayWriteTimeout))
-	if _, err := conn.Write(sent); err != nil {
-		return
+	d.join(r.Context(), conn, brw, agentConn, wsKind(out.URL.Path), sent, moving)
+}
+
+// agentRequest is the client's WebSocket request r as it goes to the
+// agent of a sandbox of runtime: to the agent's path, without kilnd's
+// token. echo is the protocol the answer must name for a client that
+// offered the token protocol alone, or "".
+func agentRequest(r *http.Request, runtime string) (out *http.Request, echo string) {
+	out = r.Clone(r.Context())
+	path, rawPath := agentPath(r.URL)
+	out.URL = &url.URL{Path: path, RawPath: rawPath, RawQuery: r.URL.RawQuery}
+	out.Host, out.RequestURI = "agent", ""
+	stripCredentials(r, out.Header)
+	// An output watcher of a sandbox whose agent shares kilnd's kernel is
+	// offered its client's socket (see moveClient); another's goes
+	// through kilnd.
+	out.Header.Del(api.MoveHeader)
+	if wsKind(path) == wsOutput && runtime == sandbox.RuntimeNamespaces && movableAddr(r) {
+		out.Header.Set(api.MoveHeader, "1")
 	}
-	if moving {
-		moved, err := moveClient(conn, brw.Reader, agentConn)
-		if err != nil || moved {
-			return
-		}
+	// A client that offers the token protocol alone (a browser's
+	// WebSocket cannot set a header) speaks the default, kiln.raw; its
+	// handshake fails unless the answer names a protocol it offered.
+	if protos := offeredProtocols(r); len(protos) > 0 && !slices.ContainsFunc(protos, func(p string) bool { return !isTokenProtocol(p) }) {
+		echo = protos[0]
 	}
-	toAgent := make(chan struct{})
-	go func() {
-		defer close(toAgent)
-		io.Copy(agentConn, brw) // the client's messages (and anything it sent early)
-		if cw, ok := agentConn.(interface{ CloseWrite() error }); ok {
-			cw.CloseWrite()
-		}
-	}()
-	copyOut(conn, agentConn) // the output
-	conn.Close()
-	agentConn.Close()
-	<-toAgent
+	return out, echo
 }
 
 // unreachable is the answer to a request kilnd could not take to sandbox

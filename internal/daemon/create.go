@@ -133,7 +133,7 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		return Info{}, err
 	}
 	defer p.release()
-	req, limits, backend, img := p.req, p.limits, p.backend, p.img
+	req, limits, backend := p.req, p.limits, p.backend
 	id := newID()
 	created := false
 	if req.Name != "" {
@@ -160,18 +160,7 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		diskMount, diskImage = disk.Mount, disk.Image
 	}
 	began := time.Now()
-	rec := record{ID: id, Name: req.Name, State: StateRunning, CreatedAt: began.UTC(), Hostname: req.Hostname,
-		Rootfs: req.Rootfs, Limits: limits, Init: req.Init, IdleTimeout: req.IdleTimeoutSeconds,
-		Runtime: backend.Name(), Disk: diskImage, OnOOM: cmp.Or(req.OnOOM, api.OnOOMEndSandbox), Labels: req.Labels}
-	if req.Image != "" {
-		rec.Image, rec.ImageID = req.Image, img.ID
-	}
-	if rec.Hostname == "" {
-		rec.Hostname = req.Name
-	}
-	if rec.Hostname == "" {
-		rec.Hostname = sandbox.DefaultHostname(id)
-	}
+	rec := newRecord(id, p, diskImage, began)
 	opts := d.options(p, &rec, diskMount)
 	if egress.Wanted(req.Network) {
 		if err := d.plug(id, *req.Network, &rec, &opts); err != nil {
@@ -190,19 +179,9 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 			d.unplug(id)
 		}
 	}
-	sb, err := backend.Create(ctx, opts)
+	sb, err := d.launch(ctx, backend, opts, &rec, undo)
 	if err != nil {
-		os.RemoveAll(d.sandboxDir(id))
-		undo()
-		return Info{}, d.hostFailure(fmt.Sprintf("sandbox %s could not be made", id), err)
-	}
-	if state := sb.State(); !bytes.Equal(state, rec.Sandbox) {
-		rec.Sandbox = state
-		if err := d.save(rec); err != nil {
-			sb.Destroy(false)
-			undo()
-			return Info{}, d.hostFailure(fmt.Sprintf("sandbox %s could not be recorded", id), err)
-		}
+		return Info{}, err
 	}
 	d.metrics.creates.Observe(time.Since(began).Seconds())
 	e := d.route(rec, sb)
@@ -214,6 +193,48 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	created = true
 	d.log.Info("sandbox created", "id", id, "name", req.Name, "runtime", backend.Name(), "agent", sb.AgentPID())
 	return d.infoOf(e), nil
+}
+
+// newRecord is the record of sandbox id, made from the plan p at began:
+// running, its disk's image diskImage ("" without one), its hostname the
+// request's, else its name, else one made of its ID.
+func newRecord(id string, p createPlan, diskImage string, began time.Time) record {
+	req := p.req
+	rec := record{ID: id, Name: req.Name, State: StateRunning, CreatedAt: began.UTC(), Hostname: req.Hostname,
+		Rootfs: req.Rootfs, Limits: p.limits, Init: req.Init, IdleTimeout: req.IdleTimeoutSeconds,
+		Runtime: p.backend.Name(), Disk: diskImage, OnOOM: cmp.Or(req.OnOOM, api.OnOOMEndSandbox), Labels: req.Labels}
+	if req.Image != "" {
+		rec.Image, rec.ImageID = req.Image, p.img.ID
+	}
+	if rec.Hostname == "" {
+		rec.Hostname = req.Name
+	}
+	if rec.Hostname == "" {
+		rec.Hostname = sandbox.DefaultHostname(id)
+	}
+	return rec
+}
+
+// launch makes the sandbox of rec with its backend, and records the state
+// the backend gives it where that is not what its start recorded (see
+// options). On a failure nothing of the sandbox is left, and undo releases
+// what Create took for it.
+func (d *Daemon) launch(ctx context.Context, backend sandbox.Backend, opts sandbox.Options, rec *record, undo func()) (sandbox.Instance, error) {
+	sb, err := backend.Create(ctx, opts)
+	if err != nil {
+		os.RemoveAll(d.sandboxDir(rec.ID))
+		undo()
+		return nil, d.hostFailure(fmt.Sprintf("sandbox %s could not be made", rec.ID), err)
+	}
+	if state := sb.State(); !bytes.Equal(state, rec.Sandbox) {
+		rec.Sandbox = state
+		if err := d.save(*rec); err != nil {
+			sb.Destroy(false)
+			undo()
+			return nil, d.hostFailure(fmt.Sprintf("sandbox %s could not be recorded", rec.ID), err)
+		}
+	}
+	return sb, nil
 }
 
 // options are the sandbox's options for its backend, made from the plan

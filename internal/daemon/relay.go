@@ -3,6 +3,7 @@ package daemon
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -41,7 +42,7 @@ const maxAnswerHead = 64 << 10
 // next request reaches kilnd again, not this agent.
 //
 // A protocol, when set, is named in the switch's head if the agent named
-// none (see relay).
+// none (see agentRequest).
 //
 // moving says the agent took up an offer of the client's socket
 // (api.MoveHeader), and has said it is ready (the marker, not in sent):
@@ -106,6 +107,53 @@ func movableAddr(r *http.Request) bool {
 		return r.TLS == nil
 	}
 	return false
+}
+
+// join joins the client's hijacked connection, conn (brw buffering what
+// it sent early), to agentConn once the agent has switched protocols:
+// sent, the agent's answer, goes to the client first; then the client's
+// socket moves to the agent when moving and the agent takes it, or bytes
+// flow both ways until either side ends. The caller closes both
+// connections; join has ended its copies when it returns. kind is the
+// WebSocket's, for the metrics.
+func (d *Daemon) join(ctx context.Context, conn net.Conn, brw *bufio.ReadWriter, agentConn net.Conn, kind string, sent []byte, moving bool) {
+	d.metrics.wsOpened.WithLabelValues(kind).Inc()
+	open := d.metrics.wsOpen.WithLabelValues(kind)
+	open.Inc()
+	defer open.Dec()
+	// Hijacked, the connection is no longer the server's to watch: it
+	// ends with the request's context (a preview revoked or expired).
+	stop := context.AfterFunc(ctx, func() {
+		shutdown(conn) // the agent's too, once it has the socket
+		conn.Close()
+		agentConn.Close()
+	})
+	defer stop()
+	// The server's request deadlines no longer apply: a watcher stays as
+	// long as it reads. (Writes get their own deadline below.)
+	conn.SetDeadline(time.Time{})
+	conn.SetWriteDeadline(time.Now().Add(relayWriteTimeout))
+	if _, err := conn.Write(sent); err != nil {
+		return
+	}
+	if moving {
+		moved, err := moveClient(conn, brw.Reader, agentConn)
+		if err != nil || moved {
+			return
+		}
+	}
+	toAgent := make(chan struct{})
+	go func() {
+		defer close(toAgent)
+		io.Copy(agentConn, brw) // the client's messages (and anything it sent early)
+		if cw, ok := agentConn.(interface{ CloseWrite() error }); ok {
+			cw.CloseWrite()
+		}
+	}()
+	copyOut(conn, agentConn) // the output
+	conn.Close()
+	agentConn.Close()
+	<-toAgent
 }
 
 // moveClient answers an agent that took up the offer of the client's

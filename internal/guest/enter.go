@@ -442,14 +442,9 @@ func IsAgent() bool { return os.Getenv(handoff.AgentEnv) != "" }
 // (no core dumps, no ptrace, no /proc/1/fd for the sandbox's root), and
 // takes its inherited handles, which no child inherits.
 func Enter() (*Inside, error) {
-	raw := os.Getenv(handoff.AgentEnv)
-	if raw == "" {
-		return nil, errNotAgent
-	}
-	os.Unsetenv(handoff.AgentEnv)
-	var cfg handoff.AgentConfig
-	if err := json.Unmarshal([]byte(raw), &cfg); err != nil {
-		return nil, fmt.Errorf("sandbox: agent config: %w", err)
+	cfg, err := agentConfig()
+	if err != nil {
+		return nil, err
 	}
 	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
@@ -457,54 +452,12 @@ func Enter() (*Inside, error) {
 	if cfg.Guest != "" {
 		return enterGuest(cfg)
 	}
-	// Nothing kilnd inherited without close-on-exec (from whatever
-	// started it) may reach the sandbox's processes, nor the spawner.
-	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
-		return nil, fmt.Errorf("sandbox: close-on-exec for inherited descriptors: %w", err)
-	}
-	// The spawner is this binary, reached by a descriptor: it is not in
-	// the sandbox's filesystem. It starts now, while the host's root is
-	// this mount namespace's, and moves into the sandbox's root with the
-	// agent. Its user namespace's maps are written through /proc, which
-	// must be this pid namespace's first.
-	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
-		return nil, fmt.Errorf("sandbox: make mounts private: %w", err)
-	}
-	if err := unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
-		return nil, fmt.Errorf("sandbox: mount the sandbox's /proc: %w", err)
-	}
-	exe, err := openSelf()
+	spawner, loader, err := startSpawner(cfg)
 	if err != nil {
 		return nil, err
 	}
-	spawner := newSpawner(cfg, exe)
-	// Started, and executed, before the root is built: a child forked
-	// while it is holds copies of the agent's descriptors, and a fork
-	// during pivot_root can keep the old root. It comes up meanwhile; the
-	// first process started waits for it to be ready.
-	if err := spawner.Begin(); err != nil {
-		return nil, fmt.Errorf("sandbox: %w", err)
-	}
-	// A dynamically linked kilnd's loader opens its libraries after the
-	// exec: in a sandbox with an image, which has none of them, that must
-	// be done before the root is the image's.
-	// Nor can a spawner start again there, once the root is the image's:
-	// that one stays.
-	loader := cfg.Rootfs != "" && rootfs.NeedsLoader(exe)
-	if loader {
-		if err := spawner.AwaitRunning(); err != nil {
-			return nil, fmt.Errorf("sandbox: %w", err)
-		}
-	}
-	var userns *os.File
-	if len(cfg.Layers) > 0 {
-		if userns, err = spawner.UserNamespace(); err != nil {
-			return nil, fmt.Errorf("sandbox: %w", err)
-		}
-		defer userns.Close()
-	}
-	if err := setupRoot(cfg, userns); err != nil {
-		return nil, fmt.Errorf("sandbox: %w", err)
+	if err := enterRoot(cfg, spawner); err != nil {
+		return nil, err
 	}
 	if err := unix.Sethostname([]byte(cfg.Hostname)); err != nil {
 		return nil, fmt.Errorf("sandbox: hostname: %w", err)
@@ -525,6 +478,86 @@ func Enter() (*Inside, error) {
 		spawner.StopWhenIdle(idle)
 	}
 	return in, nil
+}
+
+// agentConfig reads the configuration kilnd handed this agent, and takes
+// it out of the environment, which the sandbox's processes inherit.
+func agentConfig() (handoff.AgentConfig, error) {
+	var cfg handoff.AgentConfig
+	raw := os.Getenv(handoff.AgentEnv)
+	if raw == "" {
+		return cfg, errNotAgent
+	}
+	os.Unsetenv(handoff.AgentEnv)
+	if err := json.Unmarshal([]byte(raw), &cfg); err != nil {
+		return cfg, fmt.Errorf("sandbox: agent config: %w", err)
+	}
+	return cfg, nil
+}
+
+// startSpawner starts the sandbox's spawner, once no inherited descriptor
+// can reach it and /proc is this pid namespace's, while the host's root is
+// still this mount namespace's. loader reports that it must stay: none
+// could start again once the root is the image's.
+func startSpawner(cfg handoff.AgentConfig) (spawner *confine.Spawner, loader bool, err error) {
+	// Nothing kilnd inherited without close-on-exec (from whatever
+	// started it) may reach the sandbox's processes, nor the spawner.
+	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
+		return nil, false, fmt.Errorf("sandbox: close-on-exec for inherited descriptors: %w", err)
+	}
+	// The spawner is this binary, reached by a descriptor: it is not in
+	// the sandbox's filesystem. It starts now, while the host's root is
+	// this mount namespace's, and moves into the sandbox's root with the
+	// agent. Its user namespace's maps are written through /proc, which
+	// must be this pid namespace's first.
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return nil, false, fmt.Errorf("sandbox: make mounts private: %w", err)
+	}
+	if err := unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return nil, false, fmt.Errorf("sandbox: mount the sandbox's /proc: %w", err)
+	}
+	exe, err := openSelf()
+	if err != nil {
+		return nil, false, err
+	}
+	spawner = newSpawner(cfg, exe)
+	// Started, and executed, before the root is built: a child forked
+	// while it is holds copies of the agent's descriptors, and a fork
+	// during pivot_root can keep the old root. It comes up meanwhile; the
+	// first process started waits for it to be ready.
+	if err := spawner.Begin(); err != nil {
+		return nil, false, fmt.Errorf("sandbox: %w", err)
+	}
+	// A dynamically linked kilnd's loader opens its libraries after the
+	// exec: in a sandbox with an image, which has none of them, that must
+	// be done before the root is the image's.
+	// Nor can a spawner start again there, once the root is the image's:
+	// that one stays.
+	loader = cfg.Rootfs != "" && rootfs.NeedsLoader(exe)
+	if loader {
+		if err := spawner.AwaitRunning(); err != nil {
+			return nil, false, fmt.Errorf("sandbox: %w", err)
+		}
+	}
+	return spawner, loader, nil
+}
+
+// enterRoot builds the sandbox's root filesystem and moves the agent into
+// it (setupRoot). An image's layers are mapped by the spawner's user
+// namespace, the sandbox's, held open only while the root is built.
+func enterRoot(cfg handoff.AgentConfig, spawner *confine.Spawner) error {
+	var userns *os.File
+	if len(cfg.Layers) > 0 {
+		var err error
+		if userns, err = spawner.UserNamespace(); err != nil {
+			return fmt.Errorf("sandbox: %w", err)
+		}
+		defer userns.Close()
+	}
+	if err := setupRoot(cfg, userns); err != nil {
+		return fmt.Errorf("sandbox: %w", err)
+	}
+	return nil
 }
 
 // newSpawner makes the sandbox's spawner: this binary (exe), in the

@@ -88,66 +88,106 @@ func StartUpstream(t *testing.T) *Upstream {
 	var ls []net.Listener
 	var dns net.PacketConn
 	err := inNewNetns(t, func(orig, ns netns.NsHandle) error {
-		// The link, made from the test's namespace: one end moved in.
-		h, err := netlink.NewHandleAt(orig)
-		if err != nil {
+		if err := u.link(orig, ns); err != nil {
 			return err
 		}
-		defer h.Close()
-		veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "upstream0"}, PeerName: "eth0", PeerNamespace: netlink.NsFd(ns)}
-		if err := h.LinkAdd(veth); err != nil {
-			return fmt.Errorf("upstream link: %w", err)
-		}
-		host, err := h.LinkByName("upstream0")
-		if err != nil {
+		if err := u.upInside(); err != nil {
 			return err
 		}
-		if err := h.AddrAdd(host, addr(u.HostAddr, 24)); err != nil {
-			return err
-		}
-		if err := h.LinkSetUp(host); err != nil {
-			return err
-		}
-		// The private range is reached through the upstream too.
-		if err := h.RouteAdd(&netlink.Route{LinkIndex: host.Attrs().Index, Dst: &net.IPNet{IP: net.IPv4(192, 168, 77, 0), Mask: net.CIDRMask(24, 32)}, Gw: net.IP(u.Addr.AsSlice())}); err != nil {
-			return fmt.Errorf("route to the private range: %w", err)
-		}
-		// This thread is in the upstream's namespace: its own end.
-		for _, name := range []string{"lo", "eth0"} {
-			l, err := netlink.LinkByName(name)
-			if err != nil {
-				return err
-			}
-			if err := netlink.LinkSetUp(l); err != nil {
-				return err
-			}
-			if name == "eth0" {
-				if err := netlink.AddrAdd(l, addr(u.Addr, 24)); err != nil {
-					return err
-				}
-				if err := netlink.AddrAdd(l, addr(u.Private, 24)); err != nil {
-					return err
-				}
-			}
-		}
-		// Sockets belong to the namespace they are made in, whichever
-		// thread serves them later.
-		for _, a := range []netip.Addr{u.Addr, u.Private} {
-			l, err := net.Listen("tcp", netip.AddrPortFrom(a, u.HTTP).String())
-			if err != nil {
-				return err
-			}
-			ls = append(ls, l)
-		}
-		dns, err = net.ListenPacket("udp", netip.AddrPortFrom(u.Addr, 53).String())
+		var err error
+		ls, dns, err = u.listen()
 		return err
 	})
 	if err != nil {
+		t.Fatalf("upstream: %v", err)
+	}
+	u.serve(t, ls, dns)
+	return u
+}
+
+// link joins the test's namespace (orig) to the upstream's (ns): a link
+// made from the test's, one end moved into the upstream's, the test's end
+// addressed and routed to, both the public and the private range.
+func (u *Upstream) link(orig, ns netns.NsHandle) error {
+	h, err := netlink.NewHandleAt(orig)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "upstream0"}, PeerName: "eth0", PeerNamespace: netlink.NsFd(ns)}
+	if err := h.LinkAdd(veth); err != nil {
+		return fmt.Errorf("upstream link: %w", err)
+	}
+	host, err := h.LinkByName("upstream0")
+	if err != nil {
+		return err
+	}
+	if err := h.AddrAdd(host, addr(u.HostAddr, 24)); err != nil {
+		return err
+	}
+	if err := h.LinkSetUp(host); err != nil {
+		return err
+	}
+	// The private range is reached through the upstream too.
+	if err := h.RouteAdd(&netlink.Route{LinkIndex: host.Attrs().Index, Dst: &net.IPNet{IP: net.IPv4(192, 168, 77, 0), Mask: net.CIDRMask(24, 32)}, Gw: net.IP(u.Addr.AsSlice())}); err != nil {
+		return fmt.Errorf("route to the private range: %w", err)
+	}
+	return nil
+}
+
+// upInside brings up the upstream's own end, and its loopback, with both
+// its addresses. The calling thread must be in the upstream's namespace.
+func (u *Upstream) upInside() error {
+	for _, name := range []string{"lo", "eth0"} {
+		l, err := netlink.LinkByName(name)
+		if err != nil {
+			return err
+		}
+		if err := netlink.LinkSetUp(l); err != nil {
+			return err
+		}
+		if name == "eth0" {
+			if err := netlink.AddrAdd(l, addr(u.Addr, 24)); err != nil {
+				return err
+			}
+			if err := netlink.AddrAdd(l, addr(u.Private, 24)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// listen opens the upstream's sockets: its web server's on each address
+// and its name server's. The calling thread must be in the upstream's
+// namespace: sockets belong to the namespace they are made in, whichever
+// thread serves them later. On a failure none is left open.
+func (u *Upstream) listen() ([]net.Listener, net.PacketConn, error) {
+	var ls []net.Listener
+	closeAll := func() {
 		for _, l := range ls {
 			l.Close()
 		}
-		t.Fatalf("upstream: %v", err)
 	}
+	for _, a := range []netip.Addr{u.Addr, u.Private} {
+		l, err := net.Listen("tcp", netip.AddrPortFrom(a, u.HTTP).String())
+		if err != nil {
+			closeAll()
+			return nil, nil, err
+		}
+		ls = append(ls, l)
+	}
+	dns, err := net.ListenPacket("udp", netip.AddrPortFrom(u.Addr, 53).String())
+	if err != nil {
+		closeAll()
+		return nil, nil, err
+	}
+	return ls, dns, nil
+}
+
+// serve serves the web server on ls and the name server on dns until the
+// test ends, and then removes the link.
+func (u *Upstream) serve(t *testing.T, ls []net.Listener, dns net.PacketConn) {
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		host, _, _ := net.SplitHostPort(r.RemoteAddr)
 		io.WriteString(w, "upstream saw "+host)
@@ -168,7 +208,6 @@ func StartUpstream(t *testing.T) *Upstream {
 			netlink.LinkDel(l)
 		}
 	})
-	return u
 }
 
 // inNewNetns runs f on a thread moved from its namespace (orig) into a
