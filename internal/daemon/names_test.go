@@ -243,7 +243,7 @@ func TestSandboxNameRace(t *testing.T) {
 		t.Fatal(err)
 	}
 	slices.Sort(codes)
-	if want := []int{200, 409, 409, 409}; !slices.Equal(codes, want) {
+	if want := []int{201, 409, 409, 409}; !slices.Equal(codes, want) {
 		t.Errorf("answers %v, want %v", codes, want)
 	}
 	var list []daemon.Info
