@@ -560,8 +560,13 @@ type CreateSandbox struct {
 	// captured and its exit becomes the sandbox's.
 	Init *ExecRequest `json:"init,omitempty"`
 	// IdleTimeoutSeconds deletes the sandbox (keeping its captured logs)
-	// after this long without a request or an open watcher.
+	// after this long idle: no request, no open watcher or reader, and no
+	// process running in it (a detached build keeps it).
 	IdleTimeoutSeconds int64 `json:"idle_timeout_seconds,omitempty"`
+	// TTLSeconds deletes the sandbox (keeping its captured logs) this long
+	// after its creation, whatever it is doing: a lifetime. 0 is none; at
+	// most MaxIdleTimeoutSeconds.
+	TTLSeconds int64 `json:"ttl_seconds,omitempty"`
 	// Runtime is the kind of sandbox: "namespaces" (the default: Linux
 	// namespaces, cgroups and a seccomp filter on the host's kernel) or
 	// "gvisor" (the same inside gVisor's user-space kernel, runsc).
@@ -718,6 +723,7 @@ type Sandbox struct {
 	// Exit is the init command's exit, once the sandbox ended with it.
 	Exit               *Exit `json:"exit,omitempty"`
 	IdleTimeoutSeconds int64 `json:"idle_timeout_seconds,omitempty"`
+	TTLSeconds         int64 `json:"ttl_seconds,omitempty"`
 	// Network is the sandbox's network beyond its loopback, if any.
 	Network *Network `json:"network,omitempty"`
 	// Image is the image it was created from, as the request named it,

@@ -371,8 +371,9 @@ func (c *cli) sandboxCmd() *cobra.Command {
 			if o.Limits, err = limits(cmd.Flags()); err != nil {
 				return err
 			}
-			idle, _ := cmd.Flags().GetDuration("idle-timeout")
-			o.IdleTimeoutSeconds = int64(idle / time.Second)
+			if o.IdleTimeoutSeconds, o.TTLSeconds, err = lifetimes(cmd); err != nil {
+				return err
+			}
 			o.Network = network()
 			if o.Labels, err = labels(); err != nil {
 				return err
@@ -396,7 +397,7 @@ func (c *cli) sandboxCmd() *cobra.Command {
 	create.Flags().StringVar(&o.Runtime, "runtime", "", "the kind of sandbox: namespaces (the default) or gvisor (gVisor's kernel between the sandbox\nand the host's; kilnd --runtimes says which this host has)")
 	limits = limitFlags(create)
 	onOOMFlag(create, &o.OnOOM)
-	create.Flags().Duration("idle-timeout", 0, "delete the sandbox (keeping its logs) after this long unused")
+	lifetimeFlags(create)
 	network = networkFlags(create)
 	labels = labelFlag(create)
 	inspect := &cobra.Command{

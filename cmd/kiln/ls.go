@@ -262,3 +262,24 @@ func numbers(v any) any {
 	}
 	return v
 }
+
+// lifetimeFlags adds --idle-timeout and --ttl to a command that creates a
+// sandbox; lifetimes reads them, in seconds.
+func lifetimeFlags(cmd *cobra.Command) {
+	cmd.Flags().Duration("idle-timeout", 0, "delete the sandbox (keeping its logs) after this long idle: no request, no watcher, no process running")
+	cmd.Flags().Duration("ttl", 0, "delete the sandbox (keeping its logs) this long after its creation, whatever it is doing")
+}
+
+func lifetimes(cmd *cobra.Command) (idle, ttl int64, err error) {
+	for _, f := range []struct {
+		name string
+		to   *int64
+	}{{"idle-timeout", &idle}, {"ttl", &ttl}} {
+		d, _ := cmd.Flags().GetDuration(f.name)
+		if d < 0 || d > api.MaxIdleTimeoutSeconds*time.Second || d > 0 && d < time.Second {
+			return 0, 0, usageError{fmt.Errorf("--%s %v: want 1s to a year (8760h), or 0 for none", f.name, d), cmd.CommandPath()}
+		}
+		*f.to = int64(d / time.Second)
+	}
+	return idle, ttl, nil
+}

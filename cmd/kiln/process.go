@@ -1024,6 +1024,9 @@ sandbox's limits are those of kiln sandbox create.
 				return err
 			}
 			opts.Network = network()
+			if opts.IdleTimeoutSeconds, opts.TTLSeconds, err = lifetimes(cmd); err != nil {
+				return err
+			}
 			if opts.Labels, err = labels(); err != nil {
 				return err
 			}
@@ -1074,6 +1077,7 @@ sandbox's limits are those of kiln sandbox create.
 	cmd.Flags().StringVar(&opts.Runtime, "runtime", "", "the kind of sandbox: namespaces (the default) or gvisor")
 	network = networkFlags(cmd)
 	labels = labelFlag(cmd)
+	lifetimeFlags(cmd)
 	cmd.Flags().StringVar(&opts.Name, "name", "", "a `name` for the sandbox, as kiln sandbox create --name")
 	return cmd
 }

@@ -103,7 +103,7 @@ func (d *Daemon) infoOf(e *entry) Info {
 func (e *entry) info() Info {
 	i := Info{ID: e.rec.ID, Name: e.rec.Name, State: e.rec.State, CreatedAt: e.rec.CreatedAt, StoppedAt: e.rec.StoppedAt,
 		Hostname: e.rec.Hostname, Rootfs: e.rec.Rootfs, Image: e.rec.Image, ImageID: e.rec.ImageID, Limits: e.rec.Limits, Reason: e.rec.Reason,
-		Exit: e.rec.Exit, IdleTimeoutSeconds: e.rec.IdleTimeout, Runtime: runtimeOf(e.rec), OnOOM: onOOMOf(e.rec),
+		Exit: e.rec.Exit, IdleTimeoutSeconds: e.rec.IdleTimeout, TTLSeconds: e.rec.TTL, Runtime: runtimeOf(e.rec), OnOOM: onOOMOf(e.rec),
 		Labels: e.rec.Labels}
 	if e.rec.State == StateRunning && e.sb != nil {
 		i.AgentPID = e.sb.AgentPID()
@@ -201,7 +201,7 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 func newRecord(id string, p createPlan, diskImage string, began time.Time) record {
 	req := p.req
 	rec := record{ID: id, Name: req.Name, State: StateRunning, CreatedAt: began.UTC(), Hostname: req.Hostname,
-		Rootfs: req.Rootfs, Limits: p.limits, Init: req.Init, IdleTimeout: req.IdleTimeoutSeconds,
+		Rootfs: req.Rootfs, Limits: p.limits, Init: req.Init, IdleTimeout: req.IdleTimeoutSeconds, TTL: req.TTLSeconds,
 		Runtime: p.backend.Name(), Disk: diskImage, OnOOM: cmp.Or(req.OnOOM, api.OnOOMEndSandbox), Labels: req.Labels}
 	if req.Image != "" {
 		rec.Image, rec.ImageID = req.Image, p.img.ID

@@ -6,11 +6,13 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -331,9 +333,9 @@ func (cfg *Config) check() error {
 	return nil
 }
 
-// janitor deletes, keeping their captured logs, the sandboxes idle for
-// longer than their idle timeout, and removes those deleted longer than
-// KeepDeleted ago (sweep).
+// janitor deletes, keeping their captured logs, the sandboxes past
+// their TTL or idle for longer than their idle timeout, and removes those
+// deleted longer than KeepDeleted ago (sweep).
 func (d *Daemon) janitor() {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
@@ -343,28 +345,80 @@ func (d *Daemon) janitor() {
 			return
 		case <-t.C:
 		}
-		d.sweep(time.Now())
-		var idle []string
-		d.mu.Lock()
-		for id, e := range d.sandboxes {
-			if e.rec.State == StateRunning && !e.deleting && e.rec.IdleTimeout > 0 && e.inflight == 0 &&
-				time.Since(e.lastUsed) > time.Duration(e.rec.IdleTimeout)*time.Second {
-				// Decided and taken under one lock: a request arriving now
-				// finds it being deleted, not half gone.
-				e.rec.Reason = fmt.Sprintf("idle for %ds", e.rec.IdleTimeout)
-				e.deleting, e.proxy = true, nil
-				idle = append(idle, id)
-			}
-		}
-		d.mu.Unlock()
-		for _, id := range idle {
+		now := time.Now()
+		d.sweep(now)
+		for _, id := range d.expired(now, d.busy(d.idleCandidates(now))) {
 			if err := d.delete(id, false, true); err != nil {
-				d.log.Error("delete an idle sandbox", "id", id, "err", err)
+				d.log.Error("delete an expired sandbox", "id", id, "err", err)
 			} else {
-				d.log.Info("idle sandbox deleted", "id", id)
+				d.log.Info("expired sandbox deleted", "id", id)
 			}
 		}
 	}
+}
+
+// idleCandidates are the running sandboxes that no request has used for
+// longer than their idle timeout, each with the transport to its agent.
+func (d *Daemon) idleCandidates(now time.Time) map[string]http.RoundTripper {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := map[string]http.RoundTripper{}
+	for id, e := range d.sandboxes {
+		if e.rec.State == StateRunning && !e.deleting && e.rec.IdleTimeout > 0 && e.inflight == 0 &&
+			now.Sub(e.lastUsed) > time.Duration(e.rec.IdleTimeout)*time.Second && e.proxy != nil {
+			out[id] = e.proxy.Transport
+		}
+	}
+	return out
+}
+
+// busy asks the agent of each candidate whether a process runs in its
+// sandbox (one started and not yet finished: a detached build, a
+// server): those are in use, whoever watches. An agent that does not
+// answer leaves its sandbox idle.
+func (d *Daemon) busy(candidates map[string]http.RoundTripper) map[string]bool {
+	ids := slices.Collect(maps.Keys(candidates))
+	running := make([]bool, len(ids))
+	fewAtATime(len(ids), func(i int) {
+		if c := agentCounts(context.Background(), candidates[ids[i]]); c != nil {
+			running[i] = c.ProcessesStarted > c.ExitedZero+c.ExitedNonZero+c.Signaled
+		}
+	})
+	out := map[string]bool{}
+	for i, id := range ids {
+		out[id] = running[i]
+	}
+	return out
+}
+
+// expired marks deleting, and returns, the running sandboxes past their
+// TTL, and those of idle (their ids to whether a process runs in them)
+// still idle: a sandbox with a process running counts as used now.
+// Decided and taken under one lock: a request arriving now finds the
+// sandbox being deleted, not half gone.
+func (d *Daemon) expired(now time.Time, idle map[string]bool) []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var out []string
+	for id, e := range d.sandboxes {
+		if e.rec.State != StateRunning || e.deleting {
+			continue
+		}
+		switch running, checked := idle[id]; {
+		case e.rec.TTL > 0 && now.Sub(e.rec.CreatedAt) > time.Duration(e.rec.TTL)*time.Second:
+			e.rec.Reason = fmt.Sprintf("its ttl of %ds ended", e.rec.TTL)
+		case checked && running:
+			e.lastUsed = now
+			continue
+		case checked && e.inflight == 0 && now.Sub(e.lastUsed) > time.Duration(e.rec.IdleTimeout)*time.Second:
+			e.rec.Reason = fmt.Sprintf("idle for %ds", e.rec.IdleTimeout)
+		default:
+			continue
+		}
+		e.deleting, e.proxy = true, nil
+		out = append(out, id)
+	}
+	return out
 }
 
 // Token is the bearer token TCP clients must present.

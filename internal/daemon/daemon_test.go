@@ -1020,3 +1020,72 @@ func TestGVisorLifecycle(t *testing.T) {
 	}
 	k2.cleanup()
 }
+
+// TestIdleTimeoutCountsRunningProcesses: a sandbox whose detached
+// process runs on is in use, however long no one asks anything of it; once
+// the process is gone it is idle, and deleted.
+func TestIdleTimeoutCountsRunningProcesses(t *testing.T) {
+	k := start(t, "")
+	defer k.cleanup()
+	var info daemon.Info
+	k.json("POST", "/sandboxes", `{"idle_timeout_seconds":1}`, &info)
+	var st api.Started
+	k.json("POST", "/sandboxes/"+info.ID+"/exec-stream", `{"command":"sleep","args":["600"]}`, &st)
+	state := func() string {
+		list, _, _ := k.d.Select(daemon.Selection{Deleted: true})
+		for _, s := range list {
+			if s.ID == info.ID {
+				return s.State
+			}
+		}
+		return "gone"
+	}
+	// Three times its timeout without a request: the janitor, which looks
+	// every second, has looked and found the process running.
+	time.Sleep(3 * time.Second)
+	if s := state(); s != daemon.StateRunning {
+		t.Fatalf("with its process running, the sandbox is %s", s)
+	}
+	k.json("DELETE", "/sandboxes/"+info.ID+"/exec-stream/"+st.ID, nil, nil)
+	deadline := time.Now().Add(30 * time.Second)
+	for state() != daemon.StateDeleted {
+		if time.Now().After(deadline) {
+			t.Fatalf("idle without its process, the sandbox is still %s", state())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestTTL: a sandbox past its ttl is deleted, watched or not, saying why.
+func TestTTL(t *testing.T) {
+	k := start(t, "")
+	defer k.cleanup()
+	var info daemon.Info
+	k.json("POST", "/sandboxes", `{"ttl_seconds":1,"idle_timeout_seconds":600}`, &info)
+	if info.TTLSeconds != 1 {
+		t.Errorf("ttl_seconds answered %d", info.TTLSeconds)
+	}
+	var st api.Started
+	k.json("POST", "/sandboxes/"+info.ID+"/exec-stream", `{"command":"sleep","args":["600"]}`, &st)
+	// A watcher until the sandbox ends: its logs end when the ttl does.
+	k.logs(info.ID, st.ID)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		list, _, _ := k.d.Select(daemon.Selection{State: daemon.StateDeleted, Deleted: true})
+		var got daemon.Info
+		if len(list) == 1 {
+			got = list[0]
+		}
+		if got.ID == info.ID {
+			if got.Reason != "its ttl of 1s ended" {
+				t.Errorf("deleted, reason %q", got.Reason)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("past its ttl the sandbox is %s", got.State)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	k.refuses("POST", "/sandboxes", `{"ttl_seconds":-1}`, 400, api.CodeInvalid, "ttl_seconds -1")
+}

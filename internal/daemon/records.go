@@ -46,6 +46,7 @@ type record struct {
 	Init        *api.ExecRequest `json:"init,omitempty"`
 	Exit        *api.Exit        `json:"exit,omitempty"`
 	IdleTimeout int64            `json:"idle_timeout_seconds,omitempty"`
+	TTL         int64            `json:"ttl_seconds,omitempty"`
 	// Runtime is the backend that made it (empty in records older than
 	// backends: the namespaces one), Sandbox that backend's state of it.
 	Runtime string          `json:"runtime,omitempty"`

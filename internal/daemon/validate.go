@@ -78,6 +78,9 @@ func validateCreate(req CreateRequest, limits api.Limits) error {
 	if req.IdleTimeoutSeconds < 0 || req.IdleTimeoutSeconds > api.MaxIdleTimeoutSeconds {
 		return fmt.Errorf("%w: idle_timeout_seconds %d: want 0 (none) to %d (a year)", errdefs.ErrInvalidArgument, req.IdleTimeoutSeconds, api.MaxIdleTimeoutSeconds)
 	}
+	if req.TTLSeconds < 0 || req.TTLSeconds > api.MaxIdleTimeoutSeconds {
+		return fmt.Errorf("%w: ttl_seconds %d: want 0 (none) to %d (a year)", errdefs.ErrInvalidArgument, req.TTLSeconds, api.MaxIdleTimeoutSeconds)
+	}
 	// An init without a command takes its image's: Create checks it once
 	// it has it.
 	if req.Init != nil && (req.Init.Command != "" || req.Image == "") {

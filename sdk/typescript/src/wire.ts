@@ -879,8 +879,10 @@ export interface components {
             rootfs?: string;
             limits?: components["schemas"]["Limits"];
             init?: components["schemas"]["ExecRequest"];
-            /** @description delete the sandbox (its captured logs kept) after this long without a request or an open watcher: 0 (never) to a year */
+            /** @description delete the sandbox (its captured logs kept) after this long idle: no request, no open watcher or reader, and no process running in it (a detached build keeps it): 0 (never) to a year */
             idle_timeout_seconds?: number;
+            /** @description delete the sandbox (its captured logs kept) this long after its creation, whatever it is doing: 0 (never) to a year */
+            ttl_seconds?: number;
             /**
              * @description the kind of sandbox: Linux namespaces on the host's kernel (the default), or inside gVisor's kernel (runsc); kilnd --runtimes lists those the host has
              * @enum {string}
@@ -1040,6 +1042,7 @@ export interface components {
             agent_pid?: number;
             exit?: components["schemas"]["Exit"];
             idle_timeout_seconds?: number;
+            ttl_seconds?: number;
             network?: components["schemas"]["Network"];
             /** @description the image it was created from, as the request named it */
             image?: string;

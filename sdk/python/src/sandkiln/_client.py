@@ -158,6 +158,7 @@ class AsyncSandboxes:
         network: Mapping[str, Any] | None = None,
         init: Mapping[str, Any] | None = None,
         idle_timeout_seconds: int | None = None,
+        ttl_seconds: int | None = None,
         logs: Mapping[str, int] | None = None,
         on_oom: str | None = None,
         labels: Mapping[str, str] | None = None,
@@ -171,7 +172,7 @@ class AsyncSandboxes:
         body = {k: v for k, v in {
             "name": name, "hostname": hostname, "image": image, "rootfs": rootfs, "runtime": runtime,
             "limits": dict(limits) if limits is not None else None, "network": network, "init": init,
-            "idle_timeout_seconds": idle_timeout_seconds, "logs": logs, "on_oom": on_oom,
+            "idle_timeout_seconds": idle_timeout_seconds, "ttl_seconds": ttl_seconds, "logs": logs, "on_oom": on_oom,
             "labels": dict(labels) if labels is not None else None,
         }.items() if v is not None}
         return Opening(self._create(body, timeout))

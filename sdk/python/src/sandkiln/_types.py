@@ -251,6 +251,7 @@ class SandboxInfo(TypedDict, total=False):
     agent_pid: int
     exit: dict[str, Any]
     idle_timeout_seconds: int
+    ttl_seconds: int
     network: dict[str, Any]
     image: str
     image_id: str
