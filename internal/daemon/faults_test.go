@@ -762,7 +762,7 @@ func TestDefaultLimits(t *testing.T) {
 	for _, tc := range cases {
 		status, b := k.do("POST", "/sandboxes", k.d.Token(), tc.body)
 		var sb api.Sandbox
-		if status != http.StatusOK || json.Unmarshal(b, &sb) != nil {
+		if status != http.StatusCreated || json.Unmarshal(b, &sb) != nil {
 			t.Fatalf("POST %s: %d %s", tc.body, status, b)
 		}
 		if sb.Limits != tc.want {
