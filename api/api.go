@@ -93,7 +93,7 @@ const (
 // Bounds on a request, enforced by the agent and by kilnd.
 const (
 	MaxBody     = 1 << 20   // bytes of a JSON request body
-	MaxArgs     = 4096      // command plus arguments
+	MaxArgs     = 65536     // command plus arguments (xargs -n 65536 fits)
 	MaxUser     = 256       // a request's user
 	MaxEnv      = 1024      // environment entries
 	MaxArgvEnv  = 256 << 10 // bytes of command, arguments and environment together
@@ -865,6 +865,9 @@ type ImageRemoval struct {
 	Untagged []string `json:"untagged"`
 	Deleted  bool     `json:"deleted"`
 }
+
+// RunLossless is the State of a Run that lost nothing.
+const RunLossless = "lossless"
 
 // Run is one run of a captured log and what the log says of it:
 // lossless, lossy, interrupted, retention-loss, unknown or corrupted.

@@ -458,10 +458,13 @@ text or base64, partial} and gaps {gap}.`,
 				} else {
 					_, err = io.Copy(c.stdout, body)
 				}
-				// What the log says of each run it holds, last: lossless,
-				// or how it is not.
+				// What the log says of each run it holds that is not
+				// whole, last: how it is not. A lossless run needs no
+				// word, as docker logs says none.
 				for _, r := range body.Runs() {
-					fmt.Fprintf(c.stderr, "kiln: captured run %s: %s%s\n", shortID(r.ID), r.State, droppedText(r))
+					if r.State != api.RunLossless {
+						fmt.Fprintf(c.stderr, "kiln: captured run %s: %s%s\n", shortID(r.ID), r.State, droppedText(r))
+					}
 				}
 				return err
 			})

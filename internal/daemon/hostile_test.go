@@ -277,7 +277,7 @@ func hostileArgvEnvSize(r api.ExecRequest) int {
 func hostileAtBounds() api.ExecRequest {
 	r := api.ExecRequest{Command: "sh", Args: []string{"-c", `echo $#; env | grep -c ^HV`, "sh"}, Env: map[string]string{}}
 	for len(r.Args) < api.MaxArgs-1 {
-		r.Args = append(r.Args, strings.Repeat("x", 31))
+		r.Args = append(r.Args, "x")
 	}
 	for i := range api.MaxEnv {
 		r.Env[fmt.Sprintf("HV%04d", i)] = strings.Repeat("v", 100)
