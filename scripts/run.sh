@@ -38,6 +38,16 @@ kilnd=$!
 # Ctrl-C reaches kilnd too (the same process group); TERM sent to this
 # script alone is passed on. Either way the script waits for kilnd's end.
 trap 'kill -TERM "$kilnd" 2>/dev/null || true' INT TERM
+# And a script that stops early (the demo could not be made) stops kilnd
+# with it, rather than leave it running, out of sight, on the port.
+stop_kilnd() {
+	if kill -0 "$kilnd" 2>/dev/null; then
+		say "stopping kilnd"
+		kill -TERM "$kilnd" 2>/dev/null || true
+		wait "$kilnd" || true
+	fi
+}
+trap stop_kilnd EXIT
 
 # Ready when its socket answers; gone if it stopped (a port in use, not
 # root), in which case its log above says why.
@@ -57,10 +67,10 @@ if st=$(./kiln sandbox inspect demo 2>/dev/null | sed -n 's/^ *"state": *"\([a-z
 	if [ "$st" != running ]; then
 		say "the demo sandbox is $st: making it anew"
 		./kiln sandbox rm demo >/dev/null
-		./kiln sandbox create --name demo >/dev/null
+		./kiln sandbox create --name demo >/dev/null || die "the demo sandbox could not be made; kilnd's log above says why"
 	fi
 else
-	./kiln sandbox create --name demo >/dev/null
+	./kiln sandbox create --name demo >/dev/null || die "the demo sandbox could not be made; kilnd's log above says why"
 fi
 
 gvisor="gVisor sandboxes: not available here (make run RUNSC=1 builds runsc, about two minutes)"
