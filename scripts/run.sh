@@ -21,6 +21,12 @@ unset KILN_ADDR
 kiln=./kiln
 [ "$state" = /var/lib/sandkiln ] || kiln="./kiln --state-dir $state"
 [ "$(id -u)" = 0 ] || die "kilnd needs root (its sandboxes are namespaces): run make run as root, or with sudo"
+# Each sandbox is in a user namespace of its own, which a chroot or a
+# container may refuse even to root; kilnd would start and then fail
+# every create with "operation not permitted".
+if ! err=$(unshare --user true 2>&1); then
+	die "kilnd's sandboxes need user namespaces, and this system refuses them (unshare --user: ${err##*: }): in a chroot or a container? run kilnd on the host or in a virtual machine"
+fi
 
 # A second kilnd on the same state directory would fight the first for
 # its socket and its sandboxes; and the build below would replace the
