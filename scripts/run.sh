@@ -35,7 +35,9 @@ if [ -x ./kiln ] && ./kiln version >/dev/null 2>&1; then
 	die "a kilnd already answers on $state/kilnd.sock: stop it first (or use it: ./kiln sandbox ls)"
 fi
 
-# ./kilnd and ./kiln, statically linked (the Makefile says why).
+# ./kilnd and ./kiln, statically linked (the Makefile says why). The
+# first build compiles every package, and go build is silent meanwhile.
+[ -x ./kilnd ] || say "building ./kilnd and ./kiln: the first build compiles every package, a few minutes on a small machine, and says nothing until it is done"
 make --no-print-directory build
 
 say "starting ./kilnd --state-dir $state --listen $listen (its log follows)"
