@@ -86,7 +86,9 @@ ensure_go() {
 	# time (about 70 MB from the module proxy, kept in the module cache).
 	local v
 	if ! v=$(cd "$ROOT" && go version); then
-		die "Go could not fetch the toolchain go.mod asks for ($(sed -n 's/^go //p' "$ROOT/go.mod")) from the module proxy ($(go env GOPROXY)): install that Go from https://go.dev/dl/"
+		# go env outside the module and with the local Go: in it, go would
+		# try (and fail) the same fetch again, and print nothing.
+		die "Go could not get the Go go.mod names (go$(sed -n 's/^go //p' "$ROOT/go.mod"); its error is above) from the module proxy ($(cd / && GOTOOLCHAIN=local go env GOPROXY)): if that proxy is out of reach, set GOPROXY, or install that Go from https://go.dev/dl/"
 	fi
 	say "$v"
 }

@@ -21,6 +21,12 @@ unset KILN_ADDR
 kiln=./kiln
 [ "$state" = /var/lib/sandkiln ] || kiln="./kiln --state-dir $state"
 [ "$(id -u)" = 0 ] || die "kilnd needs root (its sandboxes are namespaces): run make run as root, or with sudo"
+# Each sandbox is in a user namespace of its own, which a chroot or a
+# container may refuse even to root; kilnd would start and then fail
+# every create with "operation not permitted".
+if ! err=$(unshare --user true 2>&1); then
+	die "kilnd's sandboxes need user namespaces, and this system refuses them (unshare --user: ${err##*: }): in a chroot or a container? run kilnd on the host or in a virtual machine"
+fi
 
 # A second kilnd on the same state directory would fight the first for
 # its socket and its sandboxes; and the build below would replace the
@@ -29,7 +35,9 @@ if [ -x ./kiln ] && ./kiln version >/dev/null 2>&1; then
 	die "a kilnd already answers on $state/kilnd.sock: stop it first (or use it: ./kiln sandbox ls)"
 fi
 
-# ./kilnd and ./kiln, statically linked (the Makefile says why).
+# ./kilnd and ./kiln, statically linked (the Makefile says why). The
+# first build compiles every package, and go build is silent meanwhile.
+[ -x ./kilnd ] || say "building ./kilnd and ./kiln: the first build compiles every package, a few minutes on a small machine, and says nothing until it is done"
 make --no-print-directory build
 
 say "starting ./kilnd --state-dir $state --listen $listen (its log follows)"
@@ -38,6 +46,16 @@ kilnd=$!
 # Ctrl-C reaches kilnd too (the same process group); TERM sent to this
 # script alone is passed on. Either way the script waits for kilnd's end.
 trap 'kill -TERM "$kilnd" 2>/dev/null || true' INT TERM
+# And a script that stops early (the demo could not be made) stops kilnd
+# with it, rather than leave it running, out of sight, on the port.
+stop_kilnd() {
+	if kill -0 "$kilnd" 2>/dev/null; then
+		say "stopping kilnd"
+		kill -TERM "$kilnd" 2>/dev/null || true
+		wait "$kilnd" || true
+	fi
+}
+trap stop_kilnd EXIT
 
 # Ready when its socket answers; gone if it stopped (a port in use, not
 # root), in which case its log above says why.
@@ -57,10 +75,10 @@ if st=$(./kiln sandbox inspect demo 2>/dev/null | sed -n 's/^ *"state": *"\([a-z
 	if [ "$st" != running ]; then
 		say "the demo sandbox is $st: making it anew"
 		./kiln sandbox rm demo >/dev/null
-		./kiln sandbox create --name demo >/dev/null
+		./kiln sandbox create --name demo >/dev/null || die "the demo sandbox could not be made; kilnd's log above says why"
 	fi
 else
-	./kiln sandbox create --name demo >/dev/null
+	./kiln sandbox create --name demo >/dev/null || die "the demo sandbox could not be made; kilnd's log above says why"
 fi
 
 gvisor="gVisor sandboxes: not available here (make run RUNSC=1 builds runsc, about two minutes)"
