@@ -103,6 +103,9 @@ prints each one's name (or ID, if it has none).`,
 						names = []string{"<none>"}
 					}
 					for _, n := range names {
+						if c.output != "wide" {
+							n = familiarName(n)
+						}
 						fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\n", n, imageID(img.ID), len(img.Layers), units.HumanSize(float64(img.Size)), img.Added.Local().Format(time.DateTime))
 					}
 				}
@@ -214,4 +217,20 @@ func progressLine(p api.ImageProgress) string {
 		line += " " + units.HumanSize(float64(p.Bytes))
 	}
 	return line
+}
+
+// familiarName is an image's name as Docker shows it: without Docker
+// Hub's registry, and without "library/" for its official images
+// ("index.docker.io/library/busybox:latest" is "busybox:latest"). kilnd
+// takes either; -o wide shows the whole.
+func familiarName(name string) string {
+	for _, hub := range []string{"index.docker.io/", "docker.io/", "registry-1.docker.io/"} {
+		if rest, ok := strings.CutPrefix(name, hub); ok {
+			if short, ok := strings.CutPrefix(rest, "library/"); ok && !strings.Contains(short, "/") {
+				return short
+			}
+			return rest
+		}
+	}
+	return name
 }
