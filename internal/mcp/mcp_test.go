@@ -408,6 +408,14 @@ func TestSandboxes(t *testing.T) {
 	if len(l.Sandboxes) != 1 || l.Sandboxes[0].ID != created.ID || l.Omitted != 0 || l.Note != "1 sandboxes; at most 500 per call." {
 		t.Errorf("list: %+v", l)
 	}
+	other := call[mcp.SandboxOutput](t, cs, "sandbox_create", map[string]any{"labels": map[string]any{"task": "fix-42"}, "ttl_seconds": 3600})
+	if other.Labels["task"] != "fix-42" {
+		t.Errorf("created with labels: %+v", other)
+	}
+	if l := call[mcp.ListOutput](t, cs, "sandbox_list", map[string]any{"label": []string{"task=fix-42"}}); len(l.Sandboxes) != 1 || l.Sandboxes[0].ID != other.ID {
+		t.Errorf("list by label: %+v", l)
+	}
+	call[mcp.DeleteOutput](t, cs, "sandbox_delete", map[string]any{"sandbox": other.ID})
 	if d := call[mcp.DeleteOutput](t, cs, "sandbox_delete", map[string]any{"sandbox": "agent-box"}); d.Deleted != created.ID {
 		t.Errorf("deleted %q", d.Deleted)
 	}

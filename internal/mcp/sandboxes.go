@@ -9,6 +9,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/client"
 )
 
 // CreateInput is sandbox_create's arguments.
@@ -19,7 +20,11 @@ type CreateInput struct {
 	Limits *LimitsInput `json:"limits,omitempty" jsonschema:"resource limits; each one left out is kilnd's default"`
 	Egress *EgressInput `json:"egress,omitempty" jsonschema:"network access beyond the sandbox's loopback; left out, none"`
 	// IdleTimeoutSeconds deletes the sandbox after that long unused.
-	IdleTimeoutSeconds int64 `json:"idle_timeout_seconds,omitempty" jsonschema:"delete the sandbox (keeping its captured logs) after this many seconds without a call"`
+	IdleTimeoutSeconds int64 `json:"idle_timeout_seconds,omitempty" jsonschema:"delete the sandbox (keeping its captured logs) after this many seconds idle: no call, and no process running in it"`
+	// TTLSeconds deletes it that long after its creation.
+	TTLSeconds int64 `json:"ttl_seconds,omitempty" jsonschema:"delete the sandbox (keeping its captured logs) this many seconds after its creation, whatever it is doing"`
+	// Labels are the caller's own.
+	Labels map[string]string `json:"labels,omitempty" jsonschema:"labels, each a key and a value, to find the sandbox by later (sandbox_list's label); keys of a-z, A-Z, 0-9, '.', '_', '-', '/'"`
 	// OnOOM is what happens past the memory limit.
 	OnOOM string `json:"on_oom,omitempty" jsonschema:"past the memory limit: end_sandbox (the default: every process is killed and the sandbox stops) or kill_process (only the process using the most memory is killed and the sandbox runs on)"`
 }
@@ -41,18 +46,24 @@ type EgressInput struct {
 
 // SandboxOutput is a sandbox as a model reads it.
 type SandboxOutput struct {
-	ID      string       `json:"id"`
-	Name    string       `json:"name,omitempty"`
-	State   string       `json:"state"`
-	Image   string       `json:"image,omitempty"`
-	Created time.Time    `json:"created_at"`
-	Limits  api.Limits   `json:"limits"`
-	Network *api.Network `json:"network,omitempty"`
-	Reason  string       `json:"reason,omitempty"`
+	ID      string            `json:"id"`
+	Name    string            `json:"name,omitempty"`
+	State   string            `json:"state"`
+	Image   string            `json:"image,omitempty"`
+	Created time.Time         `json:"created_at"`
+	Limits  api.Limits        `json:"limits"`
+	Network *api.Network      `json:"network,omitempty"`
+	Reason  string            `json:"reason,omitempty"`
+	Labels  map[string]string `json:"labels,omitempty"`
+}
+
+// ListInput is sandbox_list's arguments.
+type ListInput struct {
+	Label []string `json:"label,omitempty" jsonschema:"only sandboxes with each of these labels: KEY (it has the label) or KEY=VALUE"`
 }
 
 func sandboxOutput(s api.Sandbox) SandboxOutput {
-	return SandboxOutput{ID: s.ID, Name: s.Name, State: s.State, Image: s.Image, Created: s.CreatedAt, Limits: s.Limits, Network: s.Network, Reason: s.Reason}
+	return SandboxOutput{ID: s.ID, Name: s.Name, State: s.State, Image: s.Image, Created: s.CreatedAt, Limits: s.Limits, Network: s.Network, Reason: s.Reason, Labels: s.Labels}
 }
 
 // ListOutput is sandbox_list's result.
@@ -86,7 +97,8 @@ func (s *Server) addSandboxTools() {
 	mcp.AddTool(s.s, &mcp.Tool{
 		Name: "sandbox_list",
 		Description: "List the sandboxes that exist (running or stopped, not deleted) with their ids, names, states, images and " +
-			"limits, at most 500 (omitted counts the rest). Use it to find a sandbox created earlier instead of creating another.",
+			"limits, at most 500 (omitted counts the rest); `label` narrows it to those with each label. Use it to find a sandbox " +
+			"created earlier instead of creating another.",
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true},
 	}, s.listSandboxes)
 	mcp.AddTool(s.s, &mcp.Tool{
@@ -98,7 +110,7 @@ func (s *Server) addSandboxTools() {
 }
 
 func (s *Server) createSandbox(ctx context.Context, _ *mcp.CallToolRequest, in CreateInput) (*mcp.CallToolResult, SandboxOutput, error) {
-	o := api.CreateSandbox{Image: in.Image, Name: in.Name, IdleTimeoutSeconds: in.IdleTimeoutSeconds, OnOOM: in.OnOOM}
+	o := api.CreateSandbox{Image: in.Image, Name: in.Name, IdleTimeoutSeconds: in.IdleTimeoutSeconds, TTLSeconds: in.TTLSeconds, OnOOM: in.OnOOM, Labels: in.Labels}
 	if in.IdleTimeoutSeconds < 0 {
 		return nil, SandboxOutput{}, fmt.Errorf("idle_timeout_seconds %d: want 0 (none) or more", in.IdleTimeoutSeconds)
 	}
@@ -133,8 +145,8 @@ func (s *Server) createSandbox(ctx context.Context, _ *mcp.CallToolRequest, in C
 	return nil, sandboxOutput(sb.Described), nil
 }
 
-func (s *Server) listSandboxes(ctx context.Context, _ *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, ListOutput, error) {
-	list, err := s.c.Sandboxes(ctx)
+func (s *Server) listSandboxes(ctx context.Context, _ *mcp.CallToolRequest, in ListInput) (*mcp.CallToolResult, ListOutput, error) {
+	list, err := s.c.SandboxesWhere(ctx, client.SandboxFilter{Labels: in.Label})
 	if err != nil {
 		return nil, ListOutput{}, fmt.Errorf("sandbox_list: %w", err)
 	}
