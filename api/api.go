@@ -626,6 +626,38 @@ func IsSandboxID(id string) bool {
 	return true
 }
 
+// Event is one thing that happened to a sandbox, as GET /events streams
+// them: numbered from 1 in the order kilnd saw them (Seq), so that a
+// reader that lost its connection asks for those after the last it read
+// and misses none, repeats none. Events older than kilnd keeps come as one
+// of type EventGap whose Lost counts them exactly.
+type Event struct {
+	Seq     int64     `json:"seq"`
+	Time    time.Time `json:"time"`
+	Type    string    `json:"type"`
+	Sandbox string    `json:"sandbox,omitempty"`
+	// Name is the sandbox's, when it has one.
+	Name string `json:"name,omitempty"`
+	// Reason says why it stopped or was deleted ("out of memory: …",
+	// "idle for 600s", "its ttl of 60s ended", "deleted").
+	Reason string `json:"reason,omitempty"`
+	// Exit is its init command's, when it stopped with it.
+	Exit *Exit `json:"exit,omitempty"`
+	// Lost counts the events a gap stands for.
+	Lost int64 `json:"lost,omitempty"`
+	// Epoch names the kilnd that numbered the event; a new one (kilnd
+	// restarted) numbers from 1 again.
+	Epoch string `json:"epoch"`
+}
+
+// The types of Event.
+const (
+	EventCreated = "sandbox.created"
+	EventStopped = "sandbox.stopped"
+	EventDeleted = "sandbox.deleted"
+	EventGap     = "gap"
+)
+
 // NextCursorHeader carries, on a page of GET /sandboxes?limit=, the
 // cursor of the page after it; absent on the last.
 const NextCursorHeader = "Kiln-Next-Cursor"

@@ -57,6 +57,7 @@ var wireTypes = map[string]struct {
 	request bool
 }{
 	"Sandbox":       {reflect.TypeFor[api.Sandbox](), false},
+	"Event":         {reflect.TypeFor[api.Event](), false},
 	"SandboxStats":  {reflect.TypeFor[api.SandboxStats](), false},
 	"CreateSandbox": {reflect.TypeFor[api.CreateSandbox](), true},
 	"LogRotation":   {reflect.TypeFor[api.LogRotation](), true},

@@ -137,3 +137,36 @@ func TestDockerHabits(t *testing.T) {
 		}
 	}
 }
+
+// TestEventsCommand: kiln events --no-follow prints each sandbox's
+// creation and deletion with its number, short id and name; --after takes
+// up after one; --json gives objects; -f sandbox= keeps one sandbox's.
+func TestEventsCommand(t *testing.T) {
+	state := kilnd(t)
+	ok := func(args ...string) string {
+		t.Helper()
+		code, out, errs := kilnExe(t, state, nil, args...)
+		if code != 0 {
+			t.Fatalf("kiln %v: %d %q %q", args, code, out, errs)
+		}
+		return out
+	}
+	web := strings.TrimSpace(ok("sandbox", "create", "--name", "web"))
+	ok("sandbox", "rm", "web")
+	other := strings.TrimSpace(ok("sandbox", "create"))
+	lines := strings.Split(strings.TrimSpace(ok("events", "--no-follow")), "\n")
+	if len(lines) != 3 || !strings.HasSuffix(lines[0], "  1  sandbox.created  "+api.ShortID(web)+" (web)") ||
+		!strings.HasSuffix(lines[1], "  2  sandbox.deleted  "+api.ShortID(web)+" (web): deleted") ||
+		!strings.HasSuffix(lines[2], "  3  sandbox.created  "+api.ShortID(other)) {
+		t.Errorf("kiln events --no-follow:\n%s", strings.Join(lines, "\n"))
+	}
+	if out := ok("--json", "events", "--no-follow", "--after", "2"); !strings.HasPrefix(out, `{"seq":3,`) || strings.Count(out, "\n") != 1 {
+		t.Errorf("--json --after 2: %q", out)
+	}
+	if out := ok("events", "--no-follow", "-f", "sandbox="+api.ShortID(other)); strings.Count(out, "\n") != 1 || !strings.Contains(out, "sandbox.created") {
+		t.Errorf("-f sandbox=: %q", out)
+	}
+	if code, _, errs := kilnExe(t, state, nil, "events", "-f", "colour=red"); code != 125 || !strings.Contains(errs, "--filter") {
+		t.Errorf("a bad filter: %d %q", code, errs)
+	}
+}

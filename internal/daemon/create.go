@@ -45,6 +45,7 @@ func (d *Daemon) stopped(e *entry, reason string) {
 	if err := d.save(*rec); err != nil {
 		d.log.Error("record a stopped sandbox", "id", rec.ID, "err", err)
 	}
+	d.events.emit(sandboxEvent(api.EventStopped, *rec))
 }
 
 // agentExited is the reason a sandbox whose agent exited stopped.
@@ -190,6 +191,7 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	d.add(e)
 	d.watch(e)
 	d.mu.Unlock()
+	d.events.emit(sandboxEvent(api.EventCreated, rec))
 	created = true
 	d.log.Info("sandbox created", "id", id, "name", req.Name, "runtime", backend.Name(), "agent", sb.AgentPID())
 	return d.infoOf(e), nil

@@ -189,7 +189,9 @@ type Daemon struct {
 	// closing ends the watchers (one per running sandbox, waiting for its
 	// agent to exit), the janitor and the finisher; wg waits for them.
 	closing chan struct{}
-	wg      sync.WaitGroup
+	// events are what happened to the sandboxes, for GET /events.
+	events *events
+	wg     sync.WaitGroup
 
 	metrics *metrics
 	console *console.Handler
@@ -257,7 +259,7 @@ func New(cfg Config) (_ *Daemon, err error) {
 	}()
 	cfg.uidFirst = uids.First()
 	d := &Daemon{cfg: cfg, log: cfg.Log, lock: lock, uids: uids, sandboxes: map[string]*entry{}, names: map[string]string{},
-		unfinished: map[string]*deletion{}, retry: make(chan struct{}, 1), closing: make(chan struct{})}
+		unfinished: map[string]*deletion{}, retry: make(chan struct{}, 1), closing: make(chan struct{}), events: newEvents()}
 	d.backends, d.unavailable = Backends(cfg)
 	if d.images, err = image.Open(filepath.Join(cfg.StateDir, imagesDir), image.Options{Insecure: cfg.InsecureRegistries}); err != nil {
 		return nil, fmt.Errorf("kilnd: images: %w", err)

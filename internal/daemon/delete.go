@@ -100,7 +100,9 @@ func (d *Daemon) delete(ref string, removeLogs, claimed bool) error {
 	d.forget(e)
 	del := &deletion{id: id, e: e, sb: e.sb, removeLogs: removeLogs, done: make(chan struct{})}
 	e.unfinished = del
+	gone := sandboxEvent(api.EventDeleted, e.rec)
 	d.mu.Unlock()
+	d.events.emit(gone)
 	if !removeLogs {
 		d.metrics.stopped.WithLabelValues("deleted").Inc()
 	}

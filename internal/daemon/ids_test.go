@@ -18,7 +18,7 @@ import (
 // that two share is refused naming both; and a list, a page at a time, is
 // in the order they were made, each once, whatever their ids' order.
 func TestShortIDsWithAThousandSandboxes(t *testing.T) {
-	d := &Daemon{sandboxes: map[string]*entry{}, names: map[string]string{}}
+	d := &Daemon{sandboxes: map[string]*entry{}, names: map[string]string{}, events: newEvents()}
 	began := time.Now()
 	var made []record
 	old := record{ID: uuid.Must(uuid.NewV7()).String(), State: StateStopped, CreatedAt: began.Add(-time.Hour)}

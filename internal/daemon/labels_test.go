@@ -75,8 +75,7 @@ func TestLabelsAndListFilters(t *testing.T) {
 		resp.Body.Close()
 		cursor := resp.Header.Get(api.NextCursorHeader)
 		link := resp.Header.Get("Link")
-		var page []string
-		page = ids(strings.TrimPrefix(next, "/sandboxes"))
+		page := ids(strings.TrimPrefix(next, "/sandboxes"))
 		paged = append(paged, page...)
 		next = ""
 		if cursor != "" {

@@ -320,3 +320,16 @@ def test_labels_and_list_filters(client: sandkiln.Client) -> None:
         with fails("INVALID_ARGUMENT", "list(state='paused')") as f:
             client.sandboxes.list(state="paused")
         assert "state" in str(f.err)
+
+
+def test_events_in_order_taken_up_after_the_last(client: sandkiln.Client) -> None:
+    last = 0
+    for e in client.events(follow=False):
+        last = e["seq"]
+    sb = client.sandboxes.create(labels={"for": "py-events"})
+    sb.destroy()
+    got = [(e["seq"], e["type"], e.get("sandbox")) for e in client.events(after=last, follow=False)]
+    assert got == [(last + 1, "sandbox.created", sb.id), (last + 2, "sandbox.deleted", sb.id)]
+    with fails("INVALID_ARGUMENT", "events(type='nothing')"):
+        for _ in client.events(type="nothing"):
+            break

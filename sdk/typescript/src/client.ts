@@ -32,6 +32,17 @@ export type SandboxInfo = Schemas["Sandbox"];
 /** What a sandbox is created with (the body of POST /sandboxes). */
 export type SandboxOptions = Schemas["CreateSandbox"];
 
+/** What Client.events gives; each left out: all of them, following. */
+export interface EventOptions extends SignalOptions {
+  /** The seq of the last event read: those after it. */
+  after?: number;
+  /** One sandbox's events, by its id. */
+  sandbox?: string;
+  type?: "sandbox.created" | "sandbox.stopped" | "sandbox.deleted";
+  /** false: the events kilnd holds, then the end. */
+  follow?: boolean;
+}
+
 /** What Sandboxes.list chooses by; each left out chooses all. */
 export interface SandboxFilter {
   label?: string | readonly string[] | Readonly<Record<string, string>>;
@@ -96,6 +107,40 @@ export class Client {
   async health(options: SignalOptions = {}): Promise<boolean> {
     await this.transport.call("GET", "/healthz", { idempotent: true, signal: options.signal });
     return true;
+  }
+
+  /**
+   * What happens to kilnd's sandboxes, in order, each once: the events
+   * kilnd holds after `after` (the `seq` of the last one read), then each
+   * as it happens, until the signal aborts (or, with `follow: false`, the
+   * end of those held). A connection that breaks is opened again from the
+   * last event given, so nothing is missed or given twice; events kilnd no
+   * longer holds come as one of type "gap" whose `lost` counts them.
+   */
+  async *events(options: EventOptions = {}): AsyncGenerator<Schemas["Event"], void, undefined> {
+    const o = checkOptions(options, ["after", "sandbox", "type", "follow", "signal"], "events()");
+    checkSignal(o.signal, "events()");
+    let after = o.after ?? 0;
+    let epoch: string | undefined;
+    for (;;) {
+      try {
+        const resp = await this.transport.fetch("GET", "/events", {
+          query: { after, epoch, sandbox: o.sandbox, type: o.type, follow: o.follow === false ? false : undefined },
+          idempotent: true, unbounded: true, signal: o.signal,
+        });
+        for await (const e of ndjson<Schemas["Event"]>(resp.body!, "events", o.signal)) {
+          after = e.seq;
+          epoch = e.epoch;
+          yield e;
+        }
+        if (o.follow === false) return;
+      } catch (err) {
+        // A refusal, or the caller's abort, ends it; a broken connection is
+        // opened again.
+        if (!(err instanceof SandkilnError) || err.code !== "UNAVAILABLE" || o.signal?.aborted) throw err;
+      }
+      await new Promise((r) => setTimeout(r, 500));
+    }
   }
 
   /** The build of the kilnd answering: its version, commit and Go version. */

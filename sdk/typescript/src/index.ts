@@ -3,7 +3,7 @@
 
 export { Client, Sandbox, Sandboxes, Processes, Terminals, Files, Previews, Images } from "./client.js";
 export type {
-  ClientOptions, Command, ExecInput, ExecOptions, ExecOutput, FileInfo, ImageInfo, Preview, SandboxFilter, SandboxInfo, SandboxOptions,
+  ClientOptions, Command, ExecInput, ExecOptions, ExecOutput, FileInfo, ImageInfo, Preview, EventOptions, SandboxFilter, SandboxInfo, SandboxOptions,
   SandboxReference, StartOptions, TerminalStartOptions,
 } from "./client.js";
 export type { ImageProgress, SandboxStats, TarBody } from "./client.js";

@@ -679,6 +679,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/events": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * what happens to the sandboxes, as it happens
+         * @description NDJSON, one Event a line: those kilnd still holds (the last 16,384) after `after`, then each as it happens, until the reader goes (or, with follow=false, once those held are written). Events are numbered from 1 (seq) in the order kilnd saw them: a reader that lost its connection asks again with after set to the last seq it read and misses none, repeats none. One that asks for events kilnd no longer holds is told first by an event of type gap whose lost counts them exactly. A kilnd started again numbers from 1 again, under a new epoch.
+         */
+        get: operations["streamEvents"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/images": {
         parameters: {
             query?: never;
@@ -1190,6 +1210,24 @@ export interface components {
             torn?: number;
             /** @description log bytes read */
             bytes: number;
+        };
+        Event: {
+            /** @description its number, from 1 in the order kilnd saw them; a gap's is the last it stands for */
+            seq: number;
+            /** Format: date-time */
+            time: string;
+            /** @enum {string} */
+            type: "sandbox.created" | "sandbox.stopped" | "sandbox.deleted" | "gap";
+            /** @description the sandbox's id */
+            sandbox?: string;
+            name?: string;
+            /** @description why it stopped or was deleted */
+            reason?: string;
+            exit?: components["schemas"]["Exit"];
+            /** @description a gap's count of the events kilnd no longer held */
+            lost?: number;
+            /** @description the kilnd that numbered it: a new one numbers from 1 again */
+            epoch: string;
         };
         /** @description a captured record: its time, stream, offset and content (text, or base64 when not valid UTF-8), partial for a P record (a line that goes on in the stream's next record; a last line without its newline ends with one); or a stream gap (lost_bytes of stream lost at offset); or a gap of gap log bytes rotation removed while reading (-1: how many is unknown) */
         LogRecord: {
@@ -2520,6 +2558,37 @@ export interface operations {
             502: components["responses"]["Error"];
             503: components["responses"]["Error"];
             default: components["responses"]["App"];
+        };
+    };
+    streamEvents: {
+        parameters: {
+            query?: {
+                /** @description the seq of the last event read; 0 (the default) from the oldest held */
+                after?: number;
+                /** @description one sandbox's events, by its id */
+                sandbox?: string;
+                type?: "sandbox.created" | "sandbox.stopped" | "sandbox.deleted";
+                /** @description false: the events held, then the end */
+                follow?: boolean;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description events, one a line */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/x-ndjson": components["schemas"]["Event"];
+                };
+            };
+            400: components["responses"]["Error"];
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
         };
     };
     listImages: {

@@ -413,6 +413,26 @@ test("labels, and the list chosen by them, by state and with the deleted ones", 
   }
 });
 
+test("events: each sandbox's creation and deletion, in order, taken up again after the last read", async () => {
+  let last = 0;
+  for await (const e of client.events({ follow: false })) last = e.seq;
+  const sb = await client.sandboxes.create({ labels: { for: "ts-events" } });
+  await sb.destroy();
+  const got = [];
+  for await (const e of client.events({ after: last, follow: false })) got.push(e);
+  assert.deepEqual(got.map((e) => [e.seq, e.type, e.sandbox]), [[last + 1, "sandbox.created", sb.id], [last + 2, "sandbox.deleted", sb.id]]);
+  // Following: the next event comes as it happens.
+  const ac = new AbortController();
+  const next = (async () => { for await (const e of client.events({ after: last + 2, signal: ac.signal })) return e; })();
+  const other = await client.sandboxes.create();
+  const e = await next;
+  ac.abort();
+  assert.equal(e.type, "sandbox.created");
+  assert.equal(e.sandbox, other.id);
+  await other.destroy();
+  await rejects((async () => { for await (const _ of client.events({ type: "nothing" })) break; })(), "INVALID_ARGUMENT");
+});
+
 test("health and version: kilnd answers, and says which build it is", async () => {
   assert.equal(await client.health(), true);
   const v = await client.version();

@@ -11,7 +11,7 @@ import inspect
 import os
 import re
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Generator, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Generic, Literal, Protocol, TypeVar, cast, overload
 from urllib.parse import urlsplit
@@ -22,8 +22,10 @@ from ._http import Transport, check_timeout, segment
 from ._images import AsyncImages
 from ._logs import AsyncLogs
 from ._ports import AsyncPorts, AsyncPreviews
+from ._streams import AsyncByteStream, ndjson
 from ._process import AsyncHandle, AsyncProcessHandle, AsyncTerminalHandle, Settings, check_size
 from ._types import (
+    Event,
     LIMITS,
     ByteChunk,
     ByteOutput,
@@ -118,6 +120,31 @@ class AsyncClient:
         """Says kilnd answers."""
         await self._transport.call("GET", "/healthz", idempotent=True, timeout=timeout)
         return True
+
+    async def events(self, *, after: int = 0, sandbox: str | None = None, type: str | None = None,
+                     follow: bool = True) -> AsyncGenerator[Event, None]:
+        """What happens to kilnd's sandboxes, in order, each once: the events
+        kilnd holds after ``after`` (the seq of the last one read), then
+        each as it happens (with follow=False, to the end of those held).
+        A connection that breaks is opened again from the last event given,
+        so nothing is missed or given twice; events kilnd no longer holds
+        come as one of type "gap" whose lost counts them."""
+        epoch: str | None = None
+        while True:
+            try:
+                resp = await self._transport.fetch("GET", "/events", query={
+                    "after": after, "epoch": epoch, "sandbox": sandbox, "type": type, "follow": None if follow else False,
+                }, idempotent=True, unbounded=True)
+                async for e in ndjson(AsyncByteStream(resp, "events", None), "events"):
+                    ev = cast(Event, e)
+                    after, epoch = ev["seq"], ev["epoch"]
+                    yield ev
+                if not follow:
+                    return
+            except SandkilnError as err:
+                if err.code != "UNAVAILABLE":
+                    raise
+            await asyncio.sleep(0.5)
 
     async def version(self, *, timeout: float | None = None) -> Version:
         """The build of the kilnd answering: its version, commit and Go

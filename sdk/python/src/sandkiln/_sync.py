@@ -26,6 +26,7 @@ from ._output import AsyncOutput, C
 from ._process import AsyncHandle, AsyncProcessHandle, AsyncTerminalHandle
 from ._streams import AsyncByteStream, Source
 from ._types import (
+    Event,
     ByteChunk,
     ByteOutput,
     CapturedLog,
@@ -473,6 +474,12 @@ class Client:
 
     def version(self, *, timeout: float | None = None) -> Version:
         return self._p.call(self._a.version(timeout=timeout))
+
+    def events(self, *, after: int = 0, sandbox: str | None = None, type: str | None = None,
+               follow: bool = True) -> Iterator[Event]:
+        """See AsyncClient.events: ``for event in client.events()``."""
+        it = self._a.events(after=after, sandbox=sandbox, type=type, follow=follow)
+        return _Iter(self._p, it, lambda: asyncio.ensure_future(it.aclose()))
 
     def close(self) -> None:
         """Lets go of every handle made through this client (see

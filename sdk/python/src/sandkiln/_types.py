@@ -288,6 +288,22 @@ class FileInfo(TypedDict, total=False):
     link: str
 
 
+class Event(TypedDict, total=False):
+    """Something that happened to a sandbox, as kilnd numbers them (seq,
+    from 1 under its epoch); a "gap" counts in lost the events kilnd no
+    longer held."""
+
+    seq: Required[int]
+    time: Required[str]
+    type: Required[str]
+    epoch: Required[str]
+    sandbox: str
+    name: str
+    reason: str
+    exit: dict[str, Any]
+    lost: int
+
+
 class Version(TypedDict, total=False):
     """The build of the kilnd answering."""
 

@@ -1,0 +1,99 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/client"
+)
+
+// eventsCmd is kiln events: what happens to the sandboxes, as docker
+// events shows what happens to containers.
+func (c *cli) eventsCmd() *cobra.Command {
+	var (
+		after    int64
+		filters  []string
+		noFollow bool
+	)
+	cmd := &cobra.Command{
+		Use:   "events",
+		Short: "Show what happens to the sandboxes: created, stopped (and why), deleted, as it happens",
+		Long: `Shows the events kilnd holds (the last 16,384), then each as it happens, until interrupted;
+--no-follow stops after those held. Each has a number (SEQ): kiln events --after SEQ takes up
+after the last one read, missing none and repeating none. Events kilnd no longer holds are
+told as a gap, with their count. With --json each is a JSON object, one a line.
+
+--filter (-f) chooses: sandbox=SANDBOX (its id, name or prefix), type=sandbox.created|
+sandbox.stopped|sandbox.deleted.`,
+		Example: `  kiln events
+  kiln events --no-follow -f type=sandbox.stopped
+  kiln events --after 120 --json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			o := client.EventOptions{After: after, NoFollow: noFollow}
+			for _, kv := range filters {
+				k, v, _ := strings.Cut(kv, "=")
+				switch {
+				case k == "sandbox" && v != "":
+					o.Sandbox = v
+				case k == "type" && v != "":
+					o.Type = v
+				default:
+					return usageError{fmt.Errorf("--filter %q: want sandbox=SANDBOX or type=TYPE", kv), cmd.CommandPath()}
+				}
+			}
+			if after < 0 {
+				return usageError{fmt.Errorf("--after %d: want the SEQ of an event, 0 or more", after), cmd.CommandPath()}
+			}
+			return c.withClient(func(cl *client.Client) error {
+				ctx := cmd.Context()
+				if o.Sandbox != "" {
+					info, err := cl.Handle(o.Sandbox).Info(ctx)
+					if err != nil {
+						return err
+					}
+					o.Sandbox = info.ID
+				}
+				enc := json.NewEncoder(c.stdout)
+				for e, err := range cl.Events(ctx, o) {
+					if err != nil {
+						return err
+					}
+					if c.json {
+						if err := enc.Encode(e); err != nil {
+							return err
+						}
+						continue
+					}
+					fmt.Fprintln(c.stdout, eventLine(e))
+				}
+				return nil
+			})
+		},
+	}
+	cmd.Flags().Int64Var(&after, "after", 0, "only the events after the one of this `SEQ`")
+	cmd.Flags().StringArrayVarP(&filters, "filter", "f", nil, "choose by `KEY=VALUE`: sandbox=SANDBOX, type=TYPE (repeatable)")
+	cmd.Flags().BoolVar(&noFollow, "no-follow", false, "stop after the events kilnd holds")
+	return cmd
+}
+
+// eventLine is an event as kiln events prints it: when, its number, what,
+// of which sandbox, and why.
+func eventLine(e api.Event) string {
+	if e.Type == api.EventGap {
+		return fmt.Sprintf("%s  %d  gap: %d events before this one are no longer kept", e.Time.Local().Format(time.RFC3339), e.Seq, e.Lost)
+	}
+	s := fmt.Sprintf("%s  %d  %s  %s", e.Time.Local().Format(time.RFC3339), e.Seq, e.Type, api.ShortID(e.Sandbox))
+	if e.Name != "" {
+		s += " (" + e.Name + ")"
+	}
+	if e.Reason != "" {
+		s += ": " + e.Reason
+	}
+	return s
+}

@@ -1,0 +1,179 @@
+package daemon
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/internal/errdefs"
+	"github.com/sandkiln/sandkiln/internal/reply"
+)
+
+// eventsKept is how many events kilnd holds for readers that come back: a
+// reader further behind is told how many it lost.
+const eventsKept = 16384
+
+// events is kilnd's log of what happened to its sandboxes, numbered from
+// 1, the last eventsKept of them held. Readers wait on wake, which is
+// closed and replaced at every event.
+type events struct {
+	epoch string
+	// mu guards the fields below.
+	mu   sync.Mutex
+	held []api.Event // the last ones, oldest first
+	next int64       // the number of the next event
+	wake chan struct{}
+}
+
+func newEvents() *events {
+	b := make([]byte, 8)
+	rand.Read(b)
+	return &events{epoch: hex.EncodeToString(b), next: 1, wake: make(chan struct{})}
+}
+
+// emit adds an event, numbering it, and wakes every reader.
+func (l *events) emit(e api.Event) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	e.Seq, e.Time, e.Epoch = l.next, time.Now().UTC(), l.epoch
+	l.next++
+	if len(l.held) == eventsKept {
+		copy(l.held, l.held[1:])
+		l.held = l.held[:eventsKept-1]
+	}
+	l.held = append(l.held, e)
+	close(l.wake)
+	l.wake = make(chan struct{})
+}
+
+// after returns the events held after seq, a gap first if some after it
+// are no longer held, and a channel closed at the next event.
+func (l *events) after(seq int64) ([]api.Event, <-chan struct{}) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []api.Event
+	first := l.next - int64(len(l.held)) // the number of the oldest held
+	if seq+1 < first {
+		out = append(out, api.Event{Type: api.EventGap, Seq: first - 1, Lost: first - 1 - seq, Epoch: l.epoch, Time: time.Now().UTC()})
+		seq = first - 1
+	}
+	if i := seq + 1 - first; i < int64(len(l.held)) {
+		out = append(out, l.held[max(i, 0):]...)
+	}
+	return out, l.wake
+}
+
+// sandboxEvent is the event of type typ of e's sandbox.
+func sandboxEvent(typ string, rec record) api.Event {
+	e := api.Event{Type: typ, Sandbox: rec.ID, Name: rec.Name}
+	if typ != api.EventCreated {
+		e.Reason, e.Exit = rec.Reason, rec.Exit
+	}
+	return e
+}
+
+// eventsHandler answers GET /events: NDJSON, one event a line, those held
+// after ?after= (0, the default: from the oldest held), then each as it
+// happens until the reader goes (or, with ?follow=false, the end of those
+// held). ?sandbox= keeps one sandbox's (by id), ?type= one type's;
+// ?epoch=, the epoch of the event after= numbers, tells a kilnd started
+// since (another epoch) to give all it holds.
+func (d *Daemon) eventsHandler(w http.ResponseWriter, r *http.Request) {
+	q, err := eventQuery(r.URL.Query())
+	if err != nil {
+		reply.Error(w, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	enc := json.NewEncoder(w)
+	seq := q.after
+	if q.epoch != "" && q.epoch != d.events.epoch {
+		seq = 0
+	}
+	for {
+		evs, wake := d.events.after(seq)
+		for _, e := range evs {
+			seq = e.Seq
+			if !q.matches(e) {
+				continue
+			}
+			if err := enc.Encode(e); err != nil {
+				return
+			}
+		}
+		if err := rc.Flush(); err != nil || !q.follow {
+			return
+		}
+		select {
+		case <-wake:
+		case <-r.Context().Done():
+			return
+		case <-d.closing:
+			return
+		}
+	}
+}
+
+// eventFilter is what GET /events asks for.
+type eventFilter struct {
+	after int64
+	// epoch is the kilnd that numbered after: another's numbers are not
+	// this one's, whose events are all given.
+	epoch         string
+	sandbox, kind string
+	follow        bool
+}
+
+func (f eventFilter) matches(e api.Event) bool {
+	if e.Type == api.EventGap {
+		return true // a reader is told what it lost, whatever it chose
+	}
+	return (f.sandbox == "" || e.Sandbox == f.sandbox) && (f.kind == "" || e.Type == f.kind)
+}
+
+func eventQuery(q url.Values) (eventFilter, error) {
+	f := eventFilter{follow: true}
+	for k, vs := range q {
+		v := vs[0]
+		var err error
+		switch k {
+		case "after":
+			f.after, err = strconv.ParseInt(v, 10, 64)
+			if err != nil || f.after < 0 {
+				err = fmt.Errorf("after %q: want the seq of the last event read, 0 or more", api.Clip(v))
+			}
+		case "sandbox":
+			f.sandbox = v
+		case "epoch":
+			f.epoch = v
+		case "type":
+			switch v {
+			case api.EventCreated, api.EventStopped, api.EventDeleted:
+				f.kind = v
+			default:
+				err = fmt.Errorf("type %q: want %s, %s or %s", api.Clip(v), api.EventCreated, api.EventStopped, api.EventDeleted)
+			}
+		case "follow":
+			f.follow, err = strconv.ParseBool(v)
+			if err != nil {
+				err = fmt.Errorf("follow %q: want true or false", api.Clip(v))
+			}
+		default:
+			err = fmt.Errorf("no events parameter %q: want after, epoch, sandbox, type or follow", api.Clip(k))
+		}
+		if err != nil {
+			return eventFilter{}, fmt.Errorf("%w: %w", errdefs.ErrInvalidArgument, err)
+		}
+	}
+	return f, nil
+}
