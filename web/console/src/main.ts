@@ -157,7 +157,7 @@ function main(client: Client): void {
       h("section", { id: "sandboxes" },
         h("h2", {}, "Sandboxes"),
         createForm(client, () => refresh()),
-        h("table", {}, h("thead", {}, h("tr", {}, h("th", {}, "id"), h("th", {}, "state"), h("th", {}, "limits"), h("th", {}))), sandboxList)),
+        h("table", {}, h("thead", {}, h("tr", {}, h("th", {}, "id"), h("th", {}, "name"), h("th", {}, "state"), h("th", { class: "wide" }, "runtime, image"), h("th", { class: "wide" }, "limits"), h("th", { class: "wide" }, "labels"), h("th", {}))), sandboxList)),
       sandboxPanel,
       view));
   let open: Sandbox | undefined;
@@ -171,8 +171,11 @@ function main(client: Client): void {
   const sandboxRow = (s: SandboxInfo) => {
     const tr = h("tr", { "data-sandbox": s.id, class: open?.id === s.id ? "selected" : "" },
       h("td", { class: "id", title: s.id }, short(s.id)),
+      h("td", { class: "name" }, s.name ?? ""),
       h("td", { class: "state" }, s.state),
-      h("td", {}, limitsText(s)),
+      h("td", { class: "runtime wide" }, s.runtime + (s.image ? ", " + s.image : "")),
+      h("td", { class: "limits wide" }, limitsText(s)),
+      h("td", { class: "labels wide" }, Object.entries(s.labels ?? {}).map(([k, v]) => `${k}=${v}`).join(" ")),
       h("td", {},
         button("Open", async () => {
           open = await client.sandboxes.get(s.id);

@@ -258,7 +258,7 @@ test("sandboxes: state and limits as kilnd has them; Delete takes one off the li
   const row = page.locator(`tr[data-sandbox="${id}"]`);
   assert.equal(await row.locator("td.state").textContent(), info.state);
   assert.equal(info.state, "running");
-  assert.match(await row.locator("td").nth(2).textContent(), /^256 MiB, 0\.5 CPU, 64 pids(, \d+ GiB disk)?$/);
+  assert.match(await row.locator("td.limits").textContent(), /^256 MiB, 0\.5 CPU, 64 pids(, \d+ GiB disk)?$/);
   await row.locator("text=Open").click();
   await page.waitForSelector(`#sandbox[data-sandbox="${id}"]`);
   assert.equal(await page.textContent("#sandbox .sandbox-state"), "running");
@@ -273,6 +273,43 @@ test("sandboxes: state and limits as kilnd has them; Delete takes one off the li
   // The others are left alone.
   const now = new Set((await page.$$eval("tr[data-sandbox]", (rs) => rs.map((r) => r.getAttribute("data-sandbox")))));
   assert.deepEqual(now, before);
+});
+
+test("widths: at 360, 768 and 1280 px nothing scrolls sideways and no two controls overlap; names and labels shown", async () => {
+  const sb = await api("POST", "/sandboxes", { name: "narrow", labels: { team: "web" } });
+  try {
+    for (const width of [360, 768, 1280]) {
+      await page.setViewportSize({ width, height: 900 });
+      await page.goto(kilnd.url + "/#sandbox=" + sb.id);
+      await page.reload(); // a new fragment alone loads nothing
+      await page.waitForSelector(`#sandbox[data-sandbox="${sb.id}"]`);
+      const row = page.locator(`tr[data-sandbox="${sb.id}"]`);
+      assert.equal(await row.locator("td.name").textContent(), "narrow");
+      if (width >= 768) assert.equal(await row.locator("td.labels").textContent(), "team=web");
+      const over = await page.evaluate(() => document.documentElement.scrollWidth - document.documentElement.clientWidth);
+      assert.ok(over <= 0, `${width} px: the page scrolls ${over} px sideways`);
+      const boxes = await page.$$eval("button, input, select, a", (els) => els
+        .filter((e) => e.offsetParent !== null)
+        .map((e) => { const r = e.getBoundingClientRect(); return { what: e.outerHTML.slice(0, 60), l: r.left, t: r.top, r: r.right, b: r.bottom }; })
+        .filter((r) => r.r > r.l && r.b > r.t));
+      for (let i = 0; i < boxes.length; i++) {
+        const a = boxes[i];
+        assert.ok(a.r <= width + 0.5, `${width} px: ${a.what} ends at ${a.r}`);
+        for (let j = i + 1; j < boxes.length; j++) {
+          const b = boxes[j];
+          const overlap = Math.min(a.r, b.r) - Math.max(a.l, b.l) > 1 && Math.min(a.b, b.b) - Math.max(a.t, b.t) > 1;
+          assert.ok(!overlap, `${width} px: ${a.what} overlaps ${b.what}`);
+        }
+      }
+      await shot(`20-width-${width}`);
+    }
+  } finally {
+    await page.setViewportSize({ width: 1280, height: 1000 });
+    // Deleted as a user does, so that the page, which has it open, is not
+    // left asking for it.
+    await page.locator(`tr[data-sandbox="${sb.id}"]`).locator("text=Delete").click();
+    await page.waitForSelector(`tr[data-sandbox="${sb.id}"]`, { state: "detached" });
+  }
 });
 
 test("processes: TERM and Kill on a running process, the exit shown as its signal", async () => {
