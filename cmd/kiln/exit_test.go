@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/sandkiln/sandkiln/internal/daemon/daemontest"
+
+	"github.com/sandkiln/sandkiln/api"
 )
 
 // freeAddr is a loopback address nothing listens on, for a moment.
@@ -43,7 +45,7 @@ func TestExitCodes(t *testing.T) {
 	_, out, _ = kiln(t, state, "", "sandbox", "exec-stream", sb, "--", "true")
 	done := strings.TrimSpace(out)
 	kiln(t, state, "", "wait", sb, done)
-	manyArgs := append([]string{"exec", sb, "--", "true"}, strings.Split(strings.Repeat("arg ", 5001), " ")...)
+	manyArgs := append([]string{"exec", sb, "--", "true"}, strings.Split(strings.Repeat("arg ", api.MaxArgs+1), " ")...)
 
 	for _, tc := range []struct {
 		name   string
