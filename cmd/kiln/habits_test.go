@@ -32,14 +32,9 @@ func kilnExe(t *testing.T, state string, env []string, args ...string) (int, str
 	return cmd.ProcessState.ExitCode(), out.String(), errs.String()
 }
 
-// TestDockerHabits holds kiln to what a Docker user types: the command's
-// flags after the sandbox are the command's; -e NAME passes kiln's own,
-// --env-file reads NAME=VALUE lines; errors carry one prefix; run -d
-// detaches and kiln logs SANDBOX shows its command; kiln ls lists the
-// running ones, -a all, -q ids, --filter and --format choose and shape.
-func TestDockerHabits(t *testing.T) {
-	state := kilnd(t)
-	ok := func(args ...string) string {
+// kilnOK is kilnExe for a command that must succeed: its output.
+func kilnOK(t *testing.T, state string) func(args ...string) string {
+	return func(args ...string) string {
 		t.Helper()
 		code, out, errs := kilnExe(t, state, nil, args...)
 		if code != 0 {
@@ -47,6 +42,16 @@ func TestDockerHabits(t *testing.T) {
 		}
 		return out
 	}
+}
+
+// TestDockerHabits holds kiln to what a Docker user types: the command's
+// flags after the sandbox are the command's; -e NAME passes kiln's own,
+// --env-file reads NAME=VALUE lines; errors carry one prefix; run -d
+// detaches and kiln logs SANDBOX shows its command; kiln ls lists the
+// running ones, -a all, -q ids, --filter and --format choose and shape.
+func TestDockerHabits(t *testing.T) {
+	state := kilnd(t)
+	ok := kilnOK(t, state)
 	web := strings.TrimSpace(ok("sandbox", "create", "--name", "web", "-l", "team=front", "--label", "tier=1"))
 
 	if out := ok("exec", "web", "ls", "-la", "/"); !strings.Contains(out, "total") || !strings.Contains(out, "..") {
@@ -143,14 +148,7 @@ func TestDockerHabits(t *testing.T) {
 // up after one; --json gives objects; -f sandbox= keeps one sandbox's.
 func TestEventsCommand(t *testing.T) {
 	state := kilnd(t)
-	ok := func(args ...string) string {
-		t.Helper()
-		code, out, errs := kilnExe(t, state, nil, args...)
-		if code != 0 {
-			t.Fatalf("kiln %v: %d %q %q", args, code, out, errs)
-		}
-		return out
-	}
+	ok := kilnOK(t, state)
 	web := strings.TrimSpace(ok("sandbox", "create", "--name", "web"))
 	ok("sandbox", "rm", "web")
 	other := strings.TrimSpace(ok("sandbox", "create"))
