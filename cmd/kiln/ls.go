@@ -74,43 +74,12 @@ or yaml.`,
 					return usageError{fmt.Errorf("--format: %w", err), cmd.CommandPath()}
 				}
 			}
-			shown := api.ShortID
-			if noTrunc {
-				shown = func(id string) string { return id }
-			}
 			return c.withClient(func(cl *client.Client) error {
 				list, err := cl.SandboxesWhere(cmd.Context(), f)
 				if err != nil {
 					return err
 				}
-				switch {
-				case quiet:
-					for _, s := range list {
-						fmt.Fprintln(c.stdout, shown(s.ID))
-					}
-					return nil
-				case tmpl != nil:
-					for _, s := range list {
-						if err := tmpl.Execute(c.stdout, s); err != nil {
-							return usageError{fmt.Errorf("--format: %w", err), cmd.CommandPath()}
-						}
-						fmt.Fprintln(c.stdout)
-					}
-					return nil
-				case format == "json-list":
-					return c.printJSON(list)
-				case format == "json":
-					enc := json.NewEncoder(c.stdout)
-					for _, s := range list {
-						if err := enc.Encode(s); err != nil {
-							return err
-						}
-					}
-					return nil
-				case format == "yaml":
-					return printYAML(c.stdout, list)
-				}
-				return c.sandboxTable(list, format == "wide", format == "wide" || noTrunc)
+				return c.printSandboxes(list, sandboxShape{format, tmpl, quiet, noTrunc, cmd.CommandPath()})
 			})
 		},
 	}
@@ -120,6 +89,54 @@ or yaml.`,
 	cmd.Flags().StringArrayVarP(&filters, "filter", "f", nil, "choose by `KEY=VALUE`: label=KEY[=VALUE], name=, status=, image=, runtime= (repeatable)")
 	cmd.Flags().StringVar(&format, "format", "", "a Go `template` for each sandbox, or table, wide, json or yaml")
 	return cmd
+}
+
+// sandboxShape is how kiln ls prints: its format (or template), ids alone
+// (quiet), ids whole, and the command's path for a usage error.
+type sandboxShape struct {
+	format       string
+	tmpl         *template.Template
+	quiet, whole bool
+	cmd          string
+}
+
+// printSandboxes prints list as kiln ls was asked to: ids alone (quiet),
+// by a template, as JSON (a list, or an object a line), YAML or a table,
+// ids whole or short.
+func (c *cli) printSandboxes(list []api.Sandbox, o sandboxShape) error {
+	format, tmpl := o.format, o.tmpl
+	shown := api.ShortID
+	if o.whole {
+		shown = func(id string) string { return id }
+	}
+	switch {
+	case o.quiet:
+		for _, s := range list {
+			fmt.Fprintln(c.stdout, shown(s.ID))
+		}
+		return nil
+	case tmpl != nil:
+		for _, s := range list {
+			if err := tmpl.Execute(c.stdout, s); err != nil {
+				return usageError{fmt.Errorf("--format: %w", err), o.cmd}
+			}
+			fmt.Fprintln(c.stdout)
+		}
+		return nil
+	case format == "json-list":
+		return c.printJSON(list)
+	case format == "json":
+		enc := json.NewEncoder(c.stdout)
+		for _, s := range list {
+			if err := enc.Encode(s); err != nil {
+				return err
+			}
+		}
+		return nil
+	case format == "yaml":
+		return printYAML(c.stdout, list)
+	}
+	return c.sandboxTable(list, format == "wide", format == "wide" || o.whole)
 }
 
 // sandboxFilter reads --filter's KEY=VALUE pairs.

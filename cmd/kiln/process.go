@@ -988,6 +988,23 @@ func (c *cli) terminal(ctx context.Context, sb *client.Sandbox, o client.StartOp
 	return c.session(ctx, p, sessionOptions{input: o.Stdin, terminal: true, detachKeys: detachKeys, foreground: true})
 }
 
+// runDetached is kiln run -d: the command started in sb, its output
+// kept whether or not anyone watches (kiln logs SANDBOX shows it), and
+// the sandbox's id printed. A command that cannot start takes its
+// sandbox with it.
+func (c *cli) runDetached(ctx context.Context, sb *client.Sandbox, o client.StartOptions) error {
+	o.Flow, o.Capture = api.FlowDrop, true
+	if _, err := sb.Start(ctx, o); err != nil {
+		sb.Delete(context.WithoutCancel(ctx), false)
+		return err
+	}
+	fmt.Fprintln(c.stdout, sb.ID)
+	return nil
+}
+
+// runCmd is kiln run. Long because it is one command's declaration: its
+// flags (sandbox create's and a process's), their help and examples, and
+// the three ways it runs the command (attached, on a terminal, detached).
 func (c *cli) runCmd() *cobra.Command {
 	var (
 		sf      startFlags
@@ -1043,15 +1060,7 @@ sandbox's limits are those of kiln sandbox create.
 					return err
 				}
 				if detach {
-					// Its output kept, whether or not anyone watches:
-					// kiln logs SANDBOX shows it.
-					o.Flow, o.Capture = api.FlowDrop, true
-					if _, err := sb.Start(ctx, o); err != nil {
-						sb.Delete(context.WithoutCancel(ctx), false)
-						return err
-					}
-					fmt.Fprintln(c.stdout, sb.ID)
-					return nil
+					return c.runDetached(ctx, sb, o)
 				}
 				if rm {
 					c.removing = true
