@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -223,6 +224,37 @@ func (c *counter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// awaitWatched waits until this process has an inotify watch on path's
+// directory. kubelet's reader, following, makes one once it has read to
+// the file's end, and reads on from there: from then on, whatever is
+// written is its to read.
+func awaitWatched(ctx context.Context, t *testing.T, path string, followed <-chan error) {
+	t.Helper()
+	fi, err := os.Stat(filepath.Dir(path))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf(" ino:%x ", fi.Sys().(*syscall.Stat_t).Ino)
+	for {
+		fds, _ := os.ReadDir("/proc/self/fd")
+		for _, fd := range fds {
+			if link, _ := os.Readlink("/proc/self/fd/" + fd.Name()); link != "anon_inode:inotify" {
+				continue
+			}
+			if info, _ := os.ReadFile("/proc/self/fdinfo/" + fd.Name()); strings.Contains(string(info), want) {
+				return
+			}
+		}
+		select {
+		case err := <-followed:
+			t.Fatalf("kubelet's reader ended before it watched %s: %v", path, err)
+		case <-ctx.Done():
+			t.Fatalf("kubelet's reader never watched %s", path)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
 // TestKubeletFollowsAcrossRotation: kubectl logs -f --tail 0 from the
 // start of a run whose file rotates every 64 KiB gets every line once, in
 // order: a rotation links the full file as an archive and renames a new one
@@ -245,6 +277,9 @@ func TestKubeletFollowsAcrossRotation(t *testing.T) {
 		var none int64
 		followed <- crilogs.ReadLogs(ctx, filepath.Join(dir, capture.ActiveName), "c", &crilogs.LogOptions{Follow: true, TailLines: &none}, rt, out, os.Stderr)
 	}()
+	// With --tail 0 it reads from where the file ends when it opens it:
+	// what is written before that is not for it to read.
+	awaitWatched(ctx, t, filepath.Join(dir, capture.ActiveName), followed)
 	r := ring.New(ring.Config{Streams: []ring.Stream{ring.Stdout}})
 	var want []byte
 	// Each step's lines take about 46 KiB of log, less than a file: a
