@@ -5,18 +5,15 @@
 package daemon
 
 import (
-	"cmp"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
 	"net/http/httputil"
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -394,146 +391,6 @@ func (d *Daemon) get(ref string) (*entry, error) {
 		e.proxy = nil
 	}
 	return e, nil
-}
-
-// List returns every sandbox not deleted, oldest first.
-func (d *Daemon) List() []Info {
-	list, _, _ := d.Select(Selection{})
-	return list
-}
-
-// Selection chooses sandboxes for Select: each field left empty chooses
-// all.
-type Selection struct {
-	// Labels must each match: "KEY" (the sandbox has the label) or
-	// "KEY=VALUE".
-	Labels                      []string
-	Name, State, Image, Runtime string
-	// Deleted takes in the deleted sandboxes whose records are kept
-	// (kilnd --keep-deleted).
-	Deleted bool
-	// After, a cursor Select gave, starts after the sandbox it names;
-	// Limit, when not 0, is the most it returns.
-	After string
-	Limit int
-}
-
-// matches reports whether rec is chosen by s, its state aside.
-func (s Selection) matches(rec record) bool {
-	if s.Name != "" && rec.Name != s.Name || s.Runtime != "" && runtimeOf(rec) != s.Runtime {
-		return false
-	}
-	if s.Image != "" && rec.Image != s.Image && rec.ImageID != s.Image && !strings.HasPrefix(rec.ImageID, "sha256:"+s.Image) {
-		return false
-	}
-	for _, l := range s.Labels {
-		k, v, hasValue := strings.Cut(l, "=")
-		got, ok := rec.Labels[k]
-		if !ok || hasValue && got != v {
-			return false
-		}
-	}
-	return true
-}
-
-// Select returns the sandboxes s chooses, oldest first, and the cursor
-// of the page after them ("" when there is none); its error is a cursor
-// it did not give.
-//
-// It takes d.mu twice whatever the count: once for the entries, once for
-// their infos. Between the two, outside the lock, it asks each running
-// sandbox whether its agent lives (a read of /proc each): one whose agent
-// died is recorded stopped, as get does, so that a list never shows it
-// running.
-func (d *Daemon) Select(s Selection) ([]Info, string, error) {
-	type seen struct {
-		e    *entry
-		sb   sandbox.Instance // when running and not being deleted
-		dead bool
-	}
-	after, err := parseCursor(s.After)
-	if err != nil {
-		return nil, "", err
-	}
-	d.mu.Lock()
-	ids := d.live
-	if s.Deleted {
-		ids = slices.Collect(maps.Keys(d.sandboxes))
-	}
-	var all []seen
-	for _, id := range ids {
-		e := d.sandboxes[id]
-		if !s.matches(e.rec) || s.After != "" && compareCursors(cursorOf(e.rec), after) <= 0 {
-			continue
-		}
-		c := seen{e: e}
-		if e.rec.State == StateRunning && !e.deleting {
-			c.sb = e.sb
-		}
-		all = append(all, c)
-	}
-	d.mu.Unlock()
-	slices.SortFunc(all, func(a, b seen) int { return compareCursors(cursorOf(a.e.rec), cursorOf(b.e.rec)) })
-	for i := range all {
-		if sb := all[i].sb; sb != nil {
-			all[i].dead = !sb.Alive()
-		}
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	out := []Info{}
-	var last record
-	for _, c := range all {
-		e := c.e
-		if e.rec.State == StateDeleted && !s.Deleted {
-			continue // deleted meanwhile
-		}
-		if c.dead && e.rec.State == StateRunning && e.sb == c.sb && !e.deleting {
-			d.stopped(e, agentExited(e.sb))
-			e.proxy = nil
-		}
-		if s.State != "" && e.rec.State != s.State {
-			continue
-		}
-		if s.Limit > 0 && len(out) == s.Limit {
-			return out, cursorOf(last).String(), nil
-		}
-		out = append(out, e.info())
-		last = e.rec
-	}
-	return out, "", nil
-}
-
-// cursor is a place in a list of sandboxes, oldest first: a sandbox's
-// creation and, for those made in the same nanosecond, its id. As a
-// string it is the two with a dot between.
-type cursor struct {
-	created int64
-	id      string
-}
-
-func cursorOf(rec record) cursor { return cursor{rec.CreatedAt.UnixNano(), rec.ID} }
-
-func (c cursor) String() string { return strconv.FormatInt(c.created, 10) + "." + c.id }
-
-func compareCursors(a, b cursor) int {
-	if c := cmp.Compare(a.created, b.created); c != 0 {
-		return c
-	}
-	return strings.Compare(a.id, b.id)
-}
-
-// parseCursor reads a cursor Select gave ("" for none).
-func parseCursor(s string) (cursor, error) {
-	if s == "" {
-		return cursor{}, nil
-	}
-	created, id, _ := strings.Cut(s, ".")
-	n, err := strconv.ParseInt(created, 10, 64)
-	if err != nil || id == "" {
-		return cursor{}, fmt.Errorf("%w: cursor %q: want one a page's Kiln-Next-Cursor gave", errdefs.ErrInvalidArgument, api.Clip(s))
-	}
-	return cursor{n, id}, nil
 }
 
 // runtimeOf is the runtime that made a sandbox.
