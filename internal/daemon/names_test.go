@@ -49,6 +49,7 @@ func (k *kilnd) ids() []string {
 // inside, and answers carry its full id; the name is held until the
 // sandbox is deleted, and then free to take again.
 func TestSandboxNames(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	defer k.cleanup()
 	var web daemon.Info
@@ -107,6 +108,7 @@ func TestSandboxNames(t *testing.T) {
 // TestSandboxBadNames: a name that is not a lower-case DNS label is
 // refused, naming it, and nothing is made.
 func TestSandboxBadNames(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	defer k.cleanup()
 	for _, name := range []string{"Web", "-web", "web-", "we_b", "we.b", "we b", "wéb", strings.Repeat("a", 64)} {
@@ -133,6 +135,7 @@ func TestSandboxBadNames(t *testing.T) {
 // answers carry the full id; a prefix that two ids share is refused as
 // ambiguous, until one of them is deleted.
 func TestSandboxIDPrefixes(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	defer k.cleanup()
 	// Two ids that share a prefix: v7 ids made close together share the
@@ -199,6 +202,7 @@ func countPrefix(ids []string, prefix string) int {
 // TestSandboxNameSurvivesRestart: a new kilnd on the same state directory
 // finds the sandbox by its name, and still refuses the name to another.
 func TestSandboxNameSurvivesRestart(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	var info daemon.Info
 	k.json("POST", "/sandboxes", `{"name":"keeper"}`, &info)
@@ -219,6 +223,7 @@ func TestSandboxNameSurvivesRestart(t *testing.T) {
 // TestSandboxNameRace: creates asking for the same name at once get it
 // once; the others are refused and leave nothing behind.
 func TestSandboxNameRace(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	defer k.cleanup()
 	const n = 4
