@@ -56,10 +56,14 @@ sdk-pack: $(SDK)/node_modules/.package-lock.json
 # read by the tools users read them with), and each benchmark once so it
 # keeps working. A package's tests may take longer than go test's 10
 # minutes on a loaded 2-core machine (the daemon's, with real sandboxes);
-# the timeout is a bound against a hang. What it needs is installed first.
+# the timeout is a bound against a hang. Four of a package's parallel
+# tests run at once however many CPUs there are (go test's default is
+# their number): the sandbox, daemon and client tests mostly wait, on
+# sandboxes starting, processes and grace periods, not on a CPU. What it
+# needs is installed first.
 test: test-deps
 	$(MAKE) check
-	$(GO) test -race -count=1 -timeout=30m ./...
+	$(GO) test -race -count=1 -timeout=30m -parallel=4 ./...
 	cd interop && $(GO) test -race -count=1 -timeout=30m ./...
 	$(GO) test -run='^$$' -bench=. -benchtime=1x ./...
 	$(MAKE) sdk-test

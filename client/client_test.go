@@ -31,9 +31,20 @@ func TestMain(m *testing.M) {
 		serveEcho(addr) // in a sandbox, for TestPorts
 		os.Exit(0)
 	}
+	// Most tests run side by side, each with a kilnd of its own: their
+	// sandboxes' host users are kept apart.
+	removeUIDs, err := daemontest.ShareUIDs()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
 	code := m.Run()
 	if err := stopExampleKilnd(); err != nil {
 		fmt.Fprintln(os.Stderr, "the examples' kilnd:", err)
+		code = 1
+	}
+	if err := removeUIDs(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		code = 1
 	}
 	if code == 0 {
@@ -158,6 +169,7 @@ func collect(t *testing.T, p *client.Process, from map[string]int64) (map[string
 }
 
 func TestStartOutputWait(t *testing.T) {
+	t.Parallel()
 	_, sb := kilnd(t)
 	ctx := ctxT(t)
 	// é split across two writes, on stdout; a lone invalid byte on stderr.
@@ -187,6 +199,7 @@ func TestStartOutputWait(t *testing.T) {
 }
 
 func TestInputInOrderThenEOF(t *testing.T) {
+	t.Parallel()
 	_, sb := kilnd(t)
 	ctx := ctxT(t)
 	p, err := sb.Start(ctx, client.StartOptions{Command: "cat", Stdin: true})
@@ -219,6 +232,7 @@ func TestInputInOrderThenEOF(t *testing.T) {
 // from its reference resumes where it stood: nothing repeated, nothing
 // lost, and the output is complete.
 func TestDisconnectThenReopen(t *testing.T) {
+	t.Parallel()
 	c, sb := kilnd(t)
 	ctx := ctxT(t)
 	p, err := sb.Start(ctx, client.StartOptions{Command: "sh", Args: []string{"-c", "for i in $(seq 1 30); do echo line-$i; sleep 0.01; done"}})
@@ -270,6 +284,7 @@ func TestDisconnectThenReopen(t *testing.T) {
 }
 
 func TestTerminateStatusAndErrors(t *testing.T) {
+	t.Parallel()
 	c, sb := kilnd(t)
 	ctx := ctxT(t)
 	p, err := sb.Start(ctx, client.StartOptions{Command: "sleep", Args: []string{"1000"}})
@@ -306,6 +321,7 @@ func TestTerminateStatusAndErrors(t *testing.T) {
 }
 
 func TestExec(t *testing.T) {
+	t.Parallel()
 	_, sb := kilnd(t)
 	ctx := ctxT(t)
 	r, err := sb.Exec(ctx, client.ExecOptions{Shell: "echo out; echo err >&2; exit 2"})
@@ -390,6 +406,7 @@ func TestLostAnswerIsUnknown(t *testing.T) {
 // TestBytesExact: 256 KiB of every byte value on stdout and invalid UTF-8
 // with NUL on stderr arrive byte for byte.
 func TestBytesExact(t *testing.T) {
+	t.Parallel()
 	_, sb := kilnd(t)
 	ctx := ctxT(t)
 	script := `python3 -c "
@@ -416,6 +433,7 @@ sys.stderr.buffer.write(b'\x00\xff\xfe\xc3(\x00end')
 // TestReopenAfterEviction: a handle reopened after its position was
 // evicted reports a gap of exactly the evicted bytes, then the rest.
 func TestReopenAfterEviction(t *testing.T) {
+	t.Parallel()
 	_, sb := kilnd(t)
 	ctx := ctxT(t)
 	const total = 3 << 20 // three times the ring
@@ -447,6 +465,7 @@ func TestReopenAfterEviction(t *testing.T) {
 // TestResumeInsideACharacter: a handle disconnected while a character is
 // half received resumes before it, so the character arrives whole, once.
 func TestResumeInsideACharacter(t *testing.T) {
+	t.Parallel()
 	_, sb := kilnd(t)
 	ctx := ctxT(t)
 	p, err := sb.Start(ctx, client.StartOptions{Command: "sh", Args: []string{"-c", `printf 'caf\303'; sleep 0.3; printf '\251\n'`}})
@@ -485,6 +504,7 @@ func TestResumeInsideACharacter(t *testing.T) {
 // reopened from its reference, within the grace period, gets the rest:
 // every byte of 32 MiB, with no gap, and the process's own exit.
 func TestFlowBlockResumesWithoutLoss(t *testing.T) {
+	t.Parallel()
 	_, sb := kilnd(t)
 	ctx := ctxT(t)
 	const size = 32 << 20
@@ -559,6 +579,7 @@ func TestFlowBlockResumesWithoutLoss(t *testing.T) {
 // kilnd cut again and again, resume each time from the last byte given
 // out: the output comes whole, nothing repeated, with the command's exit.
 func TestExecResumesABrokenConnection(t *testing.T) {
+	t.Parallel()
 	k := startKilnd(t)
 	p, err := k.Proxy(t.TempDir(), 1<<20, 0)
 	if err != nil {
@@ -602,6 +623,7 @@ func TestExecResumesABrokenConnection(t *testing.T) {
 // TestCapturedLogTail: LogOptions' zero value is the whole log (it used to
 // send tail=0 and return nothing); Tail keeps the last lines, NoLines none.
 func TestCapturedLogTail(t *testing.T) {
+	t.Parallel()
 	_, sb := kilnd(t)
 	ctx := ctxT(t)
 	p, err := sb.Start(ctx, client.StartOptions{Command: "seq", Args: []string{"5"}, Capture: true})
@@ -656,6 +678,7 @@ func TestCapturedLogTail(t *testing.T) {
 // TestHealthAndVersion: Health is nil while kilnd answers and an error
 // once it does not; ServerVersion names the Go that built it.
 func TestHealthAndVersion(t *testing.T) {
+	t.Parallel()
 	c, _ := kilnd(t)
 	ctx := ctxT(t)
 	if err := c.Health(ctx); err != nil {

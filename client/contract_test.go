@@ -87,6 +87,7 @@ type contractCase struct {
 }
 
 func TestContract(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("the conformance suite runs bursts of tens of MiB")
 	}

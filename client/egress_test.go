@@ -31,6 +31,7 @@ except Exception as e:
 // upstream is reached by name, denied addresses and kilnd's own port are
 // refused, the rules survive a kilnd restart and go with the sandbox.
 func TestEgress(t *testing.T) {
+	t.Parallel()
 	if !egresstest.Isolate(t) {
 		return
 	}

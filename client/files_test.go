@@ -31,6 +31,7 @@ func inside(t *testing.T, sb *client.Sandbox, script string) string {
 // as a user of the SDK would, and checks each from inside with the
 // sandbox's own tools: what the API writes is the sandbox's root's.
 func TestFiles(t *testing.T) {
+	t.Parallel()
 	k := startKilnd(t)
 	_, sb := clientOf(t, k.State)
 	ctx := ctxT(t)
@@ -116,6 +117,7 @@ func TestFiles(t *testing.T) {
 // does, and refuses archives whose members would land outside the
 // directory they are extracted into.
 func TestArchive(t *testing.T) {
+	t.Parallel()
 	k := startKilnd(t)
 	_, sb := clientOf(t, k.State)
 	ctx := ctxT(t)
@@ -199,6 +201,7 @@ func tarOf(t *testing.T, hs []tar.Header) []byte {
 // number it saw gets what followed and nothing twice; one that comes back
 // after more than the watch holds is told exactly how many it missed.
 func TestWatchFiles(t *testing.T) {
+	t.Parallel()
 	k := startKilnd(t)
 	_, sb := clientOf(t, k.State)
 	ctx := ctxT(t)

@@ -22,6 +22,7 @@ import (
 // the image kept while a sandbox runs from it; then imports one from a
 // docker save tar.
 func TestImages(t *testing.T) {
+	t.Parallel()
 	if os.Geteuid() != 0 {
 		t.Skip("kilnd needs root")
 	}

@@ -23,11 +23,16 @@ import (
 // addresses; their ranges and host users are apart, and a range that
 // overlaps another kilnd's is refused with that kilnd's name.
 func TestThreeKilnds(t *testing.T) {
+	t.Parallel()
 	if !egresstest.Isolate(t) {
 		return
 	}
 	up := egresstest.StartUpstream(t)
-	claims := t.TempDir()
+	// One directory for the three: they see each other's egress ranges.
+	claims, err := daemontest.ClaimsDir(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
 	type node struct {
 		cfg  daemon.Config
 		k    *daemontest.Kilnd // nil while stopped

@@ -10,6 +10,7 @@ import (
 // a prefix of its id, the handle holding the full id; a name taken is
 // IsAlreadyExists, one that is not a DNS label IsInvalid.
 func TestSandboxByName(t *testing.T) {
+	t.Parallel()
 	c, _ := kilnd(t)
 	ctx := ctxT(t)
 	sb, err := c.CreateSandbox(ctx, client.SandboxOptions{Name: "sdk"})

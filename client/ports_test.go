@@ -69,6 +69,7 @@ func atLoopback(ctx context.Context, network, addr string) (net.Conn, error) {
 // its own, reaches it without kilnd's token until it is revoked. It is
 // the streaming seed's server workspace, run as a user would.
 func TestPorts(t *testing.T) {
+	t.Parallel()
 	k := startKilndOn(t, "127.0.0.1:0")
 	_, sb := clientOf(t, k.State)
 	ctx := ctxT(t)
@@ -244,6 +245,7 @@ func TestPorts(t *testing.T) {
 // frame is out before the connection goes (it once was not, one time in a
 // few hundred, and the client saw the end as a broken connection).
 func TestPortServerCloses(t *testing.T) {
+	t.Parallel()
 	k := startKilndOn(t, "127.0.0.1:0")
 	_, sb := clientOf(t, k.State)
 	ctx := ctxT(t)

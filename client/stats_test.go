@@ -11,6 +11,7 @@ import (
 // TestStats reads a running sandbox's figures, with the process it runs
 // counted, and is refused for a stopped sandbox and an unknown one.
 func TestStats(t *testing.T) {
+	t.Parallel()
 	c, sb := clientOf(t, startKilnd(t).State)
 	p, err := sb.Start(ctxT(t), client.StartOptions{Command: "sleep", Args: []string{"600"}})
 	if err != nil {

@@ -18,6 +18,7 @@ import (
 // origins' preflights get no permission, and a sandbox's app (a preview)
 // answers for itself.
 func TestBrowserCORS(t *testing.T) {
+	t.Parallel()
 	const page = "http://console.example:5173"
 	k := startConfig(t, daemon.Config{AllowOrigins: []string{page}})
 	defer k.cleanup()
@@ -84,6 +85,7 @@ func TestBrowserCORS(t *testing.T) {
 // no offered protocol fails) and speaks kiln.raw; beside kiln.v1 the
 // answer names kiln.v1 alone, the token never going to the agent.
 func TestTokenProtocolAlone(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	defer k.cleanup()
 	sb := k.sandbox()

@@ -28,6 +28,7 @@ import (
 // TestLogRotationRefusedOutOfRange: a create request's log rotation out of
 // range is a 400 whose message names the field, the range and the value.
 func TestLogRotationRefusedOutOfRange(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	defer k.cleanup()
 	for _, tc := range []struct {
@@ -61,8 +62,9 @@ func TestLogRotationRefusedOutOfRange(t *testing.T) {
 // the agent's writer keeps to; kilnd's own default (--log-max-size,
 // --log-max-files) holds for a sandbox that sets none.
 func TestLogRotationPerSandbox(t *testing.T) {
+	t.Parallel()
 	k := startConfig(t, daemon.Config{Logs: daemon.Logs{MaxSizeBytes: 128 << 10, MaxFiles: 4}})
-	defer k.cleanup()
+	t.Cleanup(k.cleanup) // after the subtests, which run side by side
 	// About 1.2 MB of log: many rotations either way.
 	script := `i=0; while [ $i -lt 12000 ]; do echo "line $i of a log that rotates: 100 bytes or so, to fill files...."; i=$((i+1)); done`
 	for _, tc := range []struct {
@@ -76,6 +78,9 @@ func TestLogRotationPerSandbox(t *testing.T) {
 		{"its size, kilnd's count", `{"logs":{"max_size_bytes":65536}}`, 64 << 10, 4},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			k := *k
+			k.t = t
 			var info daemon.Info
 			k.json("POST", "/sandboxes", tc.create, &info)
 			var st api.Started
@@ -151,6 +156,7 @@ func (k *kilnd) ndjson(t *testing.T, ctx context.Context, path string, each func
 // captured log as records with their stream offsets; with follow=true it
 // follows the run as it writes, across rotation, and ends with the run.
 func TestCapturedLogNDJSONFollows(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	defer k.cleanup()
 	var info daemon.Info
@@ -213,6 +219,7 @@ printf 'caf\303\251 \377 no newline'`, half, 2*half)
 // own, with its stream, where it begins and how many bytes; the records
 // after it stand at their offsets.
 func TestCapturedLogNDJSONGaps(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	defer k.cleanup()
 	id := k.sandbox()

@@ -15,6 +15,7 @@ import (
 // finding that class first), whatever it wraps beneath, so that a cause
 // wrapped with %w never turns a refusal into another kind of failure.
 func TestRefusalsKeepTheirClass(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	defer k.cleanup()
 	n := func(v int64) *int64 { return &v }

@@ -36,10 +36,23 @@ import (
 
 func TestMain(m *testing.M) {
 	roles.PlayIfReexecuted()
+	// Most tests run side by side, each with a kilnd of its own: their
+	// sandboxes' host users are kept apart.
+	remove, err := daemontest.ShareUIDs()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
 	if state := os.Getenv(daemonEnv); state != "" {
 		os.Exit(serveForever(state, os.Getenv(daemonListenEnv)))
 	}
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+		if err := remove(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			code = max(code, 1)
+		}
+		os.Exit(code)
+	}))
 }
 
 // daemonEnv makes the test binary a kilnd process serving the state
@@ -51,7 +64,12 @@ const (
 
 func serveForever(state, listen string) int {
 	exe, _ := os.Executable()
-	d, err := daemon.New(daemon.Config{StateDir: state, Listen: listen, Exe: exe, Env: env, ClaimsDir: filepath.Join(state, "claims")})
+	claims, err := daemontest.ClaimsDir(state)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	d, err := daemon.New(daemon.Config{StateDir: state, Listen: listen, Exe: exe, Env: env, ClaimsDir: claims})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -211,6 +229,7 @@ func (k *kilnd) server(sb string) apitest.Server {
 // sandbox's agent. The tombstone scenario waits out the agent's default
 // grace, beside the others.
 func TestConformance(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	defer k.cleanup()
 	apitest.Run(t, k.server(k.sandbox()))
@@ -219,6 +238,7 @@ func TestConformance(t *testing.T) {
 // TestSeedCurlExample: the exec-stream document's example through kilnd
 // over TCP, the token in the WebSocket subprotocol as a browser sends it.
 func TestSeedCurlExample(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	defer k.cleanup()
 	sb := k.sandbox()
@@ -233,6 +253,7 @@ func TestSeedCurlExample(t *testing.T) {
 }
 
 func TestAuthAndOrigin(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	defer k.cleanup()
 	// Each refusal says which it is: no token, or one that is not kilnd's.
@@ -278,6 +299,7 @@ func TestAuthAndOrigin(t *testing.T) {
 // kilnd on the same state directory adopts the sandbox, and a watcher
 // gets every byte and the real exit.
 func TestRestartWithoutLoss(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	sb := k.sandbox()
 	var st api.Started
@@ -294,6 +316,7 @@ func TestRestartWithoutLoss(t *testing.T) {
 // TestSandboxCannotReachKilnd: from inside, kilnd's port is another
 // network's, and its state directory does not exist.
 func TestSandboxCannotReachKilnd(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	defer k.cleanup()
 	sb := k.sandbox()
@@ -310,6 +333,7 @@ func TestSandboxCannotReachKilnd(t *testing.T) {
 // TestDeleteKeepsCapturedLogs: deleting a sandbox stops its processes in
 // order, so a captured run ends cleanly, and its log stays readable.
 func TestDeleteKeepsCapturedLogs(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	defer k.cleanup()
 	sb := k.sandbox()
@@ -365,6 +389,7 @@ func TestDeleteKeepsCapturedLogs(t *testing.T) {
 // TestCapturedLogsFilterAndFollow: stream filter, tail, and a follower
 // that gets lines as they are captured.
 func TestCapturedLogsFilterAndFollow(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	defer k.cleanup()
 	sb := k.sandbox()
@@ -429,6 +454,7 @@ func clip(b []byte) []byte {
 // its exit code becomes the sandbox's, recorded durably, and its output
 // is captured. A background child it leaves does not keep the sandbox.
 func TestInitCommandEndsTheSandbox(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	var info daemon.Info
 	k.json("POST", "/sandboxes", `{"init":{"command":"sh","args":["-c","sleep 1000 & echo booted; exit 5"]}}`, &info)
@@ -462,6 +488,7 @@ func TestInitCommandEndsTheSandbox(t *testing.T) {
 // TestIdleTimeout: a sandbox left alone past its idle timeout is deleted,
 // its captured logs kept; one with an open watcher is not idle.
 func TestIdleTimeout(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	defer k.cleanup()
 	var info daemon.Info
@@ -493,6 +520,7 @@ func TestIdleTimeout(t *testing.T) {
 // documented operation is served (by kilnd or the agent, not a "no route"
 // answer), and every route kilnd has is documented.
 func TestOpenAPIMatchesRoutes(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	defer k.cleanup()
 	sb := k.sandbox()
@@ -597,6 +625,7 @@ func external(t *testing.T, state, addr string) *exec.Cmd {
 // resumes from the offsets it had gets the rest: nothing lost, nothing
 // repeated, the real exit code.
 func TestKill9MidStream(t *testing.T) {
+	t.Parallel()
 	if os.Geteuid() != 0 {
 		t.Skip("kilnd needs root")
 	}
@@ -671,6 +700,7 @@ func TestKill9MidStream(t *testing.T) {
 // TestManyStreamsManyWatchers: 100 concurrent exec-streams in one sandbox,
 // each watched by 10 clients: every watcher gets every byte and the exit.
 func TestManyStreamsManyWatchers(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	defer k.cleanup()
 	sb := k.sandbox()
@@ -728,6 +758,7 @@ func TestManyStreamsManyWatchers(t *testing.T) {
 // the sandbox stopped, whether or not kilnd's watcher of that agent has
 // woken yet; the others stay running.
 func TestListAfterAgentDied(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	defer k.cleanup()
 	var victim, other daemon.Info
@@ -739,6 +770,7 @@ func TestListAfterAgentDied(t *testing.T) {
 // TestListAfterAdoptedAgentDied: so too for a sandbox a restarted kilnd
 // adopted, whose agent it did not start.
 func TestListAfterAdoptedAgentDied(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	var victim, other daemon.Info
 	k.json("POST", "/sandboxes", "{}", &victim)
@@ -787,6 +819,7 @@ func listedAfterKill(t *testing.T, k *kilnd, victim, other daemon.Info) {
 // an unknown exit, its cgroups gone, what it captured readable and marked
 // interrupted; kilnd and other sandboxes go on.
 func TestAgentKilled(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	defer k.cleanup()
 	var victim, other daemon.Info
@@ -864,6 +897,7 @@ func TestAgentKilled(t *testing.T) {
 // (kilnd died during the create) is ended by the next kilnd, not left
 // running unreachable.
 func TestUnrecordedSandboxIsEnded(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	var info daemon.Info
 	k.json("POST", "/sandboxes", "{}", &info)
@@ -892,6 +926,7 @@ func TestUnrecordedSandboxIsEnded(t *testing.T) {
 // TestSandboxesHaveTheirOwnUsers: two sandboxes' roots are different host
 // users, so neither can touch the other's files even given a path.
 func TestSandboxesHaveTheirOwnUsers(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	defer k.cleanup()
 	owner := func() uint32 {
@@ -919,6 +954,7 @@ func TestSandboxesHaveTheirOwnUsers(t *testing.T) {
 // with follow; the log alone (source=log) holds the same, and nothing is
 // lost.
 func TestCapturedLogReadsAsOneSequence(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	defer k.cleanup()
 	sb := k.sandbox()
@@ -968,6 +1004,7 @@ func TestCapturedLogReadsAsOneSequence(t *testing.T) {
 // by a restarted kilnd, and a delete that leaves nothing of it running or
 // in runsc's state.
 func TestGVisorLifecycle(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	var info daemon.Info
 	code, b := k.do("POST", "/sandboxes", k.d.Token(), `{"runtime":"gvisor","limits":{"memory_bytes":536870912}}`)

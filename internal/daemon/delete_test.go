@@ -59,6 +59,7 @@ func (k *kilnd) deleteShown(id string) {
 // while the deletion is unfinished; once there is space, the deletion
 // finishes by itself: the record says deleted, the captured logs stay.
 func TestDeleteUnfinished(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	faultMount(t, k.faultSandboxes(), 4<<20)
 	id := k.sandbox()
@@ -128,6 +129,7 @@ func TestDeleteUnfinished(t *testing.T) {
 // --keep-deleted, and then its record and directory are removed. The
 // removal is seen as the kernel reports it (inotify), not slept for.
 func TestKeepDeleted(t *testing.T) {
+	t.Parallel()
 	const keep = 2 * time.Second
 	k := startConfig(t, daemon.Config{KeepDeleted: keep})
 	defer k.cleanup()

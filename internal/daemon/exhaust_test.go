@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"unsafe"
@@ -132,6 +133,15 @@ os.close(w)
 print(os.read(r, 200).decode().strip())
 `
 
+// hostUses counts the names hostUseName gives.
+var hostUses atomic.Int64
+
+// hostUseName is a name of the host's, for a queue or a key, that no
+// other use takes: the runtimes' subtests use the host's side by side.
+func hostUseName() string {
+	return fmt.Sprintf("kiln-exhaust-test-%d-%d", os.Getpid(), hostUses.Add(1))
+}
+
 // hostUse uses one of each resource in the test process, on the host, as
 // root, and gives back what it held.
 var hostUse = map[string]func(t *testing.T) error{
@@ -153,7 +163,7 @@ var hostUse = map[string]func(t *testing.T) error{
 	},
 	"mqueues": func(t *testing.T) error {
 		// A queue of the defaults, in the host's IPC namespace.
-		name, _ := unix.BytePtrFromString(fmt.Sprintf("kiln-exhaust-test-%d", os.Getpid()))
+		name, _ := unix.BytePtrFromString(hostUseName())
 		fd, _, errno := unix.Syscall6(unix.SYS_MQ_OPEN, uintptr(unsafe.Pointer(name)), unix.O_CREAT|unix.O_EXCL|unix.O_RDWR|unix.O_CLOEXEC, 0o600, 0, 0, 0)
 		if errno != 0 {
 			return errno
@@ -202,7 +212,7 @@ var hostUse = map[string]func(t *testing.T) error{
 	},
 	"keys": func(t *testing.T) error {
 		// In the test process's own keyring, which ends with it.
-		id, err := unix.AddKey("user", fmt.Sprintf("kiln-exhaust-test-%d", os.Getpid()), []byte("x"), unix.KEY_SPEC_PROCESS_KEYRING)
+		id, err := unix.AddKey("user", hostUseName(), []byte("x"), unix.KEY_SPEC_PROCESS_KEYRING)
 		if err != nil {
 			return err
 		}
@@ -224,10 +234,14 @@ var hostUse = map[string]func(t *testing.T) error{
 // takes what it can, or for inotify one more than the host allows a user,
 // and the host's counts are untouched. The figures are logged.
 func TestNoSharedExhaustion(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
-	defer k.cleanup()
+	// After the subtests, which run side by side: each takes from
+	// sandboxes of its own.
+	t.Cleanup(k.cleanup)
 	for _, rt := range runtimes {
 		t.Run(rt, func(t *testing.T) {
+			t.Parallel()
 			for _, tc := range []struct {
 				resource string
 				limited  bool   // a namespace sandbox can take some, up to a limit
@@ -243,6 +257,9 @@ func TestNoSharedExhaustion(t *testing.T) {
 				{"keys", false, "kernel/keys/maxkeys"},
 			} {
 				t.Run(tc.resource, func(t *testing.T) {
+					t.Parallel()
+					k := *k
+					k.t = t
 					n := int64(1) << 40
 					if rt == sandbox.RuntimeGVisor && tc.host != "" {
 						// gVisor sets no limit of its own on some: one more

@@ -154,6 +154,7 @@ func (k *kilnd) faultDial(ctx context.Context, sb, pid, query string) *websocket
 // count is exactly what was written and not kept; the sandbox and kilnd
 // go on.
 func TestCaptureDirectoryFull(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	faultMount(t, k.faultSandboxes(), 2<<20)
 	defer k.cleanup()
@@ -280,6 +281,7 @@ func faultSetImmutable(dir string, on bool) error {
 // bits do not stop, and its file system cannot be remounted read-only
 // while the agent holds its own log open for writing there.
 func TestCaptureDirectoryReadOnly(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	defer k.cleanup()
 	sb := k.sandbox()
@@ -314,8 +316,9 @@ func TestCaptureDirectoryReadOnly(t *testing.T) {
 // replaced by a symbolic link to another directory. Nothing is ever
 // written or read through the link.
 func TestCaptureDirectoryReplacedByLink(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
-	defer k.cleanup()
+	t.Cleanup(k.cleanup) // after the subtests, which run side by side
 	// forged is a valid captured log in the link's target, that kilnd
 	// must not serve as the sandbox's.
 	forged := uuid.Must(uuid.NewV7()).String()
@@ -367,6 +370,7 @@ func TestCaptureDirectoryReplacedByLink(t *testing.T) {
 		t.Logf("reading through the link: %d %s", code, bytes.TrimSpace(b))
 	}
 	t.Run("removed", func(t *testing.T) {
+		t.Parallel()
 		// The directory the agent holds is gone: nothing can be begun in it.
 		k := *k
 		k.t = t
@@ -385,6 +389,7 @@ func TestCaptureDirectoryReplacedByLink(t *testing.T) {
 		k.faultAlive(sb)
 	})
 	t.Run("moved aside", func(t *testing.T) {
+		t.Parallel()
 		// The agent holds the directory, not its path: capture goes on in
 		// the moved directory, never through the link.
 		k := *k
@@ -431,6 +436,7 @@ func TestCaptureDirectoryReplacedByLink(t *testing.T) {
 // and the sandbox answer; the stalled watcher, reading again, is told
 // exactly what it missed.
 func TestWatcherStallsMidReplay(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	defer k.cleanup()
 	sb := k.sandbox()
@@ -541,6 +547,7 @@ func faultAwait(t *testing.T, what string, cond func() bool) {
 // stdin write, or before its answer, and write again at the same offset:
 // every byte reaches the process once.
 func TestStdinRetryAfterDisconnect(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	defer k.cleanup()
 	sb := k.sandbox()
@@ -619,6 +626,7 @@ func TestStdinRetryAfterDisconnect(t *testing.T) {
 // A kiln.v1 watcher is told that stdout ended while the process runs and
 // stderr goes on, and gets the exit when it comes.
 func TestStdoutClosedWhileRunning(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	defer k.cleanup()
 	sb := k.sandbox()
@@ -681,6 +689,7 @@ func oomKills(cg *sandbox.Cgroups) int64 {
 // sandbox's execs and kilnd's API go on answering. (That the limits hold
 // and the agent survives is TestLimits', in the sandbox package.)
 func TestLimitsSpareOtherSandboxes(t *testing.T) {
+	t.Parallel()
 	if _, err := exec.LookPath("python3"); err != nil {
 		t.Skip("the bomb and the hog are python3 programs")
 	}
@@ -748,6 +757,7 @@ while True:
 // in its record and in its cgroups; a limit given as 0 is none, and one
 // left out is still the default.
 func TestDefaultLimits(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	defer k.cleanup()
 	cases := []struct {
@@ -798,6 +808,7 @@ func (k *kilnd) diskUsage() (int64, []string) {
 // than the quota, the sandbox's mount table names no host path, and
 // deleting the sandbox gives the space back.
 func TestDiskQuota(t *testing.T) {
+	t.Parallel()
 	if err := sandbox.DisksAvailable(); err != nil {
 		t.Skip(err)
 	}

@@ -55,6 +55,7 @@ func (k *kilnd) raw(method, target string, body []byte) (int, string) {
 // that climbs is refused before it reaches anything, and a file past the
 // disk quota is refused with the space it had.
 func TestFilesHostile(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	defer k.cleanup()
 	sb := k.sandbox()
@@ -120,6 +121,7 @@ func TestFilesHostile(t *testing.T) {
 // file it was to replace is as it was, no temporary file stays, and the
 // host's disk holds no more than the quota.
 func TestFilesQuota(t *testing.T) {
+	t.Parallel()
 	if err := sandbox.DisksAvailable(); err != nil {
 		t.Skip(err)
 	}
@@ -159,6 +161,7 @@ func TestFilesQuota(t *testing.T) {
 // TestFilesAfterRestart: a restarted kilnd serves the files of the
 // sandboxes it adopted.
 func TestFilesAfterRestart(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	sb := k.sandbox()
 	if code, body := k.raw("PUT", "/sandboxes/"+sb+"/files/workspace/kept.txt", []byte("before the restart")); code != 200 {
@@ -186,6 +189,7 @@ func (zeroReader) Read(b []byte) (int, error) {
 // sandboxes it adopted, and their preview URLs still work (kilnd kept
 // their hashes).
 func TestPortsAfterRestart(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	sb := k.sandbox()
 	var st api.Started
@@ -328,10 +332,14 @@ func awaitEvent(t *testing.T, events <-chan api.FileEvent, op string, match func
 // kilnd writes the body into the file the agent hands over, or for
 // gVisor's the agent writes it, kilnd proxying.
 func TestFilesUploadInterrupted(t *testing.T) {
+	t.Parallel()
 	k := startConfig(t, daemon.Config{ReadTimeout: 3 * time.Second})
-	defer k.cleanup()
+	t.Cleanup(k.cleanup) // after the subtests, which run side by side
 	for _, runtime := range runtimes {
 		t.Run(runtime, func(t *testing.T) {
+			t.Parallel()
+			k := *k
+			k.t = t
 			sb := k.sandboxOf(t, runtime)
 			route := "/sandboxes/" + sb + "/files/workspace/file"
 			if code, body := k.raw("PUT", route, []byte("old")); code != 200 {
@@ -451,10 +459,14 @@ func tarOf(t *testing.T, hs []tar.Header, bodies map[string]string) []byte {
 // contiguous file, or a symbolic link that leads out, is refused whole,
 // naming the member, and nothing of it is written.
 func TestFilesArchiveAtomic(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
-	defer k.cleanup()
+	t.Cleanup(k.cleanup) // after the subtests, which run side by side
 	for _, runtime := range runtimes {
 		t.Run(runtime, func(t *testing.T) {
+			t.Parallel()
+			k := *k
+			k.t = t
 			sb := k.sandboxOf(t, runtime)
 			mtime := time.Date(2024, 5, 6, 7, 8, 9, 0, time.UTC)
 			in := []tar.Header{

@@ -36,6 +36,7 @@ func createGVisor(t *testing.T, k *kilnd, body string) daemon.Info {
 // gVisor's kernel's threads), its memory, and its disk; its metrics say
 // the same.
 func TestStatsSameOnBothRuntimes(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	const (
 		memory = 512 << 20
@@ -226,9 +227,11 @@ for i in range(64):
 // with on_oom kill_process loses the process alone, reported with
 // oom_killed, and goes on; a gVisor one cannot be asked to.
 func TestOutOfMemory(t *testing.T) {
+	t.Parallel()
 	limits := fmt.Sprintf(`"limits":{"memory_bytes":%d}`, 128<<20)
 	for _, runtime := range []string{"namespaces", "gvisor"} {
 		t.Run(runtime, func(t *testing.T) {
+			t.Parallel()
 			k := start(t, "")
 			defer k.cleanup()
 			for _, hog := range memoryHogs {
@@ -254,6 +257,7 @@ func TestOutOfMemory(t *testing.T) {
 		})
 	}
 	t.Run("namespaces kill_process", func(t *testing.T) {
+		t.Parallel()
 		k := start(t, "")
 		defer k.cleanup()
 		for _, hog := range memoryHogs {

@@ -177,6 +177,7 @@ func hostileTranscript(t *testing.T, c *websocket.Conn) string {
 // sandbox, another process or a file: every one is not found, and the
 // process they aim at is untouched.
 func TestHostileIDs(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	defer k.cleanup()
 	c := newHostileClient(t, k)
@@ -291,6 +292,7 @@ func hostileAtBounds() api.ExecRequest {
 // request at every bound at once runs, its process given every word and
 // variable.
 func TestHostileArgvEnv(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	defer k.cleanup()
 	c := newHostileClient(t, k)
@@ -355,6 +357,7 @@ func TestHostileArgvEnv(t *testing.T) {
 // them exactly; in ids, query values and headers they are refused with the
 // error they would get anyway, in a body that is valid UTF-8.
 func TestHostileNonUTF8(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	defer k.cleanup()
 	c := newHostileClient(t, k)
@@ -476,6 +479,7 @@ func hostileRecords(b []byte) (string, error) {
 // in another scheme or another place are refused, and nothing they asked
 // for happens.
 func TestHostileTokens(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	defer k.cleanup()
 	c := newHostileClient(t, k)
@@ -559,6 +563,7 @@ func TestHostileTokens(t *testing.T) {
 // kilnd's own names with its port are served; the names under localhost
 // are the previews', where the API answers nothing.
 func TestHostileHost(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	defer k.cleanup()
 	c := newHostileClient(t, k)
@@ -597,6 +602,7 @@ func TestHostileHost(t *testing.T) {
 // the token: requests and WebSockets from a foreign origin are refused
 // before anything happens, kilnd's own origin is served.
 func TestHostileOrigin(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	defer k.cleanup()
 	c := newHostileClient(t, k)
@@ -663,6 +669,7 @@ func TestHostileOrigin(t *testing.T) {
 // and make every line cost a copy of all before it); counts past int and
 // negative durations are refused.
 func TestHostileLogQueries(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	defer k.cleanup()
 	c := newHostileClient(t, k)
@@ -701,6 +708,7 @@ func TestHostileLogQueries(t *testing.T) {
 // to kilnd (create) and through it to the agent (exec): each is refused
 // with 400 and creates or starts nothing.
 func TestHostileBodies(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	defer k.cleanup()
 	c := newHostileClient(t, k)
@@ -739,6 +747,7 @@ func TestHostileBodies(t *testing.T) {
 // says BLOCKED and why, or REACHED; a probe that says neither is broken,
 // and fails too.
 func TestHostileFromInside(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	defer k.cleanup()
 	c := newHostileClient(t, k)

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/sandkiln/sandkiln/internal/daemon"
+	"github.com/sandkiln/sandkiln/internal/daemon/daemontest"
 )
 
 // lockedBuffer is a log's destination that a test reads while kilnd may
@@ -36,11 +37,16 @@ func (l *lockedBuffer) String() string {
 // one's sandboxes, which run on; once the first has stopped, a kilnd
 // starts there.
 func TestSecondKilndOnTheStateDir(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	sb := k.sandbox()
 	var log lockedBuffer
 	exe, _ := os.Executable()
-	cfg := daemon.Config{StateDir: k.state, Exe: exe, Env: env, Log: slog.New(slog.NewTextHandler(&log, nil)), ClaimsDir: filepath.Join(k.state, "claims")}
+	claims, err := daemontest.ClaimsDir(k.state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := daemon.Config{StateDir: k.state, Exe: exe, Env: env, Log: slog.New(slog.NewTextHandler(&log, nil)), ClaimsDir: claims}
 	if d, err := daemon.New(cfg); err == nil {
 		d.Close()
 		t.Fatal("a second kilnd started on a state directory in use")

@@ -79,6 +79,7 @@ func (k *kilnd) awaitSample(what string, ok func(float64) bool, name string, lab
 // counts; a watcher's WebSocket is counted while it is open; every label
 // but sandbox is free of ids; and promtool finds nothing wrong.
 func TestSandboxMetrics(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	defer k.cleanup()
 	var big, small api.Sandbox
@@ -199,6 +200,7 @@ func promtoolCheck(t *testing.T, body []byte) {
 // and the stats answer: processes by how they ended, what a captured log
 // kept, and what a watcher that came late was told it lost, exactly.
 func TestAgentCountsMetrics(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	defer k.cleanup()
 	sb := k.sandbox()

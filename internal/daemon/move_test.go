@@ -40,6 +40,7 @@ func sockets(t *testing.T, pid string) []string {
 // socket kilnd accepted (kilnd is this process); once the watcher has
 // gone, it does not, and it held no socket of kilnd's before.
 func TestWatcherHandedToTheAgent(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	defer k.cleanup()
 	var info daemon.Info

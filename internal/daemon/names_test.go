@@ -48,6 +48,7 @@ func (k *kilnd) ids() []string {
 // inside, and answers carry its full id; the name is held until the
 // sandbox is deleted, and then free to take again.
 func TestSandboxNames(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	defer k.cleanup()
 	var web daemon.Info
@@ -106,6 +107,7 @@ func TestSandboxNames(t *testing.T) {
 // TestSandboxBadNames: a name that is not a lower-case DNS label is
 // refused, naming it, and nothing is made.
 func TestSandboxBadNames(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	defer k.cleanup()
 	for _, name := range []string{"Web", "-web", "web-", "we_b", "we.b", "we b", "wéb", strings.Repeat("a", 64)} {
@@ -135,6 +137,7 @@ func TestSandboxBadNames(t *testing.T) {
 // rarely do in 4 characters, is refused naming both:
 // TestShortIDsWithAThousandSandboxes.)
 func TestSandboxIDPrefixes(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	defer k.cleanup()
 	a, b := k.sandbox(), k.sandbox()
@@ -165,6 +168,7 @@ func TestSandboxIDPrefixes(t *testing.T) {
 // TestSandboxNameSurvivesRestart: a new kilnd on the same state directory
 // finds the sandbox by its name, and still refuses the name to another.
 func TestSandboxNameSurvivesRestart(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	var info daemon.Info
 	k.json("POST", "/sandboxes", `{"name":"keeper"}`, &info)
@@ -185,6 +189,7 @@ func TestSandboxNameSurvivesRestart(t *testing.T) {
 // TestSandboxNameRace: creates asking for the same name at once get it
 // once; the others are refused and leave nothing behind.
 func TestSandboxNameRace(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	defer k.cleanup()
 	const n = 4

@@ -90,6 +90,7 @@ func previewServer(t *testing.T, k *kilnd) string {
 // no preview's: 404 or 401, never a redirect); and on kilnd's own hosts
 // no preview is served, an old-style preview URL included.
 func TestPreviewHosts(t *testing.T) {
+	t.Parallel()
 	k := start(t, "")
 	defer k.cleanup()
 	_, port, _ := net.SplitHostPort(k.addr)
@@ -218,6 +219,7 @@ func TestPreviewHosts(t *testing.T) {
 // the URL naming that listener's port; that listener serves nothing
 // else, whatever the Host, and the API's serves no preview.
 func TestPreviewListenAndDomain(t *testing.T) {
+	t.Parallel()
 	const domain = "previews.kiln.test"
 	previewAddr := freeAddr(t)
 	k := startConfig(t, daemon.Config{PreviewDomain: domain, PreviewListen: previewAddr, AllowHosts: []string{"kiln.test"}})

@@ -24,6 +24,7 @@ import (
 // 404. No row is answered with any other 5xx, and no answer names the
 // state directory or carries the words of the cgroup files or of /proc.
 func TestRefusals(t *testing.T) {
+	t.Parallel()
 	state := t.TempDir()
 	// The image store on a file system of 1 MiB: an import fills it.
 	store := filepath.Join(state, "oci")

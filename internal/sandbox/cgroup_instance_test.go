@@ -18,6 +18,7 @@ import (
 // made its groups. The instance's groups go when its kilnd stops with no
 // sandbox left in them.
 func TestInstanceCgroups(t *testing.T) {
+	t.Parallel()
 	instance := "test-" + strings.ReplaceAll(uuid.NewString(), "-", "")[:8]
 	var parents []string
 	t.Cleanup(func() {

@@ -19,6 +19,7 @@ import (
 // the host's killer pick the stub of the process taking it, so that the
 // sandbox would otherwise run on without it.
 func TestGVisorOutOfMemoryUnwatched(t *testing.T) {
+	t.Parallel()
 	sb := newBox(t, sandbox.RuntimeGVisor, sandbox.Options{Limits: sandbox.Limits{MemoryBytes: 64 << 20}})
 	body, _ := json.Marshal(api.ExecRequest{Command: "python3", Args: []string{"-c", `
 l = []
@@ -80,6 +81,7 @@ func endedOutOfMemory(t *testing.T, sb box, ended <-chan struct{}) {
 // before anything awaits the sandbox). Its agent, outside the limit,
 // outlives the kernel's kill and is ended by the watch.
 func TestOutOfMemoryEndsTheSandbox(t *testing.T) {
+	t.Parallel()
 	for _, watched := range []bool{false, true} {
 		t.Run(map[bool]string{false: "unwatched", true: "watched"}[watched], func(t *testing.T) {
 			sb := newBox(t, sandbox.RuntimeNamespaces, sandbox.Options{Limits: sandbox.Limits{MemoryBytes: 64 << 20}, EndOnOOM: true})

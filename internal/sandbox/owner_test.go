@@ -21,6 +21,7 @@ const nsGetOwnerUID = 0xb704
 // counts of what its processes hold are charged to that uid on the host;
 // and no thread of the agent keeps that uid once it has made it.
 func TestUserNamespaceOwner(t *testing.T) {
+	t.Parallel()
 	for _, base := range []int{sandbox.DefaultUIDBase, sandbox.DefaultUIDBase + sandbox.IDRange} {
 		sb := newSandbox(t, sandbox.Options{UIDBase: base})
 		spawner := spawnerOf(t, sb)

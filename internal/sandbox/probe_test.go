@@ -190,7 +190,10 @@ func errName(err error) string {
 // TestProbes runs the probe suite inside a sandbox: every way into the
 // kernel that Docker's default profile closes is closed, each by the errno
 // that says so, and the process holds what a Docker container's does.
-func TestProbes(t *testing.T) { eachRuntime(t, testProbes) }
+func TestProbes(t *testing.T) {
+	t.Parallel()
+	eachRuntime(t, testProbes)
+}
 
 func testProbes(t *testing.T, runtime string) {
 	sb := newBox(t, runtime, sandbox.Options{})
@@ -265,7 +268,10 @@ const atFDCWD = ^uintptr(99)
 // TestOrdinaryPrograms: the filter and the dropped capabilities leave
 // ordinary work alone: pipelines, a compiler, threads, an interpreter
 // starting subprocesses, git, and root's ownership of files.
-func TestOrdinaryPrograms(t *testing.T) { eachRuntime(t, testOrdinaryPrograms) }
+func TestOrdinaryPrograms(t *testing.T) {
+	t.Parallel()
+	eachRuntime(t, testOrdinaryPrograms)
+}
 
 func testOrdinaryPrograms(t *testing.T, runtime string) {
 	sb := newBox(t, runtime, sandbox.Options{})
@@ -294,7 +300,10 @@ func testOrdinaryPrograms(t *testing.T, runtime string) {
 
 // TestOwnEtc: on the host's system, a sandbox's users, name and network
 // files are its own, not the host's; the rest of /etc still serves /usr.
-func TestOwnEtc(t *testing.T) { eachRuntime(t, testOwnEtc) }
+func TestOwnEtc(t *testing.T) {
+	t.Parallel()
+	eachRuntime(t, testOwnEtc)
+}
 
 func testOwnEtc(t *testing.T, runtime string) {
 	sb := newBox(t, runtime, sandbox.Options{Hostname: "etc-probe"})
@@ -322,6 +331,7 @@ func testOwnEtc(t *testing.T, runtime string) {
 // no start is under way: a process that kills it while its own start is
 // being answered gets an error, and runs unwatched.)
 func TestSpawnerKilled(t *testing.T) {
+	t.Parallel()
 	sb := newSandbox(t, sandbox.Options{})
 	first := spawnerOf(t, sb)
 	fd, err := unix.PidfdOpen(first, 0)

@@ -114,7 +114,10 @@ func staticKilnd(t *testing.T) string {
 // TestFiles: the agent's files routes work in both backends, done by the
 // sandbox's root: a file written through them belongs to it inside, and
 // what its processes write reads back.
-func TestFiles(t *testing.T) { eachRuntime(t, testFiles) }
+func TestFiles(t *testing.T) {
+	t.Parallel()
+	eachRuntime(t, testFiles)
+}
 
 func testFiles(t *testing.T, runtime string) {
 	sb := newBox(t, runtime, sandbox.Options{})

@@ -91,7 +91,10 @@ func code(r api.ExecResult) int {
 	return *r.ExitCode
 }
 
-func TestIsolation(t *testing.T) { eachRuntime(t, testIsolation) }
+func TestIsolation(t *testing.T) {
+	t.Parallel()
+	eachRuntime(t, testIsolation)
+}
 
 func testIsolation(t *testing.T, runtime string) {
 	sb := newBox(t, runtime, sandbox.Options{})
@@ -140,6 +143,7 @@ func testIsolation(t *testing.T, runtime string) {
 // TestLimits: a fork bomb stops at the pids limit and memory over the
 // limit is killed; the agent survives both and keeps serving.
 func TestLimits(t *testing.T) {
+	t.Parallel()
 	sb := newSandbox(t, sandbox.Options{Limits: sandbox.Limits{Pids: 64, MemoryBytes: 64 << 20}})
 	forkBomb(t, sb)
 	if got := sb.Cgroups.ReadEvent("pids", "pids.events", "max"); got == 0 {
@@ -166,6 +170,7 @@ func TestLimits(t *testing.T) {
 // spawner's forking thread is in the limited group: v1's tasks files put
 // it there alone, and on a pure v2 host the group is a threaded one.)
 func TestPidsLimitCountsTheSandboxsOwn(t *testing.T) {
+	t.Parallel()
 	one := newSandbox(t, sandbox.Options{Limits: sandbox.Limits{Pids: 1}})
 	if r := run(t, one, "echo alone"); strings.TrimSpace(r.Stdout) != "alone" || code(r) != 0 {
 		t.Fatalf("a shell with a pids limit of 1: exit %d, stdout %q, stderr %q", code(r), r.Stdout, r.Stderr)
@@ -184,6 +189,7 @@ func TestPidsLimitCountsTheSandboxsOwn(t *testing.T) {
 // group of its own), and memory past the limit ends the whole sandbox,
 // which says so.
 func TestGVisorLimits(t *testing.T) {
+	t.Parallel()
 	sb := newBox(t, sandbox.RuntimeGVisor, sandbox.Options{Limits: sandbox.Limits{Pids: 64, MemoryBytes: 64 << 20}})
 	forkBomb(t, sb)
 	if r := run(t, sb, "echo alive"); strings.TrimSpace(r.Stdout) != "alive" {
@@ -291,6 +297,7 @@ func TestCPULimit(t *testing.T) {
 // with all its threads, and the spawner, in procs with what it starts,
 // may be picked: then the next process starts through a new one.
 func TestOutOfMemoryNeverKillsTheAgent(t *testing.T) {
+	t.Parallel()
 	sb := newSandbox(t, sandbox.Options{Limits: sandbox.Limits{MemoryBytes: 32 << 20}})
 	if sb.Cgroups.MemoryProcs == "" && !sb.Cgroups.Leaves {
 		t.Fatalf("a memory limit and no group that holds it: %+v", sb.Cgroups)
@@ -341,6 +348,7 @@ func TestOutOfMemoryNeverKillsTheAgent(t *testing.T) {
 // first; so do the processes it starts. (Its root and the agent's are the
 // same directory; the host's is another.)
 func TestSpawnerInTheSandboxRoot(t *testing.T) {
+	t.Parallel()
 	for range 3 {
 		sb := newSandbox(t, sandbox.Options{})
 		spawner := spawnerOf(t, sb)
@@ -422,7 +430,10 @@ func clipS(s string) string {
 // TestBackgroundChildOrphan: a process that leaves a background child and
 // exits ends cleanly; the child, killed with its group, is reaped by the
 // agent, so no zombie is left behind.
-func TestBackgroundChildOrphan(t *testing.T) { eachRuntime(t, testBackgroundChildOrphan) }
+func TestBackgroundChildOrphan(t *testing.T) {
+	t.Parallel()
+	eachRuntime(t, testBackgroundChildOrphan)
+}
 
 func testBackgroundChildOrphan(t *testing.T, runtime string) {
 	sb := newBox(t, runtime, sandbox.Options{})
@@ -449,7 +460,10 @@ func testBackgroundChildOrphan(t *testing.T, runtime string) {
 // TestRootfsOverlay: a given root filesystem (here busybox's) is the
 // sandbox's root, writable through an overlay while the directory itself
 // stays untouched.
-func TestRootfsOverlay(t *testing.T) { eachRuntime(t, testRootfsOverlay) }
+func TestRootfsOverlay(t *testing.T) {
+	t.Parallel()
+	eachRuntime(t, testRootfsOverlay)
+}
 
 func testRootfsOverlay(t *testing.T, runtime string) {
 	busybox, err := os.ReadFile("/bin/busybox")
@@ -509,7 +523,10 @@ func testRootfsOverlay(t *testing.T, runtime string) {
 // TestLayers stacks an image's layers as an image store leaves them, with
 // overlayfs's whiteouts: a file removed by a layer above is gone, a
 // directory made opaque holds only the top layer's files.
-func TestLayers(t *testing.T) { eachRuntime(t, testLayers) }
+func TestLayers(t *testing.T) {
+	t.Parallel()
+	eachRuntime(t, testLayers)
+}
 
 func testLayers(t *testing.T, runtime string) {
 	busybox, err := os.ReadFile("/bin/busybox")
@@ -590,7 +607,10 @@ func testHostGroupsStayOut(t *testing.T, runtime string) {
 // TestWritableMountsAreNosuidNodev: no mount a sandbox can write honours
 // a setuid bit, nor, outside /dev (its devices and terminals), a device
 // node.
-func TestWritableMountsAreNosuidNodev(t *testing.T) { eachRuntime(t, testWritableMountsAreNosuidNodev) }
+func TestWritableMountsAreNosuidNodev(t *testing.T) {
+	t.Parallel()
+	eachRuntime(t, testWritableMountsAreNosuidNodev)
+}
 
 func testWritableMountsAreNosuidNodev(t *testing.T, runtime string) {
 	sb := newBox(t, runtime, sandbox.Options{})
@@ -630,7 +650,10 @@ func testWritableMountsAreNosuidNodev(t *testing.T, runtime string) {
 // TestProcIsMasked: what of /proc tells of or reaches the host's kernel
 // reads as empty, and /proc/sys and the like cannot be written, by the
 // sandbox's root either.
-func TestProcIsMasked(t *testing.T) { eachRuntime(t, testProcIsMasked) }
+func TestProcIsMasked(t *testing.T) {
+	t.Parallel()
+	eachRuntime(t, testProcIsMasked)
+}
 
 func testProcIsMasked(t *testing.T, runtime string) {
 	sb := newBox(t, runtime, sandbox.Options{})
@@ -675,7 +698,10 @@ func testProcIsMasked(t *testing.T, runtime string) {
 // TestTmpfsWithinTheMemoryLimit: /tmp and /root are memory, so a sandbox
 // with a memory limit gets them no larger than it: a full /tmp is ENOSPC,
 // not half the host's RAM taken.
-func TestTmpfsWithinTheMemoryLimit(t *testing.T) { eachRuntime(t, testTmpfsWithinTheMemoryLimit) }
+func TestTmpfsWithinTheMemoryLimit(t *testing.T) {
+	t.Parallel()
+	eachRuntime(t, testTmpfsWithinTheMemoryLimit)
+}
 
 func testTmpfsWithinTheMemoryLimit(t *testing.T, runtime string) {
 	sb := newBox(t, runtime, sandbox.Options{Limits: sandbox.Limits{MemoryBytes: 64 << 20}})
@@ -695,6 +721,7 @@ func testTmpfsWithinTheMemoryLimit(t *testing.T, runtime string) {
 // and kilnd reaps it without touching the sandbox it did
 // not return (goleak waits for that reaper to finish).
 func TestCreateWhenTheAgentDies(t *testing.T) {
+	t.Parallel()
 	if os.Geteuid() != 0 {
 		t.Skip("the namespace backend needs root")
 	}

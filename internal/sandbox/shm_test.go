@@ -12,7 +12,10 @@ import (
 // it is ENOSPC inside, and what it holds is the sandbox's memory, in its
 // stats, and so within its limit, until the file goes. (Its mount options
 // are TestWritableMountsAreNosuidNodev's.)
-func TestShmBoundedAndCounted(t *testing.T) { eachRuntime(t, testShmBoundedAndCounted) }
+func TestShmBoundedAndCounted(t *testing.T) {
+	t.Parallel()
+	eachRuntime(t, testShmBoundedAndCounted)
+}
 
 func testShmBoundedAndCounted(t *testing.T, runtime string) {
 	const bound = 64 << 20

@@ -61,11 +61,76 @@ func StartT(t testing.TB, listen string) *Kilnd {
 	return k
 }
 
+// uidsEnv carries the registry ShareUIDs made to the test binary's
+// re-runs: a test in a network namespace of its own, a kilnd in a
+// process of its own.
+const uidsEnv = "SANDKILN_TEST_UIDS"
+
+// sharedUIDs is the registry ShareUIDs made or found: set in TestMain,
+// before any test runs, and only read after.
+var sharedUIDs string
+
+// ShareUIDs gives the kilnds a test binary starts one registry of
+// windows of host uids, as the kilnds of one host share theirs. A test
+// binary whose tests run kilnds side by side calls it in TestMain, before
+// m.Run: without it each kilnd claims alone, in its state directory, and
+// two running at once hand their sandboxes the same host users, whose
+// files, signals and per-user kernel limits are then shared. Their
+// egress ranges stay their own (ClaimsDir). The registry reaches the
+// test binary's re-runs through the environment; remove, for TestMain
+// once the tests have run, removes it where it was made.
+func ShareUIDs() (remove func() error, err error) {
+	if dir := os.Getenv(uidsEnv); dir != "" {
+		sharedUIDs = dir
+		return func() error { return nil }, nil
+	}
+	dir, err := os.MkdirTemp("", "kilnd-uids-")
+	if err != nil {
+		return nil, err
+	}
+	if err := os.Setenv(uidsEnv, dir); err != nil {
+		os.Remove(dir)
+		return nil, err
+	}
+	sharedUIDs = dir
+	return func() error { return os.RemoveAll(dir) }, nil
+}
+
+// kilnds bounds how many kilnds of a test binary run at once while they
+// share a registry (ShareUIDs): it has 15 windows (sandbox.ClaimUIDs),
+// and a kilnd that finds none free fails to start. Tests side by side on
+// a machine of many CPUs wait here for one to stop instead; 10 leaves
+// windows for the kilnds of the binary's re-runs.
+var kilnds = make(chan struct{}, 10)
+
+// ClaimsDir makes dir/claims, the claims directory StartConfig gives a
+// kilnd on state directory dir whose configuration names none, and
+// returns it: the kilnd's egress range is claimed there, never in the
+// host's registry, and its window of host uids in the registry ShareUIDs
+// made, if it did. Kilnds that are to see each other's egress ranges are
+// given one.
+func ClaimsDir(dir string) (string, error) {
+	claims := filepath.Join(dir, "claims")
+	if sharedUIDs == "" {
+		return claims, nil
+	}
+	if err := os.MkdirAll(claims, 0o700); err != nil {
+		return "", err
+	}
+	// kilnd claims its window in ClaimsDir/uids (daemon.New).
+	link := filepath.Join(claims, "uids")
+	if err := os.Symlink(sharedUIDs, link); err != nil {
+		if target, _ := os.Readlink(link); target != sharedUIDs {
+			return "", err
+		}
+	}
+	return claims, nil
+}
+
 // StartConfig is Start with more of kilnd's configuration; what it leaves
 // out is the tests' (the agent the test binary, Env, runsc in PATH, the
-// instances' claims in the state directory, never the host's, and in a
-// test binary the OpenAPI validator as its Wrap). Kilnds that are to see
-// each other's egress ranges and uid windows are given one ClaimsDir.
+// instances' claims in ClaimsDir of the state directory, never the
+// host's, and in a test binary the OpenAPI validator as its Wrap).
 func StartConfig(cfg daemon.Config) (*Kilnd, error) {
 	if os.Geteuid() != 0 {
 		return nil, errors.New("kilnd needs root")
@@ -77,7 +142,10 @@ func StartConfig(cfg daemon.Config) (*Kilnd, error) {
 		cfg.Env = Env
 	}
 	if cfg.ClaimsDir == "" {
-		cfg.ClaimsDir = filepath.Join(cfg.StateDir, "claims")
+		var err error
+		if cfg.ClaimsDir, err = ClaimsDir(cfg.StateDir); err != nil {
+			return nil, err
+		}
 	}
 	if cfg.Runsc == "" {
 		// gVisor where runsc is in PATH (and new enough: daemon.Backends).
@@ -92,8 +160,14 @@ func StartConfig(cfg daemon.Config) (*Kilnd, error) {
 		cfg.Wrap = openapi.Wrap
 	}
 	state := cfg.StateDir
+	release := func() {}
+	if sharedUIDs != "" {
+		kilnds <- struct{}{}
+		release = sync.OnceFunc(func() { <-kilnds })
+	}
 	d, err := daemon.New(cfg)
 	if err != nil {
+		release()
 		return nil, err
 	}
 	if openapi != nil {
@@ -108,6 +182,7 @@ func StartConfig(cfg daemon.Config) (*Kilnd, error) {
 		cancel()
 		err := <-served
 		d.Close()
+		release()
 		// Serve has waited for its handlers, and so for their checks
 		// (but those of hijacked connections still open).
 		if openapi != nil {
