@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"pgregory.net/rapid"
@@ -477,28 +479,46 @@ func TestConcurrentPumps(t *testing.T) {
 	p := newProducer(s, 64<<10, streams...)
 	c := startConsumer(s)
 	warm := make(chan struct{}, len(streams))
-	drain := make(chan struct{})
+	drain, first, rest := make(chan struct{}), make(chan struct{}, len(streams)), make(chan struct{})
 	var pumps sync.WaitGroup
 	for _, st := range streams {
 		pumps.Go(func() {
 			rng := rand.New(rand.NewPCG(uint64(st), 7))
 			for i := range 3000 {
-				if i == 200 {
+				switch i {
+				case 200:
 					warm <- struct{}{}
 					<-drain
+				case 201:
+					// Each stream's first chunk after the drain is in
+					// before either goes on: neither can take all the
+					// room the drain made.
+					first <- struct{}{}
+					<-rest
 				}
 				p.push(st, 1+rng.IntN(1000))
 			}
 			p.r.CloseStream(st)
 		})
 	}
-	// 400 chunks, 100 KiB or so, have met 64 KiB of budget: each stream
-	// has lost some.
+	// 200 chunks a stream, 100 KiB or so each, have met 64 KiB of budget
+	// with nothing written: each stream has lost some.
 	for range streams {
 		<-warm
 	}
 	close(c.grant) // from here on the writer drains as fast as it can
+	deadline := time.Now().Add(time.Minute)
+	for _, used := s.Queued(); used > 0; _, used = s.Queued() {
+		if time.Now().After(deadline) {
+			t.Fatalf("the writer has not drained the queue: %d bytes in it", used)
+		}
+		runtime.Gosched()
+	}
 	close(drain)
+	for range streams {
+		<-first
+	}
+	close(rest)
 	pumps.Wait()
 	s.Close()
 	<-c.done
