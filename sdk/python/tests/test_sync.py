@@ -310,13 +310,13 @@ def test_labels_and_list_filters(client: sandkiln.Client) -> None:
     with client.sandboxes.create(labels={"suite": "py-labels", "tier": "front"}) as a:
         assert a.info["labels"] == {"suite": "py-labels", "tier": "front"}
         ids = [s["id"] for s in client.sandboxes.list(label="suite=py-labels")]
-        assert ids == sorted([a.id, b.id])
+        assert ids == [b.id, a.id]  # oldest first
         assert [s["id"] for s in client.sandboxes.list(label={"suite": "py-labels", "tier": "front"})] == [a.id]
         assert [s["id"] for s in client.sandboxes.list(label=["suite=py-labels", "tier"])] == [a.id]
         assert client.sandboxes.list(label="suite=py-labels", state="stopped") == []
         b.destroy()
         assert [s["id"] for s in client.sandboxes.list(label="suite=py-labels")] == [a.id]
-        assert [s["id"] for s in client.sandboxes.list(label="suite=py-labels", all=True)] == sorted([a.id, b.id])
+        assert [s["id"] for s in client.sandboxes.list(label="suite=py-labels", all=True)] == [b.id, a.id]
         with fails("INVALID_ARGUMENT", "list(state='paused')") as f:
             client.sandboxes.list(state="paused")
         assert "state" in str(f.err)

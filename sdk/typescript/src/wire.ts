@@ -2565,6 +2565,8 @@ export interface operations {
             query?: {
                 /** @description the seq of the last event read; 0 (the default) from the oldest held */
                 after?: number;
+                /** @description the epoch of the event after names: a kilnd started since, whose epoch is another, gives every event it holds */
+                epoch?: string;
                 /** @description one sandbox's events, by its id */
                 sandbox?: string;
                 type?: "sandbox.created" | "sandbox.stopped" | "sandbox.deleted";

@@ -398,7 +398,7 @@ test("labels, and the list chosen by them, by state and with the deleted ones", 
   try {
     assert.deepEqual(a.info.labels, { suite: "ts-labels", tier: "front" });
     const ids = async (o) => (await client.sandboxes.list(o)).map((s) => s.id);
-    const both = [a.id, b.id].sort();
+    const both = [b.id, a.id]; // oldest first
     assert.deepEqual(await ids({ label: "suite=ts-labels" }), both);
     assert.deepEqual(await ids({ label: { suite: "ts-labels", tier: "front" } }), [a.id]);
     assert.deepEqual(await ids({ label: ["suite=ts-labels", "tier"] }), [a.id]);
