@@ -122,18 +122,8 @@ func TestContract(t *testing.T) {
 // startKilndConfig is startKilnd with more of kilnd's configuration.
 func startKilndConfig(t *testing.T, cfg daemon.Config) *daemontest.Kilnd {
 	t.Helper()
-	startKilnd(t) // skips without root; its kilnd is closed with the test
-	cfg.StateDir = t.TempDir()
-	k, err := daemontest.StartConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := k.Close(); err != nil {
-			t.Errorf("kilnd: %v", err)
-		}
-	})
-	return k
+	cfg.StateDir = ""
+	return daemontest.StartConfigT(t, cfg)
 }
 
 // cctx is a case's context: long enough for its bursts.

@@ -46,10 +46,20 @@ func Start(state, listen string) (*Kilnd, error) {
 // kilnd needs.
 func StartT(t testing.TB, listen string) *Kilnd {
 	t.Helper()
+	return StartConfigT(t, daemon.Config{Listen: listen})
+}
+
+// StartConfigT is StartT with more of kilnd's configuration; an empty
+// StateDir is a directory of t's own.
+func StartConfigT(t testing.TB, cfg daemon.Config) *Kilnd {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("kilnd needs root")
 	}
-	k, err := Start(t.TempDir(), listen)
+	if cfg.StateDir == "" {
+		cfg.StateDir = t.TempDir()
+	}
+	k, err := StartConfig(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
