@@ -67,8 +67,7 @@ func watchTree(conn *net.UnixConn, dir string) error {
 	for {
 		if t.w.Buffered() > 0 || t.moved != nil {
 			// Nothing more for a moment: what is pending goes out.
-			fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-			if n, _ := unix.Poll(fds, 50); n == 0 {
+			if !readable(fd, 50) {
 				t.flush()
 				if t.w.Flush() != nil {
 					return nil
@@ -98,6 +97,23 @@ func watchTree(conn *net.UnixConn, dir string) error {
 			off += unix.SizeofInotifyEvent + int(ev.Len)
 			t.event(ev, name)
 		}
+	}
+}
+
+// readable says whether the inotify instance fd has events within ms
+// milliseconds. A poll a signal cut short (the runtime's preemption
+// signals come often) is made again for the time left: taken for
+// "readable", it would leave the events pending unsent until the next
+// change in the tree, however long that is.
+func readable(fd int, ms int) bool {
+	deadline := time.Now().Add(time.Duration(ms) * time.Millisecond)
+	for {
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, err := unix.Poll(fds, max(0, int(time.Until(deadline).Milliseconds())))
+		if err == unix.EINTR {
+			continue
+		}
+		return n > 0 || err != nil
 	}
 }
 

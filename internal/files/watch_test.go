@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"testing"
 	"time"
 
@@ -100,5 +101,41 @@ func must(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestReadableOutlastsSignals polls an inotify instance with nothing to
+// read while its thread is sent signal after signal (as the runtime's
+// preemption does): each poll cut short is made again, and nothing is
+// taken for an event.
+func TestReadableOutlastsSignals(t *testing.T) {
+	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	tid := make(chan int)
+	got := make(chan bool)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		tid <- unix.Gettid()
+		got <- readable(fd, 300)
+	}()
+	thread := <-tid
+	for sent := 0; ; sent++ {
+		select {
+		case r := <-got:
+			if r {
+				t.Fatalf("readable with no events, after %d signals", sent)
+			}
+			if sent == 0 {
+				t.Log("no signal was sent while it polled")
+			}
+			return
+		default:
+			unix.Tgkill(os.Getpid(), thread, unix.SIGURG)
+			time.Sleep(time.Millisecond)
+		}
 	}
 }
