@@ -303,6 +303,7 @@ func (d *Daemon) forward(w http.ResponseWriter, r *http.Request) {
 		reply.Error(w, fmt.Errorf("%w: sandbox %s is being deleted", errdefs.ErrUnavailable, id))
 		return
 	}
+	fullDuplex(w)
 	// A port's proxy tells the agent where kilnd serves it, unless a
 	// preview URL did.
 	if p, _ := agentPath(r.URL); strings.HasPrefix(p, "/ports/") && r.Header.Get(api.PrefixHeader) == "" {
@@ -424,4 +425,14 @@ func stripCredentials(in *http.Request, h http.Header) {
 			h.Set("Sec-WebSocket-Protocol", strings.Join(kept, ", "))
 		}
 	}
+}
+
+// fullDuplex lets a forwarding proxy read the request's body after the
+// answer has begun. Otherwise the server drains and closes the body when
+// the answer's header is written, and an agent (or an app) that answers
+// the moment the last byte is in races the transport's last read of the
+// body, which then fails and takes the answer's connection with it: the
+// client gets a cut answer to a call that took effect.
+func fullDuplex(w http.ResponseWriter) {
+	http.NewResponseController(w).EnableFullDuplex()
 }

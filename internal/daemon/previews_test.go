@@ -1,6 +1,7 @@
 package daemon_test
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"io"
@@ -265,5 +266,72 @@ func TestPreviewListenAndDomain(t *testing.T) {
 		if r := fetch(t, api, "GET", "http://"+h+"/sandboxes", k.d.Token()); r.code != want {
 			t.Errorf("GET /sandboxes as %s: %d, want %d", h, r.code, want)
 		}
+	}
+}
+
+// TestPortAnswersWhileTheBodyComes: an app that answers before it has
+// read the request's body, and then echoes the body as it comes, is
+// served so through kilnd and the agent: its answer's header reaches the
+// client while the client still holds back the rest of the body. (A
+// proxy that drained the body when the answer began would wait for the
+// client, which waits for the answer; and one that closed it would cut
+// the answer.)
+func TestPortAnswersWhileTheBodyComes(t *testing.T) {
+	t.Parallel()
+	k := start(t, "")
+	defer k.cleanup()
+	sb := k.sandbox()
+	const app = `import http.server
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_PUT(self):
+        n = int(self.headers["Content-Length"])
+        self.send_response(200)
+        self.send_header("Content-Length", str(n))
+        self.end_headers()
+        while n > 0:
+            line = self.rfile.readline(n)
+            n -= len(line)
+            self.wfile.write(line)
+            self.wfile.flush()
+    def do_GET(self):
+        self.send_response(204)
+        self.end_headers()
+http.server.ThreadingHTTPServer(("127.0.0.1", 8001), H).serve_forever()
+`
+	if code, body := k.raw("PUT", "/sandboxes/"+sb+"/files/workspace/echo.py", []byte(app)); code/100 != 2 {
+		t.Fatalf("writing the app: %d %s", code, body)
+	}
+	var st api.Started
+	k.json("POST", "/sandboxes/"+sb+"/exec-stream", api.ExecRequest{Command: "python3", Args: []string{"/workspace/echo.py"}}, &st)
+	for deadline := time.Now().Add(15 * time.Second); ; {
+		code, _ := k.raw("GET", "/sandboxes/"+sb+"/ports/8001/", nil)
+		if code == http.StatusNoContent {
+			break
+		}
+		if code != http.StatusBadGateway || time.Now().After(deadline) {
+			t.Fatalf("the app in the sandbox: %d", code)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	first, second := "first line\n", "second line\n"
+	c := k.rawPut(t, "/sandboxes/"+sb+"/ports/8001/echo", len(first+second), []byte(first))
+	c.SetDeadline(time.Now().Add(30 * time.Second))
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("the answer's header, with half the body sent: %v", err)
+	}
+	defer resp.Body.Close()
+	got := make([]byte, len(first))
+	if _, err := io.ReadFull(resp.Body, got); err != nil || string(got) != first {
+		t.Fatalf("the echo of the first line: %q %v", got, err)
+	}
+	if _, err := io.WriteString(c, second); err != nil {
+		t.Fatal(err)
+	}
+	rest, err := io.ReadAll(resp.Body)
+	if err != nil || string(rest) != second {
+		t.Errorf("the echo of the second line: %q %v", rest, err)
 	}
 }

@@ -103,6 +103,9 @@ func (s *Server) proxyPort(w http.ResponseWriter, r *http.Request) {
 		},
 		FlushInterval: -1, // streamed answers (server-sent events, logs) go out as they come
 	}
+	// An app that answers as the last byte comes in must not race the
+	// server's draining of the body (see the daemon's fullDuplex).
+	http.NewResponseController(w).EnableFullDuplex()
 	rp.ServeHTTP(w, r)
 }
 

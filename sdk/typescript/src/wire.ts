@@ -587,13 +587,16 @@ export interface paths {
          *     listens on the port.
          */
         get: operations["getPort"];
-        put?: never;
-        /** the same, for the other methods (PUT, PATCH, DELETE, … too) */
+        /** the same */
+        put: operations["putPort"];
+        /** the same, with a body that goes to the app as it comes; the app may answer before it has all of it */
         post: operations["postPort"];
-        delete?: never;
+        /** the same */
+        delete: operations["deletePort"];
         options?: never;
         head?: never;
-        patch?: never;
+        /** the same */
+        patch: operations["patchPort"];
         trace?: never;
     };
     "/sandboxes/{id}/tcp/{port}": {
@@ -2394,7 +2397,82 @@ export interface operations {
             default: components["responses"]["App"];
         };
     };
+    putPort: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                id: components["parameters"]["SandboxID"];
+                port: number;
+                /** @description the app's path, its slashes its own */
+                path: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            400: components["responses"]["Error"];
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            412: components["responses"]["Error"];
+            502: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+            default: components["responses"]["App"];
+        };
+    };
     postPort: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                id: components["parameters"]["SandboxID"];
+                port: number;
+                /** @description the app's path, its slashes its own */
+                path: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            400: components["responses"]["Error"];
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            412: components["responses"]["Error"];
+            502: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+            default: components["responses"]["App"];
+        };
+    };
+    deletePort: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                id: components["parameters"]["SandboxID"];
+                port: number;
+                /** @description the app's path, its slashes its own */
+                path: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            400: components["responses"]["Error"];
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            412: components["responses"]["Error"];
+            502: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+            default: components["responses"]["App"];
+        };
+    };
+    patchPort: {
         parameters: {
             query?: never;
             header?: never;
