@@ -147,6 +147,9 @@ func (x *proxy) Close() {
 }
 
 func (x *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	// As kilnd's own proxy does: kilnd answering the moment the last
+	// byte is in must not race the server's draining of the body.
+	http.NewResponseController(w).EnableFullDuplex()
 	n := new(atomic.Int64)
 	x.mu.Lock()
 	x.seen = append(x.seen, request{r.Method, r.URL.Path, n})
