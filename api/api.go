@@ -605,6 +605,18 @@ func ShortID(id string) string {
 	return id
 }
 
+// ShortProcessID is how a process's id is shown where space is short: its
+// first 8 characters, which a random (version 4) UUID's are, enough to
+// tell it from a sandbox's other processes, and any prefix of
+// MinIDPrefix characters or more names it. Ids whose first characters are
+// a time (version 7, of agents before) are shown whole.
+func ShortProcessID(id string) string {
+	if len(id) == 36 && id[14] == '4' {
+		return id[:8]
+	}
+	return id
+}
+
 // ShortIDLen is the length of ShortID's ids; MinIDPrefix the fewest
 // characters of an id that name it.
 const (

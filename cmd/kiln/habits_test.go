@@ -131,6 +131,21 @@ func TestDockerHabits(t *testing.T) {
 	if out := ok("sandbox", "ls", "-o", "wide"); !strings.Contains(out, "team=front,tier=1") || !strings.Contains(out, web) {
 		t.Errorf("ls -o wide shows no labels: %q", out)
 	}
+	// A process's id is random from its first character: ps shows its
+	// first 8, which (as any 4 or more) name it to every process command.
+	pid := strings.TrimSpace(ok("sandbox", "exec-stream", "web", "--", "sh", "-c", "echo from-pid; exit 4"))
+	if code, _, errs := kilnExe(t, state, nil, "wait", "web", pid[:4]); code != 4 {
+		t.Errorf("kiln wait web %s: %d %q", pid[:4], code, errs)
+	}
+	if out := ok("ps", "web"); !strings.Contains(out, "\n"+api.ShortProcessID(pid)+" ") || strings.Contains(out, pid) {
+		t.Errorf("kiln ps shows %s as its short id %s? %q", pid, api.ShortProcessID(pid), out)
+	}
+	if out := ok("logs", "web", api.ShortProcessID(pid)); out != "from-pid\n" {
+		t.Errorf("kiln logs web SHORT: %q", out)
+	}
+	if code, _, errs := kilnExe(t, state, nil, "logs", "web", pid[:3]); code != 125 || !strings.Contains(errs, "not found") {
+		t.Errorf("kiln logs by 3 characters: %d %q", code, errs)
+	}
 	for _, bad := range [][]string{
 		{"ls", "--filter", "colour=red"},
 		{"ls", "--filter", "label"},

@@ -328,9 +328,10 @@ func firstProcess(ctx context.Context, sb *client.Sandbox) (string, error) {
 	var first string
 	procs, err := sb.Processes(ctx)
 	if err == nil {
+		var at time.Time
 		for _, p := range procs {
-			if first == "" || p.ID < first {
-				first = p.ID // ids sort by when they were made
+			if first == "" || p.StartedAt.Before(at) {
+				first, at = p.ID, p.StartedAt
 			}
 		}
 	} else if !client.IsNotFound(err) && !client.IsFailedPrecondition(err) {
@@ -341,9 +342,12 @@ func firstProcess(ctx context.Context, sb *client.Sandbox) (string, error) {
 		if err != nil {
 			return "", err
 		}
+		// Each run's id is a time-ordered UUID: the log whose first run
+		// is the oldest is the first process's.
+		var oldest string
 		for _, l := range logs {
-			if first == "" || l.Process < first {
-				first = l.Process
+			if len(l.Runs) > 0 && (first == "" || l.Runs[0].ID < oldest) {
+				first, oldest = l.Process, l.Runs[0].ID
 			}
 		}
 	}
@@ -792,7 +796,11 @@ func (c *cli) psCmd() *cobra.Command {
 					if c.output != "wide" && utf8.RuneCountInString(cmdline) > 60 {
 						cmdline = string([]rune(cmdline)[:57]) + "..."
 					}
-					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", p.ID, p.State, exit, p.StartedAt.Local().Format(time.TimeOnly), cmdline)
+					id := p.ID
+					if c.output != "wide" {
+						id = api.ShortProcessID(id)
+					}
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", id, p.State, exit, p.StartedAt.Local().Format(time.TimeOnly), cmdline)
 				}
 				return w.Flush()
 			})

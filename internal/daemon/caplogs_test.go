@@ -274,4 +274,19 @@ func TestCapturedLogNDJSONGaps(t *testing.T) {
 			t.Errorf("%q: records (-want +got):\n%s", tc.query, diff)
 		}
 	}
+	// A prefix of the process's id names its log; once another log's id
+	// begins the same, the prefix is refused naming both.
+	if code, body := k.do("GET", "/sandboxes/"+id+"/logs/"+pid[:8], k.d.Token(), nil); code != 200 || !strings.Contains(string(body), "b\n") {
+		t.Errorf("the log by a prefix: %d %q", code, body)
+	}
+	twin := pid[:8] + "-0000-4000-8000-000000000000"
+	if err := os.MkdirAll(filepath.Join(k.state, "sandboxes", id, sandbox.LogsName, twin), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if code, body := k.do("GET", "/sandboxes/"+id+"/logs/"+pid[:8], k.d.Token(), nil); code != 400 || !strings.Contains(string(body), pid) || !strings.Contains(string(body), twin) {
+		t.Errorf("a prefix two logs share: %d %q", code, body)
+	}
+	if code, body := k.do("GET", "/sandboxes/"+id+"/logs/"+pid[:3], k.d.Token(), nil); code != 404 {
+		t.Errorf("3 characters: %d %q", code, body)
+	}
 }

@@ -243,9 +243,9 @@ func (d *Daemon) readLog(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer dir.Close()
-	pid := r.PathValue("pid")
-	if _, err := uuid.Parse(pid); err != nil {
-		reply.Error(w, fmt.Errorf("%w: no process %q", errdefs.ErrNotFound, api.Clip(pid)))
+	pid, err := logOf(dir, r.PathValue("pid"))
+	if err != nil {
+		reply.Error(w, err)
 		return
 	}
 	sub, err := dir.OpenSub(pid)
@@ -279,6 +279,37 @@ func (d *Daemon) readLog(w http.ResponseWriter, r *http.Request) {
 	if lq.follow {
 		d.followLog(w, r, rd, lq, emit)
 	}
+}
+
+// logOf is the process whose captured log in dir ref names: its whole
+// id, or a prefix of api.MinIDPrefix characters or more that one log's
+// process id begins with (two or more are refused, naming them).
+func logOf(dir *capture.Dir, ref string) (string, error) {
+	if _, err := uuid.Parse(ref); err == nil && len(ref) == 36 {
+		return ref, nil
+	}
+	notFound := fmt.Errorf("%w: no process %q", errdefs.ErrNotFound, api.Clip(ref))
+	if len(ref) < api.MinIDPrefix {
+		return "", notFound
+	}
+	names, err := dir.List()
+	if err != nil {
+		return "", err
+	}
+	var matches []string
+	for _, name := range names {
+		if strings.HasPrefix(name, ref) {
+			matches = append(matches, name)
+		}
+	}
+	switch len(matches) {
+	case 0:
+		return "", notFound
+	case 1:
+		return matches[0], nil
+	}
+	return "", fmt.Errorf("%w: process prefix %q matches the logs of %d processes (%s): give more of the id", errdefs.ErrInvalidArgument,
+		api.Clip(ref), len(matches), strings.Join(matches[:min(len(matches), 5)], ", "))
 }
 
 // logEmitter writes each entry of a captured log as lq asks: records as

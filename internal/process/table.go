@@ -1,6 +1,7 @@
 package process
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -164,9 +165,11 @@ func NewTable(cfg TableConfig) *Table {
 // ErrClosed is returned by a table that has been shut down.
 var ErrClosed = errdefs.New(errdefs.ErrUnavailable, "process table is shut down")
 
-// Start starts a process and returns its id (a time-ordered UUID).
+// Start starts a process and returns its id: a random UUID, so that its
+// first few characters tell it from the sandbox's other processes
+// (Resolve).
 func (t *Table) Start(spec Spec) (string, error) {
-	id, err := uuid.NewV7()
+	id, err := uuid.NewRandom()
 	if err != nil {
 		return "", fmt.Errorf("process: new id: %w", err)
 	}
@@ -194,6 +197,44 @@ func parseID(id string) (uuid.UUID, error) {
 		return uuid.UUID{}, fmt.Errorf("%w: %q is not a process id", ErrNotFound, api.Clip(id))
 	}
 	return u, nil
+}
+
+// Resolve returns the id of the process ref names: ref itself when it is
+// a whole id, else the one live process or tombstone whose id begins with
+// ref, if ref has api.MinIDPrefix characters or more. A prefix two or
+// more ids begin with is refused, naming them; one none does is returned
+// as it is, for the call to find nothing.
+func (t *Table) Resolve(ref string) (string, error) {
+	if len(ref) == 36 || len(ref) < api.MinIDPrefix {
+		return ref, nil
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.expireLocked()
+	var matches []string
+	for id := range t.live {
+		if s := id.String(); strings.HasPrefix(s, ref) {
+			matches = append(matches, s)
+		}
+	}
+	for id := range t.tombs {
+		if s := id.String(); strings.HasPrefix(s, ref) {
+			matches = append(matches, s)
+		}
+	}
+	switch len(matches) {
+	case 0:
+		return ref, nil
+	case 1:
+		return matches[0], nil
+	}
+	slices.Sort(matches)
+	const most = 5
+	named := strings.Join(matches[:min(len(matches), most)], ", ")
+	if len(matches) > most {
+		named += fmt.Sprintf(" and %d more", len(matches)-most)
+	}
+	return "", fmt.Errorf("%w: process prefix %q matches %d processes (%s): give more of the id", ErrInvalid, api.Clip(ref), len(matches), named)
 }
 
 // lookup returns the live entry or the tombstone for id, evicting expired
@@ -258,7 +299,9 @@ func (t *Table) List() []Status {
 	for _, p := range ps {
 		out = append(out, p.Status())
 	}
-	slices.SortFunc(out, func(a, b Status) int { return strings.Compare(a.ID, b.ID) })
+	slices.SortFunc(out, func(a, b Status) int {
+		return cmp.Or(a.StartedAt.Compare(b.StartedAt), strings.Compare(a.ID, b.ID))
+	})
 	return out
 }
 

@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"os"
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/google/uuid"
 
 	"github.com/sandkiln/sandkiln/internal/ring"
 )
@@ -176,4 +179,55 @@ func TestShutdownKillsLiveProcesses(t *testing.T) {
 	if _, err := tb.Start(Spec{Argv: []string{"true"}}); !errors.Is(err, ErrClosed) {
 		t.Fatalf("start after shutdown: %v", err)
 	}
+}
+
+// TestResolveByPrefix: a process is named by any prefix of its id of four
+// characters or more that no other process's id begins with; a prefix
+// two share is refused naming both, and what names nothing, or is too
+// short to, finds nothing.
+func TestResolveByPrefix(t *testing.T) {
+	t.Parallel()
+	tb := NewTable(TableConfig{})
+	defer tb.Shutdown(context.Background())
+	id := runDrained(t, tb, Spec{Argv: []string{"true"}})
+	if got, err := tb.Resolve(id[:4]); err != nil || got != id {
+		t.Errorf("Resolve(%q) = %q, %v; want %s", id[:4], got, err, id)
+	}
+	if st, err := tb.Status(mustResolve(t, tb, id[:8])); err != nil || st.ID != id {
+		t.Errorf("status by the short id: %+v %v", st, err)
+	}
+	// Two forged tombstones whose ids share "abcd".
+	tb.mu.Lock()
+	for _, s := range []string{"abcd0000-0000-4000-8000-000000000001", "abcd0000-0000-4000-8000-000000000002"} {
+		u := uuid.MustParse(s)
+		tb.tombs[u] = &tombstone{id: u}
+	}
+	tb.mu.Unlock()
+	_, err := tb.Resolve("abcd")
+	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "abcd0000-0000-4000-8000-000000000001") || !strings.Contains(err.Error(), "abcd0000-0000-4000-8000-000000000002") {
+		t.Errorf("a prefix two share: %v", err)
+	}
+	if got, err := tb.Resolve("abcd0000-0000-4000-8000-00000000000"); err == nil {
+		t.Errorf("35 of 36 characters two share: %q", got)
+	}
+	if got, err := tb.Resolve("abcd0000-0000-4000-8000-0000000000"); err == nil {
+		t.Errorf("a longer prefix two share: %q", got)
+	}
+	for _, ref := range []string{id[:3], "ffff-none"} {
+		if got, err := tb.Resolve(ref); err != nil || got != ref {
+			t.Errorf("Resolve(%q) = %q, %v; want it back as it is", ref, got, err)
+		}
+		if _, err := tb.Status(ref); !errors.Is(err, ErrNotFound) {
+			t.Errorf("status of %q: %v, want not found", ref, err)
+		}
+	}
+}
+
+func mustResolve(t *testing.T, tb *Table, ref string) string {
+	t.Helper()
+	id, err := tb.Resolve(ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
 }

@@ -107,6 +107,21 @@ func (s *Server) Serve(hs *http.Server, l net.Listener) error {
 	return hs.Serve(moveListener{l})
 }
 
+// byPrefix has h called with the {pid} of the request the whole id of
+// the process it names (process.Table.Resolve): a unique prefix of four
+// characters or more does, as a sandbox's does at kilnd.
+func (s *Server) byPrefix(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		id, err := s.cfg.Table.Resolve(r.PathValue("pid"))
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		r.SetPathValue("pid", id)
+		h(w, r)
+	}
+}
+
 func (s *Server) routes() {
 	m := s.mux
 	m.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
@@ -117,15 +132,15 @@ func (s *Server) routes() {
 	m.HandleFunc("GET /exec-stream", s.list)
 	m.HandleFunc("GET /counts", s.counts)
 	m.HandleFunc("GET "+handoff.UsagePath, s.usage)
-	m.HandleFunc("GET /exec-stream/{pid}", s.status)
-	m.HandleFunc("DELETE /exec-stream/{pid}", s.terminate)
-	m.HandleFunc("GET /exec-stream/{pid}/wait", s.wait)
-	m.HandleFunc("POST /exec-stream/{pid}/signal", s.signal)
-	m.HandleFunc("POST /exec-stream/{pid}/stdin", s.stdin)
-	m.HandleFunc("POST /exec-stream/{pid}/stdin/close", s.closeStdin)
-	m.HandleFunc("POST /exec-stream/{pid}/resize", s.resize)
-	m.HandleFunc("POST /exec-stream/{pid}/release", s.release)
-	m.HandleFunc("GET /exec-stream/{pid}/logs", s.logs)
+	m.HandleFunc("GET /exec-stream/{pid}", s.byPrefix(s.status))
+	m.HandleFunc("DELETE /exec-stream/{pid}", s.byPrefix(s.terminate))
+	m.HandleFunc("GET /exec-stream/{pid}/wait", s.byPrefix(s.wait))
+	m.HandleFunc("POST /exec-stream/{pid}/signal", s.byPrefix(s.signal))
+	m.HandleFunc("POST /exec-stream/{pid}/stdin", s.byPrefix(s.stdin))
+	m.HandleFunc("POST /exec-stream/{pid}/stdin/close", s.byPrefix(s.closeStdin))
+	m.HandleFunc("POST /exec-stream/{pid}/resize", s.byPrefix(s.resize))
+	m.HandleFunc("POST /exec-stream/{pid}/release", s.byPrefix(s.release))
+	m.HandleFunc("GET /exec-stream/{pid}/logs", s.byPrefix(s.logs))
 	if s.cfg.Launch != nil {
 		(&files.Server{Launch: s.cfg.Launch}).Register(m)
 	}
