@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/sandkiln/sandkiln/internal/daemon"
+	"github.com/sandkiln/sandkiln/internal/forward"
 )
 
 // proxy stands between the SDK and a kilnd: the socket of a state
@@ -147,9 +148,6 @@ func (x *proxy) Close() {
 }
 
 func (x *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	// As kilnd's own proxy does: kilnd answering the moment the last
-	// byte is in must not race the server's draining of the body.
-	http.NewResponseController(w).EnableFullDuplex()
 	n := new(atomic.Int64)
 	x.mu.Lock()
 	x.seen = append(x.seen, request{r.Method, r.URL.Path, n})
@@ -164,7 +162,9 @@ func (x *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	x.mu.Unlock()
-	r = r.WithContext(context.WithValue(r.Context(), answeredKey{}, n))
+	// As kilnd's own proxy does: kilnd answering the moment the last
+	// byte is in must not race the server's draining of the body.
+	r = forward.Body(r.WithContext(context.WithValue(r.Context(), answeredKey{}, n)))
 	if ru == nil {
 		x.rp.ServeHTTP(w, r)
 		return

@@ -15,6 +15,7 @@ import (
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/decode"
 	"github.com/sandkiln/sandkiln/internal/errdefs"
+	"github.com/sandkiln/sandkiln/internal/forward"
 	"github.com/sandkiln/sandkiln/internal/reply"
 	"github.com/sandkiln/sandkiln/internal/sandbox"
 	"github.com/sandkiln/sandkiln/internal/version"
@@ -303,7 +304,6 @@ func (d *Daemon) forward(w http.ResponseWriter, r *http.Request) {
 		reply.Error(w, fmt.Errorf("%w: sandbox %s is being deleted", errdefs.ErrUnavailable, id))
 		return
 	}
-	fullDuplex(w)
 	// A port's proxy tells the agent where kilnd serves it, unless a
 	// preview URL did.
 	if p, _ := agentPath(r.URL); strings.HasPrefix(p, "/ports/") && r.Header.Get(api.PrefixHeader) == "" {
@@ -325,7 +325,7 @@ func (d *Daemon) forward(w http.ResponseWriter, r *http.Request) {
 	if d.handover(w, r, e) {
 		return
 	}
-	p.ServeHTTP(w, watchUpload(r))
+	p.ServeHTTP(w, forward.Body(watchUpload(r)))
 }
 
 // startKind says which kind of process start r is, or "" for another
@@ -425,14 +425,4 @@ func stripCredentials(in *http.Request, h http.Header) {
 			h.Set("Sec-WebSocket-Protocol", strings.Join(kept, ", "))
 		}
 	}
-}
-
-// fullDuplex lets a forwarding proxy read the request's body after the
-// answer has begun. Otherwise the server drains and closes the body when
-// the answer's header is written, and an agent (or an app) that answers
-// the moment the last byte is in races the transport's last read of the
-// body, which then fails and takes the answer's connection with it: the
-// client gets a cut answer to a call that took effect.
-func fullDuplex(w http.ResponseWriter) {
-	http.NewResponseController(w).EnableFullDuplex()
 }

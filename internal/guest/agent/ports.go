@@ -18,6 +18,7 @@ import (
 
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/errdefs"
+	"github.com/sandkiln/sandkiln/internal/forward"
 	"github.com/sandkiln/sandkiln/internal/reply"
 )
 
@@ -103,10 +104,7 @@ func (s *Server) proxyPort(w http.ResponseWriter, r *http.Request) {
 		},
 		FlushInterval: -1, // streamed answers (server-sent events, logs) go out as they come
 	}
-	// An app that answers as the last byte comes in must not race the
-	// server's draining of the body (see the daemon's fullDuplex).
-	http.NewResponseController(w).EnableFullDuplex()
-	rp.ServeHTTP(w, r)
+	rp.ServeHTTP(w, forward.Body(r))
 }
 
 // underPrefix rewrites a location the app gave: a path on its own server,
