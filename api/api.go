@@ -655,6 +655,10 @@ type Event struct {
 	Reason string `json:"reason,omitempty"`
 	// Exit is its init command's, when it stopped with it.
 	Exit *Exit `json:"exit,omitempty"`
+	// Process describes the process of a process.started or
+	// process.exited event: its id, command, exit and, per stream, the
+	// bytes it wrote and those its captured log lost (final once exited).
+	Process *Process `json:"process,omitempty"`
 	// Lost counts the events a gap stands for.
 	Lost int64 `json:"lost,omitempty"`
 	// Epoch names the kilnd that numbered the event; a new one (kilnd
@@ -667,8 +671,15 @@ const (
 	EventCreated = "sandbox.created"
 	EventStopped = "sandbox.stopped"
 	EventDeleted = "sandbox.deleted"
-	EventGap     = "gap"
+	// A process started in a sandbox, and one that finished: it exited
+	// and its output was read to the end.
+	EventProcessStarted = "process.started"
+	EventProcessExited  = "process.exited"
+	EventGap            = "gap"
 )
+
+// EventTypes are the types of event GET /events?type= chooses from.
+var EventTypes = []string{EventCreated, EventStopped, EventDeleted, EventProcessStarted, EventProcessExited}
 
 // NextCursorHeader carries, on a page of GET /sandboxes?limit=, the
 // cursor of the page after it; absent on the last.

@@ -57,15 +57,19 @@ func agentExited(sb sandbox.Instance) string {
 }
 
 // watch waits, in a goroutine, for a running sandbox's agent to exit, and
-// then records the sandbox stopped (with its init command's exit).
-func (d *Daemon) watch(e *entry) {
+// then records the sandbox stopped (with its init command's exit). It
+// relays the agent's process events meanwhile (followProcesses, replay
+// saying from the first), the last of them told before the stop.
+func (d *Daemon) watch(e *entry, replay bool) {
 	sb, id := e.sb, e.rec.ID
+	relayed := d.followProcesses(e, replay)
 	d.wg.Go(func() {
 		sb.AwaitExit(d.closing)
 		select {
 		case <-d.closing:
 			return
-		default:
+		case <-relayed:
+		case <-time.After(relayEnd):
 		}
 		d.mu.Lock()
 		deleting := e.deleting
@@ -189,7 +193,7 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	e.lastUsed = time.Now()
 	d.mu.Lock()
 	d.add(e)
-	d.watch(e)
+	d.watch(e, true)
 	d.mu.Unlock()
 	d.events.emit(sandboxEvent(api.EventCreated, rec))
 	created = true

@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -157,12 +159,10 @@ func eventQuery(q url.Values) (eventFilter, error) {
 		case "epoch":
 			f.epoch = v
 		case "type":
-			switch v {
-			case api.EventCreated, api.EventStopped, api.EventDeleted:
-				f.kind = v
-			default:
-				err = fmt.Errorf("type %q: want %s, %s or %s", api.Clip(v), api.EventCreated, api.EventStopped, api.EventDeleted)
+			if !slices.Contains(api.EventTypes, v) {
+				err = fmt.Errorf("type %q: want one of %s", api.Clip(v), strings.Join(api.EventTypes, ", "))
 			}
+			f.kind = v
 		case "follow":
 			f.follow, err = strconv.ParseBool(v)
 			if err != nil {

@@ -54,8 +54,8 @@ func (s *eventStream) close() {
 }
 
 // TestEventsResumeWithoutLossOrRepeat: a reader of GET /events sees each
-// sandbox created, stopped (its init's exit and why) and deleted, in
-// order, numbered one after another; cut off half-way and back with
+// sandbox created, its processes started and exited, the sandbox stopped
+// (its init's exit and why) and deleted, in order, numbered one after another; cut off half-way and back with
 // after= the last it read, it gets exactly the rest, none twice; with
 // follow=false it gets those held and an end; a filter keeps one
 // sandbox's.
@@ -84,6 +84,16 @@ func TestEventsResumeWithoutLossOrRepeat(t *testing.T) {
 		t.Errorf("the first event: %+v", e)
 	}
 	want(live, api.EventCreated, job.ID)
+	// Its init, a process like any: started, then exited with its bytes
+	// counted, before the sandbox it ended stopped.
+	started := want(live, api.EventProcessStarted, job.ID)
+	if p := started.Process; p == nil || p.Command != "sh" || p.State != api.StateRunning || p.ExitCode != nil {
+		t.Errorf("the init's start: %+v", p)
+	}
+	exited := want(live, api.EventProcessExited, job.ID)
+	if p := exited.Process; p == nil || p.ID != started.Process.ID || p.ExitCode == nil || *p.ExitCode != 3 || p.Streams["stdout"].TotalBytes != 0 {
+		t.Errorf("the init's exit: %+v", p)
+	}
 	stopped := want(live, api.EventStopped, job.ID)
 	if stopped.Exit == nil || stopped.Exit.ExitCode == nil || *stopped.Exit.ExitCode != 3 || stopped.Reason == "" {
 		t.Errorf("the init's end: %+v", stopped)
@@ -109,9 +119,10 @@ func TestEventsResumeWithoutLossOrRepeat(t *testing.T) {
 		n++
 	}
 	held.close()
-	if n != 3 {
-		t.Errorf("job's events held: %d, want created, stopped, deleted", n)
+	if n != 5 {
+		t.Errorf("job's events held: %d, want created, its init's start and exit, stopped, deleted", n)
 	}
+	k.refuses("GET", "/events?type=process.begun", nil, 400, api.CodeInvalid, "process.exited")
 	k.refuses("GET", "/events?after=-1", nil, 400, api.CodeInvalid, "after")
 	k.refuses("GET", "/events?type=nothing", nil, 400, api.CodeInvalid, "type")
 	k.refuses("GET", "/events?colour=red", nil, 400, api.CodeInvalid, `"colour"`)

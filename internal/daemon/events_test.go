@@ -1,7 +1,13 @@
 package daemon
 
 import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/sandkiln/sandkiln/api"
 )
@@ -41,5 +47,57 @@ func TestEventsKeptAndLost(t *testing.T) {
 	case <-wake:
 	default:
 		t.Fatal("not woken by an event")
+	}
+}
+
+// roundTrip answers every request with body, as an agent would.
+type roundTrip string
+
+func (b roundTrip) RoundTrip(*http.Request) (*http.Response, error) {
+	return &http.Response{StatusCode: 200, Body: io.NopCloser(strings.NewReader(string(b))), Header: http.Header{}}, nil
+}
+
+// TestProcessEventsBoundedAndCounted: an agent that tells of processes
+// faster than processEventRate has a burst of them kept and the rest
+// counted in a gap of its sandbox's: every event it sent is kept or
+// counted, none twice; a line that is no event counts for nothing.
+func TestProcessEventsBoundedAndCounted(t *testing.T) {
+	const sent = 3 * processEventBurst
+	var agent strings.Builder
+	for i := range sent {
+		b, _ := json.Marshal(api.Event{Seq: int64(i + 1), Type: api.EventProcessStarted, Process: &api.Process{ID: strconv.Itoa(i)}})
+		agent.Write(append(b, '\n'))
+		if i == 10 {
+			agent.WriteString("not an event\n")
+			agent.Write(append(b, '\n')) // told again: not kept again
+		}
+	}
+	d := &Daemon{events: newEvents()}
+	r := processRelay{d: d, t: roundTrip(agent.String()), sandbox: "sb", tokens: processEventBurst, filled: time.Now()}
+	last, again := r.relay(t.Context(), "0")
+	r.tellDropped()
+	if last != sent || !again {
+		t.Fatalf("relay read to %d (%t), want %d", last, again, sent)
+	}
+	evs, _ := d.events.after(0)
+	var kept, lost int64
+	seen := map[string]bool{}
+	for _, e := range evs {
+		switch e.Type {
+		case api.EventProcessStarted:
+			if seen[e.Process.ID] || e.Sandbox != "sb" {
+				t.Fatalf("event %+v twice, or of another sandbox", e)
+			}
+			seen[e.Process.ID] = true
+			kept++
+		case api.EventGap:
+			if e.Sandbox != "sb" || e.Reason == "" {
+				t.Errorf("gap %+v", e)
+			}
+			lost += e.Lost
+		}
+	}
+	if kept < processEventBurst || lost == 0 || kept+lost != sent {
+		t.Errorf("kept %d and counted %d lost of %d sent", kept, lost, sent)
 	}
 }

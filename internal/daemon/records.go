@@ -229,7 +229,7 @@ func (d *Daemon) recover() error {
 					}
 					d.adopted[rec.ID] = *rec.Network
 				}
-				d.watch(e)
+				d.watch(e, false)
 				d.log.Info("sandbox adopted", "id", rec.ID, "runtime", runtimeOf(rec), "agent", e.sb.AgentPID())
 				continue
 			}

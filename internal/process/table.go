@@ -57,6 +57,10 @@ type Table struct {
 	tombs  map[uuid.UUID]*tombstone
 	lru    tombstone // sentinel of the tombstones' LRU list; lru.next is the newest
 	closed bool
+	// observe, when set, is told of each process as it starts and once it
+	// has finished (exited and drained), under mu: it must not call the
+	// table.
+	observe func(Status)
 
 	counts tableCounts
 }
@@ -187,7 +191,20 @@ func (t *Table) Start(spec Spec) (string, error) {
 	}
 	t.live[id] = &entry{p: p}
 	t.counts.started.Add(1)
+	if t.observe != nil {
+		t.observe(p.Status())
+	}
 	return id.String(), nil
+}
+
+// Observe has f told of each process the table starts from now on, as it
+// starts and once it has finished (exited, its output drained, its totals
+// final), in that order. f is called with the table locked: it must be
+// quick and must not call the table.
+func (t *Table) Observe(f func(Status)) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.observe = f
 }
 
 func parseID(id string) (uuid.UUID, error) {
@@ -431,7 +448,11 @@ func (t *Table) drained(id uuid.UUID) {
 		return
 	}
 	e.drained = true
-	t.counts.count(e.p.Status())
+	st := e.p.Status()
+	t.counts.count(st)
+	if t.observe != nil {
+		t.observe(st)
+	}
 	if e.readers == 0 && !t.closed {
 		t.armLocked(id, e)
 	}

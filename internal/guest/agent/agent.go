@@ -83,6 +83,8 @@ type Server struct {
 	// Watchers of output: attached, and the gaps and bytes they were told
 	// they lost.
 	watchers, gaps, lost atomic.Int64
+	// feed is the processes' starts and ends, for kilnd's events.
+	feed *feed
 }
 
 // New makes a Server.
@@ -90,7 +92,10 @@ func New(cfg Config) *Server {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, mux: http.NewServeMux()}
+	s := &Server{cfg: cfg, mux: http.NewServeMux(), feed: newFeed()}
+	if cfg.Table != nil {
+		cfg.Table.Observe(s.feed.observe)
+	}
 	s.routes()
 	return s
 }
@@ -131,6 +136,7 @@ func (s *Server) routes() {
 	m.HandleFunc("POST /exec-stream", s.startStream)
 	m.HandleFunc("GET /exec-stream", s.list)
 	m.HandleFunc("GET /counts", s.counts)
+	m.HandleFunc("GET /process-events", s.serveFeed)
 	m.HandleFunc("GET "+handoff.UsagePath, s.usage)
 	m.HandleFunc("GET /exec-stream/{pid}", s.byPrefix(s.status))
 	m.HandleFunc("DELETE /exec-stream/{pid}", s.byPrefix(s.terminate))

@@ -36,8 +36,12 @@ func recordInit(table *process.Table, in *guest.Inside, id string) error {
 }
 
 // shutdownTimeout bounds the agent's own shutdown: every process killed,
-// drained, its capture ended.
-const shutdownTimeout = 15 * time.Second
+// drained, its capture ended. eventsTimeout bounds its wait, then, for
+// kilnd to have read the processes' events.
+const (
+	shutdownTimeout = 15 * time.Second
+	eventsTimeout   = 2 * time.Second
+)
 
 // Main runs this process as a sandbox's agent, its PID 1: it enters the
 // sandbox, serves the process API on the socket kilnd handed over, reaps
@@ -122,6 +126,9 @@ func run() error {
 	ctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
 	defer cancel()
 	err = table.Shutdown(ctx)
+	ectx, ecancel := context.WithTimeout(context.Background(), eventsTimeout)
+	defer ecancel()
+	srv.EndEvents(ectx)
 	in.Spawner.Close()
 	sctx, scancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer scancel()

@@ -1220,14 +1220,16 @@ export interface components {
             /** Format: date-time */
             time: string;
             /** @enum {string} */
-            type: "sandbox.created" | "sandbox.stopped" | "sandbox.deleted" | "gap";
+            type: "sandbox.created" | "sandbox.stopped" | "sandbox.deleted" | "process.started" | "process.exited" | "gap";
             /** @description the sandbox's id */
             sandbox?: string;
             name?: string;
-            /** @description why it stopped or was deleted */
+            /** @description why it stopped or was deleted; a gap's, why its events were not kept */
             reason?: string;
             exit?: components["schemas"]["Exit"];
-            /** @description a gap's count of the events kilnd no longer held */
+            /** @description a process event's process: its id, command (arguments past 4 KiB left out, the last one …), exit once exited, and per stream total_bytes and capture_dropped, final once exited */
+            process?: components["schemas"]["Process"];
+            /** @description a gap's count of the events kilnd no longer held, or (with sandbox) of that sandbox's process events it did not keep: more than 500 a second, past a burst of 2000 */
             lost?: number;
             /** @description the kilnd that numbered it: a new one numbers from 1 again */
             epoch: string;
@@ -2647,7 +2649,7 @@ export interface operations {
                 epoch?: string;
                 /** @description one sandbox's events, by its id */
                 sandbox?: string;
-                type?: "sandbox.created" | "sandbox.stopped" | "sandbox.deleted";
+                type?: "sandbox.created" | "sandbox.stopped" | "sandbox.deleted" | "process.started" | "process.exited";
                 /** @description false: the events held, then the end */
                 follow?: boolean;
             };
