@@ -72,8 +72,8 @@ test: test-deps
 	$(MAKE) mcp-test
 
 # What the tests need, installed when it is missing (a no-op when all is
-# there): Debian's packages, Go, Node.js 20 or later, gVisor's runsc and
-# the OpenAPI linter. `make test` runs it first; CI on a fresh machine too.
+# there): Debian's packages, Go, Node.js 20 or later, gVisor's runsc, the
+# OpenAPI linter and the AsyncAPI parser. `make test` runs it first; CI on a fresh machine too.
 test-deps:
 	scripts/test-deps.sh
 

@@ -1101,7 +1101,7 @@ type Preview struct {
 // an event under the directory, with its sequence number, or a gap of
 // Lost events the watch no longer holds, up to Seq.
 type FileEvent struct {
-	Type string `json:"type"`          // "event" or "gap"
+	Type string `json:"type"`          // WatchTypeEvent or WatchTypeGap
 	Seq  uint64 `json:"seq,omitempty"` // an event's number, from 1; a gap's last
 	Op   string `json:"op,omitempty"`  // FileCreated, FileWritten, FileRemoved, FileRenamed, FileOverflow
 	Path string `json:"path,omitempty"`
@@ -1120,10 +1120,18 @@ const (
 	FileOverflow = "overflow"
 )
 
+// The types of a files watch's messages (kiln.watch): a WatchHello, then
+// FileEvents, each an event or a gap.
+const (
+	WatchTypeHello = "hello"
+	WatchTypeEvent = "event"
+	WatchTypeGap   = "gap"
+)
+
 // WatchHello is a files watch's first message: its id (to resume with
 // ?id=ID&after=SEQ), its directory, and the last event's number so far.
 type WatchHello struct {
-	Type string `json:"type"` // "hello"
+	Type string `json:"type"` // WatchTypeHello
 	ID   string `json:"id"`
 	Dir  string `json:"dir"`
 	Seq  uint64 `json:"seq"`

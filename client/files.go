@@ -227,7 +227,7 @@ func (s *Sandbox) WatchFiles(ctx context.Context, dir string, o WatchOptions) (*
 	if err == nil {
 		err = json.Unmarshal(b, &hello)
 	}
-	if err != nil || hello.Type != "hello" {
+	if err != nil || hello.Type != api.WatchTypeHello {
 		c.CloseNow()
 		return nil, fmt.Errorf("client: watch %s: no hello: %w", dir, err)
 	}

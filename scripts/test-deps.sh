@@ -45,7 +45,7 @@ fi
 
 # Node.js 20 or later with npm builds and tests the TypeScript SDK and the
 # console, drives kiln mcp with the official MCP client, and runs the
-# OpenAPI linter.
+# OpenAPI linter and the AsyncAPI parser.
 ensure_node
 
 # gVisor's runsc for the gvisor runtime and its tests.
@@ -58,4 +58,12 @@ ensure_runsc
 if [ ! tools/openapi/node_modules/.package-lock.json -nt tools/openapi/package-lock.json ]; then
 	say "npm ci in tools/openapi (the OpenAPI linter)"
 	(cd tools/openapi && npm ci --no-audit --no-fund --loglevel=error)
+fi
+
+# The AsyncAPI document's parser, pinned in tools/asyncapi's lock file: the
+# api package's test validates the WebSockets' document with it, and fails
+# without it in CI.
+if [ ! tools/asyncapi/node_modules/.package-lock.json -nt tools/asyncapi/package-lock.json ]; then
+	say "npm ci in tools/asyncapi (the AsyncAPI parser)"
+	(cd tools/asyncapi && npm ci --no-audit --no-fund --loglevel=error)
 fi

@@ -38,6 +38,7 @@ var Routes = []Route{
 	{"GET", "/healthz", true},
 	{"GET", "/version", false},
 	{"GET", "/openapi.yaml", true},
+	{"GET", "/asyncapi.yaml", true},
 	{"GET", "/metrics", false},
 	{"POST", "/sandboxes", false},
 	{"GET", "/sandboxes", false},
@@ -84,6 +85,10 @@ func (d *Daemon) Handler(tcp bool) http.Handler {
 		"GET /openapi.yaml": func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Type", "application/yaml")
 			w.Write(api.OpenAPI)
+		},
+		"GET /asyncapi.yaml": func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/yaml")
+			w.Write(api.AsyncAPI)
 		},
 		"GET /version": func(w http.ResponseWriter, r *http.Request) {
 			reply.JSON(w, http.StatusOK, version.Get())

@@ -586,8 +586,10 @@ func TestOpenAPIMatchesRoutes(t *testing.T) {
 	if code != 200 || !strings.Contains(string(body), `kilnd_sandboxes{state="running"} 2`) || !strings.Contains(string(body), "kilnd_api_request_duration_seconds_count") {
 		t.Errorf("metrics: %d\n%s", code, grepLines(body, "kilnd_"))
 	}
-	if code, _ := k.do("GET", "/openapi.yaml", "", nil); code != 200 {
-		t.Errorf("openapi.yaml without a token: %d", code)
+	for path, doc := range map[string][]byte{"/openapi.yaml": api.OpenAPI, "/asyncapi.yaml": api.AsyncAPI} {
+		if code, body := k.do("GET", path, "", nil); code != 200 || !bytes.Equal(body, doc) {
+			t.Errorf("%s without a token: %d, %d bytes, want api's %d", path, code, len(body), len(doc))
+		}
 	}
 }
 

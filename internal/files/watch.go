@@ -273,7 +273,7 @@ func (w *watch) pump(r io.Reader) {
 		w.mu.Lock()
 		w.next++
 		e.Seq = w.next
-		e.Type = "event"
+		e.Type = api.WatchTypeEvent
 		w.events[e.Seq%watchRing] = e
 		close(w.changed)
 		w.changed = make(chan struct{})
@@ -339,7 +339,7 @@ func (s *Server) serveWatch(w http.ResponseWriter, r *http.Request, p string) {
 	wt.mu.Lock()
 	last := wt.next
 	wt.mu.Unlock()
-	if !send(api.WatchHello{Type: "hello", ID: wt.id, Dir: wt.dir, Seq: last}) {
+	if !send(api.WatchHello{Type: api.WatchTypeHello, ID: wt.id, Dir: wt.dir, Seq: last}) {
 		return
 	}
 	seq := after
@@ -352,7 +352,7 @@ func (s *Server) serveWatch(w http.ResponseWriter, r *http.Request, p string) {
 	for {
 		evs, lost, changed, ended := wt.since(seq)
 		if lost > 0 {
-			if !send(api.FileEvent{Type: "gap", Seq: seq + lost, Lost: lost}) {
+			if !send(api.FileEvent{Type: api.WatchTypeGap, Seq: seq + lost, Lost: lost}) {
 				return
 			}
 			seq += lost
