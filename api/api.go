@@ -326,6 +326,9 @@ const (
 	// ProtocolWatch is a files watch's: text messages of JSON, a
 	// WatchHello then FileEvents.
 	ProtocolWatch = "kiln.watch"
+	// ProtocolEvents is GET /events's as a WebSocket: text messages, each
+	// an Event as the NDJSON form's lines.
+	ProtocolEvents = "kiln.events"
 )
 
 // ErrorHeader marks an answer that is kilnd's or an agent's error (its

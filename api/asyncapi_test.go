@@ -235,6 +235,7 @@ var asyncMessages = map[string]struct {
 	"watchEvent": {reflect.TypeFor[api.FileEvent](), "send"},
 	"watchGap":   {reflect.TypeFor[api.FileEvent](), "send"},
 	"tcpBytes":   {nil, "both"},
+	"event":      {reflect.TypeFor[api.Event](), "send"},
 }
 
 // TestAsyncAPIMessagesMatchTypes holds every message of the AsyncAPI
@@ -429,6 +430,7 @@ var channelProtocols = map[string]string{
 	"outputRaw": api.ProtocolRaw,
 	"fileWatch": api.ProtocolWatch,
 	"portTCP":   api.ProtocolTCP,
+	"events":    api.ProtocolEvents,
 }
 
 // TestAsyncAPIConstants holds the document to the values of the API's

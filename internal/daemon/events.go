@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
@@ -12,6 +13,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/coder/websocket"
 
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/errdefs"
@@ -93,11 +96,22 @@ func (d *Daemon) eventsHandler(w http.ResponseWriter, r *http.Request) {
 		reply.Error(w, err)
 		return
 	}
+	if strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
+		d.eventsSocket(w, r, q)
+		return
+	}
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusOK)
 	rc := http.NewResponseController(w)
 	enc := json.NewEncoder(w)
+	d.sendEvents(r.Context(), q, func(e api.Event) error { return enc.Encode(e) }, rc.Flush)
+}
+
+// sendEvents sends the events q asks for, each with send, and flush after
+// each batch, until ctx ends, kilnd closes, send or flush fails, or (not
+// following) those held are sent.
+func (d *Daemon) sendEvents(ctx context.Context, q eventFilter, send func(api.Event) error, flush func() error) {
 	seq := q.after
 	if q.epoch != "" && q.epoch != d.events.epoch {
 		seq = 0
@@ -109,20 +123,74 @@ func (d *Daemon) eventsHandler(w http.ResponseWriter, r *http.Request) {
 			if !q.matches(e) {
 				continue
 			}
-			if err := enc.Encode(e); err != nil {
+			if err := send(e); err != nil {
 				return
 			}
 		}
-		if err := rc.Flush(); err != nil || !q.follow {
+		if err := flush(); err != nil || !q.follow {
 			return
 		}
 		select {
 		case <-wake:
-		case <-r.Context().Done():
+		case <-ctx.Done():
 			return
 		case <-d.closing:
 			return
 		}
+	}
+}
+
+// eventsPing is how often a WebSocket of events is pinged: a reader gone
+// without a word is noticed within it, while no event comes.
+const eventsPing = 30 * time.Second
+
+// eventsSocket serves GET /events as a WebSocket (kiln.events): the same
+// events, one a text message; with follow=false the connection closes
+// with 1000 once those held are sent. The client sends nothing.
+func (d *Daemon) eventsSocket(w http.ResponseWriter, r *http.Request, q eventFilter) {
+	protocols := []string{api.ProtocolEvents}
+	// A browser that offered only its token is answered with it, as
+	// kilnd's other WebSockets do.
+	for _, p := range offeredProtocols(r) {
+		if isTokenProtocol(p) {
+			protocols = append(protocols, p)
+		}
+	}
+	// The origin was checked before any handler (originAllowed).
+	c, err := websocket.Accept(w, r, &websocket.AcceptOptions{Subprotocols: protocols, InsecureSkipVerify: true})
+	if err != nil {
+		return // Accept has answered
+	}
+	defer c.CloseNow()
+	ctx, cancel := context.WithCancel(c.CloseRead(r.Context()))
+	defer cancel()
+	go func() {
+		t := time.NewTicker(eventsPing)
+		defer t.Stop()
+		for {
+			select {
+			case <-t.C:
+				pctx, pcancel := context.WithTimeout(ctx, eventsPing)
+				err := c.Ping(pctx)
+				pcancel()
+				if err != nil {
+					cancel()
+					return
+				}
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	send := func(e api.Event) error {
+		b, _ := json.Marshal(e)
+		wctx, wcancel := context.WithTimeout(ctx, eventsPing)
+		defer wcancel()
+		return c.Write(wctx, websocket.MessageText, b)
+	}
+	d.sendEvents(ctx, q, send, func() error { return nil })
+	if !q.follow && ctx.Err() == nil {
+		c.Close(websocket.StatusNormalClosure, "the events held were sent")
 	}
 }
 

@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"testing"
 
+	"github.com/coder/websocket"
+
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/daemon"
 )
@@ -126,4 +128,60 @@ func TestEventsResumeWithoutLossOrRepeat(t *testing.T) {
 	k.refuses("GET", "/events?after=-1", nil, 400, api.CodeInvalid, "after")
 	k.refuses("GET", "/events?type=nothing", nil, 400, api.CodeInvalid, "type")
 	k.refuses("GET", "/events?colour=red", nil, 400, api.CodeInvalid, `"colour"`)
+}
+
+// TestEventsOverWebSocket: GET /events as a WebSocket (kiln.events) gives
+// the same events, one a text message, from after= on, live; a browser's
+// token subprotocol is taken; with follow=false the connection closes
+// with 1000 once those held are sent.
+func TestEventsOverWebSocket(t *testing.T) {
+	t.Parallel()
+	k := start(t, "")
+	defer k.cleanup()
+	ctx, cancel := context.WithTimeout(t.Context(), faultDeadline)
+	defer cancel()
+	dial := func(query string) *websocket.Conn {
+		t.Helper()
+		c, resp, err := websocket.Dial(ctx, "ws://"+k.addr+"/events"+query,
+			&websocket.DialOptions{Subprotocols: []string{api.ProtocolEvents, api.TokenProtocolPrefix + k.d.Token()}})
+		if err != nil {
+			t.Fatalf("GET /events%s as a WebSocket: %v", query, err)
+		}
+		if got := resp.Header.Get("Sec-WebSocket-Protocol"); got != api.ProtocolEvents {
+			t.Errorf("subprotocol %q", got)
+		}
+		return c
+	}
+	read := func(c *websocket.Conn) api.Event {
+		t.Helper()
+		typ, b, err := c.Read(ctx)
+		if err != nil || typ != websocket.MessageText {
+			t.Fatalf("read: %v %v", typ, err)
+		}
+		var e api.Event
+		if err := json.Unmarshal(b, &e); err != nil {
+			t.Fatalf("%v: %s", err, b)
+		}
+		return e
+	}
+	live := dial("")
+	defer live.CloseNow()
+	var a, b daemon.Info
+	k.json("POST", "/sandboxes", `{"name":"a"}`, &a)
+	if e := read(live); e.Type != api.EventCreated || e.Sandbox != a.ID || e.Seq != 1 {
+		t.Errorf("the first event: %+v", e)
+	}
+	k.json("POST", "/sandboxes", `{"name":"b"}`, &b)
+	if e := read(live); e.Type != api.EventCreated || e.Sandbox != b.ID || e.Seq != 2 {
+		t.Errorf("the second event: %+v", e)
+	}
+	held := dial("?after=1&follow=false")
+	if e := read(held); e.Seq != 2 || e.Sandbox != b.ID {
+		t.Errorf("after 1: %+v", e)
+	}
+	if _, _, err := held.Read(ctx); websocket.CloseStatus(err) != websocket.StatusNormalClosure {
+		t.Errorf("follow=false after the events held: %v, want a close with 1000", err)
+	}
+	// Refused as the NDJSON form is, before any upgrade.
+	k.refuses("GET", "/events?type=nothing", nil, 400, api.CodeInvalid, "type")
 }

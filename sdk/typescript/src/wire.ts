@@ -708,7 +708,7 @@ export interface paths {
         };
         /**
          * what happens to the sandboxes, as it happens
-         * @description NDJSON, one Event a line: those kilnd still holds (the last 16,384) after `after`, then each as it happens, until the reader goes (or, with follow=false, once those held are written). Events are numbered from 1 (seq) in the order kilnd saw them: a reader that lost its connection asks again with after set to the last seq it read and misses none, repeats none. One that asks for events kilnd no longer holds is told first by an event of type gap whose lost counts them exactly. A kilnd started again numbers from 1 again, under a new epoch.
+         * @description NDJSON, one Event a line: those kilnd still holds (the last 16,384) after `after`, then each as it happens, until the reader goes (or, with follow=false, once those held are written). Events are numbered from 1 (seq) in the order kilnd saw them: a reader that lost its connection asks again with after set to the last seq it read and misses none, repeats none. One that asks for events kilnd no longer holds is told first by an event of type gap whose lost counts them exactly. A kilnd started again numbers from 1 again, under a new epoch. As a WebSocket (subprotocol kiln.events, see asyncapi.yaml), the same events, one a text message; with follow=false it closes with 1000 once those held are sent.
          */
         get: operations["streamEvents"];
         put?: never;
@@ -2697,6 +2697,13 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
+            /** @description the events as a WebSocket (kiln.events) */
+            101: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
             /** @description events, one a line */
             200: {
                 headers: {
