@@ -3,6 +3,8 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -85,12 +87,29 @@ sandbox.stopped|sandbox.deleted.`,
 // eventLine is an event as kiln events prints it: when, its number, what,
 // of which sandbox, and why.
 func eventLine(e api.Event) string {
-	if e.Type == api.EventGap {
-		return fmt.Sprintf("%s  %d  gap: %d events before this one are no longer kept", e.Time.Local().Format(time.RFC3339), e.Seq, e.Lost)
+	when := e.Time.Local().Format(time.RFC3339)
+	if e.Type == api.EventGap && e.Sandbox == "" {
+		return fmt.Sprintf("%s  %d  gap: %d events before this one are no longer kept", when, e.Seq, e.Lost)
 	}
-	s := fmt.Sprintf("%s  %d  %s  %s", e.Time.Local().Format(time.RFC3339), e.Seq, e.Type, api.ShortID(e.Sandbox))
+	s := fmt.Sprintf("%s  %d  %s  %s", when, e.Seq, e.Type, api.ShortID(e.Sandbox))
 	if e.Name != "" {
 		s += " (" + e.Name + ")"
+	}
+	if p := e.Process; p != nil {
+		s += "  " + api.ShortProcessID(p.ID) + " " + commandLine(p.Command, p.Args)
+		if e.Type == api.EventProcessExited {
+			s += ": " + strings.TrimPrefix(p.Exit.String(), "process ")
+			for _, name := range slices.Sorted(maps.Keys(p.Streams)) {
+				st := p.Streams[name]
+				s += fmt.Sprintf(", %s %d bytes", name, st.TotalBytes)
+				if st.CaptureDropped > 0 {
+					s += fmt.Sprintf(" (%d not logged)", st.CaptureDropped)
+				}
+			}
+		}
+	}
+	if e.Type == api.EventGap {
+		s += fmt.Sprintf(": %d of its process events not kept", e.Lost)
 	}
 	if e.Reason != "" {
 		s += ": " + e.Reason
