@@ -98,11 +98,24 @@ func (d *Daemon) delete(ref string, removeLogs, claimed bool) error {
 		e.rec.Reason = "deleted"
 	}
 	d.forget(e)
-	del := &deletion{id: id, e: e, sb: e.sb, removeLogs: removeLogs, done: make(chan struct{})}
+	del := &deletion{id: id, e: e, removeLogs: removeLogs, done: make(chan struct{})}
 	e.unfinished = del
 	gone := sandboxEvent(api.EventDeleted, e.rec)
+	// A stop under way is cut short (what its grace waits for is killed
+	// now), and a start finishes; either way the instance it leaves is the
+	// one ended here, never one it is still making.
+	op := e.op
+	if op != nil {
+		op.cutShort()
+	}
 	d.mu.Unlock()
 	d.events.emit(gone)
+	if op != nil {
+		<-op.done
+	}
+	d.mu.Lock()
+	del.sb = e.sb
+	d.mu.Unlock()
 	if !removeLogs {
 		d.metrics.stopped.WithLabelValues("deleted").Inc()
 	}

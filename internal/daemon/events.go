@@ -73,7 +73,7 @@ func (l *events) after(seq int64) ([]api.Event, <-chan struct{}) {
 // sandboxEvent is the event of type typ of e's sandbox.
 func sandboxEvent(typ string, rec record) api.Event {
 	e := api.Event{Type: typ, Sandbox: rec.ID, Name: rec.Name}
-	if typ != api.EventCreated {
+	if typ == api.EventStopped || typ == api.EventDeleted {
 		e.Reason, e.Exit = rec.Reason, rec.Exit
 	}
 	return e
@@ -158,10 +158,10 @@ func eventQuery(q url.Values) (eventFilter, error) {
 			f.epoch = v
 		case "type":
 			switch v {
-			case api.EventCreated, api.EventStopped, api.EventDeleted:
+			case api.EventCreated, api.EventStarted, api.EventStopped, api.EventDeleted:
 				f.kind = v
 			default:
-				err = fmt.Errorf("type %q: want %s, %s or %s", api.Clip(v), api.EventCreated, api.EventStopped, api.EventDeleted)
+				err = fmt.Errorf("type %q: want %s, %s, %s or %s", api.Clip(v), api.EventCreated, api.EventStarted, api.EventStopped, api.EventDeleted)
 			}
 		case "follow":
 			f.follow, err = strconv.ParseBool(v)
