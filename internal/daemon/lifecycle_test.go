@@ -139,6 +139,10 @@ func TestStopStartKeepsFilesAndRunsInitAgain(t *testing.T) {
 				t.Errorf("a stop of a stopped sandbox: %d, want 304", code)
 			}
 			k.refuses("POST", "/sandboxes/"+id+"/exec", `{"command":"true"}`, http.StatusPreconditionFailed, api.CodePrecondition, "stopped", "stopped by request")
+			if created.Image != "" {
+				// It starts from its image: kept while it is stopped.
+				k.refuses("DELETE", "/images/"+created.Image, nil, http.StatusPreconditionFailed, api.CodePrecondition, "in use")
+			}
 
 			_, started := k.change(t, "start", id)
 			if started.State != daemon.StateRunning || started.AgentPID == 0 || started.AgentPID == created.AgentPID || started.Reason != "" || started.StoppedAt != nil || started.Exit != nil {
