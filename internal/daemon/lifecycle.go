@@ -10,9 +10,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -55,7 +57,8 @@ func newOp(stop bool) *lifecycleOp {
 	return &lifecycleOp{stop: stop, hurry: make(chan struct{}), done: make(chan struct{})}
 }
 
-// cutShort ends a stop's grace now: what is left is killed.
+// cutShort ends a stop's grace now (what is left is killed), and keeps a
+// start that has not begun making its instance from beginning it.
 func (op *lifecycleOp) cutShort() { op.once.Do(func() { close(op.hurry) }) }
 
 // stopping says a stop of e is under way: its watcher is the one to
@@ -256,6 +259,9 @@ func (d *Daemon) Start(ctx context.Context, ref string) (info Info, changed bool
 		return Info{}, false, err
 	}
 	prev, watched, next, id := e.sb, e.watched, e.rec, e.rec.ID
+	// Its own copies of what a call may change in e.rec meanwhile (a
+	// preview revoked), for the record the start saves.
+	next.Previews, next.Labels = slices.Clone(next.Previews), maps.Clone(next.Labels)
 	d.mu.Unlock()
 	// The last instance's watcher has ended what was left of it (its
 	// cgroups are named by the sandbox's id, as the new one's are).
@@ -268,6 +274,15 @@ func (d *Daemon) Start(ctx context.Context, ref string) (info Info, changed bool
 			e.finishOp()
 			return Info{}, false, errdefs.New(errdefs.ErrUnavailable, "kilnd: sandbox "+id+": kilnd is shutting down")
 		}
+	}
+	select {
+	case <-op.hurry:
+		// Deleted meanwhile: nothing to start.
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		e.finishOp()
+		return Info{}, false, fmt.Errorf("%w: sandbox %s was deleted as it started", errdefs.ErrNotFound, id)
+	default:
 	}
 	// Once begun, the start is finished whether or not its caller waits.
 	sb, err := d.startAgain(context.WithoutCancel(ctx), prev, &next)
