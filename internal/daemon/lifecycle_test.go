@@ -487,3 +487,29 @@ func TestDeleteCutsAStopShort(t *testing.T) {
 		t.Errorf("events %v", got)
 	}
 }
+
+// TestStartAfterOutOfMemory: a sandbox that ended out of memory (on_oom
+// end_sandbox, the default) keeps its files, and starts again on them.
+func TestStartAfterOutOfMemory(t *testing.T) {
+	t.Parallel()
+	k := start(t, "")
+	defer k.cleanup()
+	var info daemon.Info
+	k.json("POST", "/sandboxes", fmt.Sprintf(`{"limits":{"memory_bytes":%d}}`, 128<<20), &info)
+	events := k.events(t, "?type="+api.EventStopped+"&sandbox="+info.ID)
+	defer events.close()
+	k.sh(t, info.ID, "echo kept > /workspace/kept")
+	// Answered with its process's kill, or the sandbox's end: either way
+	// the event says how it ended.
+	k.do("POST", "/sandboxes/"+info.ID+"/exec", k.d.Token(), api.ExecRequest{Command: "sh", Args: []string{"-c", memoryHogs[0].script}})
+	if e := events.next(t); !strings.HasPrefix(e.Reason, "out of memory") {
+		t.Fatalf("stopped: %+v", e)
+	}
+	_, started := k.change(t, "start", info.ID)
+	if started.State != daemon.StateRunning || started.Reason != "" {
+		t.Errorf("started: %+v", started)
+	}
+	if got := k.sh(t, info.ID, "cat /workspace/kept"); got != "kept\n" {
+		t.Errorf("after the start: %q", got)
+	}
+}
