@@ -110,18 +110,18 @@ func (d *Daemon) delete(ref string, removeLogs, claimed bool) error {
 	}
 	d.mu.Unlock()
 	d.events.emit(gone)
-	if op != nil {
-		<-op.done
-	}
-	d.mu.Lock()
-	del.sb = e.sb
-	d.mu.Unlock()
 	if !removeLogs {
 		d.metrics.stopped.WithLabelValues("deleted").Inc()
 	}
 	if err := d.mark(id, removeLogs); err != nil {
 		d.log.Error("mark a sandbox being deleted", "id", id, "err", err)
 	}
+	if op != nil {
+		<-op.done
+	}
+	d.mu.Lock()
+	del.sb = e.sb
+	d.mu.Unlock()
 	if err := d.finish(del); err != nil {
 		d.log.Warn("a delete is not finished; kilnd retries it", "id", id, "err", err)
 		d.mu.Lock()
