@@ -654,7 +654,8 @@ type Event struct {
 	// Name is the sandbox's, when it has one.
 	Name string `json:"name,omitempty"`
 	// Reason says why it stopped or was deleted ("out of memory: …",
-	// "idle for 600s", "its ttl of 60s ended", "deleted").
+	// "stopped by request", "idle for 600s", "its ttl of 60s ended",
+	// "deleted").
 	Reason string `json:"reason,omitempty"`
 	// Exit is its init command's, when it stopped with it.
 	Exit *Exit `json:"exit,omitempty"`
@@ -669,9 +670,12 @@ type Event struct {
 	Epoch string `json:"epoch"`
 }
 
-// The types of Event.
+// The types of Event. A sandbox started again after it stopped (kiln
+// start) is EventStarted; its creation, which starts it first, is
+// EventCreated alone.
 const (
 	EventCreated = "sandbox.created"
+	EventStarted = "sandbox.started"
 	EventStopped = "sandbox.stopped"
 	EventDeleted = "sandbox.deleted"
 	// A process started in a sandbox, and one that finished: it exited
@@ -682,7 +686,7 @@ const (
 )
 
 // EventTypes are the types of event GET /events?type= chooses from.
-var EventTypes = []string{EventCreated, EventStopped, EventDeleted, EventProcessStarted, EventProcessExited}
+var EventTypes = []string{EventCreated, EventStarted, EventStopped, EventDeleted, EventProcessStarted, EventProcessExited}
 
 // NextCursorHeader carries, on a page of GET /sandboxes?limit=, the
 // cursor of the page after it; absent on the last.

@@ -282,17 +282,7 @@ func (c *Client) call(ctx context.Context, method, path string, query url.Values
 	}
 	resp, sent, err := c.request(ctx, c.hc, method, path, query, body, ctype)
 	if err != nil {
-		var e *Error
-		answered := errors.As(err, &e)
-		switch {
-		case !idempotent && ((!answered && sent) || (answered && e.Code == api.CodeUnknown)):
-			return fmt.Errorf("%w: %s %s: %w", ErrOutcomeUnknown, method, path, err)
-		case !answered && ctx.Err() == nil:
-			// No answer, and none lost that mattered: the connection
-			// failed, or broke before the answer.
-			return fmt.Errorf("%w: %s %s: %w", ErrUnavailable, method, path, err)
-		}
-		return err
+		return failed(ctx, method, path, sent, idempotent, err)
 	}
 	defer resp.Body.Close()
 	if out == nil {
@@ -305,6 +295,24 @@ func (c *Client) call(ctx context.Context, method, path string, query url.Values
 		return fmt.Errorf("client: %s %s: %w", method, path, err)
 	}
 	return nil
+}
+
+// failed is the error of a control request that got no answer, or an
+// error: ErrOutcomeUnknown when it was not idempotent and may have taken
+// effect, ErrUnavailable when kilnd could not be reached (and ctx had not
+// ended), else err as it is.
+func failed(ctx context.Context, method, path string, sent, idempotent bool, err error) error {
+	var e *Error
+	answered := errors.As(err, &e)
+	switch {
+	case !idempotent && ((!answered && sent) || (answered && e.Code == api.CodeUnknown)):
+		return fmt.Errorf("%w: %s %s: %w", ErrOutcomeUnknown, method, path, err)
+	case !answered && ctx.Err() == nil:
+		// No answer, and none lost that mattered: the connection
+		// failed, or broke before the answer.
+		return fmt.Errorf("%w: %s %s: %w", ErrUnavailable, method, path, err)
+	}
+	return err
 }
 
 // Sandbox is a handle on a sandbox.

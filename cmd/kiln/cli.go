@@ -133,6 +133,7 @@ never hidden.`,
 	}
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error { return usageError{err, cmd.CommandPath()} })
 	root.SetHelpTemplate(root.HelpTemplate() + "{{if not .HasParent}}" + exitCodesHelp + "\n{{end}}")
+	root.AddCommand(c.lifecycleCmds()...)
 	root.AddCommand(c.sandboxCmd(), c.lsCmd(), c.eventsCmd(), c.execCmd(), c.logsCmd(), c.attachCmd(), c.psCmd(), c.waitCmd(), c.killCmd(), c.shellCmd(), c.runCmd(), c.cpCmd(), c.portForwardCmd(), c.previewCmd(), c.watchCmd(), c.imageCmd(), c.statsCmd(), c.mcpCmd(), c.versionCmd())
 	root.InitDefaultHelpCmd()
 	root.InitDefaultCompletionCmd()
@@ -345,7 +346,7 @@ func onOOMFlag(cmd *cobra.Command, to *string) {
 // commands are declarations: each subcommand with its flags, examples and
 // help stays in one place, as kiln sandbox --help shows them together.
 func (c *cli) sandboxCmd() *cobra.Command {
-	cmd := &cobra.Command{Use: "sandbox", Short: "Create, list, inspect and remove sandboxes"}
+	cmd := &cobra.Command{Use: "sandbox", Short: "Create, list, inspect, stop, start and remove sandboxes"}
 	var o api.CreateSandbox
 	var network func() *api.Network
 	var limits func(*pflag.FlagSet) (api.LimitsRequest, error)
@@ -469,6 +470,7 @@ func (c *cli) sandboxCmd() *cobra.Command {
 	}
 	so.add(es, true)
 	cmd.AddCommand(create, c.lsCmd(), inspect, rm, es)
+	cmd.AddCommand(c.lifecycleCmds()...)
 	return cmd
 }
 

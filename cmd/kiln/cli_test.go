@@ -301,6 +301,7 @@ func TestHelpGolden(t *testing.T) {
 		"image-pull":     {"image", "pull", "--help"},
 		"stats":          {"stats", "--help"},
 		"mcp":            {"mcp", "--help"},
+		"stop":           {"stop", "--help"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			var out, errs bytes.Buffer

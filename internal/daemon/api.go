@@ -44,6 +44,9 @@ var Routes = []Route{
 	{"GET", "/sandboxes", false},
 	{"GET", "/sandboxes/{id}", false},
 	{"DELETE", "/sandboxes/{id}", false},
+	{"POST", "/sandboxes/{id}/stop", false},
+	{"POST", "/sandboxes/{id}/start", false},
+	{"POST", "/sandboxes/{id}/restart", false},
 	{"GET", "/sandboxes/{id}/stats", false},
 	{"GET", "/sandboxes/{id}/logs", false},
 	{"GET", "/sandboxes/{id}/logs/{pid}", false},
@@ -116,6 +119,9 @@ func (d *Daemon) Handler(tcp bool) http.Handler {
 			}
 			w.WriteHeader(http.StatusNoContent)
 		},
+		"POST /sandboxes/{id}/stop":                 d.stopHandler,
+		"POST /sandboxes/{id}/start":                d.startHandler,
+		"POST /sandboxes/{id}/restart":              d.restartHandler,
 		"GET /sandboxes/{id}/stats":                 d.statsHandler,
 		"GET /sandboxes/{id}/logs":                  d.listLogs,
 		"GET /sandboxes/{id}/logs/{pid}":            d.readLog,
@@ -290,7 +296,7 @@ func (d *Daemon) forward(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d.mu.Lock()
-	p, id, state, reason := e.proxy, e.rec.ID, e.rec.State, e.rec.Reason
+	p, id, state, reason, op := e.proxy, e.rec.ID, e.rec.State, e.rec.Reason, e.op
 	e.inflight++
 	e.lastUsed = time.Now()
 	d.mu.Unlock()
@@ -300,12 +306,21 @@ func (d *Daemon) forward(w http.ResponseWriter, r *http.Request) {
 		e.lastUsed = time.Now()
 		d.mu.Unlock()
 	}()
-	if p == nil && state != StateRunning {
-		// For good: a client that retries would wait for nothing.
-		reply.Error(w, fmt.Errorf("%w: sandbox %s is %s: %s", errdefs.ErrFailedPrecondition, id, state, reason))
+	switch {
+	case p == nil && op != nil && !op.stop:
+		// Soon running: a client that retries gets there.
+		reply.Error(w, fmt.Errorf("%w: sandbox %s is being started", errdefs.ErrUnavailable, id))
 		return
-	}
-	if p == nil {
+	case p == nil && (state != StateRunning || op != nil):
+		// For good (until a start): a client that retries would wait for
+		// nothing.
+		why := state + ": " + reason
+		if state == StateRunning {
+			why = "being stopped"
+		}
+		reply.Error(w, fmt.Errorf("%w: sandbox %s is %s", errdefs.ErrFailedPrecondition, id, why))
+		return
+	case p == nil:
 		reply.Error(w, fmt.Errorf("%w: sandbox %s is being deleted", errdefs.ErrUnavailable, id))
 		return
 	}

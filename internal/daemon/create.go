@@ -27,17 +27,23 @@ import (
 )
 
 // stopped records that a sandbox is no longer running. The init
-// command's exit, if the agent recorded one, becomes the sandbox's;
-// otherwise its exit is unknown. Whatever is left of it is the caller's
-// to end (Instance.End), outside d.mu: that can take a while.
-func (d *Daemon) stopped(e *entry, reason string) {
+// command's exit, if the agent recorded one, becomes the sandbox's, and
+// the reason, unless the stop was requested (kiln stop), which is the
+// reason whatever the init command did as it was stopped; otherwise its
+// exit is unknown. Whatever is left of it is the caller's to end
+// (Instance.End), outside d.mu: that can take a while. Called with d.mu
+// held.
+func (d *Daemon) stopped(e *entry, reason string, requested bool) {
 	rec := &e.rec
 	if e.sb != nil {
 		if ie := e.sb.InitExit(); ie != nil {
 			rec.Exit, reason = &ie.Exit, "the init command ended: "+ie.Exit.String()
 		}
 	}
-	if rec.Exit == nil {
+	switch {
+	case requested:
+		reason = reasonStopped
+	case rec.Exit == nil:
 		reason += "; exit unknown"
 	}
 	now := time.Now().UTC()
@@ -57,13 +63,23 @@ func agentExited(sb sandbox.Instance) string {
 }
 
 // watch waits, in a goroutine, for a running sandbox's agent to exit, and
-// then records the sandbox stopped (with its init command's exit). It
-// relays the agent's process events meanwhile (followProcesses, replay
-// saying from the first), the last of them told before the stop.
+// then ends what is left of it and records the sandbox stopped (with its
+// init command's exit): the one place a stop is recorded while kilnd
+// runs, whether the sandbox ended by itself or a stop asked it to
+// (e.stopping), but where someone looked first (noticeExit). e.watched is
+// closed once it is done: a start of the same sandbox waits for it, so
+// that nothing of this instance's end (its cgroups, named by the
+// sandbox's id; its network) reaches the next one's. It relays the
+// agent's process events meanwhile (followProcesses, replay saying from
+// the first), the last of them told before the stop. Called with d.mu
+// held.
 func (d *Daemon) watch(e *entry, replay bool) {
 	sb, id := e.sb, e.rec.ID
+	watched := make(chan struct{})
+	e.watched = watched
 	relayed := d.followProcesses(e, replay)
 	d.wg.Go(func() {
+		defer close(watched)
 		sb.AwaitExit(d.closing)
 		select {
 		case <-d.closing:
@@ -82,10 +98,10 @@ func (d *Daemon) watch(e *entry, replay bool) {
 		d.unplug(id)
 		d.mu.Lock()
 		defer d.mu.Unlock()
-		if e.deleting || e.rec.State != StateRunning {
+		if e.deleting || e.rec.State != StateRunning || e.sb != sb {
 			return
 		}
-		d.stopped(e, reason)
+		d.stopped(e, reason, e.stopping())
 		e.proxy = nil
 		d.metrics.stopped.WithLabelValues("stopped").Inc()
 		d.log.Info("sandbox stopped", "id", e.rec.ID, "reason", e.rec.Reason)
@@ -189,13 +205,13 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		return Info{}, err
 	}
 	d.metrics.creates.Observe(time.Since(began).Seconds())
-	e := d.route(rec, sb)
-	e.lastUsed = time.Now()
+	e := &entry{rec: rec}
 	d.mu.Lock()
 	d.add(e)
-	d.watch(e, true)
-	d.mu.Unlock()
+	// Told before its processes are (running starts their relay).
 	d.events.emit(sandboxEvent(api.EventCreated, rec))
+	d.running(e, sb, true)
+	d.mu.Unlock()
 	created = true
 	d.log.Info("sandbox created", "id", id, "name", req.Name, "runtime", backend.Name(), "agent", sb.AgentPID())
 	return d.infoOf(e), nil
@@ -208,7 +224,8 @@ func newRecord(id string, p createPlan, diskImage string, began time.Time) recor
 	req := p.req
 	rec := record{ID: id, Name: req.Name, State: StateRunning, CreatedAt: began.UTC(), Hostname: req.Hostname,
 		Rootfs: req.Rootfs, Limits: p.limits, Init: req.Init, IdleTimeout: req.IdleTimeoutSeconds, TTL: req.TTLSeconds,
-		Runtime: p.backend.Name(), Disk: diskImage, OnOOM: cmp.Or(req.OnOOM, api.OnOOMEndSandbox), Labels: req.Labels}
+		Runtime: p.backend.Name(), Disk: diskImage, OnOOM: cmp.Or(req.OnOOM, api.OnOOMEndSandbox), Labels: req.Labels,
+		Logs: &api.LogRotation{MaxSizeBytes: p.logs.MaxSizeBytes, MaxFiles: p.logs.MaxFiles}}
 	if req.Image != "" {
 		rec.Image, rec.ImageID = req.Image, p.img.ID
 	}
@@ -223,14 +240,20 @@ func newRecord(id string, p createPlan, diskImage string, began time.Time) recor
 
 // launch makes the sandbox of rec with its backend, and records the state
 // the backend gives it where that is not what its start recorded (see
-// options). On a failure nothing of the sandbox is left, and undo releases
-// what Create took for it.
+// options). On a failure nothing of the sandbox is left (but, for a
+// sandbox started again, what it had: its files), and undo releases what
+// Create or Start took for it.
 func (d *Daemon) launch(ctx context.Context, backend sandbox.Backend, opts sandbox.Options, rec *record, undo func()) (sandbox.Instance, error) {
 	sb, err := backend.Create(ctx, opts)
 	if err != nil {
-		os.RemoveAll(d.sandboxDir(rec.ID))
+		what := "could not be made"
+		if opts.Restart == nil {
+			os.RemoveAll(d.sandboxDir(rec.ID))
+		} else {
+			what = "could not be started"
+		}
 		undo()
-		return nil, d.hostFailure(fmt.Sprintf("sandbox %s could not be made", rec.ID), err)
+		return nil, d.hostFailure(fmt.Sprintf("sandbox %s %s", rec.ID, what), err)
 	}
 	if state := sb.State(); !bytes.Equal(state, rec.Sandbox) {
 		rec.Sandbox = state

@@ -98,9 +98,16 @@ func (d *Daemon) delete(ref string, removeLogs, claimed bool) error {
 		e.rec.Reason = "deleted"
 	}
 	d.forget(e)
-	del := &deletion{id: id, e: e, sb: e.sb, removeLogs: removeLogs, done: make(chan struct{})}
+	del := &deletion{id: id, e: e, removeLogs: removeLogs, done: make(chan struct{})}
 	e.unfinished = del
 	gone := sandboxEvent(api.EventDeleted, e.rec)
+	// A stop under way is cut short (what its grace waits for is killed
+	// now), and a start finishes; either way the instance it leaves is the
+	// one ended here, never one it is still making.
+	op := e.op
+	if op != nil {
+		op.cutShort()
+	}
 	d.mu.Unlock()
 	d.events.emit(gone)
 	if !removeLogs {
@@ -109,6 +116,12 @@ func (d *Daemon) delete(ref string, removeLogs, claimed bool) error {
 	if err := d.mark(id, removeLogs); err != nil {
 		d.log.Error("mark a sandbox being deleted", "id", id, "err", err)
 	}
+	if op != nil {
+		<-op.done
+	}
+	d.mu.Lock()
+	del.sb = e.sb
+	d.mu.Unlock()
 	if err := d.finish(del); err != nil {
 		d.log.Warn("a delete is not finished; kilnd retries it", "id", id, "err", err)
 		d.mu.Lock()

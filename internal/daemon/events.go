@@ -78,7 +78,7 @@ func (l *events) after(seq int64) ([]api.Event, <-chan struct{}) {
 // sandboxEvent is the event of type typ of e's sandbox.
 func sandboxEvent(typ string, rec record) api.Event {
 	e := api.Event{Type: typ, Sandbox: rec.ID, Name: rec.Name}
-	if typ != api.EventCreated {
+	if typ == api.EventStopped || typ == api.EventDeleted {
 		e.Reason, e.Exit = rec.Reason, rec.Exit
 	}
 	return e

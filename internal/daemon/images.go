@@ -53,9 +53,10 @@ func (d *Daemon) removeImage(w http.ResponseWriter, r *http.Request) {
 	reply.JSON(w, http.StatusOK, out)
 }
 
-// imageInUse says whether a sandbox runs from image id, or is being made
-// from it. The store calls it under its lock: it takes d.mu, and nothing
-// holding d.mu calls the store.
+// imageInUse says whether a sandbox not deleted was made from image id
+// (a stopped one is started from it again), or one is being made from it.
+// The store calls it under its lock: it takes d.mu, and nothing holding
+// d.mu calls the store.
 func (d *Daemon) imageInUse(id string) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -63,7 +64,7 @@ func (d *Daemon) imageInUse(id string) bool {
 		return true
 	}
 	for _, e := range d.sandboxes {
-		if e.rec.ImageID == id && e.rec.State == StateRunning {
+		if e.rec.ImageID == id && e.rec.State != StateDeleted {
 			return true
 		}
 	}

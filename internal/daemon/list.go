@@ -193,9 +193,8 @@ func (d *Daemon) Select(s Selection) ([]Info, string, error) {
 		if e.rec.State == StateDeleted && !s.Deleted {
 			continue // deleted meanwhile
 		}
-		if c.dead && e.rec.State == StateRunning && e.sb == c.sb && !e.deleting {
-			d.stopped(e, agentExited(e.sb))
-			e.proxy = nil
+		if c.dead && e.sb == c.sb {
+			d.noticeExit(e)
 		}
 		if s.State != "" && e.rec.State != s.State {
 			continue

@@ -65,6 +65,9 @@ type record struct {
 	OnOOM string `json:"on_oom,omitempty"`
 	// Labels are the caller's own, as the create gave them.
 	Labels map[string]string `json:"labels,omitempty"`
+	// Logs is the rotation of its captured logs, every field set (absent
+	// in records older than starting a sandbox again: kilnd's own).
+	Logs *api.LogRotation `json:"logs,omitempty"`
 }
 
 // onOOMOf is what happens to rec's sandbox past its memory limit. A
@@ -90,6 +93,12 @@ type entry struct {
 	deleting bool // Delete has it: the watcher leaves it alone
 	// unfinished is its deletion until that is finished (see delete.go).
 	unfinished *deletion
+	// op is the stop or start that changes it now, if one does: one at a
+	// time (see lifecycle.go).
+	op *lifecycleOp
+	// watched is closed once the watcher of sb (watch) has returned,
+	// having ended what was left of it; nil when no watcher ever had it.
+	watched chan struct{}
 	// Activity, for the idle timeout: requests in flight (a watcher's
 	// WebSocket counts for as long as it is open) and the last one's end.
 	inflight int
@@ -220,8 +229,6 @@ func (d *Daemon) recover() error {
 		}
 		if rec.State == StateRunning {
 			if e.sb != nil && e.sb.Alive() {
-				e = d.route(rec, e.sb)
-				e.lastUsed = time.Now()
 				d.recovered(e)
 				if rec.Network != nil {
 					if d.adopted == nil {
@@ -229,14 +236,14 @@ func (d *Daemon) recover() error {
 					}
 					d.adopted[rec.ID] = *rec.Network
 				}
-				d.watch(e, false)
+				d.running(e, e.sb, false) // its watcher, once what it unplugs is known
 				d.log.Info("sandbox adopted", "id", rec.ID, "runtime", runtimeOf(rec), "agent", e.sb.AgentPID())
 				continue
 			}
 			if e.sb != nil {
 				e.sb.End()
 			}
-			d.stopped(e, "the agent was gone when kilnd started (host reboot or agent killed)")
+			d.stopped(e, "the agent was gone when kilnd started (host reboot or agent killed)", false)
 		}
 		d.recovered(e)
 	}
@@ -386,11 +393,18 @@ func (d *Daemon) get(ref string) (*entry, error) {
 	}
 	// A running sandbox whose agent died is stopped, as soon as anyone
 	// looks; its watcher, woken by the same exit, ends its cgroups.
-	if e.rec.State == StateRunning && !e.sb.Alive() && !e.deleting {
-		d.stopped(e, agentExited(e.sb))
+	d.noticeExit(e)
+	return e, nil
+}
+
+// noticeExit records stopped a running sandbox whose agent has exited,
+// unless its watcher is to: while a stop is under way, or a delete. Called
+// with d.mu held.
+func (d *Daemon) noticeExit(e *entry) {
+	if e.rec.State == StateRunning && !e.deleting && !e.stopping() && !e.sb.Alive() {
+		d.stopped(e, agentExited(e.sb), false)
 		e.proxy = nil
 	}
-	return e, nil
 }
 
 // runtimeOf is the runtime that made a sandbox.

@@ -8,16 +8,25 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/sandkiln/sandkiln/internal/errdefs"
 	"github.com/sandkiln/sandkiln/internal/reply"
 	"github.com/sandkiln/sandkiln/internal/sandbox"
 )
 
-// route makes the entry of a running sandbox, with its proxy to the
-// agent: /sandboxes/{id}/rest goes to the agent as /rest.
-func (d *Daemon) route(rec record, sb sandbox.Instance) *entry {
-	p := &httputil.ReverseProxy{
+// running makes e the entry of sb, a running instance of its sandbox:
+// its proxy to the agent, its last use now, and its watcher. Called with
+// d.mu held.
+func (d *Daemon) running(e *entry, sb sandbox.Instance, replay bool) {
+	e.sb, e.proxy, e.lastUsed = sb, d.proxyTo(e.rec.ID, sb), time.Now()
+	d.watch(e, replay)
+}
+
+// proxyTo is the proxy to the agent of sb, an instance of sandbox id:
+// /sandboxes/{id}/rest goes to the agent as /rest.
+func (d *Daemon) proxyTo(id string, sb sandbox.Instance) *httputil.ReverseProxy {
+	return &httputil.ReverseProxy{
 		Transport: sandbox.Transport(sb.Dial),
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme = "http"
@@ -35,16 +44,15 @@ func (d *Daemon) route(rec record, sb sandbox.Instance) *entry {
 				return
 			}
 			if !sb.Alive() {
-				reply.Error(w, errdefs.New(errdefs.ErrUnavailable, "kilnd: sandbox "+rec.ID+" is not running"))
+				reply.Error(w, errdefs.New(errdefs.ErrUnavailable, "kilnd: sandbox "+id+" is not running"))
 				return
 			}
 			// The request may have reached the agent: nobody can say
 			// whether it took effect. (What the transport said of it
 			// names the agent's socket, a path of the host's.)
-			reply.Error(w, errdefs.Opaque(errdefs.ErrOutcomeUnknown, "kilnd: sandbox "+rec.ID+": no answer from the agent", err))
+			reply.Error(w, errdefs.Opaque(errdefs.ErrOutcomeUnknown, "kilnd: sandbox "+id+": no answer from the agent", err))
 		},
 	}
-	return &entry{rec: rec, sb: sb, proxy: p}
 }
 
 // proxyBuffers are the forwarding proxies' copy buffers: a file read or

@@ -43,7 +43,7 @@ const instructions = `sandkiln runs commands in isolated Linux sandboxes. Create
 	`then run short commands with exec (it waits for the exit) or start long ones with process_start and read ` +
 	`their output with process_output, passing back the next_offsets each result gives: nothing is missed or ` +
 	`repeated. Every result that carries output says how much it may carry. Delete sandboxes you no longer need ` +
-	`with sandbox_delete.`
+	`with sandbox_delete; sandbox_stop ends a sandbox's processes and keeps its files, for sandbox_start.`
 
 // New returns the server of sandkiln's tools and captured-log resources,
 // calling kilnd through c.

@@ -139,7 +139,7 @@ func newSandbox(t *testing.T, cs *sdk.ClientSession) string {
 func TestTools(t *testing.T) {
 	k := startKilnd(t)
 	want := []string{"exec", "file_list", "file_read", "file_write", "preview_url", "process_output", "process_signal",
-		"process_start", "process_write_stdin", "sandbox_create", "sandbox_delete", "sandbox_list"}
+		"process_start", "process_write_stdin", "sandbox_create", "sandbox_delete", "sandbox_list", "sandbox_start", "sandbox_stop"}
 	for _, tr := range transports {
 		t.Run(tr.name, func(t *testing.T) {
 			cs := tr.connect(t, k)
@@ -275,6 +275,8 @@ func TestBadArguments(t *testing.T) {
 				{"file_write", map[string]any{"sandbox": sb, "path": "/workspace/x", "content": "!", "encoding": "base64"}, "not base64"},
 				{"preview_url", map[string]any{"sandbox": sb, "port": 70000}, "port 70000"},
 				{"process_signal", map[string]any{"sandbox": sb, "pid": p.PID, "signal": "NOPE"}, "NOPE"},
+				{"sandbox_stop", map[string]any{"sandbox": sb, "timeout_seconds": 601}, "timeout_seconds 601: want 0 to 600"},
+				{"sandbox_start", map[string]any{"sandbox": "no-such-sandbox"}, "no-such-sandbox"},
 			} {
 				res, err := cs.CallTool(t.Context(), &sdk.CallToolParams{Name: c.tool, Arguments: c.args})
 				if err != nil {
@@ -414,6 +416,23 @@ func TestSandboxes(t *testing.T) {
 	}
 	if l := call[mcp.ListOutput](t, cs, "sandbox_list", map[string]any{"label": []string{"task=fix-42"}}); len(l.Sandboxes) != 1 || l.Sandboxes[0].ID != other.ID {
 		t.Errorf("list by label: %+v", l)
+	}
+	// Stopped, its files stay and nothing runs in it; started, it runs on them.
+	call[mcp.FileOutput](t, cs, "file_write", map[string]any{"sandbox": other.ID, "path": "/workspace/kept", "content": "kept\n"})
+	if s := call[mcp.SandboxOutput](t, cs, "sandbox_stop", map[string]any{"sandbox": other.ID, "timeout_seconds": 0}); s.State != "stopped" || s.Reason != "stopped by request" {
+		t.Errorf("stopped: %+v", s)
+	}
+	if s := call[mcp.SandboxOutput](t, cs, "sandbox_stop", map[string]any{"sandbox": other.ID}); s.State != "stopped" {
+		t.Errorf("stopped again: %+v", s)
+	}
+	if res, err := cs.CallTool(t.Context(), &sdk.CallToolParams{Name: "exec", Arguments: map[string]any{"sandbox": other.ID, "command": "true"}}); err != nil || !res.IsError || !strings.Contains(textOf(res), "stopped") {
+		t.Errorf("exec in a stopped sandbox: %v %v", err, res)
+	}
+	if s := call[mcp.SandboxOutput](t, cs, "sandbox_start", map[string]any{"sandbox": other.ID}); s.State != "running" || s.ID != other.ID {
+		t.Errorf("started: %+v", s)
+	}
+	if r := call[mcp.ExecOutput](t, cs, "exec", map[string]any{"sandbox": other.ID, "command": "cat /workspace/kept"}); r.Stdout != "kept\n" {
+		t.Errorf("after the start: %+v", r)
 	}
 	call[mcp.DeleteOutput](t, cs, "sandbox_delete", map[string]any{"sandbox": other.ID})
 	if d := call[mcp.DeleteOutput](t, cs, "sandbox_delete", map[string]any{"sandbox": "agent-box"}); d.Deleted != created.ID {

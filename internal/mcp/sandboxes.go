@@ -85,6 +85,17 @@ type DeleteOutput struct {
 	Deleted string `json:"deleted"`
 }
 
+// StopSandboxInput is sandbox_stop's arguments.
+type StopSandboxInput struct {
+	Sandbox        string `json:"sandbox" jsonschema:"the sandbox's id or name"`
+	TimeoutSeconds *int64 `json:"timeout_seconds,omitempty" jsonschema:"seconds its processes have after SIGTERM before what is left is killed: 0 (at once) to 600, default 10"`
+}
+
+// StartSandboxInput is sandbox_start's arguments.
+type StartSandboxInput struct {
+	Sandbox string `json:"sandbox" jsonschema:"the sandbox's id or name"`
+}
+
 func (s *Server) addSandboxTools() {
 	mcp.AddTool(s.s, &mcp.Tool{
 		Name: "sandbox_create",
@@ -107,6 +118,20 @@ func (s *Server) addSandboxTools() {
 			"stays readable as resources unless remove_logs is true. Deleting cannot be undone.",
 		Annotations: &mcp.ToolAnnotations{DestructiveHint: ptr(true), IdempotentHint: true},
 	}, s.deleteSandbox)
+	mcp.AddTool(s.s, &mcp.Tool{
+		Name: "sandbox_stop",
+		Description: "Stop a sandbox: every process in it gets SIGTERM, and what still runs after timeout_seconds is killed. " +
+			"Its files (/workspace, and an image's root) and the output its processes captured stay; nothing runs in it, " +
+			"and exec and process_start are refused, until sandbox_start. A sandbox stopped already is left as it is.",
+		Annotations: &mcp.ToolAnnotations{DestructiveHint: ptr(true), IdempotentHint: true},
+	}, s.stopSandbox)
+	mcp.AddTool(s.s, &mcp.Tool{
+		Name: "sandbox_start",
+		Description: "Start a stopped sandbox again, whether sandbox_stop stopped it or it stopped by itself (its init command " +
+			"ended, it ran out of memory): it keeps its id, name, limits and files, and its init command, if it has one, runs " +
+			"again. A sandbox that runs already is left as it is.",
+		Annotations: &mcp.ToolAnnotations{DestructiveHint: ptr(false), IdempotentHint: true},
+	}, s.startSandbox)
 }
 
 func (s *Server) createSandbox(ctx context.Context, _ *mcp.CallToolRequest, in CreateInput) (*mcp.CallToolResult, SandboxOutput, error) {
@@ -177,6 +202,36 @@ func (s *Server) deleteSandbox(ctx context.Context, _ *mcp.CallToolRequest, in D
 		return nil, DeleteOutput{}, fmt.Errorf("sandbox_delete %s: %w", in.Sandbox, err)
 	}
 	return nil, DeleteOutput{Deleted: sb.ID}, nil
+}
+
+func (s *Server) stopSandbox(ctx context.Context, _ *mcp.CallToolRequest, in StopSandboxInput) (*mcp.CallToolResult, SandboxOutput, error) {
+	if in.Sandbox == "" {
+		return nil, SandboxOutput{}, errNoSandbox
+	}
+	var o client.StopOptions
+	if t := in.TimeoutSeconds; t != nil {
+		if *t < 0 || *t > 600 {
+			return nil, SandboxOutput{}, fmt.Errorf("timeout_seconds %d: want 0 to 600", *t)
+		}
+		d := time.Duration(*t) * time.Second
+		o.Timeout = &d
+	}
+	info, err := s.c.Handle(in.Sandbox).Stop(ctx, o)
+	if err != nil {
+		return nil, SandboxOutput{}, fmt.Errorf("sandbox_stop %s: %w", in.Sandbox, err)
+	}
+	return nil, sandboxOutput(info), nil
+}
+
+func (s *Server) startSandbox(ctx context.Context, _ *mcp.CallToolRequest, in StartSandboxInput) (*mcp.CallToolResult, SandboxOutput, error) {
+	if in.Sandbox == "" {
+		return nil, SandboxOutput{}, errNoSandbox
+	}
+	info, err := s.c.Handle(in.Sandbox).StartAgain(ctx)
+	if err != nil {
+		return nil, SandboxOutput{}, fmt.Errorf("sandbox_start %s: %w", in.Sandbox, err)
+	}
+	return nil, sandboxOutput(info), nil
 }
 
 func ptr[T any](v T) *T { return &v }

@@ -23,7 +23,8 @@ var hostDirs = []string{"usr", "etc", "bin", "lib", "lib64", "sbin"}
 
 // EachHostDir puts hostDirs in root: the same link where the host has a
 // symbolic link (a merged /usr's /bin), bind(host, target) for a
-// directory; one the host lacks is left out.
+// directory; one the host lacks is left out. A link root has already,
+// the same, is kept (a root made again, for a sandbox started again).
 func EachHostDir(root string, bind func(host, target string) error) error {
 	for _, d := range hostDirs {
 		host := "/" + d
@@ -38,7 +39,9 @@ func EachHostDir(root string, bind func(host, target string) error) error {
 				return err
 			}
 			if err := os.Symlink(link, target); err != nil {
-				return err
+				if had, rerr := os.Readlink(target); rerr != nil || had != link {
+					return err
+				}
 			}
 			continue
 		}

@@ -20,7 +20,8 @@ type Backend interface {
 	Name() string
 	// Create makes a sandbox and returns once its agent answers; on
 	// failure nothing of it is left running. Options.UIDBase is the
-	// backend's to choose.
+	// backend's to choose. With Options.Restart it starts a stopped
+	// sandbox of its own again, from that instance's files.
 	Create(ctx context.Context, o Options) (Instance, error)
 	// Adopt takes back a sandbox from the state its Instance gave, whether
 	// its agent still runs or not (Alive says): what it holds stays held
@@ -42,6 +43,13 @@ type Instance interface {
 	// End kills whatever is left once the agent is gone and frees the
 	// host resources that only a running sandbox needs.
 	End()
+	// Halt ends every process in the sandbox, then its agent, whose own
+	// shutdown ends their captured runs, and waits, bounded, until its
+	// agent has exited. Its files (its directory, writable layers and
+	// captured logs) and its uid range stay, for Destroy or for a Create
+	// that starts it again (Options.Restart); End, once the agent is gone,
+	// frees the rest.
+	Halt() error
 	// Destroy ends the sandbox and removes it, its captured logs (and the
 	// directory holding them) kept when keepLogs.
 	Destroy(keepLogs bool) error
@@ -161,17 +169,35 @@ func (n *Namespaces) Name() string { return RuntimeNamespaces }
 // Create implements Backend.
 func (n *Namespaces) Create(ctx context.Context, o Options) (Instance, error) {
 	o.Exe, o.Instance = n.Exe, n.Instance
-	var err error
-	if o.UIDBase, err = n.Ranges.Claim(o.ID); err != nil {
+	base, err := claimRange(n.Ranges, o)
+	if err != nil {
 		return nil, err
 	}
+	o.UIDBase = base
 	sb, err := Create(ctx, o)
 	if err != nil {
-		n.Ranges.Release(o.UIDBase, o.ID)
+		if o.Restart == nil {
+			n.Ranges.Release(o.UIDBase, o.ID)
+		}
 		return nil, err
 	}
 	sb.ranges = n.Ranges
 	return sb, nil
+}
+
+// claimRange gives the sandbox o makes its uid range: a new one, or the
+// one of the stopped instance it starts again from, which its files are
+// owned by (held until that sandbox is destroyed, whichever instance of it
+// runs).
+func claimRange(r *IDRanges, o Options) (int, error) {
+	if o.Restart == nil {
+		return r.Claim(o.ID)
+	}
+	prev := o.restarting()
+	if prev == nil || prev.ID != o.ID {
+		return 0, fmt.Errorf("sandbox: %s is started again from another sandbox's instance", o.ID)
+	}
+	return prev.UIDBase, r.Hold(prev.UIDBase, o.ID)
 }
 
 // Adopt implements Backend.

@@ -144,13 +144,62 @@ func (d *Disks) Settle() { d.bg.Wait() }
 // Release deletes the image of a disk Take returned. What still has it
 // mounted (the sandbox's mount namespace) keeps it until it ends.
 func (d *Disks) Release(image string) error {
-	if filepath.Dir(image) != d.dir || !strings.HasSuffix(image, ".img") {
-		return fmt.Errorf("sandbox: %s is not one of the disks", image)
+	if err := d.owns(image); err != nil {
+		return err
 	}
 	if err := os.Remove(image); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("sandbox: release disk: %w", err)
 	}
 	return nil
+}
+
+// Mount mounts again, detached, the disk of image, one Take returned
+// whose mount ended with its sandbox, for the sandbox started again: its
+// files are as the sandbox left them. The caller owns the mount. A disk
+// whose image still backs a loop device is refused: its filesystem may
+// still be mounted (its last sandbox not quite gone), and two mounts of
+// one ext4 filesystem through two devices would corrupt it.
+func (d *Disks) Mount(image string) (*os.File, error) {
+	if err := d.owns(image); err != nil {
+		return nil, err
+	}
+	if _, err := os.Stat(image); err != nil {
+		return nil, fmt.Errorf("sandbox: disk image: %w", err)
+	}
+	if dev := backedLoop(image); dev != "" {
+		return nil, fmt.Errorf("sandbox: disk %s is still attached to %s", filepath.Base(image), dev)
+	}
+	return mountDetached(image)
+}
+
+// owns checks that image is one of the disks' images.
+func (d *Disks) owns(image string) error {
+	if filepath.Dir(image) != d.dir || !strings.HasSuffix(image, ".img") || strings.HasPrefix(filepath.Base(image), "template-") {
+		return fmt.Errorf("sandbox: %s is not one of the disks", image)
+	}
+	return nil
+}
+
+// backedLoop is the loop device whose backing file is image, or "". (The
+// kernel names the file by its absolute path, links resolved.)
+func backedLoop(image string) string {
+	if abs, err := filepath.Abs(image); err == nil {
+		image = abs
+	}
+	if real, err := filepath.EvalSymlinks(image); err == nil {
+		image = real
+	}
+	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue // detached meanwhile
+		}
+		if strings.TrimSuffix(strings.TrimSpace(string(b)), " (deleted)") == image {
+			return "/dev/" + filepath.Base(filepath.Dir(filepath.Dir(f)))
+		}
+	}
+	return ""
 }
 
 // Close releases the spare disks, once no refill runs; the disks taken

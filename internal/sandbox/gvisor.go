@@ -191,6 +191,16 @@ func (s *guestSandbox) forget() error {
 	return errors.Join(errs...)
 }
 
+// Halt implements Instance: the agent's own shutdown first, runsc
+// passing the signal to the container's init, then whatever is left of
+// the runtime is killed with the cgroup. (Its processes cannot be killed
+// apart from it, as a namespace sandbox's are: they live in gVisor's
+// kernel, in runsc's host processes.)
+func (s *guestSandbox) Halt() error {
+	s.await(stopTimeout, func(int) error { return s.runsc("kill", s.Container, "TERM") })
+	return s.killAll()
+}
+
 // Destroy implements Instance.
 func (s *guestSandbox) Destroy(keepLogs bool) error {
 	// The agent's own shutdown first, so captured runs end with their
@@ -308,7 +318,7 @@ func (g *GVisor) spec(o Options, workspace, root, netns string) (*specs.Spec, er
 	r := &specs.Root{Path: root}
 	if root == "" {
 		r = &specs.Root{Path: filepath.Join(o.Dir, rootName), Readonly: true}
-		binds, err := hostRoot(r.Path, filepath.Join(o.Dir, "etc"), o.Hostname, o.Resolvers)
+		binds, err := hostRoot(r.Path, filepath.Join(o.Dir, "etc"), o.Hostname, o.Resolvers, o.Restart != nil)
 		if err != nil {
 			return nil, err
 		}
@@ -342,15 +352,17 @@ func (g *GVisor) spec(o Options, workspace, root, netns string) (*specs.Spec, er
 // hostRoot makes, in the empty directory root, the mount points of a root
 // built from the host's system directories, and in etc the sandbox's own
 // /etc files; it returns the binds (host path, path inside) that fill
-// it.
-func hostRoot(root, etc, hostname string, resolvers []string) ([][2]string, error) {
-	if err := os.Mkdir(root, 0o755); err != nil {
+// it. again (a sandbox started again) finds them made by its earlier
+// start, and makes what is missing, the /etc files afresh.
+func hostRoot(root, etc, hostname string, resolvers []string, again bool) ([][2]string, error) {
+	if _, err := mkdir(root, 0o755, again); err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
 	var binds [][2]string
 	err := rootfs.EachHostDir(root, func(host, target string) error {
 		binds = append(binds, [2]string{host, host})
-		return os.Mkdir(target, 0o755)
+		_, err := mkdir(target, 0o755, again)
+		return err
 	})
 	if err != nil {
 		return nil, err
@@ -361,14 +373,14 @@ func hostRoot(root, etc, hostname string, resolvers []string) ([][2]string, erro
 		}
 	}
 	for _, d := range []string{handoff.GuestLogs, handoff.GuestSock} {
-		if err := os.Mkdir(filepath.Join(root, handoff.GuestDir, d), 0o700); err != nil {
+		if _, err := mkdir(filepath.Join(root, handoff.GuestDir, d), 0o700, again); err != nil {
 			return nil, err
 		}
 	}
 	if err := os.WriteFile(filepath.Join(root, handoff.GuestDir, guestAgentName), nil, 0o500); err != nil {
 		return nil, err
 	}
-	if err := os.Mkdir(etc, 0o755); err != nil {
+	if _, err := mkdir(etc, 0o755, again); err != nil {
 		return nil, err
 	}
 	for _, f := range rootfs.EtcFiles(hostname, resolvers) {

@@ -38,11 +38,13 @@ func (g *GVisor) Create(ctx context.Context, o Options) (_ Instance, err error) 
 		return nil, err
 	}
 	defer s.end(&err)
-	if o.UIDBase, err = g.Ranges.Claim(o.ID); err != nil {
+	if o.UIDBase, err = claimRange(g.Ranges, o); err != nil {
 		return nil, err
 	}
 	s.o.UIDBase = o.UIDBase
-	s.onFailure(func() { g.Ranges.Release(o.UIDBase, o.ID) })
+	if o.Restart == nil {
+		s.onFailure(func() { g.Ranges.Release(o.UIDBase, o.ID) })
+	}
 	sb := &guestSandbox{Sandbox: Sandbox{ID: o.ID, Dir: o.Dir, UIDBase: o.UIDBase, EndOnOOM: true, ranges: g.Ranges}, Container: "kiln-" + o.ID, Root: g.Root, g: g}
 	workspace, overlay, err := g.root(s, sb, lowers)
 	if err != nil {
@@ -109,10 +111,11 @@ func (g *GVisor) staticForImages() error {
 // runsc makes (it makes them in the root it is given: never in the image).
 func (g *GVisor) root(s *startup, sb *guestSandbox, lowers []string) (workspace, overlay string, err error) {
 	o := s.o
+	again := o.Restart != nil
 	layers := o.Dir
 	if o.Disk != nil {
 		sb.DiskMount = filepath.Join(o.Dir, diskName)
-		if err := os.Mkdir(sb.DiskMount, 0o700); err != nil {
+		if _, err := mkdir(sb.DiskMount, 0o700, again); err != nil {
 			return "", "", fmt.Errorf("sandbox: %w", err)
 		}
 		if err := unix.MoveMount(int(o.Disk.Fd()), "", unix.AT_FDCWD, sb.DiskMount, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
@@ -123,12 +126,17 @@ func (g *GVisor) root(s *startup, sb *guestSandbox, lowers []string) (workspace,
 	}
 	// The sandbox's root owns its workspace: its processes are the host
 	// users of its range, through gVisor's file server too.
+	// (A sandbox started again has it from its earlier start, as its
+	// processes left it.)
 	workspace = filepath.Join(layers, WorkspaceName)
-	if err := os.Mkdir(workspace, 0o755); err != nil {
+	made, err := mkdir(workspace, 0o755, again)
+	if err != nil {
 		return "", "", fmt.Errorf("sandbox: workspace: %w", err)
 	}
-	if err := os.Chown(workspace, o.UIDBase, o.UIDBase); err != nil {
-		return "", "", fmt.Errorf("sandbox: workspace: %w", err)
+	if made {
+		if err := os.Chown(workspace, o.UIDBase, o.UIDBase); err != nil {
+			return "", "", fmt.Errorf("sandbox: workspace: %w", err)
+		}
 	}
 	if len(lowers) == 0 {
 		return workspace, "root:memory", nil
@@ -153,9 +161,10 @@ func (g *GVisor) mountImage(s *startup, sb *guestSandbox, lowers []string, layer
 			t.Close()
 		}
 	}()
+	again := o.Restart != nil
 	for i, tree := range trees {
 		m := filepath.Join(o.Dir, lowerName(i))
-		err := os.Mkdir(m, 0o755)
+		_, err := mkdir(m, 0o755, again)
 		if err == nil {
 			err = unix.MoveMount(int(tree.Fd()), "", unix.AT_FDCWD, m, unix.MOVE_MOUNT_F_EMPTY_PATH)
 		}
@@ -170,17 +179,22 @@ func (g *GVisor) mountImage(s *startup, sb *guestSandbox, lowers []string, layer
 		s.onFailure(func() { unix.Unmount(m, unix.MNT_DETACH) })
 	}
 	upper, work := filepath.Join(layers, "upper"), filepath.Join(layers, "work")
-	for _, d := range []string{upper, work} {
-		if err := os.Mkdir(d, 0o755); err != nil {
+	made, err := mkdir(upper, 0o755, again)
+	if err == nil {
+		_, err = mkdir(work, 0o755, again)
+	}
+	if err != nil {
+		return fmt.Errorf("sandbox: upper layer: %w", err)
+	}
+	// The merged root is the upper layer's: the sandbox's root owns it
+	// (a sandbox started again has it as its processes left it).
+	if made {
+		if err := os.Chown(upper, o.UIDBase, o.UIDBase); err != nil {
 			return fmt.Errorf("sandbox: upper layer: %w", err)
 		}
 	}
-	// The merged root is the upper layer's: the sandbox's root owns it.
-	if err := os.Chown(upper, o.UIDBase, o.UIDBase); err != nil {
-		return fmt.Errorf("sandbox: upper layer: %w", err)
-	}
 	sb.RootMount = filepath.Join(o.Dir, rootName)
-	if err := os.Mkdir(sb.RootMount, 0o755); err != nil {
+	if _, err := mkdir(sb.RootMount, 0o755, again); err != nil {
 		return fmt.Errorf("sandbox: %w", err)
 	}
 	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", strings.Join(append([]string{sb.ImageMount}, sb.LayerMounts...), ":"), upper, work)
@@ -196,6 +210,12 @@ func (g *GVisor) mountImage(s *startup, sb *guestSandbox, lowers []string, layer
 func (g *GVisor) network(s *startup, sb *guestSandbox) error {
 	o := s.o
 	sb.NetNS = filepath.Join(o.Dir, netnsName)
+	if o.Restart != nil {
+		// The earlier start's bind mount point, unmounted as it ended.
+		if err := os.Remove(sb.NetNS); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("sandbox: %w", err)
+		}
+	}
 	if err := newNetns(sb.NetNS); err != nil {
 		return fmt.Errorf("sandbox: %w", err)
 	}

@@ -6,6 +6,7 @@ package sandbox
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -65,15 +66,20 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 // where they are in cfg: on the sandbox's disk, which the agent mounts
 // where it finds them (in its own mount namespace only), or in its
 // directory. The sandbox's root owns them.
+//
+// A sandbox started again (Options.Restart) has them from its earlier
+// start, with what its processes wrote and the owners and modes they
+// left: they are taken as they are.
 func writableLayers(o Options, cfg *handoff.AgentConfig) error {
 	layers := o.Dir
-	mkdir := func(name string, mode uint32, owner int) error {
+	again := o.Restart != nil
+	mkdirOwned := func(name string, mode uint32, owner int) error {
 		path := filepath.Join(o.Dir, name)
-		err := os.Mkdir(path, os.FileMode(mode))
-		if err == nil {
+		made, err := mkdir(path, os.FileMode(mode), again)
+		if made {
 			err = os.Chown(path, owner, owner)
 		}
-		if err == nil {
+		if made && err == nil {
 			err = os.Chmod(path, os.FileMode(mode)) // whatever the umask
 		}
 		return err
@@ -81,12 +87,18 @@ func writableLayers(o Options, cfg *handoff.AgentConfig) error {
 	if o.Disk != nil {
 		cfg.Disk = filepath.Join(o.Dir, diskName)
 		layers = cfg.Disk
-		if err := os.Mkdir(cfg.Disk, 0o700); err != nil {
+		if _, err := mkdir(cfg.Disk, 0o700, again); err != nil {
 			return fmt.Errorf("sandbox: %w", err)
 		}
-		mkdir = func(name string, mode uint32, owner int) error {
+		mkdirOwned = func(name string, mode uint32, owner int) error {
 			fd := int(o.Disk.Fd())
 			err := unix.Mkdirat(fd, name, mode)
+			if again && errors.Is(err, unix.EEXIST) {
+				var st unix.Stat_t
+				if err := unix.Fstatat(fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR {
+					return nil
+				}
+			}
 			if err == nil {
 				err = unix.Fchownat(fd, name, owner, owner, 0)
 			}
@@ -97,7 +109,7 @@ func writableLayers(o Options, cfg *handoff.AgentConfig) error {
 		}
 	}
 	cfg.Workspace = filepath.Join(layers, WorkspaceName)
-	if err := mkdir(WorkspaceName, 0o755, o.UIDBase); err != nil {
+	if err := mkdirOwned(WorkspaceName, 0o755, o.UIDBase); err != nil {
 		return fmt.Errorf("sandbox: workspace: %w", err)
 	}
 	lowers, err := o.lowers()
@@ -107,16 +119,16 @@ func writableLayers(o Options, cfg *handoff.AgentConfig) error {
 	cfg.Rootfs, cfg.Layers = lowers[0], lowers
 	for i := range lowers {
 		cfg.Lowers = append(cfg.Lowers, filepath.Join(o.Dir, lowerName(i)))
-		if err := os.Mkdir(cfg.Lowers[i], 0o755); err != nil {
+		if _, err := mkdir(cfg.Lowers[i], 0o755, again); err != nil {
 			return fmt.Errorf("sandbox: %w", err)
 		}
 	}
 	cfg.Upper, cfg.Work = filepath.Join(layers, "upper"), filepath.Join(layers, "work")
 	// The merged root is the upper layer's: the sandbox's root owns it.
-	if err := mkdir("upper", 0o755, o.UIDBase); err != nil {
+	if err := mkdirOwned("upper", 0o755, o.UIDBase); err != nil {
 		return fmt.Errorf("sandbox: upper layer: %w", err)
 	}
-	if err := mkdir("work", 0o755, 0); err != nil {
+	if err := mkdirOwned("work", 0o755, 0); err != nil {
 		return fmt.Errorf("sandbox: upper layer: %w", err)
 	}
 	return nil

@@ -110,7 +110,25 @@ type Options struct {
 	// name servers of its resolv.conf.
 	Network   func(nsPath string) error
 	Resolvers []string
+	// Restart, when set, is the stopped instance (Halt, then End) of the
+	// same sandbox that this one starts again from: Dir is its directory,
+	// whose files are taken as they are (its captured logs, and its
+	// writable layers there or on Disk, a disk of its image mounted
+	// again), and its uid range, which owns those files, is this one's.
+	Restart Instance
 }
+
+// restarting is the stopped instance o starts again from, or nil for a
+// new sandbox.
+func (o Options) restarting() *Sandbox {
+	if r, ok := o.Restart.(interface{ base() *Sandbox }); ok {
+		return r.base()
+	}
+	return nil
+}
+
+// base is the part of an instance every backend's shares.
+func (s *Sandbox) base() *Sandbox { return s }
 
 // DefaultUIDBase is the host uid a sandbox's root maps to unless told
 // otherwise; kilnd gives each sandbox a range of its own from there.
@@ -451,6 +469,40 @@ func (s *Sandbox) Destroy(keepLogs bool) error {
 // killTimeout bounds the wait for a sandbox's processes to be gone once
 // they are killed.
 const killTimeout = 10 * time.Second
+
+// Halt implements Instance: the sandbox's processes are killed at once,
+// the agent left running to see them end (as Destroy does, and for the
+// same reason), then the agent shuts down, and whatever is left, the
+// agent too, is killed with the cgroup.
+func (s *Sandbox) Halt() error {
+	var errs []error
+	if s.Cgroups != nil {
+		if err := s.Cgroups.KillProcs(killTimeout); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	s.stop(stopTimeout)
+	return errors.Join(append(errs, s.killAll())...)
+}
+
+// killAll kills whatever is left in the sandbox's cgroups, and waits,
+// bounded, until this kilnd has reaped the agent it started.
+func (s *Sandbox) killAll() error {
+	var errs []error
+	if s.Cgroups != nil {
+		if err := s.Cgroups.Kill(killTimeout); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if s.reaped != nil {
+		select {
+		case <-s.reaped:
+		case <-time.After(killTimeout):
+			errs = append(errs, fmt.Errorf("sandbox: the agent %d was not reaped", s.PID))
+		}
+	}
+	return errors.Join(errs...)
+}
 
 // remove kills whatever is left in the sandbox, calls forget (if set)
 // once nothing runs, and removes its cgroups and files, the logs kept

@@ -1,12 +1,15 @@
 package sandbox
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sandkiln/sandkiln/internal/handoff"
 )
 
 // startup is what the two backends' Create share of a sandbox's start-up:
@@ -21,18 +24,47 @@ type startup struct {
 	undo []func()
 }
 
-// begin makes the sandbox's directory, and in it the directories names.
+// begin makes the sandbox's directory, and in it the directories names;
+// a sandbox started again (Options.Restart) has them from its first
+// start. What the earlier agent left that would stand in the new one's
+// way goes: its API socket, and its init command's exit.
 func begin(o Options, names ...string) (*startup, error) {
-	if err := os.Mkdir(o.Dir, 0o700); err != nil {
+	again := o.Restart != nil
+	if _, err := mkdir(o.Dir, 0o700, again); err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
 	s := &startup{o: o}
 	for _, d := range names {
-		if err := os.Mkdir(filepath.Join(o.Dir, d), 0o700); err != nil {
+		if _, err := mkdir(filepath.Join(o.Dir, d), 0o700, again); err != nil {
 			return nil, fmt.Errorf("sandbox: %w", err)
 		}
 	}
+	if again {
+		for _, dir := range append([]string{""}, names...) {
+			sock := filepath.Join(o.Dir, dir, SocketName)
+			if err := os.Remove(sock); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return nil, fmt.Errorf("sandbox: the earlier agent's socket: %w", err)
+			}
+		}
+		// The init command's exit is the new agent's to record.
+		if err := os.Remove(filepath.Join(o.Dir, LogsName, handoff.InitExitName)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("sandbox: the earlier init command's exit: %w", err)
+		}
+	}
 	return s, nil
+}
+
+// mkdir makes directory path with mode; again (a sandbox started again,
+// Options.Restart), a directory there already, made by its earlier start,
+// is taken as it is, and made says which. A symbolic link is never taken.
+func mkdir(path string, mode os.FileMode, again bool) (made bool, err error) {
+	err = os.Mkdir(path, mode)
+	if again && errors.Is(err, os.ErrExist) {
+		if fi, lerr := os.Lstat(path); lerr == nil && fi.IsDir() {
+			return false, nil
+		}
+	}
+	return err == nil, err
 }
 
 // onFailure adds f to what is undone if the start fails.

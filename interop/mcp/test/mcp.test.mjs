@@ -28,7 +28,7 @@ function kilnBinary() {
 
 const TOOLS = [
   "exec", "file_list", "file_read", "file_write", "preview_url", "process_output", "process_signal",
-  "process_start", "process_write_stdin", "sandbox_create", "sandbox_delete", "sandbox_list",
+  "process_start", "process_write_stdin", "sandbox_create", "sandbox_delete", "sandbox_list", "sandbox_start", "sandbox_stop",
 ];
 
 let kilnd;

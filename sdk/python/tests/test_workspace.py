@@ -528,3 +528,38 @@ def test_names_and_lifecycle(client: sandkiln.Client) -> None:
         sid = scoped.id
     assert all(s["id"] != sid for s in client.sandboxes.list()), "the with block's end destroys it"
     assert time.monotonic() - t0 < 170
+
+
+def test_stop_start_restart(client: sandkiln.Client) -> None:
+    with client.sandboxes.create() as sb:
+        sb.files.write("/workspace/kept", b"kept\n")
+        stopped = sb.stop(timeout_seconds=0)
+        assert stopped["state"] == "stopped" and stopped["reason"] == "stopped by request"
+        assert sb.info["state"] == "stopped"
+        again = sb.stop()  # stopped already: kilnd answers 304, and it is described
+        assert again["state"] == "stopped" and again["stopped_at"] == stopped["stopped_at"]
+        with fails("FAILED_PRECONDITION"):
+            sb.exec(sh("true"))
+        started = sb.start()
+        assert started["state"] == "running" and started["id"] == sb.id
+        assert started.get("agent_pid", 0) > 0
+        assert sb.files.read_text("/workspace/kept") == "kept\n"
+        assert sb.start()["agent_pid"] == started["agent_pid"]
+        restarted = sb.restart(timeout_seconds=1)
+        assert restarted["state"] == "running" and restarted["agent_pid"] != started["agent_pid"]
+        assert sb.files.read_text("/workspace/kept") == "kept\n"
+        for bad in (-1, 601, 1.5, True):
+            with fails("INVALID_ARGUMENT"):
+                sb.stop(timeout_seconds=bad)  # type: ignore[arg-type]
+        assert sb.refresh()["state"] == "running"
+
+
+def test_async_stop_start(env: Env) -> None:
+    async def go() -> None:
+        async with sandkiln.AsyncClient(env.kilnd.url, env.kilnd.token) as c:
+            async with c.sandboxes.create() as sb:
+                assert (await sb.stop(timeout_seconds=0))["state"] == "stopped"
+                assert (await sb.start())["state"] == "running"
+                assert (await sb.restart(timeout_seconds=0))["state"] == "running"
+                assert (await sb.exec(sh("echo up"))).stdout == "up\n"
+    arun(go())

@@ -2,7 +2,7 @@
 // terminals, exec, files, previews.
 
 import { SandkilnError } from "./errors.js";
-import { message, Transport } from "./http.js";
+import { CONTROL_TIMEOUT_MS, message, Transport } from "./http.js";
 import { checkOptions, checkSignal, noMore, SIGNAL_ONLY } from "./options.js";
 import {
   checkSize,
@@ -38,7 +38,7 @@ export interface EventOptions extends SignalOptions {
   after?: number;
   /** One sandbox's events, by its id. */
   sandbox?: string;
-  type?: "sandbox.created" | "sandbox.stopped" | "sandbox.deleted";
+  type?: "sandbox.created" | "sandbox.started" | "sandbox.stopped" | "sandbox.deleted";
   /** false: the events kilnd holds, then the end. */
   follow?: boolean;
 }
@@ -225,6 +225,19 @@ export class Sandboxes {
   }
 }
 
+/** kilnd's stop timeout when a stop does not say, and the longest it takes. */
+const DEFAULT_STOP_TIMEOUT_SECONDS = 10;
+const MAX_STOP_TIMEOUT_SECONDS = 600;
+
+/** A stop's timeoutSeconds, checked before anything is sent. */
+function stopTimeout(seconds: number | undefined, what: string): number | undefined {
+  if (seconds === undefined) return undefined;
+  if (!Number.isInteger(seconds) || seconds < 0 || seconds > MAX_STOP_TIMEOUT_SECONDS) {
+    throw new SandkilnError("INVALID_ARGUMENT", `${what}: timeoutSeconds ${seconds}: want whole seconds from 0 to ${MAX_STOP_TIMEOUT_SECONDS}`);
+  }
+  return seconds;
+}
+
 /** A handle on a sandbox. */
 export class Sandbox implements HandleOwner {
   readonly id: string;
@@ -303,6 +316,68 @@ export class Sandbox implements HandleOwner {
   /** Its CPU, memory and pids figures, read from its cgroups now; a sandbox that does not run is FAILED_PRECONDITION. */
   async stats(options: SignalOptions = {}): Promise<SandboxStats> {
     return this.transport.call<SandboxStats>("GET", this.path("/stats"), { idempotent: true, signal: options.signal });
+  }
+
+  /**
+   * Stops the sandbox, as docker stop does: each process's group gets
+   * SIGTERM, and what has not exited after timeoutSeconds (0 to 600,
+   * default 10; 0 kills at once) is killed. Its files, record and captured
+   * logs stay, and start() runs it again. Resolves to its description,
+   * stopped (kept in info); one stopped already is left as it is (kilnd
+   * answers 304 Not Modified) and described as it is.
+   */
+  async stop(options: { timeoutSeconds?: number } & SignalOptions = {}, ...extra: never[]): Promise<SandboxInfo> {
+    noMore(extra, "stop()");
+    checkOptions(options, ["timeoutSeconds", "signal"], "stop()");
+    return this.change("stop", stopTimeout(options.timeoutSeconds, "stop()"), true, options.signal);
+  }
+
+  /**
+   * Starts a stopped sandbox again, as docker start does: a new instance of
+   * it runs its init command again on its files as they were, with its
+   * id, name, labels, limits and network policy. Resolves to its
+   * description, running (kept in info); one that runs already is left as
+   * it is (kilnd answers 304 Not Modified). A sandbox past its ttl, which
+   * counts from its creation, is FAILED_PRECONDITION.
+   */
+  async start(options: SignalOptions = {}, ...extra: never[]): Promise<SandboxInfo> {
+    noMore(extra, "start()");
+    checkOptions(options, ["signal"], "start()");
+    return this.change("start", undefined, true, options.signal);
+  }
+
+  /**
+   * Stops the sandbox if it runs (stop(), with timeoutSeconds) and starts
+   * it again, as docker restart does. Resolves to its description,
+   * running. A lost answer is OUTCOME_UNKNOWN: it may have restarted.
+   */
+  async restart(options: { timeoutSeconds?: number } & SignalOptions = {}, ...extra: never[]): Promise<SandboxInfo> {
+    noMore(extra, "restart()");
+    checkOptions(options, ["timeoutSeconds", "signal"], "restart()");
+    return this.change("restart", stopTimeout(options.timeoutSeconds, "restart()"), false, options.signal);
+  }
+
+  /** A stop, start or restart (verb): its answer, or after a 304 the sandbox as it is. */
+  private async change(verb: string, timeout: number | undefined, idempotent: boolean, signal: AbortSignal | undefined): Promise<SandboxInfo> {
+    checkSignal(signal, `${verb}()`);
+    const resp = await this.transport.fetch("POST", this.path("/" + verb), {
+      query: { timeout },
+      idempotent,
+      signal,
+      // kilnd answers once the stop's grace is over, at the latest.
+      timeoutMs: CONTROL_TIMEOUT_MS + (timeout ?? DEFAULT_STOP_TIMEOUT_SECONDS) * 1000,
+      isError: (r) => r.status >= 300 && r.status !== 304,
+    });
+    if (resp.status === 304) return this.refresh({ signal });
+    try {
+      this.info = (await resp.json()) as SandboxInfo;
+    } catch (err) {
+      if (!idempotent) {
+        throw new SandkilnError("OUTCOME_UNKNOWN", `POST ${this.path("/" + verb)}: reading the answer: ${String(err)}`, { cause: err });
+      }
+      throw new SandkilnError("UNAVAILABLE", `POST ${this.path("/" + verb)}: reading the answer: ${String(err)}`, { cause: err });
+    }
+    return this.info;
   }
 
   /**

@@ -23,6 +23,8 @@ export interface CallOptions {
   signal?: AbortSignal | undefined;
   /** No local timeout (waits, downloads); the caller's signal alone ends it. */
   unbounded?: boolean;
+  /** The local timeout, when not CONTROL_TIMEOUT_MS: a call kilnd answers later by design (a stop's grace). */
+  timeoutMs?: number;
   /** Extra headers. */
   headers?: Record<string, string>;
   /** Which answers are kilnd's errors (default: a status of 300 or more). */
@@ -71,7 +73,7 @@ export class Transport {
     }
     const signals: AbortSignal[] = [];
     if (o.signal) signals.push(o.signal);
-    const timeout = o.unbounded ? undefined : AbortSignal.timeout(CONTROL_TIMEOUT_MS);
+    const timeout = o.unbounded ? undefined : AbortSignal.timeout(o.timeoutMs ?? CONTROL_TIMEOUT_MS);
     if (timeout) signals.push(timeout);
     const headers: Record<string, string> = { ...o.headers };
     if (this.token) headers["Authorization"] = "Bearer " + this.token;
@@ -128,7 +130,7 @@ export class Transport {
       });
     }
     if (!o.idempotent && !refused) {
-      const why = timeout?.aborted ? `no answer within ${CONTROL_TIMEOUT_MS / 1000} s` : "the answer was lost";
+      const why = timeout?.aborted ? `no answer within ${(o.timeoutMs ?? CONTROL_TIMEOUT_MS) / 1000} s` : "the answer was lost";
       return new SandkilnError("OUTCOME_UNKNOWN", `${what}: ${why}; it may or may not have taken effect`, { cause: err });
     }
     return new SandkilnError("UNAVAILABLE", `${what}: kilnd at ${this.base} did not answer: ${message(err)}`, { cause: err });

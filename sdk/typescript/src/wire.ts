@@ -174,6 +174,75 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/sandboxes/{id}/stop": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                id: components["parameters"]["SandboxID"];
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * stop a sandbox, as docker stop does; its files, record and captured logs stay, for a start
+         * @description Each process's group gets SIGTERM; once all have exited, or the timeout has passed, everything left in the sandbox is killed (its agent too, which ends their captured runs first); a sandbox with an init command ends as soon as that command exits, as a container ends with its main process. The sandbox is then stopped, reason "stopped by request", with its init command's exit if it had one, and a sandbox.stopped event. What it holds while it runs (its processes, cgroups, network link, its disk's mount) is released; what it is made of stays: id, name, labels, hostname, limits, network policy, image, init command, its files (/workspace and, with an image, the root's writes; /tmp and /root are memory, and go) and captured logs, readable as ever. From the moment the stop is taken no other call reaches it (412). A sandbox stopped already is answered 304, as Docker answers, and nothing is done. A delete during the stop cuts the timeout short.
+         */
+        post: operations["stopSandbox"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/sandboxes/{id}/start": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                id: components["parameters"]["SandboxID"];
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * start a stopped sandbox again, as docker start does; its init command runs again
+         * @description A new instance of the sandbox is made by its runtime from its record (its image or root filesystem, limits, hostname, network policy, init command), on its files as its last instance left them, its disk mounted again; it answers once its agent does, running, with a sandbox.started event. It keeps its id, name, labels and captured logs, and its creation: a ttl counts from it, and a sandbox past its ttl is not started (412), while its idle timeout counts from the start. Its network, if it has one, has the same policy and may have another address. A sandbox that stopped by itself (its init command ended, out of memory, a host reboot) starts as one that was stopped does. One that runs already is answered 304, as Docker answers, and nothing is done. Its image must still be kept (an image is not removed while a sandbox not deleted was made from it), else 412; a failure of the host's is 503, the sandbox left stopped.
+         */
+        post: operations["startSandbox"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/sandboxes/{id}/restart": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                id: components["parameters"]["SandboxID"];
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * stop a sandbox if it runs, then start it, as docker restart does
+         * @description A stop (with its timeout), then a start, each as its own operation describes, with their events; a sandbox stopped already is started. It always answers the sandbox running, or the error that kept it from running.
+         */
+        post: operations["restartSandbox"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/sandboxes/{id}/stats": {
         parameters: {
             query?: never;
@@ -1076,7 +1145,7 @@ export interface components {
             labels?: {
                 [key: string]: string;
             };
-            /** @description why it stopped */
+            /** @description why it stopped: stopped by request, its init command's exit, out of memory, … */
             reason?: string;
             /** @description its agent's process ID on the host, while it runs */
             agent_pid?: number;
@@ -1236,8 +1305,11 @@ export interface components {
             seq: number;
             /** Format: date-time */
             time: string;
-            /** @enum {string} */
-            type: "sandbox.created" | "sandbox.stopped" | "sandbox.deleted" | "process.started" | "process.exited" | "gap";
+            /**
+             * @description sandbox.started: a stopped sandbox started again (its creation is sandbox.created alone)
+             * @enum {string}
+             */
+            type: "sandbox.created" | "sandbox.started" | "sandbox.stopped" | "sandbox.deleted" | "process.started" | "process.exited" | "gap";
             /** @description the sandbox's id */
             sandbox?: string;
             name?: string;
@@ -1631,6 +1703,114 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+        };
+    };
+    stopSandbox: {
+        parameters: {
+            query?: {
+                /** @description seconds from SIGTERM to the kill of what is left (docker stop -t); 0 kills at once */
+                timeout?: number;
+            };
+            header?: never;
+            path: {
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                id: components["parameters"]["SandboxID"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the sandbox, stopped */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Sandbox"];
+                };
+            };
+            /** @description it was stopped already: nothing was done (no body) */
+            304: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            400: components["responses"]["Error"];
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
+    startSandbox: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                id: components["parameters"]["SandboxID"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the sandbox, running */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Sandbox"];
+                };
+            };
+            /** @description it runs already: nothing was done (no body) */
+            304: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            400: components["responses"]["Error"];
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            412: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+            507: components["responses"]["Error"];
+        };
+    };
+    restartSandbox: {
+        parameters: {
+            query?: {
+                /** @description the stop's seconds from SIGTERM to the kill of what is left */
+                timeout?: number;
+            };
+            header?: never;
+            path: {
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                id: components["parameters"]["SandboxID"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the sandbox, running */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Sandbox"];
+                };
+            };
+            400: components["responses"]["Error"];
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            412: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+            507: components["responses"]["Error"];
         };
     };
     getSandboxStats: {
@@ -2687,7 +2867,7 @@ export interface operations {
                 epoch?: string;
                 /** @description one sandbox's events, by its id */
                 sandbox?: string;
-                type?: "sandbox.created" | "sandbox.stopped" | "sandbox.deleted" | "process.started" | "process.exited";
+                type?: "sandbox.created" | "sandbox.started" | "sandbox.stopped" | "sandbox.deleted" | "process.started" | "process.exited";
                 /** @description false: the events held, then the end */
                 follow?: boolean;
             };

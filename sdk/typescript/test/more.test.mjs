@@ -193,6 +193,36 @@ test("stats: a running sandbox's figures", async () => {
   await rejects(other.stats(), "NOT_FOUND");
 });
 
+test("stop, start, restart: files kept, processes refused while stopped, 304s described, a bad timeout refused here", async () => {
+  const sb = await client.sandboxes.create();
+  try {
+    await sb.files.write("/workspace/kept", "kept\n");
+    const stopped = await sb.stop({ timeoutSeconds: 0 });
+    assert.equal(stopped.state, "stopped");
+    assert.equal(stopped.reason, "stopped by request");
+    assert.equal(sb.info.state, "stopped");
+    const again = await sb.stop();
+    assert.equal(again.state, "stopped");
+    assert.equal(again.stopped_at, stopped.stopped_at);
+    await rejects(sb.exec({ command: sh("true") }), "FAILED_PRECONDITION");
+    const started = await sb.start();
+    assert.equal(started.state, "running");
+    assert.equal(started.id, sb.id);
+    assert.ok(started.agent_pid > 0 && started.agent_pid !== stopped.agent_pid, `agent_pid ${started.agent_pid}`);
+    assert.equal(await sb.files.readText("/workspace/kept"), "kept\n");
+    assert.equal((await sb.start()).agent_pid, started.agent_pid);
+    const restarted = await sb.restart({ timeoutSeconds: 1 });
+    assert.equal(restarted.state, "running");
+    assert.notEqual(restarted.agent_pid, started.agent_pid);
+    assert.equal(await sb.files.readText("/workspace/kept"), "kept\n");
+    for (const bad of [-1, 601, 1.5]) {
+      await rejects(sb.stop({ timeoutSeconds: bad }), "INVALID_ARGUMENT");
+    }
+  } finally {
+    await sb.destroy({ removeLogs: true });
+  }
+});
+
 /** A record's bytes as written: its content, and the newline that ended it unless it is partial. */
 function recordBytes(r) {
   const content = r.base64 !== undefined ? Uint8Array.from(atob(r.base64), (c) => c.charCodeAt(0)) : enc(r.text ?? "");

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import inspect
+import json as jsonlib
 import os
 import re
 import time
@@ -48,6 +49,21 @@ T = TypeVar("T")
 
 # The longest deadline an exec takes: kilnd's bound on timeout_ms.
 MAX_DEADLINE_SECONDS = 7 * 24 * 60 * 60
+
+# A stop's timeout when it does not say (kilnd's), and the longest kilnd
+# takes.
+DEFAULT_STOP_TIMEOUT = 10
+MAX_STOP_TIMEOUT = 600
+
+
+def _stop_timeout(seconds: int | None, what: str) -> int | None:
+    """A stop's timeout_seconds, checked before anything is sent."""
+    if seconds is None:
+        return None
+    if isinstance(seconds, bool) or not isinstance(seconds, int) or not 0 <= seconds <= MAX_STOP_TIMEOUT:
+        raise error("INVALID_ARGUMENT", f"{what}: timeout_seconds {seconds!r}: want whole seconds from 0 to {MAX_STOP_TIMEOUT}")
+    return seconds
+
 
 OutputCallback = Callable[[TextChunk], "Awaitable[object] | object"]
 
@@ -328,6 +344,48 @@ class AsyncSandbox:
         """Its CPU, memory and pids figures, read from its cgroups now; a
         sandbox that does not run is FAILED_PRECONDITION."""
         return cast(SandboxStats, await self._t.call("GET", self._path("/stats"), idempotent=True, timeout=timeout))
+
+    async def stop(self, *, timeout_seconds: int | None = None, timeout: float | None = None) -> SandboxInfo:
+        """Stops the sandbox, as docker stop does: each process's group gets
+        SIGTERM, and what has not exited after timeout_seconds (0 to 600,
+        default 10; 0 kills at once) is killed. Its files, record and
+        captured logs stay, and start() runs it again. Returns its
+        description, stopped (kept in info); one stopped already is left as
+        it is (kilnd answers 304 Not Modified) and described as it is.
+        timeout bounds the call, as everywhere; without it the call waits
+        for kilnd as long as timeout_seconds asks."""
+        return await self._change("stop", _stop_timeout(timeout_seconds, "stop()"), True, timeout)
+
+    async def start(self, *, timeout: float | None = None) -> SandboxInfo:
+        """Starts a stopped sandbox again, as docker start does: a new
+        instance of it runs its init command again on its files as they
+        were, with its id, name, labels, limits and network policy. Returns
+        its description, running (kept in info); one that runs already is
+        left as it is (kilnd answers 304 Not Modified). A sandbox past its
+        ttl, which counts from its creation, is FAILED_PRECONDITION."""
+        return await self._change("start", None, True, timeout)
+
+    async def restart(self, *, timeout_seconds: int | None = None, timeout: float | None = None) -> SandboxInfo:
+        """Stops the sandbox if it runs (stop(), with timeout_seconds) and
+        starts it again, as docker restart does. Returns its description,
+        running. A lost answer is OUTCOME_UNKNOWN: it may have restarted."""
+        return await self._change("restart", _stop_timeout(timeout_seconds, "restart()"), False, timeout)
+
+    async def _change(self, verb: str, grace: int | None, idempotent: bool, timeout: float | None) -> SandboxInfo:
+        """A stop, start or restart (verb): its answer, or after a 304 the
+        sandbox as it is."""
+        resp = await self._t.fetch(
+            "POST", self._path("/" + verb), query={"timeout": grace}, idempotent=idempotent, timeout=timeout,
+            later=DEFAULT_STOP_TIMEOUT if grace is None else grace, read=True,
+            is_error=lambda r: r.status >= 300 and r.status != 304)
+        if resp.status == 304:
+            return await self.refresh(timeout=timeout)
+        try:
+            self.info = cast(SandboxInfo, jsonlib.loads(resp.body))
+        except ValueError as err:
+            raise error("OUTCOME_UNKNOWN" if not idempotent else "INTERNAL",
+                        f"POST {self._path('/' + verb)}: the answer is not JSON") from err
+        return self.info
 
     async def destroy(self, *, remove_logs: bool = False, timeout: float | None = None) -> None:
         """Deletes the sandbox: its processes are killed; its captured logs

@@ -417,6 +417,7 @@ class Transport:
         idempotent: bool = False,
         timeout: float | None = None,
         unbounded: bool = False,
+        later: float = 0.0,
         headers: Mapping[str, str] | None = None,
         is_error: Callable[[Response], bool] | None = None,
         dispatch: Dispatch | None = None,
@@ -428,13 +429,15 @@ class Transport:
         read by the caller. A failure after
         dispatch is OUTCOME_UNKNOWN unless the call is idempotent; timeout
         is the caller's (WAIT_ABORTED), the control timeout CONTROL_TIMEOUT
-        unless unbounded."""
+        (and later seconds more, for an answer kilnd gives later by design:
+        a stop's grace) unless unbounded."""
         what = f"{method} {path}"
         check_timeout(timeout, what)
         loop = asyncio.get_running_loop()
         now = loop.time()
         caller = None if timeout is None else now + timeout
-        control = None if unbounded else now + CONTROL_TIMEOUT
+        bound = CONTROL_TIMEOUT + later
+        control = None if unbounded else now + bound
         deadline = caller if control is None else control if caller is None else min(caller, control)
         hdrs = dict(headers or {})
         payload = body
@@ -474,9 +477,9 @@ class Transport:
                 raise error("OUTCOME_UNKNOWN", f"{what}: timed out after {timeout} s with the request sent; "
                             "it may or may not have taken effect") from err
             if not idempotent and d.sent:
-                raise error("OUTCOME_UNKNOWN", f"{what}: no answer within {CONTROL_TIMEOUT:g} s; "
+                raise error("OUTCOME_UNKNOWN", f"{what}: no answer within {bound:g} s; "
                             "it may or may not have taken effect") from err
-            raise error("UNAVAILABLE", f"{what}: kilnd at {self.base} did not answer within {CONTROL_TIMEOUT:g} s") from err
+            raise error("UNAVAILABLE", f"{what}: kilnd at {self.base} did not answer within {bound:g} s") from err
         except _Refused as err:
             raise error("UNAVAILABLE", f"{what}: kilnd at {self.base} cannot be reached: {err}") from err
         except (_BrokeOff, SandkilnError) as err:

@@ -560,6 +560,18 @@ class Sandbox:
     def stats(self, *, timeout: float | None = None) -> SandboxStats:
         return self._p.call(self._a.stats(timeout=timeout))
 
+    def stop(self, *, timeout_seconds: int | None = None, timeout: float | None = None) -> SandboxInfo:
+        """See AsyncSandbox.stop."""
+        return self._p.call(self._a.stop(timeout_seconds=timeout_seconds, timeout=timeout))
+
+    def start(self, *, timeout: float | None = None) -> SandboxInfo:
+        """See AsyncSandbox.start."""
+        return self._p.call(self._a.start(timeout=timeout))
+
+    def restart(self, *, timeout_seconds: int | None = None, timeout: float | None = None) -> SandboxInfo:
+        """See AsyncSandbox.restart."""
+        return self._p.call(self._a.restart(timeout_seconds=timeout_seconds, timeout=timeout))
+
     def destroy(self, *, remove_logs: bool = False, timeout: float | None = None) -> None:
         self._p.call(self._a.destroy(remove_logs=remove_logs, timeout=timeout))
 

@@ -1,0 +1,66 @@
+package client_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/client"
+)
+
+// TestStopStartRestart: a stopped sandbox keeps its files and refuses
+// processes; StartAgain runs it again, the same sandbox with a new agent;
+// a stop of a stopped one and a start of a running one change nothing
+// and describe it; Restart stops and starts; a timeout out of the range
+// is refused before anything is sent.
+func TestStopStartRestart(t *testing.T) {
+	t.Parallel()
+	_, sb := kilnd(t)
+	ctx := ctxT(t)
+	sh := func(script string) string {
+		t.Helper()
+		res, err := sb.Exec(ctx, client.ExecOptions{Shell: script})
+		if err != nil || res.Exit.Code() != 0 {
+			t.Fatalf("%q: %+v %v", script, res, err)
+		}
+		return string(res.Stdout)
+	}
+	sh("echo kept > /workspace/kept")
+	now := time.Duration(0)
+	stopped, err := sb.Stop(ctx, client.StopOptions{Timeout: &now})
+	if err != nil || stopped.State != api.SandboxStopped || stopped.Reason != "stopped by request" || stopped.ID != sb.ID {
+		t.Fatalf("stop: %+v %v", stopped, err)
+	}
+	if again, err := sb.Stop(ctx, client.StopOptions{}); err != nil || again.State != api.SandboxStopped || !again.StoppedAt.Equal(*stopped.StoppedAt) {
+		t.Errorf("a stop of a stopped sandbox: %+v %v", again, err)
+	}
+	if _, err := sb.Exec(ctx, client.ExecOptions{Command: "true"}); !client.IsFailedPrecondition(err) {
+		t.Errorf("exec in a stopped sandbox: %v", err)
+	}
+	started, err := sb.StartAgain(ctx)
+	if err != nil || started.State != api.SandboxRunning || started.AgentPID == 0 || started.AgentPID == sb.Described.AgentPID {
+		t.Fatalf("start: %+v %v", started, err)
+	}
+	if got := sh("cat /workspace/kept"); got != "kept\n" {
+		t.Errorf("after the start: %q", got)
+	}
+	if again, err := sb.StartAgain(ctx); err != nil || again.AgentPID != started.AgentPID {
+		t.Errorf("a start of a running sandbox: %+v %v", again, err)
+	}
+	second := time.Second
+	restarted, err := sb.Restart(ctx, client.StopOptions{Timeout: &second})
+	if err != nil || restarted.State != api.SandboxRunning || restarted.AgentPID == started.AgentPID {
+		t.Errorf("restart: %+v %v", restarted, err)
+	}
+	if got := sh("cat /workspace/kept"); got != "kept\n" {
+		t.Errorf("after the restart: %q", got)
+	}
+	for _, bad := range []time.Duration{-time.Second, 11 * time.Minute} {
+		if _, err := sb.Stop(ctx, client.StopOptions{Timeout: &bad}); !client.IsInvalid(err) {
+			t.Errorf("a timeout of %v: %v", bad, err)
+		}
+	}
+	if info, err := sb.Info(ctx); err != nil || info.State != api.SandboxRunning {
+		t.Errorf("after the refusals: %+v %v", info, err)
+	}
+}
