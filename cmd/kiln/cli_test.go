@@ -340,7 +340,7 @@ func TestTablesGolden(t *testing.T) {
 	_, ls, _ := kiln(t, state, "", "sandbox", "ls")
 	_, wide, _ := kiln(t, state, "", "sandbox", "ls", "-o", "wide")
 	_, ps, _ := kiln(t, state, "", "ps", sb)
-	stable := strings.NewReplacer(sb, "SANDBOX-ID", api.ShortID(sb), "SANDBOX-ID", p, "PROCESS-ID")
+	stable := strings.NewReplacer(sb, "SANDBOX-ID", api.ShortID(sb), "SANDBOX-ID", p, "PROCESS-ID", api.ShortProcessID(p), "SHORT-PROCESS-ID")
 	got := stable.Replace(ls + "\n" + wide + "\n" + ps)
 	got = regexp.MustCompile(`\d{4}-\d\d-\d\d \d\d:\d\d:\d\d|\d\d:\d\d:\d\d`).ReplaceAllString(got, "TIME")
 	path := filepath.Join("testdata", "tables.golden")
