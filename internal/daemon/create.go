@@ -82,10 +82,14 @@ func (d *Daemon) watch(e *entry, replay bool) {
 		defer close(watched)
 		sb.AwaitExit(d.closing)
 		select {
-		case <-d.closing:
-			return
 		case <-relayed:
 		case <-time.After(relayEnd):
+		case <-d.closing:
+		}
+		select {
+		case <-d.closing:
+			return // kilnd goes; the sandbox runs on, for the next to adopt
+		default:
 		}
 		d.mu.Lock()
 		deleting := e.deleting
