@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -211,7 +212,12 @@ var hostUse = map[string]func(t *testing.T) error{
 		return err
 	},
 	"keys": func(t *testing.T) error {
-		// In the test process's own keyring, which ends with it.
+		// In the test process's own keyring, which ends with it. The
+		// kernel keeps the process keyring in the credentials of the
+		// thread that made it first: one thread adds the key and
+		// invalidates it, or another may not possess it (EPERM).
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
 		id, err := unix.AddKey("user", hostUseName(), []byte("x"), unix.KEY_SPEC_PROCESS_KEYRING)
 		if err != nil {
 			return err
