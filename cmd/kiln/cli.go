@@ -134,6 +134,7 @@ never hidden.`,
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error { return usageError{err, cmd.CommandPath()} })
 	root.SetHelpTemplate(root.HelpTemplate() + "{{if not .HasParent}}" + exitCodesHelp + "\n{{end}}")
 	root.AddCommand(c.lifecycleCmds()...)
+	root.AddCommand(c.pruneCmd())
 	root.AddCommand(c.sandboxCmd(), c.lsCmd(), c.eventsCmd(), c.execCmd(), c.logsCmd(), c.attachCmd(), c.psCmd(), c.waitCmd(), c.killCmd(), c.shellCmd(), c.runCmd(), c.cpCmd(), c.portForwardCmd(), c.previewCmd(), c.watchCmd(), c.imageCmd(), c.statsCmd(), c.mcpCmd(), c.versionCmd())
 	root.InitDefaultHelpCmd()
 	root.InitDefaultCompletionCmd()
@@ -471,6 +472,7 @@ func (c *cli) sandboxCmd() *cobra.Command {
 	so.add(es, true)
 	cmd.AddCommand(create, c.lsCmd(), inspect, rm, es)
 	cmd.AddCommand(c.lifecycleCmds()...)
+	cmd.AddCommand(c.pruneCmd())
 	return cmd
 }
 
