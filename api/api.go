@@ -1161,3 +1161,31 @@ const MoveMarker = 'M'
 // MaxMoveEarly bounds the client's early bytes a MoveMarker message
 // carries (kilnd's buffered reader holds fewer).
 const MaxMoveEarly = 64 << 10
+
+// TopProcess is one process running in a sandbox, as GET
+// /sandboxes/{id}/top lists them (docker top's rows): every process of
+// the sandbox, those the API started and those they started, the
+// sandbox's agent (its PID 1) among them.
+type TopProcess struct {
+	// PID and PPID are the process's and its parent's, as the sandbox
+	// sees them.
+	PID  int `json:"pid"`
+	PPID int `json:"ppid"`
+	UID  int `json:"uid"`
+	// State is the kernel's letter: R running, S sleeping, D in a disk's
+	// wait, Z a zombie, T stopped.
+	State      string  `json:"state"`
+	CPUSeconds float64 `json:"cpu_seconds"`
+	RSSBytes   int64   `json:"rss_bytes"`
+	// Command is its command line, its arguments joined by spaces (at
+	// most MaxTopCommand bytes, then "…"); a kernel thread's or a zombie's
+	// name in brackets.
+	Command string `json:"command"`
+}
+
+// MaxTopCommand bounds a TopProcess's Command; MaxTopProcesses the rows
+// of one answer.
+const (
+	MaxTopCommand   = 4096
+	MaxTopProcesses = 16384
+)

@@ -59,6 +59,7 @@ var wireTypes = map[string]struct {
 	"Sandbox":       {reflect.TypeFor[api.Sandbox](), false},
 	"Event":         {reflect.TypeFor[api.Event](), false},
 	"SandboxStats":  {reflect.TypeFor[api.SandboxStats](), false},
+	"TopProcess":    {reflect.TypeFor[api.TopProcess](), false},
 	"CreateSandbox": {reflect.TypeFor[api.CreateSandbox](), true},
 	"LogRotation":   {reflect.TypeFor[api.LogRotation](), true},
 	"Limits":        {reflect.TypeFor[api.Limits](), false},

@@ -418,6 +418,15 @@ func (s *Sandbox) Stats(ctx context.Context) (api.SandboxStats, error) {
 	return st, s.c.call(ctx, "GET", s.path("/stats"), nil, nil, &st, true)
 }
 
+// Top lists every process running in the sandbox now, as docker top
+// does a container's: those the API started and those they started, by
+// pid as the sandbox sees it. A sandbox that does not run is
+// FAILED_PRECONDITION.
+func (s *Sandbox) Top(ctx context.Context) ([]api.TopProcess, error) {
+	var out []api.TopProcess
+	return out, s.c.call(ctx, "GET", s.path("/top"), nil, nil, &out, true)
+}
+
 // Delete kills everything in the sandbox and removes it; its captured
 // logs stay unless removeLogs. The process handles of the sandbox made
 // through this client (through a Sandbox of the same id) are let go

@@ -134,7 +134,7 @@ never hidden.`,
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error { return usageError{err, cmd.CommandPath()} })
 	root.SetHelpTemplate(root.HelpTemplate() + "{{if not .HasParent}}" + exitCodesHelp + "\n{{end}}")
 	root.AddCommand(c.lifecycleCmds()...)
-	root.AddCommand(c.pruneCmd())
+	root.AddCommand(c.pruneCmd(), c.topCmd())
 	root.AddCommand(c.sandboxCmd(), c.lsCmd(), c.eventsCmd(), c.execCmd(), c.logsCmd(), c.attachCmd(), c.psCmd(), c.waitCmd(), c.killCmd(), c.shellCmd(), c.runCmd(), c.cpCmd(), c.portForwardCmd(), c.previewCmd(), c.watchCmd(), c.imageCmd(), c.statsCmd(), c.mcpCmd(), c.versionCmd())
 	root.InitDefaultHelpCmd()
 	root.InitDefaultCompletionCmd()

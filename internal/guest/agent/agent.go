@@ -137,6 +137,7 @@ func (s *Server) routes() {
 	m.HandleFunc("GET /exec-stream", s.list)
 	m.HandleFunc("GET /counts", s.counts)
 	m.HandleFunc("GET /process-events", s.serveFeed)
+	m.HandleFunc("GET /top", s.top)
 	m.HandleFunc("GET "+handoff.UsagePath, s.usage)
 	m.HandleFunc("GET /exec-stream/{pid}", s.byPrefix(s.status))
 	m.HandleFunc("DELETE /exec-stream/{pid}", s.byPrefix(s.terminate))

@@ -223,6 +223,9 @@ def test_async_files_stream_both_ways(env: Env) -> None:
 def test_stats(client: sandkiln.Client, sandbox: sandkiln.Sandbox) -> None:
     with sandbox.processes.start(sh("read x"), stdin="pipe") as child:
         st = sandbox.stats()
+        top = sandbox.top()
+        assert top[0]["pid"] == 1, "the agent"
+        assert any(p["command"].endswith("read x") and p["ppid"] == 1 for p in top), top
         assert st["memory_bytes"] > 0
         assert st["pids"] >= 2, "the agent and sh at least"
         assert st["cpu_seconds"] >= 0

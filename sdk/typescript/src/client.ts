@@ -58,6 +58,7 @@ export type Preview = Schemas["Preview"];
 export type ImageInfo = Schemas["Image"];
 /** A running sandbox's CPU, memory and pids figures. */
 export type SandboxStats = Schemas["SandboxStats"];
+export type TopProcess = Schemas["TopProcess"];
 /** A line of an image pull's or import's progress. */
 export type ImageProgress = Schemas["ImageProgress"];
 /** A tar to send: bytes, a Blob (a File among them), or a stream. */
@@ -316,6 +317,11 @@ export class Sandbox implements HandleOwner {
   /** Its CPU, memory and pids figures, read from its cgroups now; a sandbox that does not run is FAILED_PRECONDITION. */
   async stats(options: SignalOptions = {}): Promise<SandboxStats> {
     return this.transport.call<SandboxStats>("GET", this.path("/stats"), { idempotent: true, signal: options.signal });
+  }
+
+  /** Every process running in the sandbox now, as docker top lists a container's, by pid as the sandbox sees it. */
+  async top(options: SignalOptions = {}): Promise<TopProcess[]> {
+    return this.transport.call<TopProcess[]>("GET", this.path("/top"), { idempotent: true, signal: options.signal });
   }
 
   /**

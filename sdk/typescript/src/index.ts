@@ -6,7 +6,7 @@ export type {
   ClientOptions, Command, ExecInput, ExecOptions, ExecOutput, FileInfo, ImageInfo, Preview, EventOptions, SandboxFilter, SandboxInfo, SandboxOptions,
   SandboxReference, StartOptions, TerminalStartOptions,
 } from "./client.js";
-export type { ImageProgress, SandboxStats, TarBody } from "./client.js";
+export type { ImageProgress, SandboxStats, TarBody, TopProcess } from "./client.js";
 export { Logs } from "./logs.js";
 export type { CapturedLog, LogReadOptions, LogRecord } from "./logs.js";
 export { Ports, PortConnection } from "./ports.js";

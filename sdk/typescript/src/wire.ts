@@ -263,6 +263,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/sandboxes/{id}/top": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                id: components["parameters"]["SandboxID"];
+            };
+            cookie?: never;
+        };
+        /** every process running in the sandbox now, as docker top lists a container's, read from the sandbox's /proc by its agent (its PID 1 among them) */
+        get: operations["sandboxTop"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/sandboxes/{id}/exec": {
         parameters: {
             query?: never;
@@ -1085,6 +1105,19 @@ export interface components {
             /** @description the sandbox's address, in a sandbox's description; ignored in a request */
             address?: string;
         };
+        TopProcess: {
+            /** @description as the sandbox sees it */
+            pid: number;
+            ppid: number;
+            /** @description its effective user, as the sandbox sees it */
+            uid: number;
+            /** @description the kernel's letter: R running, S sleeping, D in a disk's wait, Z a zombie, T stopped */
+            state: string;
+            cpu_seconds: number;
+            rss_bytes: number;
+            /** @description its command line, arguments joined by spaces (4096 bytes at most, then …); a kernel thread's or zombie's name in brackets */
+            command: string;
+        };
         /** @description A figure the host's cgroups do not keep for the sandbox (on a host with cgroup v1 controllers, those of a controller it has no limit on) is left out, as is a limit it does not have. */
         SandboxStats: {
             /** @description CPU time its processes, the agent among them, have used */
@@ -1838,6 +1871,35 @@ export interface operations {
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
             412: components["responses"]["Error"];
+        };
+    };
+    sandboxTop: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                id: components["parameters"]["SandboxID"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the processes, by pid */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TopProcess"][];
+                };
+            };
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            412: components["responses"]["Error"];
+            502: components["responses"]["Error"];
+            503: components["responses"]["Error"];
         };
     };
     exec: {

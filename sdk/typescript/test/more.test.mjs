@@ -178,6 +178,9 @@ test("stats: a running sandbox's figures", async () => {
   const child = await sandbox.processes.start({ command: sh("read x"), stdin: "pipe" });
   try {
     const st = await sandbox.stats();
+    const top = await sandbox.top();
+    assert.equal(top[0].pid, 1, "the agent");
+    assert.ok(top.some((p) => p.command.endsWith("read x") && p.ppid === 1), JSON.stringify(top));
     assert.ok(st.memory_bytes > 0, `memory_bytes ${st.memory_bytes}`);
     assert.ok(st.pids >= 2, `pids ${st.pids}: the agent and sh at least`);
     assert.ok(st.cpu_seconds >= 0 && Number.isFinite(st.cpu_seconds), `cpu_seconds ${st.cpu_seconds}`);

@@ -38,6 +38,7 @@ from ._types import (
     SandboxInfo,
     SandboxReference,
     SandboxStats,
+    TopProcess,
     TextChunk,
     TextOutput,
     Version,
@@ -344,6 +345,11 @@ class AsyncSandbox:
         """Its CPU, memory and pids figures, read from its cgroups now; a
         sandbox that does not run is FAILED_PRECONDITION."""
         return cast(SandboxStats, await self._t.call("GET", self._path("/stats"), idempotent=True, timeout=timeout))
+
+    async def top(self, *, timeout: float | None = None) -> list[TopProcess]:
+        """Every process running in the sandbox now, as docker top lists a
+        container's, by pid as the sandbox sees it."""
+        return cast(list[TopProcess], await self._t.call("GET", self._path("/top"), idempotent=True, timeout=timeout))
 
     async def stop(self, *, timeout_seconds: int | None = None, timeout: float | None = None) -> SandboxInfo:
         """Stops the sandbox, as docker stop does: each process's group gets

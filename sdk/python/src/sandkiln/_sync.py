@@ -43,6 +43,7 @@ from ._types import (
     SandboxInfo,
     SandboxReference,
     SandboxStats,
+    TopProcess,
     TerminateResult,
     TextChunk,
     TextOutput,
@@ -559,6 +560,10 @@ class Sandbox:
 
     def stats(self, *, timeout: float | None = None) -> SandboxStats:
         return self._p.call(self._a.stats(timeout=timeout))
+
+    def top(self, *, timeout: float | None = None) -> list[TopProcess]:
+        """See AsyncSandbox.top."""
+        return self._p.call(self._a.top(timeout=timeout))
 
     def stop(self, *, timeout_seconds: int | None = None, timeout: float | None = None) -> SandboxInfo:
         """See AsyncSandbox.stop."""

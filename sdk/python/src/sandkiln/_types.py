@@ -346,6 +346,18 @@ class ImageProgress(TypedDict, total=False):
     error: dict[str, str]
 
 
+class TopProcess(TypedDict):
+    """A process running in a sandbox, as Sandbox.top lists them."""
+
+    pid: int
+    ppid: int
+    uid: int
+    state: str
+    cpu_seconds: float
+    rss_bytes: int
+    command: str
+
+
 class SandboxStats(TypedDict, total=False):
     """A running sandbox's CPU, memory and pids figures."""
 
