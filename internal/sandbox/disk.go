@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/google/uuid"
 	"golang.org/x/sys/unix"
@@ -166,11 +167,26 @@ func (d *Disks) Mount(image string) (*os.File, error) {
 	if _, err := os.Stat(image); err != nil {
 		return nil, fmt.Errorf("sandbox: disk image: %w", err)
 	}
-	if dev := backedLoop(image); dev != "" {
-		return nil, fmt.Errorf("sandbox: disk %s is still attached to %s", filepath.Base(image), dev)
+	// The kernel lets go of an autoclear loop device after the last
+	// mount through it went, in the background: a sandbox just stopped
+	// (gVisor's, whose runtime held the mount, most often) may leave its
+	// device attached a moment longer.
+	deadline := time.Now().Add(detachWait)
+	for {
+		dev := backedLoop(image)
+		if dev == "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("sandbox: disk %s is still attached to %s after %v", filepath.Base(image), dev, detachWait)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 	return mountDetached(image)
 }
+
+// detachWait bounds Mount's wait for a disk's last loop device to go.
+const detachWait = 5 * time.Second
 
 // owns checks that image is one of the disks' images.
 func (d *Disks) owns(image string) error {
