@@ -11,7 +11,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/coder/websocket"
@@ -19,6 +18,7 @@ import (
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/errdefs"
 	"github.com/sandkiln/sandkiln/internal/reply"
+	"github.com/sandkiln/sandkiln/internal/seqlog"
 )
 
 // eventsKept is how many events kilnd holds for readers that come back: a
@@ -26,53 +26,35 @@ import (
 const eventsKept = 16384
 
 // events is kilnd's log of what happened to its sandboxes, numbered from
-// 1, the last eventsKept of them held. Readers wait on wake, which is
-// closed and replaced at every event.
+// 1, the last eventsKept of them held, under the epoch of this kilnd.
 type events struct {
 	epoch string
-	// mu guards the fields below.
-	mu   sync.Mutex
-	held []api.Event // the last ones, oldest first
-	next int64       // the number of the next event
-	wake chan struct{}
+	log   *seqlog.Log[api.Event]
 }
 
 func newEvents() *events {
 	b := make([]byte, 8)
 	rand.Read(b)
-	return &events{epoch: hex.EncodeToString(b), next: 1, wake: make(chan struct{})}
+	return &events{epoch: hex.EncodeToString(b), log: seqlog.New[api.Event](eventsKept)}
 }
 
 // emit adds an event, numbering it, and wakes every reader.
 func (l *events) emit(e api.Event) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	e.Seq, e.Time, e.Epoch = l.next, time.Now().UTC(), l.epoch
-	l.next++
-	if len(l.held) == eventsKept {
-		copy(l.held, l.held[1:])
-		l.held = l.held[:eventsKept-1]
-	}
-	l.held = append(l.held, e)
-	close(l.wake)
-	l.wake = make(chan struct{})
+	l.log.Append(func(seq int64) api.Event {
+		e.Seq, e.Time, e.Epoch = seq, time.Now().UTC(), l.epoch
+		return e
+	})
 }
 
 // after returns the events held after seq, a gap first if some after it
 // are no longer held, and a channel closed at the next event.
 func (l *events) after(seq int64) ([]api.Event, <-chan struct{}) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []api.Event
-	first := l.next - int64(len(l.held)) // the number of the oldest held
-	if seq+1 < first {
-		out = append(out, api.Event{Type: api.EventGap, Seq: first - 1, Lost: first - 1 - seq, Epoch: l.epoch, Time: time.Now().UTC()})
-		seq = first - 1
+	evs, lost, _, wake := l.log.After(seq)
+	if lost > 0 {
+		gap := api.Event{Type: api.EventGap, Seq: seq + lost, Lost: lost, Epoch: l.epoch, Time: time.Now().UTC()}
+		evs = append([]api.Event{gap}, evs...)
 	}
-	if i := seq + 1 - first; i < int64(len(l.held)) {
-		out = append(out, l.held[max(i, 0):]...)
-	}
-	return out, l.wake
+	return evs, wake
 }
 
 // sandboxEvent is the event of type typ of e's sandbox.

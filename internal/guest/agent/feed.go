@@ -12,6 +12,7 @@ import (
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/errdefs"
 	"github.com/sandkiln/sandkiln/internal/process"
+	"github.com/sandkiln/sandkiln/internal/seqlog"
 )
 
 // feedKept is how many process events the agent holds for kilnd, which
@@ -26,15 +27,10 @@ const maxEventArgs = 4096
 // feed is the sandbox's process events, numbered from 1: each process as
 // it starts and once it has finished (process.Table.Observe).
 type feed struct {
-	mu   sync.Mutex
-	held []api.Event // the last feedKept, oldest first
-	next int64
-	wake chan struct{}
-	// ended is set once the table has shut down: no event comes after
-	// those held, and readers end once they have them.
-	ended bool
+	log *seqlog.Log[api.Event]
 	// sent is the last event a reader was sent; sentWake is closed and
 	// replaced when it grows.
+	mu       sync.Mutex
 	sent     int64
 	sentWake chan struct{}
 }
@@ -53,8 +49,9 @@ func (f *feed) delivered(seq int64) {
 // awaitSent waits until a reader has been sent every event, or ctx ends.
 func (f *feed) awaitSent(ctx context.Context) {
 	for {
+		last := f.log.Last()
 		f.mu.Lock()
-		done, wake := f.sent >= f.next-1, f.sentWake
+		done, wake := f.sent >= last, f.sentWake
 		f.mu.Unlock()
 		if done {
 			return
@@ -67,18 +64,13 @@ func (f *feed) awaitSent(ctx context.Context) {
 	}
 }
 
-// end says no event comes after those held.
-func (f *feed) end() {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if !f.ended {
-		f.ended = true
-		close(f.wake)
-		f.wake = make(chan struct{})
-	}
-}
+// end says no event comes after those held: readers end once they have
+// them.
+func (f *feed) end() { f.log.End() }
 
-func newFeed() *feed { return &feed{next: 1, wake: make(chan struct{}), sentWake: make(chan struct{})} }
+func newFeed() *feed {
+	return &feed{log: seqlog.New[api.Event](feedKept), sentWake: make(chan struct{})}
+}
 
 // observe records a process's start, or its end once it has drained.
 func (f *feed) observe(st process.Status) {
@@ -89,16 +81,9 @@ func (f *feed) observe(st process.Status) {
 	p := toAPI(st)
 	p.Args = clipArgs(p.Args)
 	p.Stdin = nil // where stdin stands is not news
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if len(f.held) == feedKept {
-		copy(f.held, f.held[1:])
-		f.held = f.held[:feedKept-1]
-	}
-	f.held = append(f.held, api.Event{Seq: f.next, Time: time.Now().UTC(), Type: typ, Process: &p})
-	f.next++
-	close(f.wake)
-	f.wake = make(chan struct{})
+	f.log.Append(func(seq int64) api.Event {
+		return api.Event{Seq: seq, Time: time.Now().UTC(), Type: typ, Process: &p}
+	})
 }
 
 // clipArgs keeps the first arguments, maxEventArgs bytes of them.
@@ -116,21 +101,11 @@ func clipArgs(args []string) []string {
 // held, the number of the last, and a channel closed at the next event
 // (nil once the feed has ended).
 func (f *feed) after(seq int64) ([]api.Event, int64, <-chan struct{}) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	var out []api.Event
-	first := f.next - int64(len(f.held))
-	if seq+1 < first {
-		out = append(out, api.Event{Type: api.EventGap, Seq: first - 1, Lost: first - 1 - seq, Time: time.Now().UTC()})
-		seq = first - 1
+	evs, lost, last, wake := f.log.After(seq)
+	if lost > 0 {
+		evs = append([]api.Event{{Type: api.EventGap, Seq: seq + lost, Lost: lost, Time: time.Now().UTC()}}, evs...)
 	}
-	if i := seq + 1 - first; i < int64(len(f.held)) {
-		out = append(out, f.held[max(i, 0):]...)
-	}
-	if f.ended {
-		return out, f.next - 1, nil
-	}
-	return out, f.next - 1, f.wake
+	return evs, last, wake
 }
 
 // serveFeed answers GET /process-events: NDJSON, the events after
