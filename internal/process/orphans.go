@@ -1,11 +1,11 @@
 package process
 
 import (
-	"bytes"
 	"os"
 	"strconv"
 	"sync"
 
+	"github.com/sandkiln/sandkiln/internal/procfs"
 	"golang.org/x/sys/unix"
 )
 
@@ -52,22 +52,12 @@ func ReapOrphans() int {
 // parentAndState reads /proc/PID/stat: the parent's pid and whether the
 // process is a zombie.
 func parentAndState(pid int) (int, bool) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
+	_, f, err := procfs.Stat(pid)
+	if err != nil || len(f) < 2 {
 		return 0, false
 	}
-	// The command name is in parentheses and may hold anything: the
-	// fields that follow start after the last ')'.
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0, false
-	}
-	f := bytes.Fields(b[i+1:])
-	if len(f) < 2 {
-		return 0, false
-	}
-	ppid, _ := strconv.Atoi(string(f[1]))
-	return ppid, string(f[0]) == "Z"
+	ppid, _ := strconv.Atoi(f[1])
+	return ppid, f[0] == "Z"
 }
 
 // Own starts a child of this process with start and keeps ReapOrphans

@@ -24,6 +24,7 @@ import (
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/handoff"
 	"github.com/sandkiln/sandkiln/internal/pidfd"
+	"github.com/sandkiln/sandkiln/internal/procfs"
 )
 
 // DefaultHostname is a sandbox's hostname when its request names none:
@@ -614,14 +615,6 @@ func startTime(pid int) (uint64, error) {
 // statFields returns /proc/PID/stat's fields after the command name,
 // starting with the state (field 3).
 func statFields(pid int) ([]string, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return nil, err
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return nil, fmt.Errorf("malformed stat of %d", pid)
-	}
-	return strings.Fields(s[i+1:]), nil
+	_, f, err := procfs.Stat(pid)
+	return f, err
 }

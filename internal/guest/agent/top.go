@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/internal/procfs"
 )
 
 // top answers GET /top: every process of the sandbox, read from its
@@ -44,18 +45,8 @@ const clockTicks = 100
 // topProcess reads process pid's row; false once it is gone.
 func topProcess(pid int) (api.TopProcess, bool) {
 	dir := "/proc/" + strconv.Itoa(pid)
-	stat, err := os.ReadFile(dir + "/stat")
-	if err != nil {
-		return api.TopProcess{}, false
-	}
-	// The name is in parentheses and may hold anything: the fields
-	// that follow start after the last ')'.
-	open, end := bytes.IndexByte(stat, '('), bytes.LastIndexByte(stat, ')')
-	if open < 0 || end < open {
-		return api.TopProcess{}, false
-	}
-	f := strings.Fields(string(stat[end+1:]))
-	if len(f) < 22 {
+	name, f, err := procfs.Stat(pid)
+	if err != nil || len(f) < 22 {
 		return api.TopProcess{}, false
 	}
 	p := api.TopProcess{PID: pid, State: f[0]}
@@ -74,7 +65,7 @@ func topProcess(pid int) (api.TopProcess, bool) {
 	cmdline, _ := os.ReadFile(dir + "/cmdline")
 	cmdline = bytes.TrimRight(cmdline, "\x00")
 	if len(cmdline) == 0 {
-		p.Command = "[" + string(stat[open+1:end]) + "]"
+		p.Command = "[" + name + "]"
 	} else {
 		p.Command = string(bytes.ReplaceAll(cmdline, []byte{0}, []byte{' '}))
 	}
