@@ -45,6 +45,13 @@ func renderReport(cfg config, res results) string {
 	if res.tombstones != nil || res.running != nil {
 		writeMemory(&b, res.tombstones, res.running)
 	}
+	if res.start != nil {
+		b.WriteString("## Sandbox start\n\n")
+		if len(res.start.skipped) > 0 {
+			fmt.Fprintf(&b, "Not run: %s.\n\n", strings.Join(res.start.skipped, "; "))
+		}
+		writeStarts(&b, res.start)
+	}
 	return b.String()
 }
 

@@ -26,6 +26,7 @@ type results struct {
 	tombstones *tombstoneResult
 	running    *runningResult
 	compare    *compareResult
+	start      *compareResult // the start section: compare's sandbox starts alone
 	scale      *scaleResult
 }
 
@@ -128,6 +129,12 @@ func run(ctx context.Context, cfg config) (err error) {
 			return fmt.Errorf("scale: %w", err)
 		}
 	}
+	if cfg.has("start") {
+		var err error
+		if res.start, err = measureStart(ctx, cfg); err != nil {
+			return fmt.Errorf("sandbox start: %w", err)
+		}
+	}
 	if cfg.has("compare") {
 		exe, err := os.Executable()
 		if err != nil {
@@ -149,7 +156,7 @@ func run(ctx context.Context, cfg config) (err error) {
 	if res.compare != nil {
 		reports["compare"] = renderCompare(cfg, res)
 	}
-	if res.throughput != nil || res.capture != nil || res.lossless != nil || res.kilnd != nil || res.attach != nil || res.sdk != nil || res.files != nil || res.ports != nil || res.tombstones != nil || res.running != nil {
+	if res.throughput != nil || res.capture != nil || res.lossless != nil || res.kilnd != nil || res.attach != nil || res.sdk != nil || res.files != nil || res.ports != nil || res.tombstones != nil || res.running != nil || res.start != nil {
 		reports["engine"] = renderReport(cfg, res)
 	}
 	for _, name := range []string{"engine", "scale", "compare"} {

@@ -233,7 +233,7 @@ func buildKiln(ctx context.Context) (string, error) {
 		return "", err
 	}
 	out := filepath.Join(dir, "kiln")
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, "./cmd/kiln")
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, "github.com/sandkiln/sandkiln/cmd/kiln")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
 		os.RemoveAll(dir)

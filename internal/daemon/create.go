@@ -158,6 +158,9 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		return Info{}, err
 	}
 	defer p.release()
+	if w := d.takeWarm(p); w != nil {
+		return d.createWarm(w, p.req)
+	}
 	req, limits, backend := p.req, p.limits, p.backend
 	id := newID()
 	created := false
@@ -171,25 +174,20 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 			}
 		}()
 	}
-	var disk *sandbox.Disk
-	if limits.DiskBytes > 0 {
-		if disk, err = d.disks.Take(limits.DiskBytes); err != nil {
-			return Info{}, d.hostFailure(fmt.Sprintf("sandbox %s: its disk could not be made", id), err)
-		}
-		// The agent has it once it started; this copy goes either way.
-		defer disk.Mount.Close()
+	diskMount, diskImage, err := d.takeDisk(id, limits)
+	if err != nil {
+		return Info{}, err
 	}
-	var diskMount *os.File
-	var diskImage string
-	if disk != nil {
-		diskMount, diskImage = disk.Mount, disk.Image
+	if diskMount != nil {
+		// The agent has it once it started; this copy goes either way.
+		defer diskMount.Close()
 	}
 	began := time.Now()
 	rec := newRecord(id, p, diskImage, began)
 	opts := d.options(p, &rec, diskMount)
 	if egress.Wanted(req.Network) {
 		if err := d.plug(id, *req.Network, &rec, &opts); err != nil {
-			if disk != nil {
+			if diskImage != "" {
 				d.disks.Release(diskImage)
 			}
 			return Info{}, err
@@ -197,7 +195,7 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	}
 	// undo is what a failed create leaves to release.
 	undo := func() {
-		if disk != nil {
+		if diskImage != "" {
 			d.disks.Release(diskImage)
 		}
 		if rec.Network != nil {
@@ -248,6 +246,23 @@ func newRecord(id string, p createPlan, diskImage string, began time.Time) recor
 // sandbox started again, what it had: its files), and undo releases what
 // Create or Start took for it.
 func (d *Daemon) launch(ctx context.Context, backend sandbox.Backend, opts sandbox.Options, rec *record, undo func()) (sandbox.Instance, error) {
+	sb, err := d.launchUnrecorded(ctx, backend, opts, rec, undo)
+	if err != nil {
+		return nil, err
+	}
+	if state := sb.State(); !bytes.Equal(state, rec.Sandbox) {
+		rec.Sandbox = state
+		if err := d.save(*rec); err != nil {
+			sb.Destroy(false)
+			undo()
+			return nil, d.hostFailure(fmt.Sprintf("sandbox %s could not be recorded", rec.ID), err)
+		}
+	}
+	return sb, nil
+}
+
+// launchUnrecorded is launch but for the record's saving.
+func (d *Daemon) launchUnrecorded(ctx context.Context, backend sandbox.Backend, opts sandbox.Options, rec *record, undo func()) (sandbox.Instance, error) {
 	sb, err := backend.Create(ctx, opts)
 	if err != nil {
 		what := "could not be made"
@@ -259,15 +274,20 @@ func (d *Daemon) launch(ctx context.Context, backend sandbox.Backend, opts sandb
 		undo()
 		return nil, d.hostFailure(fmt.Sprintf("sandbox %s %s", rec.ID, what), err)
 	}
-	if state := sb.State(); !bytes.Equal(state, rec.Sandbox) {
-		rec.Sandbox = state
-		if err := d.save(*rec); err != nil {
-			sb.Destroy(false)
-			undo()
-			return nil, d.hostFailure(fmt.Sprintf("sandbox %s could not be recorded", rec.ID), err)
-		}
-	}
 	return sb, nil
+}
+
+// takeDisk takes a disk of limits.DiskBytes for sandbox id, if it has a
+// quota: its mount, for the agent, and its image ("" and nil without).
+func (d *Daemon) takeDisk(id string, limits api.Limits) (*os.File, string, error) {
+	if limits.DiskBytes == 0 {
+		return nil, "", nil
+	}
+	disk, err := d.disks.Take(limits.DiskBytes)
+	if err != nil {
+		return nil, "", d.hostFailure(fmt.Sprintf("sandbox %s: its disk could not be made", id), err)
+	}
+	return disk.Mount, disk.Image, nil
 }
 
 // options are the sandbox's options for its backend, made from the plan

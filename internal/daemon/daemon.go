@@ -96,6 +96,10 @@ type Config struct {
 	// are pulled from over plain HTTP, beside those on loopback addresses.
 	InsecureRegistries []string
 	Log                *slog.Logger
+	// Warm is how many sandboxes of the everyday shape kilnd keeps made
+	// ahead for each runtime this host has, for creates of that shape to
+	// take at once (see warm.go); zero: none.
+	Warm int
 	// MCP, when set, serves the Model Context Protocol's streamable HTTP
 	// transport at /mcp, behind the token like every other route; nil
 	// answers /mcp not found. kilnd's binary gives it the MCP server
@@ -191,7 +195,9 @@ type Daemon struct {
 	closing chan struct{}
 	// events are what happened to the sandboxes, for GET /events.
 	events *events
-	wg     sync.WaitGroup
+	// warm are the sandboxes made ahead (Config.Warm).
+	warm *warmPool
+	wg   sync.WaitGroup
 
 	metrics *metrics
 	console *console.Handler
@@ -259,7 +265,7 @@ func New(cfg Config) (_ *Daemon, err error) {
 	}()
 	cfg.uidFirst = uids.First()
 	d := &Daemon{cfg: cfg, log: cfg.Log, lock: lock, uids: uids, sandboxes: map[string]*entry{}, names: map[string]string{},
-		unfinished: map[string]*deletion{}, retry: make(chan struct{}, 1), closing: make(chan struct{}), events: newEvents()}
+		unfinished: map[string]*deletion{}, retry: make(chan struct{}, 1), closing: make(chan struct{}), events: newEvents(), warm: newWarmPool()}
 	d.backends, d.unavailable = Backends(cfg)
 	if d.images, err = image.Open(filepath.Join(cfg.StateDir, imagesDir), image.Options{Insecure: cfg.InsecureRegistries}); err != nil {
 		return nil, fmt.Errorf("kilnd: images: %w", err)
@@ -294,6 +300,9 @@ func New(cfg Config) (_ *Daemon, err error) {
 	}
 	d.wg.Go(d.janitor)
 	d.wg.Go(d.finisher)
+	if cfg.Warm > 0 {
+		d.wg.Go(d.warmer)
+	}
 	return d, nil
 }
 
@@ -308,6 +317,9 @@ func (cfg *Config) check() error {
 	}
 	if err := ValidatePreviewDomain(cfg.PreviewDomain, cfg.AllowHosts); err != nil {
 		return fmt.Errorf("kilnd: %w", err)
+	}
+	if cfg.Warm < 0 || cfg.Warm > MaxWarm {
+		return fmt.Errorf("kilnd: warm %d: want 0 to %d", cfg.Warm, MaxWarm)
 	}
 	if cfg.Instance == "" {
 		cfg.Instance = DefaultInstance(cfg.StateDir)
@@ -434,11 +446,13 @@ var DefaultLogs = Logs{MaxSizeBytes: capture.DefaultMaxSize, MaxFiles: capture.D
 // to be accepted.
 const maxConns = 4096
 
-// Close stops kilnd's own goroutines (not the sandboxes). Call it after
-// Serve has returned.
+// Close stops kilnd's own goroutines (not the sandboxes) and ends the
+// sandboxes made ahead, which are nobody's. Call it after Serve has
+// returned.
 func (d *Daemon) Close() {
 	close(d.closing)
 	d.wg.Wait()
+	d.closeWarm()
 	// What a runtime shares between its sandboxes and makes again when it
 	// needs it (runsc's mount of its empty network namespace).
 	for _, b := range d.backends {

@@ -19,3 +19,15 @@ func (d *Daemon) Unfinished(id string) <-chan struct{} {
 	}
 	return nil
 }
+
+// MadeAhead are the sandboxes of runtime made ahead: their ids to their
+// agents' pids.
+func (d *Daemon) MadeAhead(runtime string) map[string]int {
+	d.warm.mu.Lock()
+	defer d.warm.mu.Unlock()
+	out := map[string]int{}
+	for _, w := range d.warm.ready[runtime] {
+		out[w.rec.ID] = w.sb.AgentPID()
+	}
+	return out
+}

@@ -27,8 +27,10 @@ type metrics struct {
 	handler  http.Handler
 	requests *prometheus.HistogramVec
 	creates  prometheus.Histogram
-	stopped  *prometheus.CounterVec
-	files    *prometheus.CounterVec
+	// warmTaken counts the creates that took a sandbox made ahead.
+	warmTaken prometheus.Counter
+	stopped   *prometheus.CounterVec
+	files     *prometheus.CounterVec
 	// started counts process starts the agents answered with success,
 	// by kind; relayed WebSockets, by what they reach, opened and open.
 	started  *prometheus.CounterVec
@@ -76,7 +78,11 @@ func newMetrics(d *Daemon) *metrics {
 		}, []string{"route", "method", "code"}),
 		creates: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "kilnd_sandbox_create_seconds", Help: "Time from a create request to a sandbox whose agent answers.",
-			Buckets: prometheus.ExponentialBuckets(0.002, 2, 12),
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+		}),
+		warmTaken: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kilnd_sandbox_creates_made_ahead_total",
+			Help: "Creates that took a sandbox made ahead (kilnd --warm) rather than waiting for one to start.",
 		}),
 		stopped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kilnd_sandboxes_ended_total", Help: "Sandboxes that stopped or were deleted, by how.",
@@ -113,7 +119,13 @@ func newMetrics(d *Daemon) *metrics {
 		m.wsOpen.WithLabelValues(kind)
 	}
 	sandboxes := prometheus.NewDesc("kilnd_sandboxes", "Sandboxes known to kilnd, by state.", []string{"state"}, nil)
-	reg.MustRegister(m.requests, m.creates, m.stopped, m.files, m.started, m.wsOpened, m.wsOpen,
+	madeAhead := prometheus.NewDesc("kilnd_sandboxes_made_ahead", "Sandboxes made ahead (kilnd --warm) and not yet taken by a create, by runtime.", []string{"runtime"}, nil)
+	reg.MustRegister(collectorFunc{descs: []*prometheus.Desc{madeAhead}, collect: func(ch chan<- prometheus.Metric) {
+		for _, rt := range d.warmRuntimes() {
+			ch <- prometheus.MustNewConstMetric(madeAhead, prometheus.GaugeValue, float64(d.warm.count(rt)), rt)
+		}
+	}})
+	reg.MustRegister(m.requests, m.creates, m.warmTaken, m.stopped, m.files, m.started, m.wsOpened, m.wsOpen,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		buildInfo(),
 		collectorFunc{descs: []*prometheus.Desc{sandboxes}, collect: func(ch chan<- prometheus.Metric) {

@@ -136,7 +136,31 @@ func (d *Daemon) sandboxDir(id string) string {
 }
 
 // save writes a record atomically: a temporary file, synced, renamed.
-func (d *Daemon) save(rec record) error {
+func (d *Daemon) save(rec record) error { return d.write(rec, true) }
+
+// saveSoon writes a record atomically, and returns once it is in place,
+// for kilnd and every kilnd after it: what it does not wait for is the
+// disk, which has it synced in the background. Only a host that loses
+// power in the next moments loses it, and the sandbox it records goes
+// with that host's processes all the same.
+func (d *Daemon) saveSoon(rec record) error {
+	if err := d.write(rec, false); err != nil {
+		return err
+	}
+	dir := d.sandboxDir(rec.ID)
+	d.wg.Go(func() {
+		for _, name := range []string{filepath.Join(dir, recordName), dir} {
+			if f, err := os.Open(name); err == nil {
+				f.Sync()
+				f.Close()
+			}
+		}
+	})
+	return nil
+}
+
+// write writes a record atomically, synced to the disk if durable.
+func (d *Daemon) write(rec record, durable bool) error {
 	b, err := json.MarshalIndent(rec, "", "  ")
 	if err != nil {
 		return err
@@ -148,7 +172,7 @@ func (d *Daemon) save(rec record) error {
 		return fmt.Errorf("kilnd: save %s: %w", rec.ID, err)
 	}
 	_, err = f.Write(append(b, '\n'))
-	if err == nil {
+	if err == nil && durable {
 		err = f.Sync()
 	}
 	if cerr := f.Close(); err == nil {
@@ -160,6 +184,9 @@ func (d *Daemon) save(rec record) error {
 	if err != nil {
 		os.Remove(tmp)
 		return fmt.Errorf("kilnd: save %s: %w", rec.ID, err)
+	}
+	if !durable {
+		return nil
 	}
 	if df, err := os.Open(dir); err == nil {
 		df.Sync()

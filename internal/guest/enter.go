@@ -475,7 +475,7 @@ func Enter() (*Inside, error) {
 		return nil, err
 	}
 	if idle := cmp.Or(cfg.SpawnerIdle, handoff.DefaultSpawnerIdle); idle > 0 && !loader {
-		spawner.StopWhenIdle(idle)
+		spawner.StopWhenIdle(idle, cfg.MadeAhead)
 	}
 	return in, nil
 }

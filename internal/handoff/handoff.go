@@ -81,6 +81,10 @@ type AgentConfig struct {
 	// started nothing and nothing of the sandbox runs (zero:
 	// DefaultSpawnerIdle; negative: it stays).
 	SpawnerIdle time.Duration `json:"spawner_idle,omitempty"`
+	// MadeAhead says the sandbox is made ahead of its create: its
+	// spawner's idle time counts from the first process it starts, so
+	// that the create that takes it finds it ready.
+	MadeAhead bool `json:"made_ahead,omitempty"`
 	// PidsMax is the sandbox's pids limit, zero without one; each process
 	// also gets it as its RLIMIT_NPROC.
 	PidsMax int64 `json:"pids_max,omitempty"`

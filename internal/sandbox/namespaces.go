@@ -35,7 +35,7 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 		ID: o.ID, Hostname: o.Hostname, Root: filepath.Join(o.Dir, rootName),
 		UIDBase: o.UIDBase, Env: o.Env, Init: o.Init, Dir: o.Workdir, Entrypoint: o.Entrypoint, Cmd: o.Cmd, User: o.User,
 		CaptureQueue: o.CaptureQueue, CaptureMaxSize: o.CaptureMaxSize, CaptureMaxFiles: o.CaptureMaxFiles,
-		FlowGrace: o.FlowGrace, SpawnerIdle: o.SpawnerIdle, TmpfsBytes: o.Limits.MemoryBytes, PidsMax: o.Limits.Pids,
+		FlowGrace: o.FlowGrace, SpawnerIdle: o.SpawnerIdle, MadeAhead: o.MadeAhead, TmpfsBytes: o.Limits.MemoryBytes, PidsMax: o.Limits.Pids,
 	}
 	if err := writableLayers(o, &cfg); err != nil {
 		return nil, err

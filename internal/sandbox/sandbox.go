@@ -98,6 +98,9 @@ type Options struct {
 	// SpawnerIdle is how long the sandbox's spawner outlasts its last
 	// process (zero: handoff.DefaultSpawnerIdle; negative: it stays).
 	SpawnerIdle time.Duration
+	// MadeAhead says the sandbox is made ahead of the create that will
+	// take it (see handoff.AgentConfig.MadeAhead).
+	MadeAhead bool
 	// Started, when set, is called with the instance's state (what
 	// Backend.Adopt takes) once its agent runs, before it answers: kilnd
 	// records the sandbox while the agent sets itself up. An error ends

@@ -459,12 +459,15 @@ func (s *Spawner) stop() {
 // starts through a new spawner, as after one that died, which takes a few
 // milliseconds. The sandbox's user namespace ends with the spawner that
 // made it, when no process of it is left; the next one's has the same
-// maps, so nothing of it (files, their owners) tells them apart.
-func (s *Spawner) StopWhenIdle(d time.Duration) {
+// maps, so nothing of it (files, their owners) tells them apart. With
+// afterUse the count starts at the first process it starts, not now.
+func (s *Spawner) StopWhenIdle(d time.Duration, afterUse bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.idle = d
-	s.armIdle()
+	if !afterUse {
+		s.armIdle()
+	}
 }
 
 // armIdle counts the spawner used now and makes sure an idle check comes.
