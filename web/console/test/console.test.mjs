@@ -277,15 +277,21 @@ test("sandboxes: state and limits as kilnd has them; Delete takes one off the li
 
 test("widths: at 360, 768 and 1280 px nothing scrolls sideways and no two controls overlap; names and labels shown", async () => {
   const sb = await api("POST", "/sandboxes", { name: "narrow", labels: { team: "web" } });
+  // A process, so that its row (exit, bytes per stream) is laid out too.
+  const ran = await api("POST", `/sandboxes/${sb.id}/exec-stream`, { command: "sh", args: ["-c", "echo a-longer-line-of-output; echo oops >&2; exit 2"] });
+  await api("GET", `/sandboxes/${sb.id}/exec-stream/${ran.id}/wait`);
   try {
     for (const width of [360, 768, 1280]) {
       await page.setViewportSize({ width, height: 900 });
       await page.goto(kilnd.url + "/#sandbox=" + sb.id);
       await page.reload(); // a new fragment alone loads nothing
       await page.waitForSelector(`#sandbox[data-sandbox="${sb.id}"]`);
+      await page.waitForSelector(`#processes tr[data-process="${ran.id}"] td.exit >> text=2`);
+      await page.waitForSelector(`#events-list li[data-type="process.exited"]`);
       const row = page.locator(`tr[data-sandbox="${sb.id}"]`);
       assert.equal(await row.locator("td.name").textContent(), "narrow");
       if (width >= 768) assert.equal(await row.locator("td.labels").textContent(), "team=web");
+      await shot(`20-width-${width}`);
       const over = await page.evaluate(() => document.documentElement.scrollWidth - document.documentElement.clientWidth);
       assert.ok(over <= 0, `${width} px: the page scrolls ${over} px sideways`);
       const boxes = await page.$$eval("button, input, select, a", (els) => els
@@ -301,7 +307,6 @@ test("widths: at 360, 768 and 1280 px nothing scrolls sideways and no two contro
           assert.ok(!overlap, `${width} px: ${a.what} overlaps ${b.what}`);
         }
       }
-      await shot(`20-width-${width}`);
     }
   } finally {
     await page.setViewportSize({ width: 1280, height: 1000 });
@@ -339,7 +344,10 @@ test("processes: TERM and Kill on a running process, the exit shown as its signa
   await page.waitForSelector("#log .exit", { timeout: 15_000 });
   assert.equal(await page.textContent("#log .exit"), "[process killed by signal SIGTERM]\n");
   assert.equal((await api("GET", `/sandboxes/${sb}/exec-stream/${heeds}`)).signal, "TERM");
-  await page.waitForFunction((id) => document.querySelector(`#processes tr[data-process="${id}"] td.state`)?.textContent === "process killed by signal SIGTERM", heeds);
+  await page.waitForFunction((id) => document.querySelector(`#processes tr[data-process="${id}"] td.exit`)?.textContent === "143 SIGTERM", heeds);
+  const exited = page.locator(`#processes tr[data-process="${heeds}"]`);
+  assert.equal(await exited.locator("td.state").textContent(), "exited");
+  assert.equal(await exited.locator("td.exit").getAttribute("title"), "process killed by signal SIGTERM");
 
   // One that ignores it runs on, until Kill.
   const ignores = await start("trap '' TERM; echo ready; while :; do sleep 1; done");
@@ -351,7 +359,7 @@ test("processes: TERM and Kill on a running process, the exit shown as its signa
   await page.waitForSelector("#log .exit", { timeout: 15_000 });
   assert.equal(await page.textContent("#log .exit"), "[process killed by signal SIGKILL]\n");
   assert.equal((await api("GET", `/sandboxes/${sb}/exec-stream/${ignores}`)).signal, "KILL");
-  await page.waitForFunction((id) => document.querySelector(`#processes tr[data-process="${id}"] td.state`)?.textContent === "process killed by signal SIGKILL", ignores);
+  await page.waitForFunction((id) => document.querySelector(`#processes tr[data-process="${id}"] td.exit`)?.textContent === "137 SIGKILL", ignores);
   const offered = page.locator(`#processes tr[data-process="${ignores}"]`).getByRole("button");
   assert.deepEqual(await offered.allTextContents(), ["Logs"], "an exited process still offers TERM or Kill");
   await shot("10-signals");
@@ -419,6 +427,111 @@ test("files: a subdirectory opened, its file listed and downloaded, and back up"
   assert.equal(await page.inputValue("#files input[name=path]"), "/workspace");
   assert.equal(await page.$('#files tr[data-file="inner.txt"]'), null);
   await api("DELETE", `/sandboxes/${sb}`);
+});
+
+test("events: a sandbox made, stopped and deleted elsewhere, and a process run in the open sandbox, shown as they happen", async () => {
+  const sb = (await api("POST", "/sandboxes", {})).id;
+  await openSandbox(sb);
+  await page.waitForSelector('#events[data-state="live"]');
+  // A reload would lose this: the page must change without one.
+  await page.evaluate(() => { window.notReloaded = true; });
+
+  // Made through the API, not the page: its row comes with its event.
+  const other = await api("POST", "/sandboxes", { name: "made-elsewhere", labels: { by: "api" } });
+  const row = page.locator(`tr[data-sandbox="${other.id}"]`);
+  await row.locator("td.name >> text=made-elsewhere").waitFor();
+  assert.equal(await row.locator("td.state").textContent(), "running");
+  await page.waitForSelector(`#events-list li[data-type="sandbox.created"][data-sandbox="${other.id}"]`);
+
+  // A process in the open sandbox: its row appears running, then its exit
+  // code and bytes once its stdin is closed.
+  const st = await api("POST", `/sandboxes/${sb}/exec-stream`, { command: "sh", args: ["-c", "read line; printf abcde; printf xy >&2; exit 3"], stdin: "pipe" });
+  const proc = page.locator(`#processes tr[data-process="${st.id}"]`);
+  await page.waitForSelector(`#processes tr[data-process="${st.id}"][data-state="running"]`);
+  assert.equal(await proc.locator("td.command").textContent(), "sh -c read line; printf abcde; printf xy >&2; exit 3");
+  assert.equal(await proc.locator("td.exit").textContent(), "");
+  await api("POST", `/sandboxes/${sb}/exec-stream/${st.id}/stdin/close`);
+  await page.waitForSelector(`#processes tr[data-process="${st.id}"][data-state="exited"]`, { timeout: 30_000 });
+  assert.equal(await proc.locator("td.exit").textContent(), "3");
+  assert.deepEqual(await proc.locator("td.bytes .stream").evaluateAll((els) => els.map((e) => [e.dataset.stream, e.dataset.bytes, e.textContent])),
+    [["stdout", "5", "stdout 5 B"], ["stderr", "2", "stderr 2 B"]]);
+  const told = page.locator(`#events-list li[data-type="process.exited"][data-sandbox="${sb}"]`).first();
+  assert.match(await told.textContent(), /: exit 3, stdout 5 B, stderr 2 B$/);
+  await shot("15-events");
+
+  // Stopped, then deleted elsewhere: its state, then its row gone.
+  await api("POST", `/sandboxes/${other.id}/stop`, {});
+  await row.locator("td.state >> text=stopped").waitFor();
+  await api("DELETE", `/sandboxes/${other.id}`);
+  await row.waitFor({ state: "detached" });
+  // The open sandbox deleted elsewhere: its panel closes, and nothing more is asked of it.
+  await api("DELETE", `/sandboxes/${sb}`);
+  await page.waitForSelector("#sandbox:not([data-sandbox])");
+  assert.equal(await page.$(`tr[data-sandbox="${sb}"]`), null);
+  assert.equal(await page.evaluate(() => window.notReloaded), true, "the page was loaded again");
+  for (const type of ["sandbox.stopped", "sandbox.deleted"]) {
+    await page.waitForSelector(`#events-list li[data-type="${type}"][data-sandbox="${other.id}"]`);
+  }
+});
+
+test("events: a connection that drops is taken up from the last event seen, none missed, none twice", async () => {
+  const tab = await page.context().newPage();
+  const said = [];
+  tab.on("console", (m) => { if (m.type() === "error") said.push(m.text()); });
+  tab.on("pageerror", (e) => said.push(e.message));
+  // Every events WebSocket the page opens, passed to kilnd unless held:
+  // a held one is closed at once, as by a kilnd that cannot be reached.
+  const sockets = [];
+  let hold = false;
+  await tab.routeWebSocket(/\/events\?/, (ws) => {
+    const s = { url: new URL(ws.url()), ws };
+    sockets.push(s);
+    if (hold) ws.close({ code: 4002, reason: "held by the test" });
+    else s.server = ws.connectToServer();
+  });
+  await tab.goto(kilnd.url + "/");
+  await tab.fill("#token", kilnd.token);
+  await tab.click("#login button[type=submit]");
+  await tab.waitForSelector('#events[data-state="live"]');
+  // First those held (follow=false), then the following, from the last of them.
+  assert.equal(sockets[0].url.searchParams.get("follow"), "false");
+  assert.equal(sockets[0].url.searchParams.get("after"), "0");
+  assert.equal(sockets[1].url.searchParams.get("follow"), null);
+  const epoch = sockets[1].url.searchParams.get("epoch");
+  assert.ok(epoch, sockets[1].url.href);
+
+  const a = (await api("POST", "/sandboxes", {})).id;
+  await tab.waitForSelector(`#events-list li[data-type="sandbox.created"][data-sandbox="${a}"]`);
+  const last = Math.max(...await tab.$$eval("#events-list li", (lis) => lis.map((li) => Number(li.dataset.seq))));
+
+  // The connection drops, and stays away while things happen.
+  hold = true;
+  const live = sockets.at(-1);
+  await live.ws.close({ code: 4001, reason: "dropped by the test" });
+  await live.server.close();
+  await tab.waitForSelector('#events[data-state="down"]');
+  const b = (await api("POST", "/sandboxes", { name: "while-away" })).id;
+  await api("DELETE", `/sandboxes/${a}`);
+  hold = false;
+
+  await tab.waitForSelector(`tr[data-sandbox="${b}"]`, { timeout: 30_000 });
+  await tab.waitForSelector(`tr[data-sandbox="${a}"]`, { state: "detached" });
+  await tab.waitForSelector(`#events-list li[data-type="sandbox.deleted"][data-sandbox="${a}"]`);
+  // Each attempt since the drop asked for those after the last seen.
+  assert.ok(sockets.length > 2);
+  for (const s of sockets.slice(2)) {
+    assert.deepEqual([s.url.searchParams.get("after"), s.url.searchParams.get("epoch"), s.url.searchParams.get("follow")], [String(last), epoch, null], s.url.href);
+  }
+  // What the page shows after it is what kilnd holds after it, each once.
+  const resp = await fetch(`${kilnd.url}/events?after=${last}&follow=false`, { headers: { Authorization: "Bearer " + kilnd.token } });
+  const kept = (await resp.text()).split("\n").filter(Boolean).map((l) => JSON.parse(l));
+  const shown = await tab.$$eval("#events-list li", (lis) => lis.map((li) => ({ seq: Number(li.dataset.seq), type: li.dataset.type, sandbox: li.dataset.sandbox })));
+  assert.deepEqual(shown.filter((e) => e.seq > last).reverse(), kept.map((e) => ({ seq: e.seq, type: e.type, sandbox: e.sandbox })));
+  assert.ok(kept.some((e) => e.type === "sandbox.created" && e.sandbox === b));
+  assert.deepEqual(shown.map((e) => e.seq), [...new Set(shown.map((e) => e.seq))].sort((x, y) => y - x), "an event shown twice, or out of order");
+  assert.deepEqual(said, []);
+  await tab.close();
+  await api("DELETE", `/sandboxes/${b}`);
 });
 
 /**
