@@ -512,14 +512,16 @@ function startForm(sb: Sandbox, opened: (id: string) => Promise<void>, done: () 
     h("button", { type: "submit" }, "Start"));
   form.onsubmit = async (ev) => {
     ev.preventDefault();
-    const command = script.value.trim() ? { kind: "shell" as const, script: script.value } : { kind: "argv" as const, argv: ["sh"] };
+    const given = script.value.trim() ? { kind: "shell" as const, script: script.value } : undefined;
     try {
       if (terminal.checked) {
+        const command = given ?? { kind: "argv" as const, argv: await loginShell(sb) };
         const t = await sb.terminals.start({ command, capture: capture.checked });
         const id = t.id;
         await t.detach();
         await opened(id);
       } else {
+        const command = given ?? { kind: "argv" as const, argv: ["sh"] };
         const p = await sb.processes.start({ command, capture: capture.checked, output: { mode: "stream" } });
         const id = p.id;
         await p.detach();
@@ -531,6 +533,24 @@ function startForm(sb: Sandbox, opened: (id: string) => Promise<void>, done: () 
     }
   };
   return form;
+}
+
+/**
+ * What a terminal given no command runs: the sandbox's bash where it has
+ * one, else sh, each as a login shell (as kiln shell runs sh). The files
+ * API says whether /bin/bash is there: asking costs no process, which a
+ * shell script choosing for itself would, and the process list then
+ * names the shell that runs. An image without bash (busybox's, Alpine's)
+ * answers NOT_FOUND.
+ */
+async function loginShell(sb: Sandbox): Promise<string[]> {
+  try {
+    await sb.files.stat("/bin/bash");
+    return ["/bin/bash", "-l"];
+  } catch (err) {
+    if (err instanceof SandkilnError && err.code === "NOT_FOUND") return ["sh", "-l"];
+    throw err;
+  }
 }
 
 /**
@@ -641,7 +661,12 @@ function terminalView(view: HTMLElement, handle: TerminalHandle, done: () => Pro
   term.loadAddon(fit);
   term.open(box);
   fit.fit();
-  const resize = () => handle.resize({ columns: term.cols, rows: term.rows }).catch(() => {});
+  // A terminal whose process has exited has no size to set (kilnd would
+  // refuse it): the window may still change.
+  let ended = false;
+  const resize = () => {
+    if (!ended) handle.resize({ columns: term.cols, rows: term.rows }).catch(() => {});
+  };
   resize();
   term.onResize(resize);
   const onWindow = () => fit.fit();
@@ -654,6 +679,7 @@ function terminalView(view: HTMLElement, handle: TerminalHandle, done: () => Pro
   term.focus();
   (async () => {
     const r = await follow<Uint8Array>(handle, ac.signal, status, (b) => term.write(b), (n) => term.write(`\r\n[${n} bytes lost]\r\n`));
+    ended = true;
     if (!r) return;
     term.write(`\r\n[${exitText(r)}]\r\n`);
     foot.textContent = summary(r);

@@ -7,8 +7,12 @@
 
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { mkdirSync, existsSync, readFileSync, writeFileSync } from "node:fs";
+import { execFileSync } from "node:child_process";
+import { createHash } from "node:crypto";
+import { chmodSync, copyFileSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import http from "node:http";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 
 import { chromium } from "playwright-core";
@@ -532,6 +536,90 @@ test("events: a connection that drops is taken up from the last event seen, none
   assert.deepEqual(said, []);
   await tab.close();
   await api("DELETE", `/sandboxes/${b}`);
+});
+
+/**
+ * A docker save tar of busybox alone (the host's static one, with sh, ls,
+ * stty, cat and echo as its links): an image without bash.
+ */
+function busyboxImage(name) {
+  const dir = mkdtempSync(join(tmpdir(), "console-busybox-"));
+  try {
+    const root = join(dir, "root");
+    mkdirSync(join(root, "bin"), { recursive: true });
+    mkdirSync(join(root, "tmp"));
+    copyFileSync("/bin/busybox", join(root, "bin", "busybox"));
+    chmodSync(join(root, "bin", "busybox"), 0o755);
+    for (const applet of ["sh", "ls", "stty", "cat", "echo"]) symlinkSync("busybox", join(root, "bin", applet));
+    const out = join(dir, "image");
+    mkdirSync(out);
+    execFileSync("tar", ["--owner=0", "--group=0", "--numeric-owner", "-C", root, "-cf", join(out, "layer.tar"), "."]);
+    const sha256 = (b) => createHash("sha256").update(b).digest("hex");
+    const arch = { x64: "amd64", arm64: "arm64" }[process.arch] ?? process.arch;
+    const config = JSON.stringify({ architecture: arch, os: "linux", config: { Env: ["PATH=/bin"], Cmd: ["sh"] },
+      rootfs: { type: "layers", diff_ids: ["sha256:" + sha256(readFileSync(join(out, "layer.tar")))] } });
+    const configName = sha256(config) + ".json";
+    writeFileSync(join(out, configName), config);
+    writeFileSync(join(out, "manifest.json"), JSON.stringify([{ Config: configName, RepoTags: [name], Layers: ["layer.tar"] }]));
+    execFileSync("tar", ["-C", out, "-cf", join(dir, "image.tar"), "manifest.json", configName, "layer.tar"]);
+    return readFileSync(join(dir, "image.tar"));
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+test("terminal: bash where the sandbox has it, sh where it has not", { skip: !existsSync("/bin/busybox") && "needs /bin/busybox (Debian's busybox-static)" }, async () => {
+  /** Opens a terminal of no command in sb: what $BASH_VERSION is there, and the command the process list names. */
+  const shell = async (sb) => {
+    await openSandbox(sb);
+    await page.fill("#start input[name=command]", "");
+    await page.check("#start-terminal");
+    const was = await openProcessId();
+    await page.click("#start button[type=submit]");
+    await page.waitForFunction((was) => {
+      const p = new URLSearchParams(location.hash.slice(1)).get("process");
+      return p && p !== was;
+    }, was);
+    const id = await openProcessId();
+    await page.waitForSelector("#terminal .xterm-rows");
+    await page.click("#terminal");
+    await page.keyboard.type('echo "bash=${BASH_VERSION:-none}"\n');
+    const said = await page.waitForFunction(() => [...document.querySelectorAll("#terminal .xterm-rows > div")]
+      .map((r) => r.textContent.trim()).find((t) => /^bash=\S+$/.test(t)), null, { timeout: 15_000 });
+    const bash = (await said.jsonValue()).slice("bash=".length);
+    await page.waitForSelector(`#processes tr[data-process="${id}"]`);
+    const command = await page.textContent(`#processes tr[data-process="${id}"] td.command`);
+    await page.keyboard.type("exit\n");
+    await page.waitForSelector(`#processes tr[data-process="${id}"][data-state="exited"]`, { timeout: 15_000 });
+    assert.equal(await page.textContent(`#processes tr[data-process="${id}"] td.exit`), "0");
+    await page.uncheck("#start-terminal");
+    return { bash, command };
+  };
+
+  // A sandbox of the host's /usr has bash.
+  const plain = (await api("POST", "/sandboxes", {})).id;
+  const got = await shell(plain);
+  assert.match(got.bash, /^\d+\.\d+/, JSON.stringify(got));
+  assert.equal(got.command, "/bin/bash -l");
+  await shot("16-terminal-bash");
+  await api("DELETE", `/sandboxes/${plain}`);
+
+  // busybox has none: sh. The files API answers the page's question
+  // about /bin/bash with 404, which the browser reports: that, and
+  // nothing else, is expected.
+  const name = "example.test/console-busybox:1";
+  const imported = await fetch(kilnd.url + "/images/import", { method: "POST", headers: { Authorization: "Bearer " + kilnd.token, "Content-Type": "application/x-tar" }, body: busyboxImage(name) });
+  assert.ok(imported.ok, `${imported.status} ${await imported.clone().text()}`);
+  assert.match(await imported.text(), /"done"/);
+  const small = (await api("POST", "/sandboxes", { image: name })).id;
+  const before = problems.length;
+  const bare = await shell(small);
+  assert.deepEqual(bare, { bash: "none", command: "sh -l" });
+  const asked = problems.splice(before);
+  assert.ok(asked.length > 0 && asked.every((p) => /\/files\/bin\/bash\?stat=true$|status of 404/.test(p)), asked.join("\n"));
+  await shot("17-terminal-sh");
+  await api("DELETE", `/sandboxes/${small}`);
+  await api("DELETE", `/images/${name}`);
 });
 
 /**
