@@ -20,7 +20,12 @@ import {
   type Sandbox,
   type SandboxInfo,
   type WaitResult,
+  type wire,
 } from "@sandkiln/sdk";
+
+import { EventFeed, type KilnEvent } from "./events";
+
+type Process = wire["schemas"]["Process"];
 
 // The page's policy allows inline styles by nonce alone; the terminal
 // writes its styles into style elements it makes, which get the nonce here.
@@ -35,6 +40,8 @@ Document.prototype.createElement = function (this: Document, tag: string, option
 const TOKEN_KEY = "kiln.token";
 /** The most of a log's text kept on the page; older output is let go (and said so). */
 const MAX_LOG_CHARS = 4 << 20;
+/** The most of the recent events shown; older ones are let go. */
+const MAX_EVENTS_SHOWN = 100;
 
 type Child = Node | string | null | undefined | false;
 
@@ -127,7 +134,7 @@ function login(error?: string): void {
       return;
     }
     sessionStorage.setItem(TOKEN_KEY, token);
-    main(client);
+    main(client, token);
   };
   app.append(form);
   input.focus();
@@ -136,20 +143,30 @@ function login(error?: string): void {
 function logout(why?: string): void {
   sessionStorage.removeItem(TOKEN_KEY);
   viewer?.close();
+  feed?.close();
+  feed = undefined;
   login(why);
 }
 
 // ---- the main view ----
 
 let viewer: { close(): void } | undefined;
-let refreshTimer: number | undefined;
+let feed: EventFeed | undefined;
 
-function main(client: Client): void {
+/** A process as the page shows it, and the count of process events applied when it was set. */
+interface Shown {
+  p: Process;
+  at: number;
+}
+
+function main(client: Client, token: string): void {
   app.replaceChildren();
   toast.hidden = true;
+  feed?.close();
   const sandboxList = h("tbody");
   const sandboxPanel = h("section", { id: "sandbox" });
   const view = h("section", { id: "viewer" });
+  const events = eventsPanel();
   app.append(
     h("header", {}, h("h1", {}, "sandkiln"), button("Log out", () => logout())),
     toast,
@@ -159,13 +176,95 @@ function main(client: Client): void {
         createForm(client, () => refresh()),
         h("table", {}, h("thead", {}, h("tr", {}, h("th", {}, "id"), h("th", {}, "name"), h("th", {}, "state"), h("th", { class: "wide" }, "runtime, image"), h("th", { class: "wide" }, "limits"), h("th", { class: "wide" }, "labels"), h("th", {}))), sandboxList)),
       sandboxPanel,
-      view));
+      view,
+      events.panel));
   let open: Sandbox | undefined;
+  // The open sandbox's processes, as its list and its process events
+  // since tell them. applied counts the process events applied, so that
+  // a list read while one came does not undo what it told.
+  let procs = new Map<string, Shown>();
+  let applied = 0;
 
-  const refresh = async () => {
+  // The sandboxes, read again on each of their events: an event says
+  // what changed, the list what each sandbox is now (its runtime, image,
+  // limits and labels are not in an event). Reads never overlap, and one
+  // begins after the last event that asked for it.
+  const listSandboxes = coalesced(async () => {
+    const was = open;
     const list = await client.sandboxes.list();
     sandboxList.replaceChildren(...list.map((s) => sandboxRow(s)));
-    if (open) await showSandbox(open, false);
+    if (!was || open !== was) return;
+    const info = list.find((s) => s.id === was.id);
+    if (!info) {
+      closeSandbox(); // deleted, by another client or its ttl
+      return;
+    }
+    const st = sandboxPanel.querySelector(".sandbox-state");
+    if (st) st.textContent = stateText(info);
+  });
+
+  // The open sandbox's processes, read as a whole: when it opens, after
+  // the page's own actions, and when events may have been missed.
+  const listProcesses = coalesced(async () => {
+    const sb = open;
+    if (!sb || sandboxPanel.dataset.sandbox !== sb.id) return;
+    const mark = applied;
+    const list = await sb.processes.list();
+    if (open !== sb) return;
+    const next = new Map<string, Shown>();
+    for (const p of list) {
+      const had = procs.get(p.id);
+      // An exit told by an event after the list was asked for is newer
+      // than the list's "running"; a process never runs again.
+      next.set(p.id, had && had.at > mark && had.p.state === "exited" && p.state !== "exited" ? had : { p, at: mark });
+    }
+    for (const [id, s] of procs) if (s.at > mark && !next.has(id)) next.set(id, s);
+    procs = next;
+    showProcesses();
+  });
+
+  const refresh = async () => {
+    await Promise.all([listSandboxes(), listProcesses()]);
+  };
+
+  const processEvent = (p: Process) => {
+    const had = procs.get(p.id);
+    if (had?.p.state === "exited" && p.state !== "exited") return;
+    procs.set(p.id, { p, at: ++applied });
+    showProcesses();
+  };
+
+  feed = new EventFeed(location.origin, token, {
+    event(e, live) {
+      events.add(e);
+      if (!live) return; // before what the page read
+      if (e.type === "gap") {
+        refresh().catch(report);
+        return;
+      }
+      if (e.type.startsWith("sandbox.")) listSandboxes().catch(report);
+      if (open && e.sandbox === open.id) {
+        if (e.type === "sandbox.deleted") closeSandbox();
+        // Started again: its agent is a new one, with processes of its own.
+        else if (e.type === "sandbox.started") listProcesses().catch(report);
+        else if (e.process) processEvent(e.process);
+      }
+    },
+    reread: () => refresh().catch(report),
+    live: () => events.status("live", "live"),
+    down: (why, ms) => events.status("down", `reconnecting in ${ms} ms: ${why}`),
+  });
+
+  const closeSandbox = () => {
+    open = undefined;
+    procs = new Map();
+    viewer?.close();
+    viewer = undefined;
+    sandboxPanel.replaceChildren();
+    delete sandboxPanel.dataset.sandbox;
+    view.replaceChildren();
+    go({});
+    for (const tr of sandboxList.querySelectorAll("tr.selected")) tr.classList.remove("selected");
   };
 
   const sandboxRow = (s: SandboxInfo) => {
@@ -180,48 +279,50 @@ function main(client: Client): void {
         button("Open", async () => {
           open = await client.sandboxes.get(s.id);
           go({ sandbox: s.id });
-          await refresh();
+          await showSandbox(open);
         }),
         button("Delete", async () => {
-          if (open?.id === s.id) {
-            open = undefined;
-            viewer?.close();
-            sandboxPanel.replaceChildren();
-            delete sandboxPanel.dataset.sandbox;
-            view.replaceChildren();
-            go({});
-          }
+          if (open?.id === s.id) closeSandbox();
           await (await client.sandboxes.get(s.id)).destroy();
-          await refresh();
+          await listSandboxes();
         })));
     return tr;
   };
 
-  const showSandbox = async (sb: Sandbox, reset: boolean) => {
+  const showProcesses = () => {
+    const sb = open;
+    const body = sandboxPanel.querySelector("#processes tbody");
+    if (!sb || !body) return;
+    body.replaceChildren(...[...procs.values()].map(({ p }) => processRow(sb, p)));
+  };
+
+  const processRow = (sb: Sandbox, p: Process) => h("tr", { "data-process": p.id, "data-state": p.state },
+    h("td", { class: "id wide", title: p.id }, short(p.id)),
+    h("td", { class: "command" }, [p.command, ...(p.args ?? [])].join(" ").replace(/[\n\r]/g, "⏎")),
+    h("td", { class: "state" }, p.state === "exited" ? "exited" : p.terminal ? "running (terminal)" : "running"),
+    h("td", { class: "exit", title: p.state === "exited" ? exitText(processExit(p)) : "" }, exitCell(p)),
+    h("td", { class: "bytes" }, ...streamCells(p)),
+    h("td", {},
+      button(p.terminal ? "Open" : "Logs", () => openProcess(sb, p.id)),
+      p.state === "running" && button("TERM", async () => withHandle(sb, p.id, (hd) => hd.signal("SIGTERM"))),
+      p.state === "running" && button("Kill", async () => withHandle(sb, p.id, (hd) => hd.terminate()))));
+
+  /** Opens sb's panel: what it is, and its processes. */
+  const showSandbox = async (sb: Sandbox) => {
     const info = await sb.refresh();
-    const procs = await sb.processes.list();
-    const rows = procs.map((p) => h("tr", { "data-process": p.id },
-      h("td", { class: "id", title: p.id }, short(p.id)),
-      h("td", { class: "command" }, [p.command, ...(p.args ?? [])].join(" ").replace(/[\n\r]/g, "⏎")),
-      h("td", { class: "state" }, p.state === "exited" ? exitText({ exitCode: p.exit_code ?? null, signal: signalName(p.signal), oomKilled: p.oom_killed }) : p.terminal ? "running (terminal)" : "running"),
-      h("td", {},
-        button(p.terminal ? "Open" : "Logs", () => openProcess(sb, p.id)),
-        p.state === "running" && button("TERM", async () => withHandle(sb, p.id, (hd) => hd.signal("SIGTERM"))),
-        p.state === "running" && button("Kill", async () => withHandle(sb, p.id, (hd) => hd.terminate())))));
-    const body = h("tbody", {}, ...rows);
-    if (!reset && sandboxPanel.dataset.sandbox === sb.id) {
-      sandboxPanel.querySelector("#processes tbody")?.replaceWith(body);
-      const st = sandboxPanel.querySelector(".sandbox-state");
-      if (st) st.textContent = info.state + (info.reason ? `: ${info.reason}` : "");
-      return;
-    }
+    if (open !== sb) return;
+    for (const tr of sandboxList.querySelectorAll("tr[data-sandbox]")) tr.classList.toggle("selected", tr.getAttribute("data-sandbox") === sb.id);
+    procs = new Map();
     sandboxPanel.dataset.sandbox = sb.id;
     sandboxPanel.replaceChildren(
       h("h2", {}, "Sandbox ", h("span", { class: "id", title: sb.id }, short(sb.id))),
-      h("p", {}, "State: ", h("span", { class: "sandbox-state" }, info.state), " · ", limitsText(info), info.image ? ` · image ${info.image}` : ""),
-      startForm(sb, (id) => openProcess(sb, id), () => refresh()),
-      h("table", { id: "processes" }, h("thead", {}, h("tr", {}, h("th", {}, "process"), h("th", {}, "command"), h("th", {}, "state"), h("th", {}))), body),
+      h("p", {}, "State: ", h("span", { class: "sandbox-state" }, stateText(info)), " · ", limitsText(info), info.image ? ` · image ${info.image}` : ""),
+      startForm(sb, (id) => openProcess(sb, id), () => listProcesses()),
+      h("table", { id: "processes" },
+        h("thead", {}, h("tr", {}, h("th", { class: "wide" }, "process"), h("th", {}, "command"), h("th", {}, "state"), h("th", {}, "exit"), h("th", {}, "output"), h("th", {}))),
+        h("tbody")),
       filesPanel(sb));
+    await listProcesses();
   };
 
   const openProcess = async (sb: Sandbox, id: string) => {
@@ -229,8 +330,7 @@ function main(client: Client): void {
     viewer?.close();
     // An observer: what it falls behind on is shown as a gap, with its count.
     const handle = await sb.processes.get(id, { format: "text", overflow: "report" });
-    viewer = handle instanceof TerminalHandle ? terminalView(view, handle, () => refresh()) : logView(view, handle as ProcessHandle<Chunk>, () => refresh());
-    await refresh();
+    viewer = handle instanceof TerminalHandle ? terminalView(view, handle, () => listProcesses()) : logView(view, handle as ProcessHandle<Chunk>, () => listProcesses());
   };
 
   // What the URL's fragment names opens again.
@@ -244,12 +344,118 @@ function main(client: Client): void {
         go({});
       }
     }
-    await refresh();
+    await listSandboxes();
+    if (open) await showSandbox(open);
     if (open && p.process) await openProcess(open, p.process);
   })().catch(report);
+}
 
-  window.clearInterval(refreshTimer);
-  refreshTimer = window.setInterval(() => refresh().catch(report), 3000);
+/**
+ * f, run once at a time: a call while it runs is answered by one more run
+ * after it, however many calls came, so that what a run reads is never
+ * older than the call.
+ */
+function coalesced(f: () => Promise<void>): () => Promise<void> {
+  let running: Promise<void> | undefined;
+  let again: Promise<void> | undefined;
+  const run = (): Promise<void> => {
+    if (!running) {
+      running = f().finally(() => {
+        running = undefined;
+      });
+      return running;
+    }
+    again ??= running.catch(() => {}).then(() => {
+      again = undefined;
+      return run();
+    });
+    return again;
+  };
+  return run;
+}
+
+function stateText(s: SandboxInfo): string {
+  return s.state + (s.reason ? `: ${s.reason}` : "");
+}
+
+function processExit(p: Process): { exitCode: number | null; signal: string | null; oomKilled?: boolean } {
+  return { exitCode: p.exit_code ?? null, signal: signalName(p.signal), oomKilled: p.oom_killed };
+}
+
+/** The exit code, and the signal that ended the process if one did: "0", "143 SIGTERM". */
+function exitCell(p: Process): string {
+  if (p.state !== "exited") return "";
+  const code = p.exit_code ?? "?";
+  const signal = signalName(p.signal);
+  if (!signal) return String(code);
+  return `${code} ${signal}${p.oom_killed ? " (out of memory)" : ""}`;
+}
+
+/** A byte count as people read it; the exact count is the element's title. */
+function bytesText(n: number): string {
+  if (n < 1024) return `${n} B`;
+  const units = ["KiB", "MiB", "GiB", "TiB"];
+  let v = n / 1024;
+  let i = 0;
+  for (; v >= 1024 && i < units.length - 1; i++) v /= 1024;
+  return `${v.toFixed(1)} ${units[i]}`;
+}
+
+/** A process's streams, stdout first. */
+function byStream(p: Process): [string, Process["streams"][string]][] {
+  const order = ["stdout", "stderr", "terminal"];
+  return Object.entries(p.streams ?? {}).sort(([a], [b]) => order.indexOf(a) - order.indexOf(b));
+}
+
+/** Per stream, the bytes written, and those its captured log lost when any were. */
+function streamCells(p: Process): HTMLElement[] {
+  return byStream(p).map(([name, st]) => {
+    const dropped = st.capture_dropped ?? 0;
+    return h("span", {
+      class: "stream", "data-stream": name, "data-bytes": String(st.total_bytes), "data-dropped": String(dropped),
+      title: `${name}: ${st.total_bytes} bytes${dropped ? `, ${dropped} of them not in its captured log` : ""}`,
+    }, `${name} ${bytesText(st.total_bytes)}`, dropped ? h("span", { class: "dropped" }, `, ${bytesText(dropped)} not logged`) : null);
+  });
+}
+
+/** The recent events, newest first, and whether they are followed. */
+function eventsPanel(): { panel: HTMLElement; add(e: KilnEvent): void; status(state: string, text: string): void } {
+  const list = h("ol", { id: "events-list", reversed: "" });
+  const status = h("span", { id: "events-status" }, "connecting");
+  const panel = h("section", { id: "events", "data-state": "connecting" }, h("h2", {}, "Events ", status), list);
+  return {
+    panel,
+    add(e) {
+      const time = new Date(e.time);
+      list.prepend(h("li", { "data-seq": String(e.seq), "data-type": e.type, ...(e.sandbox ? { "data-sandbox": e.sandbox } : {}) },
+        h("time", { datetime: e.time, title: e.time }, time.toLocaleTimeString()), " ",
+        h("span", { class: "type" }, e.type), " ",
+        eventText(e)));
+      while (list.childElementCount > MAX_EVENTS_SHOWN) list.lastElementChild!.remove();
+    },
+    status(state, text) {
+      panel.dataset.state = state;
+      status.textContent = text;
+    },
+  };
+}
+
+function eventText(e: KilnEvent): string {
+  const who = e.sandbox ? short(e.sandbox) + (e.name ? ` (${e.name})` : "") : "";
+  const p = e.process;
+  switch (e.type) {
+    case "gap":
+      return `${e.lost} events lost` + (who ? ` of ${who}` : "") + (e.reason ? `: ${e.reason}` : "");
+    case "process.started":
+      return `${who} ${p ? short(p.id) + " " + [p.command, ...(p.args ?? [])].join(" ") : ""}`;
+    case "process.exited": {
+      if (!p) return who;
+      const streams = byStream(p).map(([s, st]) => `${s} ${bytesText(st.total_bytes)}`).join(", ");
+      return `${who} ${short(p.id)} ${[p.command, ...(p.args ?? [])].join(" ")}: exit ${exitCell(p)}${streams ? ", " + streams : ""}`;
+    }
+    default:
+      return who + (e.reason ? `: ${e.reason}` : "") + (e.exit ? ` (${exitText({ exitCode: e.exit.exit_code ?? null, signal: signalName(e.exit.signal) })})` : "");
+  }
 }
 
 async function withHandle(sb: Sandbox, id: string, f: (h: ProcessHandle<Chunk> | TerminalHandle) => Promise<unknown>): Promise<void> {
@@ -306,14 +512,16 @@ function startForm(sb: Sandbox, opened: (id: string) => Promise<void>, done: () 
     h("button", { type: "submit" }, "Start"));
   form.onsubmit = async (ev) => {
     ev.preventDefault();
-    const command = script.value.trim() ? { kind: "shell" as const, script: script.value } : { kind: "argv" as const, argv: ["sh"] };
+    const given = script.value.trim() ? { kind: "shell" as const, script: script.value } : undefined;
     try {
       if (terminal.checked) {
+        const command = given ?? { kind: "argv" as const, argv: await loginShell(sb) };
         const t = await sb.terminals.start({ command, capture: capture.checked });
         const id = t.id;
         await t.detach();
         await opened(id);
       } else {
+        const command = given ?? { kind: "argv" as const, argv: ["sh"] };
         const p = await sb.processes.start({ command, capture: capture.checked, output: { mode: "stream" } });
         const id = p.id;
         await p.detach();
@@ -325,6 +533,24 @@ function startForm(sb: Sandbox, opened: (id: string) => Promise<void>, done: () 
     }
   };
   return form;
+}
+
+/**
+ * What a terminal given no command runs: the sandbox's bash where it has
+ * one, else sh, each as a login shell (as kiln shell runs sh). The files
+ * API says whether /bin/bash is there: asking costs no process, which a
+ * shell script choosing for itself would, and the process list then
+ * names the shell that runs. An image without bash (busybox's, Alpine's)
+ * answers NOT_FOUND.
+ */
+async function loginShell(sb: Sandbox): Promise<string[]> {
+  try {
+    await sb.files.stat("/bin/bash");
+    return ["/bin/bash", "-l"];
+  } catch (err) {
+    if (err instanceof SandkilnError && err.code === "NOT_FOUND") return ["sh", "-l"];
+    throw err;
+  }
 }
 
 /**
@@ -435,7 +661,12 @@ function terminalView(view: HTMLElement, handle: TerminalHandle, done: () => Pro
   term.loadAddon(fit);
   term.open(box);
   fit.fit();
-  const resize = () => handle.resize({ columns: term.cols, rows: term.rows }).catch(() => {});
+  // A terminal whose process has exited has no size to set (kilnd would
+  // refuse it): the window may still change.
+  let ended = false;
+  const resize = () => {
+    if (!ended) handle.resize({ columns: term.cols, rows: term.rows }).catch(() => {});
+  };
   resize();
   term.onResize(resize);
   const onWindow = () => fit.fit();
@@ -448,6 +679,7 @@ function terminalView(view: HTMLElement, handle: TerminalHandle, done: () => Pro
   term.focus();
   (async () => {
     const r = await follow<Uint8Array>(handle, ac.signal, status, (b) => term.write(b), (n) => term.write(`\r\n[${n} bytes lost]\r\n`));
+    ended = true;
     if (!r) return;
     term.write(`\r\n[${exitText(r)}]\r\n`);
     foot.textContent = summary(r);
@@ -505,5 +737,5 @@ function filesPanel(sb: Sandbox): HTMLElement {
 // ---- start ----
 
 const token = sessionStorage.getItem(TOKEN_KEY);
-if (token) main(new Client({ url: location.origin, token }));
+if (token) main(new Client({ url: location.origin, token }), token);
 else login();

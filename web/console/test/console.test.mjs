@@ -7,8 +7,12 @@
 
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { mkdirSync, existsSync, readFileSync, writeFileSync } from "node:fs";
+import { execFileSync } from "node:child_process";
+import { createHash } from "node:crypto";
+import { chmodSync, copyFileSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import http from "node:http";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 
 import { chromium } from "playwright-core";
@@ -277,15 +281,21 @@ test("sandboxes: state and limits as kilnd has them; Delete takes one off the li
 
 test("widths: at 360, 768 and 1280 px nothing scrolls sideways and no two controls overlap; names and labels shown", async () => {
   const sb = await api("POST", "/sandboxes", { name: "narrow", labels: { team: "web" } });
+  // A process, so that its row (exit, bytes per stream) is laid out too.
+  const ran = await api("POST", `/sandboxes/${sb.id}/exec-stream`, { command: "sh", args: ["-c", "echo a-longer-line-of-output; echo oops >&2; exit 2"] });
+  await api("GET", `/sandboxes/${sb.id}/exec-stream/${ran.id}/wait`);
   try {
     for (const width of [360, 768, 1280]) {
       await page.setViewportSize({ width, height: 900 });
       await page.goto(kilnd.url + "/#sandbox=" + sb.id);
       await page.reload(); // a new fragment alone loads nothing
       await page.waitForSelector(`#sandbox[data-sandbox="${sb.id}"]`);
+      await page.waitForSelector(`#processes tr[data-process="${ran.id}"] td.exit >> text=2`);
+      await page.waitForSelector(`#events-list li[data-type="process.exited"]`);
       const row = page.locator(`tr[data-sandbox="${sb.id}"]`);
       assert.equal(await row.locator("td.name").textContent(), "narrow");
       if (width >= 768) assert.equal(await row.locator("td.labels").textContent(), "team=web");
+      await shot(`20-width-${width}`);
       const over = await page.evaluate(() => document.documentElement.scrollWidth - document.documentElement.clientWidth);
       assert.ok(over <= 0, `${width} px: the page scrolls ${over} px sideways`);
       const boxes = await page.$$eval("button, input, select, a", (els) => els
@@ -301,7 +311,6 @@ test("widths: at 360, 768 and 1280 px nothing scrolls sideways and no two contro
           assert.ok(!overlap, `${width} px: ${a.what} overlaps ${b.what}`);
         }
       }
-      await shot(`20-width-${width}`);
     }
   } finally {
     await page.setViewportSize({ width: 1280, height: 1000 });
@@ -339,7 +348,10 @@ test("processes: TERM and Kill on a running process, the exit shown as its signa
   await page.waitForSelector("#log .exit", { timeout: 15_000 });
   assert.equal(await page.textContent("#log .exit"), "[process killed by signal SIGTERM]\n");
   assert.equal((await api("GET", `/sandboxes/${sb}/exec-stream/${heeds}`)).signal, "TERM");
-  await page.waitForFunction((id) => document.querySelector(`#processes tr[data-process="${id}"] td.state`)?.textContent === "process killed by signal SIGTERM", heeds);
+  await page.waitForFunction((id) => document.querySelector(`#processes tr[data-process="${id}"] td.exit`)?.textContent === "143 SIGTERM", heeds);
+  const exited = page.locator(`#processes tr[data-process="${heeds}"]`);
+  assert.equal(await exited.locator("td.state").textContent(), "exited");
+  assert.equal(await exited.locator("td.exit").getAttribute("title"), "process killed by signal SIGTERM");
 
   // One that ignores it runs on, until Kill.
   const ignores = await start("trap '' TERM; echo ready; while :; do sleep 1; done");
@@ -351,7 +363,7 @@ test("processes: TERM and Kill on a running process, the exit shown as its signa
   await page.waitForSelector("#log .exit", { timeout: 15_000 });
   assert.equal(await page.textContent("#log .exit"), "[process killed by signal SIGKILL]\n");
   assert.equal((await api("GET", `/sandboxes/${sb}/exec-stream/${ignores}`)).signal, "KILL");
-  await page.waitForFunction((id) => document.querySelector(`#processes tr[data-process="${id}"] td.state`)?.textContent === "process killed by signal SIGKILL", ignores);
+  await page.waitForFunction((id) => document.querySelector(`#processes tr[data-process="${id}"] td.exit`)?.textContent === "137 SIGKILL", ignores);
   const offered = page.locator(`#processes tr[data-process="${ignores}"]`).getByRole("button");
   assert.deepEqual(await offered.allTextContents(), ["Logs"], "an exited process still offers TERM or Kill");
   await shot("10-signals");
@@ -419,6 +431,195 @@ test("files: a subdirectory opened, its file listed and downloaded, and back up"
   assert.equal(await page.inputValue("#files input[name=path]"), "/workspace");
   assert.equal(await page.$('#files tr[data-file="inner.txt"]'), null);
   await api("DELETE", `/sandboxes/${sb}`);
+});
+
+test("events: a sandbox made, stopped and deleted elsewhere, and a process run in the open sandbox, shown as they happen", async () => {
+  const sb = (await api("POST", "/sandboxes", {})).id;
+  await openSandbox(sb);
+  await page.waitForSelector('#events[data-state="live"]');
+  // A reload would lose this: the page must change without one.
+  await page.evaluate(() => { window.notReloaded = true; });
+
+  // Made through the API, not the page: its row comes with its event.
+  const other = await api("POST", "/sandboxes", { name: "made-elsewhere", labels: { by: "api" } });
+  const row = page.locator(`tr[data-sandbox="${other.id}"]`);
+  await row.locator("td.name >> text=made-elsewhere").waitFor();
+  assert.equal(await row.locator("td.state").textContent(), "running");
+  await page.waitForSelector(`#events-list li[data-type="sandbox.created"][data-sandbox="${other.id}"]`);
+
+  // A process in the open sandbox: its row appears running, then its exit
+  // code and bytes once its stdin is closed.
+  const st = await api("POST", `/sandboxes/${sb}/exec-stream`, { command: "sh", args: ["-c", "read line; printf abcde; printf xy >&2; exit 3"], stdin: "pipe" });
+  const proc = page.locator(`#processes tr[data-process="${st.id}"]`);
+  await page.waitForSelector(`#processes tr[data-process="${st.id}"][data-state="running"]`);
+  assert.equal(await proc.locator("td.command").textContent(), "sh -c read line; printf abcde; printf xy >&2; exit 3");
+  assert.equal(await proc.locator("td.exit").textContent(), "");
+  await api("POST", `/sandboxes/${sb}/exec-stream/${st.id}/stdin/close`);
+  await page.waitForSelector(`#processes tr[data-process="${st.id}"][data-state="exited"]`, { timeout: 30_000 });
+  assert.equal(await proc.locator("td.exit").textContent(), "3");
+  assert.deepEqual(await proc.locator("td.bytes .stream").evaluateAll((els) => els.map((e) => [e.dataset.stream, e.dataset.bytes, e.textContent])),
+    [["stdout", "5", "stdout 5 B"], ["stderr", "2", "stderr 2 B"]]);
+  const told = page.locator(`#events-list li[data-type="process.exited"][data-sandbox="${sb}"]`).first();
+  assert.match(await told.textContent(), /: exit 3, stdout 5 B, stderr 2 B$/);
+  await shot("15-events");
+
+  // Stopped, then deleted elsewhere: its state, then its row gone.
+  await api("POST", `/sandboxes/${other.id}/stop`, {});
+  await row.locator("td.state >> text=stopped").waitFor();
+  await api("DELETE", `/sandboxes/${other.id}`);
+  await row.waitFor({ state: "detached" });
+  // The open sandbox deleted elsewhere: its panel closes, and nothing more is asked of it.
+  await api("DELETE", `/sandboxes/${sb}`);
+  await page.waitForSelector("#sandbox:not([data-sandbox])");
+  assert.equal(await page.$(`tr[data-sandbox="${sb}"]`), null);
+  assert.equal(await page.evaluate(() => window.notReloaded), true, "the page was loaded again");
+  for (const type of ["sandbox.stopped", "sandbox.deleted"]) {
+    await page.waitForSelector(`#events-list li[data-type="${type}"][data-sandbox="${other.id}"]`);
+  }
+});
+
+test("events: a connection that drops is taken up from the last event seen, none missed, none twice", async () => {
+  const tab = await page.context().newPage();
+  const said = [];
+  tab.on("console", (m) => { if (m.type() === "error") said.push(m.text()); });
+  tab.on("pageerror", (e) => said.push(e.message));
+  // Every events WebSocket the page opens, passed to kilnd unless held:
+  // a held one is closed at once, as by a kilnd that cannot be reached.
+  const sockets = [];
+  let hold = false;
+  await tab.routeWebSocket(/\/events\?/, (ws) => {
+    const s = { url: new URL(ws.url()), ws };
+    sockets.push(s);
+    if (hold) ws.close({ code: 4002, reason: "held by the test" });
+    else s.server = ws.connectToServer();
+  });
+  await tab.goto(kilnd.url + "/");
+  await tab.fill("#token", kilnd.token);
+  await tab.click("#login button[type=submit]");
+  await tab.waitForSelector('#events[data-state="live"]');
+  // First those held (follow=false), then the following, from the last of them.
+  assert.equal(sockets[0].url.searchParams.get("follow"), "false");
+  assert.equal(sockets[0].url.searchParams.get("after"), "0");
+  assert.equal(sockets[1].url.searchParams.get("follow"), null);
+  const epoch = sockets[1].url.searchParams.get("epoch");
+  assert.ok(epoch, sockets[1].url.href);
+
+  const a = (await api("POST", "/sandboxes", {})).id;
+  await tab.waitForSelector(`#events-list li[data-type="sandbox.created"][data-sandbox="${a}"]`);
+  const last = Math.max(...await tab.$$eval("#events-list li", (lis) => lis.map((li) => Number(li.dataset.seq))));
+
+  // The connection drops, and stays away while things happen.
+  hold = true;
+  const live = sockets.at(-1);
+  await live.ws.close({ code: 4001, reason: "dropped by the test" });
+  await live.server.close();
+  await tab.waitForSelector('#events[data-state="down"]');
+  const b = (await api("POST", "/sandboxes", { name: "while-away" })).id;
+  await api("DELETE", `/sandboxes/${a}`);
+  hold = false;
+
+  await tab.waitForSelector(`tr[data-sandbox="${b}"]`, { timeout: 30_000 });
+  await tab.waitForSelector(`tr[data-sandbox="${a}"]`, { state: "detached" });
+  await tab.waitForSelector(`#events-list li[data-type="sandbox.deleted"][data-sandbox="${a}"]`);
+  // Each attempt since the drop asked for those after the last seen.
+  assert.ok(sockets.length > 2);
+  for (const s of sockets.slice(2)) {
+    assert.deepEqual([s.url.searchParams.get("after"), s.url.searchParams.get("epoch"), s.url.searchParams.get("follow")], [String(last), epoch, null], s.url.href);
+  }
+  // What the page shows after it is what kilnd holds after it, each once.
+  const resp = await fetch(`${kilnd.url}/events?after=${last}&follow=false`, { headers: { Authorization: "Bearer " + kilnd.token } });
+  const kept = (await resp.text()).split("\n").filter(Boolean).map((l) => JSON.parse(l));
+  const shown = await tab.$$eval("#events-list li", (lis) => lis.map((li) => ({ seq: Number(li.dataset.seq), type: li.dataset.type, sandbox: li.dataset.sandbox })));
+  assert.deepEqual(shown.filter((e) => e.seq > last).reverse(), kept.map((e) => ({ seq: e.seq, type: e.type, sandbox: e.sandbox })));
+  assert.ok(kept.some((e) => e.type === "sandbox.created" && e.sandbox === b));
+  assert.deepEqual(shown.map((e) => e.seq), [...new Set(shown.map((e) => e.seq))].sort((x, y) => y - x), "an event shown twice, or out of order");
+  assert.deepEqual(said, []);
+  await tab.close();
+  await api("DELETE", `/sandboxes/${b}`);
+});
+
+/**
+ * A docker save tar of busybox alone (the host's static one, with sh, ls,
+ * stty, cat and echo as its links): an image without bash.
+ */
+function busyboxImage(name) {
+  const dir = mkdtempSync(join(tmpdir(), "console-busybox-"));
+  try {
+    const root = join(dir, "root");
+    mkdirSync(join(root, "bin"), { recursive: true });
+    mkdirSync(join(root, "tmp"));
+    copyFileSync("/bin/busybox", join(root, "bin", "busybox"));
+    chmodSync(join(root, "bin", "busybox"), 0o755);
+    for (const applet of ["sh", "ls", "stty", "cat", "echo"]) symlinkSync("busybox", join(root, "bin", applet));
+    const out = join(dir, "image");
+    mkdirSync(out);
+    execFileSync("tar", ["--owner=0", "--group=0", "--numeric-owner", "-C", root, "-cf", join(out, "layer.tar"), "."]);
+    const sha256 = (b) => createHash("sha256").update(b).digest("hex");
+    const arch = { x64: "amd64", arm64: "arm64" }[process.arch] ?? process.arch;
+    const config = JSON.stringify({ architecture: arch, os: "linux", config: { Env: ["PATH=/bin"], Cmd: ["sh"] },
+      rootfs: { type: "layers", diff_ids: ["sha256:" + sha256(readFileSync(join(out, "layer.tar")))] } });
+    const configName = sha256(config) + ".json";
+    writeFileSync(join(out, configName), config);
+    writeFileSync(join(out, "manifest.json"), JSON.stringify([{ Config: configName, RepoTags: [name], Layers: ["layer.tar"] }]));
+    execFileSync("tar", ["-C", out, "-cf", join(dir, "image.tar"), "manifest.json", configName, "layer.tar"]);
+    return readFileSync(join(dir, "image.tar"));
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+test("terminal: bash where the sandbox has it, sh where it has not", { skip: !existsSync("/bin/busybox") && "needs /bin/busybox (Debian's busybox-static)" }, async () => {
+  /** Opens a terminal of no command in sb: what $BASH_VERSION is there, and the command the process list names. */
+  const shell = async (sb) => {
+    await openSandbox(sb);
+    await page.fill("#start input[name=command]", "");
+    await page.check("#start-terminal");
+    const was = await openProcessId();
+    await page.click("#start button[type=submit]");
+    await page.waitForFunction((was) => {
+      const p = new URLSearchParams(location.hash.slice(1)).get("process");
+      return p && p !== was;
+    }, was);
+    const id = await openProcessId();
+    await page.waitForSelector("#terminal .xterm-rows");
+    await page.click("#terminal");
+    await page.keyboard.type('echo "bash=${BASH_VERSION:-none}"\n');
+    const said = await page.waitForFunction(() => [...document.querySelectorAll("#terminal .xterm-rows > div")]
+      .map((r) => r.textContent.trim()).find((t) => /^bash=\S+$/.test(t)), null, { timeout: 15_000 });
+    const bash = (await said.jsonValue()).slice("bash=".length);
+    await page.waitForSelector(`#processes tr[data-process="${id}"]`);
+    const command = await page.textContent(`#processes tr[data-process="${id}"] td.command`);
+    await page.keyboard.type("exit\n");
+    await page.waitForSelector(`#processes tr[data-process="${id}"][data-state="exited"]`, { timeout: 15_000 });
+    assert.equal(await page.textContent(`#processes tr[data-process="${id}"] td.exit`), "0");
+    await page.uncheck("#start-terminal");
+    return { bash, command };
+  };
+
+  // A sandbox of the host's /usr has bash.
+  const plain = (await api("POST", "/sandboxes", {})).id;
+  const got = await shell(plain);
+  assert.match(got.bash, /^\d+\.\d+/, JSON.stringify(got));
+  assert.equal(got.command, "/bin/bash -l");
+  await shot("16-terminal-bash");
+  await api("DELETE", `/sandboxes/${plain}`);
+
+  // busybox has none: sh. The files API answers the page's question
+  // about /bin/bash with 404, which the browser reports: that, and
+  // nothing else, is expected.
+  const name = "example.test/console-busybox:1";
+  const imported = await fetch(kilnd.url + "/images/import", { method: "POST", headers: { Authorization: "Bearer " + kilnd.token, "Content-Type": "application/x-tar" }, body: busyboxImage(name) });
+  assert.ok(imported.ok, `${imported.status} ${await imported.clone().text()}`);
+  assert.match(await imported.text(), /"done"/);
+  const small = (await api("POST", "/sandboxes", { image: name })).id;
+  const before = problems.length;
+  const bare = await shell(small);
+  assert.deepEqual(bare, { bash: "none", command: "sh -l" });
+  const asked = problems.splice(before);
+  assert.ok(asked.length > 0 && asked.every((p) => /\/files\/bin\/bash\?stat=true$|status of 404/.test(p)), asked.join("\n"));
+  await shot("17-terminal-sh");
+  await api("DELETE", `/sandboxes/${small}`);
+  await api("DELETE", `/images/${name}`);
 });
 
 /**

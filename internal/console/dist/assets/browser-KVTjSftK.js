@@ -1,1 +1,0 @@
-import{t as e}from"./index-Bnx4XHld.js";var t=e(((e,t)=>{t.exports=function(){throw Error(`ws does not work in the browser. Browser clients must use the native WebSocket object`)}}));export default t();
