@@ -22,6 +22,7 @@ import (
 	"github.com/sandkiln/sandkiln/internal/daemon"
 	"github.com/sandkiln/sandkiln/internal/process"
 	"github.com/sandkiln/sandkiln/internal/ring"
+	"github.com/sandkiln/sandkiln/internal/sandbox"
 )
 
 // The comparison puts sandkiln beside what a user would otherwise reach
@@ -30,8 +31,8 @@ const (
 	compareWatchers = 64
 	compareStarts   = 20 // sandbox starts per runtime
 	// compareWarm is kilnd's sandboxes made ahead per runtime (its
-	// default, kilnd --warm).
-	compareWarm = daemon.DefaultWarm
+	// default for namespaces, kilnd --warm; gVisor's asked for as much).
+	compareWarm = 2
 	compareIdle = 5 // idle sandboxes per runtime
 )
 
@@ -444,7 +445,8 @@ func runTerminal(ctx context.Context, exe string, sh shape, size int64) (time.Du
 // Long because a benchmark reads best as its steps in the order they run,
 // the same steps for each runtime side by side.
 func compareSandboxes(ctx context.Context, cfg config, res *compareResult, base string, hasRunc, hasRunsc, idleToo bool) error {
-	k, c, err := startKilndConfig(daemon.Config{StateDir: filepath.Join(base, "kilnd"), Warm: compareWarm})
+	k, c, err := startKilndConfig(daemon.Config{StateDir: filepath.Join(base, "kilnd"),
+		Warm: map[string]int{sandbox.RuntimeNamespaces: compareWarm, sandbox.RuntimeGVisor: compareWarm}})
 	if err != nil {
 		return err
 	}
@@ -922,7 +924,7 @@ func writeStarts(b *strings.Builder, r *compareResult) {
 		return
 	}
 	fmt.Fprintf(b, "### Sandbox start: create, run `true`, remove (%d each, after 2 warm-ups)\n\n", r.startRuns)
-	fmt.Fprintf(b, "kilnd makes %d sandboxes ahead per runtime (`kilnd --warm`, its default). Before each case is timed, kilnd\n"+
+	fmt.Fprintf(b, "kilnd makes %d sandboxes ahead per runtime (`kilnd --warm namespaces=2 --warm gvisor=2`; the first is its default). Before each case is timed, kilnd\n"+
 		"has made ahead again what the case before took, so that no case pays\n"+
 		"for another's.\n\n", compareWarm)
 	ref := pct(durations(r.starts[0].secs), 50)

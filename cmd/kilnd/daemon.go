@@ -6,11 +6,14 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -87,7 +90,8 @@ Flags:
 	fs.Var(&insecure, "insecure-registry", "a registry (`host[:port]`) images are pulled from over plain HTTP; those on loopback addresses\nalways are, every other one over TLS only (repeatable)")
 	logMaxSize := fs.String("log-max-size", units.BytesSize(float64(daemon.DefaultLogs.MaxSizeBytes)), "the `size` at which a captured process's log file is rotated (64KiB to 1GiB), unless its\nsandbox's create request says otherwise")
 	logMaxFiles := fs.Int("log-max-files", daemon.DefaultLogs.MaxFiles, "how many files of a captured process's log are kept, the active one included (2 to 100),\nunless its sandbox's create request says otherwise")
-	warm := fs.Int("warm", daemon.DefaultWarm, "sandboxes of the everyday shape (no name, hostname, image, init or network; the default\nlimits) kept made ahead for each runtime, so that such a create takes one at once (0 to 64;\neach costs an idle sandbox's memory)")
+	warm := warmFlag(maps.Clone(daemon.DefaultWarm))
+	fs.Var(warm, "warm", "[RUNTIME=]N: N sandboxes of the everyday shape (no name, hostname, image, init or\nnetwork; the default limits) kept made ahead for RUNTIME (namespaces unless given), so\nthat such a create takes one at once: 0 to 64 each, each costing an idle sandbox's memory\n(repeatable; gvisor: none unless asked)")
 	keepDeleted := fs.Duration("keep-deleted", daemon.DefaultKeepDeleted, "how long a deleted sandbox's record and captured logs stay before they are removed (1s to\n8760h, a year)")
 	captureBuffer := fs.String("capture-buffer", "8MiB", "per captured process, the `size` of output held for its log writer while it catches up\n(64KiB to 1GiB): a burst beyond it, faster than the disk, is dropped and counted")
 	if err := fs.Parse(args); err != nil {
@@ -116,10 +120,6 @@ Flags:
 	}
 	if *flowGrace < time.Second || *flowGrace > time.Hour {
 		fmt.Fprintf(os.Stderr, "kilnd: --flow-grace %v: want 1s to 1h\n", *flowGrace)
-		return 2
-	}
-	if *warm < 0 || *warm > daemon.MaxWarm {
-		fmt.Fprintf(os.Stderr, "kilnd: --warm %d: want 0 to %d\n", *warm, daemon.MaxWarm)
 		return 2
 	}
 	if *keepDeleted < time.Second || *keepDeleted > 365*24*time.Hour {
@@ -172,7 +172,7 @@ Flags:
 		return 1
 	}
 	cfg := daemon.Config{StateDir: *stateDir, Listen: *listen, AllowOrigins: allow, AllowHosts: hosts, PreviewDomain: *previewDomain, PreviewListen: *previewListen, Exe: exe, Env: sandboxEnv, Images: *images,
-		Runsc: *runsc, RunscPlatform: *runscPlatform, CaptureQueue: queue, Logs: logs, FlowGrace: *flowGrace, KeepDeleted: *keepDeleted, Warm: *warm, DefaultLimits: &limits,
+		Runsc: *runsc, RunscPlatform: *runscPlatform, CaptureQueue: queue, Logs: logs, FlowGrace: *flowGrace, KeepDeleted: *keepDeleted, Warm: warm, DefaultLimits: &limits,
 		Instance: *instance, EgressRange: erange, EgressDNS: dns, InsecureRegistries: insecure}
 	if *runtimes {
 		return printRuntimes(cfg)
@@ -240,4 +240,28 @@ func printRuntimes(cfg daemon.Config) int {
 		fmt.Printf("%-11s %s\n", name, what)
 	}
 	return 0
+}
+
+// warmFlag is --warm: how many sandboxes are made ahead, by runtime.
+type warmFlag map[string]int
+
+func (w warmFlag) String() string {
+	var parts []string
+	for _, rt := range slices.Sorted(maps.Keys(w)) {
+		parts = append(parts, fmt.Sprintf("%s=%d", rt, w[rt]))
+	}
+	return strings.Join(parts, ",")
+}
+
+func (w warmFlag) Set(v string) error {
+	rt, count, ok := strings.Cut(v, "=")
+	if !ok {
+		rt, count = sandbox.RuntimeNamespaces, v
+	}
+	n, err := strconv.Atoi(count)
+	if !slices.Contains(daemon.RuntimeNames, rt) || err != nil || n < 0 || n > daemon.MaxWarm {
+		return fmt.Errorf("want [RUNTIME=]N, RUNTIME %s, N 0 to %d, such as gvisor=1", strings.Join(daemon.RuntimeNames, " or "), daemon.MaxWarm)
+	}
+	w[rt] = n
+	return nil
 }

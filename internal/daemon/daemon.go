@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -97,9 +98,10 @@ type Config struct {
 	InsecureRegistries []string
 	Log                *slog.Logger
 	// Warm is how many sandboxes of the everyday shape kilnd keeps made
-	// ahead for each runtime this host has, for creates of that shape to
-	// take at once (see warm.go); zero: none.
-	Warm int
+	// ahead, by runtime, for creates of that shape to take at once (see
+	// warm.go); a runtime left out, or one this host does not have, gets
+	// none.
+	Warm map[string]int
 	// MCP, when set, serves the Model Context Protocol's streamable HTTP
 	// transport at /mcp, behind the token like every other route; nil
 	// answers /mcp not found. kilnd's binary gives it the MCP server
@@ -300,7 +302,7 @@ func New(cfg Config) (_ *Daemon, err error) {
 	}
 	d.wg.Go(d.janitor)
 	d.wg.Go(d.finisher)
-	if cfg.Warm > 0 {
+	if len(d.warmRuntimes()) > 0 {
 		d.wg.Go(d.warmer)
 	}
 	return d, nil
@@ -318,8 +320,10 @@ func (cfg *Config) check() error {
 	if err := ValidatePreviewDomain(cfg.PreviewDomain, cfg.AllowHosts); err != nil {
 		return fmt.Errorf("kilnd: %w", err)
 	}
-	if cfg.Warm < 0 || cfg.Warm > MaxWarm {
-		return fmt.Errorf("kilnd: warm %d: want 0 to %d", cfg.Warm, MaxWarm)
+	for rt, n := range cfg.Warm {
+		if !slices.Contains(RuntimeNames, rt) || n < 0 || n > MaxWarm {
+			return fmt.Errorf("kilnd: warm %s=%d: want a runtime (%s) and 0 to %d", rt, n, strings.Join(RuntimeNames, " or "), MaxWarm)
+		}
 	}
 	if cfg.Instance == "" {
 		cfg.Instance = DefaultInstance(cfg.StateDir)

@@ -22,8 +22,8 @@ import (
 // of it depends on the request when the request is of the everyday shape:
 // no name or hostname (the hostname is then made of the id), no image or
 // rootfs, no init, no network, and kilnd's own limits, log rotation and
-// oom policy. kilnd keeps Config.Warm sandboxes of that shape made ahead
-// for each runtime this host has, and a create of that shape takes one,
+// oom policy. kilnd keeps sandboxes of that shape made ahead, as many of
+// each runtime as Config.Warm says, and a create of that shape takes one,
 // whose agent answers already, and makes it the caller's: its labels,
 // timeouts and creation time given, its record written, its creation
 // told. Another is made behind it.
@@ -35,12 +35,13 @@ import (
 // closes. Its id is made as it is made: ids are random, and a create
 // never says when its id was drawn.
 
-// DefaultWarm is how many sandboxes kilnd makes ahead per runtime unless
-// told otherwise; MaxWarm the most it may be told.
-const (
-	DefaultWarm = 2
-	MaxWarm     = 64
-)
+// DefaultWarm is how many sandboxes kilnd makes ahead unless told
+// otherwise: two of the namespaces runtime, whose idle sandboxes cost
+// about 10 MiB each; gVisor's, five times that, only when asked for.
+// MaxWarm is the most per runtime.
+var DefaultWarm = map[string]int{sandbox.RuntimeNamespaces: 2}
+
+const MaxWarm = 64
 
 // warmSandbox is a sandbox made ahead, with the plan it was made from.
 type warmSandbox struct {
@@ -69,7 +70,7 @@ func newWarmPool() *warmPool {
 // rotation, is matched against each sandbox's own plan).
 func (d *Daemon) warmable(p createPlan) bool {
 	r := p.req
-	return d.cfg.Warm > 0 && r.Name == "" && r.Hostname == "" && r.Rootfs == "" && r.Image == "" &&
+	return d.cfg.Warm[p.backend.Name()] > 0 && r.Name == "" && r.Hostname == "" && r.Rootfs == "" && r.Image == "" &&
 		r.Init == nil && !egress.Wanted(r.Network) && cmp.Or(r.OnOOM, api.OnOOMEndSandbox) == api.OnOOMEndSandbox
 }
 
@@ -134,11 +135,8 @@ func (pool *warmPool) changedNow() {
 // settles kilnd before it times anything, lest that work be counted
 // against what it times beside.
 func (d *Daemon) Settle(ctx context.Context) error {
-	if d.cfg.Warm == 0 {
-		return nil
-	}
 	for _, rt := range d.warmRuntimes() {
-		if err := d.AwaitMadeAhead(ctx, rt, d.cfg.Warm); err != nil {
+		if err := d.AwaitMadeAhead(ctx, rt, d.cfg.Warm[rt]); err != nil {
 			return err
 		}
 	}
@@ -242,18 +240,18 @@ func (d *Daemon) discardWarm(w *warmSandbox) {
 }
 
 // warmRuntimes are the runtimes sandboxes are made ahead for: those this
-// host has, in order.
+// host has that Config.Warm asks for, in order.
 func (d *Daemon) warmRuntimes() []string {
 	var out []string
 	for _, name := range slices.Sorted(maps.Keys(d.backends)) {
-		if d.unavailable[name] == nil {
+		if d.unavailable[name] == nil && d.cfg.Warm[name] > 0 {
 			out = append(out, name)
 		}
 	}
 	return out
 }
 
-// warmer keeps Config.Warm sandboxes made ahead for each runtime, one at
+// warmer keeps Config.Warm's sandboxes made ahead for each runtime, one at
 // a time, until kilnd closes. Making one takes as much of the host as
 // the create it saves, so it waits until creates have paused for
 // warmQuiet: a sandbox taken is not made again while the create that
@@ -285,7 +283,7 @@ func (d *Daemon) warmer() {
 				}
 				continue
 			}
-			if d.warm.count(rt) >= d.cfg.Warm {
+			if d.warm.count(rt) >= d.cfg.Warm[rt] {
 				continue
 			}
 			w, err := d.makeWarm(ctx, rt)

@@ -51,7 +51,7 @@ func (k *kilnd) metric(t *testing.T, name string) string {
 // shape (a name) makes its own; kilnd ends those it still holds as it
 // closes.
 func TestMadeAhead(t *testing.T) {
-	k := startConfig(t, daemon.Config{Warm: 1})
+	k := startConfig(t, daemon.Config{Warm: map[string]int{sandbox.RuntimeNamespaces: 1}})
 	stopped := false
 	defer func() {
 		if !stopped {
@@ -131,7 +131,7 @@ func TestMadeAhead(t *testing.T) {
 // waited (killed on the host) is never handed out; the create gets one
 // that runs.
 func TestMadeAheadAgentGone(t *testing.T) {
-	k := startConfig(t, daemon.Config{Warm: 1})
+	k := startConfig(t, daemon.Config{Warm: map[string]int{sandbox.RuntimeNamespaces: 1}})
 	defer k.cleanup()
 	k.awaitMadeAhead(t, 1)
 	var victim string
