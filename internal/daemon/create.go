@@ -354,14 +354,14 @@ func (d *Daemon) plan(req CreateRequest) (p createPlan, err error) {
 		return p, fmt.Errorf("%w: runtime %q: want %s", errdefs.ErrInvalidArgument, api.Clip(runtime), strings.Join(RuntimeNames, " or "))
 	}
 	if why := d.unavailable[runtime]; why != nil {
-		return p, errdefs.Opaque(errdefs.ErrUnavailable, fmt.Sprintf("kilnd: runtime %s is not available on this host (kilnd --runtimes says why)", runtime), why)
+		return p, errdefs.Opaque(errdefs.ErrUnavailable, fmt.Sprintf("runtime %s is not available on this host (kilnd --runtimes says why)", runtime), why)
 	}
 	if req.Rootfs, err = d.resolveRootfs(req.Rootfs); err != nil {
 		return p, err
 	}
 	if d.disks == nil && limits.DiskBytes > 0 {
 		if req.Limits.DiskBytes != nil {
-			return p, errdefs.Opaque(errdefs.ErrUnavailable, "kilnd: this host cannot make sandbox disks, so no disk quota (kilnd's log says why, when it started)", d.disksErr)
+			return p, errdefs.Opaque(errdefs.ErrUnavailable, "this host cannot make sandbox disks, so no disk quota (kilnd's log says why, when it started)", d.disksErr)
 		}
 		limits.DiskBytes = 0 // the default, which this host cannot apply
 	}
@@ -459,9 +459,9 @@ func (d *Daemon) diskFits(bytes int64) error {
 // operator reads it.
 func (d *Daemon) hostFailure(what string, cause error) error {
 	class := errdefs.ErrUnavailable
-	msg := "kilnd: " + what + " (kilnd's log says why)"
+	msg := what + " (kilnd's log says why)"
 	if errors.Is(cause, unix.ENOSPC) || errors.Is(cause, unix.EDQUOT) {
-		class, msg = errdefs.ErrNoSpace, "kilnd: "+what+": no space left in kilnd's state directory"
+		class, msg = errdefs.ErrNoSpace, what+": no space left in kilnd's state directory"
 	}
 	d.log.Error(what, "err", cause)
 	return errdefs.Opaque(class, msg, cause)
