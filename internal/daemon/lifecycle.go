@@ -413,6 +413,15 @@ func (d *Daemon) replan(rec record) (p createPlan, err error) {
 	if rec.Logs != nil {
 		p.logs = p.logs.Apply(*rec.Logs)
 	}
+	// Its mounts as they are now: a source gone, or no longer below a
+	// directory this kilnd allows, is no sandbox to start.
+	if err := d.withMounts(&p, rec.Mounts, errdefs.ErrFailedPrecondition, fmt.Sprintf("sandbox %s cannot be started: ", rec.ID)); err != nil {
+		p.release()
+		if errdefs.ClassOf(err) == errdefs.ErrPermissionDenied {
+			err = fmt.Errorf("%w: %w", errdefs.ErrFailedPrecondition, err)
+		}
+		return p, err
+	}
 	return p, nil
 }
 
