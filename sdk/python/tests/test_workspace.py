@@ -581,3 +581,13 @@ def test_errors_carry_one_prefix(env: Env, client: sandkiln.Client) -> None:
     for f in (unauthenticated, invalid, not_found):
         msg = str(f.err)
         assert msg.startswith("kilnd: ") and msg.count("kilnd: ") == 1, msg
+
+
+def test_mounts_refused_without_allow_mount(client: sandkiln.Client) -> None:
+    """The shared kilnd allows no mounts: a create with one is refused,
+    naming the flag that would, and makes nothing."""
+    before = {s["id"] for s in client.sandboxes.list()}
+    with fails("PERMISSION_DENIED") as f:
+        client.sandboxes.create(mounts=[{"source": tempfile.gettempdir(), "target": "/data", "read_only": True}])
+    assert "--allow-mount" in str(f.err)
+    assert {s["id"] for s in client.sandboxes.list()} == before

@@ -500,13 +500,14 @@ test("images.import: a docker save tar built here, listed, a sandbox from it rea
 test("errors: kilnd's answers carry one prefix, the SDK's", async () => {
   const wrong = new Client({ url: kilnd.url, token: "wrong" });
   try {
+    // Each made as it is awaited: a rejection left waiting is unhandled.
     const refusals = [
-      [wrong.sandboxes.list(), "UNAUTHENTICATED"],
-      [client.sandboxes.create({ limits: { pids: 2 ** 40 } }), "INVALID_ARGUMENT"],
-      [client.sandboxes.get("no-such-sandbox"), "NOT_FOUND"],
+      [() => wrong.sandboxes.list(), "UNAUTHENTICATED"],
+      [() => client.sandboxes.create({ limits: { pids: 2 ** 40 } }), "INVALID_ARGUMENT"],
+      [() => client.sandboxes.get("no-such-sandbox"), "NOT_FOUND"],
     ];
-    for (const [p, code] of refusals) {
-      await rejects(p, code, (err) => {
+    for (const [call, code] of refusals) {
+      await rejects(call(), code, (err) => {
         assert.match(err.message, /^kilnd: /);
         assert.equal(err.message.split("kilnd: ").length, 2, err.message);
       });
@@ -514,4 +515,9 @@ test("errors: kilnd's answers carry one prefix, the SDK's", async () => {
   } finally {
     await wrong.close();
   }
+});
+
+test("mounts: refused by a kilnd without --allow-mount, naming the flag", async () => {
+  const mounts = [{ source: "/tmp", target: "/data", read_only: true }];
+  await rejects(client.sandboxes.create({ mounts }), "PERMISSION_DENIED", (err) => assert.match(err.message, /--allow-mount/));
 });
