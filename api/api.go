@@ -594,7 +594,30 @@ type CreateSandbox struct {
 	// letter or digit first), each value at most MaxLabelValueLen bytes
 	// of UTF-8 without control characters.
 	Labels map[string]string `json:"labels,omitempty"`
+	// Mounts are host directories bound into the sandbox, as Docker's -v
+	// binds them: at most MaxMounts, each Source below a directory kilnd
+	// allows mounts from (kilnd --allow-mount; without one, every mount is
+	// refused).
+	Mounts []Mount `json:"mounts,omitempty"`
 }
+
+// Mount is a host directory bound into a sandbox.
+type Mount struct {
+	// Source is the host directory: an absolute, clean path whose
+	// directory, symbolic links resolved, is below a directory kilnd
+	// allows mounts from.
+	Source string `json:"source"`
+	// Target is where the sandbox sees it: an absolute, clean path, not
+	// "/", nor in /proc, /sys or /dev, nor one of the sandbox's own
+	// mounts (/tmp, /root, /workspace), and no other mount's target.
+	Target string `json:"target"`
+	// ReadOnly makes it read-only in the sandbox (writes fail with
+	// EROFS); it is nosuid and nodev either way.
+	ReadOnly bool `json:"read_only,omitempty"`
+}
+
+// MaxMounts bounds a sandbox's mounts.
+const MaxMounts = 16
 
 // ShortID is how an id is shown where people read it, as Docker shows a
 // container's: the first 12 of a sandbox id's 64 hex digits, which are
@@ -794,6 +817,8 @@ type Sandbox struct {
 	ImageID string `json:"image_id,omitempty"`
 	// Labels are those it was created with.
 	Labels map[string]string `json:"labels,omitempty"`
+	// Mounts are its host directories, as its create gave them.
+	Mounts []Mount `json:"mounts,omitempty"`
 }
 
 // SandboxStats are a running sandbox's resource figures, read from its

@@ -62,6 +62,7 @@ var wireTypes = map[string]struct {
 	"TopProcess":    {reflect.TypeFor[api.TopProcess](), false},
 	"CreateSandbox": {reflect.TypeFor[api.CreateSandbox](), true},
 	"LogRotation":   {reflect.TypeFor[api.LogRotation](), true},
+	"Mount":         {reflect.TypeFor[api.Mount](), true},
 	"Limits":        {reflect.TypeFor[api.Limits](), false},
 	"Version":       {reflect.TypeFor[api.Version](), false},
 	"AgentCounts":   {reflect.TypeFor[api.AgentCounts](), false},

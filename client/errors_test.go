@@ -163,3 +163,36 @@ func TestContextEndsDuringCall(t *testing.T) {
 		})
 	}
 }
+
+// TestOnePrefix: kilnd's answers carry no prefix of their own; the SDK
+// puts one, "kilnd: ", before each, once.
+func TestOnePrefix(t *testing.T) {
+	t.Parallel()
+	k := startKilndOn(t, "127.0.0.1:0")
+	addr := k.Daemon.TCPAddr()
+	ctx := ctxT(t)
+	wrong, err := client.New(client.Options{Addr: addr, Token: "wrong"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wrong.Close()
+	_, unauthenticated := wrong.Sandboxes(ctx)
+	pids := int64(1) << 40
+	c, err := client.New(client.Options{Addr: addr, Token: k.Daemon.Token()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, invalid := c.CreateSandbox(ctx, client.SandboxOptions{Limits: api.LimitsRequest{Pids: &pids}})
+	_, notFound := c.Sandbox(ctx, "no-such-sandbox")
+	for name, err := range map[string]error{"unauthenticated": unauthenticated, "invalid": invalid, "not found": notFound} {
+		var e *client.Error
+		if !errors.As(err, &e) {
+			t.Errorf("%s: %v, want an Error", name, err)
+			continue
+		}
+		if msg := err.Error(); !strings.HasPrefix(msg, "kilnd: ") || strings.Count(msg, "kilnd: ") != 1 || strings.HasPrefix(e.Message, "kilnd") {
+			t.Errorf("%s: %q (kilnd said %q), want one prefix, the SDK's", name, msg, e.Message)
+		}
+	}
+}

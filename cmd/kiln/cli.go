@@ -352,6 +352,7 @@ func (c *cli) sandboxCmd() *cobra.Command {
 	var network func() *api.Network
 	var limits func(*pflag.FlagSet) (api.LimitsRequest, error)
 	var labels func() (map[string]string, error)
+	var volumes func() ([]api.Mount, error)
 	create := &cobra.Command{
 		Use:   "create",
 		Short: "Create a sandbox and print its id",
@@ -361,6 +362,7 @@ func (c *cli) sandboxCmd() *cobra.Command {
   kiln sandbox create --memory 512M --pids 256 --cpus 1.5 --idle-timeout 10m
   kiln sandbox create --runtime gvisor
   kiln sandbox create --image busybox
+  kiln sandbox create -v ./data:/data:ro -v /srv/out:/out   # below kilnd's --allow-mount
   kiln sandbox create --egress allow --egress-deny 203.0.113.0/24
   kiln sandbox create --egress-allow 192.0.2.10 --egress-allow 198.51.100.0/24`,
 		Args: cobra.NoArgs,
@@ -378,6 +380,9 @@ func (c *cli) sandboxCmd() *cobra.Command {
 			}
 			o.Network = network()
 			if o.Labels, err = labels(); err != nil {
+				return err
+			}
+			if o.Mounts, err = volumes(); err != nil {
 				return err
 			}
 			sb, err := cl.CreateSandbox(cmd.Context(), o)
@@ -402,6 +407,7 @@ func (c *cli) sandboxCmd() *cobra.Command {
 	lifetimeFlags(create)
 	network = networkFlags(create)
 	labels = labelFlag(create)
+	volumes = volumeFlag(create)
 	inspect := &cobra.Command{
 		Use: "inspect SANDBOX", Short: "Describe a sandbox as JSON", Args: cobra.ExactArgs(1),
 		ValidArgsFunction: c.complete(sandboxArg),

@@ -98,6 +98,11 @@ func TestExitCodes(t *testing.T) {
 			if code != tc.code || !strings.Contains(errs, tc.stderr) {
 				t.Errorf("exit %d, stderr %q; want %d and %q", code, errs, tc.code, tc.stderr)
 			}
+			// One prefix, kiln's: kilnd's answers carry none, and the
+			// SDK's ("kilnd: ") is not said again.
+			if n := strings.Count(errs, "kiln: ") + strings.Count(errs, "kilnd: "); n > 1 {
+				t.Errorf("stderr %q: %d prefixes, want at most one", errs, n)
+			}
 			if tc.name != "a wrong token" && strings.Contains(errs, "is kilnd running?") != strings.Contains(tc.stderr, "is kilnd running?") {
 				t.Errorf("stderr %q: says is kilnd running? where it should not, or the reverse", errs)
 			}
@@ -115,6 +120,13 @@ func TestExitCodes(t *testing.T) {
 	}
 	if code != 125 || json.Unmarshal([]byte(errs), &e) != nil || e.Error.Code != "not_found" || e.Error.ExitCode != 125 || !strings.Contains(e.Error.Message, "nope") {
 		t.Errorf("--json error: %d %q", code, errs)
+	}
+	// A refusal of kilnd's, its message with the SDK's prefix once.
+	t.Setenv("KILN_TOKEN", "wrong")
+	code, _, errs = kiln(t, t.TempDir(), "", "--json", "--addr", addr, "sandbox", "ls")
+	if code != 125 || json.Unmarshal([]byte(errs), &e) != nil || e.Error.Code != "unauthenticated" ||
+		!strings.HasPrefix(e.Error.Message, "kilnd: ") || strings.Count(e.Error.Message, "kilnd: ") != 1 {
+		t.Errorf("--json refusal: %d %q", code, errs)
 	}
 	code, _, errs = kiln(t, state, "", "-o", "json", "nosuch")
 	if code != 125 || json.Unmarshal([]byte(errs), &e) != nil || e.Error.Code != "usage" {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"path/filepath"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -299,4 +300,48 @@ func lifetimes(cmd *cobra.Command) (idle, ttl int64, err error) {
 		*f.to = int64(d / time.Second)
 	}
 	return idle, ttl, nil
+}
+
+// volumeFlag adds --volume (-v) to cmd, repeatable, and returns what reads
+// it: the mounts of the sandbox it creates, as docker run -v gives them.
+func volumeFlag(cmd *cobra.Command) func() ([]api.Mount, error) {
+	var given []string
+	cmd.Flags().StringArrayVarP(&given, "volume", "v", nil, "bind a host directory into the sandbox, `SRC:DST`, SRC:DST:ro (read-only) or SRC:DST:rw; a relative\nSRC is in kiln's working directory; kilnd allows those below its --allow-mount alone (repeatable)")
+	return func() ([]api.Mount, error) {
+		var mounts []api.Mount
+		for _, v := range given {
+			m, err := parseVolume(v)
+			if err != nil {
+				return nil, usageError{err, cmd.CommandPath()}
+			}
+			mounts = append(mounts, m)
+		}
+		return mounts, nil
+	}
+}
+
+// parseVolume reads one -v: SOURCE:TARGET, then :ro or :rw (the default).
+// A relative SOURCE is made absolute against kiln's working directory, as
+// Docker does; everything else is kilnd's to check.
+func parseVolume(v string) (api.Mount, error) {
+	parts := strings.Split(v, ":")
+	var m api.Mount
+	switch {
+	case len(parts) == 3 && (parts[2] == "ro" || parts[2] == "rw"):
+		m.ReadOnly = parts[2] == "ro"
+	case len(parts) != 2:
+		return m, fmt.Errorf("-v %q: want SOURCE:TARGET, SOURCE:TARGET:ro or SOURCE:TARGET:rw", v)
+	}
+	m.Source, m.Target = parts[0], parts[1]
+	if m.Source == "" || m.Target == "" {
+		return m, fmt.Errorf("-v %q: want SOURCE:TARGET, both given", v)
+	}
+	if !filepath.IsAbs(m.Source) {
+		abs, err := filepath.Abs(m.Source)
+		if err != nil {
+			return m, fmt.Errorf("-v %q: %w", v, err)
+		}
+		m.Source = abs
+	}
+	return m, nil
 }

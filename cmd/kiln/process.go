@@ -1022,6 +1022,7 @@ func (c *cli) runCmd() *cobra.Command {
 		network func() *api.Network
 		limits  func(*pflag.FlagSet) (api.LimitsRequest, error)
 		labels  func() (map[string]string, error)
+		volumes func() ([]api.Mount, error)
 	)
 	cmd := &cobra.Command{
 		Use:   "run [--rm] [-d] [-i] [-t] [--image IMAGE] [--] [CMD [ARG...]]",
@@ -1036,7 +1037,8 @@ sandbox's limits are those of kiln sandbox create.
   SB=$(kiln run -d --name web -- python3 -m http.server)  # detached; kiln logs -f web follows it
   kiln run --rm --memory 256M --pids 64 -- make -j4
   kiln run --rm --egress allow -- curl -sI https://example.com
-  kiln run --rm --image busybox                           # the image's own command`,
+  kiln run --rm --image busybox                           # the image's own command
+  kiln run --rm -v "$PWD":/src:ro -- ls /src              # below kilnd's --allow-mount`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 0 && opts.Image == "" {
 				return errors.New("kiln run: a command to run (after --), unless --image gives one")
@@ -1056,6 +1058,9 @@ sandbox's limits are those of kiln sandbox create.
 				return err
 			}
 			if opts.Labels, err = labels(); err != nil {
+				return err
+			}
+			if opts.Mounts, err = volumes(); err != nil {
 				return err
 			}
 			if detach && (rm || sf.tty || sf.stdin) {
@@ -1097,6 +1102,7 @@ sandbox's limits are those of kiln sandbox create.
 	cmd.Flags().StringVar(&opts.Runtime, "runtime", "", "the kind of sandbox: namespaces (the default) or gvisor")
 	network = networkFlags(cmd)
 	labels = labelFlag(cmd)
+	volumes = volumeFlag(cmd)
 	lifetimeFlags(cmd)
 	cmd.Flags().StringVar(&opts.Name, "name", "", "a `name` for the sandbox, as kiln sandbox create --name")
 	return cmd

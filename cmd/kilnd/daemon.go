@@ -70,6 +70,8 @@ Flags:
 	images := fs.String("images", "", "`directory` of root filesystems sandboxes may use (default STATE_DIR/images)")
 	var allow repeated
 	fs.Var(&allow, "allow-origin", "a browser `origin` allowed to call the API beside kilnd's own (repeatable)")
+	var mounts repeated
+	fs.Var(&mounts, "allow-mount", "a host `directory` whose directories, and itself, sandboxes may be given as mounts\n(-v SOURCE:TARGET), symbolic links resolved at kilnd's start and at each mount; without\none every mount is refused. A sandbox's processes read what the directory's others may\nread, and write where they may write; a mount not read-only lets them leave files there,\nowned by their host users (repeatable)")
 	var hosts repeated
 	fs.Var(&hosts, "allow-host", "a `name` (or name:port) TCP requests may carry as their Host beside localhost and the\nlisten address with its port, such as the machine's DNS name (repeatable)")
 	previewDomain := fs.String("preview-domain", daemon.DefaultPreviewDomain, "the `domain` each preview URL gets a host of its own under, ID.DOMAIN: every name under it\nmust resolve to kilnd (a wildcard DNS record; localhost's do on their own), and is the\npreviews' alone")
@@ -171,7 +173,7 @@ Flags:
 		fmt.Fprintln(os.Stderr, "kilnd: find this binary:", err)
 		return 1
 	}
-	cfg := daemon.Config{StateDir: *stateDir, Listen: *listen, AllowOrigins: allow, AllowHosts: hosts, PreviewDomain: *previewDomain, PreviewListen: *previewListen, Exe: exe, Env: sandboxEnv, Images: *images,
+	cfg := daemon.Config{StateDir: *stateDir, Listen: *listen, AllowOrigins: allow, AllowHosts: hosts, PreviewDomain: *previewDomain, PreviewListen: *previewListen, Exe: exe, Env: sandboxEnv, Images: *images, AllowMounts: mounts,
 		Runsc: *runsc, RunscPlatform: *runscPlatform, CaptureQueue: queue, Logs: logs, FlowGrace: *flowGrace, KeepDeleted: *keepDeleted, Warm: warm, DefaultLimits: &limits,
 		Instance: *instance, EgressRange: erange, EgressDNS: dns, InsecureRegistries: insecure}
 	if *runtimes {

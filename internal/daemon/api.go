@@ -156,12 +156,12 @@ func (d *Daemon) Handler(tcp bool) http.Handler {
 	}
 	guarded := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !d.originAllowed(r) {
-			reply.Error(w, errdefs.New(errdefs.ErrPermissionDenied, "kilnd: origin "+api.Clip(r.Header.Get("Origin"))+" is not allowed (see --allow-origin)"))
+			reply.Error(w, errdefs.New(errdefs.ErrPermissionDenied, "origin "+api.Clip(r.Header.Get("Origin"))+" is not allowed (see --allow-origin)"))
 			return
 		}
 		// Before the token: an old preview URL is told where previews are.
 		if strings.HasPrefix(r.URL.Path, previewPrefix) {
-			reply.Error(w, errdefs.New(errdefs.ErrNotFound, "kilnd: previews are served on hosts of their own, ID."+d.previewDomain()+", never on kilnd's"))
+			reply.Error(w, errdefs.New(errdefs.ErrNotFound, "previews are served on hosts of their own, ID."+d.previewDomain()+", never on kilnd's"))
 			return
 		}
 		if _, pattern := m.Handler(r); tcp && !open[pattern] {
@@ -175,7 +175,7 @@ func (d *Daemon) Handler(tcp bool) http.Handler {
 		// that follows the redirect would reach another file than it named.
 		// (An escaped dot or slash stays inside its segment, an id.)
 		if p := r.URL.EscapedPath(); p != "/" && path.Clean(p) != strings.TrimSuffix(p, "/") {
-			reply.Error(w, errdefs.New(errdefs.ErrInvalidArgument, fmt.Sprintf("kilnd: path %s is not clean (no \"..\", \".\" or empty segment)", api.Clip(p))))
+			reply.Error(w, errdefs.New(errdefs.ErrInvalidArgument, fmt.Sprintf("path %s is not clean (no \"..\", \".\" or empty segment)", api.Clip(p))))
 			return
 		}
 		// Set by kilnd alone, for the agent.
@@ -198,7 +198,7 @@ func (d *Daemon) Handler(tcp bool) http.Handler {
 			return
 		}
 		if tcp && !d.hostAllowed(r) {
-			reply.Error(w, errdefs.New(errdefs.ErrPermissionDenied, "kilnd: host "+api.Clip(r.Host)+" is not one kilnd serves (see --allow-host)"))
+			reply.Error(w, errdefs.New(errdefs.ErrPermissionDenied, "host "+api.Clip(r.Host)+" is not one kilnd serves (see --allow-host)"))
 			return
 		}
 		if appPath(r.URL.Path) {
@@ -235,11 +235,11 @@ func noRoute(w http.ResponseWriter, r *http.Request, m *http.ServeMux) {
 		}
 	}
 	if len(allow) == 0 {
-		reply.Error(w, errdefs.New(errdefs.ErrNotFound, fmt.Sprintf("kilnd: no route %s %s", r.Method, api.Clip(r.URL.Path))))
+		reply.Error(w, errdefs.New(errdefs.ErrNotFound, fmt.Sprintf("no route %s %s", r.Method, api.Clip(r.URL.Path))))
 		return
 	}
 	w.Header().Set("Allow", strings.Join(allow, ", "))
-	reply.Error(w, errdefs.New(errdefs.ErrMethodNotAllowed, fmt.Sprintf("kilnd: %s %s: this path takes %s", r.Method, api.Clip(r.URL.Path), strings.Join(allow, ", "))))
+	reply.Error(w, errdefs.New(errdefs.ErrMethodNotAllowed, fmt.Sprintf("%s %s: this path takes %s", r.Method, api.Clip(r.URL.Path), strings.Join(allow, ", "))))
 }
 
 // cors lets the pages of the origins kilnd allows (its own and
@@ -434,7 +434,7 @@ func agentRequest(r *http.Request, runtime string) (out *http.Request, echo stri
 // id's agent, or whose answer it could not read: the cause kept, not
 // shown (it names the agent's socket, a path of the host's).
 func unreachable(id string, err error) error {
-	return errdefs.Opaque(errdefs.ErrUnavailable, "kilnd: sandbox "+id+": its agent cannot be reached", err)
+	return errdefs.Opaque(errdefs.ErrUnavailable, "sandbox "+id+": its agent cannot be reached", err)
 }
 
 // stripCredentials removes kilnd's token from headers bound for an agent:

@@ -129,7 +129,7 @@ func (e *entry) info() Info {
 	i := Info{ID: e.rec.ID, Name: e.rec.Name, State: e.rec.State, CreatedAt: e.rec.CreatedAt, StoppedAt: e.rec.StoppedAt,
 		Hostname: e.rec.Hostname, Rootfs: e.rec.Rootfs, Image: e.rec.Image, ImageID: e.rec.ImageID, Limits: e.rec.Limits, Reason: e.rec.Reason,
 		Exit: e.rec.Exit, IdleTimeoutSeconds: e.rec.IdleTimeout, TTLSeconds: e.rec.TTL, Runtime: runtimeOf(e.rec), OnOOM: onOOMOf(e.rec),
-		Labels: e.rec.Labels}
+		Labels: e.rec.Labels, Mounts: e.rec.Mounts}
 	if e.rec.State == StateRunning && e.sb != nil {
 		i.AgentPID = e.sb.AgentPID()
 	}
@@ -226,7 +226,7 @@ func newRecord(id string, p createPlan, diskImage string, began time.Time) recor
 	req := p.req
 	rec := record{ID: id, Name: req.Name, State: StateRunning, CreatedAt: began.UTC(), Hostname: req.Hostname,
 		Rootfs: req.Rootfs, Limits: p.limits, Init: req.Init, IdleTimeout: req.IdleTimeoutSeconds, TTL: req.TTLSeconds,
-		Runtime: p.backend.Name(), Disk: diskImage, OnOOM: cmp.Or(req.OnOOM, api.OnOOMEndSandbox), Labels: req.Labels,
+		Runtime: p.backend.Name(), Disk: diskImage, OnOOM: cmp.Or(req.OnOOM, api.OnOOMEndSandbox), Labels: req.Labels, Mounts: req.Mounts,
 		Logs: &api.LogRotation{MaxSizeBytes: p.logs.MaxSizeBytes, MaxFiles: p.logs.MaxFiles}}
 	if req.Image != "" {
 		rec.Image, rec.ImageID = req.Image, p.img.ID
@@ -298,8 +298,8 @@ func (d *Daemon) options(p createPlan, rec *record, disk *os.File) sandbox.Optio
 		Dir: d.sandboxDir(rec.ID), ID: rec.ID, Hostname: rec.Hostname,
 		Rootfs: req.Rootfs, Layers: p.layers, Limits: p.limits, Disk: disk, Env: d.cfg.Env, Init: req.Init, CaptureQueue: d.cfg.CaptureQueue,
 		CaptureMaxSize: p.logs.MaxSizeBytes, CaptureMaxFiles: p.logs.MaxFiles, FlowGrace: d.cfg.FlowGrace,
-		EndOnOOM: rec.OnOOM == api.OnOOMEndSandbox,
-		Workdir:  img.Config.WorkingDir, Entrypoint: img.Config.Entrypoint, Cmd: img.Config.Cmd, User: img.Config.User,
+		EndOnOOM: rec.OnOOM == api.OnOOMEndSandbox, Mounts: p.mounts,
+		Workdir: img.Config.WorkingDir, Entrypoint: img.Config.Entrypoint, Cmd: img.Config.Cmd, User: img.Config.User,
 		// The record is written while the agent sets itself up (a backend
 		// that cannot say when it runs has it written once it answers).
 		Started: func(state json.RawMessage) error {
@@ -316,7 +316,8 @@ func (d *Daemon) options(p createPlan, rec *record, disk *os.File) sandbox.Optio
 // createPlan is a create request checked whole, with what it comes to:
 // its limits (kilnd's defaults where it leaves them out), its image and
 // the image's layers (held from removal until release), its rotation of
-// logs and the backend of its runtime.
+// logs, the backend of its runtime and its mounts' directories (closed by
+// release).
 type createPlan struct {
 	req     CreateRequest
 	limits  api.Limits
@@ -324,7 +325,23 @@ type createPlan struct {
 	layers  []string
 	logs    Logs
 	backend sandbox.Backend
+	mounts  []sandbox.Mount
 	release func()
+}
+
+// withMounts opens ms for p, closed with what p releases already. A
+// refusal is of class, and its message begins with prefix.
+func (d *Daemon) withMounts(p *createPlan, ms []api.Mount, class *errdefs.Class, prefix string) error {
+	var err error
+	if p.mounts, err = d.openMounts(ms, class, prefix); err != nil {
+		return err
+	}
+	release := p.release
+	p.release = func() {
+		closeMounts(p.mounts)
+		release()
+	}
+	return nil
 }
 
 // plan checks a create request before anything of the host's is read or
@@ -333,6 +350,9 @@ type createPlan struct {
 func (d *Daemon) plan(req CreateRequest) (p createPlan, err error) {
 	p.release = func() {}
 	limits := req.Limits.Apply(*d.cfg.DefaultLimits)
+	if err := d.mountsAllowed(req.Mounts, ""); err != nil {
+		return p, err
+	}
 	if err := validateCreate(req, limits); err != nil {
 		return p, err
 	}
@@ -374,18 +394,21 @@ func (d *Daemon) plan(req CreateRequest) (p createPlan, err error) {
 		return p, fmt.Errorf("%w: runtime %q: want %s", errdefs.ErrInvalidArgument, api.Clip(runtime), strings.Join(RuntimeNames, " or "))
 	}
 	if why := d.unavailable[runtime]; why != nil {
-		return p, errdefs.Opaque(errdefs.ErrUnavailable, fmt.Sprintf("kilnd: runtime %s is not available on this host (kilnd --runtimes says why)", runtime), why)
+		return p, errdefs.Opaque(errdefs.ErrUnavailable, fmt.Sprintf("runtime %s is not available on this host (kilnd --runtimes says why)", runtime), why)
 	}
 	if req.Rootfs, err = d.resolveRootfs(req.Rootfs); err != nil {
 		return p, err
 	}
 	if d.disks == nil && limits.DiskBytes > 0 {
 		if req.Limits.DiskBytes != nil {
-			return p, errdefs.Opaque(errdefs.ErrUnavailable, "kilnd: this host cannot make sandbox disks, so no disk quota (kilnd's log says why, when it started)", d.disksErr)
+			return p, errdefs.Opaque(errdefs.ErrUnavailable, "this host cannot make sandbox disks, so no disk quota (kilnd's log says why, when it started)", d.disksErr)
 		}
 		limits.DiskBytes = 0 // the default, which this host cannot apply
 	}
 	if err := d.diskFits(limits.DiskBytes); err != nil {
+		return p, err
+	}
+	if err := d.withMounts(&p, req.Mounts, errdefs.ErrInvalidArgument, ""); err != nil {
 		return p, err
 	}
 	p.req, p.limits = req, limits
@@ -479,9 +502,9 @@ func (d *Daemon) diskFits(bytes int64) error {
 // operator reads it.
 func (d *Daemon) hostFailure(what string, cause error) error {
 	class := errdefs.ErrUnavailable
-	msg := "kilnd: " + what + " (kilnd's log says why)"
+	msg := what + " (kilnd's log says why)"
 	if errors.Is(cause, unix.ENOSPC) || errors.Is(cause, unix.EDQUOT) {
-		class, msg = errdefs.ErrNoSpace, "kilnd: "+what+": no space left in kilnd's state directory"
+		class, msg = errdefs.ErrNoSpace, what+": no space left in kilnd's state directory"
 	}
 	d.log.Error(what, "err", cause)
 	return errdefs.Opaque(class, msg, cause)

@@ -62,6 +62,12 @@ type Config struct {
 	// (default STATE_DIR/images): any other host directory could hand a
 	// sandbox files it must not see, kilnd's own state among them.
 	Images string
+	// AllowMounts are the host directories a sandbox's mounts may come
+	// from (their sources, symbolic links resolved, below one of them);
+	// without any, every mount is refused. Each must be an absolute path
+	// of an existing directory, which kilnd resolves through symbolic
+	// links once, at start (check), and holds no part of StateDir.
+	AllowMounts []string
 	// CaptureQueue bounds, per captured process, the output queued for
 	// its log writer, in bytes (zero: capture.DefaultQueueBytes).
 	CaptureQueue int64
@@ -348,7 +354,7 @@ func (cfg *Config) check() error {
 	if err := os.Chmod(cfg.StateDir, 0o700); err != nil {
 		return fmt.Errorf("kilnd: state directory: %w", err)
 	}
-	return nil
+	return cfg.checkMounts()
 }
 
 // janitor deletes, keeping their captured logs, the sandboxes past

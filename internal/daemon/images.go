@@ -97,7 +97,7 @@ func (d *Daemon) pullImage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if req.Ref == "" {
-		reply.Error(w, errdefs.New(errdefs.ErrInvalidArgument, "kilnd: ref is required (an image reference, such as busybox:latest)"))
+		reply.Error(w, errdefs.New(errdefs.ErrInvalidArgument, "ref is required (an image reference, such as busybox:latest)"))
 		return
 	}
 	d.streamImages(w, "pull", func(progress func(image.Progress)) ([]image.Image, error) {
@@ -182,10 +182,10 @@ func (d *Daemon) storeFailure(op string, err error) error {
 	switch errdefs.ClassOf(err) {
 	case errdefs.ErrNoSpace:
 		d.log.Error("image "+op, "err", err)
-		return errdefs.Opaque(errdefs.ErrNoSpace, "kilnd: image "+op+": no space left in kilnd's image store", err)
+		return errdefs.Opaque(errdefs.ErrNoSpace, "image "+op+": no space left in kilnd's image store", err)
 	case errdefs.ErrInternal:
 		d.log.Error("image "+op, "err", err)
-		return errdefs.Opaque(errdefs.ErrInternal, "kilnd: image "+op+": the image store failed (kilnd's log says why)", err)
+		return errdefs.Opaque(errdefs.ErrInternal, "image "+op+": the image store failed (kilnd's log says why)", err)
 	}
 	return err
 }

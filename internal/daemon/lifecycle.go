@@ -162,7 +162,7 @@ func (d *Daemon) Stop(ctx context.Context, ref string, grace time.Duration) (inf
 			errors.Join(halted, fmt.Errorf("its agent %d has not ended %v after its kill", sb.AgentPID(), haltTimeout)))
 	case e.rec.State == StateRunning:
 		// Its watcher ended with kilnd: the next one finds it stopped.
-		return Info{}, false, errdefs.New(errdefs.ErrUnavailable, "kilnd: sandbox "+id+": kilnd is shutting down as it stops")
+		return Info{}, false, errdefs.New(errdefs.ErrUnavailable, "sandbox "+id+": kilnd is shutting down as it stops")
 	case halted != nil:
 		d.log.Warn("a sandbox stopped, but not all of it at once", "id", id, "err", halted)
 	}
@@ -272,7 +272,7 @@ func (d *Daemon) Start(ctx context.Context, ref string) (info Info, changed bool
 			d.mu.Lock()
 			defer d.mu.Unlock()
 			e.finishOp()
-			return Info{}, false, errdefs.New(errdefs.ErrUnavailable, "kilnd: sandbox "+id+": kilnd is shutting down")
+			return Info{}, false, errdefs.New(errdefs.ErrUnavailable, "sandbox "+id+": kilnd is shutting down")
 		}
 	}
 	select {
@@ -318,12 +318,12 @@ func (d *Daemon) startable(e *entry) error {
 	rec := e.rec
 	switch {
 	case e.sb == nil:
-		return errdefs.New(errdefs.ErrUnavailable, fmt.Sprintf("kilnd: sandbox %s cannot be started: its runtime, %s, could not take it back when kilnd started (kilnd's log says why)", rec.ID, runtimeOf(rec)))
+		return errdefs.New(errdefs.ErrUnavailable, fmt.Sprintf("sandbox %s cannot be started: its runtime, %s, could not take it back when kilnd started (kilnd's log says why)", rec.ID, runtimeOf(rec)))
 	case rec.TTL > 0 && time.Since(rec.CreatedAt) >= time.Duration(rec.TTL)*time.Second:
 		end := rec.CreatedAt.Add(time.Duration(rec.TTL) * time.Second)
 		return fmt.Errorf("%w: sandbox %s: its ttl of %ds ended at %s, counted from its creation: it does not run again", errdefs.ErrFailedPrecondition, rec.ID, rec.TTL, end.Format(time.RFC3339))
 	case rec.Disk != "" && d.disks == nil:
-		return errdefs.Opaque(errdefs.ErrUnavailable, fmt.Sprintf("kilnd: sandbox %s cannot be started: this kilnd cannot mount sandbox disks (kilnd's log says why, when it started)", rec.ID), d.disksErr)
+		return errdefs.Opaque(errdefs.ErrUnavailable, fmt.Sprintf("sandbox %s cannot be started: this kilnd cannot mount sandbox disks (kilnd's log says why, when it started)", rec.ID), d.disksErr)
 	}
 	return nil
 }
@@ -387,7 +387,7 @@ func (d *Daemon) replan(rec record) (p createPlan, err error) {
 		return p, fmt.Errorf("%w: sandbox %s cannot be started: this kilnd has no runtime %q", errdefs.ErrFailedPrecondition, rec.ID, api.Clip(runtime))
 	}
 	if why := d.unavailable[runtime]; why != nil {
-		return p, errdefs.Opaque(errdefs.ErrUnavailable, fmt.Sprintf("kilnd: sandbox %s cannot be started: runtime %s is not available on this host (kilnd --runtimes says why)", rec.ID, runtime), why)
+		return p, errdefs.Opaque(errdefs.ErrUnavailable, fmt.Sprintf("sandbox %s cannot be started: runtime %s is not available on this host (kilnd --runtimes says why)", rec.ID, runtime), why)
 	}
 	p.req = CreateRequest{Init: rec.Init, Image: rec.Image}
 	if rec.ImageID != "" {
@@ -412,6 +412,15 @@ func (d *Daemon) replan(rec record) (p createPlan, err error) {
 	p.logs = d.cfg.Logs
 	if rec.Logs != nil {
 		p.logs = p.logs.Apply(*rec.Logs)
+	}
+	// Its mounts as they are now: a source gone, or no longer below a
+	// directory this kilnd allows, is no sandbox to start.
+	if err := d.withMounts(&p, rec.Mounts, errdefs.ErrFailedPrecondition, fmt.Sprintf("sandbox %s cannot be started: ", rec.ID)); err != nil {
+		p.release()
+		if errdefs.ClassOf(err) == errdefs.ErrPermissionDenied {
+			err = fmt.Errorf("%w: %w", errdefs.ErrFailedPrecondition, err)
+		}
+		return p, err
 	}
 	return p, nil
 }

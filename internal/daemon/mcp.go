@@ -13,10 +13,10 @@ import (
 func (d *Daemon) serveMCP(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case d.cfg.MCP == nil:
-		reply.Error(w, errdefs.New(errdefs.ErrNotFound, "kilnd: this kilnd serves no MCP server at /mcp (run kiln mcp instead)"))
+		reply.Error(w, errdefs.New(errdefs.ErrNotFound, "this kilnd serves no MCP server at /mcp (run kiln mcp instead)"))
 	case r.Method != http.MethodPost:
 		w.Header().Set("Allow", http.MethodPost)
-		reply.Error(w, errdefs.New(errdefs.ErrMethodNotAllowed, "kilnd: /mcp takes POST alone: its MCP server keeps no session to stream to"))
+		reply.Error(w, errdefs.New(errdefs.ErrMethodNotAllowed, "/mcp takes POST alone: its MCP server keeps no session to stream to"))
 	default:
 		d.cfg.MCP.ServeHTTP(w, r)
 	}

@@ -229,7 +229,7 @@ func (d *Daemon) servePreview(w http.ResponseWriter, r *http.Request) {
 	}
 	d.mu.Unlock()
 	if port == 0 {
-		reply.Error(w, errdefs.New(errdefs.ErrUnauthenticated, "kilnd: this preview URL is unknown, expired or revoked"))
+		reply.Error(w, errdefs.New(errdefs.ErrUnauthenticated, "this preview URL is unknown, expired or revoked"))
 		return
 	}
 	if path == "" && !strings.HasSuffix(rest, "/") {

@@ -156,7 +156,7 @@ func (d *Daemon) PreviewAddr() string {
 func (d *Daemon) previewAuthority(r *http.Request, tcp bool) (string, error) {
 	port := d.previewPort()
 	if port == "" {
-		return "", errdefs.New(errdefs.ErrFailedPrecondition, "kilnd: a preview URL needs a TCP listener: kilnd's (--listen) or the previews' own (--preview-listen)")
+		return "", errdefs.New(errdefs.ErrFailedPrecondition, "a preview URL needs a TCP listener: kilnd's (--listen) or the previews' own (--preview-listen)")
 	}
 	domain := d.previewDomain()
 	if tcp && d.cfg.PreviewListen == "" && !loopbackDomain(domain) {
@@ -174,7 +174,7 @@ func (d *Daemon) previewAuthority(r *http.Request, tcp bool) (string, error) {
 // notPreviewed answers a request that reaches no preview on a preview's
 // host, or one for the previews' listener naming another host.
 func notPreviewed(w http.ResponseWriter, r *http.Request) {
-	reply.Error(w, errdefs.New(errdefs.ErrNotFound, "kilnd: host "+api.Clip(r.Host)+" is no preview's, and a preview's host serves that preview alone"))
+	reply.Error(w, errdefs.New(errdefs.ErrNotFound, "host "+api.Clip(r.Host)+" is no preview's, and a preview's host serves that preview alone"))
 }
 
 // PreviewHandler serves previews alone, as the previews' own listener
@@ -190,7 +190,7 @@ func (d *Daemon) previewHandler() http.Handler {
 	m := http.NewServeMux()
 	m.HandleFunc(previewPrefix, d.servePreview)
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		reply.Error(w, errdefs.New(errdefs.ErrNotFound, "kilnd: a preview's host serves "+previewPrefix+"TOKEN/ alone (no route "+api.Clip(r.URL.Path)+")"))
+		reply.Error(w, errdefs.New(errdefs.ErrNotFound, "a preview's host serves "+previewPrefix+"TOKEN/ alone (no route "+api.Clip(r.URL.Path)+")"))
 	})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if id, _ := d.previewHost(r); id == "" {
@@ -199,7 +199,7 @@ func (d *Daemon) previewHandler() http.Handler {
 		}
 		// Refused rather than redirected, as the API's paths are.
 		if p := r.URL.EscapedPath(); p != "/" && path.Clean(p) != strings.TrimSuffix(p, "/") {
-			reply.Error(w, errdefs.New(errdefs.ErrInvalidArgument, fmt.Sprintf("kilnd: path %s is not clean (no \"..\", \".\" or empty segment)", api.Clip(p))))
+			reply.Error(w, errdefs.New(errdefs.ErrInvalidArgument, fmt.Sprintf("path %s is not clean (no \"..\", \".\" or empty segment)", api.Clip(p))))
 			return
 		}
 		// Set by kilnd alone, for the agent.

@@ -65,6 +65,9 @@ type record struct {
 	OnOOM string `json:"on_oom,omitempty"`
 	// Labels are the caller's own, as the create gave them.
 	Labels map[string]string `json:"labels,omitempty"`
+	// Mounts are its host directories, as the create gave them: each
+	// start opens and checks them again.
+	Mounts []api.Mount `json:"mounts,omitempty"`
 	// Logs is the rotation of its captured logs, every field set (absent
 	// in records older than starting a sandbox again: kilnd's own).
 	Logs *api.LogRotation `json:"logs,omitempty"`

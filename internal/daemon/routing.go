@@ -44,13 +44,13 @@ func (d *Daemon) proxyTo(id string, sb sandbox.Instance) *httputil.ReverseProxy 
 				return
 			}
 			if !sb.Alive() {
-				reply.Error(w, errdefs.New(errdefs.ErrUnavailable, "kilnd: sandbox "+id+" is not running"))
+				reply.Error(w, errdefs.New(errdefs.ErrUnavailable, "sandbox "+id+" is not running"))
 				return
 			}
 			// The request may have reached the agent: nobody can say
 			// whether it took effect. (What the transport said of it
 			// names the agent's socket, a path of the host's.)
-			reply.Error(w, errdefs.Opaque(errdefs.ErrOutcomeUnknown, "kilnd: sandbox "+id+": no answer from the agent", err))
+			reply.Error(w, errdefs.Opaque(errdefs.ErrOutcomeUnknown, "sandbox "+id+": no answer from the agent", err))
 		},
 	}
 }

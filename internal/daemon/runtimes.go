@@ -12,6 +12,10 @@ var RuntimeNames = []string{sandbox.RuntimeNamespaces, sandbox.RuntimeGVisor}
 // runscDir is runsc's state directory, in kilnd's.
 const runscDir = "runsc"
 
+// bindsDir is where, in the state directory, a gVisor sandbox's mounts
+// are mounted for runsc (sandbox.GVisor.Binds).
+const bindsDir = "binds"
+
 // Backends are the sandbox backends cfg gives, by runtime name, and why
 // those this host cannot create sandboxes with cannot: they are there all
 // the same, to take back and end the sandboxes an earlier run made.
@@ -25,7 +29,7 @@ func Backends(cfg Config) (map[string]sandbox.Backend, map[string]error) {
 	}
 	unavailable := map[string]error{}
 	g := &sandbox.GVisor{Exe: cfg.Exe, Runsc: cfg.Runsc, Root: filepath.Join(cfg.StateDir, runscDir),
-		Platform: cfg.RunscPlatform, Ranges: ranges, Instance: cfg.Instance}
+		Platform: cfg.RunscPlatform, Ranges: ranges, Instance: cfg.Instance, Binds: filepath.Join(cfg.StateDir, bindsDir)}
 	if err := g.Check(); err != nil {
 		unavailable[sandbox.RuntimeGVisor] = err
 	}

@@ -230,9 +230,9 @@ func (d *Daemon) authorized(r *http.Request) error {
 	}
 	switch {
 	case !found:
-		return errdefs.New(errdefs.ErrUnauthenticated, "kilnd: a bearer token is required (the token file in kilnd's state directory)")
+		return errdefs.New(errdefs.ErrUnauthenticated, "a bearer token is required (the token file in kilnd's state directory)")
 	case subtle.ConstantTimeCompare([]byte(presented), want) != 1:
-		return errdefs.New(errdefs.ErrUnauthenticated, "kilnd: the bearer token is not kilnd's (compare it with the token file in kilnd's state directory)")
+		return errdefs.New(errdefs.ErrUnauthenticated, "the bearer token is not kilnd's (compare it with the token file in kilnd's state directory)")
 	}
 	return nil
 }

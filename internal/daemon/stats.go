@@ -35,7 +35,7 @@ func (d *Daemon) Stats(ctx context.Context, id string) (api.SandboxStats, error)
 	st, err := sb.Stats()
 	if err != nil {
 		// Its cgroups went with it between the look and the read.
-		return api.SandboxStats{}, errdefs.Opaque(errdefs.ErrFailedPrecondition, "kilnd: sandbox "+id+" has ended", err)
+		return api.SandboxStats{}, errdefs.Opaque(errdefs.ErrFailedPrecondition, "sandbox "+id+" has ended", err)
 	}
 	out := wireStats(st)
 	out.ReadAt = time.Now().UTC()

@@ -105,6 +105,9 @@ func validateCreate(req CreateRequest, limits api.Limits) error {
 	if err := validateLabels(req.Labels); err != nil {
 		return err
 	}
+	if err := validateMounts(req.Mounts, req.Image == "" && req.Rootfs == ""); err != nil {
+		return err
+	}
 	return egress.Validate(req.Network)
 }
 

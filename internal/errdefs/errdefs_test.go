@@ -195,15 +195,15 @@ func TestSentinel(t *testing.T) {
 // the host's words, and to kilnd's log with them.
 func TestOpaque(t *testing.T) {
 	cause := fmt.Errorf("write /sys/fs/cgroup/pids/kiln-x/pids.max: %w", syscall.EINVAL)
-	err := fmt.Errorf("create: %w", errdefs.Opaque(errdefs.ErrUnavailable, "kilnd: sandbox x could not be made", cause))
-	if got, want := err.Error(), "create: kilnd: sandbox x could not be made"; got != want {
+	err := fmt.Errorf("create: %w", errdefs.Opaque(errdefs.ErrUnavailable, "sandbox x could not be made", cause))
+	if got, want := err.Error(), "create: sandbox x could not be made"; got != want {
 		t.Errorf("message %q, want %q", got, want)
 	}
 	if !errors.Is(err, syscall.EINVAL) || !errors.Is(err, errdefs.ErrUnavailable) {
 		t.Errorf("errors.Is does not reach the cause or the class of %v", err)
 	}
 	// A class in the cause does not win over the opaque error's own.
-	inner := errdefs.Opaque(errdefs.ErrNoSpace, "kilnd: no space", fmt.Errorf("%w: too big", errdefs.ErrInvalidArgument))
+	inner := errdefs.Opaque(errdefs.ErrNoSpace, "no space", fmt.Errorf("%w: too big", errdefs.ErrInvalidArgument))
 	if got := errdefs.ClassOf(inner); got != errdefs.ErrNoSpace {
 		t.Errorf("ClassOf = %v, want no space", got)
 	}

@@ -25,7 +25,7 @@ import (
 // setupRoot builds the sandbox's filesystem and moves the agent into it:
 // a tmpfs root with the host's system directories (or the given rootfs
 // under a writable overlay) read-only, private /tmp, writable /workspace,
-// a minimal /dev, its own /proc; then pivot_root, and the old root
+// a minimal /dev, its own /proc, the caller's directories; then pivot_root, and the old root
 // detached so nothing of the host stays reachable.
 func setupRoot(cfg handoff.AgentConfig, userns *os.File) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
@@ -46,6 +46,9 @@ func setupRoot(cfg handoff.AgentConfig, userns *os.File) error {
 	}
 	if err == nil {
 		err = mountInRoot(cfg)
+	}
+	if err == nil {
+		err = bindMounts(cfg.Root, cfg.Mounts, cfg.UIDBase)
 	}
 	if err == nil {
 		err = pivot(cfg.Root)

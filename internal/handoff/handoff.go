@@ -96,10 +96,23 @@ type AgentConfig struct {
 	// are the name servers of its resolv.conf.
 	Network   bool     `json:"network,omitempty"`
 	Resolvers []string `json:"resolvers,omitempty"`
+	// Mounts are the caller's host directories, in the order kilnd hands
+	// their detached mounts over (FDMounts on, one each), with the
+	// attributes they keep (read-only, nosuid, nodev) set already.
+	Mounts []Mount `json:"mounts,omitempty"`
 	// Guest, when set, names the runtime that made the agent its
 	// container's init and built its root (RuntimeGVisor): the agent then
 	// finds its handles in GuestDir instead of inherited descriptors.
 	Guest string `json:"guest,omitempty"`
+}
+
+// Mount is one of a sandbox's bind mounts, as its agent makes it: the
+// directory kilnd handed over, at Target in the sandbox's root (an
+// absolute, clean path kilnd checked; symbolic links on the way resolve
+// within the root, and what is missing of it is made, the sandbox's
+// root's).
+type Mount struct {
+	Target string `json:"target"`
 }
 
 // InitExitName is the file in a sandbox's logs directory where the agent
@@ -151,6 +164,10 @@ const (
 	// procs, when pids are limited on a pure v2 host.
 	FDPidsThreads = 14
 	FDLast        = FDPidsThreads
+	// FDMounts is the first of the detached mounts of the caller's
+	// directories (AgentConfig.Mounts), one descriptor each, in order,
+	// after FDLast.
+	FDMounts = FDLast + 1
 )
 
 // IDRange is how many uids a sandbox maps.

@@ -21,6 +21,10 @@ import (
 // hostDirs are bound read-only from the host when no rootfs is given.
 var hostDirs = []string{"usr", "etc", "bin", "lib", "lib64", "sbin"}
 
+// HostDirs are the host's directories a sandbox without a root file
+// system of its own has, read-only, each at its name below /.
+func HostDirs() []string { return slices.Clone(hostDirs) }
+
 // EachHostDir puts hostDirs in root: the same link where the host has a
 // symbolic link (a merged /usr's /bin), bind(host, target) for a
 // directory; one the host lacks is left out. A link root has already,
@@ -160,6 +164,29 @@ func IDMapTree(dir string, userns int) (int, error) {
 	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, &attr); err != nil {
 		unix.Close(fd)
 		return -1, fmt.Errorf("rootfs: %s: id-map the mount: %w", dir, err)
+	}
+	return fd, nil
+}
+
+// BindTree returns a detached copy of the mount tree at the directory dir
+// (a descriptor, O_PATH will do), as a bind mount of it is: nosuid and
+// nodev all the way down, read-only too when readOnly, and private, so
+// that no mount made later on either side reaches the other. Its owners
+// are the host's, as they are: a sandbox's user namespace shows those
+// outside its range as the overflow id, and grants its root no
+// capability over their files.
+func BindTree(dir *os.File, readOnly bool) (int, error) {
+	fd, err := unix.OpenTree(int(dir.Fd()), "", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE|unix.AT_EMPTY_PATH)
+	if err != nil {
+		return -1, fmt.Errorf("rootfs: open_tree: %w", err)
+	}
+	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV, Propagation: unix.MS_PRIVATE}
+	if readOnly {
+		attr.Attr_set |= unix.MOUNT_ATTR_RDONLY
+	}
+	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, &attr); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("rootfs: mount_setattr: %w", err)
 	}
 	return fd, nil
 }

@@ -43,7 +43,16 @@ type GVisor struct {
 	Ranges *IDRanges
 	// Instance is kilnd's instance (Options.Instance).
 	Instance string
+	// Binds is the directory of kilnd's where the caller's directories
+	// (Options.Mounts) are mounted for runsc's file server, a directory
+	// for each sandbox (bindsOf). Nothing there is ever removed but by
+	// rmdir, once unmounted: a mount left there by an end cut short
+	// keeps what it holds.
+	Binds string
 }
+
+// bindsOf is where sandbox id's directories are mounted on the host.
+func (g *GVisor) bindsOf(id string) string { return filepath.Join(g.Binds, id) }
 
 // The room a gVisor sandbox's limits leave for runsc, its kernel and its
 // file server, which the host counts with the sandbox's processes: an
@@ -134,6 +143,9 @@ type guestSandbox struct {
 	// network beyond its loopback: runsc's sandbox runs in it, its netstack
 	// on the namespace's link.
 	NetNS string `json:"netns,omitempty"`
+	// BindMounts are the host mounts of the caller's directories, in
+	// the order of the sandbox's mounts.
+	BindMounts []string `json:"bind_mounts,omitempty"`
 
 	g *GVisor
 }
@@ -186,6 +198,31 @@ func (s *guestSandbox) forget() error {
 		}
 		if err := unix.Unmount(m, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
 			errs = append(errs, fmt.Errorf("sandbox: unmount %s: %w", m, err))
+		}
+	}
+	if err := unbind(s.BindMounts); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// unbind unmounts the caller's directories mounted at points, and removes
+// the points and their directory, by rmdir alone: a point still mounted
+// is refused (EBUSY), never emptied.
+func unbind(points []string) error {
+	var errs []error
+	for _, p := range points {
+		if err := unix.Unmount(p, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			errs = append(errs, fmt.Errorf("sandbox: unmount %s: %w", p, err))
+			continue
+		}
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("sandbox: %w", err))
+		}
+	}
+	if len(points) > 0 {
+		if err := os.Remove(filepath.Dir(points[0])); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("sandbox: %w", err))
 		}
 	}
 	return errors.Join(errs...)
@@ -245,6 +282,9 @@ func (g *GVisor) EndLeftover(id, dir string) error {
 	sb := &guestSandbox{Container: "kiln-" + id, Root: g.Root, DiskMount: filepath.Join(dir, diskName), ImageMount: filepath.Join(dir, lowerName(0)),
 		RootMount: filepath.Join(dir, rootName), NetNS: filepath.Join(dir, netnsName), g: g}
 	sb.LayerMounts, _ = filepath.Glob(filepath.Join(dir, lowerName(0)+".*"))
+	if g.Binds != "" {
+		sb.BindMounts, _ = filepath.Glob(filepath.Join(g.bindsOf(id), "*"))
+	}
 	return errors.Join(err, sb.forget())
 }
 
@@ -268,7 +308,7 @@ var allCaps = []string{
 // one, the host's system directories read-only with the sandbox's own
 // /etc files, as on the host backend; the workspace; the agent's handles
 // in handoff.GuestDir.
-func (g *GVisor) spec(o Options, workspace, root, netns string) (*specs.Spec, error) {
+func (g *GVisor) spec(o Options, workspace, root, netns string, binds []string) (*specs.Spec, error) {
 	cfg := handoff.AgentConfig{
 		ID: o.ID, Hostname: o.Hostname, Env: o.Env, Init: o.Init, Guest: RuntimeGVisor, UIDBase: o.UIDBase,
 		Dir: o.Workdir, Entrypoint: o.Entrypoint, Cmd: o.Cmd, User: o.User,
@@ -325,6 +365,11 @@ func (g *GVisor) spec(o Options, workspace, root, netns string) (*specs.Spec, er
 		for _, b := range binds {
 			mounts = append(mounts, bind(b[0], b[1], true))
 		}
+	}
+	// The caller's directories, after the sandbox's own mounts (one may
+	// be below /workspace), each from its host mount (binds).
+	for i, m := range o.Mounts {
+		mounts = append(mounts, bind(binds[i], m.Target, m.ReadOnly))
 	}
 	caps := slices.Clone(allCaps)
 	return &specs.Spec{

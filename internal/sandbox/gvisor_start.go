@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -48,6 +49,9 @@ func (g *GVisor) Create(ctx context.Context, o Options) (_ Instance, err error) 
 	sb := &guestSandbox{Sandbox: Sandbox{ID: o.ID, Dir: o.Dir, UIDBase: o.UIDBase, EndOnOOM: true, ranges: g.Ranges}, Container: "kiln-" + o.ID, Root: g.Root, g: g}
 	workspace, overlay, err := g.root(s, sb, lowers)
 	if err != nil {
+		return nil, err
+	}
+	if err := g.bind(s, sb); err != nil {
 		return nil, err
 	}
 	network := "none"
@@ -205,6 +209,46 @@ func (g *GVisor) mountImage(s *startup, sb *guestSandbox, lowers []string, layer
 	return nil
 }
 
+// bind mounts the caller's directories where runsc's file server finds
+// them: each a detached mount, its attributes set (rootfs.BindTree),
+// mounted in the sandbox's directory of g.Binds, which only kilnd reads.
+// The spec binds each from there, so what runsc opens is what kilnd
+// checked, whatever the caller's path names meanwhile.
+func (g *GVisor) bind(s *startup, sb *guestSandbox) error {
+	o := s.o
+	if len(o.Mounts) == 0 {
+		return nil
+	}
+	if g.Binds == "" {
+		return errors.New("sandbox: this gVisor runtime has no directory for mounts")
+	}
+	trees, err := bindTrees(o.Mounts)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		for _, t := range trees {
+			t.Close()
+		}
+	}()
+	dir := g.bindsOf(o.ID)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("sandbox: %w", err)
+	}
+	s.onFailure(func() { unbind(sb.BindMounts); os.Remove(dir) })
+	for i, tree := range trees {
+		p := filepath.Join(dir, strconv.Itoa(i))
+		if _, err := mkdir(p, 0o700, true); err != nil {
+			return fmt.Errorf("sandbox: %w", err)
+		}
+		sb.BindMounts = append(sb.BindMounts, p)
+		if err := unix.MoveMount(int(tree.Fd()), "", unix.AT_FDCWD, p, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+			return fmt.Errorf("sandbox: mount at %s: %w", o.Mounts[i].Target, err)
+		}
+	}
+	return nil
+}
+
 // network gives sb a network namespace of its own, connected (o.Network)
 // before runsc takes its link, and an image's root the resolvers.
 func (g *GVisor) network(s *startup, sb *guestSandbox) error {
@@ -233,7 +277,7 @@ func (g *GVisor) network(s *startup, sb *guestSandbox) error {
 
 // writeBundle writes the container's OCI spec into sb's bundle.
 func (g *GVisor) writeBundle(o Options, workspace string, sb *guestSandbox) error {
-	spec, err := g.spec(o, workspace, sb.RootMount, sb.NetNS)
+	spec, err := g.spec(o, workspace, sb.RootMount, sb.NetNS, sb.BindMounts)
 	if err != nil {
 		return err
 	}

@@ -198,7 +198,8 @@ func agentCommand(s *startup, sb *Sandbox, cfg handoff.AgentConfig) (*agentStart
 		cmd.Env = append(cmd.Env, "GORACE="+v)
 	}
 	cmd.Stdout, cmd.Stderr = h.agentLog, h.agentLog
-	cmd.ExtraFiles = make([]*os.File, handoff.FDLast-2) // handoff.FDListener to handoff.FDLast
+	// handoff.FDListener to handoff.FDLast, then the mounts'.
+	cmd.ExtraFiles = make([]*os.File, handoff.FDLast-2, handoff.FDLast-2+len(h.mounts))
 	cmd.ExtraFiles[handoff.FDListener-3], cmd.ExtraFiles[handoff.FDLogs-3] = h.listener, h.logs
 	// The spawner's forking thread joins the limited groups, and so every
 	// process it starts is born in them; the agent joins the CPU group
@@ -228,6 +229,7 @@ func agentCommand(s *startup, sb *Sandbox, cfg handoff.AgentConfig) (*agentStart
 	if h.await != nil {
 		cmd.ExtraFiles[handoff.FDNetwork-3] = h.await
 	}
+	cmd.ExtraFiles = append(cmd.ExtraFiles, h.mounts...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Cloneflags:  unix.CLONE_NEWPID | unix.CLONE_NEWNS | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC | unix.CLONE_NEWNET,
 		Setsid:      true,
@@ -244,11 +246,12 @@ func agentCommand(s *startup, sb *Sandbox, cfg handoff.AgentConfig) (*agentStart
 // agentHandles are the files an agent is started with, beside its
 // cgroups' (agentCommand opens those).
 type agentHandles struct {
-	listener, logs *os.File // its API socket; the capture directory
-	cgroup         *os.File // the v2 group it is born in
-	agentLog       *os.File // its own output
-	oom            *os.File // the out-of-memory counter, with a memory limit
-	await          *os.File // the network's pipe's end, with a network
+	listener, logs *os.File   // its API socket; the capture directory
+	cgroup         *os.File   // the v2 group it is born in
+	agentLog       *os.File   // its own output
+	oom            *os.File   // the out-of-memory counter, with a memory limit
+	await          *os.File   // the network's pipe's end, with a network
+	mounts         []*os.File // the caller's directories, detached mounts
 }
 
 // keep adds f to what close closes, and returns it.
@@ -301,6 +304,16 @@ func (a *agentStart) openHandles(s *startup, sb *Sandbox, cfg *handoff.AgentConf
 	cfg.OOMEvents = h.oom != nil
 	cfg.ProcsCgroup = cg.procsDir2() != ""
 	cfg.PidsThreads = cg.pidsDir2() != ""
+	// The caller's directories, each a detached mount the agent moves
+	// into the sandbox's root: nothing of them is mounted on the host.
+	trees, err := bindTrees(o.Mounts)
+	if err != nil {
+		return h, err
+	}
+	for i, t := range trees {
+		h.mounts = append(h.mounts, a.keep(t))
+		cfg.Mounts = append(cfg.Mounts, handoff.Mount{Target: o.Mounts[i].Target})
+	}
 	// The agent waits for its network on a pipe: a byte once kilnd has
 	// connected it, nothing if that failed.
 	if o.Network != nil {

@@ -25,6 +25,7 @@ import (
 	"github.com/sandkiln/sandkiln/internal/handoff"
 	"github.com/sandkiln/sandkiln/internal/pidfd"
 	"github.com/sandkiln/sandkiln/internal/procfs"
+	"github.com/sandkiln/sandkiln/internal/rootfs"
 )
 
 // DefaultHostname is a sandbox's hostname when its request names none:
@@ -114,12 +115,43 @@ type Options struct {
 	// name servers of its resolv.conf.
 	Network   func(nsPath string) error
 	Resolvers []string
+	// Mounts are the caller's host directories, bound into the sandbox at
+	// their targets (in order: a later one may be below an earlier one's).
+	// Their directories are the caller's to close once Create returns.
+	Mounts []Mount
 	// Restart, when set, is the stopped instance (Halt, then End) of the
 	// same sandbox that this one starts again from: Dir is its directory,
 	// whose files are taken as they are (its captured logs, and its
 	// writable layers there or on Disk, a disk of its image mounted
 	// again), and its uid range, which owns those files, is this one's.
 	Restart Instance
+}
+
+// Mount is a host directory bound into a sandbox: Dir, opened by whoever
+// checked it may be (kilnd, against the directories it allows mounts
+// from), so that what is bound is what was checked, whatever its path
+// names meanwhile.
+type Mount struct {
+	Dir      *os.File
+	Target   string
+	ReadOnly bool
+}
+
+// bindTrees returns the detached mounts of ms's directories, in order,
+// each with its attributes set (rootfs.BindTree); nil with an error.
+func bindTrees(ms []Mount) ([]*os.File, error) {
+	var trees []*os.File
+	for _, m := range ms {
+		fd, err := rootfs.BindTree(m.Dir, m.ReadOnly)
+		if err != nil {
+			for _, t := range trees {
+				t.Close()
+			}
+			return nil, fmt.Errorf("sandbox: mount at %s: %w", m.Target, err)
+		}
+		trees = append(trees, os.NewFile(uintptr(fd), "mount"))
+	}
+	return trees, nil
 }
 
 // restarting is the stopped instance o starts again from, or nil for a

@@ -566,3 +566,28 @@ def test_async_stop_start(env: Env) -> None:
                 assert (await sb.restart(timeout_seconds=0))["state"] == "running"
                 assert (await sb.exec(sh("echo up"))).stdout == "up\n"
     arun(go())
+
+
+def test_errors_carry_one_prefix(env: Env, client: sandkiln.Client) -> None:
+    """kilnd's answers carry no prefix of their own: the SDK puts one,
+    "kilnd: ", before each."""
+    with sandkiln.Client(env.kilnd.url, "wrong") as wrong:
+        with fails("UNAUTHENTICATED") as unauthenticated:
+            wrong.sandboxes.list()
+    with fails("INVALID_ARGUMENT") as invalid:
+        client.sandboxes.create(limits={"pids": 2**40})
+    with fails("NOT_FOUND") as not_found:
+        client.sandboxes.get("no-such-sandbox")
+    for f in (unauthenticated, invalid, not_found):
+        msg = str(f.err)
+        assert msg.startswith("kilnd: ") and msg.count("kilnd: ") == 1, msg
+
+
+def test_mounts_refused_without_allow_mount(client: sandkiln.Client) -> None:
+    """The shared kilnd allows no mounts: a create with one is refused,
+    naming the flag that would, and makes nothing."""
+    before = {s["id"] for s in client.sandboxes.list()}
+    with fails("PERMISSION_DENIED") as f:
+        client.sandboxes.create(mounts=[{"source": tempfile.gettempdir(), "target": "/data", "read_only": True}])
+    assert "--allow-mount" in str(f.err)
+    assert {s["id"] for s in client.sandboxes.list()} == before

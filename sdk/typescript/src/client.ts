@@ -31,6 +31,8 @@ type Schemas = components["schemas"];
 export type SandboxInfo = Schemas["Sandbox"];
 /** What a sandbox is created with (the body of POST /sandboxes). */
 export type SandboxOptions = Schemas["CreateSandbox"];
+/** A host directory bound into a sandbox (SandboxOptions.mounts), as docker run -v binds one. */
+export type Mount = Schemas["Mount"];
 
 /** What Client.events gives; each left out: all of them, following. */
 export interface EventOptions extends SignalOptions {

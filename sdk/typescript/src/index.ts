@@ -3,8 +3,8 @@
 
 export { Client, Sandbox, Sandboxes, Processes, Terminals, Files, Previews, Images } from "./client.js";
 export type {
-  ClientOptions, Command, ExecInput, ExecOptions, ExecOutput, FileInfo, ImageInfo, Preview, EventOptions, SandboxFilter, SandboxInfo, SandboxOptions,
-  SandboxReference, StartOptions, TerminalStartOptions,
+  ClientOptions, Command, ExecInput, ExecOptions, ExecOutput, FileInfo, ImageInfo, Mount, Preview, EventOptions, SandboxFilter, SandboxInfo,
+  SandboxOptions, SandboxReference, StartOptions, TerminalStartOptions,
 } from "./client.js";
 export type { ImageProgress, SandboxStats, TarBody, TopProcess } from "./client.js";
 export { Logs } from "./logs.js";

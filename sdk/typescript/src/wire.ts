@@ -1030,6 +1030,17 @@ export interface components {
             labels?: {
                 [key: string]: string;
             };
+            /** @description host directories bound into the sandbox, as docker run -v binds them; kilnd refuses every mount (403) unless it was started with --allow-mount DIR, and each source must be below one of those directories, symbolic links resolved (400 otherwise). The files keep their host owners: the sandbox reads and writes what the directory's permissions allow any other user, and what it writes belongs to its own host users */
+            mounts?: components["schemas"]["Mount"][];
+        };
+        /** @description A host directory bound into a sandbox: nosuid and nodev, read-only when asked. Each field out of its form is refused with 400 invalid_argument naming it (mounts[N].source, mounts[N].target). */
+        Mount: {
+            /** @description the host directory: an absolute, clean path (no .. or ., no repeated or trailing /), of a directory that, symbolic links resolved, is below one kilnd allows (--allow-mount); checked again at each start, which a source gone or no longer allowed refuses with 412 */
+            source: string;
+            /** @description where the sandbox sees it: an absolute, clean path, not /, nor in /proc, /sys, /dev or /.kiln, nor /tmp, /root or /workspace themselves (below them will do); without an image or a rootfs, nor in the host's /usr, /etc, /bin, /lib, /lib64 or /sbin, which the sandbox has read-only. Targets are apart: none is another's, nor below it */
+            target: string;
+            /** @description read-only in the sandbox: writes fail with EROFS */
+            read_only?: boolean;
         };
         /** @description When each captured process's log rotates and how many of its files are kept: at most max_size_bytes × max_files bytes on disk per process. A field left out (or 0) is kilnd's default (--log-max-size 10MiB, --log-max-files 5 unless kilnd was told otherwise); one out of range is refused with 400 invalid_argument naming the field, the range and the value. */
         LogRotation: {
@@ -1178,6 +1189,8 @@ export interface components {
             labels?: {
                 [key: string]: string;
             };
+            /** @description its host directories, as its create gave them */
+            mounts?: components["schemas"]["Mount"][];
             /** @description why it stopped: stopped by request, its init command's exit, out of memory, … */
             reason?: string;
             /** @description its agent's process ID on the host, while it runs */

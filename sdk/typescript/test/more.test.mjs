@@ -496,3 +496,28 @@ test("images.import: a docker save tar built here, listed, a sandbox from it rea
   await rejects(client.images.get(name), "NOT_FOUND");
   await rejects(client.images.import(enc("not a tar")), "INVALID_ARGUMENT");
 });
+
+test("errors: kilnd's answers carry one prefix, the SDK's", async () => {
+  const wrong = new Client({ url: kilnd.url, token: "wrong" });
+  try {
+    // Each made as it is awaited: a rejection left waiting is unhandled.
+    const refusals = [
+      [() => wrong.sandboxes.list(), "UNAUTHENTICATED"],
+      [() => client.sandboxes.create({ limits: { pids: 2 ** 40 } }), "INVALID_ARGUMENT"],
+      [() => client.sandboxes.get("no-such-sandbox"), "NOT_FOUND"],
+    ];
+    for (const [call, code] of refusals) {
+      await rejects(call(), code, (err) => {
+        assert.match(err.message, /^kilnd: /);
+        assert.equal(err.message.split("kilnd: ").length, 2, err.message);
+      });
+    }
+  } finally {
+    await wrong.close();
+  }
+});
+
+test("mounts: refused by a kilnd without --allow-mount, naming the flag", async () => {
+  const mounts = [{ source: "/tmp", target: "/data", read_only: true }];
+  await rejects(client.sandboxes.create({ mounts }), "PERMISSION_DENIED", (err) => assert.match(err.message, /--allow-mount/));
+});

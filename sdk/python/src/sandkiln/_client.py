@@ -206,18 +206,23 @@ class AsyncSandboxes:
         logs: Mapping[str, int] | None = None,
         on_oom: str | None = None,
         labels: Mapping[str, str] | None = None,
+        mounts: Sequence[Mapping[str, Any]] | None = None,
         timeout: float | None = None,
     ) -> Opening[AsyncSandbox]:
         """Creates a sandbox and gives it once it is ready (kilnd checks
         the options: api/openapi.yaml's CreateSandbox). If the answer is
         lost the error is OUTCOME_UNKNOWN: list the sandboxes before
         creating another. ``async with client.sandboxes.create() as
-        sandbox`` destroys it at the block's end."""
+        sandbox`` destroys it at the block's end. ``mounts`` binds host
+        directories in, as docker run -v does: ``[{"source": "/srv/data",
+        "target": "/data", "read_only": True}]``, each below a directory
+        kilnd allows (kilnd --allow-mount)."""
         body = {k: v for k, v in {
             "name": name, "hostname": hostname, "image": image, "rootfs": rootfs, "runtime": runtime,
             "limits": dict(limits) if limits is not None else None, "network": network, "init": init,
             "idle_timeout_seconds": idle_timeout_seconds, "ttl_seconds": ttl_seconds, "logs": logs, "on_oom": on_oom,
             "labels": dict(labels) if labels is not None else None,
+            "mounts": [dict(m) for m in mounts] if mounts is not None else None,
         }.items() if v is not None}
         return Opening(self._create(body, timeout))
 

@@ -504,12 +504,14 @@ class Sandboxes:
     def create(self, *, name: str | None = None, hostname: str | None = None, image: str | None = None, rootfs: str | None = None,
                runtime: str | None = None, limits: Mapping[str, int | float] | None = None, network: Mapping[str, Any] | None = None,
                init: Mapping[str, Any] | None = None, idle_timeout_seconds: int | None = None, ttl_seconds: int | None = None, logs: Mapping[str, int] | None = None,
-               on_oom: str | None = None, labels: Mapping[str, str] | None = None, timeout: float | None = None) -> Sandbox:
+               on_oom: str | None = None, labels: Mapping[str, str] | None = None, mounts: Sequence[Mapping[str, Any]] | None = None,
+               timeout: float | None = None) -> Sandbox:
         """Creates a sandbox; see AsyncSandboxes.create. ``with
         client.sandboxes.create() as sandbox`` destroys it at the block's end."""
         a = self._p.call(_wait(self._a.create(
             name=name, hostname=hostname, image=image, rootfs=rootfs, runtime=runtime, limits=limits, network=network,
-            init=init, idle_timeout_seconds=idle_timeout_seconds, ttl_seconds=ttl_seconds, logs=logs, on_oom=on_oom, labels=labels, timeout=timeout)))
+            init=init, idle_timeout_seconds=idle_timeout_seconds, ttl_seconds=ttl_seconds, logs=logs, on_oom=on_oom, labels=labels, mounts=mounts,
+            timeout=timeout)))
         return Sandbox(self._p, a)
 
     def get(self, sandbox: str | SandboxReference | Mapping[str, Any], *, timeout: float | None = None) -> Sandbox:

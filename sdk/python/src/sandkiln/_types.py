@@ -234,6 +234,14 @@ class SandboxLimits(TypedDict, total=False):
     disk_bytes: int
 
 
+class Mount(TypedDict, total=False):
+    """A host directory bound into a sandbox (``sandboxes.create(mounts=…)``)."""
+
+    source: Required[str]
+    target: Required[str]
+    read_only: bool
+
+
 class SandboxInfo(TypedDict, total=False):
     """A sandbox as kilnd describes it."""
 
@@ -256,6 +264,7 @@ class SandboxInfo(TypedDict, total=False):
     image: str
     image_id: str
     labels: dict[str, str]
+    mounts: list[Mount]
 
 
 class ProcessInfo(TypedDict, total=False):
