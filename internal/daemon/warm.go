@@ -21,7 +21,7 @@ import (
 // about 35 ms of 40 here; gVisor's: most of half a second), and nothing
 // of it depends on the request when the request is of the everyday shape:
 // no name or hostname (the hostname is then made of the id), no image or
-// rootfs, no init, no network, and kilnd's own limits, log rotation and
+// rootfs, no init, no mounts, no network, and kilnd's own limits, log rotation and
 // oom policy. kilnd keeps sandboxes of that shape made ahead, as many of
 // each runtime as Config.Warm says, and a create of that shape takes one,
 // whose agent answers already, and makes it the caller's: its labels,
@@ -71,7 +71,7 @@ func newWarmPool() *warmPool {
 func (d *Daemon) warmable(p createPlan) bool {
 	r := p.req
 	return d.cfg.Warm[p.backend.Name()] > 0 && r.Name == "" && r.Hostname == "" && r.Rootfs == "" && r.Image == "" &&
-		r.Init == nil && !egress.Wanted(r.Network) && cmp.Or(r.OnOOM, api.OnOOMEndSandbox) == api.OnOOMEndSandbox
+		r.Init == nil && len(r.Mounts) == 0 && !egress.Wanted(r.Network) && cmp.Or(r.OnOOM, api.OnOOMEndSandbox) == api.OnOOMEndSandbox
 }
 
 // takeWarm takes, for a create planned as p, a sandbox made ahead whose

@@ -48,10 +48,11 @@ func (k *kilnd) metric(t *testing.T, name string) string {
 // ahead, which until then no list, event or lookup showed; it is the
 // caller's as if made for it (its labels and ttl, its creation time, a
 // hostname made of its id, a process run in it); a create of another
-// shape (a name) makes its own; kilnd ends those it still holds as it
+// shape (a name, a mount) makes its own; kilnd ends those it still holds as it
 // closes.
 func TestMadeAhead(t *testing.T) {
-	k := startConfig(t, daemon.Config{Warm: map[string]int{sandbox.RuntimeNamespaces: 1}})
+	shared := t.TempDir()
+	k := startConfig(t, daemon.Config{Warm: map[string]int{sandbox.RuntimeNamespaces: 1}, AllowMounts: []string{shared}})
 	stopped := false
 	defer func() {
 		if !stopped {
@@ -103,6 +104,8 @@ func TestMadeAhead(t *testing.T) {
 		t.Errorf("no record: %v", err)
 	}
 
+	// One made ahead is there, and is not taken.
+	k.awaitMadeAhead(t, 1)
 	var named daemon.Info
 	k.json("POST", "/sandboxes", map[string]any{"name": "web"}, &named)
 	if got := k.metric(t, "kilnd_sandbox_creates_made_ahead_total"); got != "1" {
@@ -111,9 +114,18 @@ func TestMadeAhead(t *testing.T) {
 	if got := strings.TrimSpace(k.sh(t, named.ID, "hostname")); got != "web" {
 		t.Errorf("named sandbox's hostname %q", got)
 	}
-
-	// Another is made behind the one taken; kilnd ends it as it closes.
+	// Nor does one with a host directory: the sandbox made ahead has none.
 	k.awaitMadeAhead(t, 1)
+	var mounted daemon.Info
+	k.json("POST", "/sandboxes", map[string]any{"mounts": []api.Mount{{Source: shared, Target: "/shared"}}}, &mounted)
+	if got := k.metric(t, "kilnd_sandbox_creates_made_ahead_total"); got != "1" {
+		t.Errorf("a create with mounts took a sandbox made ahead (creates made ahead: %s)", got)
+	}
+	if got := strings.TrimSpace(k.sh(t, mounted.ID, "test -d /shared && echo mounted")); got != "mounted" {
+		t.Errorf("mounts: %q", got)
+	}
+
+	// kilnd ends the one made behind the one taken as it closes.
 	left := k.d.MadeAhead(sandbox.RuntimeNamespaces)
 	k.cleanup()
 	stopped = true
