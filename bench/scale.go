@@ -53,6 +53,17 @@ type scaleStep struct {
 	idleCPU    time.Duration
 	idleWindow time.Duration
 	list       []time.Duration // GET /sandboxes, every one listed
+	// GET /sandboxes?label=group=3: the tenth of them in that group.
+	labelList []time.Duration
+}
+
+// scaleGroups are the groups the scale section's sandboxes are labelled
+// with, in turn (labels {"group": "0"} to {"group": "9"}).
+const scaleGroups = 10
+
+// scaleLabels are the labels of the scale section's i-th sandbox.
+func scaleLabels(i int) map[string]any {
+	return map[string]any{"labels": map[string]string{"group": strconv.Itoa(i % scaleGroups)}}
 }
 
 func (s scaleStep) perSandbox(v int64) int64 { return v / int64(s.n) }
@@ -139,7 +150,7 @@ func measureScale(ctx context.Context, cfg config) (*scaleResult, error) {
 		for len(ids) < n {
 			start := time.Now()
 			var info daemon.Info
-			if err := c.call(ctx, "POST", "/sandboxes", map[string]any{}, &info); err != nil {
+			if err := c.call(ctx, "POST", "/sandboxes", scaleLabels(len(ids)), &info); err != nil {
 				return nil, fmt.Errorf("sandbox %d: %w", len(ids)+1, err)
 			}
 			st.creates = append(st.creates, time.Since(start))
@@ -204,9 +215,26 @@ func measureScale(ctx context.Context, cfg config) (*scaleResult, error) {
 				return nil, fmt.Errorf("GET /sandboxes listed %d sandboxes, want %d", len(list), n)
 			}
 		}
+		group := 0 // the sandboxes i < n with i%scaleGroups == 3
+		for i := range n {
+			if i%scaleGroups == 3 {
+				group++
+			}
+		}
+		for range scaleListCalls {
+			start := time.Now()
+			var list []daemon.Info
+			if err := c.call(ctx, "GET", "/sandboxes?label=group=3", nil, &list); err != nil {
+				return nil, err
+			}
+			st.labelList = append(st.labelList, time.Since(start))
+			if len(list) != group {
+				return nil, fmt.Errorf("GET /sandboxes?label=group=3 listed %d sandboxes, want %d", len(list), group)
+			}
+		}
 		res.steps = append(res.steps, st)
-		fmt.Fprintf(cfg.progress, "scale: %d sandboxes: create p50 %v p99 %v, %.2f MiB each, idle CPU %v in %v, list p50 %v, %d descriptors\n",
-			n, pct(st.creates, 50), pct(st.creates, 99), st.perSandboxMiB(), st.idleCPU, st.idleWindow, pct(st.list, 50), st.fds)
+		fmt.Fprintf(cfg.progress, "scale: %d sandboxes: create p50 %v p99 %v, %.2f MiB each, idle CPU %v in %v, list p50 %v, by label p50 %v, %d descriptors\n",
+			n, pct(st.creates, 50), pct(st.creates, 99), st.perSandboxMiB(), st.idleCPU, st.idleWindow, pct(st.list, 50), pct(st.labelList, 50), st.fds)
 	}
 
 	// A restart: the sandboxes run on while no kilnd does; a new one on
@@ -336,16 +364,17 @@ func writeScale(b *strings.Builder, cfg config, s *scaleResult) {
 		"then, every sandbox idle, what they cost (their agents' and spawners' proportional set size, and how many\n"+
 		"spawners still run: one outlasts its sandbox's last process by %v; kilnd's heap, descriptors and goroutines,\n"+
 		"growth since before the first), an exec of `true` in the first sandbox, idle, whose spawner starts again\n"+
-		"(wake), and at once a second (warm), and %d calls of `GET /sandboxes`.\n\n",
-		cfg.scale, scaleIdleWindow, handoff.DefaultSpawnerIdle, scaleListCalls)
-	b.WriteString("| sandboxes | create p50 | create p99 | agent PSS MiB | spawner PSS MiB | spawners running | kilnd heap MiB | MiB per sandbox | kilnd idle CPU | exec wake | exec warm | list p50 | list p99 | descriptors per sandbox | goroutines per sandbox | threads per sandbox |\n" +
-		"|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		"(wake), and at once a second (warm), and %d calls of `GET /sandboxes`, then as many of `GET /sandboxes?label=group=3`\n"+
+		"(each sandbox is labelled with one of %d groups in turn: a tenth of them listed).\n\n",
+		cfg.scale, scaleIdleWindow, handoff.DefaultSpawnerIdle, scaleListCalls, scaleGroups)
+	b.WriteString("| sandboxes | create p50 | create p99 | agent PSS MiB | spawner PSS MiB | spawners running | kilnd heap MiB | MiB per sandbox | kilnd idle CPU | exec wake | exec warm | list p50 | list p99 | by label p50 | by label p99 | descriptors per sandbox | goroutines per sandbox | threads per sandbox |\n" +
+		"|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, st := range s.steps {
-		fmt.Fprintf(b, "| %d | %s | %s | %s | %s | %d | %s | %.2f | %.2f%% | %s | %s | %s | %s | %.2f | %.1f | %.1f |\n", st.n,
+		fmt.Fprintf(b, "| %d | %s | %s | %s | %s | %d | %s | %.2f | %.2f%% | %s | %s | %s | %s | %s | %s | %.2f | %.1f | %.1f |\n", st.n,
 			ms(pct(st.creates, 50)), ms(pct(st.creates, 99)),
 			mib(st.perSandbox(st.agentPSS)), mib(st.perSandbox(st.spawnerPSS)), st.spawners, mib(st.perSandbox(max(0, st.kilndHeap))),
 			st.perSandboxMiB(), 100*st.idleCPU.Seconds()/st.idleWindow.Seconds(), ms(st.wake), ms(st.warm),
-			ms(pct(st.list, 50)), ms(pct(st.list, 99)), float64(st.fds)/float64(st.n), float64(st.goroutines)/float64(st.n),
+			ms(pct(st.list, 50)), ms(pct(st.list, 99)), ms(pct(st.labelList, 50)), ms(pct(st.labelList, 99)), float64(st.fds)/float64(st.n), float64(st.goroutines)/float64(st.n),
 			float64(st.tasks)/float64(st.n))
 	}
 	b.WriteString("\nIdle CPU is a share of one core. Agent, spawner and kilnd heap are per sandbox.\n\n")

@@ -1076,8 +1076,9 @@ sandbox's limits are those of kiln sandbox create.
 					return c.runDetached(ctx, sb, o)
 				}
 				if rm {
+					// As Docker's --rm: the sandbox and its logs.
 					c.removing = true
-					defer sb.Delete(context.WithoutCancel(ctx), false)
+					defer sb.Delete(context.WithoutCancel(ctx), true)
 				} else {
 					fmt.Fprintln(c.stderr, "kiln: sandbox", sb.ID)
 				}
@@ -1093,7 +1094,7 @@ sandbox's limits are those of kiln sandbox create.
 		},
 	}
 	sf.add(cmd, false)
-	cmd.Flags().BoolVar(&rm, "rm", false, "remove the sandbox afterwards (its captured logs kept)")
+	cmd.Flags().BoolVar(&rm, "rm", false, "remove the sandbox and its captured logs afterwards")
 	cmd.Flags().BoolVarP(&detach, "detach", "d", false, "start the command and print the sandbox's id; its output is captured (kiln logs SANDBOX)")
 	limits = limitFlags(cmd)
 	onOOMFlag(cmd, &opts.OnOOM)

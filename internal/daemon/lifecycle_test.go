@@ -424,7 +424,9 @@ func TestStartAfterTheInitEnded(t *testing.T) {
 	if started.State != daemon.StateRunning || started.Exit != nil {
 		t.Errorf("started: %+v", started)
 	}
-	if got := k.sh(t, info.ID, "cat /workspace/runs"); got != "run\nrun\n" {
+	// The start answers once the agent does; the init command's line
+	// may come a moment later, and then no other.
+	if got := k.sh(t, info.ID, "until [ $(wc -l < /workspace/runs) -ge 2 ]; do sleep 0.01; done; cat /workspace/runs"); got != "run\nrun\n" {
 		t.Errorf("runs: %q", got)
 	}
 }
