@@ -549,6 +549,7 @@ func compareSandboxes(ctx context.Context, cfg config, res *compareResult, base 
 			if err != nil {
 				return fmt.Errorf("settle kilnd before %s: %w", rc.c.name, err)
 			}
+			awaitIdle(ctx)
 			start := time.Now()
 			if err := rc.start(i); err != nil {
 				return fmt.Errorf("%s: %w", rc.c.name, err)
@@ -925,8 +926,8 @@ func writeStarts(b *strings.Builder, r *compareResult) {
 	}
 	fmt.Fprintf(b, "### Sandbox start: create, run `true`, remove (%d each, after 2 warm-ups)\n\n", r.startRuns)
 	fmt.Fprintf(b, "kilnd makes %d sandboxes ahead per runtime (`kilnd --warm namespaces=2 --warm gvisor=2`; the first is its default). Before each case is timed, kilnd\n"+
-		"has made ahead again what the case before took, so that no case pays\n"+
-		"for another's.\n\n", compareWarm)
+		"has made ahead again what the case before took, and the host's CPUs have been idle for 50 ms (at most 5 s\n"+
+		"are waited for), so that no case pays for another's.\n\n", compareWarm)
 	ref := pct(durations(r.starts[0].secs), 50)
 	b.WriteString("| runtime | p50 | p99 | p50 over sandkiln's | how |\n|---|---:|---:|---:|---|\n")
 	for _, c := range r.starts {

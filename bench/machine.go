@@ -2,11 +2,13 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"os"
 	"runtime"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -69,8 +71,8 @@ func procField(path, key string) (string, bool) {
 // while this one wanted to run (steal). ok is false where it cannot be
 // read.
 type cpuTimes struct {
-	total, steal int64
-	ok           bool
+	total, steal, idle int64
+	ok                 bool
 }
 
 func readCPUTimes() cpuTimes {
@@ -92,6 +94,9 @@ func readCPUTimes() cpuTimes {
 		if i == 7 {
 			t.steal = n
 		}
+		if i == 3 || i == 4 { // idle, iowait
+			t.idle += n
+		}
 	}
 	t.ok = true
 	return t
@@ -112,3 +117,33 @@ func readTrimmed(path string) string {
 	}
 	return strings.TrimSpace(string(b))
 }
+
+// awaitIdle waits until the host's CPUs have been idle (at least 90% of
+// their time) over a whole window of idleWindow, or ctx ends, or
+// idleMost has gone by: what ran before a timed case (a sandbox made
+// ahead finishing its start, runsc's processes ending) is done before it
+// starts.
+func awaitIdle(ctx context.Context) {
+	deadline := time.Now().Add(idleMost)
+	last := readCPUTimes()
+	for time.Now().Before(deadline) {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(idleWindow):
+		}
+		now := readCPUTimes()
+		if !now.ok || !last.ok {
+			return
+		}
+		if total := now.total - last.total; total > 0 && float64(now.idle-last.idle) >= 0.9*float64(total) {
+			return
+		}
+		last = now
+	}
+}
+
+const (
+	idleWindow = 50 * time.Millisecond
+	idleMost   = 5 * time.Second
+)
