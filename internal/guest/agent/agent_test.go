@@ -226,6 +226,11 @@ func TestKilnV1Frames(t *testing.T) {
 		}
 		return w
 	}
+	// The exit can be known before the output is all read from the
+	// pipes (a child may still write): a first watcher, read to the exit,
+	// which comes after both ends, makes sure every byte is in before the
+	// hello of the next is checked.
+	read(nil)
 	w := read(nil)
 	if out, errs := w.Stream("stdout"), w.Stream("stderr"); string(out.Data) != "out1\nout2" || string(errs.Data) != "err1\n" || out.Lost+errs.Lost != 0 {
 		t.Errorf("stdout %q, stderr %q, lost %d and %d", out.Data, errs.Data, out.Lost, errs.Lost)
