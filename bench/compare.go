@@ -129,13 +129,7 @@ func measureCompare(ctx context.Context, cfg config, exe string) (*compareResult
 	}
 	defer os.RemoveAll(base)
 	res := &compareResult{size: cfg.captureSize, ttySize: cfg.ttySize, reps: cfg.reps, dir: cfg.captureDir, fsType: fsType(base)}
-	have := func(tool string) bool {
-		if _, err := exec.LookPath(tool); err != nil {
-			res.skipped = append(res.skipped, fmt.Sprintf("%s: not installed", tool))
-			return false
-		}
-		return true
-	}
+	have := res.have
 	hasSupervisord, hasS6, hasDtach, hasTmux, hasRunc, hasRunsc := have("supervisord"), have("s6-log"), have("dtach"), have("tmux"), have("runc"), have("runsc")
 
 	// Throughput: the capture shapes to a log, and the terminal shape.
@@ -949,13 +943,16 @@ func measureStart(ctx context.Context, cfg config) (*compareResult, error) {
 	}
 	defer os.RemoveAll(base)
 	res := &compareResult{}
-	have := func(tool string) bool {
-		if _, err := exec.LookPath(tool); err != nil {
-			res.skipped = append(res.skipped, fmt.Sprintf("%s: not installed", tool))
-			return false
-		}
-		return true
-	}
-	hasRunc, hasRunsc := have("runc"), have("runsc")
+	hasRunc, hasRunsc := res.have("runc"), res.have("runsc")
 	return res, compareSandboxes(ctx, cfg, res, base, hasRunc, hasRunsc, false)
+}
+
+// have reports whether tool is installed; one that is not is named among
+// what the report did not run.
+func (r *compareResult) have(tool string) bool {
+	if _, err := exec.LookPath(tool); err != nil {
+		r.skipped = append(r.skipped, fmt.Sprintf("%s: not installed", tool))
+		return false
+	}
+	return true
 }

@@ -204,32 +204,27 @@ func measureScale(ctx context.Context, cfg config) (*scaleResult, error) {
 			}
 			*d = time.Since(start)
 		}
-		for range scaleListCalls {
-			start := time.Now()
-			var list []daemon.Info
-			if err := c.call(ctx, "GET", "/sandboxes", nil, &list); err != nil {
-				return nil, err
-			}
-			st.list = append(st.list, time.Since(start))
-			if len(list) != n {
-				return nil, fmt.Errorf("GET /sandboxes listed %d sandboxes, want %d", len(list), n)
-			}
-		}
 		group := 0 // the sandboxes i < n with i%scaleGroups == 3
 		for i := range n {
 			if i%scaleGroups == 3 {
 				group++
 			}
 		}
-		for range scaleListCalls {
-			start := time.Now()
-			var list []daemon.Info
-			if err := c.call(ctx, "GET", "/sandboxes?label=group=3", nil, &list); err != nil {
-				return nil, err
-			}
-			st.labelList = append(st.labelList, time.Since(start))
-			if len(list) != group {
-				return nil, fmt.Errorf("GET /sandboxes?label=group=3 listed %d sandboxes, want %d", len(list), group)
+		for _, l := range []struct {
+			path  string
+			want  int
+			times *[]time.Duration
+		}{{"/sandboxes", n, &st.list}, {"/sandboxes?label=group=3", group, &st.labelList}} {
+			for range scaleListCalls {
+				start := time.Now()
+				var list []daemon.Info
+				if err := c.call(ctx, "GET", l.path, nil, &list); err != nil {
+					return nil, err
+				}
+				*l.times = append(*l.times, time.Since(start))
+				if len(list) != l.want {
+					return nil, fmt.Errorf("GET %s listed %d sandboxes, want %d", l.path, len(list), l.want)
+				}
 			}
 		}
 		res.steps = append(res.steps, st)

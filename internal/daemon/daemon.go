@@ -445,6 +445,20 @@ func (d *Daemon) expired(now time.Time, idle map[string]bool) []string {
 	return out
 }
 
+// untilClosing is a context that ends when kilnd closes, or when it is
+// cancelled.
+func (d *Daemon) untilClosing() (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		select {
+		case <-d.closing:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
+}
+
 // Token is the bearer token TCP clients must present.
 func (d *Daemon) Token() string { return d.token }
 

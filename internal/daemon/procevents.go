@@ -45,15 +45,8 @@ func (d *Daemon) followProcesses(e *entry, replay bool) <-chan struct{} {
 	done := make(chan struct{})
 	d.wg.Go(func() {
 		defer close(done)
-		ctx, cancel := context.WithCancel(context.Background())
+		ctx, cancel := d.untilClosing()
 		defer cancel()
-		go func() {
-			select {
-			case <-d.closing:
-				cancel()
-			case <-ctx.Done():
-			}
-		}()
 		r := processRelay{d: d, t: sandbox.Transport(sb.Dial), sandbox: id, name: name,
 			tokens: processEventBurst, filled: time.Now()}
 		after := "now"

@@ -260,15 +260,8 @@ func (d *Daemon) warmRuntimes() []string {
 // A runtime whose sandboxes cannot be made is tried again later, less
 // and less often.
 func (d *Daemon) warmer() {
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := d.untilClosing()
 	defer cancel()
-	go func() {
-		select {
-		case <-d.closing:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
 	runtimes := d.warmRuntimes()
 	failing := map[string]time.Time{} // the runtimes failing, to when to try again
 	backoff := map[string]time.Duration{}
