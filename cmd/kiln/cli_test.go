@@ -169,7 +169,8 @@ func TestShellInATerminal(t *testing.T) {
 	}
 }
 
-// TestDetachKeys: in a real terminal, ctrl-p ctrl-q leaves kiln shell with
+// TestDetachKeys: kiln shell starts bash where the sandbox has it; in a
+// real terminal, ctrl-p ctrl-q leaves kiln shell with
 // 0 and the shell running, unharmed; kiln attach -i comes back to it, in
 // raw mode (the sandbox's terminal echoes, not this one), and its exit
 // code is kiln's. A lone ctrl-p is sent on to the process.
@@ -177,7 +178,18 @@ func TestDetachKeys(t *testing.T) {
 	state := kilnd(t)
 	_, out, _ := kiln(t, state, "", "sandbox", "create")
 	sb := strings.TrimSpace(out)
+	// Without a command, the shell is bash where the sandbox has it (a
+	// default sandbox shares this host's /usr); sh has no BASH_VERSINFO.
 	tm := newTmux(t, state, "shell", sb)
+	tm.screen("#")
+	tm.keys("echo bash-is-$((1+1))-${BASH_VERSINFO[0]}", "Enter")
+	tm.screen("bash-is-2-")
+	tm.keys("exit 0", "Enter")
+	if rc := tm.exit(); rc != "0" {
+		t.Fatalf("kiln shell exited %s, want 0", rc)
+	}
+	// The rest with sh, whose prompt is "# ".
+	tm = newTmux(t, state, "shell", sb, "--", "sh", "-l")
 	tm.screen("#")
 	tm.keys("echo marker-$((40+2))", "Enter")
 	tm.screen("marker-42")

@@ -932,17 +932,14 @@ func (c *cli) shellCmd() *cobra.Command {
 	var keys, overflow string
 	cmd := &cobra.Command{
 		Use:   "shell SANDBOX [-- CMD [ARG...]]",
-		Short: "An interactive terminal in a sandbox (sh, or CMD), its exit code as kiln's",
-		Long: `Runs sh (or CMD) on a terminal in the sandbox, as docker exec -it does: this terminal in raw
-mode, its size followed. The detach keys (ctrl-p,ctrl-q unless --detach-keys) leave the shell
+		Short: "An interactive terminal in a sandbox (bash, else sh, or CMD), its exit code as kiln's",
+		Long: `Runs a login shell (bash where the sandbox has /bin/bash, else sh), or CMD, on a terminal in the
+sandbox, as docker exec -it does: this terminal in raw mode, its size followed. The detach keys (ctrl-p,ctrl-q unless --detach-keys) leave the shell
 running: kiln attach -i SANDBOX PROCESS comes back to it.`,
 		Args:              cobra.MinimumNArgs(1),
 		ValidArgsFunction: c.complete(sandboxArg),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			argv := []string{"sh", "-l"}
-			if cmdline := commandOf(args[1:]); len(cmdline) > 0 {
-				argv = cmdline
-			}
+			argv := commandOf(args[1:])
 			seq, err := parseDetachKeys(keys)
 			if err != nil {
 				return usageError{err, cmd.CommandPath()}
@@ -952,8 +949,15 @@ running: kiln attach -i SANDBOX PROCESS comes back to it.`,
 				return usageError{err, cmd.CommandPath()}
 			}
 			return c.withClient(func(cl *client.Client) error {
+				sb := cl.Handle(args[0])
+				if len(argv) == 0 {
+					argv = []string{"sh", "-l"}
+					if _, err := sb.Stat(cmd.Context(), "/bin/bash"); err == nil {
+						argv = []string{"/bin/bash", "-l"}
+					}
+				}
 				o := client.StartOptions{Command: argv[0], Args: argv[1:], Stdin: true, Overflow: ov, ChunkBytes: copyChunk, Borrow: true}
-				return c.terminal(cmd.Context(), cl.Handle(args[0]), o, seq)
+				return c.terminal(cmd.Context(), sb, o, seq)
 			})
 		},
 	}
