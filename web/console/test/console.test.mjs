@@ -103,9 +103,10 @@ test("the console, as a user uses it", async () => {
 
   // A sandbox.
   await page.click("#create button[type=submit]");
-  const row = await page.waitForSelector("tr[data-sandbox]");
-  const sb = await row.getAttribute("data-sandbox");
-  await row.$("text=Open").then((b) => b.click());
+  // The list is drawn again as kilnd's events come (its creation among
+  // them): the row is found by its sandbox at each step, not held.
+  const sb = await page.locator("tr[data-sandbox]").first().getAttribute("data-sandbox");
+  await page.locator(`tr[data-sandbox="${sb}"]`).locator("text=Open").click();
   await page.waitForSelector("#start");
   await shot("02-sandbox");
 
