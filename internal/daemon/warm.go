@@ -298,34 +298,28 @@ func (d *Daemon) warmer() {
 	for {
 		// Creates paused?
 		for quiet := false; !quiet; {
-			t := time.NewTimer(warmQuiet)
 			select {
 			case <-d.closing:
-				t.Stop()
 				return
 			case <-d.warm.wake:
-			case <-t.C:
+			case <-time.After(warmQuiet):
 				quiet = true
 			}
-			t.Stop()
 		}
 		tried, next := fill()
 		if tried {
 			continue
 		}
-		var retry <-chan time.Time
-		t := time.NewTimer(time.Until(next))
+		var retry <-chan time.Time // none while no runtime is failing
 		if !next.IsZero() {
-			retry = t.C
+			retry = time.After(time.Until(next))
 		}
 		select {
 		case <-d.closing:
-			t.Stop()
 			return
 		case <-d.warm.wake:
 		case <-retry:
 		}
-		t.Stop()
 	}
 }
 
