@@ -219,6 +219,25 @@ type Process struct {
 	Stdin     *StdinStatus            `json:"stdin,omitempty"`
 	StartedAt time.Time               `json:"started_at"`
 	ExitedAt  *time.Time              `json:"exited_at,omitempty"`
+	// ForkedFrom, set on a process of the sandbox's history (it came with
+	// the snapshot the sandbox was made from or rolled back to), says
+	// where it ran.
+	ForkedFrom *ForkedFrom `json:"forked_from,omitempty"`
+}
+
+// StateForked is the state of a process of a sandbox's history: it ran
+// in the sandbox a snapshot was taken of, and was running then; its
+// output up to the snapshot is kept, and it does not run here.
+const StateForked = "forked"
+
+// ForkedFrom says where a process of a sandbox's history comes from: the
+// sandbox a snapshot was taken of, its process there, and how far each
+// of its output streams had come when the snapshot was taken.
+type ForkedFrom struct {
+	Sandbox  string           `json:"sandbox"`
+	Process  string           `json:"process"`
+	Snapshot string           `json:"snapshot"`
+	Offsets  map[string]int64 `json:"offsets"`
 }
 
 // StreamStatus is one output stream's position.
@@ -599,6 +618,13 @@ type CreateSandbox struct {
 	// allows mounts from (kilnd --allow-mount; without one, every mount is
 	// refused).
 	Mounts []Mount `json:"mounts,omitempty"`
+	// Snapshot, when set, makes the sandbox from a snapshot (its id, a
+	// unique prefix of it, or its name): its files are the snapshot's,
+	// and so, unless the request says otherwise, are its image or rootfs,
+	// runtime, limits (its disk's size always), network policy, init
+	// command, log rotation, timeouts and labels (the request's labels
+	// are added to them). The snapshot's processes are its history.
+	Snapshot string `json:"snapshot,omitempty"`
 }
 
 // Mount is a host directory bound into a sandbox.
@@ -1214,3 +1240,59 @@ const (
 	MaxTopCommand   = 4096
 	MaxTopProcesses = 16384
 )
+
+// Snapshot is a sandbox's files as they were at one moment: its disk (its
+// workspace and, with an image, the image's writable layer), copied while
+// its file system was frozen. It outlives its sandbox.
+type Snapshot struct {
+	ID   string `json:"id"`
+	Name string `json:"name,omitempty"`
+	// Sandbox is the id of the sandbox it was taken of, SandboxName that
+	// sandbox's name then.
+	Sandbox     string    `json:"sandbox"`
+	SandboxName string    `json:"sandbox_name,omitempty"`
+	CreatedAt   time.Time `json:"created_at"`
+	Runtime     string    `json:"runtime"`
+	Image       string    `json:"image,omitempty"`
+	// DiskBytes is the size of its disk (the sandbox's disk quota);
+	// SizeBytes what it takes of the host's disk, which counts against
+	// kilnd's snapshot quota.
+	DiskBytes int64 `json:"disk_bytes"`
+	SizeBytes int64 `json:"size_bytes"`
+	// Copy is how its disk was copied: "reflink" (extents shared with the
+	// sandbox's, copied when either writes) or "copy".
+	Copy string `json:"copy"`
+	// Processes are the sandbox's processes when it was taken, each
+	// stream's total_bytes its offset then.
+	Processes []Process `json:"processes,omitempty"`
+}
+
+// SnapshotRequest is the body of POST /sandboxes/{id}/snapshots.
+type SnapshotRequest struct {
+	// Name, when set, names the snapshot: unique among snapshots, as a
+	// sandbox's name is (ValidName).
+	Name string `json:"name,omitempty"`
+}
+
+// RollbackRequest is the body of POST /sandboxes/{id}/rollback.
+type RollbackRequest struct {
+	// Snapshot is the snapshot, of this sandbox, whose files it gets.
+	Snapshot string `json:"snapshot"`
+}
+
+// ForkRequest is the body of POST /sandboxes/{id}/fork.
+type ForkRequest struct {
+	// Count is how many sandboxes to make (default 1, at most MaxForks).
+	Count int `json:"count,omitempty"`
+	// Labels are added to those each fork has from its sandbox.
+	Labels map[string]string `json:"labels,omitempty"`
+}
+
+// MaxForks bounds one fork's sandboxes.
+const MaxForks = 64
+
+// Forked answers POST /sandboxes/{id}/fork: the sandboxes made, each
+// with the files the sandbox had at the moment of the fork.
+type Forked struct {
+	Sandboxes []Sandbox `json:"sandboxes"`
+}

@@ -173,3 +173,8 @@ func (e *CapacityError) Error() string {
 }
 
 func (e *CapacityError) Unwrap() error { return ErrOutputCapacity }
+
+// IsForbidden reports a call kilnd refuses whoever makes it: an origin or
+// host it does not serve, a mount it does not allow, a snapshot past its
+// quota.
+func IsForbidden(err error) bool { return hasCode(err, api.CodeForbidden) }

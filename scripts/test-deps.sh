@@ -17,10 +17,11 @@ ensure_go
 # sandboxes' disks; chromium (Debian's) drives the web console's test in
 # a real browser; the benchmark's own test runs the comparison with tmux,
 # supervisord, s6-log, dtach and runc; prometheus ships promtool, which
-# checks a scrape of kilnd's metrics; QEMU boots the pure cgroup v2 kernel
+# checks a scrape of kilnd's metrics; mkfs.xfs makes the XFS state
+# directory the snapshot tests share extents on; QEMU boots the pure cgroup v2 kernel
 # of make test-v2; fish and zsh run kiln's completion scripts.
 tools=(
-	make:make setsid:util-linux stty:coreutils mkfs.ext4:e2fsprogs python3:python3
+	make:make setsid:util-linux stty:coreutils mkfs.ext4:e2fsprogs mkfs.xfs:xfsprogs python3:python3
 	tmux:tmux supervisord:supervisor s6-log:s6 dtach:dtach runc:runc
 	chromium:chromium promtool:prometheus qemu-system-x86_64:qemu-system-x86
 	fish:fish zsh:zsh

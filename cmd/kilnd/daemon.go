@@ -94,6 +94,7 @@ Flags:
 	logMaxFiles := fs.Int("log-max-files", daemon.DefaultLogs.MaxFiles, "how many files of a captured process's log are kept, the active one included (2 to 100),\nunless its sandbox's create request says otherwise")
 	warm := warmFlag(maps.Clone(daemon.DefaultWarm))
 	fs.Var(warm, "warm", "[RUNTIME=]N: N sandboxes of the everyday shape (no name, hostname, image, init or\nnetwork; the default limits) kept made ahead for RUNTIME (namespaces unless given), so\nthat such a create takes one at once: 0 to 64 each, each costing an idle sandbox's memory\n(repeatable; gvisor: none unless asked)")
+	snapQuota := fs.String("snapshot-quota", units.BytesSize(float64(daemon.DefaultSnapshotQuota)), "how much of the host's disk, a `size`, snapshots may take together (kiln snapshot); one past\nit is refused")
 	keepDeleted := fs.Duration("keep-deleted", daemon.DefaultKeepDeleted, "how long a deleted sandbox's record and captured logs stay before they are removed (1s to\n8760h, a year)")
 	captureBuffer := fs.String("capture-buffer", "8MiB", "per captured process, the `size` of output held for its log writer while it catches up\n(64KiB to 1GiB): a burst beyond it, faster than the disk, is dropped and counted")
 	if err := fs.Parse(args); err != nil {
@@ -141,6 +142,11 @@ Flags:
 			return 2
 		}
 	}
+	snapshotQuota, err := units.RAMInBytes(*snapQuota)
+	if err != nil || snapshotQuota <= 0 {
+		fmt.Fprintf(os.Stderr, "kilnd: --snapshot-quota %q: want a size such as 100GiB\n", *snapQuota)
+		return 2
+	}
 	if err := daemon.ValidateLimits(limits, ""); err != nil {
 		fmt.Fprintf(os.Stderr, "kilnd: default limits: %v\n", err)
 		return 2
@@ -174,7 +180,7 @@ Flags:
 		return 1
 	}
 	cfg := daemon.Config{StateDir: *stateDir, Listen: *listen, AllowOrigins: allow, AllowHosts: hosts, PreviewDomain: *previewDomain, PreviewListen: *previewListen, Exe: exe, Env: sandboxEnv, Images: *images, AllowMounts: mounts,
-		Runsc: *runsc, RunscPlatform: *runscPlatform, CaptureQueue: queue, Logs: logs, FlowGrace: *flowGrace, KeepDeleted: *keepDeleted, Warm: warm, DefaultLimits: &limits,
+		Runsc: *runsc, RunscPlatform: *runscPlatform, CaptureQueue: queue, Logs: logs, FlowGrace: *flowGrace, KeepDeleted: *keepDeleted, SnapshotQuota: snapshotQuota, Warm: warm, DefaultLimits: &limits,
 		Instance: *instance, EgressRange: erange, EgressDNS: dns, InsecureRegistries: insecure}
 	if *runtimes {
 		return printRuntimes(cfg)

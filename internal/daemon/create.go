@@ -153,6 +153,14 @@ func newID() string {
 // Create makes a sandbox and records it: the request is checked whole
 // (plan), then the sandbox made, and it is recorded as it starts.
 func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
+	var snap *snapshotRecord
+	if req.Snapshot != "" {
+		s, err := d.fromSnapshot(&req)
+		if err != nil {
+			return Info{}, err
+		}
+		snap = &s
+	}
 	p, err := d.plan(req)
 	if err != nil {
 		return Info{}, err
@@ -174,7 +182,7 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 			}
 		}()
 	}
-	diskMount, diskImage, err := d.takeDisk(id, limits)
+	diskMount, diskImage, err := d.takeDisk(id, limits, snap)
 	if err != nil {
 		return Info{}, err
 	}
@@ -184,6 +192,9 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	}
 	began := time.Now()
 	rec := newRecord(id, p, diskImage, began)
+	if snap != nil {
+		rec.Image, rec.DiskIDs, rec.History = snap.Image, snap.DiskIDs, history(*snap)
+	}
 	opts := d.options(p, &rec, diskMount)
 	if egress.Wanted(req.Network) {
 		if err := d.plug(id, *req.Network, &rec, &opts); err != nil {
@@ -207,6 +218,12 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		return Info{}, err
 	}
 	d.metrics.creates.Observe(time.Since(began).Seconds())
+	if snap != nil {
+		// Its history's output, readable as its own processes' is.
+		if err := copyLogs(d.snaps.path(snap.ID, snapshotLogs), filepath.Join(d.sandboxDir(id), sandbox.LogsName), snap.Processes); err != nil {
+			d.log.Warn("the captured logs of a snapshot's processes were not all copied", "snapshot", snap.ID, "sandbox", id, "err", err)
+		}
+	}
 	e := &entry{rec: rec}
 	d.mu.Lock()
 	d.add(e)
@@ -279,7 +296,10 @@ func (d *Daemon) launchUnrecorded(ctx context.Context, backend sandbox.Backend, 
 
 // takeDisk takes a disk of limits.DiskBytes for sandbox id, if it has a
 // quota: its mount, for the agent, and its image ("" and nil without).
-func (d *Daemon) takeDisk(id string, limits api.Limits) (*os.File, string, error) {
+func (d *Daemon) takeDisk(id string, limits api.Limits, snap *snapshotRecord) (*os.File, string, error) {
+	if snap != nil {
+		return d.snapshotDisk(id, *snap)
+	}
 	if limits.DiskBytes == 0 {
 		return nil, "", nil
 	}
@@ -298,7 +318,7 @@ func (d *Daemon) options(p createPlan, rec *record, disk *os.File) sandbox.Optio
 		Dir: d.sandboxDir(rec.ID), ID: rec.ID, Hostname: rec.Hostname,
 		Rootfs: req.Rootfs, Layers: p.layers, Limits: p.limits, Disk: disk, Env: d.cfg.Env, Init: req.Init, CaptureQueue: d.cfg.CaptureQueue,
 		CaptureMaxSize: p.logs.MaxSizeBytes, CaptureMaxFiles: p.logs.MaxFiles, FlowGrace: d.cfg.FlowGrace,
-		EndOnOOM: rec.OnOOM == api.OnOOMEndSandbox, Mounts: p.mounts,
+		EndOnOOM: rec.OnOOM == api.OnOOMEndSandbox, Mounts: p.mounts, DiskIDs: rec.DiskIDs,
 		Workdir: img.Config.WorkingDir, Entrypoint: img.Config.Entrypoint, Cmd: img.Config.Cmd, User: img.Config.User,
 		// The record is written while the agent sets itself up (a backend
 		// that cannot say when it runs has it written once it answers).

@@ -108,6 +108,9 @@ type Config struct {
 	// warm.go); a runtime left out, or one this host does not have, gets
 	// none.
 	Warm map[string]int
+	// SnapshotQuota bounds how much of the host's disk snapshots take
+	// together (zero: DefaultSnapshotQuota).
+	SnapshotQuota int64
 	// MCP, when set, serves the Model Context Protocol's streamable HTTP
 	// transport at /mcp, behind the token like every other route; nil
 	// answers /mcp not found. kilnd's binary gives it the MCP server
@@ -159,6 +162,10 @@ type Daemon struct {
 	// this host cannot.
 	disks    *sandbox.Disks
 	disksErr error
+	// snaps are the snapshots; nil, with snapsErr saying why, where this
+	// host cannot keep them (it has no disks).
+	snaps    *snapshots
+	snapsErr error
 
 	// images are the OCI images sandboxes are made from.
 	images *image.Store
@@ -237,6 +244,9 @@ func New(cfg Config) (_ *Daemon, err error) {
 	if cfg.DefaultLimits == nil {
 		cfg.DefaultLimits = &DefaultLimits
 	}
+	if cfg.SnapshotQuota == 0 {
+		cfg.SnapshotQuota = DefaultSnapshotQuota
+	}
 	if err := cfg.check(); err != nil {
 		return nil, err
 	}
@@ -305,6 +315,18 @@ func New(cfg Config) (_ *Daemon, err error) {
 		// limits; one asked for explicitly is refused.
 		d.log.Warn("no disk quotas: sandboxes write to the state directory's filesystem", "err", err)
 		d.disksErr, d.disks = err, nil
+	}
+	if d.disks == nil {
+		d.snapsErr = d.disksErr
+	} else if d.snaps, err = openSnapshots(filepath.Join(cfg.StateDir, snapshotsDir), cfg.SnapshotQuota); err != nil {
+		d.snapsErr = err
+		d.log.Warn("no snapshots", "err", err)
+	} else {
+		how := "copied (the state directory's file system does not share extents)"
+		if d.snaps.reflink {
+			how = "copied by reflink"
+		}
+		d.log.Info("snapshots: disks "+how, "filesystem", sandbox.FSName(d.snaps.dir), "snapshots", len(d.snaps.byID), "quota", cfg.SnapshotQuota)
 	}
 	d.wg.Go(d.janitor)
 	d.wg.Go(d.finisher)

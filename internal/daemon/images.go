@@ -68,7 +68,7 @@ func (d *Daemon) imageInUse(id string) bool {
 			return true
 		}
 	}
-	return false
+	return d.snapshotImageInUse(id)
 }
 
 // leaseImage keeps image id from removal while a sandbox is made from it;

@@ -51,6 +51,14 @@ type record struct {
 	// Disk is the image of the disk holding its writable layers, when it
 	// has a disk quota; deleted with the sandbox.
 	Disk string `json:"disk,omitempty"`
+	// DiskIDs, when set, is the first host uid of the range that owns
+	// Disk's files, when that is not the sandbox's own: a disk copied from
+	// a snapshot of another sandbox, whose owners are shifted at each
+	// start (sandbox.Options.DiskIDs).
+	DiskIDs int `json:"disk_ids,omitempty"`
+	// History are the processes that came with the snapshot it was made
+	// from or last rolled back to (api.Process.ForkedFrom).
+	History []api.Process `json:"history,omitempty"`
 	// Previews are its preview URLs (their tokens' hashes).
 	Previews []preview `json:"previews,omitempty"`
 	// Network is its place on the network beyond its loopback, if any.

@@ -71,7 +71,7 @@ func newWarmPool() *warmPool {
 func (d *Daemon) warmable(p createPlan) bool {
 	r := p.req
 	return d.cfg.Warm[p.backend.Name()] > 0 && r.Name == "" && r.Hostname == "" && r.Rootfs == "" && r.Image == "" &&
-		r.Init == nil && len(r.Mounts) == 0 && !egress.Wanted(r.Network) && cmp.Or(r.OnOOM, api.OnOOMEndSandbox) == api.OnOOMEndSandbox
+		r.Init == nil && len(r.Mounts) == 0 && r.Snapshot == "" && !egress.Wanted(r.Network) && cmp.Or(r.OnOOM, api.OnOOMEndSandbox) == api.OnOOMEndSandbox
 }
 
 // takeWarm takes, for a create planned as p, a sandbox made ahead whose
@@ -200,7 +200,7 @@ func (d *Daemon) makeWarm(ctx context.Context, runtime string) (*warmSandbox, er
 	}
 	defer p.release()
 	id := newID()
-	diskMount, diskImage, err := d.takeDisk(id, p.limits)
+	diskMount, diskImage, err := d.takeDisk(id, p.limits, nil)
 	if err != nil {
 		return nil, err
 	}

@@ -137,6 +137,16 @@ func (d *Disks) refill() {
 	})
 }
 
+// CloneFrom makes a disk image that is a copy of src, a disk image of a
+// snapshot (see CloneFile), for Mount to mount.
+func (d *Disks) CloneFrom(src string) (string, error) {
+	img := filepath.Join(d.dir, uuid.Must(uuid.NewV7()).String()+".img")
+	if _, err := CloneFile(img, src); err != nil {
+		return "", fmt.Errorf("sandbox: disk image: %w", err)
+	}
+	return img, nil
+}
+
 // Settle waits for a refill that runs to end: the spare disks are then
 // as many as there will be until the next Take. It must not run beside a
 // Take.

@@ -46,6 +46,9 @@ func (g *GVisor) Create(ctx context.Context, o Options) (_ Instance, err error) 
 	if o.Restart == nil {
 		s.onFailure(func() { g.Ranges.Release(o.UIDBase, o.ID) })
 	}
+	if err := shiftDisk(g.Exe, o); err != nil {
+		return nil, err
+	}
 	sb := &guestSandbox{Sandbox: Sandbox{ID: o.ID, Dir: o.Dir, UIDBase: o.UIDBase, EndOnOOM: true, ranges: g.Ranges}, Container: "kiln-" + o.ID, Root: g.Root, g: g}
 	workspace, overlay, err := g.root(s, sb, lowers)
 	if err != nil {
@@ -115,7 +118,7 @@ func (g *GVisor) staticForImages() error {
 // runsc makes (it makes them in the root it is given: never in the image).
 func (g *GVisor) root(s *startup, sb *guestSandbox, lowers []string) (workspace, overlay string, err error) {
 	o := s.o
-	again := o.Restart != nil
+	again := o.layersExist()
 	layers := o.Dir
 	if o.Disk != nil {
 		sb.DiskMount = filepath.Join(o.Dir, diskName)
@@ -165,7 +168,7 @@ func (g *GVisor) mountImage(s *startup, sb *guestSandbox, lowers []string, layer
 			t.Close()
 		}
 	}()
-	again := o.Restart != nil
+	again := o.layersExist()
 	for i, tree := range trees {
 		m := filepath.Join(o.Dir, lowerName(i))
 		_, err := mkdir(m, 0o755, again)

@@ -62,32 +62,13 @@ func lowerName(i int) string {
 
 // idmapped returns dirs as detached mounts whose owners are shifted into
 // the sandbox's range, uid 0 becoming base: the sandbox's root owns what
-// the image's root owns. The mapping comes from a user namespace that a
-// short-lived helper (this binary) holds while the mounts are set up.
+// the image's root owns.
 func idmapped(exe string, dirs []string, base int) (trees []*os.File, err error) {
-	holder := exec.Command(exe)
-	holder.Env = []string{holderEnv + "=1"}
-	in, err := holder.StdinPipe()
+	ns, done, err := holdUserns(exe, []syscall.SysProcIDMap{{ContainerID: 0, HostID: base, Size: handoff.IDRange}})
 	if err != nil {
 		return nil, err
 	}
-	holder.SysProcAttr = &syscall.SysProcAttr{
-		Cloneflags:  unix.CLONE_NEWUSER,
-		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: base, Size: handoff.IDRange}},
-		GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: base, Size: handoff.IDRange}},
-	}
-	if err := holder.Start(); err != nil {
-		return nil, fmt.Errorf("user namespace holder: %w", err)
-	}
-	defer func() {
-		in.Close()
-		holder.Wait()
-	}()
-	ns, err := os.Open(fmt.Sprintf("/proc/%d/ns/user", holder.Process.Pid))
-	if err != nil {
-		return nil, err
-	}
-	defer ns.Close()
+	defer done()
 	defer func() {
 		if err != nil {
 			for _, t := range trees {
@@ -104,4 +85,55 @@ func idmapped(exe string, dirs []string, base int) (trees []*os.File, err error)
 		trees = append(trees, os.NewFile(uintptr(fd), "rootfs"))
 	}
 	return trees, nil
+}
+
+// shiftDisk id-maps o's disk, a copy of another sandbox's whose files
+// the range from o.DiskIDs owns, into the sandbox's own range: what that
+// sandbox's root owned, this one's root owns, and what it writes is
+// written as the disk's own owners, whichever sandbox mounts it next.
+// Host root's files on it (its file system's own) stay host root's.
+// Nothing to do for a disk of the sandbox's own range.
+func shiftDisk(exe string, o Options) error {
+	if o.Disk == nil || o.DiskIDs == 0 || o.DiskIDs == o.UIDBase {
+		return nil
+	}
+	ns, done, err := holdUserns(exe, []syscall.SysProcIDMap{
+		{ContainerID: 0, HostID: 0, Size: 1},
+		{ContainerID: o.DiskIDs, HostID: o.UIDBase, Size: handoff.IDRange},
+	})
+	if err != nil {
+		return fmt.Errorf("sandbox: shift its disk's owners: %w", err)
+	}
+	defer done()
+	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP, Userns_fd: uint64(ns.Fd())}
+	if err := unix.MountSetattr(int(o.Disk.Fd()), "", unix.AT_EMPTY_PATH, &attr); err != nil {
+		return fmt.Errorf("sandbox: shift its disk's owners: %w", err)
+	}
+	return nil
+}
+
+// holdUserns starts a short-lived helper (this binary) in a new user
+// namespace of the given id mappings (uids and gids alike) and returns
+// that namespace, held until done is called.
+func holdUserns(exe string, maps []syscall.SysProcIDMap) (ns *os.File, done func(), err error) {
+	holder := exec.Command(exe)
+	holder.Env = []string{holderEnv + "=1"}
+	in, err := holder.StdinPipe()
+	if err != nil {
+		return nil, nil, err
+	}
+	holder.SysProcAttr = &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWUSER, UidMappings: maps, GidMappings: maps}
+	if err := holder.Start(); err != nil {
+		return nil, nil, fmt.Errorf("user namespace holder: %w", err)
+	}
+	stop := func() {
+		in.Close()
+		holder.Wait()
+	}
+	ns, err = os.Open(fmt.Sprintf("/proc/%d/ns/user", holder.Process.Pid))
+	if err != nil {
+		stop()
+		return nil, nil, err
+	}
+	return ns, func() { ns.Close(); stop() }, nil
 }

@@ -31,6 +31,9 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 		return nil, err
 	}
 	defer s.end(&err)
+	if err := shiftDisk(o.Exe, o); err != nil {
+		return nil, err
+	}
 	cfg := handoff.AgentConfig{
 		ID: o.ID, Hostname: o.Hostname, Root: filepath.Join(o.Dir, rootName),
 		UIDBase: o.UIDBase, Env: o.Env, Init: o.Init, Dir: o.Workdir, Entrypoint: o.Entrypoint, Cmd: o.Cmd, User: o.User,
@@ -72,7 +75,7 @@ func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
 // left: they are taken as they are.
 func writableLayers(o Options, cfg *handoff.AgentConfig) error {
 	layers := o.Dir
-	again := o.Restart != nil
+	again := o.layersExist()
 	mkdirOwned := func(name string, mode uint32, owner int) error {
 		path := filepath.Join(o.Dir, name)
 		made, err := mkdir(path, os.FileMode(mode), again)

@@ -66,6 +66,12 @@ type Options struct {
 	// holds the sandbox's writable layers: its workspace, and its image's
 	// upper layer. Without one they are in Dir, on the host's filesystem.
 	Disk *os.File
+	// DiskIDs, when set, is the first host uid of the range that owns
+	// Disk's files, when that is not the sandbox's own: a disk copied from
+	// another sandbox's (a snapshot's), mounted with its owners shifted
+	// into this sandbox's range. Its layers are taken as they are, as a
+	// restart takes them.
+	DiskIDs int
 	// UIDBase is the first host uid of the range the sandbox's users map
 	// to (default DefaultUIDBase).
 	UIDBase int
@@ -126,6 +132,10 @@ type Options struct {
 	// again), and its uid range, which owns those files, is this one's.
 	Restart Instance
 }
+
+// layersExist says the sandbox's writable layers are there already, as
+// its processes left them: it is started again, or its disk is a copy.
+func (o Options) layersExist() bool { return o.Restart != nil || o.DiskIDs != 0 }
 
 // Mount is a host directory bound into a sandbox: Dir, opened by whoever
 // checked it may be (kilnd, against the directories it allows mounts

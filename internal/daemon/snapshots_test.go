@@ -1,0 +1,319 @@
+package daemon_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/internal/daemon"
+)
+
+// stateOn mounts a new file system of kind (ext4, xfs) on a loop device
+// for the test, and returns a directory on it for a kilnd's state.
+func stateOn(t *testing.T, kind string) string {
+	t.Helper()
+	mkfs, err := exec.LookPath("mkfs." + kind)
+	if err != nil {
+		t.Skipf("no mkfs.%s (Debian's %s)", kind, map[string]string{"xfs": "xfsprogs", "ext4": "e2fsprogs"}[kind])
+	}
+	dir := t.TempDir()
+	img := filepath.Join(dir, kind+".img")
+	f, err := os.Create(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Room for the disks' images (sparse) and what the tests write.
+	if err := f.Truncate(8 << 30); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	args := []string{"-q", img}
+	if kind == "ext4" {
+		args = []string{"-q", "-F", img}
+	}
+	if out, err := exec.Command(mkfs, args...).CombinedOutput(); err != nil {
+		t.Fatalf("mkfs.%s: %v: %s", kind, err, out)
+	}
+	mnt := filepath.Join(dir, "mnt")
+	os.Mkdir(mnt, 0o700)
+	if out, err := exec.Command("mount", "-o", "loop", img, mnt).CombinedOutput(); err != nil {
+		t.Skipf("mount a loop device: %v: %s", err, out)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil {
+			t.Errorf("unmount %s: %v", mnt, err)
+		}
+	})
+	return filepath.Join(mnt, "state")
+}
+
+// manifestScript prints, sorted, every entry under /workspace: its type,
+// mode, owner, size, content's hash, link target, link count and
+// extended attributes, one a line.
+const manifestScript = `python3 - <<'EOF'
+import hashlib, os, stat
+for root, dirs, files in os.walk("/workspace"):
+    dirs.sort()
+    for name in sorted(dirs + files):
+        p = os.path.join(root, name)
+        st = os.lstat(p)
+        what = ""
+        if stat.S_ISREG(st.st_mode):
+            what = hashlib.sha256(open(p, "rb").read()).hexdigest()
+        elif stat.S_ISLNK(st.st_mode):
+            what = "-> " + os.readlink(p)
+        xattrs = sorted((a, os.getxattr(p, a, follow_symlinks=False).hex()) for a in os.listxattr(p, follow_symlinks=False))
+        print(p, oct(st.st_mode), st.st_uid, st.st_gid, st.st_size, st.st_nlink, what, xattrs)
+EOF`
+
+// treeScript makes a tree with each kind of thing a snapshot must keep.
+const treeScript = `set -e
+cd /workspace
+mkdir -p src/deep/er && chmod 750 src/deep
+printf 'hello\n' > src/a.txt && chmod 640 src/a.txt
+head -c 300000 /dev/urandom > src/blob
+ln -s a.txt src/link && ln src/a.txt src/hard
+mkfifo src/fifo
+touch src/owned && chown 1000:2000 src/owned
+python3 -c 'import os; os.setxattr("src/a.txt", "user.kiln", b"kept")'
+touch empty`
+
+// snapshotOf takes a snapshot of sandbox sb, named name (if any).
+func (k *kilnd) snapshotOf(t *testing.T, sb, name string) api.Snapshot {
+	t.Helper()
+	code, b := k.do("POST", "/sandboxes/"+sb+"/snapshots", k.d.Token(), api.SnapshotRequest{Name: name})
+	var snap api.Snapshot
+	if code != http.StatusCreated || json.Unmarshal(b, &snap) != nil {
+		t.Fatalf("snapshot of %s: %d %s", sb, code, b)
+	}
+	return snap
+}
+
+// createFrom makes a sandbox from snapshot snap.
+func (k *kilnd) createFrom(t *testing.T, snap string) string {
+	t.Helper()
+	code, b := k.do("POST", "/sandboxes", k.d.Token(), api.CreateSandbox{Snapshot: snap})
+	var info api.Sandbox
+	if code != http.StatusCreated || json.Unmarshal(b, &info) != nil {
+		t.Fatalf("create from %s: %d %s", snap, code, b)
+	}
+	return info.ID
+}
+
+func TestSnapshotsOnXFS(t *testing.T)  { testSnapshots(t, "xfs", "reflink") }
+func TestSnapshotsOnExt4(t *testing.T) { testSnapshots(t, "ext4", "copy") }
+
+// testSnapshots takes a snapshot, changes the sandbox, rolls it back and
+// compares the trees; forks five sandboxes that go their own ways; makes
+// one from the snapshot; and checks the snapshot outlives its sandbox and
+// kilnd's restart.
+func testSnapshots(t *testing.T, fs, copyWay string) {
+	state := stateOn(t, fs)
+	limits := daemon.DefaultLimits
+	limits.DiskBytes = 1 << 30
+	k := startConfig(t, daemon.Config{StateDir: state, DefaultLimits: &limits})
+	defer func() { k.cleanup() }()
+
+	src := k.create(t, `{"name":"src"}`)
+	k.sh(t, src, treeScript)
+	before := k.sh(t, src, manifestScript)
+	for _, want := range []string{"/workspace/src/owned 0o100644 1000 2000", "/workspace/src/a.txt 0o100640 0 0 6 2", "-> a.txt", "('user.kiln', '6b657074')", "/workspace/src/fifo 0o10644", "/workspace/src/deep 0o40750"} {
+		if !strings.Contains(before, want) {
+			t.Fatalf("the tree made lacks %q:\n%s", want, before)
+		}
+	}
+	snap := k.snapshotOf(t, "src", "clean")
+	if snap.Copy != copyWay || snap.Sandbox != src || snap.Name != "clean" || snap.SizeBytes <= 0 {
+		t.Errorf("snapshot on %s: %+v, want copy %s of %s", fs, snap, copyWay, src)
+	}
+
+	// A bad step, then the rollback.
+	k.sh(t, src, "rm -rf /workspace/src/deep /workspace/src/a.txt && echo bad > /workspace/src/blob && chmod 600 /workspace/empty && touch /workspace/new")
+	if after := k.sh(t, src, manifestScript); after == before {
+		t.Fatal("the change changed nothing")
+	}
+	code, b := k.do("POST", "/sandboxes/src/rollback", k.d.Token(), api.RollbackRequest{Snapshot: "clean"})
+	if code != http.StatusOK {
+		t.Fatalf("rollback: %d %s", code, b)
+	}
+	if got := k.sh(t, src, manifestScript); got != before {
+		t.Errorf("after the rollback:\n%s\nwant, as when the snapshot was taken:\n%s", got, before)
+	}
+	// The processes of the snapshot are its history.
+	code, b = k.do("GET", "/sandboxes/src/exec-stream", k.d.Token(), nil)
+	var procs []api.Process
+	if code != http.StatusOK || json.Unmarshal(b, &procs) != nil {
+		t.Fatalf("processes: %d %s", code, b)
+	}
+	history := 0
+	for _, p := range procs {
+		if p.ForkedFrom != nil {
+			history++
+			if p.ForkedFrom.Snapshot != snap.ID || p.ForkedFrom.Sandbox != src || p.ForkedFrom.Offsets["stdout"] != p.Streams["stdout"].TotalBytes {
+				t.Errorf("history %+v of snapshot %s", *p.ForkedFrom, snap.ID)
+			}
+		}
+	}
+	if history != len(snap.Processes) || history < 2 {
+		t.Errorf("%d processes of its history listed, the snapshot has %d", history, len(snap.Processes))
+	}
+
+	// Five forks, each with the files, each its own from there.
+	code, b = k.do("POST", "/sandboxes/src/fork", k.d.Token(), api.ForkRequest{Count: 5, Labels: map[string]string{"try": "yes"}})
+	var forked api.Forked
+	if code != http.StatusCreated || json.Unmarshal(b, &forked) != nil || len(forked.Sandboxes) != 5 {
+		t.Fatalf("fork: %d %s", code, b)
+	}
+	for i, f := range forked.Sandboxes {
+		if f.Labels["try"] != "yes" || f.Limits != k.info(t, src).Limits {
+			t.Errorf("fork %d: labels %v, limits %+v", i, f.Labels, f.Limits)
+		}
+		if got := k.sh(t, f.ID, manifestScript); got != before {
+			t.Errorf("fork %d:\n%s\nwant:\n%s", i, got, before)
+		}
+		k.sh(t, f.ID, fmt.Sprintf("echo %d > /workspace/who && echo fork%d >> /workspace/src/a.txt", i, i))
+	}
+	for i, f := range forked.Sandboxes {
+		if got := k.sh(t, f.ID, "cat /workspace/who /workspace/src/a.txt"); got != fmt.Sprintf("%d\nhello\nfork%d\n", i, i) {
+			t.Errorf("fork %d has %q", i, got)
+		}
+	}
+	if got := k.sh(t, src, "cat /workspace/src/a.txt; ls /workspace"); got != "hello\nempty\nsrc\n" {
+		t.Errorf("the sandbox forked has %q: a fork's writes reached it", got)
+	}
+	code, b = k.do("GET", "/snapshots", k.d.Token(), nil)
+	var snaps []api.Snapshot
+	if code != http.StatusOK || json.Unmarshal(b, &snaps) != nil || len(snaps) != 1 {
+		t.Errorf("the snapshots after the fork: %d %s (want the one taken, the fork's own removed)", code, b)
+	}
+
+	// A sandbox made from the snapshot; the snapshot outlives its sandbox
+	// and kilnd.
+	if err := k.d.Delete(src, true); err != nil {
+		t.Fatal(err)
+	}
+	k.stop()
+	k = startConfig(t, daemon.Config{StateDir: state, DefaultLimits: &limits})
+	from := k.createFrom(t, api.ShortID(snap.ID))
+	if got := k.sh(t, from, manifestScript); got != before {
+		t.Errorf("made from the snapshot after a restart:\n%s\nwant:\n%s", got, before)
+	}
+	if code, b := k.do("DELETE", "/snapshots/clean", k.d.Token(), nil); code != http.StatusNoContent {
+		t.Errorf("remove the snapshot: %d %s", code, b)
+	}
+	if got := k.sh(t, from, "cat /workspace/src/a.txt"); got != "hello\n" {
+		t.Errorf("a sandbox made from a removed snapshot has %q", got)
+	}
+	if code, _ := k.do("GET", "/snapshots/"+snap.ID, k.d.Token(), nil); code != http.StatusNotFound {
+		t.Errorf("a removed snapshot: %d", code)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(state, "snapshots")); len(ents) != 0 {
+		t.Errorf("left in the snapshots' directory: %v", ents)
+	}
+}
+
+// info describes sandbox sb.
+func (k *kilnd) info(t *testing.T, sb string) api.Sandbox {
+	t.Helper()
+	code, b := k.do("GET", "/sandboxes/"+sb, k.d.Token(), nil)
+	var info api.Sandbox
+	if code != http.StatusOK || json.Unmarshal(b, &info) != nil {
+		t.Fatalf("sandbox %s: %d %s", sb, code, b)
+	}
+	return info
+}
+
+// TestSnapshotWhileWriting takes snapshots while a process appends lines
+// as fast as it can, a write each: in each, the file holds whole lines, in
+// order, from the first (a write is in a snapshot whole, or not at all).
+func TestSnapshotWhileWriting(t *testing.T) {
+	k := start(t, "")
+	defer k.cleanup()
+	sb := k.create(t, "{}")
+	code, b := k.do("POST", "/sandboxes/"+sb+"/exec-stream", k.d.Token(),
+		api.ExecRequest{Command: "python3", Args: []string{"-c", `import os
+fd = os.open("/workspace/out", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+i = 0
+while True:
+    os.write(fd, b"line %d\n" % i)
+    i += 1`}})
+	if code != http.StatusOK && code != http.StatusCreated {
+		t.Fatalf("start the writer: %d %s", code, b)
+	}
+	k.sh(t, sb, "until [ -e /workspace/out ] && [ $(wc -l < /workspace/out) -ge 1000 ]; do :; done")
+	for range 3 {
+		snap := k.snapshotOf(t, sb, "")
+		f := k.createFrom(t, snap.ID)
+		// Checked in the sandbox: the file is larger than an exec's output.
+		out := k.sh(t, f, `awk '$0 != "line " NR-1 { print "line " NR ": " $0; exit } END { print NR }' /workspace/out; tail -c 1 /workspace/out | od -An -c`)
+		n, err := strconv.Atoi(strings.Fields(out)[0])
+		if err != nil || n < 1000 || !strings.HasSuffix(out, "\\n\n") {
+			t.Fatalf("the snapshot's file (lines, then its last byte): %q; want 1000 whole lines or more, in order", out)
+		}
+		k.d.Delete(f, true)
+	}
+}
+
+// TestSnapshotRefusals: a sandbox without a disk of its own, kilnd's
+// quota, a name taken, a snapshot of another sandbox to roll back to.
+func TestSnapshotRefusals(t *testing.T) {
+	k := startConfig(t, daemon.Config{SnapshotQuota: 64 << 10})
+	defer k.cleanup()
+	sb := k.create(t, "{}")
+	nodisk := k.create(t, `{"limits":{"disk_bytes":0}}`)
+	code, b := k.do("POST", "/sandboxes/"+nodisk+"/snapshots", k.d.Token(), nil)
+	if code != http.StatusPreconditionFailed || !strings.Contains(string(b), "no disk of its own") {
+		t.Errorf("a sandbox without a disk: %d %s", code, b)
+	}
+	k.sh(t, sb, "head -c 1000000 /dev/urandom > /workspace/big && sync")
+	code, b = k.do("POST", "/sandboxes/"+sb+"/snapshots", k.d.Token(), nil)
+	if code != http.StatusForbidden || !strings.Contains(string(b), "snapshot quota") || !strings.Contains(string(b), "--snapshot-quota") {
+		t.Errorf("past the quota: %d %s", code, b)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(k.state, "snapshots")); len(ents) != 0 {
+		t.Errorf("a refused snapshot left %v", ents)
+	}
+	for _, c := range []struct{ body, want string }{
+		{`{"name":"Not A Label"}`, "snapshot name"},
+		{`{"nme":"x"}`, "unknown field"},
+	} {
+		if code, b := k.do("POST", "/sandboxes/"+sb+"/snapshots", k.d.Token(), c.body); code != http.StatusBadRequest || !strings.Contains(string(b), c.want) {
+			t.Errorf("%s: %d %s", c.body, code, b)
+		}
+	}
+	for _, c := range []struct{ method, path, body string }{
+		{"POST", "/sandboxes/" + sb + "/rollback", `{"snapshot":"nosuch"}`},
+		{"GET", "/snapshots/nosuch", ""},
+		{"DELETE", "/snapshots/nosuch", ""},
+		{"POST", "/sandboxes", `{"snapshot":"nosuch"}`},
+	} {
+		if code, b := k.do(c.method, c.path, k.d.Token(), c.body); code != http.StatusNotFound {
+			t.Errorf("%s %s %s: %d %s", c.method, c.path, c.body, code, b)
+		}
+	}
+	for _, body := range []string{`{"count":0}`, `{"count":65}`, `{"count":-1}`} {
+		if body == `{"count":0}` {
+			continue // the default, one
+		}
+		if code, b := k.do("POST", "/sandboxes/"+sb+"/fork", k.d.Token(), body); code != http.StatusBadRequest || !strings.Contains(string(b), "count") {
+			t.Errorf("fork %s: %d %s", body, code, b)
+		}
+	}
+}
+
+// create makes a sandbox of the create request body and returns its id.
+func (k *kilnd) create(t *testing.T, body string) string {
+	t.Helper()
+	var info daemon.Info
+	k.json("POST", "/sandboxes", body, &info)
+	return info.ID
+}
