@@ -134,7 +134,7 @@ never hidden.`,
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error { return usageError{err, cmd.CommandPath()} })
 	root.SetHelpTemplate(root.HelpTemplate() + "{{if not .HasParent}}" + exitCodesHelp + "\n{{end}}")
 	root.AddCommand(c.lifecycleCmds()...)
-	root.AddCommand(c.pruneCmd(), c.topCmd())
+	root.AddCommand(c.pruneCmd(), c.topCmd(), c.snapshotCmd(), c.rollbackCmd(), c.forkCmd())
 	root.AddCommand(c.sandboxCmd(), c.lsCmd(), c.eventsCmd(), c.execCmd(), c.logsCmd(), c.attachCmd(), c.psCmd(), c.waitCmd(), c.killCmd(), c.shellCmd(), c.runCmd(), c.cpCmd(), c.portForwardCmd(), c.previewCmd(), c.watchCmd(), c.imageCmd(), c.statsCmd(), c.mcpCmd(), c.versionCmd())
 	root.InitDefaultHelpCmd()
 	root.InitDefaultCompletionCmd()
@@ -397,6 +397,7 @@ func (c *cli) sandboxCmd() *cobra.Command {
 			return nil
 		},
 	}
+	create.Flags().StringVar(&o.Snapshot, "from", "", "a `snapshot` the sandbox is made from (kiln snapshot): its files, and unless flags say otherwise its image, limits, network policy and labels")
 	create.Flags().StringVar(&o.Name, "name", "", "a `name` that finds the sandbox wherever kiln takes one, until it is removed: a-z, 0-9 and '-'\n(a DNS label), also its hostname")
 	create.Flags().StringVar(&o.Hostname, "hostname", "", "the sandbox's hostname (default its name, or kiln- and the end of its id)")
 	create.Flags().StringVar(&o.Image, "image", "", "an `image` kilnd has (kiln image pull) as the root, its config the defaults of every process")

@@ -1042,7 +1042,8 @@ sandbox's limits are those of kiln sandbox create.
   kiln run --rm --memory 256M --pids 64 -- make -j4
   kiln run --rm --egress allow -- curl -sI https://example.com
   kiln run --rm --image busybox                           # the image's own command
-  kiln run --rm -v "$PWD":/src:ro -- ls /src              # below kilnd's --allow-mount`,
+  kiln run --rm -v "$PWD":/src:ro -- ls /src              # below kilnd's --allow-mount
+  kiln run --rm --from before-upgrade -- make test        # from a snapshot's files`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 0 && opts.Image == "" {
 				return errors.New("kiln run: a command to run (after --), unless --image gives one")
@@ -1110,5 +1111,6 @@ sandbox's limits are those of kiln sandbox create.
 	volumes = volumeFlag(cmd)
 	lifetimeFlags(cmd)
 	cmd.Flags().StringVar(&opts.Name, "name", "", "a `name` for the sandbox, as kiln sandbox create --name")
+	cmd.Flags().StringVar(&opts.Snapshot, "from", "", "a `snapshot` the sandbox is made from: its files, and unless flags say otherwise its image, limits, network policy and labels")
 	return cmd
 }

@@ -58,6 +58,8 @@ export interface SandboxFilter {
 export type FileInfo = Schemas["FileInfo"];
 export type Preview = Schemas["Preview"];
 export type ImageInfo = Schemas["Image"];
+/** A sandbox's files as they were at one moment (Sandbox.snapshot()). */
+export type SnapshotInfo = Schemas["Snapshot"];
 /** A running sandbox's CPU, memory and pids figures. */
 export type SandboxStats = Schemas["SandboxStats"];
 export type TopProcess = Schemas["TopProcess"];
@@ -90,6 +92,7 @@ export class Client {
   readonly transport: Transport;
   readonly sandboxes: Sandboxes;
   readonly images: Images;
+  readonly snapshots: Snapshots;
 
   constructor(options: ClientOptions = {}) {
     let url = options.url ?? env("KILN_ADDR");
@@ -104,6 +107,7 @@ export class Client {
     this.transport = new Transport(url, options.token ?? env("KILN_TOKEN"));
     this.sandboxes = new Sandboxes(this);
     this.images = new Images(this.transport);
+    this.snapshots = new Snapshots(this.transport);
   }
 
   /** Says kilnd answers. */
@@ -218,7 +222,8 @@ export class Sandboxes {
     return (await this.client.transport.call<SandboxInfo[] | null>("GET", "/sandboxes", { idempotent: true, signal, query })) ?? [];
   }
 
-  private handle(info: SandboxInfo): Sandbox {
+  /** @internal */
+  handle(info: SandboxInfo): Sandbox {
     return new Sandbox(this.client.transport, info, this);
   }
 
@@ -363,6 +368,60 @@ export class Sandbox implements HandleOwner {
     noMore(extra, "restart()");
     checkOptions(options, ["timeoutSeconds", "signal"], "restart()");
     return this.change("restart", stopTimeout(options.timeoutSeconds, "restart()"), false, options.signal);
+  }
+
+  /**
+   * Takes a snapshot of the sandbox's files, running or stopped: its disk
+   * (/workspace and, with an image, the root's writes) copied while its
+   * file system is frozen. It records the processes and their offsets,
+   * and outlives the sandbox. A sandbox without a disk of its own is
+   * FAILED_PRECONDITION; past kilnd's snapshot quota, PERMISSION_DENIED.
+   */
+  async snapshot(options: { name?: string } & SignalOptions = {}, ...extra: never[]): Promise<SnapshotInfo> {
+    noMore(extra, "snapshot()");
+    checkOptions(options, ["name", "signal"], "snapshot()");
+    checkSignal(options.signal, "snapshot()");
+    const json = options.name === undefined ? {} : { name: options.name };
+    return this.transport.call<SnapshotInfo>("POST", this.path("/snapshots"), { json, signal: options.signal });
+  }
+
+  /** The sandbox's snapshots, oldest first. */
+  async snapshots(options: SignalOptions = {}): Promise<SnapshotInfo[]> {
+    return (await this.transport.call<SnapshotInfo[] | null>("GET", this.path("/snapshots"), { idempotent: true, signal: options.signal })) ?? [];
+  }
+
+  /**
+   * Gives the sandbox the files of one of its snapshots (an id, a unique
+   * prefix, or a name): a running sandbox is stopped (as stop(), with
+   * timeoutSeconds), gets a copy of them and runs again; a stopped one
+   * stays stopped. The snapshot's processes are its history (forked_from).
+   * Resolves to its description (kept in info).
+   */
+  async rollback(snapshot: string, options: { timeoutSeconds?: number } & SignalOptions = {}, ...extra: never[]): Promise<SandboxInfo> {
+    noMore(extra, "rollback()");
+    checkOptions(options, ["timeoutSeconds", "signal"], "rollback()");
+    checkSignal(options.signal, "rollback()");
+    if (typeof snapshot !== "string" || snapshot === "") throw new SandkilnError("INVALID_ARGUMENT", "rollback(): a snapshot is needed");
+    const timeout = stopTimeout(options.timeoutSeconds, "rollback()");
+    this.info = await this.transport.call<SandboxInfo>("POST", this.path("/rollback"), {
+      query: { timeout }, json: { snapshot }, signal: options.signal,
+      timeoutMs: CONTROL_TIMEOUT_MS + (timeout ?? DEFAULT_STOP_TIMEOUT_SECONDS) * 1000,
+    });
+    return this.info;
+  }
+
+  /**
+   * Makes count sandboxes (default 1, at most 64) with the sandbox's files
+   * as they are now, and its image, limits, runtime, network policy,
+   * init command and labels (labels added). All are made, or none.
+   */
+  async fork(options: { count?: number; labels?: Record<string, string> } & SignalOptions = {}, ...extra: never[]): Promise<Sandbox[]> {
+    noMore(extra, "fork()");
+    checkOptions(options, ["count", "labels", "signal"], "fork()");
+    checkSignal(options.signal, "fork()");
+    const { signal, ...json } = options;
+    const out = await this.transport.call<Schemas["Forked"]>("POST", this.path("/fork"), { json, signal });
+    return out.sandboxes.map((info) => this.registry.handle(info));
   }
 
   /** A stop, start or restart (verb): its answer, or after a 304 the sandbox as it is. */
@@ -974,6 +1033,32 @@ export class Previews {
 
   async revoke(id: string, options: SignalOptions = {}): Promise<void> {
     await this.s.transport.call("DELETE", this.s.path(`/previews/${encodeURIComponent(id)}`), { idempotent: true, signal: options.signal });
+  }
+}
+
+/** kilnd's snapshots (Sandbox.snapshot() takes them). */
+export class Snapshots {
+  private readonly t: Transport;
+
+  /** @internal */
+  constructor(t: Transport) {
+    this.t = t;
+  }
+
+  /** The snapshots, oldest first; of one sandbox (an id, a unique prefix or a name) when sandbox is set. */
+  async list(options: { sandbox?: string } & SignalOptions = {}): Promise<SnapshotInfo[]> {
+    checkOptions(options, ["sandbox", "signal"], "snapshots.list()");
+    return (await this.t.call<SnapshotInfo[] | null>("GET", "/snapshots", { query: { sandbox: options.sandbox }, idempotent: true, signal: options.signal })) ?? [];
+  }
+
+  /** A snapshot, by id, a unique prefix of it, or its name. */
+  async get(ref: string, options: SignalOptions = {}): Promise<SnapshotInfo> {
+    return this.t.call<SnapshotInfo>("GET", "/snapshots/" + encodeURIComponent(ref), { idempotent: true, signal: options.signal });
+  }
+
+  /** Removes a snapshot; the sandboxes made from it keep their files. */
+  async remove(ref: string, options: SignalOptions = {}): Promise<void> {
+    await this.t.call("DELETE", "/snapshots/" + encodeURIComponent(ref), { idempotent: true, signal: options.signal });
   }
 }
 

@@ -243,6 +243,114 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/sandboxes/{id}/snapshots": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                id: components["parameters"]["SandboxID"];
+            };
+            cookie?: never;
+        };
+        /** the sandbox's snapshots, oldest first */
+        get: operations["listSandboxSnapshots"];
+        put?: never;
+        /**
+         * take a snapshot of a sandbox's files, running or stopped
+         * @description Its disk (/workspace and, with an image, the root's writes; image layers are shared, never copied) is copied while its file system is frozen: its processes' writes wait that moment, nothing else stops, and what it wrote before is in the snapshot whole. Where kilnd's state directory shares extents (XFS, btrfs) the copy is a reflink, otherwise a copy (copy says which). The snapshot records the sandbox's processes, each stream's total_bytes its offset then, and keeps their captured logs. It outlives the sandbox and kilnd's restarts. A sandbox without a disk of its own (disk_bytes 0) is 412; past kilnd's --snapshot-quota, 403 naming what is used and the quota; a name another snapshot has, 409.
+         */
+        post: operations["snapshotSandbox"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/sandboxes/{id}/rollback": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                id: components["parameters"]["SandboxID"];
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * give a sandbox the files of one of its snapshots again
+         * @description A running sandbox is stopped (as stopSandbox, with the timeout), gets a copy of the snapshot's disk, and is started again (as startSandbox: its init command runs again); a stopped one gets the files and stays stopped. Its id, name, labels and captured logs stay; the snapshot's processes are its history (Process.forked_from). A snapshot of another sandbox is 400: make a sandbox from it instead (createSandbox's snapshot).
+         */
+        post: operations["rollbackSandbox"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/sandboxes/{id}/fork": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                id: components["parameters"]["SandboxID"];
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * make sandboxes with a sandbox's files as they are now
+         * @description A snapshot of the sandbox (removed once the forks are made), and count sandboxes made from it, each with its files, image, limits, runtime, network policy (a new address each), init command and labels (with the request's added). The sandbox's processes are each fork's history (Process.forked_from): their output up to the fork stays readable; they do not run in the forks. All are made, or none (201, or the first error).
+         */
+        post: operations["forkSandbox"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/snapshots": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** kilnd's snapshots, oldest first */
+        get: operations["listSnapshots"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/snapshots/{snapshot}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description a snapshot's id, a unique prefix of it (4 or more characters), or its name */
+                snapshot: string;
+            };
+            cookie?: never;
+        };
+        /** describe a snapshot */
+        get: operations["getSnapshot"];
+        put?: never;
+        post?: never;
+        /** remove a snapshot; the sandboxes made from it keep their files */
+        delete: operations["removeSnapshot"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/sandboxes/{id}/stats": {
         parameters: {
             query?: never;
@@ -1030,6 +1138,8 @@ export interface components {
             labels?: {
                 [key: string]: string;
             };
+            /** @description a snapshot (its id, a unique prefix, or its name) the sandbox is made from: its files are the snapshot's, and unless the request says otherwise so are its image, runtime, limits (its disk's size always: another is 400, as is another image or rootfs), network policy, init command, log rotation, timeouts and labels (the request's added). The snapshot's processes are its history (Process.forked_from) */
+            snapshot?: string;
             /** @description host directories bound into the sandbox, as docker run -v binds them; kilnd refuses every mount (403) unless it was started with --allow-mount DIR, and each source must be below one of those directories, symbolic links resolved (400 otherwise). The files keep their host owners: the sandbox reads and writes what the directory's permissions allow any other user, and what it writes belongs to its own host users */
             mounts?: components["schemas"]["Mount"][];
         };
@@ -1281,8 +1391,11 @@ export interface components {
             id: string;
             command: string;
             args?: string[];
-            /** @enum {string} */
-            state: "running" | "exited";
+            /**
+             * @description forked: a process of the sandbox's history that was running when its snapshot was taken; it does not run here
+             * @enum {string}
+             */
+            state: "running" | "exited" | "forked";
             pid?: number;
             terminal?: boolean;
             /** @enum {string} */
@@ -1298,6 +1411,63 @@ export interface components {
             started_at: string;
             /** Format: date-time */
             exited_at?: string;
+            forked_from?: components["schemas"]["ForkedFrom"];
+        };
+        Snapshot: {
+            /** @description 64 hex digits; any unique prefix of 4 or more finds it */
+            id: string;
+            name?: string;
+            /** @description the id of the sandbox it was taken of */
+            sandbox: string;
+            /** @description that sandbox's name then */
+            sandbox_name?: string;
+            /** Format: date-time */
+            created_at: string;
+            /** @enum {string} */
+            runtime: "namespaces" | "gvisor";
+            image?: string;
+            /** @description its disk's size: the sandbox's disk quota */
+            disk_bytes: number;
+            /** @description what it takes of the host's disk, counted against kilnd's --snapshot-quota */
+            size_bytes: number;
+            /**
+             * @description how its disk was copied: reflink (extents shared, copied as either side writes) or copy
+             * @enum {string}
+             */
+            copy: "reflink" | "copy";
+            /** @description the sandbox's processes when it was taken, each stream's total_bytes its offset then */
+            processes?: components["schemas"]["Process"][];
+        };
+        SnapshotRequest: {
+            /** @description unique among snapshots */
+            name?: string;
+        };
+        RollbackRequest: {
+            /** @description one of the sandbox's snapshots: its id, a unique prefix, or its name */
+            snapshot: string;
+        };
+        ForkRequest: {
+            /** @default 1 */
+            count: number;
+            /** @description added to those each fork has from the sandbox */
+            labels?: {
+                [key: string]: string;
+            };
+        };
+        Forked: {
+            sandboxes: components["schemas"]["Sandbox"][];
+        };
+        ForkedFrom: {
+            /** @description the sandbox it ran in */
+            sandbox: string;
+            /** @description its id there */
+            process: string;
+            /** @description the snapshot that brought it */
+            snapshot: string;
+            /** @description by stream: how far its output had come when the snapshot was taken */
+            offsets: {
+                [key: string]: number;
+            };
         };
         StreamStatus: {
             total_bytes: number;
@@ -1857,6 +2027,222 @@ export interface operations {
             412: components["responses"]["Error"];
             503: components["responses"]["Error"];
             507: components["responses"]["Error"];
+        };
+    };
+    listSandboxSnapshots: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                id: components["parameters"]["SandboxID"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description its snapshots */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Snapshot"][];
+                };
+            };
+            400: components["responses"]["Error"];
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+        };
+    };
+    snapshotSandbox: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                id: components["parameters"]["SandboxID"];
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["SnapshotRequest"];
+            };
+        };
+        responses: {
+            /** @description the snapshot */
+            201: {
+                headers: {
+                    /** @description /snapshots/{id} */
+                    Location?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Snapshot"];
+                };
+            };
+            400: components["responses"]["Error"];
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
+            412: components["responses"]["Error"];
+            413: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
+    rollbackSandbox: {
+        parameters: {
+            query?: {
+                /** @description the stop's seconds from SIGTERM to the kill of what is left */
+                timeout?: number;
+            };
+            header?: never;
+            path: {
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                id: components["parameters"]["SandboxID"];
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["RollbackRequest"];
+            };
+        };
+        responses: {
+            /** @description the sandbox, as it was (running or stopped) */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Sandbox"];
+                };
+            };
+            400: components["responses"]["Error"];
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            412: components["responses"]["Error"];
+            413: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+            507: components["responses"]["Error"];
+        };
+    };
+    forkSandbox: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                id: components["parameters"]["SandboxID"];
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["ForkRequest"];
+            };
+        };
+        responses: {
+            /** @description the sandboxes made */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Forked"];
+                };
+            };
+            400: components["responses"]["Error"];
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
+            412: components["responses"]["Error"];
+            413: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+            507: components["responses"]["Error"];
+        };
+    };
+    listSnapshots: {
+        parameters: {
+            query?: {
+                /** @description only those of this sandbox: its id or a unique prefix (a deleted sandbox's too), or its name */
+                sandbox?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the snapshots */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Snapshot"][];
+                };
+            };
+            400: components["responses"]["Error"];
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+        };
+    };
+    getSnapshot: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description a snapshot's id, a unique prefix of it (4 or more characters), or its name */
+                snapshot: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the snapshot */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Snapshot"];
+                };
+            };
+            400: components["responses"]["Error"];
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+        };
+    };
+    removeSnapshot: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description a snapshot's id, a unique prefix of it (4 or more characters), or its name */
+                snapshot: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description removed */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            400: components["responses"]["Error"];
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            404: components["responses"]["Error"];
         };
     };
     getSandboxStats: {

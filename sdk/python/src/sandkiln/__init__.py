@@ -2,7 +2,7 @@
 are reported as they are known, never guessed. Client is synchronous,
 AsyncClient is for asyncio; both are the same code."""
 
-from ._client import AsyncClient, AsyncProcesses, AsyncSandbox, AsyncSandboxes, AsyncTerminals, Opening
+from ._client import AsyncClient, AsyncProcesses, AsyncSandbox, AsyncSandboxes, AsyncSnapshots, AsyncTerminals, Opening
 from ._errors import (
     ERROR_CODES,
     AlreadyExistsError,
@@ -39,6 +39,7 @@ from ._sync import (
     Client,
     Files,
     Images,
+    Snapshots,
     Logs,
     Output,
     PortConnection,
@@ -64,6 +65,7 @@ from ._types import (
     Exit,
     FileInfo,
     ImageInfo,
+    SnapshotInfo,
     ImageProgress,
     Limits,
     LogRecord,
@@ -107,6 +109,7 @@ __all__ = [
     "AsyncProcesses",
     "AsyncSandbox",
     "AsyncSandboxes",
+    "AsyncSnapshots",
     "AsyncTerminalHandle",
     "AsyncTerminalOutput",
     "AsyncTerminals",
@@ -125,6 +128,8 @@ __all__ = [
     "FileInfo",
     "Files",
     "ImageInfo",
+    "SnapshotInfo",
+    "Snapshots",
     "ImageProgress",
     "Images",
     "InputCapacityError",

@@ -38,6 +38,7 @@ from ._types import (
     SandboxInfo,
     SandboxReference,
     SandboxStats,
+    SnapshotInfo,
     TopProcess,
     TextChunk,
     TextOutput,
@@ -128,6 +129,7 @@ class AsyncClient:
         self._transport = Transport(client_url(url), token if token is not None else os.environ.get("KILN_TOKEN") or None)
         self.sandboxes = AsyncSandboxes(self._transport)
         self.images = AsyncImages(self._transport)
+        self.snapshots = AsyncSnapshots(self._transport)
 
     @property
     def url(self) -> str:
@@ -207,6 +209,7 @@ class AsyncSandboxes:
         on_oom: str | None = None,
         labels: Mapping[str, str] | None = None,
         mounts: Sequence[Mapping[str, Any]] | None = None,
+        snapshot: str | None = None,
         timeout: float | None = None,
     ) -> Opening[AsyncSandbox]:
         """Creates a sandbox and gives it once it is ready (kilnd checks
@@ -216,13 +219,14 @@ class AsyncSandboxes:
         sandbox`` destroys it at the block's end. ``mounts`` binds host
         directories in, as docker run -v does: ``[{"source": "/srv/data",
         "target": "/data", "read_only": True}]``, each below a directory
-        kilnd allows (kilnd --allow-mount)."""
+        kilnd allows (kilnd --allow-mount). ``snapshot`` makes it from a
+        snapshot's files (AsyncSandbox.snapshot)."""
         body = {k: v for k, v in {
             "name": name, "hostname": hostname, "image": image, "rootfs": rootfs, "runtime": runtime,
             "limits": dict(limits) if limits is not None else None, "network": network, "init": init,
             "idle_timeout_seconds": idle_timeout_seconds, "ttl_seconds": ttl_seconds, "logs": logs, "on_oom": on_oom,
             "labels": dict(labels) if labels is not None else None,
-            "mounts": [dict(m) for m in mounts] if mounts is not None else None,
+            "mounts": [dict(m) for m in mounts] if mounts is not None else None, "snapshot": snapshot,
         }.items() if v is not None}
         return Opening(self._create(body, timeout))
 
@@ -381,6 +385,52 @@ class AsyncSandbox:
         starts it again, as docker restart does. Returns its description,
         running. A lost answer is OUTCOME_UNKNOWN: it may have restarted."""
         return await self._change("restart", _stop_timeout(timeout_seconds, "restart()"), False, timeout)
+
+    async def snapshot(self, *, name: str | None = None, timeout: float | None = None) -> SnapshotInfo:
+        """Takes a snapshot of the sandbox's files, running or stopped: its
+        disk (/workspace and, with an image, the root's writes) copied while
+        its file system is frozen. It records the processes and their
+        offsets, and outlives the sandbox. A sandbox without a disk of its
+        own is FAILED_PRECONDITION; past kilnd's snapshot quota,
+        PERMISSION_DENIED."""
+        body = {} if name is None else {"name": name}
+        return cast(SnapshotInfo, await self._t.call("POST", self._path("/snapshots"), json=body, timeout=timeout))
+
+    async def snapshots(self, *, timeout: float | None = None) -> list[SnapshotInfo]:
+        """The sandbox's snapshots, oldest first."""
+        return cast("list[SnapshotInfo]", await self._t.call("GET", self._path("/snapshots"), idempotent=True, timeout=timeout) or [])
+
+    async def rollback(self, snapshot: str, *, timeout_seconds: int | None = None, timeout: float | None = None) -> SandboxInfo:
+        """Gives the sandbox the files of one of its snapshots (an id, a
+        unique prefix or a name): a running sandbox is stopped (as stop(),
+        with timeout_seconds), gets a copy of them and runs again; a stopped
+        one stays stopped. The snapshot's processes are its history
+        (forked_from). Returns its description (kept in info)."""
+        if not isinstance(snapshot, str) or not snapshot:
+            raise error("INVALID_ARGUMENT", "rollback(): a snapshot is needed")
+        grace = _stop_timeout(timeout_seconds, "rollback()")
+        resp = await self._t.fetch(
+            "POST", self._path("/rollback"), query={"timeout": grace}, json={"snapshot": snapshot}, idempotent=False,
+            timeout=timeout, later=DEFAULT_STOP_TIMEOUT if grace is None else grace, read=True)
+        try:
+            self.info = cast(SandboxInfo, jsonlib.loads(resp.body))
+        except ValueError as err:
+            raise error("OUTCOME_UNKNOWN", f"POST {self._path('/rollback')}: the answer is not JSON") from err
+        return self.info
+
+    async def fork(self, *, count: int | None = None, labels: Mapping[str, str] | None = None,
+                   timeout: float | None = None) -> list[AsyncSandbox]:
+        """Makes count sandboxes (default 1, at most 64) with the sandbox's
+        files as they are now, and its image, limits, runtime, network
+        policy, init command and labels (labels added). All are made, or
+        none."""
+        body: dict[str, Any] = {}
+        if count is not None:
+            body["count"] = count
+        if labels is not None:
+            body["labels"] = dict(labels)
+        out = await self._t.call("POST", self._path("/fork"), json=body, timeout=timeout)
+        return [AsyncSandbox(self._t, info, self._registry) for info in out["sandboxes"]]
 
     async def _change(self, verb: str, grace: int | None, idempotent: bool, timeout: float | None) -> SandboxInfo:
         """A stop, start or restart (verb): its answer, or after a 304 the
@@ -848,3 +898,23 @@ class AsyncTerminals:
         h = AsyncTerminalHandle(self._s, r["process"], _settings_from(r), r)
         self._s._adopt(h)
         return h
+
+
+class AsyncSnapshots:
+    """kilnd's snapshots (AsyncSandbox.snapshot takes them)."""
+
+    def __init__(self, t: Transport) -> None:
+        self._t = t
+
+    async def list(self, *, sandbox: str | None = None, timeout: float | None = None) -> builtins.list[SnapshotInfo]:
+        """The snapshots, oldest first; of one sandbox when sandbox is set."""
+        return cast("builtins.list[SnapshotInfo]", await self._t.call(
+            "GET", "/snapshots", query={"sandbox": sandbox}, idempotent=True, timeout=timeout) or [])
+
+    async def get(self, ref: str, *, timeout: float | None = None) -> SnapshotInfo:
+        """A snapshot, by id, a unique prefix of it, or its name."""
+        return cast(SnapshotInfo, await self._t.call("GET", "/snapshots/" + segment(ref), idempotent=True, timeout=timeout))
+
+    async def remove(self, ref: str, *, timeout: float | None = None) -> None:
+        """Removes a snapshot; the sandboxes made from it keep their files."""
+        await self._t.call("DELETE", "/snapshots/" + segment(ref), idempotent=True, timeout=timeout)

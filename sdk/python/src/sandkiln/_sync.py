@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
 from typing import Any, Generic, Literal, TypeVar, overload
 
-from ._client import AsyncClient, AsyncProcesses, AsyncSandbox, AsyncSandboxes, AsyncTerminals
+from ._client import AsyncClient, AsyncProcesses, AsyncSandbox, AsyncSandboxes, AsyncSnapshots, AsyncTerminals
 from ._files import AsyncFiles
 from ._images import AsyncImages
 from ._errors import error
@@ -43,6 +43,7 @@ from ._types import (
     SandboxInfo,
     SandboxReference,
     SandboxStats,
+    SnapshotInfo,
     TopProcess,
     TerminateResult,
     TextChunk,
@@ -465,6 +466,7 @@ class Client:
         self._p = _Portal()
         self.sandboxes = Sandboxes(self._p, self._a.sandboxes)
         self.images = Images(self._p, self._a.images)
+        self.snapshots = Snapshots(self._p, self._a.snapshots)
 
     @property
     def url(self) -> str:
@@ -505,13 +507,13 @@ class Sandboxes:
                runtime: str | None = None, limits: Mapping[str, int | float] | None = None, network: Mapping[str, Any] | None = None,
                init: Mapping[str, Any] | None = None, idle_timeout_seconds: int | None = None, ttl_seconds: int | None = None, logs: Mapping[str, int] | None = None,
                on_oom: str | None = None, labels: Mapping[str, str] | None = None, mounts: Sequence[Mapping[str, Any]] | None = None,
-               timeout: float | None = None) -> Sandbox:
+               snapshot: str | None = None, timeout: float | None = None) -> Sandbox:
         """Creates a sandbox; see AsyncSandboxes.create. ``with
         client.sandboxes.create() as sandbox`` destroys it at the block's end."""
         a = self._p.call(_wait(self._a.create(
             name=name, hostname=hostname, image=image, rootfs=rootfs, runtime=runtime, limits=limits, network=network,
             init=init, idle_timeout_seconds=idle_timeout_seconds, ttl_seconds=ttl_seconds, logs=logs, on_oom=on_oom, labels=labels, mounts=mounts,
-            timeout=timeout)))
+            snapshot=snapshot, timeout=timeout)))
         return Sandbox(self._p, a)
 
     def get(self, sandbox: str | SandboxReference | Mapping[str, Any], *, timeout: float | None = None) -> Sandbox:
@@ -578,6 +580,23 @@ class Sandbox:
     def restart(self, *, timeout_seconds: int | None = None, timeout: float | None = None) -> SandboxInfo:
         """See AsyncSandbox.restart."""
         return self._p.call(self._a.restart(timeout_seconds=timeout_seconds, timeout=timeout))
+
+    def snapshot(self, *, name: str | None = None, timeout: float | None = None) -> SnapshotInfo:
+        """See AsyncSandbox.snapshot."""
+        return self._p.call(self._a.snapshot(name=name, timeout=timeout))
+
+    def snapshots(self, *, timeout: float | None = None) -> builtins.list[SnapshotInfo]:
+        """See AsyncSandbox.snapshots."""
+        return self._p.call(self._a.snapshots(timeout=timeout))
+
+    def rollback(self, snapshot: str, *, timeout_seconds: int | None = None, timeout: float | None = None) -> SandboxInfo:
+        """See AsyncSandbox.rollback."""
+        return self._p.call(self._a.rollback(snapshot, timeout_seconds=timeout_seconds, timeout=timeout))
+
+    def fork(self, *, count: int | None = None, labels: Mapping[str, str] | None = None,
+             timeout: float | None = None) -> builtins.list[Sandbox]:
+        """See AsyncSandbox.fork."""
+        return [Sandbox(self._p, a) for a in self._p.call(self._a.fork(count=count, labels=labels, timeout=timeout))]
 
     def destroy(self, *, remove_logs: bool = False, timeout: float | None = None) -> None:
         self._p.call(self._a.destroy(remove_logs=remove_logs, timeout=timeout))
@@ -704,6 +723,23 @@ class Previews:
 
     def revoke(self, id: str, *, timeout: float | None = None) -> None:
         self._p.call(self._a.revoke(id, timeout=timeout))
+
+
+class Snapshots:
+    """kilnd's snapshots; see AsyncSnapshots."""
+
+    def __init__(self, p: _Portal, a: AsyncSnapshots) -> None:
+        self._p = p
+        self._a = a
+
+    def list(self, *, sandbox: str | None = None, timeout: float | None = None) -> builtins.list[SnapshotInfo]:
+        return self._p.call(self._a.list(sandbox=sandbox, timeout=timeout))
+
+    def get(self, ref: str, *, timeout: float | None = None) -> SnapshotInfo:
+        return self._p.call(self._a.get(ref, timeout=timeout))
+
+    def remove(self, ref: str, *, timeout: float | None = None) -> None:
+        self._p.call(self._a.remove(ref, timeout=timeout))
 
 
 class Images:

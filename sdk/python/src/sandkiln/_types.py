@@ -332,6 +332,22 @@ class Preview(TypedDict, total=False):
     expires_at: str
 
 
+class SnapshotInfo(TypedDict, total=False):
+    """A sandbox's files as they were at one moment (AsyncSandbox.snapshot)."""
+
+    id: str
+    name: str
+    sandbox: str
+    sandbox_name: str
+    created_at: str
+    runtime: str
+    image: str
+    disk_bytes: int
+    size_bytes: int
+    copy: str
+    processes: list[dict[str, Any]]
+
+
 class ImageInfo(TypedDict, total=False):
     id: str
     names: list[str]
