@@ -28,6 +28,7 @@ type results struct {
 	compare    *compareResult
 	start      *compareResult // the start section: compare's sandbox starts alone
 	scale      *scaleResult
+	snapshot   *snapshotResult
 }
 
 // run runs the benchmark's sections that cfg selects and writes the
@@ -135,6 +136,12 @@ func run(ctx context.Context, cfg config) (err error) {
 			return fmt.Errorf("sandbox start: %w", err)
 		}
 	}
+	if cfg.has("snapshot") {
+		var err error
+		if res.snapshot, err = measureSnapshots(ctx, cfg); err != nil {
+			return fmt.Errorf("snapshots: %w", err)
+		}
+	}
 	if cfg.has("compare") {
 		exe, err := os.Executable()
 		if err != nil {
@@ -156,10 +163,13 @@ func run(ctx context.Context, cfg config) (err error) {
 	if res.compare != nil {
 		reports["compare"] = renderCompare(cfg, res)
 	}
+	if res.snapshot != nil {
+		reports["snapshot"] = renderSnapshot(cfg, res)
+	}
 	if res.throughput != nil || res.capture != nil || res.lossless != nil || res.kilnd != nil || res.attach != nil || res.sdk != nil || res.files != nil || res.ports != nil || res.tombstones != nil || res.running != nil || res.start != nil {
 		reports["engine"] = renderReport(cfg, res)
 	}
-	for _, name := range []string{"engine", "scale", "compare"} {
+	for _, name := range []string{"engine", "scale", "snapshot", "compare"} {
 		text, ok := reports[name]
 		if !ok {
 			continue

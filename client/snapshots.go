@@ -2,6 +2,9 @@ package client
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
+	"io"
 	"net/url"
 
 	"github.com/sandkiln/sandkiln/api"
@@ -77,4 +80,31 @@ func (c *Client) Snapshot(ctx context.Context, ref string) (api.Snapshot, error)
 // files.
 func (c *Client) RemoveSnapshot(ctx context.Context, ref string) error {
 	return c.call(ctx, "DELETE", "/snapshots/"+url.PathEscape(ref), nil, nil, nil, true)
+}
+
+// ExportSnapshot reads a snapshot as a tar, for ImportSnapshot on another
+// kilnd. The caller closes it. A tar that ends without its end-of-archive
+// blocks is one whose export failed.
+func (c *Client) ExportSnapshot(ctx context.Context, ref string) (io.ReadCloser, error) {
+	resp, _, err := c.request(ctx, c.stream, "GET", "/snapshots/"+url.PathEscape(ref)+"/export", nil, nil, "")
+	if err != nil {
+		return nil, err
+	}
+	return resp.Body, nil
+}
+
+// ImportSnapshot takes a snapshot from the tar ExportSnapshot gave, whole
+// or not at all, with its id and name (IsAlreadyExists when either is
+// taken here). A sandbox made from it needs its image here.
+func (c *Client) ImportSnapshot(ctx context.Context, tar io.Reader) (api.Snapshot, error) {
+	resp, _, err := c.request(ctx, c.stream, "POST", "/snapshots/import", nil, tar, "application/x-tar")
+	if err != nil {
+		return api.Snapshot{}, err
+	}
+	defer resp.Body.Close()
+	var out api.Snapshot
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		return api.Snapshot{}, fmt.Errorf("%w: POST /snapshots/import: reading the answer: %w", ErrOutcomeUnknown, err)
+	}
+	return out, nil
 }

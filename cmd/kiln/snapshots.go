@@ -1,7 +1,11 @@
 package main
 
 import (
+	"errors"
 	"fmt"
+	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -114,8 +118,95 @@ start from it. Snapshots count against kilnd's --snapshot-quota.`,
 			})
 		},
 	}
-	cmd.AddCommand(ls, inspect, rm)
+	var output string
+	export := &cobra.Command{
+		Use:   "export [-o FILE] SNAPSHOT",
+		Short: "Write a snapshot as a tar, for kiln snapshot import on another host",
+		Long: `Writes a snapshot as a tar to stdout (or -o FILE, replaced whole once it is written): its record,
+its disk's data (holes left out) and its processes' captured logs. kiln snapshot import on another
+kilnd takes it back, with its id and name.`,
+		Example: `  kiln snapshot export -o ws.tar before-upgrade
+  kiln snapshot export before-upgrade | ssh other kiln snapshot import`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if output == "" && isTerminal(c.stdout) {
+				return usageError{errors.New("a tar is not for a terminal: redirect stdout, or give -o FILE"), cmd.CommandPath()}
+			}
+			return c.withClient(func(cl *client.Client) error {
+				rc, err := cl.ExportSnapshot(cmd.Context(), args[0])
+				if err != nil {
+					return err
+				}
+				defer rc.Close()
+				if output == "" {
+					_, err = io.Copy(c.stdout, rc)
+					return err
+				}
+				return writeWhole(output, rc)
+			})
+		},
+	}
+	export.Flags().StringVarP(&output, "output", "o", "", "the `file` to write, instead of stdout")
+	imp := &cobra.Command{
+		Use:   "import [FILE]",
+		Short: "Take a snapshot from a tar kiln snapshot export wrote (stdin without FILE); print its id",
+		Long: `Takes a snapshot from the tar kiln snapshot export wrote, whole or not at all, with its id and name
+(refused if either is taken here), and prints its id. A sandbox made from it needs its image here:
+pull it first (kiln image pull).`,
+		Example: `  kiln snapshot import ws.tar
+  kiln run --rm --from before-upgrade -- ls /workspace`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			in := c.stdin
+			if len(args) == 1 && args[0] != "-" {
+				f, err := os.Open(args[0])
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				in = f
+			}
+			return c.withClient(func(cl *client.Client) error {
+				snap, err := cl.ImportSnapshot(cmd.Context(), in)
+				if err != nil {
+					return err
+				}
+				if c.json {
+					return c.printJSON(snap)
+				}
+				fmt.Fprintln(c.stdout, snap.ID)
+				return nil
+			})
+		},
+	}
+	cmd.AddCommand(ls, inspect, rm, export, imp)
 	return cmd
+}
+
+// writeWhole writes what r gives to path, replacing it whole once all is
+// written, or leaving it as it was.
+func writeWhole(path string, r io.Reader) error {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".")
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(f, r)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Chmod(f.Name(), 0o644)
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), path)
+	}
+	if err != nil {
+		os.Remove(f.Name())
+	}
+	return err
 }
 
 func dash(s string) string {

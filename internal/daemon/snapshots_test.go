@@ -1,8 +1,11 @@
 package daemon_test
 
 import (
+	"archive/tar"
+	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -316,4 +319,91 @@ func (k *kilnd) create(t *testing.T, body string) string {
 	var info daemon.Info
 	k.json("POST", "/sandboxes", body, &info)
 	return info.ID
+}
+
+// TestSnapshotExportImport moves a snapshot to another kilnd as a tar: a
+// sandbox made from it there has the same tree, its owners shifted into
+// that kilnd's range; tars not of an export are refused whole.
+func TestSnapshotExportImport(t *testing.T) {
+	from := start(t, "")
+	defer from.cleanup()
+	sb := from.create(t, "{}")
+	from.sh(t, sb, treeScript)
+	before := from.sh(t, sb, manifestScript)
+	snap := from.snapshotOf(t, sb, "moving")
+	code, tarball := from.do("GET", "/snapshots/moving/export", from.d.Token(), nil)
+	if code != http.StatusOK {
+		t.Fatalf("export: %d %s", code, tarball)
+	}
+	var names []string
+	tr := tar.NewReader(bytes.NewReader(tarball))
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("the export is not a whole tar: %v", err)
+		}
+		names = append(names, hdr.Name)
+	}
+	if len(names) < 3 || names[0] != "snapshot.json" || !strings.HasPrefix(names[1], "disk/") {
+		t.Errorf("the export's entries: %v", names)
+	}
+
+	to := start(t, "")
+	defer to.cleanup()
+	code, b := to.do("POST", "/snapshots/import", to.d.Token(), string(tarball))
+	var got api.Snapshot
+	if code != http.StatusCreated || json.Unmarshal(b, &got) != nil || got.ID != snap.ID || got.Name != "moving" {
+		t.Fatalf("import: %d %s", code, b)
+	}
+	if code, b := to.do("POST", "/snapshots/import", to.d.Token(), string(tarball)); code != http.StatusConflict {
+		t.Errorf("the same import again: %d %s", code, b)
+	}
+	made := to.createFrom(t, "moving")
+	if after := to.sh(t, made, manifestScript); after != before {
+		t.Errorf("made from the imported snapshot:\n%s\nwant:\n%s", after, before)
+	}
+
+	// Tars that are not an export's, each refused with nothing kept.
+	if code, _ := to.do("DELETE", "/snapshots/moving", to.d.Token(), nil); code != http.StatusNoContent {
+		t.Fatalf("remove: %d", code)
+	}
+	record := tarball[:0:0]
+	{
+		tr := tar.NewReader(bytes.NewReader(tarball))
+		tr.Next()
+		record, _ = io.ReadAll(tr)
+	}
+	entries := func(es ...[2]string) string {
+		var buf bytes.Buffer
+		tw := tar.NewWriter(&buf)
+		for _, e := range es {
+			tw.WriteHeader(&tar.Header{Name: e[0], Mode: 0o600, Size: int64(len(e[1])), Typeflag: tar.TypeReg})
+			tw.Write([]byte(e[1]))
+		}
+		tw.Close()
+		return buf.String()
+	}
+	rec := string(record)
+	for _, c := range []struct {
+		name, body string
+		code       int
+	}{
+		{"no record first", entries([2]string{"disk/0000000000000000", "x"}, [2]string{"snapshot.json", rec}), 400},
+		{"a path out", entries([2]string{"snapshot.json", rec}, [2]string{"logs/../../etc/passwd", "x"}), 400},
+		{"another entry", entries([2]string{"snapshot.json", rec}, [2]string{"bin/sh", "x"}), 400},
+		{"runs out of order", entries([2]string{"snapshot.json", rec}, [2]string{"disk/0000000000001000", "x"}, [2]string{"disk/0000000000000000", "x"}), 400},
+		{"a run past the disk", entries([2]string{"snapshot.json", rec}, [2]string{"disk/7fffffffffffff00", "x"}), 400},
+		{"a record of another shape", entries([2]string{"snapshot.json", `{"id":"../x"}`}), 400},
+		{"cut short", string(tarball[:len(tarball)/2]), 400},
+	} {
+		if code, b := to.do("POST", "/snapshots/import", to.d.Token(), c.body); code != c.code {
+			t.Errorf("%s: %d %s, want %d", c.name, code, b, c.code)
+		}
+	}
+	if ents, _ := os.ReadDir(filepath.Join(to.state, "snapshots")); len(ents) != 0 {
+		t.Errorf("refused imports left %v", ents)
+	}
 }

@@ -1060,6 +1060,24 @@ export class Snapshots {
   async remove(ref: string, options: SignalOptions = {}): Promise<void> {
     await this.t.call("DELETE", "/snapshots/" + encodeURIComponent(ref), { idempotent: true, signal: options.signal });
   }
+
+  /**
+   * A snapshot as a tar, streamed as it is read, for import() on another
+   * kilnd; a stream that ends in an error is an export that failed.
+   */
+  async export(ref: string, options: SignalOptions = {}): Promise<ReadableStream<Uint8Array>> {
+    const resp = await this.t.fetch("GET", "/snapshots/" + encodeURIComponent(ref) + "/export", { idempotent: true, unbounded: true, signal: options.signal });
+    return guarded(resp.body!, `export ${ref}`, options.signal);
+  }
+
+  /**
+   * Takes a snapshot from the tar export() gave, whole or not at all, with
+   * its id and name (ALREADY_EXISTS when either is taken here). A sandbox
+   * made from it needs its image here.
+   */
+  async import(tar: TarBody, options: SignalOptions = {}): Promise<SnapshotInfo> {
+    return this.t.call<SnapshotInfo>("POST", "/snapshots/import", { body: tar, contentType: "application/x-tar", unbounded: true, signal: options.signal });
+  }
 }
 
 /** The OCI images kilnd keeps. */

@@ -351,6 +351,49 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/snapshots/{snapshot}/export": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description a snapshot's id, a unique prefix of it (4 or more characters), or its name */
+                snapshot: string;
+            };
+            cookie?: never;
+        };
+        /**
+         * a snapshot as a tar, for importSnapshot on another kilnd
+         * @description Entries, in order: snapshot.json (the snapshot and what a sandbox made from it is made with), disk/OFFSET (each run of the disk's data, OFFSET 16 hex digits; the holes between are left out), logs/PROCESS/FILE (its processes' captured logs). A tar cut short (no end-of-archive blocks) is one whose export failed.
+         */
+        get: operations["exportSnapshot"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/snapshots/import": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * take a snapshot from the tar an export wrote
+         * @description Whole or not at all, with its id and name (409 if either is taken here). Every entry is checked: the record first, the disk's runs in order within its size, logs by their names; anything else is 400 naming the entry. It counts against --snapshot-quota as it arrives (403 past it). A sandbox made from it needs its image here (pull it first).
+         */
+        post: operations["importSnapshot"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/sandboxes/{id}/stats": {
         parameters: {
             query?: never;
@@ -2243,6 +2286,66 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+        };
+    };
+    exportSnapshot: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description a snapshot's id, a unique prefix of it (4 or more characters), or its name */
+                snapshot: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the tar */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/x-tar": string;
+                };
+            };
+            400: components["responses"]["Error"];
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+        };
+    };
+    importSnapshot: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/x-tar": string;
+            };
+        };
+        responses: {
+            /** @description the snapshot */
+            201: {
+                headers: {
+                    /** @description /snapshots/{id} */
+                    Location?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Snapshot"];
+                };
+            };
+            400: components["responses"]["Error"];
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            409: components["responses"]["Error"];
+            413: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+            507: components["responses"]["Error"];
         };
     };
     getSandboxStats: {

@@ -23,7 +23,7 @@ from ._http import Transport, check_timeout, segment
 from ._images import AsyncImages
 from ._logs import AsyncLogs
 from ._ports import AsyncPorts, AsyncPreviews
-from ._streams import AsyncByteStream, ndjson
+from ._streams import AsyncByteStream, Source, body_of, left, ndjson
 from ._process import AsyncHandle, AsyncProcessHandle, AsyncTerminalHandle, Settings, check_size
 from ._types import (
     Event,
@@ -918,3 +918,22 @@ class AsyncSnapshots:
     async def remove(self, ref: str, *, timeout: float | None = None) -> None:
         """Removes a snapshot; the sandboxes made from it keep their files."""
         await self._t.call("DELETE", "/snapshots/" + segment(ref), idempotent=True, timeout=timeout)
+
+    async def export(self, ref: str, *, timeout: float | None = None) -> AsyncByteStream:
+        """A snapshot as a tar, streamed as it is read, for import_() on
+        another kilnd; a stream that ends in an error is an export that
+        failed."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        resp = await self._t.fetch("GET", "/snapshots/" + segment(ref) + "/export", idempotent=True, unbounded=True, timeout=timeout)
+        return AsyncByteStream(resp, f"export {ref}", left(timeout, loop.time() - started))
+
+    async def import_(self, tar: Source, *, timeout: float | None = None) -> SnapshotInfo:
+        """Takes a snapshot from the tar export() gave, whole or not at
+        all, with its id and name (ALREADY_EXISTS when either is taken
+        here). A sandbox made from it needs its image here. (import is
+        Python's keyword: hence the underscore.)"""
+        body, length = body_of(tar, "snapshot import")
+        check_timeout(timeout, "snapshots.import_()")
+        return cast(SnapshotInfo, await self._t.call(
+            "POST", "/snapshots/import", body=body, length=length, content_type="application/x-tar", unbounded=True, timeout=timeout))

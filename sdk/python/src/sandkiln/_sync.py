@@ -741,6 +741,13 @@ class Snapshots:
     def remove(self, ref: str, *, timeout: float | None = None) -> None:
         self._p.call(self._a.remove(ref, timeout=timeout))
 
+    def export(self, ref: str, *, timeout: float | None = None) -> ByteStream:
+        """See AsyncSnapshots.export; the stream is read from any thread."""
+        return ByteStream(self._p, self._p.call(self._a.export(ref, timeout=timeout)))
+
+    def import_(self, tar: Source, *, timeout: float | None = None) -> SnapshotInfo:
+        return self._p.call(self._a.import_(tar, timeout=timeout))
+
 
 class Images:
     def __init__(self, p: _Portal, a: AsyncImages) -> None:
