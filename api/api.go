@@ -1264,7 +1264,7 @@ type Snapshot struct {
 	Copy string `json:"copy"`
 	// Processes are the sandbox's processes when it was taken, each
 	// stream's total_bytes its offset then.
-	Processes []Process `json:"processes,omitempty"`
+	Processes []Process `json:"processes"`
 }
 
 // SnapshotRequest is the body of POST /sandboxes/{id}/snapshots.

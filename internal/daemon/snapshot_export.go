@@ -167,6 +167,9 @@ func (d *Daemon) ImportSnapshot(body io.Reader) (api.Snapshot, error) {
 	if err := dec.Decode(&snap); err != nil {
 		return api.Snapshot{}, bad("%s: %v", exportRecord, err)
 	}
+	if snap.Processes == nil {
+		snap.Processes = []api.Process{}
+	}
 	if err := checkImported(snap); err != nil {
 		return api.Snapshot{}, bad("%s: %v", exportRecord, err)
 	}

@@ -101,6 +101,9 @@ func openSnapshots(dir string, quota int64) (*snapshots, error) {
 		if json.Unmarshal(b, &rec) != nil || rec.ID != e.Name() {
 			continue
 		}
+		if rec.Processes == nil {
+			rec.Processes = []api.Process{}
+		}
 		s.byID[rec.ID] = &rec
 	}
 	return s, nil
@@ -295,6 +298,9 @@ func (d *Daemon) Snapshot(ctx context.Context, ref string, req api.SnapshotReque
 	}
 	if err := copyLogs(filepath.Join(d.sandboxDir(rec.ID), sandbox.LogsName), filepath.Join(tmp, snapshotLogs), snap.Processes); err != nil {
 		return api.Snapshot{}, d.hostFailure(fmt.Sprintf("snapshot of sandbox %s: its captured logs could not be copied", rec.ID), err)
+	}
+	if snap.Processes == nil {
+		snap.Processes = []api.Process{}
 	}
 	snap.CreatedAt = time.Now().UTC()
 	snap.SizeBytes = allocatedTree(tmp)

@@ -557,6 +557,43 @@ def test_stop_start_restart(client: sandkiln.Client) -> None:
         assert sb.refresh()["state"] == "running"
 
 
+def test_snapshots(client: sandkiln.Client) -> None:
+    made: list[sandkiln.Sandbox] = []
+    with client.sandboxes.create() as sb:
+        try:
+            sb.files.write("/workspace/state", b"good\n")
+            snap = sb.snapshot(name="py-" + sb.id[:8])
+            assert snap["sandbox"] == sb.id and len(snap["id"]) == 64 and snap["copy"] in ("reflink", "copy")
+            assert snap["processes"] == [] or all("id" in p for p in snap["processes"])
+            assert [s["id"] for s in sb.snapshots()] == [snap["id"]]
+            sb.files.write("/workspace/state", b"broken\n")
+            assert sb.rollback(snap["name"], timeout_seconds=0)["state"] == "running"
+            assert sb.files.read_text("/workspace/state") == "good\n"
+            forks = sb.fork(count=2, labels={"try": "1"})
+            made += forks
+            assert len(forks) == 2 and all(f.info["labels"]["try"] == "1" for f in forks)
+            forks[0].files.write("/workspace/state", b"fork 0\n")
+            assert forks[1].files.read_text("/workspace/state") == "good\n"
+            made.append(client.sandboxes.create(snapshot=snap["id"][:12]))
+            assert made[-1].files.read_text("/workspace/state") == "good\n"
+            with client.snapshots.export(snap["id"]) as stream:
+                tar = stream.read()
+            assert len(tar) > 1024
+            with fails("ALREADY_EXISTS"):
+                client.snapshots.import_(tar)
+            client.snapshots.remove(snap["id"])
+            with fails("NOT_FOUND"):
+                client.snapshots.get(snap["id"])
+            assert client.snapshots.import_(tar)["id"] == snap["id"]
+            assert any(s["id"] == snap["id"] for s in client.snapshots.list(sandbox=sb.id))
+            client.snapshots.remove(snap["id"])
+            with fails("INVALID_ARGUMENT"):
+                sb.fork(count=65)
+        finally:
+            for m in made:
+                m.destroy(remove_logs=True)
+
+
 def test_async_stop_start(env: Env) -> None:
     async def go() -> None:
         async with sandkiln.AsyncClient(env.kilnd.url, env.kilnd.token) as c:

@@ -1479,7 +1479,7 @@ export interface components {
              */
             copy: "reflink" | "copy";
             /** @description the sandbox's processes when it was taken, each stream's total_bytes its offset then */
-            processes?: components["schemas"]["Process"][];
+            processes: components["schemas"]["Process"][];
         };
         SnapshotRequest: {
             /** @description unique among snapshots */

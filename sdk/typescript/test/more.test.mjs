@@ -226,6 +226,50 @@ test("stop, start, restart: files kept, processes refused while stopped, 304s de
   }
 });
 
+test("snapshots: taken, rolled back to, forked, a sandbox from one, exported and imported, removed", async () => {
+  const sb = await client.sandboxes.create();
+  const made = [];
+  try {
+    await sb.files.write("/workspace/state", "good\n");
+    const snap = await sb.snapshot({ name: `ts-${sb.id.slice(0, 8)}` });
+    assert.equal(snap.sandbox, sb.id);
+    assert.match(snap.id, /^[0-9a-f]{64}$/);
+    assert.ok(["reflink", "copy"].includes(snap.copy), snap.copy);
+    assert.ok(snap.processes.length >= 0);
+    assert.deepEqual((await sb.snapshots()).map((s) => s.id), [snap.id]);
+    await sb.files.write("/workspace/state", "broken\n");
+    const back = await sb.rollback(snap.name, { timeoutSeconds: 0 });
+    assert.equal(back.state, "running");
+    assert.equal(await sb.files.readText("/workspace/state"), "good\n");
+    const forks = await sb.fork({ count: 2, labels: { try: "1" } });
+    made.push(...forks);
+    assert.equal(forks.length, 2);
+    for (const f of forks) {
+      assert.equal(f.info.labels.try, "1");
+      assert.equal(await f.files.readText("/workspace/state"), "good\n");
+    }
+    await forks[0].files.write("/workspace/state", "fork 0\n");
+    assert.equal(await forks[1].files.readText("/workspace/state"), "good\n");
+    const from = await client.sandboxes.create({ snapshot: snap.id.slice(0, 12) });
+    made.push(from);
+    assert.equal(await from.files.readText("/workspace/state"), "good\n");
+    const tar = await drain(await client.snapshots.export(snap.id));
+    assert.ok(tar.length > 1024, `a tar of ${tar.length} bytes`);
+    await rejects(client.snapshots.import(tar), "ALREADY_EXISTS");
+    await client.snapshots.remove(snap.id);
+    await rejects(client.snapshots.get(snap.id), "NOT_FOUND");
+    const back2 = await client.snapshots.import(tar);
+    assert.equal(back2.id, snap.id);
+    assert.ok((await client.snapshots.list({ sandbox: sb.id })).some((s) => s.id === snap.id));
+    await client.snapshots.remove(snap.id);
+    await rejects(sb.rollback(snap.id), "NOT_FOUND");
+    await rejects(sb.fork({ count: 65 }), "INVALID_ARGUMENT");
+  } finally {
+    for (const m of made) await m.destroy({ removeLogs: true });
+    await sb.destroy({ removeLogs: true });
+  }
+});
+
 /** A record's bytes as written: its content, and the newline that ended it unless it is partial. */
 function recordBytes(r) {
   const content = r.base64 !== undefined ? Uint8Array.from(atob(r.base64), (c) => c.charCodeAt(0)) : enc(r.text ?? "");
