@@ -47,6 +47,8 @@ var Routes = []Route{
 	{"POST", "/sandboxes/{id}/stop", false},
 	{"POST", "/sandboxes/{id}/start", false},
 	{"POST", "/sandboxes/{id}/restart", false},
+	{"POST", "/sandboxes/{id}/pause", false},
+	{"POST", "/sandboxes/{id}/resume", false},
 	{"GET", "/sandboxes/{id}/stats", false},
 	{"GET", "/sandboxes/{id}/logs", false},
 	{"GET", "/sandboxes/{id}/logs/{pid}", false},
@@ -123,6 +125,8 @@ func (d *Daemon) Handler(tcp bool) http.Handler {
 		"POST /sandboxes/{id}/stop":                 d.stopHandler,
 		"POST /sandboxes/{id}/start":                d.startHandler,
 		"POST /sandboxes/{id}/restart":              d.restartHandler,
+		"POST /sandboxes/{id}/pause":                d.pauseHandler,
+		"POST /sandboxes/{id}/resume":               d.resumeHandler,
 		"GET /sandboxes/{id}/stats":                 d.statsHandler,
 		"GET /sandboxes/{id}/logs":                  d.listLogs,
 		"GET /sandboxes/{id}/logs/{pid}":            d.readLog,
@@ -299,6 +303,7 @@ func (d *Daemon) forward(w http.ResponseWriter, r *http.Request) {
 	}
 	d.mu.Lock()
 	p, id, state, reason, op := e.proxy, e.rec.ID, e.rec.State, e.rec.Reason, e.op
+	paused, agentPaused := e.paused(), e.agentPaused()
 	e.inflight++
 	e.lastUsed = time.Now()
 	d.mu.Unlock()
@@ -325,6 +330,12 @@ func (d *Daemon) forward(w http.ResponseWriter, r *http.Request) {
 	case p == nil:
 		reply.Error(w, fmt.Errorf("%w: sandbox %s is being deleted", errdefs.ErrUnavailable, id))
 		return
+	}
+	if paused {
+		if err := pausedRefusal(r, id, agentPaused); err != nil {
+			reply.Error(w, err)
+			return
+		}
 	}
 	// A port's proxy tells the agent where kilnd serves it, unless a
 	// preview URL did.

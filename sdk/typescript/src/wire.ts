@@ -243,6 +243,52 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/sandboxes/{id}/pause": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                id: components["parameters"]["SandboxID"];
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * pause a running sandbox, as docker pause does; its processes stop where they are, their memory kept
+         * @description Every process of the sandbox stops where it is and uses no CPU until the resume; its memory, files, network and captured logs stay, and it answers paused (state paused, paused_at), with a sandbox.paused event. While it is paused, what needs it to run is refused with 409, code paused, naming the state: a process started (exec, exec-stream), stdin written, its files, archive and ports reached. What its agent holds stays readable on a namespace sandbox: its processes' list, status and output, and watchers attached before the pause stay attached and read on after the resume at the same offsets, with no gap; a signal reaches its processes (SIGKILL at once, others at the resume). A gVisor sandbox's agent is paused with it: every call for it is refused (409), watchers attached stay open, and output is read from the captured logs. Its idle timeout does not count while it is paused, and counts from the resume; its ttl counts as always. It stays paused across a restart of kilnd. A stop resumes it first (its processes get their SIGTERM and grace); a delete kills them where they are. A sandbox paused already is answered 304 and nothing is done; a stopped one is 412.
+         */
+        post: operations["pauseSandbox"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/sandboxes/{id}/resume": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                id: components["parameters"]["SandboxID"];
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * resume a paused sandbox, as docker unpause does; its processes run on from where they were
+         * @description Its processes run on from where they stopped; output continues at the offsets where it was, and it answers running, with a sandbox.resumed event. Its idle timeout counts from now. A sandbox that is not paused is answered 304 and nothing is done; a stopped one is 412.
+         */
+        post: operations["resumeSandbox"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/sandboxes/{id}/stats": {
         parameters: {
             query?: never;
@@ -920,10 +966,10 @@ export interface components {
             message: string;
         };
         /**
-         * @description each code has one status: invalid_argument 400, unauthenticated 401, permission_denied 403, not_found 404, method_not_allowed 405, already_exists 409, failed_precondition 412, too_large 413, out_of_range 416 (output evicted before the offset asked for), internal 500, outcome_unknown 502 (the sandbox's agent took the request and no answer came back: it may or may not have taken effect), bad_gateway 502 (a sandbox's port answered badly, or nothing listens on it), unavailable 503, no_space 507 (what was to be written, or asked for, does not fit in the space there is: a sandbox's disk, its quota, kilnd's state directory), command_not_found 400 and not_executable 400 (a process's program is not there, or cannot be run)
+         * @description each code has one status: invalid_argument 400, unauthenticated 401, permission_denied 403, not_found 404, method_not_allowed 405, already_exists 409, failed_precondition 412, too_large 413, out_of_range 416 (output evicted before the offset asked for), internal 500, outcome_unknown 502 (the sandbox's agent took the request and no answer came back: it may or may not have taken effect), bad_gateway 502 (a sandbox's port answered badly, or nothing listens on it), unavailable 503, no_space 507 (what was to be written, or asked for, does not fit in the space there is: a sandbox's disk, its quota, kilnd's state directory), command_not_found 400 and not_executable 400 (a process's program is not there, or cannot be run), paused 409 (the sandbox is paused, and what was asked needs it to run: it succeeds once the sandbox is resumed)
          * @enum {string}
          */
-        ErrorCode: "invalid_argument" | "unauthenticated" | "permission_denied" | "not_found" | "method_not_allowed" | "already_exists" | "failed_precondition" | "too_large" | "out_of_range" | "internal" | "outcome_unknown" | "bad_gateway" | "unavailable" | "command_not_found" | "not_executable" | "no_space";
+        ErrorCode: "invalid_argument" | "unauthenticated" | "permission_denied" | "not_found" | "method_not_allowed" | "already_exists" | "failed_precondition" | "too_large" | "out_of_range" | "internal" | "outcome_unknown" | "bad_gateway" | "unavailable" | "command_not_found" | "not_executable" | "no_space" | "paused";
         Version: {
             /** @description the module's version, or devel for a build from a checkout */
             version: string;
@@ -1168,12 +1214,20 @@ export interface components {
             id: string;
             /** @description the name it was created with, if any */
             name?: string;
-            /** @enum {string} */
-            state: "running" | "stopped" | "deleted";
+            /**
+             * @description paused: running, its processes paused (POST /sandboxes/{id}/pause)
+             * @enum {string}
+             */
+            state: "running" | "paused" | "stopped" | "deleted";
             /** Format: date-time */
             created_at: string;
             /** Format: date-time */
             stopped_at?: string;
+            /**
+             * Format: date-time
+             * @description when it was paused, while it is
+             */
+            paused_at?: string;
             hostname: string;
             /** @description the root filesystem directory it was created with, if any */
             rootfs?: string;
@@ -1352,10 +1406,10 @@ export interface components {
             /** Format: date-time */
             time: string;
             /**
-             * @description sandbox.started: a stopped sandbox started again (its creation is sandbox.created alone)
+             * @description sandbox.started: a stopped sandbox started again (its creation is sandbox.created alone); sandbox.paused and sandbox.resumed: a pause and a resume (a paused sandbox stopped or deleted is sandbox.stopped or sandbox.deleted alone)
              * @enum {string}
              */
-            type: "sandbox.created" | "sandbox.started" | "sandbox.stopped" | "sandbox.deleted" | "process.started" | "process.exited" | "gap";
+            type: "sandbox.created" | "sandbox.started" | "sandbox.stopped" | "sandbox.deleted" | "sandbox.paused" | "sandbox.resumed" | "process.started" | "process.exited" | "gap";
             /** @description the sandbox's id */
             sandbox?: string;
             name?: string;
@@ -1627,8 +1681,8 @@ export interface operations {
                 /** @description KEY (it has the label) or KEY=VALUE; repeated, each must match */
                 label?: string[];
                 name?: string;
-                /** @description deleted takes the deleted ones kept (kilnd --keep-deleted) in */
-                state?: "running" | "stopped" | "deleted";
+                /** @description deleted takes the deleted ones kept (kilnd --keep-deleted) in; running leaves the paused ones out */
+                state?: "running" | "paused" | "stopped" | "deleted";
                 /** @description the image as the create named it, or its ID or an ID's prefix */
                 image?: string;
                 runtime?: string;
@@ -1859,6 +1913,78 @@ export interface operations {
             507: components["responses"]["Error"];
         };
     };
+    pauseSandbox: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                id: components["parameters"]["SandboxID"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the sandbox, paused */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Sandbox"];
+                };
+            };
+            /** @description it was paused already: nothing was done (no body) */
+            304: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            400: components["responses"]["Error"];
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            412: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
+    resumeSandbox: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                id: components["parameters"]["SandboxID"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the sandbox, running */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Sandbox"];
+                };
+            };
+            /** @description it was not paused: nothing was done (no body) */
+            304: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            400: components["responses"]["Error"];
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            412: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
     getSandboxStats: {
         parameters: {
             query?: never;
@@ -1910,6 +2036,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
             412: components["responses"]["Error"];
             502: components["responses"]["Error"];
             503: components["responses"]["Error"];
@@ -1944,6 +2071,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
             412: components["responses"]["Error"];
             413: components["responses"]["Error"];
             502: components["responses"]["Error"];
@@ -1975,6 +2103,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
             412: components["responses"]["Error"];
             502: components["responses"]["Error"];
             503: components["responses"]["Error"];
@@ -2009,6 +2138,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
             412: components["responses"]["Error"];
             413: components["responses"]["Error"];
             502: components["responses"]["Error"];
@@ -2041,6 +2171,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
             412: components["responses"]["Error"];
             502: components["responses"]["Error"];
             503: components["responses"]["Error"];
@@ -2072,6 +2203,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
             412: components["responses"]["Error"];
             502: components["responses"]["Error"];
             503: components["responses"]["Error"];
@@ -2103,6 +2235,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
             412: components["responses"]["Error"];
             502: components["responses"]["Error"];
             503: components["responses"]["Error"];
@@ -2136,6 +2269,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
             412: components["responses"]["Error"];
             413: components["responses"]["Error"];
             502: components["responses"]["Error"];
@@ -2174,6 +2308,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
             412: components["responses"]["Error"];
             413: components["responses"]["Error"];
             502: components["responses"]["Error"];
@@ -2204,6 +2339,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
             412: components["responses"]["Error"];
             502: components["responses"]["Error"];
             503: components["responses"]["Error"];
@@ -2237,6 +2373,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
             412: components["responses"]["Error"];
             413: components["responses"]["Error"];
             502: components["responses"]["Error"];
@@ -2266,6 +2403,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
             412: components["responses"]["Error"];
             502: components["responses"]["Error"];
             503: components["responses"]["Error"];
@@ -2319,6 +2457,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
             412: components["responses"]["Error"];
             416: components["responses"]["Error"];
             502: components["responses"]["Error"];
@@ -2448,6 +2587,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
             412: components["responses"]["Error"];
             413: components["responses"]["Error"];
             /** @description the range is past the file's end */
@@ -2497,6 +2637,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
             412: components["responses"]["Error"];
             413: components["responses"]["Error"];
             502: components["responses"]["Error"];
@@ -2579,6 +2720,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
             412: components["responses"]["Error"];
             502: components["responses"]["Error"];
             503: components["responses"]["Error"];
@@ -2616,6 +2758,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
             412: components["responses"]["Error"];
             502: components["responses"]["Error"];
             503: components["responses"]["Error"];
@@ -2653,6 +2796,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
             412: components["responses"]["Error"];
             413: components["responses"]["Error"];
             502: components["responses"]["Error"];
@@ -2686,6 +2830,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
             412: components["responses"]["Error"];
             502: components["responses"]["Error"];
             503: components["responses"]["Error"];
@@ -2711,6 +2856,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
             412: components["responses"]["Error"];
             502: components["responses"]["Error"];
             503: components["responses"]["Error"];
@@ -2736,6 +2882,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
             412: components["responses"]["Error"];
             502: components["responses"]["Error"];
             503: components["responses"]["Error"];
@@ -2761,6 +2908,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
             412: components["responses"]["Error"];
             502: components["responses"]["Error"];
             503: components["responses"]["Error"];
@@ -2786,6 +2934,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
             412: components["responses"]["Error"];
             502: components["responses"]["Error"];
             503: components["responses"]["Error"];
@@ -2816,6 +2965,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
             412: components["responses"]["Error"];
             502: components["responses"]["Error"];
             503: components["responses"]["Error"];
@@ -2942,7 +3092,7 @@ export interface operations {
                 epoch?: string;
                 /** @description one sandbox's events, by its id */
                 sandbox?: string;
-                type?: "sandbox.created" | "sandbox.started" | "sandbox.stopped" | "sandbox.deleted" | "process.started" | "process.exited";
+                type?: "sandbox.created" | "sandbox.started" | "sandbox.stopped" | "sandbox.deleted" | "sandbox.paused" | "sandbox.resumed" | "process.started" | "process.exited";
                 /** @description false: the events held, then the end */
                 follow?: boolean;
             };

@@ -579,6 +579,14 @@ class Sandbox:
         """See AsyncSandbox.restart."""
         return self._p.call(self._a.restart(timeout_seconds=timeout_seconds, timeout=timeout))
 
+    def pause(self, *, timeout: float | None = None) -> SandboxInfo:
+        """See AsyncSandbox.pause."""
+        return self._p.call(self._a.pause(timeout=timeout))
+
+    def resume(self, *, timeout: float | None = None) -> SandboxInfo:
+        """See AsyncSandbox.resume."""
+        return self._p.call(self._a.resume(timeout=timeout))
+
     def destroy(self, *, remove_logs: bool = False, timeout: float | None = None) -> None:
         self._p.call(self._a.destroy(remove_logs=remove_logs, timeout=timeout))
 
