@@ -104,7 +104,12 @@ func (c *Cgroups) Frozen() bool {
 // value, or timeout has passed. The kernel tells of each change of the
 // file as a modification, which an inotify descriptor reads in the
 // runtime's poller; the watch is set before the first look, so that no
-// change falls between the two.
+// change falls between the two. It tells of them at most once per 10 ms
+// (CGROUP_FILE_NOTIFY_MIN_INTV), later for a change that comes sooner
+// after the last, and a freeze takes a fraction of that: the file is
+// read again, too, after waits that start at pollFirst and double, for a
+// freeze that follows a thaw (a pause soon after a resume) not to wait
+// out the kernel's interval.
 func awaitEvent(dir, key string, value int64, timeout time.Duration) error {
 	file := filepath.Join(dir, "cgroup.events")
 	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
@@ -116,9 +121,9 @@ func awaitEvent(dir, key string, value int64, timeout time.Duration) error {
 	if _, err := unix.InotifyAddWatch(fd, file, unix.IN_MODIFY); err != nil {
 		return fmt.Errorf("sandbox: watch %s: %w", file, err)
 	}
-	watch.SetReadDeadline(time.Now().Add(timeout))
+	deadline := time.Now().Add(timeout)
 	buf := make([]byte, 4096)
-	for {
+	for wait := pollFirst; ; wait = min(2*wait, pollMost) {
 		b, err := os.ReadFile(file)
 		if err != nil {
 			return fmt.Errorf("sandbox: %w", err)
@@ -126,14 +131,26 @@ func awaitEvent(dir, key string, value int64, timeout time.Duration) error {
 		if handoff.EventIn(b, key) == value {
 			return nil
 		}
-		if _, err := watch.Read(buf); err != nil {
-			if errors.Is(err, os.ErrDeadlineExceeded) {
-				return fmt.Errorf("sandbox: %s not %s %d after %v (a task in an uninterruptible wait?)", dir, key, value, timeout)
-			}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("sandbox: %s not %s %d after %v (a task in an uninterruptible wait?)", dir, key, value, timeout)
+		}
+		next := time.Now().Add(wait)
+		if next.After(deadline) {
+			next = deadline
+		}
+		watch.SetReadDeadline(next)
+		if _, err := watch.Read(buf); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
 			return fmt.Errorf("sandbox: watch %s: %w", file, err)
 		}
 	}
 }
+
+// The waits between two reads of cgroup.events while no change is told:
+// the first, and the longest they double to.
+const (
+	pollFirst = 50 * time.Microsecond
+	pollMost  = 5 * time.Millisecond
+)
 
 // Pause implements Instance: runsc pauses every task of the sandbox's
 // kernel, the agent's too. A sandbox paused already (runsc refuses to
