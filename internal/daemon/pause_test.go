@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"os"
 	"os/exec"
@@ -332,5 +333,49 @@ func testPausedAcrossKill9(t *testing.T, runtime string) {
 	}
 	if got := cpuUse(t, call, sb); got < busyCPU {
 		t.Errorf("resumed after the adoption, the busy loop used %v of CPU in a second", got)
+	}
+}
+
+// TestPausedIdleAndTTL: a paused sandbox's idle timeout does not count,
+// and counts from its resume; its ttl counts. Told by kilnd's events: a
+// sandbox made after the paused one, with the same idle timeout and not
+// paused, is deleted idle, and one paused with a ttl is deleted for it,
+// while the paused one is not; resumed, it is deleted idle in its turn.
+func TestPausedIdleAndTTL(t *testing.T) {
+	t.Parallel()
+	k := start(t, "")
+	defer k.cleanup()
+	var paused, ttl, control daemon.Info
+	k.json("POST", "/sandboxes", `{"idle_timeout_seconds":1}`, &paused)
+	k.change(t, "pause", paused.ID)
+	k.json("POST", "/sandboxes", `{"ttl_seconds":2,"idle_timeout_seconds":600}`, &ttl)
+	k.change(t, "pause", ttl.ID)
+	k.json("POST", "/sandboxes", `{"idle_timeout_seconds":1}`, &control)
+	events := k.events(t, "?type="+api.EventDeleted)
+	defer events.close()
+	deleted := func(until string) map[string]string {
+		t.Helper()
+		reasons := map[string]string{}
+		for reasons[until] == "" {
+			e := events.next(t)
+			reasons[e.Sandbox] = e.Reason
+		}
+		return reasons
+	}
+	want := map[string]string{control.ID: "idle for 1s", ttl.ID: "its ttl of 2s ended"}
+	got := deleted(control.ID)
+	if got[ttl.ID] == "" {
+		maps.Copy(got, deleted(ttl.ID))
+	}
+	if !maps.Equal(got, want) {
+		t.Fatalf("deleted %v, want %v", got, want)
+	}
+	// It would have been deleted with the control, which was used last
+	// after it (a delete decided is a delete the resume finds).
+	if code, info := k.change(t, "resume", paused.ID); code != http.StatusOK || info.State != api.SandboxRunning {
+		t.Fatalf("resume: %d %+v", code, info)
+	}
+	if got := deleted(paused.ID); got[paused.ID] != "idle for 1s" {
+		t.Errorf("resumed, deleted %v", got)
 	}
 }
