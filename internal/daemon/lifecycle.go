@@ -107,8 +107,9 @@ func (d *Daemon) claim(ctx context.Context, ref string, op *lifecycleOp) (*entry
 // SIGTERM, as kiln kill sends it; once all have exited, or grace has
 // passed (none: at once), everything left in the sandbox is killed, its
 // agent too, whose shutdown ends the captured runs. It is then stopped,
-// "stopped by request", with its init command's exit if it had one. changed is false when it was stopped
-// already (HTTP's 304), the description then as it was.
+// "stopped by request", with its init command's exit if it had one.
+// changed is false when it was stopped already (HTTP's 304), the
+// description then as it was.
 func (d *Daemon) Stop(ctx context.Context, ref string, grace time.Duration) (info Info, changed bool, err error) {
 	op := newOp(true)
 	e, err := d.claim(ctx, ref, op)
