@@ -324,6 +324,10 @@ const (
 	// the space there is (a sandbox's disk, its quota, kilnd's state
 	// directory).
 	CodeNoSpace = "no_space" // 507
+	// CodePaused: the sandbox is paused, and what was asked needs it to
+	// run (a process started, stdin written, its files or ports reached):
+	// it succeeds once the sandbox is resumed.
+	CodePaused = "paused" // 409
 )
 
 // WebSocket subprotocols of GET …/logs.
@@ -727,6 +731,10 @@ const (
 	EventStarted = "sandbox.started"
 	EventStopped = "sandbox.stopped"
 	EventDeleted = "sandbox.deleted"
+	// A sandbox paused, and one resumed (not one stopped or deleted while
+	// paused: EventStopped and EventDeleted say it).
+	EventPaused  = "sandbox.paused"
+	EventResumed = "sandbox.resumed"
 	// A process started in a sandbox, and one that finished: it exited
 	// and its output was read to the end.
 	EventProcessStarted = "process.started"
@@ -735,7 +743,7 @@ const (
 )
 
 // EventTypes are the types of event GET /events?type= chooses from.
-var EventTypes = []string{EventCreated, EventStarted, EventStopped, EventDeleted, EventProcessStarted, EventProcessExited}
+var EventTypes = []string{EventCreated, EventStarted, EventStopped, EventDeleted, EventPaused, EventResumed, EventProcessStarted, EventProcessExited}
 
 // NextCursorHeader carries, on a page of GET /sandboxes?limit=, the
 // cursor of the page after it; absent on the last.
@@ -812,6 +820,10 @@ const (
 	SandboxRunning = "running"
 	SandboxStopped = "stopped"
 	SandboxDeleted = "deleted"
+	// SandboxPaused is a running sandbox whose processes are paused (POST
+	// /sandboxes/{id}/pause): they keep their memory and run nothing until
+	// it is resumed.
+	SandboxPaused = "paused"
 )
 
 // Sandbox describes a sandbox.
@@ -822,10 +834,12 @@ type Sandbox struct {
 	State     string     `json:"state"`
 	CreatedAt time.Time  `json:"created_at"`
 	StoppedAt *time.Time `json:"stopped_at,omitempty"`
-	Hostname  string     `json:"hostname"`
-	Rootfs    string     `json:"rootfs,omitempty"`
-	Runtime   string     `json:"runtime"`
-	Limits    Limits     `json:"limits"`
+	// PausedAt is when a paused sandbox was paused.
+	PausedAt *time.Time `json:"paused_at,omitempty"`
+	Hostname string     `json:"hostname"`
+	Rootfs   string     `json:"rootfs,omitempty"`
+	Runtime  string     `json:"runtime"`
+	Limits   Limits     `json:"limits"`
 	// OnOOM is what happens to it past its memory limit
 	// (CreateSandbox.OnOOM).
 	OnOOM    string `json:"on_oom"`

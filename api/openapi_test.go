@@ -137,7 +137,7 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 func TestOpenAPIErrorCodes(t *testing.T) {
 	codes := []string{api.CodeInvalid, api.CodeUnauthorized, api.CodeForbidden, api.CodeNotFound, api.CodeMethod,
 		api.CodeConflict, api.CodeTooLarge, api.CodeOutOfRange, api.CodePrecondition, api.CodeUnavailable,
-		api.CodeUnknown, api.CodeInternal, api.CodeBadGateway, api.CodeCommandNotFound, api.CodeNotExecutable, api.CodeNoSpace}
+		api.CodeUnknown, api.CodeInternal, api.CodeBadGateway, api.CodeCommandNotFound, api.CodeNotExecutable, api.CodeNoSpace, api.CodePaused}
 	var enum []string
 	for _, v := range loadOpenAPI(t).Components.Schemas["ErrorCode"].Value.Enum {
 		enum = append(enum, v.(string))

@@ -113,6 +113,37 @@ func TestScale(t *testing.T) {
 	}
 }
 
+// TestPause runs the pause section, which writes a report of its own.
+func TestPause(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("kilnd needs root")
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 6*time.Minute)
+	defer cancel()
+	var out bytes.Buffer
+	cfg := config{
+		captureDir: t.TempDir(),
+		out:        t.TempDir(),
+		sections:   map[string]bool{"pause": true},
+		cmdline:    "bench -only pause",
+		stdout:     &out,
+		progress:   io.Discard,
+	}
+	if err := run(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	report := out.String()
+	for _, want := range []string{"# Pause, ", "| namespaces | ", "| namespaces: pause + resume, p50 ≤ 10.00 ms | "} {
+		if !strings.Contains(report, want) {
+			t.Errorf("report lacks %q:\n%s", want, report)
+		}
+	}
+	files, err := filepath.Glob(filepath.Join(cfg.out, "*.md"))
+	if err != nil || len(files) != 1 || !strings.HasSuffix(files[0], "-pause.md") {
+		t.Fatalf("report files in -out: %v, %v; want one, -pause.md", files, err)
+	}
+}
+
 func TestScaleCounts(t *testing.T) {
 	for _, tc := range []struct {
 		n, step int

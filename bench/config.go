@@ -40,7 +40,7 @@ type config struct {
 // (`-only compare`): it needs tools of other projects and writes a report
 // of its own.
 var (
-	allSections   = []string{"throughput", "capture", "lossless", "kilnd", "attach", "sdk", "files", "ports", "tombstone", "running", "scale", "start", "snapshot"}
+	allSections   = []string{"throughput", "capture", "lossless", "kilnd", "attach", "sdk", "files", "ports", "tombstone", "running", "scale", "start", "snapshot", "pause"}
 	extraSections = []string{"compare"}
 )
 

@@ -55,7 +55,7 @@ func parseFlags(args []string) (config, error) {
 	running := fs.Int("running", 200, "idle running processes for the per-process memory figure")
 	scale := fs.Int("scale", 1000, "sandboxes the scale section creates")
 	scaleStep := fs.Int("scale-step", 100, "sandboxes between the scale section's measurements")
-	out := fs.String("out", "", "also write the reports to DIR/<date>-engine.md (and -scale.md, -compare.md)")
+	out := fs.String("out", "", "also write the reports to DIR/<date>-engine.md (and -scale.md, -compare.md, -pause.md)")
 	only := fs.String("only", "", "comma-separated sections to run: "+strings.Join(allSections, ", ")+" (default all), or "+strings.Join(extraSections, ", "))
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of this process to FILE")
 	attachDirect := fs.Bool("attach-direct", false, "attach section: the kiln.v1 client dials the agent's socket, past kilnd (what the kilnd hop costs)")

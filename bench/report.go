@@ -76,6 +76,8 @@ func writeHeader(b *strings.Builder, cfg config, res results, title string) {
 	fmt.Fprintf(b, "| command | `%s` |\n", cfg.cmdline)
 	if title == "Scale" {
 		fmt.Fprintf(b, "| settings | %d sandboxes, measured every %d |\n\n", cfg.scale, cfg.scaleStep)
+	} else if title == "Pause" {
+		fmt.Fprintf(b, "| settings | %d pauses and resumes per runtime, after %d warm-ups |\n\n", pauseReps, pauseWarmUp)
 	} else if res.compare != nil && title == "Comparison" {
 		fmt.Fprintf(b, "| settings | capture size %s, terminal size %s, %d %s, %d tombstones |\n\n",
 			bytesText(cfg.captureSize), bytesText(cfg.ttySize), cfg.reps, plural(cfg.reps, "rep"), cfg.tombstones)

@@ -29,6 +29,7 @@ type results struct {
 	start      *compareResult // the start section: compare's sandbox starts alone
 	scale      *scaleResult
 	snapshot   *snapshotResult
+	pause      *pauseResult
 }
 
 // run runs the benchmark's sections that cfg selects and writes the
@@ -142,6 +143,12 @@ func run(ctx context.Context, cfg config) (err error) {
 			return fmt.Errorf("snapshots: %w", err)
 		}
 	}
+	if cfg.has("pause") {
+		var err error
+		if res.pause, err = measurePause(ctx, cfg); err != nil {
+			return fmt.Errorf("pause: %w", err)
+		}
+	}
 	if cfg.has("compare") {
 		exe, err := os.Executable()
 		if err != nil {
@@ -154,9 +161,12 @@ func run(ctx context.Context, cfg config) (err error) {
 	res.elapsed = time.Since(res.started)
 	res.steal = stealText(cpu, readCPUTimes())
 
-	// The comparison and the scale section have reports of their own; the
-	// engine's has the rest.
+	// The comparison, the scale and the pause sections have reports of
+	// their own; the engine's has the rest.
 	reports := map[string]string{}
+	if res.pause != nil {
+		reports["pause"] = renderPause(cfg, res)
+	}
 	if res.scale != nil {
 		reports["scale"] = renderScale(cfg, res)
 	}
@@ -169,7 +179,7 @@ func run(ctx context.Context, cfg config) (err error) {
 	if res.throughput != nil || res.capture != nil || res.lossless != nil || res.kilnd != nil || res.attach != nil || res.sdk != nil || res.files != nil || res.ports != nil || res.tombstones != nil || res.running != nil || res.start != nil {
 		reports["engine"] = renderReport(cfg, res)
 	}
-	for _, name := range []string{"engine", "scale", "snapshot", "compare"} {
+	for _, name := range []string{"engine", "scale", "snapshot", "compare", "pause"} {
 		text, ok := reports[name]
 		if !ok {
 			continue

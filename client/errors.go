@@ -105,6 +105,11 @@ func IsOutcomeUnknown(err error) bool {
 // good: it has finished, or its stdin is closed or broken.
 func IsFailedPrecondition(err error) bool { return hasCode(err, api.CodePrecondition) }
 
+// IsPaused reports a request refused because its sandbox is paused
+// (Sandbox.Pause), and needs it to run: the same request succeeds once
+// the sandbox is resumed.
+func IsPaused(err error) bool { return hasCode(err, api.CodePaused) }
+
 // IsUnauthenticated reports a request without the token kilnd asks for on
 // TCP.
 func IsUnauthenticated(err error) bool { return hasCode(err, api.CodeUnauthorized) }

@@ -37,6 +37,7 @@ func TestIsCode(t *testing.T) {
 		"IsInternal":           client.IsInternal,
 		"IsBadGateway":         client.IsBadGateway,
 		"IsNoSpace":            client.IsNoSpace,
+		"IsPaused":             client.IsPaused,
 	}
 	tests := []struct {
 		code string
@@ -56,6 +57,7 @@ func TestIsCode(t *testing.T) {
 		{api.CodeInternal, []string{"IsInternal"}},
 		{api.CodeBadGateway, []string{"IsBadGateway"}},
 		{api.CodeNoSpace, []string{"IsNoSpace"}},
+		{api.CodePaused, []string{"IsPaused"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.code, func(t *testing.T) {

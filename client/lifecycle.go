@@ -74,7 +74,26 @@ func (s *Sandbox) Restart(ctx context.Context, o StopOptions) (api.Sandbox, erro
 	return s.change(ctx, "restart", q, grace, false)
 }
 
-// change POSTs a stop, start or restart (verb) of the sandbox, bounded by
+// Pause pauses the sandbox, as docker pause does: its every process stops
+// where it is, its memory kept, and uses no CPU until Resume. Meanwhile
+// what needs it to run (Exec, Start, a process's stdin, its files and
+// ports) is an error IsPaused reports; its processes' output stays
+// readable and its watchers attached, and they read on at the same
+// offsets after the resume. It returns the sandbox, paused (State
+// api.SandboxPaused); one paused already is left as it is (kilnd answers
+// 304 Not Modified).
+func (s *Sandbox) Pause(ctx context.Context) (api.Sandbox, error) {
+	return s.change(ctx, "pause", nil, 0, true)
+}
+
+// Resume resumes a paused sandbox, as docker unpause does: its processes
+// run on from where they were. It returns the sandbox, running; one that
+// is not paused is left as it is (kilnd answers 304 Not Modified).
+func (s *Sandbox) Resume(ctx context.Context) (api.Sandbox, error) {
+	return s.change(ctx, "resume", nil, 0, true)
+}
+
+// change POSTs a stop, start, restart, pause or resume (verb) of the sandbox, bounded by
 // the client's timeout and grace more, and reads the sandbox it answers;
 // after a 304 (nothing to change) it asks how the sandbox is.
 func (s *Sandbox) change(ctx context.Context, verb string, q url.Values, grace time.Duration, idempotent bool) (api.Sandbox, error) {

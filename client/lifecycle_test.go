@@ -64,3 +64,33 @@ func TestStopStartRestart(t *testing.T) {
 		t.Errorf("after the refusals: %+v %v", info, err)
 	}
 }
+
+// TestPauseResume: a paused sandbox is described paused and refuses a
+// process, an error IsPaused reports; a pause of a paused one and a
+// resume of a running one change nothing and describe it; resumed, it
+// runs processes again.
+func TestPauseResume(t *testing.T) {
+	t.Parallel()
+	_, sb := kilnd(t)
+	ctx := ctxT(t)
+	paused, err := sb.Pause(ctx)
+	if err != nil || paused.State != api.SandboxPaused || paused.PausedAt == nil {
+		t.Fatalf("pause: %+v %v", paused, err)
+	}
+	if again, err := sb.Pause(ctx); err != nil || again.State != api.SandboxPaused || !again.PausedAt.Equal(*paused.PausedAt) {
+		t.Errorf("a pause of a paused sandbox: %+v %v", again, err)
+	}
+	if _, err := sb.Exec(ctx, client.ExecOptions{Command: "true"}); !client.IsPaused(err) {
+		t.Errorf("exec in a paused sandbox: %v", err)
+	}
+	resumed, err := sb.Resume(ctx)
+	if err != nil || resumed.State != api.SandboxRunning || resumed.PausedAt != nil {
+		t.Fatalf("resume: %+v %v", resumed, err)
+	}
+	if again, err := sb.Resume(ctx); err != nil || again.State != api.SandboxRunning {
+		t.Errorf("a resume of a running sandbox: %+v %v", again, err)
+	}
+	if res, err := sb.Exec(ctx, client.ExecOptions{Shell: "echo resumed"}); err != nil || string(res.Stdout) != "resumed\n" {
+		t.Errorf("exec after the resume: %+v %v", res, err)
+	}
+}

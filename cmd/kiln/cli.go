@@ -347,7 +347,7 @@ func onOOMFlag(cmd *cobra.Command, to *string) {
 // commands are declarations: each subcommand with its flags, examples and
 // help stays in one place, as kiln sandbox --help shows them together.
 func (c *cli) sandboxCmd() *cobra.Command {
-	cmd := &cobra.Command{Use: "sandbox", Short: "Create, list, inspect, stop, start and remove sandboxes"}
+	cmd := &cobra.Command{Use: "sandbox", Short: "Create, list, inspect, stop, start, pause and remove sandboxes"}
 	var o api.CreateSandbox
 	var network func() *api.Network
 	var limits func(*pflag.FlagSet) (api.LimitsRequest, error)

@@ -24,14 +24,14 @@ func (c *cli) eventsCmd() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "events",
-		Short: "Show what happens to the sandboxes: created, stopped (and why), started again, deleted, as it happens",
+		Short: "Show what happens to the sandboxes: created, stopped (and why), started again, paused, resumed, deleted, as it happens",
 		Long: `Shows the events kilnd holds (the last 16,384), then each as it happens, until interrupted;
 --no-follow stops after those held. Each has a number (SEQ): kiln events --after SEQ takes up
 after the last one read, missing none and repeating none. Events kilnd no longer holds are
 told as a gap, with their count. With --json each is a JSON object, one a line.
 
 --filter (-f) chooses: sandbox=SANDBOX (its id, name or prefix), type=sandbox.created|
-sandbox.started|sandbox.stopped|sandbox.deleted.`,
+sandbox.started|sandbox.stopped|sandbox.paused|sandbox.resumed|sandbox.deleted.`,
 		Example: `  kiln events
   kiln events --no-follow -f type=sandbox.stopped
   kiln events --after 120 --json`,

@@ -18,7 +18,7 @@ const (
 	maxStopSeconds     = 600
 )
 
-// lifecycleCmds are kiln stop, start and restart, made anew for each
+// lifecycleCmds are kiln stop, start, restart, pause and resume, made anew for each
 // place they are found: at the top, as docker stop is, and under kiln
 // sandbox, as docker container stop is.
 func (c *cli) lifecycleCmds() []*cobra.Command {
@@ -84,7 +84,44 @@ kiln start. Each sandbox is printed as it was named once it runs again.`,
 		},
 	}
 	restart.Flags().IntVarP(&restartSecs, "timeout", "t", defaultStopSeconds, fmt.Sprintf("`seconds` from SIGTERM until what still runs is killed, 0 to %d", maxStopSeconds))
-	return []*cobra.Command{stop, start, restart}
+	pause := &cobra.Command{
+		Use:   "pause SANDBOX...",
+		Short: "Pause sandboxes: their processes stop where they are, their memory kept, until kiln resume",
+		Long: `Pauses each sandbox, as docker pause does: every process in it stops where it is, keeps its
+memory and uses no CPU until kiln resume, which lets it run on from there. Meanwhile kiln ls shows
+it paused, and what needs it to run (kiln exec, a process started, stdin, its files and ports) is
+refused; its processes' output stays readable, and kiln attach and kiln logs -f stay attached,
+reading on after the resume with nothing lost. Its idle timeout does not count while it is paused;
+its ttl does. A sandbox paused already is left as it is. Each sandbox is printed as it was named
+once it is paused.`,
+		Example: `  kiln pause web
+  kiln resume web`,
+		Args:              cobra.MinimumNArgs(1),
+		ValidArgsFunction: c.completeEach(sandboxArg),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return c.eachSandbox(cmd.Context(), args, func(ctx context.Context, sb *client.Sandbox) (api.Sandbox, error) {
+				return sb.Pause(ctx)
+			})
+		},
+	}
+	resume := &cobra.Command{
+		Use:     "resume SANDBOX...",
+		Aliases: []string{"unpause"},
+		Short:   "Resume paused sandboxes: their processes run on from where they were",
+		Long: `Resumes each paused sandbox, as docker unpause does: its processes run on from where kiln pause
+stopped them. A sandbox that is not paused is left as it is. Each sandbox is printed as it was named
+once it runs again.`,
+		Example: `  kiln resume web
+  kiln ls -q -f status=paused | xargs kiln resume`,
+		Args:              cobra.MinimumNArgs(1),
+		ValidArgsFunction: c.completeEach(sandboxArg),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return c.eachSandbox(cmd.Context(), args, func(ctx context.Context, sb *client.Sandbox) (api.Sandbox, error) {
+				return sb.Resume(ctx)
+			})
+		},
+	}
+	return []*cobra.Command{stop, start, restart, pause, resume}
 }
 
 // stopOptions are the stop's options from -t: a usage error out of its

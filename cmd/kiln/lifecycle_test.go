@@ -79,3 +79,51 @@ func TestStopStartRestartCommands(t *testing.T) {
 		t.Errorf("events %v, want %v", types, want)
 	}
 }
+
+// TestPauseResumeCommands holds kiln pause and resume (and unpause) to
+// docker's pause and unpause: each prints the sandboxes as they were
+// named; a paused sandbox is listed by kiln ls, shown paused, its running
+// processes shown paused by kiln ps; exec is refused naming the state,
+// and works again once it is resumed; --json gives the descriptions.
+func TestPauseResumeCommands(t *testing.T) {
+	state := kilnd(t)
+	ok := kilnOK(t, state)
+	web := strings.TrimSpace(ok("sandbox", "create", "--name", "web"))
+	ok("sandbox", "exec-stream", "web", "--", "sleep", "1000")
+
+	if out := ok("pause", "web"); out != "web\n" {
+		t.Errorf("kiln pause web: %q", out)
+	}
+	if out := ok("ls", "--format", "{{.Name}} {{.State}}"); out != "web paused\n" {
+		t.Errorf("kiln ls: %q", out)
+	}
+	if out := ok("ls", "-q", "-f", "status=running"); out != "" {
+		t.Errorf("kiln ls -f status=running lists a paused sandbox: %q", out)
+	}
+	if out := ok("ps", "web"); !strings.Contains(out, " paused ") || strings.Contains(out, " running ") {
+		t.Errorf("kiln ps of a paused sandbox:\n%s", out)
+	}
+	if code, _, errs := kilnExe(t, state, nil, "exec", "web", "true"); code != 125 || !strings.Contains(errs, "is paused") {
+		t.Errorf("kiln exec in a paused sandbox: %d %q", code, errs)
+	}
+	if out := ok("pause", "web"); out != "web\n" {
+		t.Errorf("kiln pause of a paused sandbox: %q", out)
+	}
+	if out := ok("unpause", api.ShortID(web)); out != api.ShortID(web)+"\n" {
+		t.Errorf("kiln unpause by short id: %q", out)
+	}
+	if out := ok("exec", "web", "echo", "resumed"); out != "resumed\n" {
+		t.Errorf("exec after the resume: %q", out)
+	}
+	var paused []api.Sandbox
+	if err := json.Unmarshal([]byte(ok("--json", "sandbox", "pause", "web")), &paused); err != nil ||
+		len(paused) != 1 || paused[0].ID != web || paused[0].State != api.SandboxPaused {
+		t.Errorf("kiln --json sandbox pause: %+v %v", paused, err)
+	}
+	if out := ok("resume", "web"); out != "web\n" {
+		t.Errorf("kiln resume web: %q", out)
+	}
+	if out := ok("ls", "--format", "{{.Name}} {{.State}}"); out != "web running\n" {
+		t.Errorf("kiln ls after the resume: %q", out)
+	}
+}

@@ -32,13 +32,13 @@ func (c *cli) lsCmd() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use: "ls", Aliases: []string{"list"}, Short: "List sandboxes: the running ones, or with -a all of them", Args: cobra.NoArgs,
-		Long: `Lists the running sandboxes, oldest first; with -a the stopped ones too, and the deleted ones
-whose records and captured logs kilnd still keeps (kilnd --keep-deleted).
+		Long: `Lists the running sandboxes, the paused ones among them, oldest first; with -a the stopped ones
+too, and the deleted ones whose records and captured logs kilnd still keeps (kilnd --keep-deleted).
 
 --filter (-f) chooses, and may be repeated (each must match):
   label=KEY          sandboxes with the label KEY
   label=KEY=VALUE    sandboxes whose label KEY is VALUE
-  name=NAME, status=running|stopped|deleted, image=IMAGE, runtime=namespaces|gvisor
+  name=NAME, status=running|paused|stopped|deleted, image=IMAGE, runtime=namespaces|gvisor
 
 Ids are shown as Docker shows them, their first 12 characters, which name the sandbox
 anywhere kiln takes one; --no-trunc (and -o wide) shows them whole.
@@ -57,9 +57,9 @@ or yaml.`,
 				return usageError{err, cmd.CommandPath()}
 			}
 			f.All = all
-			if !all && f.State == "" {
-				f.State = api.SandboxRunning
-			}
+			// Without -a, those that run, paused or not, as docker ps
+			// lists paused containers: all but the stopped ones.
+			running := !all && f.State == ""
 			format := format
 			switch {
 			case format == "" && c.json:
@@ -79,6 +79,9 @@ or yaml.`,
 				list, err := cl.SandboxesWhere(cmd.Context(), f)
 				if err != nil {
 					return err
+				}
+				if running {
+					list = slices.DeleteFunc(list, func(s api.Sandbox) bool { return s.State == api.SandboxStopped })
 				}
 				return c.printSandboxes(list, sandboxShape{format, tmpl, quiet, noTrunc, cmd.CommandPath()})
 			})

@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -778,12 +779,20 @@ func (c *cli) psCmd() *cobra.Command {
 		ValidArgsFunction: c.complete(sandboxArg),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return c.withClient(func(cl *client.Client) error {
-				list, err := cl.Handle(args[0]).Processes(cmd.Context())
+				sb := cl.Handle(args[0])
+				list, err := sb.Processes(cmd.Context())
 				if err != nil {
 					return err
 				}
 				if c.json {
 					return c.printJSON(list)
+				}
+				// A paused sandbox's processes run no more until it is
+				// resumed: shown paused, as docker ps shows its container.
+				paused := false
+				if slices.ContainsFunc(list, func(p api.Process) bool { return p.State == api.StateRunning }) {
+					info, err := sb.Info(cmd.Context())
+					paused = err == nil && info.State == api.SandboxPaused
 				}
 				w := tabwriter.NewWriter(c.stdout, 2, 4, 2, ' ', 0)
 				fmt.Fprintln(w, "ID\tSTATE\tEXIT\tSTARTED\tCOMMAND")
@@ -800,7 +809,11 @@ func (c *cli) psCmd() *cobra.Command {
 					if c.output != "wide" {
 						id = api.ShortProcessID(id)
 					}
-					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", id, p.State, exit, p.StartedAt.Local().Format(time.TimeOnly), cmdline)
+					state := p.State
+					if paused && state == api.StateRunning {
+						state = api.SandboxPaused
+					}
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", id, state, exit, p.StartedAt.Local().Format(time.TimeOnly), cmdline)
 				}
 				return w.Flush()
 			})

@@ -56,6 +56,8 @@ var Routes = []Route{
 	{"DELETE", "/snapshots/{snapshot}", false},
 	{"GET", "/snapshots/{snapshot}/export", false},
 	{"POST", "/snapshots/import", false},
+	{"POST", "/sandboxes/{id}/pause", false},
+	{"POST", "/sandboxes/{id}/resume", false},
 	{"GET", "/sandboxes/{id}/stats", false},
 	{"GET", "/sandboxes/{id}/logs", false},
 	{"GET", "/sandboxes/{id}/logs/{pid}", false},
@@ -145,6 +147,8 @@ func (d *Daemon) Handler(tcp bool) http.Handler {
 		"GET /sandboxes/{id}/exec-stream/{pid}":     d.getProcess,
 		"POST /sandboxes/{id}/start":                d.startHandler,
 		"POST /sandboxes/{id}/restart":              d.restartHandler,
+		"POST /sandboxes/{id}/pause":                d.pauseHandler,
+		"POST /sandboxes/{id}/resume":               d.resumeHandler,
 		"GET /sandboxes/{id}/stats":                 d.statsHandler,
 		"GET /sandboxes/{id}/logs":                  d.listLogs,
 		"GET /sandboxes/{id}/logs/{pid}":            d.readLog,
@@ -321,6 +325,7 @@ func (d *Daemon) forward(w http.ResponseWriter, r *http.Request) {
 	}
 	d.mu.Lock()
 	p, id, state, reason, op := e.proxy, e.rec.ID, e.rec.State, e.rec.Reason, e.op
+	paused, agentPaused := e.paused(), e.agentPaused()
 	e.inflight++
 	e.lastUsed = time.Now()
 	d.mu.Unlock()
@@ -347,6 +352,12 @@ func (d *Daemon) forward(w http.ResponseWriter, r *http.Request) {
 	case p == nil:
 		reply.Error(w, fmt.Errorf("%w: sandbox %s is being deleted", errdefs.ErrUnavailable, id))
 		return
+	}
+	if paused {
+		if err := pausedRefusal(r, id, agentPaused); err != nil {
+			reply.Error(w, err)
+			return
+		}
 	}
 	// A port's proxy tells the agent where kilnd serves it, unless a
 	// preview URL did.

@@ -47,7 +47,7 @@ func (d *Daemon) stopped(e *entry, reason string, requested bool) {
 		reason += "; exit unknown"
 	}
 	now := time.Now().UTC()
-	rec.State, rec.StoppedAt, rec.Reason = StateStopped, &now, reason
+	rec.State, rec.StoppedAt, rec.Reason, rec.PausedAt = StateStopped, &now, reason, nil
 	if err := d.save(*rec); err != nil {
 		d.log.Error("record a stopped sandbox", "id", rec.ID, "err", err)
 	}
@@ -126,12 +126,15 @@ func (d *Daemon) infoOf(e *entry) Info {
 }
 
 func (e *entry) info() Info {
-	i := Info{ID: e.rec.ID, Name: e.rec.Name, State: e.rec.State, CreatedAt: e.rec.CreatedAt, StoppedAt: e.rec.StoppedAt,
+	i := Info{ID: e.rec.ID, Name: e.rec.Name, State: stateOf(e.rec), CreatedAt: e.rec.CreatedAt, StoppedAt: e.rec.StoppedAt,
 		Hostname: e.rec.Hostname, Rootfs: e.rec.Rootfs, Image: e.rec.Image, ImageID: e.rec.ImageID, Limits: e.rec.Limits, Reason: e.rec.Reason,
 		Exit: e.rec.Exit, IdleTimeoutSeconds: e.rec.IdleTimeout, TTLSeconds: e.rec.TTL, Runtime: runtimeOf(e.rec), OnOOM: onOOMOf(e.rec),
 		Labels: e.rec.Labels, Mounts: e.rec.Mounts}
 	if e.rec.State == StateRunning && e.sb != nil {
 		i.AgentPID = e.sb.AgentPID()
+	}
+	if e.paused() {
+		i.PausedAt = e.rec.PausedAt
 	}
 	if a := e.rec.Network; a != nil {
 		n := a.Policy

@@ -405,12 +405,13 @@ func (d *Daemon) janitor() {
 
 // idleCandidates are the running sandboxes that no request has used for
 // longer than their idle timeout, each with the transport to its agent.
+// A paused sandbox is none: its idle timeout counts from its resume.
 func (d *Daemon) idleCandidates(now time.Time) map[string]http.RoundTripper {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	out := map[string]http.RoundTripper{}
 	for id, e := range d.sandboxes {
-		if e.rec.State == StateRunning && !e.deleting && e.rec.IdleTimeout > 0 && e.inflight == 0 &&
+		if e.rec.State == StateRunning && !e.deleting && !e.paused() && e.rec.IdleTimeout > 0 && e.inflight == 0 &&
 			now.Sub(e.lastUsed) > time.Duration(e.rec.IdleTimeout)*time.Second && e.proxy != nil {
 			out[id] = e.proxy.Transport
 		}

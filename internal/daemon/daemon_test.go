@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -69,12 +70,22 @@ func serveForever(state, listen string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	d, err := daemon.New(daemon.Config{StateDir: state, Listen: listen, Exe: exe, Env: env, ClaimsDir: claims})
+	// gVisor's runtime too, where this host has runsc, as in-process
+	// kilnds have it (daemontest).
+	runsc, _ := exec.LookPath("runsc")
+	d, err := daemon.New(daemon.Config{StateDir: state, Listen: listen, Exe: exe, Env: env, ClaimsDir: claims, Runsc: runsc})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	if err := d.Serve(context.Background()); err != nil {
+	// Stopped by SIGTERM as kilnd is, closed as kilnd closes: what a
+	// runtime shares between its sandboxes (runsc's mounts in the state
+	// directory) is released.
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer stop()
+	err = d.Serve(ctx)
+	d.Close()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}

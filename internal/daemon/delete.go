@@ -93,7 +93,7 @@ func (d *Daemon) delete(ref string, removeLogs, claimed bool) error {
 	id := e.rec.ID
 	e.proxy, e.deleting = nil, true
 	now := time.Now().UTC()
-	e.rec.State, e.rec.StoppedAt = StateDeleted, &now
+	e.rec.State, e.rec.StoppedAt, e.rec.PausedAt = StateDeleted, &now, nil
 	if e.rec.Reason == "" {
 		e.rec.Reason = "deleted"
 	}

@@ -104,7 +104,7 @@ func TestLabelsAndListFilters(t *testing.T) {
 		{"?limit=0", "limit"},
 		{"?limit=1001", "want 1 to 1000"},
 		{"?lable=team", `"lable"`},
-		{"?state=paused", "state"},
+		{"?state=frozen", "state"},
 		{"?label=team%3D%3D&label=bad%20key", "bad key"},
 		{"?name=a&name=b", "name given 2 times"},
 	} {

@@ -103,12 +103,13 @@ func (d *Daemon) claim(ctx context.Context, ref string, op *lifecycleOp) (*entry
 
 // Stop ends every process of a sandbox (named as Delete takes it) and
 // keeps the rest: its record, files and captured logs stay, and Start runs
-// it again. Each process's group gets SIGTERM, as kiln kill sends it;
-// once all have exited, or grace has passed (none: at once), everything
-// left in the sandbox is killed, its agent too, whose shutdown ends the
-// captured runs. It is then stopped, "stopped by request", with its init
-// command's exit if it had one. changed is false when it was stopped
-// already (HTTP's 304), the description then as it was.
+// it again. A paused sandbox is resumed first. Each process's group gets
+// SIGTERM, as kiln kill sends it; once all have exited, or grace has
+// passed (none: at once), everything left in the sandbox is killed, its
+// agent too, whose shutdown ends the captured runs. It is then stopped,
+// "stopped by request", with its init command's exit if it had one.
+// changed is false when it was stopped already (HTTP's 304), the
+// description then as it was.
 func (d *Daemon) Stop(ctx context.Context, ref string, grace time.Duration) (info Info, changed bool, err error) {
 	op := newOp(true)
 	e, err := d.claim(ctx, ref, op)
@@ -126,6 +127,7 @@ func (d *Daemon) Stop(ctx context.Context, ref string, grace time.Duration) (inf
 		d.mu.Unlock()
 		return info, false, nil
 	}
+	d.resumeToStop(e)
 	id, sb, watched := e.rec.ID, e.sb, e.watched
 	var agent http.RoundTripper
 	if e.proxy != nil {

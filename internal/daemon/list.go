@@ -75,8 +75,8 @@ func selectionOf(q url.Values) (Selection, error) {
 		case "runtime":
 			s.Runtime = v
 		case "state":
-			if v != StateRunning && v != StateStopped && v != StateDeleted {
-				return invalid("state %q: want %s, %s or %s", api.Clip(v), StateRunning, StateStopped, StateDeleted)
+			if v != StateRunning && v != api.SandboxPaused && v != StateStopped && v != StateDeleted {
+				return invalid("state %q: want %s, %s, %s or %s", api.Clip(v), StateRunning, api.SandboxPaused, StateStopped, StateDeleted)
 			}
 			s.State = v
 			s.Deleted = s.Deleted || v == StateDeleted
@@ -196,7 +196,7 @@ func (d *Daemon) Select(s Selection) ([]Info, string, error) {
 		if c.dead && e.sb == c.sb {
 			d.noticeExit(e)
 		}
-		if s.State != "" && e.rec.State != s.State {
+		if s.State != "" && stateOf(e.rec) != s.State {
 			continue
 		}
 		if s.Limit > 0 && len(out) == s.Limit {

@@ -28,10 +28,13 @@ func (d *Daemon) processLive(ctx context.Context, id, pid string) bool {
 		return false
 	}
 	d.mu.Lock()
-	p := e.proxy
+	p, agentPaused := e.proxy, e.agentPaused()
 	d.mu.Unlock()
 	if p == nil {
 		return false
+	}
+	if agentPaused {
+		return true // it cannot say until the resume
 	}
 	var st api.Process
 	switch err := askAgent(ctx, p.Transport, "/exec-stream/"+url.PathEscape(pid), &st); {
@@ -55,7 +58,9 @@ func (d *Daemon) readFromAgent(w http.ResponseWriter, r *http.Request, id, pid s
 		return false
 	}
 	d.mu.Lock()
-	running, sb := e.proxy != nil, e.sb
+	// A paused agent would answer after the resume: its captured log is
+	// read meanwhile.
+	running, sb := e.proxy != nil && !e.agentPaused(), e.sb
 	if running {
 		e.inflight++ // a reader, as a watcher is, for the idle timeout
 	}

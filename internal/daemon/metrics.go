@@ -129,10 +129,10 @@ func newMetrics(d *Daemon) *metrics {
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		buildInfo(),
 		collectorFunc{descs: []*prometheus.Desc{sandboxes}, collect: func(ch chan<- prometheus.Metric) {
-			counts := map[string]int{StateRunning: 0, StateStopped: 0, StateDeleted: 0}
+			counts := map[string]int{StateRunning: 0, api.SandboxPaused: 0, StateStopped: 0, StateDeleted: 0}
 			d.mu.Lock()
 			for _, e := range d.sandboxes {
-				counts[e.rec.State]++
+				counts[stateOf(e.rec)]++
 			}
 			d.mu.Unlock()
 			for state, n := range counts {
@@ -192,7 +192,7 @@ func sandboxInfo(d *Daemon) prometheus.Collector {
 		}
 		desc := prometheus.NewDesc("kilnd_sandbox_info", "A sandbox not deleted, by what people know it by: its id (sandbox), name, image, runtime, state and its labels (label_KEY); always 1.", names, nil)
 		for _, rec := range recs {
-			values := []string{rec.ID, rec.Name, rec.Image, runtimeOf(rec), rec.State}
+			values := []string{rec.ID, rec.Name, rec.Image, runtimeOf(rec), stateOf(rec)}
 			for _, k := range sorted {
 				values = append(values, rec.Labels[k])
 			}
@@ -251,7 +251,7 @@ func sandboxCollector(d *Daemon) prometheus.Collector {
 		for id, e := range d.sandboxes {
 			if e.rec.State == StateRunning && !e.deleting && e.sb != nil {
 				r := running{id: id, sb: e.sb}
-				if e.proxy != nil {
+				if e.proxy != nil && !e.agentPaused() {
 					r.t = e.proxy.Transport
 				}
 				list = append(list, r)

@@ -30,14 +30,17 @@ import (
 type record struct {
 	ID string `json:"id"`
 	// Name is the name it was created with, if any (see Daemon.names).
-	Name      string         `json:"name,omitempty"`
-	State     string         `json:"state"`
-	CreatedAt time.Time      `json:"created_at"`
-	StoppedAt *time.Time     `json:"stopped_at,omitempty"`
-	Hostname  string         `json:"hostname"`
-	Rootfs    string         `json:"rootfs,omitempty"`
-	Limits    sandbox.Limits `json:"limits"`
-	Reason    string         `json:"reason,omitempty"` // why it stopped
+	Name      string     `json:"name,omitempty"`
+	State     string     `json:"state"`
+	CreatedAt time.Time  `json:"created_at"`
+	StoppedAt *time.Time `json:"stopped_at,omitempty"`
+	// PausedAt is when a running sandbox was paused, while it is (see
+	// pause.go).
+	PausedAt *time.Time     `json:"paused_at,omitempty"`
+	Hostname string         `json:"hostname"`
+	Rootfs   string         `json:"rootfs,omitempty"`
+	Limits   sandbox.Limits `json:"limits"`
+	Reason   string         `json:"reason,omitempty"` // why it stopped
 	// Init is the command whose exit ends the sandbox; Exit is that exit,
 	// once the agent recorded it.
 	Init        *api.ExecRequest `json:"init,omitempty"`
@@ -267,6 +270,7 @@ func (d *Daemon) recover() error {
 		}
 		if rec.State == StateRunning {
 			if e.sb != nil && e.sb.Alive() {
+				d.adoptPaused(e)
 				d.recovered(e)
 				if rec.Network != nil {
 					if d.adopted == nil {
@@ -275,7 +279,7 @@ func (d *Daemon) recover() error {
 					d.adopted[rec.ID] = *rec.Network
 				}
 				d.running(e, e.sb, false) // its watcher, once what it unplugs is known
-				d.log.Info("sandbox adopted", "id", rec.ID, "runtime", runtimeOf(rec), "agent", e.sb.AgentPID())
+				d.log.Info("sandbox adopted", "id", rec.ID, "runtime", runtimeOf(rec), "agent", e.sb.AgentPID(), "state", stateOf(e.rec))
 				continue
 			}
 			if e.sb != nil {

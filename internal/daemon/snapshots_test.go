@@ -126,7 +126,7 @@ func testSnapshots(t *testing.T, fs, copyWay string) {
 	k := startConfig(t, daemon.Config{StateDir: state, DefaultLimits: &limits})
 	defer func() { k.cleanup() }()
 
-	src := k.create(t, `{"name":"src"}`)
+	src := k.made(t, `{"name":"src"}`)
 	k.sh(t, src, treeScript)
 	before := k.sh(t, src, manifestScript)
 	for _, want := range []string{"/workspace/src/owned 0o100644 1000 2000", "/workspace/src/a.txt 0o100640 0 0 6 2", "-> a.txt", "('user.kiln', '6b657074')", "/workspace/src/fifo 0o10644", "/workspace/src/deep 0o40750"} {
@@ -241,7 +241,7 @@ func (k *kilnd) info(t *testing.T, sb string) api.Sandbox {
 func TestSnapshotWhileWriting(t *testing.T) {
 	k := start(t, "")
 	defer k.cleanup()
-	sb := k.create(t, "{}")
+	sb := k.made(t, "{}")
 	code, b := k.do("POST", "/sandboxes/"+sb+"/exec-stream", k.d.Token(),
 		api.ExecRequest{Command: "python3", Args: []string{"-c", `import os
 fd = os.open("/workspace/out", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -271,8 +271,8 @@ while True:
 func TestSnapshotRefusals(t *testing.T) {
 	k := startConfig(t, daemon.Config{SnapshotQuota: 64 << 10})
 	defer k.cleanup()
-	sb := k.create(t, "{}")
-	nodisk := k.create(t, `{"limits":{"disk_bytes":0}}`)
+	sb := k.made(t, "{}")
+	nodisk := k.made(t, `{"limits":{"disk_bytes":0}}`)
 	code, b := k.do("POST", "/sandboxes/"+nodisk+"/snapshots", k.d.Token(), nil)
 	if code != http.StatusPreconditionFailed || !strings.Contains(string(b), "no disk of its own") {
 		t.Errorf("a sandbox without a disk: %d %s", code, b)
@@ -313,8 +313,8 @@ func TestSnapshotRefusals(t *testing.T) {
 	}
 }
 
-// create makes a sandbox of the create request body and returns its id.
-func (k *kilnd) create(t *testing.T, body string) string {
+// made makes a sandbox of the create request body and returns its id.
+func (k *kilnd) made(t *testing.T, body string) string {
 	t.Helper()
 	var info daemon.Info
 	k.json("POST", "/sandboxes", body, &info)
@@ -327,7 +327,7 @@ func (k *kilnd) create(t *testing.T, body string) string {
 func TestSnapshotExportImport(t *testing.T) {
 	from := start(t, "")
 	defer from.cleanup()
-	sb := from.create(t, "{}")
+	sb := from.made(t, "{}")
 	from.sh(t, sb, treeScript)
 	before := from.sh(t, sb, manifestScript)
 	snap := from.snapshotOf(t, sb, "moving")

@@ -28,6 +28,9 @@ func (d *Daemon) Stats(ctx context.Context, id string) (api.SandboxStats, error)
 	}
 	d.mu.Lock()
 	sb, p, state, reason := e.sb, e.proxy, e.rec.State, e.rec.Reason
+	if e.agentPaused() {
+		p = nil // it would answer after the resume
+	}
 	d.mu.Unlock()
 	if state != StateRunning || sb == nil {
 		return api.SandboxStats{}, fmt.Errorf("%w: sandbox %s is %s: %s", errdefs.ErrFailedPrecondition, id, state, reason)

@@ -41,6 +41,9 @@ var (
 	// directory): neither the request's fault nor one of the API's
 	// bounds.
 	ErrNoSpace = &Class{"no space"}
+	// ErrPaused: the sandbox is paused, and what was asked needs it to
+	// run; it is asked again once the sandbox is resumed.
+	ErrPaused = &Class{"paused"}
 )
 
 // New returns an error of class whose message is msg alone: errors.Is

@@ -44,6 +44,7 @@ var answers = []struct {
 	{errdefs.ErrBadGateway, api.CodeBadGateway, 502},
 	{errdefs.ErrCommandNotFound, api.CodeCommandNotFound, 400},
 	{errdefs.ErrNotExecutable, api.CodeNotExecutable, 400},
+	{errdefs.ErrPaused, api.CodePaused, 409},
 }
 
 // Each class answers with its code and status, and the body carries the

@@ -107,7 +107,7 @@ func (s *Server) addSandboxTools() {
 	}, s.createSandbox)
 	mcp.AddTool(s.s, &mcp.Tool{
 		Name: "sandbox_list",
-		Description: "List the sandboxes that exist (running or stopped, not deleted) with their ids, names, states, images and " +
+		Description: "List the sandboxes that exist (running, paused or stopped, not deleted) with their ids, names, states, images and " +
 			"limits, at most 500 (omitted counts the rest); `label` narrows it to those with each label. Use it to find a sandbox " +
 			"created earlier instead of creating another.",
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true},

@@ -44,6 +44,7 @@ var answers = map[*errdefs.Class]answer{
 	errdefs.ErrBadGateway:         {api.CodeBadGateway, http.StatusBadGateway},
 	errdefs.ErrCommandNotFound:    {api.CodeCommandNotFound, http.StatusBadRequest},
 	errdefs.ErrNotExecutable:      {api.CodeNotExecutable, http.StatusBadRequest},
+	errdefs.ErrPaused:             {api.CodePaused, http.StatusConflict},
 }
 
 // Code returns the API code and HTTP status err answers with: those of its

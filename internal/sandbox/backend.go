@@ -67,6 +67,16 @@ type Instance interface {
 	// ExitReason says why the agent ended, once it has, when the backend
 	// knows more than that it exited; empty otherwise.
 	ExitReason() string
+	// Pause stops every process of the sandbox where it is, its memory
+	// kept, and returns once none runs; Resume lets them run on. Both may
+	// be called again on a sandbox paused or running already, one at a
+	// time (kilnd's lifecycle ops are). A namespace sandbox's agent runs
+	// on while it is paused, holding its processes' output and their
+	// watchers; a gVisor sandbox's is paused with it and answers nothing
+	// until the resume (pause.go). Halt and Destroy end a paused sandbox
+	// as they end a running one.
+	Pause() error
+	Resume() error
 }
 
 // Runtime names.

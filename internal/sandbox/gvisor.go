@@ -12,6 +12,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -148,6 +149,9 @@ type guestSandbox struct {
 	BindMounts []string `json:"bind_mounts,omitempty"`
 
 	g *GVisor
+	// paused says this kilnd paused the sandbox (or took it back paused)
+	// and has not resumed it: its agent does not answer meanwhile.
+	paused atomic.Bool
 }
 
 // Socket is where runsc passes the agent's socket through to the host.
@@ -166,14 +170,24 @@ func (s *guestSandbox) State() json.RawMessage {
 
 // runsc runs one of runsc's commands on the container, bounded.
 func (s *guestSandbox) runsc(args ...string) error {
+	_, err := s.runscOutput(args...)
+	return err
+}
+
+// runscOutput runs one of runsc's commands on the container, bounded,
+// and returns what it wrote to its standard output.
+func (s *guestSandbox) runscOutput(args ...string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), runscTimeout)
 	defer cancel()
 	all := append([]string{"--root", s.Root}, args...)
-	out, err := exec.CommandContext(ctx, s.g.Runsc, all...).CombinedOutput()
+	var stderr strings.Builder
+	cmd := exec.CommandContext(ctx, s.g.Runsc, all...)
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
 	if err != nil {
-		return fmt.Errorf("runsc %s: %v: %s", args[0], err, strings.TrimSpace(string(out)))
+		return nil, fmt.Errorf("runsc %s: %v: %s", args[0], err, strings.TrimSpace(stderr.String()+string(out)))
 	}
-	return nil
+	return out, nil
 }
 
 // End implements Instance: whatever is left of the container goes, with
@@ -234,6 +248,7 @@ func unbind(points []string) error {
 // apart from it, as a namespace sandbox's are: they live in gVisor's
 // kernel, in runsc's host processes.)
 func (s *guestSandbox) Halt() error {
+	s.thaw()
 	s.await(stopTimeout, func(int) error { return s.runsc("kill", s.Container, "TERM") })
 	return s.killAll()
 }
@@ -241,7 +256,9 @@ func (s *guestSandbox) Halt() error {
 // Destroy implements Instance.
 func (s *guestSandbox) Destroy(keepLogs bool) error {
 	// The agent's own shutdown first, so captured runs end with their
-	// end records: runsc passes the signal to the container's init.
+	// end records: runsc passes the signal to the container's init, which
+	// must run to take it.
+	s.thaw()
 	s.await(stopTimeout, func(int) error { return s.runsc("kill", s.Container, "TERM") })
 	return s.remove(keepLogs, s.forget)
 }

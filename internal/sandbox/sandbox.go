@@ -2,7 +2,7 @@
 // (Linux namespaces, gVisor) make each sandbox's cgroups, disk and
 // network hand-off, start its agent (kilnd's own binary re-executed, whose
 // side is package guest, reached only through package handoff), adopt it
-// again after a restart, and end it.
+// again after a restart, pause and resume it, and end it.
 package sandbox
 
 import (

@@ -133,6 +133,9 @@ func (s *guestSandbox) Stats() (Stats, error) {
 		*st.PidsLimit = max(*st.PidsLimit-gvisorThreads, 0)
 	}
 	st.Pids, st.MemoryBytes, st.MemoryPeakBytes = nil, nil, nil
+	if s.paused.Load() {
+		return st, nil // its agent is paused with it, and cannot say
+	}
 	if u, err := s.usage(); err == nil {
 		st.Pids, st.MemoryBytes = &u.Pids, &u.MemoryBytes
 	}

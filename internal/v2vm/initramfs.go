@@ -29,7 +29,7 @@ type suite struct {
 // Bounded so that the run stays within a few minutes of TCG.
 var suites = []suite{
 	{Name: "sandbox", Package: "./internal/sandbox", Timeout: 5 * time.Minute,
-		Run: "^(TestMissingControllers|TestRefusedWithoutDelegation|TestLimits|TestCPULimit|TestOutOfMemoryNeverKillsTheAgent|TestOutOfMemoryEndsTheSandbox|TestPidsLimitCountsTheSandboxsOwn|TestStatsThisHost|TestTmpfsWithinTheMemoryLimit|TestSpawnerKilled|TestSpawnerStopsWhenIdle|TestProbes|TestIsolation)$/^(namespaces|watched|unwatched)$"},
+		Run: "^(TestMissingControllers|TestRefusedWithoutDelegation|TestLimits|TestCPULimit|TestOutOfMemoryNeverKillsTheAgent|TestOutOfMemoryEndsTheSandbox|TestPidsLimitCountsTheSandboxsOwn|TestStatsThisHost|TestTmpfsWithinTheMemoryLimit|TestSpawnerKilled|TestSpawnerStopsWhenIdle|TestProbes|TestIsolation|TestPause)$/^(namespaces|watched|unwatched)$"},
 	{Name: "daemon", Package: "./internal/daemon", Timeout: 6 * time.Minute,
 		Run: "^(TestDeleteKeepsCapturedLogs|TestInitCommandEndsTheSandbox|TestAgentKilled|TestUnrecordedSandboxIsEnded|TestRestartWithoutLoss|TestKill9MidStream|TestLimitsSpareOtherSandboxes)$"},
 }

@@ -594,6 +594,33 @@ def test_snapshots(client: sandkiln.Client) -> None:
                 m.destroy(remove_logs=True)
 
 
+def test_pause_resume(client: sandkiln.Client) -> None:
+    with client.sandboxes.create() as sb:
+        paused = sb.pause()
+        assert paused["state"] == "paused" and paused.get("paused_at")
+        assert sb.info["state"] == "paused"
+        again = sb.pause()  # paused already: kilnd answers 304, and it is described
+        assert again["state"] == "paused" and again["paused_at"] == paused["paused_at"]
+        with fails("PAUSED"):
+            sb.exec(sh("true"))
+        resumed = sb.resume()
+        assert resumed["state"] == "running" and "paused_at" not in resumed
+        assert sb.resume()["state"] == "running"
+        assert sb.exec(sh("echo resumed")).stdout == "resumed\n"
+
+
+def test_async_pause_resume(env: Env) -> None:
+    async def go() -> None:
+        async with sandkiln.AsyncClient(env.kilnd.url, env.kilnd.token) as c:
+            async with c.sandboxes.create() as sb:
+                assert (await sb.pause())["state"] == "paused"
+                with fails("PAUSED"):
+                    await sb.exec(sh("true"))
+                assert (await sb.resume())["state"] == "running"
+                assert (await sb.exec(sh("echo up"))).stdout == "up\n"
+    arun(go())
+
+
 def test_async_stop_start(env: Env) -> None:
     async def go() -> None:
         async with sandkiln.AsyncClient(env.kilnd.url, env.kilnd.token) as c:

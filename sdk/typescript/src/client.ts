@@ -40,7 +40,7 @@ export interface EventOptions extends SignalOptions {
   after?: number;
   /** One sandbox's events, by its id. */
   sandbox?: string;
-  type?: "sandbox.created" | "sandbox.started" | "sandbox.stopped" | "sandbox.deleted";
+  type?: "sandbox.created" | "sandbox.started" | "sandbox.stopped" | "sandbox.deleted" | "sandbox.paused" | "sandbox.resumed";
   /** false: the events kilnd holds, then the end. */
   follow?: boolean;
 }
@@ -49,7 +49,7 @@ export interface EventOptions extends SignalOptions {
 export interface SandboxFilter {
   label?: string | readonly string[] | Readonly<Record<string, string>>;
   name?: string;
-  state?: "running" | "stopped" | "deleted";
+  state?: "running" | "paused" | "stopped" | "deleted";
   image?: string;
   runtime?: string;
   /** The deleted sandboxes whose records kilnd keeps, too. */
@@ -424,7 +424,33 @@ export class Sandbox implements HandleOwner {
     return out.sandboxes.map((info) => this.registry.handle(info));
   }
 
-  /** A stop, start or restart (verb): its answer, or after a 304 the sandbox as it is. */
+  /**
+   * Pauses the sandbox, as docker pause does: its every process stops
+   * where it is, its memory kept, and uses no CPU until resume().
+   * Meanwhile what needs it to run (exec, a process started, stdin, its
+   * files and ports) is PAUSED; its processes' output stays readable and
+   * their watchers attached, reading on at the same offsets after the
+   * resume. Resolves to its description, paused (state "paused"); one
+   * paused already is left as it is (kilnd answers 304 Not Modified).
+   */
+  async pause(options: SignalOptions = {}, ...extra: never[]): Promise<SandboxInfo> {
+    noMore(extra, "pause()");
+    checkOptions(options, ["signal"], "pause()");
+    return this.change("pause", undefined, true, options.signal);
+  }
+
+  /**
+   * Resumes a paused sandbox, as docker unpause does: its processes run on
+   * from where they were. Resolves to its description, running; one that
+   * is not paused is left as it is (kilnd answers 304 Not Modified).
+   */
+  async resume(options: SignalOptions = {}, ...extra: never[]): Promise<SandboxInfo> {
+    noMore(extra, "resume()");
+    checkOptions(options, ["signal"], "resume()");
+    return this.change("resume", undefined, true, options.signal);
+  }
+
+  /** A stop, start, restart, pause or resume (verb): its answer, or after a 304 the sandbox as it is. */
   private async change(verb: string, timeout: number | undefined, idempotent: boolean, signal: AbortSignal | undefined): Promise<SandboxInfo> {
     checkSignal(signal, `${verb}()`);
     const resp = await this.transport.fetch("POST", this.path("/" + verb), {

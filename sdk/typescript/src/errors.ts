@@ -25,6 +25,8 @@ export type ErrorCode =
   | "OUT_OF_RANGE"
   /** Something to make exists already. */
   | "ALREADY_EXISTS"
+  /** The sandbox is paused, and the request needs it to run: it succeeds once resumed. */
+  | "PAUSED"
   /** Input after closeStdin(), or on a process without a stdin pipe. */
   | "STDIN_CLOSED"
   /** An earlier write's or close's outcome is unknown: further input is disabled. */
@@ -57,6 +59,7 @@ const fromWire: Record<string, ErrorCode> = {
   bad_gateway: "UNAVAILABLE",
   command_not_found: "INVALID_ARGUMENT",
   not_executable: "INVALID_ARGUMENT",
+  paused: "PAUSED",
   internal: "INTERNAL",
 };
 

@@ -394,6 +394,52 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/sandboxes/{id}/pause": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                id: components["parameters"]["SandboxID"];
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * pause a running sandbox, as docker pause does; its processes stop where they are, their memory kept
+         * @description Every process of the sandbox stops where it is and uses no CPU until the resume; its memory, files, network and captured logs stay, and it answers paused (state paused, paused_at), with a sandbox.paused event. While it is paused, what needs it to run is refused with 409, code paused, naming the state: a process started (exec, exec-stream), stdin written, its files, archive and ports reached. What its agent holds stays readable on a namespace sandbox: its processes' list, status and output, and watchers attached before the pause stay attached and read on after the resume at the same offsets, with no gap; a signal reaches its processes (SIGKILL at once, others at the resume). A gVisor sandbox's agent is paused with it: every call for it is refused (409), watchers attached stay open, and output is read from the captured logs. Its idle timeout does not count while it is paused, and counts from the resume; its ttl counts as always. It stays paused across a restart of kilnd. A stop resumes it first (its processes get their SIGTERM and grace); a delete kills them where they are. A sandbox paused already is answered 304 and nothing is done; a stopped one is 412.
+         */
+        post: operations["pauseSandbox"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/sandboxes/{id}/resume": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                id: components["parameters"]["SandboxID"];
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * resume a paused sandbox, as docker unpause does; its processes run on from where they were
+         * @description Its processes run on from where they stopped; output continues at the offsets where it was, and it answers running, with a sandbox.resumed event. Its idle timeout counts from now. A sandbox that is not paused is answered 304 and nothing is done; a stopped one is 412.
+         */
+        post: operations["resumeSandbox"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/sandboxes/{id}/stats": {
         parameters: {
             query?: never;
@@ -1071,10 +1117,10 @@ export interface components {
             message: string;
         };
         /**
-         * @description each code has one status: invalid_argument 400, unauthenticated 401, permission_denied 403, not_found 404, method_not_allowed 405, already_exists 409, failed_precondition 412, too_large 413, out_of_range 416 (output evicted before the offset asked for), internal 500, outcome_unknown 502 (the sandbox's agent took the request and no answer came back: it may or may not have taken effect), bad_gateway 502 (a sandbox's port answered badly, or nothing listens on it), unavailable 503, no_space 507 (what was to be written, or asked for, does not fit in the space there is: a sandbox's disk, its quota, kilnd's state directory), command_not_found 400 and not_executable 400 (a process's program is not there, or cannot be run)
+         * @description each code has one status: invalid_argument 400, unauthenticated 401, permission_denied 403, not_found 404, method_not_allowed 405, already_exists 409, failed_precondition 412, too_large 413, out_of_range 416 (output evicted before the offset asked for), internal 500, outcome_unknown 502 (the sandbox's agent took the request and no answer came back: it may or may not have taken effect), bad_gateway 502 (a sandbox's port answered badly, or nothing listens on it), unavailable 503, no_space 507 (what was to be written, or asked for, does not fit in the space there is: a sandbox's disk, its quota, kilnd's state directory), command_not_found 400 and not_executable 400 (a process's program is not there, or cannot be run), paused 409 (the sandbox is paused, and what was asked needs it to run: it succeeds once the sandbox is resumed)
          * @enum {string}
          */
-        ErrorCode: "invalid_argument" | "unauthenticated" | "permission_denied" | "not_found" | "method_not_allowed" | "already_exists" | "failed_precondition" | "too_large" | "out_of_range" | "internal" | "outcome_unknown" | "bad_gateway" | "unavailable" | "command_not_found" | "not_executable" | "no_space";
+        ErrorCode: "invalid_argument" | "unauthenticated" | "permission_denied" | "not_found" | "method_not_allowed" | "already_exists" | "failed_precondition" | "too_large" | "out_of_range" | "internal" | "outcome_unknown" | "bad_gateway" | "unavailable" | "command_not_found" | "not_executable" | "no_space" | "paused";
         Version: {
             /** @description the module's version, or devel for a build from a checkout */
             version: string;
@@ -1321,12 +1367,20 @@ export interface components {
             id: string;
             /** @description the name it was created with, if any */
             name?: string;
-            /** @enum {string} */
-            state: "running" | "stopped" | "deleted";
+            /**
+             * @description paused: running, its processes paused (POST /sandboxes/{id}/pause)
+             * @enum {string}
+             */
+            state: "running" | "paused" | "stopped" | "deleted";
             /** Format: date-time */
             created_at: string;
             /** Format: date-time */
             stopped_at?: string;
+            /**
+             * Format: date-time
+             * @description when it was paused, while it is
+             */
+            paused_at?: string;
             hostname: string;
             /** @description the root filesystem directory it was created with, if any */
             rootfs?: string;
@@ -1565,10 +1619,10 @@ export interface components {
             /** Format: date-time */
             time: string;
             /**
-             * @description sandbox.started: a stopped sandbox started again (its creation is sandbox.created alone)
+             * @description sandbox.started: a stopped sandbox started again (its creation is sandbox.created alone); sandbox.paused and sandbox.resumed: a pause and a resume (a paused sandbox stopped or deleted is sandbox.stopped or sandbox.deleted alone)
              * @enum {string}
              */
-            type: "sandbox.created" | "sandbox.started" | "sandbox.stopped" | "sandbox.deleted" | "process.started" | "process.exited" | "gap";
+            type: "sandbox.created" | "sandbox.started" | "sandbox.stopped" | "sandbox.deleted" | "sandbox.paused" | "sandbox.resumed" | "process.started" | "process.exited" | "gap";
             /** @description the sandbox's id */
             sandbox?: string;
             name?: string;
@@ -1840,8 +1894,8 @@ export interface operations {
                 /** @description KEY (it has the label) or KEY=VALUE; repeated, each must match */
                 label?: string[];
                 name?: string;
-                /** @description deleted takes the deleted ones kept (kilnd --keep-deleted) in */
-                state?: "running" | "stopped" | "deleted";
+                /** @description deleted takes the deleted ones kept (kilnd --keep-deleted) in; running leaves the paused ones out */
+                state?: "running" | "paused" | "stopped" | "deleted";
                 /** @description the image as the create named it, or its ID or an ID's prefix */
                 image?: string;
                 runtime?: string;
@@ -2348,6 +2402,78 @@ export interface operations {
             507: components["responses"]["Error"];
         };
     };
+    pauseSandbox: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                id: components["parameters"]["SandboxID"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the sandbox, paused */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Sandbox"];
+                };
+            };
+            /** @description it was paused already: nothing was done (no body) */
+            304: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            400: components["responses"]["Error"];
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            412: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
+    resumeSandbox: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the sandbox: its id (64 random hex digits; a sandbox made by an older kilnd, a UUID), else its name, else a prefix of its id of 4 characters or more that no other sandbox's has, as Docker takes a container (a prefix two sandboxes share is refused 400, invalid_argument, naming them); a deleted sandbox, whose captured logs may stay, by its id alone. Answers carry the full id. */
+                id: components["parameters"]["SandboxID"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the sandbox, running */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Sandbox"];
+                };
+            };
+            /** @description it was not paused: nothing was done (no body) */
+            304: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            400: components["responses"]["Error"];
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            412: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
     getSandboxStats: {
         parameters: {
             query?: never;
@@ -2399,6 +2525,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
             412: components["responses"]["Error"];
             502: components["responses"]["Error"];
             503: components["responses"]["Error"];
@@ -2433,6 +2560,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
             412: components["responses"]["Error"];
             413: components["responses"]["Error"];
             502: components["responses"]["Error"];
@@ -2464,6 +2592,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
             412: components["responses"]["Error"];
             502: components["responses"]["Error"];
             503: components["responses"]["Error"];
@@ -2498,6 +2627,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
             412: components["responses"]["Error"];
             413: components["responses"]["Error"];
             502: components["responses"]["Error"];
@@ -2530,6 +2660,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
             412: components["responses"]["Error"];
             502: components["responses"]["Error"];
             503: components["responses"]["Error"];
@@ -2561,6 +2692,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
             412: components["responses"]["Error"];
             502: components["responses"]["Error"];
             503: components["responses"]["Error"];
@@ -2592,6 +2724,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
             412: components["responses"]["Error"];
             502: components["responses"]["Error"];
             503: components["responses"]["Error"];
@@ -2625,6 +2758,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
             412: components["responses"]["Error"];
             413: components["responses"]["Error"];
             502: components["responses"]["Error"];
@@ -2663,6 +2797,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
             412: components["responses"]["Error"];
             413: components["responses"]["Error"];
             502: components["responses"]["Error"];
@@ -2693,6 +2828,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
             412: components["responses"]["Error"];
             502: components["responses"]["Error"];
             503: components["responses"]["Error"];
@@ -2726,6 +2862,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
             412: components["responses"]["Error"];
             413: components["responses"]["Error"];
             502: components["responses"]["Error"];
@@ -2755,6 +2892,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
             412: components["responses"]["Error"];
             502: components["responses"]["Error"];
             503: components["responses"]["Error"];
@@ -2808,6 +2946,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
             412: components["responses"]["Error"];
             416: components["responses"]["Error"];
             502: components["responses"]["Error"];
@@ -2937,6 +3076,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
             412: components["responses"]["Error"];
             413: components["responses"]["Error"];
             /** @description the range is past the file's end */
@@ -2986,6 +3126,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
             412: components["responses"]["Error"];
             413: components["responses"]["Error"];
             502: components["responses"]["Error"];
@@ -3068,6 +3209,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
             412: components["responses"]["Error"];
             502: components["responses"]["Error"];
             503: components["responses"]["Error"];
@@ -3105,6 +3247,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
             412: components["responses"]["Error"];
             502: components["responses"]["Error"];
             503: components["responses"]["Error"];
@@ -3142,6 +3285,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
             412: components["responses"]["Error"];
             413: components["responses"]["Error"];
             502: components["responses"]["Error"];
@@ -3175,6 +3319,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
             412: components["responses"]["Error"];
             502: components["responses"]["Error"];
             503: components["responses"]["Error"];
@@ -3200,6 +3345,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
             412: components["responses"]["Error"];
             502: components["responses"]["Error"];
             503: components["responses"]["Error"];
@@ -3225,6 +3371,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
             412: components["responses"]["Error"];
             502: components["responses"]["Error"];
             503: components["responses"]["Error"];
@@ -3250,6 +3397,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
             412: components["responses"]["Error"];
             502: components["responses"]["Error"];
             503: components["responses"]["Error"];
@@ -3275,6 +3423,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
             412: components["responses"]["Error"];
             502: components["responses"]["Error"];
             503: components["responses"]["Error"];
@@ -3305,6 +3454,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
             412: components["responses"]["Error"];
             502: components["responses"]["Error"];
             503: components["responses"]["Error"];
@@ -3431,7 +3581,7 @@ export interface operations {
                 epoch?: string;
                 /** @description one sandbox's events, by its id */
                 sandbox?: string;
-                type?: "sandbox.created" | "sandbox.started" | "sandbox.stopped" | "sandbox.deleted" | "process.started" | "process.exited";
+                type?: "sandbox.created" | "sandbox.started" | "sandbox.stopped" | "sandbox.deleted" | "sandbox.paused" | "sandbox.resumed" | "process.started" | "process.exited";
                 /** @description false: the events held, then the end */
                 follow?: boolean;
             };

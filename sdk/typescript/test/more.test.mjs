@@ -270,6 +270,28 @@ test("snapshots: taken, rolled back to, forked, a sandbox from one, exported and
   }
 });
 
+test("pause, resume: paused described, a process refused PAUSED, 304s described, exec again once resumed", async () => {
+  const sb = await client.sandboxes.create();
+  try {
+    const paused = await sb.pause();
+    assert.equal(paused.state, "paused");
+    assert.ok(paused.paused_at, "paused_at");
+    assert.equal(sb.info.state, "paused");
+    const again = await sb.pause();
+    assert.equal(again.state, "paused");
+    assert.equal(again.paused_at, paused.paused_at);
+    await rejects(sb.exec({ command: sh("true") }), "PAUSED");
+    const resumed = await sb.resume();
+    assert.equal(resumed.state, "running");
+    assert.equal(resumed.paused_at, undefined);
+    assert.equal((await sb.resume()).state, "running");
+    const res = await sb.exec({ command: sh("echo resumed") });
+    assert.equal(res.stdout, "resumed\n");
+  } finally {
+    await sb.destroy({ removeLogs: true });
+  }
+});
+
 /** A record's bytes as written: its content, and the newline that ended it unless it is partial. */
 function recordBytes(r) {
   const content = r.base64 !== undefined ? Uint8Array.from(atob(r.base64), (c) => c.charCodeAt(0)) : enc(r.text ?? "");

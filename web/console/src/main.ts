@@ -281,6 +281,16 @@ function main(client: Client, token: string): void {
           go({ sandbox: s.id });
           await showSandbox(open);
         }),
+        // As docker pause and unpause: its processes stop where they
+        // are, and run on from there.
+        s.state === "running" && button("Pause", async () => {
+          await (await client.sandboxes.get(s.id)).pause();
+          await listSandboxes();
+        }),
+        s.state === "paused" && button("Resume", async () => {
+          await (await client.sandboxes.get(s.id)).resume();
+          await listSandboxes();
+        }),
         button("Delete", async () => {
           if (open?.id === s.id) closeSandbox();
           await (await client.sandboxes.get(s.id)).destroy();

@@ -248,7 +248,7 @@ async function openSandbox(id) {
 /** The process the page has open (its URL's fragment names it). */
 const openProcessId = () => page.evaluate(() => new URLSearchParams(location.hash.slice(1)).get("process"));
 
-test("sandboxes: state and limits as kilnd has them; Delete takes one off the list and out of kilnd", async () => {
+test("sandboxes: state and limits as kilnd has them; Pause and Resume; Delete takes one off the list and out of kilnd", async () => {
   await page.goto(kilnd.url + "/");
   await page.waitForSelector("text=Log out");
   const before = new Set((await api("GET", "/sandboxes")).map((s) => s.id));
@@ -269,6 +269,16 @@ test("sandboxes: state and limits as kilnd has them; Delete takes one off the li
   assert.equal(await page.textContent("#sandbox .sandbox-state"), "running");
   assert.match(await page.textContent("#sandbox p"), /^State: running · 256 MiB, 0\.5 CPU, 64 pids/);
   await shot("09-limits");
+
+  // Paused and resumed as docker pause and unpause do: the row, and the
+  // open panel, say so.
+  await row.locator("text=Pause").click();
+  await row.locator("td.state >> text=paused").waitFor();
+  assert.equal((await api("GET", `/sandboxes/${id}`)).state, "paused");
+  await page.waitForSelector("#sandbox .sandbox-state >> text=paused");
+  await row.locator("text=Resume").click();
+  await row.locator("td.state >> text=running").waitFor();
+  assert.equal((await api("GET", `/sandboxes/${id}`)).state, "running");
 
   await row.locator("text=Delete").click();
   await page.waitForSelector(`tr[data-sandbox="${id}"]`, { state: "detached" });

@@ -432,9 +432,27 @@ class AsyncSandbox:
         out = await self._t.call("POST", self._path("/fork"), json=body, timeout=timeout)
         return [AsyncSandbox(self._t, info, self._registry) for info in out["sandboxes"]]
 
+    async def pause(self, *, timeout: float | None = None) -> SandboxInfo:
+        """Pauses the sandbox, as docker pause does: its every process stops
+        where it is, its memory kept, and uses no CPU until resume().
+        Meanwhile what needs it to run (exec, a process started, stdin, its
+        files and ports) is PAUSED (PausedError); its processes' output
+        stays readable and their watchers attached, reading on at the same
+        offsets after the resume. Returns its description, paused (state
+        "paused"); one paused already is left as it is (kilnd answers 304
+        Not Modified)."""
+        return await self._change("pause", None, True, timeout)
+
+    async def resume(self, *, timeout: float | None = None) -> SandboxInfo:
+        """Resumes a paused sandbox, as docker unpause does: its processes
+        run on from where they were. Returns its description, running; one
+        that is not paused is left as it is (kilnd answers 304 Not
+        Modified)."""
+        return await self._change("resume", None, True, timeout)
+
     async def _change(self, verb: str, grace: int | None, idempotent: bool, timeout: float | None) -> SandboxInfo:
-        """A stop, start or restart (verb): its answer, or after a 304 the
-        sandbox as it is."""
+        """A stop, start, restart, pause or resume (verb): its answer, or
+        after a 304 the sandbox as it is."""
         resp = await self._t.fetch(
             "POST", self._path("/" + verb), query={"timeout": grace}, idempotent=idempotent, timeout=timeout,
             later=DEFAULT_STOP_TIMEOUT if grace is None else grace, read=True,

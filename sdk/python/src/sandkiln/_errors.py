@@ -17,6 +17,7 @@ ErrorCode = Literal[
     "FAILED_PRECONDITION",
     "OUT_OF_RANGE",
     "ALREADY_EXISTS",
+    "PAUSED",
     "STDIN_CLOSED",
     "INPUT_UNCERTAIN",
     "INPUT_CAPACITY",
@@ -129,6 +130,13 @@ class AlreadyExistsError(SandkilnError):
     code: ErrorCode = "ALREADY_EXISTS"
 
 
+class PausedError(SandkilnError):
+    """The sandbox is paused, and the request needs it to run: it succeeds
+    once the sandbox is resumed."""
+
+    code: ErrorCode = "PAUSED"
+
+
 class StdinClosedError(SandkilnError):
     """Input after close_stdin(), or on a process without a stdin pipe."""
 
@@ -185,6 +193,7 @@ _CLASSES: dict[str, type[SandkilnError]] = {
         FailedPreconditionError,
         OutOfRangeError,
         AlreadyExistsError,
+        PausedError,
         StdinClosedError,
         InputUncertainError,
         InputCapacityError,
@@ -219,6 +228,7 @@ _FROM_WIRE: dict[str, ErrorCode] = {
     "bad_gateway": "UNAVAILABLE",
     "command_not_found": "INVALID_ARGUMENT",
     "not_executable": "INVALID_ARGUMENT",
+    "paused": "PAUSED",
     "internal": "INTERNAL",
 }
 

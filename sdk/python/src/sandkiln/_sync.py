@@ -598,6 +598,14 @@ class Sandbox:
         """See AsyncSandbox.fork."""
         return [Sandbox(self._p, a) for a in self._p.call(self._a.fork(count=count, labels=labels, timeout=timeout))]
 
+    def pause(self, *, timeout: float | None = None) -> SandboxInfo:
+        """See AsyncSandbox.pause."""
+        return self._p.call(self._a.pause(timeout=timeout))
+
+    def resume(self, *, timeout: float | None = None) -> SandboxInfo:
+        """See AsyncSandbox.resume."""
+        return self._p.call(self._a.resume(timeout=timeout))
+
     def destroy(self, *, remove_logs: bool = False, timeout: float | None = None) -> None:
         self._p.call(self._a.destroy(remove_logs=remove_logs, timeout=timeout))
 

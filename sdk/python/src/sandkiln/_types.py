@@ -250,6 +250,7 @@ class SandboxInfo(TypedDict, total=False):
     state: str
     created_at: str
     stopped_at: str
+    paused_at: str
     hostname: str
     rootfs: str
     runtime: str
