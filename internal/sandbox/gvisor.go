@@ -148,14 +148,21 @@ type guestSandbox struct {
 	BindMounts []string `json:"bind_mounts,omitempty"`
 
 	g *GVisor
+	// ch is where the agent connects to kilnd: made before runsc starts,
+	// or as the sandbox is adopted; set before the sandbox is shared.
+	ch *channel
 }
 
-// Socket is where runsc passes the agent's socket through to the host.
+// Socket is kilnd's socket the agent connects to, in the directory runsc
+// passes through to the host's.
 func (s *guestSandbox) Socket() string { return filepath.Join(s.Dir, handoff.GuestSock, SocketName) }
 
-// Dial implements Instance.
+// Dial implements Instance: the next connection the agent made.
 func (s *guestSandbox) Dial(ctx context.Context) (net.Conn, error) {
-	return dialSocket(ctx, s.Socket())
+	if s.ch == nil {
+		return nil, errors.New("sandbox: no channel to the agent")
+	}
+	return s.ch.dial(ctx, s.Alive)
 }
 
 // State implements Instance.
@@ -187,6 +194,9 @@ func (s *guestSandbox) End() {
 // host mount of the sandbox's disk.
 func (s *guestSandbox) forget() error {
 	var errs []error
+	if s.ch != nil {
+		s.ch.close()
+	}
 	if _, err := os.Stat(filepath.Join(s.Root, s.Container)); err == nil {
 		if err := s.runsc("delete", "--force", s.Container); err != nil {
 			errs = append(errs, err)
@@ -269,6 +279,12 @@ func (g *GVisor) Adopt(state json.RawMessage) (Instance, error) {
 	if err := g.Ranges.Hold(sb.UIDBase, sb.ID); err != nil {
 		return nil, err
 	}
+	ch, err := listen(sb.Socket())
+	if err != nil {
+		g.Ranges.Release(sb.UIDBase, sb.ID)
+		return nil, err
+	}
+	sb.ch = ch
 	sb.ranges = g.Ranges
 	sb.adopted()
 	return sb, nil

@@ -47,6 +47,10 @@ func (g *GVisor) Create(ctx context.Context, o Options) (_ Instance, err error) 
 		s.onFailure(func() { g.Ranges.Release(o.UIDBase, o.ID) })
 	}
 	sb := &guestSandbox{Sandbox: Sandbox{ID: o.ID, Dir: o.Dir, UIDBase: o.UIDBase, EndOnOOM: true, ranges: g.Ranges}, Container: "kiln-" + o.ID, Root: g.Root, g: g}
+	if sb.ch, err = listen(sb.Socket()); err != nil {
+		return nil, err
+	}
+	s.onFailure(func() { sb.ch.close() })
 	workspace, overlay, err := g.root(s, sb, lowers)
 	if err != nil {
 		return nil, err
@@ -319,7 +323,7 @@ func (g *GVisor) startRunsc(s *startup, sb *guestSandbox, network, overlay strin
 		platform = "systrap"
 	}
 	args := []string{"--root", g.Root, "--platform", platform, "--network", network, "--ignore-cgroups",
-		"--host-uds", "create", "--in-sandbox-cgroup", "v2", "--overlay2", overlay, "run", "--bundle", filepath.Join(s.o.Dir, "bundle"), sb.Container}
+		"--host-uds", "open", "--in-sandbox-cgroup", "v2", "--overlay2", overlay, "run", "--bundle", filepath.Join(s.o.Dir, "bundle"), sb.Container}
 	join, err := json.Marshal(joinRequest{Groups: cg.joinDirs(), Path: g.Runsc, Args: append([]string{"runsc"}, args...)})
 	if err != nil {
 		return nil, err
