@@ -137,6 +137,17 @@ func awaitRequest(c *net.UnixConn) bool {
 	return err == nil && ok
 }
 
+// Reconnect closes the connections waiting, which are made again: those
+// that a save of the sandbox closed on the host's side without waking
+// their reader.
+func (l *dialListener) Reconnect() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for c := range l.waiting {
+		c.Close()
+	}
+}
+
 // Accept implements net.Listener.
 func (l *dialListener) Accept() (net.Conn, error) {
 	select {

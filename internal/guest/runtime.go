@@ -82,7 +82,7 @@ func enterGuest(cfg handoff.AgentConfig) (*Inside, error) {
 		l.Close()
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
-	return &Inside{Config: cfg, Listener: l, Logs: logs, Spawner: spawner, Usage: usage}, nil
+	return &Inside{Config: cfg, Listener: l, Logs: logs, Spawner: spawner, Usage: usage, Reconnect: l.Reconnect}, nil
 }
 
 // guestProcsGroup makes, in the runtime's own cgroup file system, the

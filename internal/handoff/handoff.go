@@ -9,6 +9,7 @@ package handoff
 import (
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/sandkiln/sandkiln/api"
@@ -227,3 +228,9 @@ func EventIn(b []byte, key string) int64 {
 // and making them again whenever they end (kilnd restarted, or the
 // sandbox saved: a bound socket would keep gVisor from saving it).
 const SocketName = "agent.sock"
+
+// ReconnectSignal, sent to the agent of a runtime's container, has it
+// make its connections to kilnd again. kilnd sends it once gVisor has
+// saved the sandbox, and to a sandbox restored from the image: the save
+// closes them, and gVisor does not wake what waits on them.
+const ReconnectSignal = syscall.SIGUSR2
