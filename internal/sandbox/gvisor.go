@@ -146,6 +146,9 @@ type guestSandbox struct {
 	// BindMounts are the host mounts of the caller's directories, in
 	// the order of the sandbox's mounts.
 	BindMounts []string `json:"bind_mounts,omitempty"`
+	// SharedRange says its uid range is shared with the sandbox it was
+	// restored from (see IDRanges.Share).
+	SharedRange bool `json:"shared_range,omitempty"`
 
 	g *GVisor
 	// ch is where the agent connects to kilnd: made before runsc starts,
@@ -276,7 +279,11 @@ func (g *GVisor) Adopt(state json.RawMessage) (Instance, error) {
 	if sb.ID == "" || sb.Dir == "" || sb.Container == "" || sb.Root == "" {
 		return nil, errors.New("sandbox: gVisor state without an id, a directory or a container")
 	}
-	if err := g.Ranges.Hold(sb.UIDBase, sb.ID); err != nil {
+	hold := g.Ranges.Hold
+	if sb.SharedRange {
+		hold = g.Ranges.Share
+	}
+	if err := hold(sb.UIDBase, sb.ID); err != nil {
 		return nil, err
 	}
 	ch, err := listen(sb.Socket())

@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sandkiln/sandkiln/internal/errdefs"
 	"github.com/sandkiln/sandkiln/internal/handoff"
 	"github.com/sandkiln/sandkiln/internal/rootfs"
 	"golang.org/x/sys/unix"
@@ -34,19 +35,41 @@ func (g *GVisor) Create(ctx context.Context, o Options) (_ Instance, err error) 
 			return nil, err
 		}
 	}
+	var saved checkpointRecord
+	if o.RestoreFrom != "" {
+		if o.Restart != nil {
+			return nil, fmt.Errorf("%w: sandbox: a sandbox started again is not restored from a checkpoint", errdefs.ErrInvalidArgument)
+		}
+		if saved, err = g.readCheckpoint(o.RestoreFrom); err != nil {
+			return nil, err
+		}
+	}
 	s, err := begin(o, LogsName, handoff.GuestSock, "bundle")
 	if err != nil {
 		return nil, err
 	}
 	defer s.end(&err)
-	if o.UIDBase, err = claimRange(g.Ranges, o); err != nil {
+	if o.RestoreFrom != "" {
+		o.UIDBase, err = saved.UIDBase, g.Ranges.Share(saved.UIDBase, o.ID)
+	} else {
+		o.UIDBase, err = claimRange(g.Ranges, o)
+	}
+	if err != nil {
 		return nil, err
 	}
 	s.o.UIDBase = o.UIDBase
 	if o.Restart == nil {
 		s.onFailure(func() { g.Ranges.Release(o.UIDBase, o.ID) })
 	}
-	sb := &guestSandbox{Sandbox: Sandbox{ID: o.ID, Dir: o.Dir, UIDBase: o.UIDBase, EndOnOOM: true, ranges: g.Ranges}, Container: "kiln-" + o.ID, Root: g.Root, g: g}
+	sb := &guestSandbox{Sandbox: Sandbox{ID: o.ID, Dir: o.Dir, UIDBase: o.UIDBase, EndOnOOM: true, ranges: g.Ranges}, Container: "kiln-" + o.ID, Root: g.Root, g: g,
+		SharedRange: o.RestoreFrom != ""}
+	if o.RestoreFrom != "" {
+		// The agent's capture files as they were when it was saved: it
+		// goes on writing them where it was.
+		if err := copyTree(filepath.Join(o.RestoreFrom, checkpointLogs), filepath.Join(o.Dir, LogsName)); err != nil {
+			return nil, fmt.Errorf("sandbox: restore the captured logs: %w", err)
+		}
+	}
 	if sb.ch, err = listen(sb.Socket()); err != nil {
 		return nil, err
 	}
@@ -85,6 +108,17 @@ func (g *GVisor) Create(ctx context.Context, o Options) (_ Instance, err error) 
 		return nil, err
 	}
 	o.Network = nil // connected already
+	if o.RestoreFrom != "" {
+		stop, poked := make(chan struct{}), make(chan struct{})
+		go func() {
+			defer close(poked)
+			sb.pokeRestored(stop)
+		}()
+		defer func() {
+			close(stop)
+			<-poked
+		}()
+	}
 	if err := running(ctx, &sb.Sandbox, sb, cmd, o, " in gVisor", nil); err != nil {
 		return nil, err
 	}
@@ -119,7 +153,7 @@ func (g *GVisor) staticForImages() error {
 // runsc makes (it makes them in the root it is given: never in the image).
 func (g *GVisor) root(s *startup, sb *guestSandbox, lowers []string) (workspace, overlay string, err error) {
 	o := s.o
-	again := o.Restart != nil
+	again := o.Restart != nil || o.RestoreFrom != "" // its layers are there already
 	layers := o.Dir
 	if o.Disk != nil {
 		sb.DiskMount = filepath.Join(o.Dir, diskName)
@@ -169,7 +203,7 @@ func (g *GVisor) mountImage(s *startup, sb *guestSandbox, lowers []string, layer
 			t.Close()
 		}
 	}()
-	again := o.Restart != nil
+	again := o.Restart != nil || o.RestoreFrom != "" // its layers are there already
 	for i, tree := range trees {
 		m := filepath.Join(o.Dir, lowerName(i))
 		_, err := mkdir(m, 0o755, again)
@@ -323,7 +357,14 @@ func (g *GVisor) startRunsc(s *startup, sb *guestSandbox, network, overlay strin
 		platform = "systrap"
 	}
 	args := []string{"--root", g.Root, "--platform", platform, "--network", network, "--ignore-cgroups",
-		"--host-uds", "open", "--in-sandbox-cgroup", "v2", "--overlay2", overlay, "run", "--bundle", filepath.Join(s.o.Dir, "bundle"), sb.Container}
+		"--host-uds", "open", "--in-sandbox-cgroup", "v2", "--overlay2", overlay}
+	if image := s.o.RestoreFrom; image != "" {
+		// Its pages load as they are needed, the rest in the background.
+		args = append(args, "restore", "--image-path", filepath.Join(image, checkpointImage), "--background")
+	} else {
+		args = append(args, "run")
+	}
+	args = append(args, "--bundle", filepath.Join(s.o.Dir, "bundle"), sb.Container)
 	join, err := json.Marshal(joinRequest{Groups: cg.joinDirs(), Path: g.Runsc, Args: append([]string{"runsc"}, args...)})
 	if err != nil {
 		return nil, err

@@ -125,6 +125,14 @@ type Options struct {
 	// writable layers there or on Disk, a disk of its image mounted
 	// again), and its uid range, which owns those files, is this one's.
 	Restart Instance
+	// RestoreFrom, when set, is the directory of a gVisor sandbox's
+	// checkpoint (guestSandbox.Checkpoint): the sandbox is restored from
+	// it instead of started, its processes going on where they were, in
+	// its own directory, network and disk (a copy of the saved sandbox's,
+	// which the caller makes). Its other options must make the same
+	// container as the saved one's did (image, mounts, limits), and it
+	// keeps the saved sandbox's uid range, whose users its processes are.
+	RestoreFrom string
 }
 
 // Mount is a host directory bound into a sandbox: Dir, opened by whoever

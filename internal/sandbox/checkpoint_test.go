@@ -1,0 +1,298 @@
+package sandbox_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"golang.org/x/sys/unix"
+
+	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/internal/errdefs"
+	"github.com/sandkiln/sandkiln/internal/sandbox"
+)
+
+// counterScript holds a counter, and mem bytes beside it, in a Python
+// process's memory: each line on its stdin counts one, and it prints the
+// count.
+const counterScript = `
+import sys
+held = bytearray(int(sys.argv[1]))
+for i in range(0, len(held), 4096):
+    held[i] = 1
+n = 0
+for line in sys.stdin:
+    n += 1
+    print(n, flush=True)
+`
+
+// TestGVisorMemoryFork: a gVisor sandbox saved while a Python process
+// holds a counter goes on, and two new sandboxes restored from its image,
+// each on a copy of its disk, go on from the same count: the process is
+// in each one's list with its output at the same offsets (read from 0,
+// the bytes before the checkpoint, then its own), it takes stdin where it
+// stood, and a new process starts.
+func TestGVisorMemoryFork(t *testing.T) {
+	t.Parallel()
+	g := backend(t, sandbox.RuntimeGVisor, "").(*sandbox.GVisor)
+	disks := testDisks(t)
+	parent := createFrom(t, g, disks, "", "")
+	if err := os.WriteFile(filepath.Join(parent.Workspace, "before"), []byte("written before\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	pid := startCounter(t, parent, 16<<20)
+	for range 3 {
+		count(t, parent, pid)
+	}
+	want := "1\n2\n3\n"
+
+	dir := filepath.Join(t.TempDir(), "checkpoint")
+	var images []string
+	cp, ok := parent.Instance.(sandbox.Checkpointer)
+	if !ok {
+		t.Fatal("a gVisor sandbox is not a Checkpointer")
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	err := cp.Checkpoint(ctx, dir, func() error {
+		for i := range 2 {
+			img, err := copyDisk(parent, disks, i)
+			if err != nil {
+				return err
+			}
+			images = append(images, img)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The sandbox saved goes on, its agent reached again.
+	if got := count(t, parent, pid); got != "4" {
+		t.Errorf("the saved sandbox counts %q after its checkpoint, want 4", got)
+	}
+	if got := output(t, parent, pid); got != want+"4\n" {
+		t.Errorf("the saved sandbox's output: %q", got)
+	}
+	for i, img := range images {
+		fork := createFrom(t, g, disks, dir, img)
+		if fork.ID == parent.ID || fork.Dir == parent.Dir {
+			t.Fatal("the fork is the parent")
+		}
+		st := status(t, fork, pid)
+		if st.State != "running" || st.Streams["stdout"].TotalBytes != int64(len(want)) {
+			t.Errorf("fork %d: the counter restored: %+v", i, st)
+		}
+		if got := output(t, fork, pid); got != want {
+			t.Errorf("fork %d: output up to the checkpoint: %q, want %q", i, got, want)
+		}
+		for n := 4; n <= 5; n++ {
+			if got := count(t, fork, pid); got != fmt.Sprint(n) {
+				t.Errorf("fork %d counts %q, want %d", i, got, n)
+			}
+		}
+		if got := output(t, fork, pid); got != want+"4\n5\n" {
+			t.Errorf("fork %d: output: %q", i, got)
+		}
+		if r := run(t, fork, "cat /workspace/before; echo fork > /workspace/mine; hostname"); r.Stdout == "" || !strings.HasPrefix(r.Stdout, "written before\n") {
+			t.Errorf("fork %d: a new process: %q %q", i, r.Stdout, r.Stderr)
+		}
+	}
+	// Each fork has a disk of its own.
+	if _, err := os.Stat(filepath.Join(parent.Workspace, "mine")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a fork wrote to its parent's workspace: %v", err)
+	}
+	if got := count(t, parent, pid); got != "5" {
+		t.Errorf("the saved sandbox counts %q, want 5", got)
+	}
+}
+
+// TestNamespacesMemorySnapshot: a namespace sandbox refuses a memory
+// snapshot with an error of a class the API answers with a 4xx.
+func TestNamespacesMemorySnapshot(t *testing.T) {
+	t.Parallel()
+	sb := newBox(t, sandbox.RuntimeNamespaces, sandbox.Options{})
+	cp, ok := sb.Instance.(sandbox.Checkpointer)
+	if !ok {
+		t.Fatal("a namespace sandbox is not a Checkpointer")
+	}
+	dir := filepath.Join(t.TempDir(), "checkpoint")
+	err := cp.Checkpoint(t.Context(), dir, nil)
+	if !errors.Is(err, sandbox.ErrNoMemorySnapshot) || errdefs.ClassOf(err) != errdefs.ErrFailedPrecondition {
+		t.Fatalf("a namespace sandbox's memory snapshot: %v", err)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the refused snapshot left %s: %v", dir, err)
+	}
+}
+
+// testDisks makes sandbox disks in a directory of the test's, or skips.
+func testDisks(t *testing.T) *sandbox.Disks {
+	t.Helper()
+	if err := sandbox.DisksAvailable(); err != nil {
+		t.Skip(err)
+	}
+	disks, err := sandbox.NewDisks(t.TempDir(), 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(disks.Close)
+	return disks
+}
+
+// createFrom creates a gVisor sandbox on a disk: a new one when image is
+// empty, else a mount of image, restored from the checkpoint in restore.
+func createFrom(t *testing.T, g *sandbox.GVisor, disks *sandbox.Disks, restore, image string) box {
+	t.Helper()
+	var o sandbox.Options
+	o.ID = uuid.Must(uuid.NewV7()).String()
+	o.Dir = filepath.Join(t.TempDir(), o.ID)
+	o.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME=/root", "LANG=C.UTF-8"}
+	o.Limits = sandbox.Limits{MemoryBytes: 512 << 20}
+	o.RestoreFrom = restore
+	if image == "" {
+		disk, err := disks.Take(64 << 20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		o.Disk = disk.Mount
+		t.Cleanup(func() { disks.Release(disk.Image) })
+	} else {
+		m, err := disks.Mount(image)
+		if err != nil {
+			t.Fatal(err)
+		}
+		o.Disk = m
+		t.Cleanup(func() { disks.Release(image) })
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	sb, err := g.Create(ctx, o)
+	o.Disk.Close() // the sandbox's now
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := sb.Destroy(false); err != nil {
+			t.Errorf("destroy: %v", err)
+		}
+	})
+	return box{Instance: sb, ID: o.ID, Dir: o.Dir, Runtime: sandbox.RuntimeGVisor, Workspace: filepath.Join(o.Dir, "disk", sandbox.WorkspaceName)}
+}
+
+// copyDisk copies sb's disk's image, its file system synced, into a new
+// image of disks (numbered i): what a fork starts on.
+func copyDisk(sb box, disks *sandbox.Disks, i int) (string, error) {
+	mount := filepath.Join(sb.Dir, "disk")
+	f, err := os.Open(mount)
+	if err != nil {
+		return "", err
+	}
+	err = unix.Syncfs(int(f.Fd()))
+	f.Close()
+	if err != nil {
+		return "", err
+	}
+	src, err := diskImage(mount)
+	if err != nil {
+		return "", err
+	}
+	dst := filepath.Join(filepath.Dir(src), fmt.Sprintf("fork-%s-%d.img", sb.ID, i))
+	if out, err := exec.Command("cp", "--sparse=always", src, dst).CombinedOutput(); err != nil {
+		return "", fmt.Errorf("copy the disk: %v: %s", err, out)
+	}
+	return dst, nil
+}
+
+// diskImage is the image behind the loop device mounted at mount.
+func diskImage(mount string) (string, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(mount, &st); err != nil {
+		return "", err
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/sys/dev/block/%d:%d/loop/backing_file", unix.Major(st.Dev), unix.Minor(st.Dev)))
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSpace(string(b)), nil
+}
+
+// startCounter starts counterScript, holding mem bytes, captured, its
+// stdin a pipe; it returns the process's id.
+func startCounter(t testing.TB, sb box, mem int) string {
+	t.Helper()
+	body, _ := json.Marshal(api.ExecRequest{Command: "python3", Args: []string{"-c", counterScript, fmt.Sprint(mem)}, Stdin: "pipe", Capture: true})
+	var started api.Started
+	agentCall(t, sb, "POST", "/exec-stream", body, &started)
+	return started.ID
+}
+
+// count writes a line to the counter's stdin and returns the number it
+// prints.
+func count(t testing.TB, sb box, pid string) string {
+	t.Helper()
+	before := status(t, sb, pid).Streams["stdout"].TotalBytes
+	agentCall(t, sb, "POST", "/exec-stream/"+pid+"/stdin", []byte("\n"), nil)
+	deadline := time.Now().Add(30 * time.Second)
+	for status(t, sb, pid).Streams["stdout"].TotalBytes == before {
+		if time.Now().After(deadline) {
+			t.Fatalf("the counter did not count: %+v", status(t, sb, pid))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	out := output(t, sb, pid)
+	if int64(len(out)) < before {
+		t.Fatalf("output %q, shorter than %d bytes", out, before)
+	}
+	return strings.TrimSpace(out[before:])
+}
+
+// status is the process's status in sb.
+func status(t testing.TB, sb box, pid string) api.Process {
+	t.Helper()
+	var p api.Process
+	agentCall(t, sb, "GET", "/exec-stream/"+pid, nil, &p)
+	return p
+}
+
+// output is the process's stdout from offset 0, as much as there is.
+func output(t testing.TB, sb box, pid string) string {
+	t.Helper()
+	return string(agentCall(t, sb, "GET", "/exec-stream/"+pid+"/logs?follow=false&stdout=0", nil, nil))
+}
+
+// agentCall makes a request of sb's agent and decodes its answer into out
+// (when not nil); it returns the body.
+func agentCall(t testing.TB, sb box, method, path string, body []byte, out any) []byte {
+	t.Helper()
+	c := &http.Client{Transport: sandbox.Transport(sb.Dial), Timeout: 30 * time.Second}
+	defer c.CloseIdleConnections()
+	req, _ := http.NewRequest(method, "http://agent"+path, bytes.NewReader(body))
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("%s %s: %d %s", method, path, resp.StatusCode, b)
+	}
+	if out != nil {
+		if err := json.Unmarshal(b, out); err != nil {
+			t.Fatalf("%s %s: %v: %s", method, path, err, b)
+		}
+	}
+	return b
+}
