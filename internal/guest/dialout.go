@@ -137,15 +137,34 @@ func awaitRequest(c *net.UnixConn) bool {
 	return err == nil && ok
 }
 
-// Reconnect closes the connections waiting, which are made again: those
-// that a save of the sandbox closed on the host's side without waking
-// their reader.
+// Reconnect closes the connections waiting whose kilnd end is closed, and
+// they are made again: those that a save of the sandbox closed on the
+// host's side without waking their reader. One kilnd has written to is
+// left to its reader, which hands it on.
 func (l *dialListener) Reconnect() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for c := range l.waiting {
-		c.Close()
+		if ended(c) {
+			c.Close()
+		}
 	}
+}
+
+// ended reports whether c's other end is closed, without waiting and
+// without reading anything.
+func ended(c *net.UnixConn) bool {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return true
+	}
+	done := true
+	rc.Control(func(fd uintptr) {
+		b := make([]byte, 1)
+		n, _, err := unix.Recvfrom(int(fd), b, unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		done = !errors.Is(err, unix.EAGAIN) && (err != nil || n == 0)
+	})
+	return done
 }
 
 // Accept implements net.Listener.

@@ -230,7 +230,8 @@ func EventIn(b []byte, key string) int64 {
 const SocketName = "agent.sock"
 
 // ReconnectSignal, sent to the agent of a runtime's container, has it
-// make its connections to kilnd again. kilnd sends it once gVisor has
-// saved the sandbox, and to a sandbox restored from the image: the save
-// closes them, and gVisor does not wake what waits on them.
+// make again those of its connections to kilnd that are closed. kilnd
+// sends it once gVisor has saved a sandbox that goes on running: the save
+// closes them, and gVisor wakes nothing that waits on them (it does, in a
+// sandbox restored from the image).
 const ReconnectSignal = syscall.SIGUSR2

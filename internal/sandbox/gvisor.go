@@ -12,6 +12,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -49,6 +50,12 @@ type GVisor struct {
 	// rmdir, once unmounted: a mount left there by an end cut short
 	// keeps what it holds.
 	Binds string
+
+	// verMu guards ver, runsc's version as of the binary verOf (its
+	// inode, size and time): a checkpoint records it, and asking runsc
+	// costs a process as big as runsc.
+	verMu      sync.Mutex
+	ver, verOf string
 }
 
 // bindsOf is where sandbox id's directories are mounted on the host.
@@ -114,6 +121,26 @@ func (g *GVisor) version() (string, error) {
 	}
 	line, _, _ := strings.Cut(string(out), "\n")
 	return strings.TrimSpace(strings.TrimPrefix(line, "runsc version ")), nil
+}
+
+// cachedVersion is version, asked again only when the binary changed.
+func (g *GVisor) cachedVersion() (string, error) {
+	fi, err := os.Stat(g.Runsc)
+	if err != nil {
+		return "", fmt.Errorf("sandbox: %w", err)
+	}
+	st := fi.Sys().(*syscall.Stat_t)
+	of := fmt.Sprint(st.Dev, st.Ino, fi.Size(), fi.ModTime().UnixNano())
+	g.verMu.Lock()
+	defer g.verMu.Unlock()
+	if g.verOf != of {
+		v, err := g.version()
+		if err != nil {
+			return "", err
+		}
+		g.ver, g.verOf = v, of
+	}
+	return g.ver, nil
 }
 
 // Version is runsc's version.

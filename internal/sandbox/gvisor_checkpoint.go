@@ -85,7 +85,7 @@ func (s *guestSandbox) Checkpoint(ctx context.Context, dir string, paused func()
 			os.RemoveAll(dir)
 		}
 	}()
-	v, err := s.g.version()
+	v, err := s.g.cachedVersion()
 	if err != nil {
 		return err
 	}
@@ -97,8 +97,9 @@ func (s *guestSandbox) Checkpoint(ctx context.Context, dir string, paused func()
 			err = errors.Join(err, rerr)
 			return
 		}
-		// Saved, its connections to kilnd are closed; told so, the
-		// agent makes them again.
+		// Saved, its connections to kilnd are closed, and nothing tells
+		// the agent (in a sandbox restored, gVisor has what waits look
+		// again): kilnd does.
 		if rerr := s.reconnect(); rerr != nil {
 			err = errors.Join(err, rerr)
 		}
@@ -130,19 +131,6 @@ func (s *guestSandbox) reconnect() error {
 	return s.runsc("kill", s.Container, strconv.Itoa(int(handoff.ReconnectSignal)))
 }
 
-// pokeRestored sends the agent of a sandbox restored from a checkpoint
-// handoff.ReconnectSignal, once runsc has restored it (and, while runsc
-// refuses it, again), until stop is closed.
-func (s *guestSandbox) pokeRestored(stop <-chan struct{}) {
-	for s.reconnect() != nil {
-		select {
-		case <-stop:
-			return
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-}
-
 // runscCtx runs one of runsc's commands on the container, bounded by ctx
 // (a checkpoint's may take a while: its memory is written out).
 func (s *guestSandbox) runscCtx(ctx context.Context, args ...string) error {
@@ -165,7 +153,7 @@ func (g *GVisor) readCheckpoint(dir string) (checkpointRecord, error) {
 	if err != nil {
 		return rec, fmt.Errorf("%w: sandbox: not a checkpoint: %w", errdefs.ErrInvalidArgument, err)
 	}
-	v, err := g.version()
+	v, err := g.cachedVersion()
 	if err != nil {
 		return rec, err
 	}

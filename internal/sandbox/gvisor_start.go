@@ -108,17 +108,9 @@ func (g *GVisor) Create(ctx context.Context, o Options) (_ Instance, err error) 
 		return nil, err
 	}
 	o.Network = nil // connected already
-	if o.RestoreFrom != "" {
-		stop, poked := make(chan struct{}), make(chan struct{})
-		go func() {
-			defer close(poked)
-			sb.pokeRestored(stop)
-		}()
-		defer func() {
-			close(stop)
-			<-poked
-		}()
-	}
+	// A sandbox restored finds the connections its agent had closed, and
+	// makes them again by itself: gVisor has every file a process waits on
+	// checked again once it is restored.
 	if err := running(ctx, &sb.Sandbox, sb, cmd, o, " in gVisor", nil); err != nil {
 		return nil, err
 	}
