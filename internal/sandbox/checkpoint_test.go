@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/sandkiln/sandkiln/api"
@@ -119,6 +121,80 @@ func TestGVisorMemoryFork(t *testing.T) {
 	}
 }
 
+// TestGVisorMemoryForkNetwork: a sandbox with a network restored from
+// another's memory has its own network namespace's address, not the
+// saved one's (runsc configures the restored network stack from the new
+// namespace), and its processes go on.
+func TestGVisorMemoryForkNetwork(t *testing.T) {
+	t.Parallel()
+	g := backend(t, sandbox.RuntimeGVisor, "").(*sandbox.GVisor)
+	parent := createWith(t, g, nil, "", "", sandbox.Options{Network: linkIn(0)})
+	pid := startCounter(t, parent, 1<<20)
+	count(t, parent, pid)
+	if got := sourceTo(t, parent, 0); got != "10.201.0.2" {
+		t.Fatalf("the parent's address: %q", got)
+	}
+	dir := filepath.Join(t.TempDir(), "checkpoint")
+	if err := parent.Instance.(sandbox.Checkpointer).Checkpoint(t.Context(), dir, nil); err != nil {
+		t.Fatal(err)
+	}
+	fork := createWith(t, g, nil, dir, "", sandbox.Options{Network: linkIn(1)})
+	if got := count(t, fork, pid); got != "2" {
+		t.Errorf("the fork counts %q, want 2", got)
+	}
+	if got := sourceTo(t, fork, 1); got != "10.201.1.2" {
+		t.Errorf("the fork's address: %q, want its own, 10.201.1.2", got)
+	}
+	if got := sourceTo(t, parent, 0); got != "10.201.0.2" {
+		t.Errorf("the parent's address after the checkpoint: %q", got)
+	}
+}
+
+// linkIn connects a sandbox's network namespace to nothing but itself: a
+// pair of links in it, one of them 10.201.n.2/24, enough for its address
+// to show.
+func linkIn(n int) func(string) error {
+	return func(nsPath string) error {
+		ns, err := netns.GetFromPath(nsPath)
+		if err != nil {
+			return err
+		}
+		defer ns.Close()
+		h, err := netlink.NewHandleAt(ns)
+		if err != nil {
+			return err
+		}
+		defer h.Close()
+		if err := h.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth0"}, PeerName: "eth1"}); err != nil {
+			return err
+		}
+		for _, name := range []string{"eth1", "eth0"} {
+			l, err := h.LinkByName(name)
+			if err == nil && name == "eth0" {
+				a, _ := netlink.ParseAddr(fmt.Sprintf("10.201.%d.2/24", n))
+				err = h.AddrAdd(l, a)
+			}
+			if err == nil {
+				err = h.LinkSetUp(l)
+			}
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
+// sourceTo is the address sb's processes send from to 10.201.n.9.
+func sourceTo(t *testing.T, sb box, n int) string {
+	t.Helper()
+	r := run(t, sb, fmt.Sprintf(`python3 -c "import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.connect(('10.201.%d.9', 9)); print(s.getsockname()[0])"`, n))
+	if code(r) != 0 {
+		t.Fatalf("the sandbox's address: %q %q", r.Stdout, r.Stderr)
+	}
+	return strings.TrimSpace(r.Stdout)
+}
+
 // TestNamespacesMemorySnapshot: a namespace sandbox refuses a memory
 // snapshot with an error of a class the API answers with a 4xx.
 func TestNamespacesMemorySnapshot(t *testing.T) {
@@ -156,20 +232,30 @@ func testDisks(t *testing.T) *sandbox.Disks {
 // empty, else a mount of image, restored from the checkpoint in restore.
 func createFrom(t *testing.T, g *sandbox.GVisor, disks *sandbox.Disks, restore, image string) box {
 	t.Helper()
-	var o sandbox.Options
+	return createWith(t, g, disks, restore, image, sandbox.Options{})
+}
+
+// createWith is createFrom with options o (a sandbox without a disk when
+// disks is nil).
+func createWith(t *testing.T, g *sandbox.GVisor, disks *sandbox.Disks, restore, image string, o sandbox.Options) box {
+	t.Helper()
 	o.ID = uuid.Must(uuid.NewV7()).String()
 	o.Dir = filepath.Join(t.TempDir(), o.ID)
 	o.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME=/root", "LANG=C.UTF-8"}
 	o.Limits = sandbox.Limits{MemoryBytes: 512 << 20}
 	o.RestoreFrom = restore
-	if image == "" {
+	workspace := filepath.Join(o.Dir, "disk", sandbox.WorkspaceName)
+	switch {
+	case disks == nil:
+		workspace = filepath.Join(o.Dir, sandbox.WorkspaceName)
+	case image == "":
 		disk, err := disks.Take(64 << 20)
 		if err != nil {
 			t.Fatal(err)
 		}
 		o.Disk = disk.Mount
 		t.Cleanup(func() { disks.Release(disk.Image) })
-	} else {
+	default:
 		m, err := disks.Mount(image)
 		if err != nil {
 			t.Fatal(err)
@@ -180,7 +266,9 @@ func createFrom(t *testing.T, g *sandbox.GVisor, disks *sandbox.Disks, restore, 
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 	sb, err := g.Create(ctx, o)
-	o.Disk.Close() // the sandbox's now
+	if o.Disk != nil {
+		o.Disk.Close() // the sandbox's now
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -189,7 +277,7 @@ func createFrom(t *testing.T, g *sandbox.GVisor, disks *sandbox.Disks, restore, 
 			t.Errorf("destroy: %v", err)
 		}
 	})
-	return box{Instance: sb, ID: o.ID, Dir: o.Dir, Runtime: sandbox.RuntimeGVisor, Workspace: filepath.Join(o.Dir, "disk", sandbox.WorkspaceName)}
+	return box{Instance: sb, ID: o.ID, Dir: o.Dir, Runtime: sandbox.RuntimeGVisor, Workspace: workspace}
 }
 
 // copyDisk copies sb's disk's image, its file system synced, into a new
