@@ -56,6 +56,8 @@ type GVisor struct {
 	// costs a process as big as runsc.
 	verMu      sync.Mutex
 	ver, verOf string
+	// channels are its sandboxes' channels to their agents.
+	channels channels
 }
 
 // bindsOf is where sandbox id's directories are mounted on the host.
@@ -286,13 +288,16 @@ func (s *guestSandbox) Destroy(keepLogs bool) error {
 	return s.remove(keepLogs, s.forget)
 }
 
-// Release unmounts what runsc shares between its containers under Root:
-// the bind mount of the empty network namespace their file servers join,
-// which holds Root busy. Containers that run keep theirs, and the next
-// runsc run makes it again.
+// Release, as kilnd stops, unmounts what runsc shares between its
+// containers under Root: the bind mount of the empty network namespace
+// their file servers join, which holds Root busy. Containers that run keep
+// theirs, and the next runsc run makes it again. It also stops listening
+// for the agents of the sandboxes that run on: each makes its
+// connections again to the next kilnd, which listens as it adopts them.
 func (g *GVisor) Release() {
 	for unix.Unmount(filepath.Join(g.Root, "null-netns"), unix.MNT_DETACH) == nil {
 	}
+	g.channels.closeAll()
 }
 
 // Adopt implements Backend.
@@ -313,7 +318,7 @@ func (g *GVisor) Adopt(state json.RawMessage) (Instance, error) {
 	if err := hold(sb.UIDBase, sb.ID); err != nil {
 		return nil, err
 	}
-	ch, err := listen(sb.Socket())
+	ch, err := g.channels.listen(sb.Socket())
 	if err != nil {
 		g.Ranges.Release(sb.UIDBase, sb.ID)
 		return nil, err

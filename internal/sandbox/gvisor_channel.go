@@ -38,6 +38,43 @@ type channel struct {
 	// turn is held by the one Dial accepting at a time: a listener's
 	// deadline is the listener's, not one Accept's.
 	turn chan struct{}
+	of   *channels
+	made os.FileInfo // the socket's file, as it was made
+}
+
+// channels are a backend's channels, open until each is closed, or all
+// are as kilnd stops (closeAll). The zero value is ready.
+type channels struct {
+	mu   sync.Mutex
+	open map[*channel]struct{} // guarded by mu
+}
+
+// listen makes a channel's socket at path, in place of whatever an
+// earlier kilnd or instance left there.
+func (cs *channels) listen(path string) (*channel, error) {
+	c, err := listen(path)
+	if err != nil {
+		return nil, err
+	}
+	c.of = cs
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	if cs.open == nil {
+		cs.open = map[*channel]struct{}{}
+	}
+	cs.open[c] = struct{}{}
+	return c, nil
+}
+
+// closeAll closes every channel open.
+func (cs *channels) closeAll() {
+	cs.mu.Lock()
+	open := cs.open
+	cs.open = nil
+	cs.mu.Unlock()
+	for c := range open {
+		c.close()
+	}
 }
 
 // listen makes the channel's socket at path, in place of whatever an
@@ -58,13 +95,27 @@ func listen(path string) (*channel, error) {
 	// Removed by close, by its path: the one it was made by may have
 	// named a descriptor since closed.
 	l.SetUnlinkOnClose(false)
-	return &channel{path: path, l: l, turn: make(chan struct{}, 1)}, nil
+	fi, err := os.Lstat(path)
+	if err != nil {
+		l.Close()
+		return nil, fmt.Errorf("sandbox: the agent's socket: %w", err)
+	}
+	return &channel{path: path, l: l, turn: make(chan struct{}, 1), made: fi}, nil
 }
 
-// close stops listening; the agent's waiting connections end with it.
+// close stops listening; the agent's waiting connections end with it,
+// and the agent makes them again, to a kilnd that listens there next.
 func (c *channel) close() error {
+	if c.of != nil {
+		c.of.mu.Lock()
+		delete(c.of.open, c)
+		c.of.mu.Unlock()
+	}
 	err := c.l.Close()
-	os.Remove(c.path)
+	// Unless another channel listens there since.
+	if fi, serr := os.Lstat(c.path); serr == nil && os.SameFile(fi, c.made) {
+		os.Remove(c.path)
+	}
 	return err
 }
 

@@ -70,7 +70,7 @@ func (g *GVisor) Create(ctx context.Context, o Options) (_ Instance, err error) 
 			return nil, fmt.Errorf("sandbox: restore the captured logs: %w", err)
 		}
 	}
-	if sb.ch, err = listen(sb.Socket()); err != nil {
+	if sb.ch, err = g.channels.listen(sb.Socket()); err != nil {
 		return nil, err
 	}
 	s.onFailure(func() { sb.ch.close() })
