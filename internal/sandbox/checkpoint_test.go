@@ -27,12 +27,18 @@ import (
 
 // counterScript holds a counter, and mem bytes beside it, in a Python
 // process's memory: each line on its stdin counts one, and it prints the
-// count.
+// count. It prints first the lines of prefix (its second argument, zero
+// if none).
 const counterScript = `
 import sys
+def prefixOf(n):
+    return "".join("line %010d\n" % i for i in range(n))
 held = bytearray(int(sys.argv[1]))
 for i in range(0, len(held), 4096):
     held[i] = 1
+if len(sys.argv) > 2:
+    sys.stdout.write(prefixOf(int(sys.argv[2])))
+    sys.stdout.flush()
 n = 0
 for line in sys.stdin:
     n += 1
@@ -53,11 +59,14 @@ func TestGVisorMemoryFork(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(parent.Workspace, "before"), []byte("written before\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	pid := startCounter(t, parent, 16<<20)
+	// More output than a process's ring holds (1 MiB): what is read from
+	// offset 0 comes from the captured log first.
+	const lines = 150_000
+	pid := startCounter(t, parent, 16<<20, lines)
 	for range 3 {
 		count(t, parent, pid)
 	}
-	want := "1\n2\n3\n"
+	want := prefixOf(lines) + "1\n2\n3\n"
 
 	dir := filepath.Join(t.TempDir(), "checkpoint")
 	var images []string
@@ -86,7 +95,7 @@ func TestGVisorMemoryFork(t *testing.T) {
 		t.Errorf("the saved sandbox counts %q after its checkpoint, want 4", got)
 	}
 	if got := output(t, parent, pid); got != want+"4\n" {
-		t.Errorf("the saved sandbox's output: %q", got)
+		t.Errorf("the saved sandbox's output: %s", diffAt(got, want+"4\n"))
 	}
 	for i, img := range images {
 		fork := createFrom(t, g, disks, dir, img)
@@ -98,7 +107,7 @@ func TestGVisorMemoryFork(t *testing.T) {
 			t.Errorf("fork %d: the counter restored: %+v", i, st)
 		}
 		if got := output(t, fork, pid); got != want {
-			t.Errorf("fork %d: output up to the checkpoint: %q, want %q", i, got, want)
+			t.Errorf("fork %d: output up to the checkpoint: %s", i, diffAt(got, want))
 		}
 		for n := 4; n <= 5; n++ {
 			if got := count(t, fork, pid); got != fmt.Sprint(n) {
@@ -106,7 +115,7 @@ func TestGVisorMemoryFork(t *testing.T) {
 			}
 		}
 		if got := output(t, fork, pid); got != want+"4\n5\n" {
-			t.Errorf("fork %d: output: %q", i, got)
+			t.Errorf("fork %d: output: %s", i, diffAt(got, want+"4\n5\n"))
 		}
 		if r := run(t, fork, "cat /workspace/before; echo fork > /workspace/mine; hostname"); r.Stdout == "" || !strings.HasPrefix(r.Stdout, "written before\n") {
 			t.Errorf("fork %d: a new process: %q %q", i, r.Stdout, r.Stderr)
@@ -317,14 +326,28 @@ func diskImage(mount string) (string, error) {
 	return strings.TrimSpace(string(b)), nil
 }
 
-// startCounter starts counterScript, holding mem bytes, captured, its
-// stdin a pipe; it returns the process's id.
-func startCounter(t testing.TB, sb box, mem int) string {
+// startCounter starts counterScript, holding mem bytes, printing
+// prefixOf(lines[0]) first if given, captured, its stdin a pipe; it
+// returns the process's id.
+func startCounter(t testing.TB, sb box, mem int, lines ...int) string {
 	t.Helper()
-	body, _ := json.Marshal(api.ExecRequest{Command: "python3", Args: []string{"-c", counterScript, fmt.Sprint(mem)}, Stdin: "pipe", Capture: true})
+	args := []string{"-c", counterScript, fmt.Sprint(mem)}
+	if len(lines) > 0 {
+		args = append(args, fmt.Sprint(lines[0]))
+	}
+	body, _ := json.Marshal(api.ExecRequest{Command: "python3", Args: args, Stdin: "pipe", Capture: true})
 	var started api.Started
 	agentCall(t, sb, "POST", "/exec-stream", body, &started)
 	return started.ID
+}
+
+// prefixOf is what counterScript prints first.
+func prefixOf(n int) string {
+	var b strings.Builder
+	for i := range n {
+		fmt.Fprintf(&b, "line %010d\n", i)
+	}
+	return b.String()
 }
 
 // count writes a line to the counter's stdin and returns the number it
@@ -345,6 +368,15 @@ func count(t testing.TB, sb box, pid string) string {
 		t.Fatalf("output %q, shorter than %d bytes", out, before)
 	}
 	return strings.TrimSpace(out[before:])
+}
+
+// diffAt says where got, long, first differs from want.
+func diffAt(got, want string) string {
+	i := 0
+	for i < len(got) && i < len(want) && got[i] == want[i] {
+		i++
+	}
+	return fmt.Sprintf("%d bytes, want %d; from byte %d: %q, want %q", len(got), len(want), i, got[i:min(len(got), i+40)], want[i:min(len(want), i+40)])
 }
 
 // status is the process's status in sb.
