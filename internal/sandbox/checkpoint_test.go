@@ -133,7 +133,7 @@ func TestGVisorMemoryFork(t *testing.T) {
 // TestGVisorMemoryForkNetwork: a sandbox with a network restored from
 // another's memory has its own network namespace's address, not the
 // saved one's (runsc configures the restored network stack from the new
-// namespace), and its processes go on.
+// namespace), and its processes go on, the saved sandbox gone by then.
 func TestGVisorMemoryForkNetwork(t *testing.T) {
 	t.Parallel()
 	g := backend(t, sandbox.RuntimeGVisor, "").(*sandbox.GVisor)
@@ -147,15 +147,19 @@ func TestGVisorMemoryForkNetwork(t *testing.T) {
 	if err := parent.Instance.(sandbox.Checkpointer).Checkpoint(t.Context(), dir, nil); err != nil {
 		t.Fatal(err)
 	}
+	if got := sourceTo(t, parent, 0); got != "10.201.0.2" {
+		t.Errorf("the parent's address after the checkpoint: %q", got)
+	}
+	// The checkpoint outlives its sandbox.
+	if err := parent.Destroy(false); err != nil {
+		t.Fatal(err)
+	}
 	fork := createWith(t, g, nil, dir, "", sandbox.Options{Network: linkIn(1)})
 	if got := count(t, fork, pid); got != "2" {
 		t.Errorf("the fork counts %q, want 2", got)
 	}
 	if got := sourceTo(t, fork, 1); got != "10.201.1.2" {
 		t.Errorf("the fork's address: %q, want its own, 10.201.1.2", got)
-	}
-	if got := sourceTo(t, parent, 0); got != "10.201.0.2" {
-		t.Errorf("the parent's address after the checkpoint: %q", got)
 	}
 }
 
@@ -282,6 +286,9 @@ func createWith(t *testing.T, g *sandbox.GVisor, disks *sandbox.Disks, restore, 
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
+		if _, err := os.Stat(o.Dir); err != nil {
+			return // destroyed by the test
+		}
 		if err := sb.Destroy(false); err != nil {
 			t.Errorf("destroy: %v", err)
 		}
