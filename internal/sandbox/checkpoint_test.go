@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -422,4 +423,50 @@ func agentCall(t testing.TB, sb box, method, path string, body []byte, out any) 
 		}
 	}
 	return b
+}
+
+// TestGVisorAdoptListeningAgent: a gVisor sandbox recorded by a kilnd
+// whose agents listened (its state says nothing of agent_dials) is
+// dialled where its agent listens, and refuses a memory snapshot.
+func TestGVisorAdoptListeningAgent(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	if err := os.Mkdir(filepath.Join(dir, "sock"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("unix", filepath.Join(dir, "sock", sandbox.SocketName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	state, _ := json.Marshal(map[string]any{"id": "0190aaaa-0000-7000-8000-000000000001", "dir": dir, "pid": 0,
+		"uid_base": sandbox.DefaultUIDBase, "container": "kiln-0190aaaa-0000-7000-8000-000000000001", "runsc_root": t.TempDir()})
+	g := &sandbox.GVisor{Ranges: sandbox.NewIDRanges()}
+	sb, err := g.Adopt(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	accepted := make(chan error, 1)
+	go func() {
+		c, err := l.Accept()
+		if err == nil {
+			c.Close()
+		}
+		accepted <- err
+	}()
+	c, err := sb.Dial(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	if err := <-accepted; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "sock", sandbox.SocketName)); err != nil {
+		t.Errorf("the agent's socket: %v", err)
+	}
+	err = sb.(sandbox.Checkpointer).Checkpoint(t.Context(), filepath.Join(t.TempDir(), "checkpoint"), nil)
+	if errdefs.ClassOf(err) != errdefs.ErrFailedPrecondition {
+		t.Errorf("a memory snapshot of a listening agent's sandbox: %v", err)
+	}
 }

@@ -178,6 +178,10 @@ type guestSandbox struct {
 	// SharedRange says its uid range is shared with the sandbox it was
 	// restored from (see IDRanges.Share).
 	SharedRange bool `json:"shared_range,omitempty"`
+	// AgentDials says its agent connects to kilnd (see channel); an agent
+	// started by a kilnd before that listens on Socket instead, and is
+	// dialled there, as it was.
+	AgentDials bool `json:"agent_dials,omitempty"`
 
 	g *GVisor
 	// ch is where the agent connects to kilnd: made before runsc starts,
@@ -191,6 +195,9 @@ func (s *guestSandbox) Socket() string { return filepath.Join(s.Dir, handoff.Gue
 
 // Dial implements Instance: the next connection the agent made.
 func (s *guestSandbox) Dial(ctx context.Context) (net.Conn, error) {
+	if !s.AgentDials {
+		return dialSocket(ctx, s.Socket())
+	}
 	if s.ch == nil {
 		return nil, errors.New("sandbox: no channel to the agent")
 	}
@@ -318,12 +325,14 @@ func (g *GVisor) Adopt(state json.RawMessage) (Instance, error) {
 	if err := hold(sb.UIDBase, sb.ID); err != nil {
 		return nil, err
 	}
-	ch, err := g.channels.listen(sb.Socket())
-	if err != nil {
-		g.Ranges.Release(sb.UIDBase, sb.ID)
-		return nil, err
+	if sb.AgentDials {
+		ch, err := g.channels.listen(sb.Socket())
+		if err != nil {
+			g.Ranges.Release(sb.UIDBase, sb.ID)
+			return nil, err
+		}
+		sb.ch = ch
 	}
-	sb.ch = ch
 	sb.ranges = g.Ranges
 	sb.adopted()
 	return sb, nil

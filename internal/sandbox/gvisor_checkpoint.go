@@ -77,6 +77,10 @@ type checkpointRecord struct {
 // goes through. The sandbox must be running, not paused; a sandbox's
 // checkpoints are its caller's to take one at a time.
 func (s *guestSandbox) Checkpoint(ctx context.Context, dir string, paused func() error) (err error) {
+	if !s.AgentDials {
+		return errdefs.New(errdefs.ErrFailedPrecondition, "a memory snapshot needs the sandbox's agent to connect to kilnd: this sandbox's, "+
+			"started by an earlier kilnd, listens on a socket gVisor cannot save (start the sandbox again)")
+	}
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return fmt.Errorf("sandbox: checkpoint: %w", err)
 	}

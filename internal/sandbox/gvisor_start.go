@@ -62,7 +62,7 @@ func (g *GVisor) Create(ctx context.Context, o Options) (_ Instance, err error) 
 		s.onFailure(func() { g.Ranges.Release(o.UIDBase, o.ID) })
 	}
 	sb := &guestSandbox{Sandbox: Sandbox{ID: o.ID, Dir: o.Dir, UIDBase: o.UIDBase, EndOnOOM: true, ranges: g.Ranges}, Container: "kiln-" + o.ID, Root: g.Root, g: g,
-		SharedRange: o.RestoreFrom != ""}
+		SharedRange: o.RestoreFrom != "", AgentDials: true}
 	if o.RestoreFrom != "" {
 		// The agent's capture files as they were when it was saved: it
 		// goes on writing them where it was.
