@@ -126,12 +126,16 @@ type Options struct {
 	// again), and its uid range, which owns those files, is this one's.
 	Restart Instance
 	// RestoreFrom, when set, is the directory of a gVisor sandbox's
-	// checkpoint (guestSandbox.Checkpoint): the sandbox is restored from
-	// it instead of started, its processes going on where they were, in
-	// its own directory, network and disk (a copy of the saved sandbox's,
-	// which the caller makes). Its other options must make the same
-	// container as the saved one's did (image, mounts, limits), and it
-	// keeps the saved sandbox's uid range, whose users its processes are.
+	// checkpoint (Checkpointer): the sandbox is restored from it instead
+	// of started, its processes going on where they were, in its own
+	// directory, network (its namespace's addresses, not the saved
+	// one's) and disk (a copy of the saved sandbox's, taken while
+	// Checkpoint paused it, which the caller makes). Its other options
+	// must make the same container as the saved one's did (image, the
+	// mounts' targets and modes, memory limit), or runsc refuses; what
+	// its kernel held is the saved one's whatever they say (hostname,
+	// environment, init command). It keeps the saved sandbox's uid range,
+	// whose users its processes are.
 	RestoreFrom string
 }
 
