@@ -1279,6 +1279,9 @@ type Snapshot struct {
 	// Processes are the sandbox's processes when it was taken, each
 	// stream's total_bytes its offset then.
 	Processes []Process `json:"processes"`
+	// Memory says its processes were saved too (a gVisor sandbox's): a
+	// sandbox made from it goes on running them where they were.
+	Memory bool `json:"memory,omitempty"`
 }
 
 // SnapshotRequest is the body of POST /sandboxes/{id}/snapshots.
@@ -1286,6 +1289,9 @@ type SnapshotRequest struct {
 	// Name, when set, names the snapshot: unique among snapshots, as a
 	// sandbox's name is (ValidName).
 	Name string `json:"name,omitempty"`
+	// Memory saves the sandbox's processes too, memory and all (runsc
+	// checkpoint): a gVisor sandbox's only.
+	Memory bool `json:"memory,omitempty"`
 }
 
 // RollbackRequest is the body of POST /sandboxes/{id}/rollback.
@@ -1300,6 +1306,10 @@ type ForkRequest struct {
 	Count int `json:"count,omitempty"`
 	// Labels are added to those each fork has from its sandbox.
 	Labels map[string]string `json:"labels,omitempty"`
+	// FilesOnly forks a running gVisor sandbox's files alone; otherwise
+	// its processes are saved and go on in each fork, where they were.
+	// (A namespace sandbox's forks have its files alone.)
+	FilesOnly bool `json:"files_only,omitempty"`
 }
 
 // MaxForks bounds one fork's sandboxes.

@@ -13,12 +13,13 @@ import (
 // Snapshot takes a snapshot of the sandbox's files (its disk: /workspace
 // and, with an image, the root's writes), running or stopped, named if
 // name is set. Its processes go on; their writes wait the moment the
-// copy takes. The snapshot outlives the sandbox. A sandbox without a
+// copy takes. The snapshot outlives the sandbox. With o.Memory its
+// processes are saved too (a running gVisor sandbox's). A sandbox without a
 // disk of its own (disk_bytes 0) is an error IsFailedPrecondition
 // reports; one past kilnd's snapshot quota, IsForbidden.
-func (s *Sandbox) Snapshot(ctx context.Context, name string) (api.Snapshot, error) {
+func (s *Sandbox) Snapshot(ctx context.Context, o api.SnapshotRequest) (api.Snapshot, error) {
 	var out api.Snapshot
-	return out, s.c.call(ctx, "POST", s.path("/snapshots"), nil, api.SnapshotRequest{Name: name}, &out, false)
+	return out, s.c.call(ctx, "POST", s.path("/snapshots"), nil, o, &out, false)
 }
 
 // Snapshots lists the sandbox's snapshots, oldest first.

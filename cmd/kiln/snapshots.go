@@ -21,6 +21,7 @@ import (
 // them.
 func (c *cli) snapshotCmd() *cobra.Command {
 	var name string
+	var memory bool
 	cmd := &cobra.Command{
 		Use:   "snapshot [--name NAME] SANDBOX",
 		Short: "Snapshot a sandbox's files; list, inspect and remove snapshots",
@@ -39,7 +40,7 @@ start from it. Snapshots count against kilnd's --snapshot-quota.`,
 		ValidArgsFunction: c.completeEach(sandboxArg),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return c.withClient(func(cl *client.Client) error {
-				snap, err := cl.Handle(args[0]).Snapshot(cmd.Context(), name)
+				snap, err := cl.Handle(args[0]).Snapshot(cmd.Context(), api.SnapshotRequest{Name: name, Memory: memory})
 				if err != nil {
 					return err
 				}
@@ -52,6 +53,7 @@ start from it. Snapshots count against kilnd's --snapshot-quota.`,
 		},
 	}
 	cmd.Flags().StringVar(&name, "name", "", "a `name` for the snapshot, unique among snapshots: a-z, 0-9 and '-'")
+	cmd.Flags().BoolVar(&memory, "memory", false, "save its processes too, memory and all (a running gvisor sandbox's: runsc checkpoint)")
 	var quiet bool
 	ls := &cobra.Command{
 		Use:     "ls [SANDBOX]",
@@ -257,15 +259,18 @@ far their output had come. The snapshot stays, for another rollback.`,
 // forkCmd is kiln fork.
 func (c *cli) forkCmd() *cobra.Command {
 	var count int
+	var filesOnly bool
 	var labels func() (map[string]string, error)
 	cmd := &cobra.Command{
 		Use:   "fork [--count N] [--label KEY=VALUE]... SANDBOX",
 		Short: "Make sandboxes with a sandbox's files as they are now; print their ids",
 		Long: fmt.Sprintf(`Makes N sandboxes (default 1, at most %d), each with the files the sandbox has now (a snapshot,
 removed once they are made), its image, limits, runtime, network policy (a new address each), init
-command and labels, and prints their ids, one a line. Each goes its own way from there. The
-processes of the sandbox are listed in each as its history (kiln ps): their output up to the fork
-stays readable (kiln logs); they do not run in the forks. All are made, or none.`, api.MaxForks),
+command and labels, and prints their ids, one a line. Each goes its own way from there. A running
+gvisor sandbox's processes are saved too (runsc checkpoint) and go on in each fork where they were,
+their output at the same offsets (--files-only: its files alone). A namespace sandbox's processes
+are listed in each fork as its history (kiln ps), their captured output up to the fork readable
+(kiln logs); they do not run there. All are made, or none.`, api.MaxForks),
 		Example: `  kiln fork --count 5 agent-ws               # five tries from one state
   for sb in $(kiln fork --count 3 web); do kiln exec -d "$sb" -- make test; done`,
 		Args:              cobra.ExactArgs(1),
@@ -279,7 +284,7 @@ stays readable (kiln logs); they do not run in the forks. All are made, or none.
 				return err
 			}
 			return c.withClient(func(cl *client.Client) error {
-				made, err := cl.Handle(args[0]).Fork(cmd.Context(), api.ForkRequest{Count: count, Labels: l})
+				made, err := cl.Handle(args[0]).Fork(cmd.Context(), api.ForkRequest{Count: count, Labels: l, FilesOnly: filesOnly})
 				if err != nil {
 					return err
 				}
@@ -300,6 +305,7 @@ stays readable (kiln logs); they do not run in the forks. All are made, or none.
 		},
 	}
 	cmd.Flags().IntVarP(&count, "count", "n", 1, fmt.Sprintf("how many sandboxes to make, 1 to %d", api.MaxForks))
+	cmd.Flags().BoolVar(&filesOnly, "files-only", false, "fork a running gvisor sandbox's files alone, not its processes")
 	labels = labelFlag(cmd)
 	return cmd
 }

@@ -196,9 +196,17 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	began := time.Now()
 	rec := newRecord(id, p, diskImage, began)
 	if snap != nil {
-		rec.Image, rec.DiskIDs, rec.History = snap.Image, snap.DiskIDs, history(*snap)
+		rec.Image, rec.DiskIDs = snap.Image, snap.DiskIDs
+		if !snap.Memory {
+			// Its processes run on in a sandbox made from its memory;
+			// otherwise they are its history.
+			rec.History = history(*snap)
+		}
 	}
 	opts := d.options(p, &rec, diskMount)
+	if snap != nil && snap.Memory {
+		opts.RestoreFrom = d.snaps.path(snap.ID, snapshotMemory)
+	}
 	if egress.Wanted(req.Network) {
 		if err := d.plug(id, *req.Network, &rec, &opts); err != nil {
 			if diskImage != "" {
@@ -221,7 +229,7 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		return Info{}, err
 	}
 	d.metrics.creates.Observe(time.Since(began).Seconds())
-	if snap != nil {
+	if snap != nil && !snap.Memory {
 		// Its history's output, readable as its own processes' is.
 		if err := copyLogs(d.snaps.path(snap.ID, snapshotLogs), filepath.Join(d.sandboxDir(id), sandbox.LogsName), snap.Processes); err != nil {
 			d.log.Warn("the captured logs of a snapshot's processes were not all copied", "snapshot", snap.ID, "sandbox", id, "err", err)

@@ -74,6 +74,9 @@ func (d *Daemon) exportSnapshotHandler(w http.ResponseWriter, r *http.Request) {
 
 // writeExport writes a snapshot's entries.
 func writeExport(tw *tar.Writer, snap snapshotRecord, disk *os.File, logs string) error {
+	// Its processes' memory stays here: an image of runsc's is for the
+	// same runsc, and holds what the sandbox had open on this host.
+	snap.Memory = false
 	rec, err := json.MarshalIndent(snap, "", "  ")
 	if err != nil {
 		return err

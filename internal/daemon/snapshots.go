@@ -36,6 +36,7 @@ const (
 	snapshotFile     = "snapshot.json"
 	snapshotDisk     = "disk.img"
 	snapshotLogs     = "logs"
+	snapshotMemory   = "memory"
 	snapshotNewMark  = ".new-"
 	snapshotGoneMark = ".gone-"
 )
@@ -50,15 +51,17 @@ type snapshotRecord struct {
 	api.Snapshot
 	// DiskIDs is the first host uid of the range its disk's files are
 	// owned by.
-	DiskIDs int               `json:"disk_ids"`
-	ImageID string            `json:"image_id,omitempty"`
-	Rootfs  string            `json:"rootfs,omitempty"`
-	Limits  api.Limits        `json:"limits"`
-	Network *api.Network      `json:"network,omitempty"`
-	Init    *api.ExecRequest  `json:"init,omitempty"`
-	Labels  map[string]string `json:"labels,omitempty"`
-	OnOOM   string            `json:"on_oom,omitempty"`
-	Logs    *api.LogRotation  `json:"logs,omitempty"`
+	DiskIDs int `json:"disk_ids"`
+	// Hostname is the sandbox's: a sandbox made from its memory keeps it.
+	Hostname string            `json:"hostname,omitempty"`
+	ImageID  string            `json:"image_id,omitempty"`
+	Rootfs   string            `json:"rootfs,omitempty"`
+	Limits   api.Limits        `json:"limits"`
+	Network  *api.Network      `json:"network,omitempty"`
+	Init     *api.ExecRequest  `json:"init,omitempty"`
+	Labels   map[string]string `json:"labels,omitempty"`
+	OnOOM    string            `json:"on_oom,omitempty"`
+	Logs     *api.LogRotation  `json:"logs,omitempty"`
 	// IdleTimeout and TTL are the sandbox's, in seconds.
 	IdleTimeout int64 `json:"idle_timeout_seconds,omitempty"`
 	TTL         int64 `json:"ttl_seconds,omitempty"`
@@ -229,8 +232,9 @@ func (d *Daemon) Snapshot(ctx context.Context, ref string, req api.SnapshotReque
 	rec.Labels = maps.Clone(rec.Labels)
 	sb := e.sb
 	running := rec.State == StateRunning && sb != nil
+	paused := e.paused()
 	var agent http.RoundTripper
-	if running && e.proxy != nil {
+	if running && e.proxy != nil && !e.agentPaused() {
 		agent = e.proxy.Transport
 	}
 	d.mu.Unlock()
@@ -241,6 +245,11 @@ func (d *Daemon) Snapshot(ctx context.Context, ref string, req api.SnapshotReque
 	}()
 	if rec.Disk == "" {
 		return api.Snapshot{}, fmt.Errorf("%w: sandbox %s has no disk of its own (its limits' disk_bytes is 0): a snapshot copies a sandbox's disk", errdefs.ErrFailedPrecondition, rec.ID)
+	}
+	if req.Memory {
+		if err := memorySnapshottable(rec, sb, running, paused); err != nil {
+			return api.Snapshot{}, err
+		}
 	}
 	srcSize := sandbox.Allocated(rec.Disk)
 	s.mu.Lock()
@@ -254,7 +263,7 @@ func (d *Daemon) Snapshot(ctx context.Context, ref string, req api.SnapshotReque
 	snap := snapshotRecord{Snapshot: api.Snapshot{ID: id, Name: req.Name, Sandbox: rec.ID, SandboxName: rec.Name, Runtime: runtimeOf(rec),
 		Image: rec.Image, DiskBytes: rec.Limits.DiskBytes, Copy: s.copyWay()},
 		DiskIDs: diskIDsOf(rec), ImageID: rec.ImageID, Rootfs: rec.Rootfs, Limits: rec.Limits, Init: rec.Init, Labels: rec.Labels,
-		OnOOM: rec.OnOOM, Logs: rec.Logs, IdleTimeout: rec.IdleTimeout, TTL: rec.TTL}
+		OnOOM: rec.OnOOM, Logs: rec.Logs, IdleTimeout: rec.IdleTimeout, TTL: rec.TTL, Hostname: rec.Hostname}
 	if rec.Network != nil {
 		n := rec.Network.Policy
 		snap.Network = &n
@@ -269,7 +278,30 @@ func (d *Daemon) Snapshot(ctx context.Context, ref string, req api.SnapshotReque
 			os.RemoveAll(tmp)
 		}
 	}()
-	if running {
+	switch {
+	case req.Memory:
+		var procs []api.Process
+		if agent != nil {
+			askAgent(ctx, agent, "/exec-stream", &procs)
+		}
+		err := sb.(sandbox.Checkpointer).Checkpoint(ctx, filepath.Join(tmp, snapshotMemory), func() error {
+			// Its processes stand still: what the file server wrote is
+			// flushed to the image, then copied with the memory's image.
+			thaw, err := sandbox.FreezeDisk(sb, rec.Disk)
+			if err != nil {
+				return err
+			}
+			_, cerr := sandbox.CloneFile(filepath.Join(tmp, snapshotDisk), rec.Disk)
+			return errors.Join(cerr, thaw())
+		})
+		if err != nil {
+			if errdefs.ClassOf(err) != nil {
+				return api.Snapshot{}, err
+			}
+			return api.Snapshot{}, d.hostFailure(fmt.Sprintf("memory snapshot of sandbox %s", rec.ID), err)
+		}
+		snap.Processes, snap.Memory = procs, true
+	case running:
 		thaw, err := sandbox.FreezeDisk(sb, rec.Disk)
 		if err != nil {
 			if !sb.Alive() {
@@ -287,7 +319,7 @@ func (d *Daemon) Snapshot(ctx context.Context, ref string, req api.SnapshotReque
 			return api.Snapshot{}, d.hostFailure(fmt.Sprintf("snapshot of sandbox %s: its disk could not be copied", rec.ID), err)
 		}
 		snap.Processes = procs
-	} else {
+	default:
 		if sandbox.DiskAttached(rec.Disk) {
 			return api.Snapshot{}, fmt.Errorf("%w: sandbox %s is still letting go of its disk as it stopped: take the snapshot again", errdefs.ErrUnavailable, rec.ID)
 		}
@@ -320,6 +352,25 @@ func (d *Daemon) Snapshot(ctx context.Context, ref string, req api.SnapshotReque
 	s.byID[id] = &snap
 	d.log.Info("snapshot taken", "id", id, "sandbox", rec.ID, "copy", snap.Copy, "bytes", snap.SizeBytes)
 	return snap.Snapshot, nil
+}
+
+// memorySnapshottable says why the memory of the sandbox of rec cannot
+// be saved now, if it cannot.
+func memorySnapshottable(rec record, sb sandbox.Instance, running, paused bool) error {
+	switch {
+	case runtimeOf(rec) != sandbox.RuntimeGVisor:
+		return sandbox.ErrNoMemorySnapshot
+	case !running:
+		return fmt.Errorf("%w: sandbox %s is %s: a memory snapshot saves a running sandbox's processes (without memory, its files)", errdefs.ErrFailedPrecondition, rec.ID, rec.State)
+	case paused:
+		return fmt.Errorf("%w: sandbox %s is paused: resume it first (a memory snapshot pauses it for the moment it takes)", errdefs.ErrFailedPrecondition, rec.ID)
+	case len(rec.Mounts) > 0:
+		return fmt.Errorf("%w: sandbox %s has host directories mounted: its memory is not saved (what its processes hold of them would not be there in a fork); without memory, its files are", errdefs.ErrFailedPrecondition, rec.ID)
+	}
+	if _, ok := sb.(sandbox.Checkpointer); !ok {
+		return sandbox.ErrNoMemorySnapshot
+	}
+	return nil
 }
 
 // loggedProcesses are the processes of stopped sandbox id, as its
@@ -545,6 +596,12 @@ func (d *Daemon) fromSnapshot(req *CreateRequest) (snapshotRecord, error) {
 		return snapshotRecord{}, fmt.Errorf("%w: image and rootfs: a sandbox made from snapshot %s has its image (%s)", errdefs.ErrInvalidArgument, short, cmp.Or(snap.Image, snap.Rootfs, "the host's system directories"))
 	case req.Limits.DiskBytes != nil && *req.Limits.DiskBytes != snap.DiskBytes:
 		return snapshotRecord{}, fmt.Errorf("%w: limits.disk_bytes: a sandbox made from snapshot %s has its disk, of %d bytes", errdefs.ErrInvalidArgument, short, snap.DiskBytes)
+	case snap.Memory && (req.Runtime != "" && req.Runtime != snap.Runtime || req.Limits.MemoryBytes != nil && *req.Limits.MemoryBytes != snap.Limits.MemoryBytes ||
+		req.Hostname != "" || req.Init != nil || len(req.Mounts) > 0):
+		return snapshotRecord{}, fmt.Errorf("%w: snapshot %s holds its processes' memory: a sandbox made from it has its runtime, memory limit, hostname and init command, and no mounts", errdefs.ErrInvalidArgument, short)
+	}
+	if snap.Memory {
+		req.Hostname = snap.Hostname
 	}
 	req.Image, req.Rootfs = snap.ImageID, snap.Rootfs
 	req.Limits.DiskBytes = &snap.DiskBytes
@@ -678,7 +735,15 @@ func (d *Daemon) Fork(ctx context.Context, ref string, req api.ForkRequest) ([]I
 	if err := validateLabels(req.Labels); err != nil {
 		return nil, err
 	}
-	snap, err := d.Snapshot(ctx, ref, api.SnapshotRequest{})
+	memory := false
+	if !req.FilesOnly {
+		d.mu.Lock()
+		if e, err := d.lookup(ref); err == nil {
+			memory = runtimeOf(e.rec) == sandbox.RuntimeGVisor && e.rec.State == StateRunning && !e.paused() && len(e.rec.Mounts) == 0
+		}
+		d.mu.Unlock()
+	}
+	snap, err := d.Snapshot(ctx, ref, api.SnapshotRequest{Memory: memory})
 	if err != nil {
 		return nil, err
 	}

@@ -407,3 +407,64 @@ func TestSnapshotExportImport(t *testing.T) {
 		t.Errorf("refused imports left %v", ents)
 	}
 }
+
+// TestMemoryFork forks a running gVisor sandbox whose process counts in
+// memory: in each fork the process is listed running, its output up to
+// the fork is the original's byte for byte at the same offsets, and it
+// counts on from where it was. A namespace sandbox's memory snapshot is
+// refused, saying why.
+func TestMemoryFork(t *testing.T) {
+	k := start(t, "")
+	defer k.cleanup()
+	ns := k.made(t, "{}")
+	code, b := k.do("POST", "/sandboxes/"+ns+"/snapshots", k.d.Token(), api.SnapshotRequest{Memory: true})
+	if code != http.StatusPreconditionFailed || !strings.Contains(string(b), "CRIU") {
+		t.Errorf("a namespace sandbox's memory snapshot: %d %s", code, b)
+	}
+
+	sb := createGVisor(t, k, `{"runtime":"gvisor","limits":{"memory_bytes":268435456}}`).ID
+	var started api.Started
+	k.json("POST", "/sandboxes/"+sb+"/exec-stream", api.ExecRequest{Command: "python3", Args: []string{"-u", "-c",
+		"import time\ni = 0\nwhile True:\n    i += 1\n    print(i)\n    time.sleep(0.02)"}}, &started)
+	output := func(sb string) string {
+		t.Helper()
+		code, b := k.do("GET", "/sandboxes/"+sb+"/exec-stream/"+started.ID+"/logs?follow=false&stdout=0", k.d.Token(), nil)
+		if code != http.StatusOK {
+			t.Fatalf("output in %s: %d %s", sb, code, b)
+		}
+		return string(b)
+	}
+	// Counting, before the fork.
+	k.sh(t, sb, "true")
+	for len(strings.Split(output(sb), "\n")) < 20 {
+		k.sh(t, sb, "sleep 0.1")
+	}
+	var forked api.Forked
+	k.json("POST", "/sandboxes/"+sb+"/fork", api.ForkRequest{Count: 2}, &forked)
+	original := output(sb)
+	for _, f := range forked.Sandboxes {
+		var p api.Process
+		k.json("GET", "/sandboxes/"+f.ID+"/exec-stream/"+started.ID, nil, &p)
+		if p.State != api.StateRunning || p.ForkedFrom != nil {
+			t.Errorf("fork %s: the process is %+v, want it running on", f.ID, p)
+		}
+		// It counts on: wait until it has written past where it was.
+		at := p.Streams["stdout"].TotalBytes
+		for int64(len(output(f.ID))) <= at+10 {
+			k.sh(t, f.ID, "sleep 0.1")
+		}
+		out := output(f.ID)
+		if at == 0 || len(original) < int(at) || out[:at] != original[:at] {
+			t.Fatalf("fork %s's output to offset %d is not the original's", f.ID, at)
+		}
+		lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+		for i, l := range lines {
+			if l != strconv.Itoa(i+1) {
+				t.Fatalf("fork %s: line %d is %q: the count did not go on where it was", f.ID, i+1, l)
+			}
+		}
+	}
+	if len(forked.Sandboxes) != 2 || forked.Sandboxes[0].Runtime != "gvisor" {
+		t.Errorf("forked: %+v", forked)
+	}
+}

@@ -434,6 +434,9 @@ type Inside struct {
 	// Usage reads what a runtime's own kernel counts of the sandbox's
 	// processes (see handoff.GuestUsage); nil where the host's groups count them.
 	Usage func() (handoff.GuestUsage, error)
+	// Reconnect makes the agent's connections to kilnd again (see
+	// handoff.ReconnectSignal); nil where kilnd connects to the agent.
+	Reconnect func()
 }
 
 // IsAgent reports whether this process was started as a sandbox's agent.

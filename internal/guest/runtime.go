@@ -2,7 +2,6 @@ package guest
 
 import (
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -42,15 +41,16 @@ func enterGuest(cfg handoff.AgentConfig) (*Inside, error) {
 		exe.Close()
 		return nil, err
 	}
-	// The socket is made in a directory the runtime passes through to the
-	// host's, where kilnd dials it.
-	l, err := net.Listen("unix", filepath.Join(handoff.GuestDir, handoff.GuestSock, handoff.SocketName))
+	// kilnd listens in a directory the runtime passes through to the
+	// host's, and the agent connects to it (see dialListener), through the
+	// directory kept open: its path is hidden below.
+	sockFD, err := unix.Open(filepath.Join(handoff.GuestDir, handoff.GuestSock), unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		exe.Close()
 		logs.Close()
-		return nil, fmt.Errorf("sandbox: agent socket: %w", err)
+		return nil, fmt.Errorf("sandbox: kilnd's socket directory: %w", err)
 	}
-	l.(*net.UnixListener).SetUnlinkOnClose(false) // the host's file, kilnd's to remove
+	l := newDialListener(dialAt(sockFD, handoff.SocketName))
 	// Hidden, not unmounted: the runtime's file server serves the socket
 	// and the capture directory through these mounts. Nothing below an
 	// empty read-only mount can be reached, and the sandbox's processes,
@@ -82,7 +82,7 @@ func enterGuest(cfg handoff.AgentConfig) (*Inside, error) {
 		l.Close()
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
-	return &Inside{Config: cfg, Listener: l, Logs: logs, Spawner: spawner, Usage: usage}, nil
+	return &Inside{Config: cfg, Listener: l, Logs: logs, Spawner: spawner, Usage: usage, Reconnect: l.Reconnect}, nil
 }
 
 // guestProcsGroup makes, in the runtime's own cgroup file system, the

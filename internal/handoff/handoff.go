@@ -9,6 +9,7 @@ package handoff
 import (
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/sandkiln/sandkiln/api"
@@ -180,9 +181,9 @@ const IDRange = 65536
 const DefaultSpawnerIdle = 5 * time.Second
 
 // GuestDir is where, in a container a runtime built, the agent finds its
-// handles: its binary, the capture directory and the directory of its API
-// socket, each mounted there from the host. The agent takes them and hides
-// them before any sandboxed process starts.
+// handles: its binary, the capture directory and the directory of kilnd's
+// socket it connects to, each mounted there from the host. The agent
+// takes them and hides them before any sandboxed process starts.
 const GuestDir = "/.kiln"
 
 // Names in GuestDir (and guestAgentName).
@@ -220,7 +221,17 @@ func EventIn(b []byte, key string) int64 {
 	return 0
 }
 
-// SocketName is the agent's API socket's name in the directory it is
-// served from: the sandbox's on the host, GuestSock in a runtime's
-// container.
+// SocketName is the name of the socket of the agent's API: in the
+// sandbox's directory on the host, the one the agent serves on; in a
+// runtime's container, in GuestSock, the one kilnd listens on, which the
+// agent connects to, keeping a few connections open for kilnd's requests
+// and making them again whenever they end (kilnd restarted, or the
+// sandbox saved: a bound socket would keep gVisor from saving it).
 const SocketName = "agent.sock"
+
+// ReconnectSignal, sent to the agent of a runtime's container, has it
+// make again those of its connections to kilnd that are closed. kilnd
+// sends it once gVisor has saved a sandbox that goes on running: the save
+// closes them, and gVisor wakes nothing that waits on them (it does, in a
+// sandbox restored from the image).
+const ReconnectSignal = syscall.SIGUSR2

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -109,11 +110,14 @@ func Transport(dial func(context.Context) (net.Conn, error)) *http.Transport {
 // IDRanges hands out the host uid ranges sandboxes map their users to,
 // one per sandbox, so that the users of two sandboxes are never the same
 // host users: files, signals and the kernel's per-user limits stay apart.
+// The one exception are the gVisor sandboxes restored from another's
+// memory (Share): their processes are saved with their users, which no
+// host process ever runs as (gVisor's kernel runs them all).
 type IDRanges struct {
 	first int // the window's first uid (see ClaimUIDs)
 
 	mu   sync.Mutex
-	used map[int]string // base → sandbox id
+	used map[int][]string // base → the sandboxes that hold it
 }
 
 // NewIDRanges returns an empty set of ranges, UIDWindow of them from
@@ -123,7 +127,7 @@ func NewIDRanges() *IDRanges { return NewIDRangesFrom(DefaultUIDBase) }
 // NewIDRangesFrom returns an empty set of ranges, UIDWindow of them from
 // first, a window ClaimUIDs gave.
 func NewIDRangesFrom(first int) *IDRanges {
-	return &IDRanges{first: first, used: map[int]string{}}
+	return &IDRanges{first: first, used: map[int][]string{}}
 }
 
 // Claim gives sandbox id the lowest free range and returns its base; it
@@ -132,13 +136,13 @@ func (r *IDRanges) Claim(id string) (int, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	base := r.first
-	for r.used[base] != "" {
+	for len(r.used[base]) > 0 {
 		base += IDRange
 	}
 	if base >= r.first+UIDWindow*IDRange {
 		return 0, fmt.Errorf("sandbox: %d sandboxes hold every uid range of this kilnd", UIDWindow)
 	}
-	r.used[base] = id
+	r.used[base] = []string{id}
 	return base, nil
 }
 
@@ -146,19 +150,39 @@ func (r *IDRanges) Claim(id string) (int, error) {
 func (r *IDRanges) Hold(base int, id string) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if other := r.used[base]; other != "" && other != id {
-		return fmt.Errorf("sandbox: uid range %d is both %s's and %s's", base, other, id)
+	for _, other := range r.used[base] {
+		if other != id {
+			return fmt.Errorf("sandbox: uid range %d is both %s's and %s's", base, other, id)
+		}
 	}
-	r.used[base] = id
+	r.used[base] = []string{id}
 	return nil
 }
 
-// Release frees base, if it is sandbox id's.
+// Share marks base as sandbox id's too, whoever else holds it: a gVisor
+// sandbox restored from another's memory, whose users it keeps.
+func (r *IDRanges) Share(base int, id string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if base < r.first || base >= r.first+UIDWindow*IDRange || (base-r.first)%IDRange != 0 {
+		return fmt.Errorf("sandbox: uid range %d is not one of this kilnd's", base)
+	}
+	if !slices.Contains(r.used[base], id) {
+		r.used[base] = append(r.used[base], id)
+	}
+	return nil
+}
+
+// Release frees base of sandbox id; the range is free once no sandbox
+// holds it.
 func (r *IDRanges) Release(base int, id string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.used[base] == id {
+	held := slices.DeleteFunc(r.used[base], func(h string) bool { return h == id })
+	if len(held) == 0 {
 		delete(r.used, base)
+	} else {
+		r.used[base] = held
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -50,6 +51,14 @@ type GVisor struct {
 	// rmdir, once unmounted: a mount left there by an end cut short
 	// keeps what it holds.
 	Binds string
+
+	// verMu guards ver, runsc's version as of the binary verOf (its
+	// inode, size and time): a checkpoint records it, and asking runsc
+	// costs a process as big as runsc.
+	verMu      sync.Mutex
+	ver, verOf string
+	// channels are its sandboxes' channels to their agents.
+	channels channels
 }
 
 // bindsOf is where sandbox id's directories are mounted on the host.
@@ -117,6 +126,26 @@ func (g *GVisor) version() (string, error) {
 	return strings.TrimSpace(strings.TrimPrefix(line, "runsc version ")), nil
 }
 
+// cachedVersion is version, asked again only when the binary changed.
+func (g *GVisor) cachedVersion() (string, error) {
+	fi, err := os.Stat(g.Runsc)
+	if err != nil {
+		return "", fmt.Errorf("sandbox: %w", err)
+	}
+	st := fi.Sys().(*syscall.Stat_t)
+	of := fmt.Sprint(st.Dev, st.Ino, fi.Size(), fi.ModTime().UnixNano())
+	g.verMu.Lock()
+	defer g.verMu.Unlock()
+	if g.verOf != of {
+		v, err := g.version()
+		if err != nil {
+			return "", err
+		}
+		g.ver, g.verOf = v, of
+	}
+	return g.ver, nil
+}
+
 // Version is runsc's version.
 func (g *GVisor) Version() string {
 	v, _ := g.version()
@@ -147,19 +176,36 @@ type guestSandbox struct {
 	// BindMounts are the host mounts of the caller's directories, in
 	// the order of the sandbox's mounts.
 	BindMounts []string `json:"bind_mounts,omitempty"`
+	// SharedRange says its uid range is shared with the sandbox it was
+	// restored from (see IDRanges.Share).
+	SharedRange bool `json:"shared_range,omitempty"`
+	// AgentDials says its agent connects to kilnd (see channel); an agent
+	// started by a kilnd before that listens on Socket instead, and is
+	// dialled there, as it was.
+	AgentDials bool `json:"agent_dials,omitempty"`
 
 	g *GVisor
 	// paused says this kilnd paused the sandbox (or took it back paused)
 	// and has not resumed it: its agent does not answer meanwhile.
 	paused atomic.Bool
+	// ch is where the agent connects to kilnd: made before runsc starts,
+	// or as the sandbox is adopted; set before the sandbox is shared.
+	ch *channel
 }
 
-// Socket is where runsc passes the agent's socket through to the host.
+// Socket is kilnd's socket the agent connects to, in the directory runsc
+// passes through to the host's.
 func (s *guestSandbox) Socket() string { return filepath.Join(s.Dir, handoff.GuestSock, SocketName) }
 
-// Dial implements Instance.
+// Dial implements Instance: the next connection the agent made.
 func (s *guestSandbox) Dial(ctx context.Context) (net.Conn, error) {
-	return dialSocket(ctx, s.Socket())
+	if !s.AgentDials {
+		return dialSocket(ctx, s.Socket())
+	}
+	if s.ch == nil {
+		return nil, errors.New("sandbox: no channel to the agent")
+	}
+	return s.ch.dial(ctx, s.Alive)
 }
 
 // State implements Instance.
@@ -201,6 +247,9 @@ func (s *guestSandbox) End() {
 // host mount of the sandbox's disk.
 func (s *guestSandbox) forget() error {
 	var errs []error
+	if s.ch != nil {
+		s.ch.close()
+	}
 	if _, err := os.Stat(filepath.Join(s.Root, s.Container)); err == nil {
 		if err := s.runsc("delete", "--force", s.Container); err != nil {
 			errs = append(errs, err)
@@ -263,13 +312,16 @@ func (s *guestSandbox) Destroy(keepLogs bool) error {
 	return s.remove(keepLogs, s.forget)
 }
 
-// Release unmounts what runsc shares between its containers under Root:
-// the bind mount of the empty network namespace their file servers join,
-// which holds Root busy. Containers that run keep theirs, and the next
-// runsc run makes it again.
+// Release, as kilnd stops, unmounts what runsc shares between its
+// containers under Root: the bind mount of the empty network namespace
+// their file servers join, which holds Root busy. Containers that run keep
+// theirs, and the next runsc run makes it again. It also stops listening
+// for the agents of the sandboxes that run on: each makes its
+// connections again to the next kilnd, which listens as it adopts them.
 func (g *GVisor) Release() {
 	for unix.Unmount(filepath.Join(g.Root, "null-netns"), unix.MNT_DETACH) == nil {
 	}
+	g.channels.closeAll()
 }
 
 // Adopt implements Backend.
@@ -283,8 +335,20 @@ func (g *GVisor) Adopt(state json.RawMessage) (Instance, error) {
 	if sb.ID == "" || sb.Dir == "" || sb.Container == "" || sb.Root == "" {
 		return nil, errors.New("sandbox: gVisor state without an id, a directory or a container")
 	}
-	if err := g.Ranges.Hold(sb.UIDBase, sb.ID); err != nil {
+	hold := g.Ranges.Hold
+	if sb.SharedRange {
+		hold = g.Ranges.Share
+	}
+	if err := hold(sb.UIDBase, sb.ID); err != nil {
 		return nil, err
+	}
+	if sb.AgentDials {
+		ch, err := g.channels.listen(sb.Socket())
+		if err != nil {
+			g.Ranges.Release(sb.UIDBase, sb.ID)
+			return nil, err
+		}
+		sb.ch = ch
 	}
 	sb.ranges = g.Ranges
 	sb.adopted()

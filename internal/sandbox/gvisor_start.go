@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sandkiln/sandkiln/internal/errdefs"
 	"github.com/sandkiln/sandkiln/internal/handoff"
 	"github.com/sandkiln/sandkiln/internal/rootfs"
 	"golang.org/x/sys/unix"
@@ -34,12 +35,26 @@ func (g *GVisor) Create(ctx context.Context, o Options) (_ Instance, err error) 
 			return nil, err
 		}
 	}
+	var saved checkpointRecord
+	if o.RestoreFrom != "" {
+		if o.Restart != nil {
+			return nil, fmt.Errorf("%w: sandbox: a sandbox started again is not restored from a checkpoint", errdefs.ErrInvalidArgument)
+		}
+		if saved, err = g.readCheckpoint(o.RestoreFrom); err != nil {
+			return nil, err
+		}
+	}
 	s, err := begin(o, LogsName, handoff.GuestSock, "bundle")
 	if err != nil {
 		return nil, err
 	}
 	defer s.end(&err)
-	if o.UIDBase, err = claimRange(g.Ranges, o); err != nil {
+	if o.RestoreFrom != "" {
+		o.UIDBase, err = saved.UIDBase, g.Ranges.Share(saved.UIDBase, o.ID)
+	} else {
+		o.UIDBase, err = claimRange(g.Ranges, o)
+	}
+	if err != nil {
 		return nil, err
 	}
 	s.o.UIDBase = o.UIDBase
@@ -49,7 +64,19 @@ func (g *GVisor) Create(ctx context.Context, o Options) (_ Instance, err error) 
 	if err := shiftDisk(g.Exe, o); err != nil {
 		return nil, err
 	}
-	sb := &guestSandbox{Sandbox: Sandbox{ID: o.ID, Dir: o.Dir, UIDBase: o.UIDBase, EndOnOOM: true, ranges: g.Ranges}, Container: "kiln-" + o.ID, Root: g.Root, g: g}
+	sb := &guestSandbox{Sandbox: Sandbox{ID: o.ID, Dir: o.Dir, UIDBase: o.UIDBase, EndOnOOM: true, ranges: g.Ranges}, Container: "kiln-" + o.ID, Root: g.Root, g: g,
+		SharedRange: o.RestoreFrom != "", AgentDials: true}
+	if o.RestoreFrom != "" {
+		// The agent's capture files as they were when it was saved: it
+		// goes on writing them where it was.
+		if err := copyTree(filepath.Join(o.RestoreFrom, checkpointLogs), filepath.Join(o.Dir, LogsName)); err != nil {
+			return nil, fmt.Errorf("sandbox: restore the captured logs: %w", err)
+		}
+	}
+	if sb.ch, err = g.channels.listen(sb.Socket()); err != nil {
+		return nil, err
+	}
+	s.onFailure(func() { sb.ch.close() })
 	workspace, overlay, err := g.root(s, sb, lowers)
 	if err != nil {
 		return nil, err
@@ -84,6 +111,9 @@ func (g *GVisor) Create(ctx context.Context, o Options) (_ Instance, err error) 
 		return nil, err
 	}
 	o.Network = nil // connected already
+	// A sandbox restored finds the connections its agent had closed, and
+	// makes them again by itself: gVisor has every file a process waits on
+	// checked again once it is restored.
 	if err := running(ctx, &sb.Sandbox, sb, cmd, o, " in gVisor", nil); err != nil {
 		return nil, err
 	}
@@ -322,7 +352,14 @@ func (g *GVisor) startRunsc(s *startup, sb *guestSandbox, network, overlay strin
 		platform = "systrap"
 	}
 	args := []string{"--root", g.Root, "--platform", platform, "--network", network, "--ignore-cgroups",
-		"--host-uds", "create", "--in-sandbox-cgroup", "v2", "--overlay2", overlay, "run", "--bundle", filepath.Join(s.o.Dir, "bundle"), sb.Container}
+		"--host-uds", "open", "--in-sandbox-cgroup", "v2", "--overlay2", overlay}
+	if image := s.o.RestoreFrom; image != "" {
+		// Its pages load as they are needed, the rest in the background.
+		args = append(args, "restore", "--image-path", filepath.Join(image, checkpointImage), "--background")
+	} else {
+		args = append(args, "run")
+	}
+	args = append(args, "--bundle", filepath.Join(s.o.Dir, "bundle"), sb.Container)
 	join, err := json.Marshal(joinRequest{Groups: cg.joinDirs(), Path: g.Runsc, Args: append([]string{"runsc"}, args...)})
 	if err != nil {
 		return nil, err

@@ -131,11 +131,24 @@ type Options struct {
 	// writable layers there or on Disk, a disk of its image mounted
 	// again), and its uid range, which owns those files, is this one's.
 	Restart Instance
+	// RestoreFrom, when set, is the directory of a gVisor sandbox's
+	// checkpoint (Checkpointer): the sandbox is restored from it instead
+	// of started, its processes going on where they were, in its own
+	// directory, network (its namespace's addresses, not the saved
+	// one's) and disk (a copy of the saved sandbox's, taken while
+	// Checkpoint paused it, which the caller makes). Its other options
+	// must make the same container as the saved one's did (image, the
+	// mounts' targets and modes, memory limit), or runsc refuses; what
+	// its kernel held is the saved one's whatever they say (hostname,
+	// environment, init command). It keeps the saved sandbox's uid range,
+	// whose users its processes are.
+	RestoreFrom string
 }
 
 // layersExist says the sandbox's writable layers are there already, as
-// its processes left them: it is started again, or its disk is a copy.
-func (o Options) layersExist() bool { return o.Restart != nil || o.DiskIDs != 0 }
+// its processes left them: it is started again, or its disk is a copy
+// (of a snapshot's, or of the sandbox whose memory it is restored from).
+func (o Options) layersExist() bool { return o.Restart != nil || o.DiskIDs != 0 || o.RestoreFrom != "" }
 
 // Mount is a host directory bound into a sandbox: Dir, opened by whoever
 // checked it may be (kilnd, against the directories it allows mounts

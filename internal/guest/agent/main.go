@@ -72,7 +72,7 @@ func run() error {
 	// Signals first: as PID 1, a signal without a handler is ignored, and
 	// a SIGCHLD missed now would leave a zombie.
 	sigs := make(chan os.Signal, 64)
-	signal.Notify(sigs, unix.SIGCHLD, unix.SIGTERM, unix.SIGINT)
+	signal.Notify(sigs, unix.SIGCHLD, unix.SIGTERM, unix.SIGINT, handoff.ReconnectSignal)
 	in, err := guest.Enter()
 	if err != nil {
 		return err
@@ -106,6 +106,12 @@ func run() error {
 		case sig := <-sigs:
 			if sig == unix.SIGCHLD {
 				process.ReapOrphans()
+				continue
+			}
+			if sig == handoff.ReconnectSignal {
+				if in.Reconnect != nil {
+					in.Reconnect()
+				}
 				continue
 			}
 		case err := <-served:

@@ -374,15 +374,17 @@ export class Sandbox implements HandleOwner {
    * Takes a snapshot of the sandbox's files, running or stopped: its disk
    * (/workspace and, with an image, the root's writes) copied while its
    * file system is frozen. It records the processes and their offsets,
-   * and outlives the sandbox. A sandbox without a disk of its own is
-   * FAILED_PRECONDITION; past kilnd's snapshot quota, PERMISSION_DENIED.
+   * and outlives the sandbox. With memory, a running gVisor sandbox's
+   * processes are saved too (FAILED_PRECONDITION elsewhere). A sandbox
+   * without a disk of its own is FAILED_PRECONDITION; past kilnd's
+   * snapshot quota, PERMISSION_DENIED.
    */
-  async snapshot(options: { name?: string } & SignalOptions = {}, ...extra: never[]): Promise<SnapshotInfo> {
+  async snapshot(options: { name?: string; memory?: boolean } & SignalOptions = {}, ...extra: never[]): Promise<SnapshotInfo> {
     noMore(extra, "snapshot()");
-    checkOptions(options, ["name", "signal"], "snapshot()");
+    checkOptions(options, ["name", "memory", "signal"], "snapshot()");
     checkSignal(options.signal, "snapshot()");
-    const json = options.name === undefined ? {} : { name: options.name };
-    return this.transport.call<SnapshotInfo>("POST", this.path("/snapshots"), { json, signal: options.signal });
+    const { signal, ...json } = options;
+    return this.transport.call<SnapshotInfo>("POST", this.path("/snapshots"), { json, signal });
   }
 
   /** The sandbox's snapshots, oldest first. */
@@ -413,13 +415,16 @@ export class Sandbox implements HandleOwner {
   /**
    * Makes count sandboxes (default 1, at most 64) with the sandbox's files
    * as they are now, and its image, limits, runtime, network policy,
-   * init command and labels (labels added). All are made, or none.
+   * init command and labels (labels added). A running gVisor sandbox's
+   * processes go on in each fork where they were, unless filesOnly. All
+   * are made, or none.
    */
-  async fork(options: { count?: number; labels?: Record<string, string> } & SignalOptions = {}, ...extra: never[]): Promise<Sandbox[]> {
+  async fork(options: { count?: number; labels?: Record<string, string>; filesOnly?: boolean } & SignalOptions = {}, ...extra: never[]): Promise<Sandbox[]> {
     noMore(extra, "fork()");
-    checkOptions(options, ["count", "labels", "signal"], "fork()");
+    checkOptions(options, ["count", "labels", "filesOnly", "signal"], "fork()");
     checkSignal(options.signal, "fork()");
-    const { signal, ...json } = options;
+    const { signal, filesOnly, ...rest } = options;
+    const json = filesOnly === undefined ? rest : { ...rest, files_only: filesOnly };
     const out = await this.transport.call<Schemas["Forked"]>("POST", this.path("/fork"), { json, signal });
     return out.sandboxes.map((info) => this.registry.handle(info));
   }

@@ -1534,10 +1534,14 @@ export interface components {
             copy: "reflink" | "copy";
             /** @description the sandbox's processes when it was taken, each stream's total_bytes its offset then */
             processes: components["schemas"]["Process"][];
+            /** @description its processes were saved too (a gVisor sandbox's): a sandbox made from it runs them on where they were; an export leaves the memory out */
+            memory?: boolean;
         };
         SnapshotRequest: {
             /** @description unique among snapshots */
             name?: string;
+            /** @description save the processes too, memory and all (runsc checkpoint): a running gVisor sandbox's only (412 otherwise: a namespace sandbox's processes cannot be saved, CRIU cannot dump nested user namespaces) */
+            memory?: boolean;
         };
         RollbackRequest: {
             /** @description one of the sandbox's snapshots: its id, a unique prefix, or its name */
@@ -1550,6 +1554,8 @@ export interface components {
             labels?: {
                 [key: string]: string;
             };
+            /** @description fork a running gVisor sandbox's files alone; otherwise its processes go on in each fork where they were (a namespace sandbox's forks have its files alone) */
+            files_only?: boolean;
         };
         Forked: {
             sandboxes: components["schemas"]["Sandbox"][];

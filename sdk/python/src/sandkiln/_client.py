@@ -386,14 +386,17 @@ class AsyncSandbox:
         running. A lost answer is OUTCOME_UNKNOWN: it may have restarted."""
         return await self._change("restart", _stop_timeout(timeout_seconds, "restart()"), False, timeout)
 
-    async def snapshot(self, *, name: str | None = None, timeout: float | None = None) -> SnapshotInfo:
+    async def snapshot(self, *, name: str | None = None, memory: bool = False, timeout: float | None = None) -> SnapshotInfo:
         """Takes a snapshot of the sandbox's files, running or stopped: its
         disk (/workspace and, with an image, the root's writes) copied while
         its file system is frozen. It records the processes and their
         offsets, and outlives the sandbox. A sandbox without a disk of its
         own is FAILED_PRECONDITION; past kilnd's snapshot quota,
-        PERMISSION_DENIED."""
-        body = {} if name is None else {"name": name}
+        PERMISSION_DENIED. With memory, a running gVisor sandbox's
+        processes are saved too (FAILED_PRECONDITION elsewhere)."""
+        body: dict[str, Any] = {} if name is None else {"name": name}
+        if memory:
+            body["memory"] = True
         return cast(SnapshotInfo, await self._t.call("POST", self._path("/snapshots"), json=body, timeout=timeout))
 
     async def snapshots(self, *, timeout: float | None = None) -> list[SnapshotInfo]:
@@ -419,7 +422,7 @@ class AsyncSandbox:
         return self.info
 
     async def fork(self, *, count: int | None = None, labels: Mapping[str, str] | None = None,
-                   timeout: float | None = None) -> list[AsyncSandbox]:
+                   files_only: bool = False, timeout: float | None = None) -> list[AsyncSandbox]:
         """Makes count sandboxes (default 1, at most 64) with the sandbox's
         files as they are now, and its image, limits, runtime, network
         policy, init command and labels (labels added). All are made, or
@@ -429,6 +432,8 @@ class AsyncSandbox:
             body["count"] = count
         if labels is not None:
             body["labels"] = dict(labels)
+        if files_only:
+            body["files_only"] = True
         out = await self._t.call("POST", self._path("/fork"), json=body, timeout=timeout)
         return [AsyncSandbox(self._t, info, self._registry) for info in out["sandboxes"]]
 

@@ -581,9 +581,9 @@ class Sandbox:
         """See AsyncSandbox.restart."""
         return self._p.call(self._a.restart(timeout_seconds=timeout_seconds, timeout=timeout))
 
-    def snapshot(self, *, name: str | None = None, timeout: float | None = None) -> SnapshotInfo:
+    def snapshot(self, *, name: str | None = None, memory: bool = False, timeout: float | None = None) -> SnapshotInfo:
         """See AsyncSandbox.snapshot."""
-        return self._p.call(self._a.snapshot(name=name, timeout=timeout))
+        return self._p.call(self._a.snapshot(name=name, memory=memory, timeout=timeout))
 
     def snapshots(self, *, timeout: float | None = None) -> builtins.list[SnapshotInfo]:
         """See AsyncSandbox.snapshots."""
@@ -594,9 +594,9 @@ class Sandbox:
         return self._p.call(self._a.rollback(snapshot, timeout_seconds=timeout_seconds, timeout=timeout))
 
     def fork(self, *, count: int | None = None, labels: Mapping[str, str] | None = None,
-             timeout: float | None = None) -> builtins.list[Sandbox]:
+             files_only: bool = False, timeout: float | None = None) -> builtins.list[Sandbox]:
         """See AsyncSandbox.fork."""
-        return [Sandbox(self._p, a) for a in self._p.call(self._a.fork(count=count, labels=labels, timeout=timeout))]
+        return [Sandbox(self._p, a) for a in self._p.call(self._a.fork(count=count, labels=labels, files_only=files_only, timeout=timeout))]
 
     def pause(self, *, timeout: float | None = None) -> SandboxInfo:
         """See AsyncSandbox.pause."""

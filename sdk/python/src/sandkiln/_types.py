@@ -347,6 +347,7 @@ class SnapshotInfo(TypedDict, total=False):
     size_bytes: int
     copy: str
     processes: list[dict[str, Any]]
+    memory: bool
 
 
 class ImageInfo(TypedDict, total=False):
