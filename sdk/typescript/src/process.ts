@@ -539,7 +539,8 @@ export abstract class Handle<C extends Chunk> {
         }
         return;
       }
-      const b = new Uint8Array(data as ArrayBuffer);
+      // A view lent for this call alone (handlers.borrow): putPieces copies what is kept.
+      const b = data instanceof Uint8Array ? data : new Uint8Array(data as ArrayBuffer);
       if (b.length < FRAME_HEADER) return;
       const stream = STREAMS[b[0]!];
       if (!stream) return;
@@ -566,6 +567,7 @@ export abstract class Handle<C extends Chunk> {
     };
     let socket: Socket | undefined;
     const handlers = {
+      borrow: true,
       message: (data: unknown) => {
         if (this.queue === q && !q.stopped) onMessage(data);
       },
@@ -599,7 +601,7 @@ export abstract class Handle<C extends Chunk> {
   private putPieces(stream: StreamName, offset: number, seq: number, data: Uint8Array, cost: number,
     decoder: (s: string) => StreamDecoder, put: (p: Pending) => void): void {
     if (data.length === 0) {
-      put(this.pending(stream, offset, seq, "", data, offset - (this.settings.format === "text" ? decoder(stream).held : 0), 0, false, cost));
+      put(this.pending(stream, offset, seq, "", new Uint8Array(0), offset - (this.settings.format === "text" ? decoder(stream).held : 0), 0, false, cost));
       return;
     }
     for (let i = 0; i < data.length; i += LIMITS.maxChunkBytes) {

@@ -1,5 +1,8 @@
-// The WebSocket the runtime has: the global one (browsers, Node 22 and
-// later, Bun, Deno), or the ws package's on Node 20.
+// The WebSocket the SDK uses: its own on Node (nodesocket.ts), else the
+// runtime's (browsers, Bun, Deno), or the ws package's on a Node before
+// 20.16, which cannot load Node's modules without an import.
+
+import type { NodeSocket } from "./nodesocket.js";
 
 /** The part of the WebSocket API the SDK uses; ws's class has it too. */
 export interface Socket {
@@ -19,6 +22,23 @@ export interface Socket {
 type SocketClass = new (url: string, protocols: string[]) => Socket;
 
 let found: Promise<SocketClass> | undefined;
+let nodeSocket: Promise<(url: string, protocols: string[], borrow: boolean) => NodeSocket> | undefined;
+
+/**
+ * The SDK's own socket where the runtime is Node (not Bun or Deno, which
+ * look like it) and can load Node's modules (20.16 and later), else
+ * undefined. Imported when first needed: a browser's build never loads it.
+ */
+function nodeSocketMaker(): Promise<(url: string, protocols: string[], borrow: boolean) => NodeSocket> | undefined {
+  const g = globalThis as { process?: { versions?: Record<string, string>; getBuiltinModule?: unknown }; Bun?: unknown; Deno?: unknown };
+  const p = g.process;
+  if (!p?.versions?.node || p.versions.bun || p.versions.deno || g.Bun || g.Deno || typeof p.getBuiltinModule !== "function") return undefined;
+  nodeSocket ??= import("./nodesocket.js").then(({ NodeSocket, nodeModules }) => {
+    const mods = nodeModules();
+    return (url, protocols, borrow) => new NodeSocket(url, protocols, mods, borrow);
+  });
+  return nodeSocket;
+}
 
 function socketClass(): Promise<SocketClass> {
   found ??= (async () => {
@@ -41,6 +61,12 @@ function socketClass(): Promise<SocketClass> {
 export interface SocketHandlers {
   message(data: unknown): void;
   close(code: number, reason: string): void;
+  /**
+   * message copies what it keeps of a binary message: it may be given a
+   * Uint8Array valid only while it runs (the SDK's own socket on Node
+   * does), else an ArrayBuffer.
+   */
+  borrow?: boolean;
 }
 
 /**
@@ -51,9 +77,11 @@ export interface SocketHandlers {
  * body), and on then hears nothing.
  */
 export async function openSocket(url: string, protocols: string[], on: SocketHandlers, signal?: AbortSignal): Promise<Socket> {
-  const Cls = await socketClass();
+  const make = nodeSocketMaker();
+  const node = make ? await make : undefined;
+  const Cls = node ? undefined : await socketClass();
   return new Promise<Socket>((resolve, reject) => {
-    const s = new Cls(url, protocols);
+    const s = node ? node(url, protocols, on.borrow ?? false) : new Cls!(url, protocols);
     s.binaryType = "arraybuffer";
     let open = false;
     const onAbort = () => {

@@ -1,6 +1,6 @@
 // The streaming contract, one case per sentence of the seed ("Streaming and
 // interactive processes") that states behaviour, each named by its
-// sentence. The same cases run under node:test on Node 20 (with ws), Node 22,
+// sentence. The same cases run under node:test on Node 20, Node 22,
 // Bun and Deno (contract.test.mjs), and in Chromium (browser.test.mjs).
 //
 // A case gets t: { client, sandbox, kilnd: { url, token } } and, where a

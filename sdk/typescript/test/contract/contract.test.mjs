@@ -1,6 +1,6 @@
 // The streaming contract's cases (cases.mjs), each a test named by the
-// seed's sentence it holds the SDK to, against a real kilnd: on Node 20
-// (with ws), Node 22, Bun and Deno, whichever runs this file.
+// seed's sentence it holds the SDK to, against a real kilnd: on Node 20,
+// Node 22, Bun and Deno, whichever runs this file.
 
 import { test, before, after } from "node:test";
 
