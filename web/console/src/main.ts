@@ -291,6 +291,16 @@ function main(client: Client, token: string): void {
           await (await client.sandboxes.get(s.id)).resume();
           await listSandboxes();
         }),
+        // Its files as they are now: a snapshot to roll back to or make
+        // sandboxes from (kiln snapshot), and a fork (kiln fork).
+        s.state !== "deleted" && button("Snapshot", async () => {
+          await (await client.sandboxes.get(s.id)).snapshot();
+          await listSandboxes();
+        }),
+        (s.state === "running" || s.state === "stopped") && button("Fork", async () => {
+          await (await client.sandboxes.get(s.id)).fork();
+          await listSandboxes();
+        }),
         button("Delete", async () => {
           if (open?.id === s.id) closeSandbox();
           await (await client.sandboxes.get(s.id)).destroy();

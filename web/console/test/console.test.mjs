@@ -280,6 +280,24 @@ test("sandboxes: state and limits as kilnd has them; Pause and Resume; Delete ta
   await row.locator("td.state >> text=running").waitFor();
   assert.equal((await api("GET", `/sandboxes/${id}`)).state, "running");
 
+  // A snapshot of its files, and a fork with them: a new row, its files
+  // the sandbox's.
+  await api("POST", `/sandboxes/${id}/exec`, { command: "sh", args: ["-c", "echo forked > /workspace/f"] });
+  const [taken] = await Promise.all([
+    page.waitForResponse((r) => r.request().method() === "POST" && r.url().endsWith(`/sandboxes/${id}/snapshots`)),
+    row.locator("text=Snapshot").click(),
+  ]);
+  assert.equal(taken.status(), 201);
+  assert.equal((await api("GET", `/snapshots?sandbox=${id}`)).length, 1);
+  const listed = new Set(await page.$$eval("tr[data-sandbox]", (rs) => rs.map((r) => r.getAttribute("data-sandbox"))));
+  await row.locator("text=Fork").click();
+  const fork = await page.waitForFunction((known) => [...document.querySelectorAll("tr[data-sandbox]")]
+    .map((r) => r.getAttribute("data-sandbox")).find((s) => !known.includes(s)), [...listed]).then((h) => h.jsonValue());
+  const read = await api("POST", `/sandboxes/${fork}/exec`, { command: "cat", args: ["/workspace/f"] });
+  assert.equal(read.stdout, "forked\n");
+  for (const s of await api("GET", `/snapshots?sandbox=${id}`)) await api("DELETE", `/snapshots/${s.id}`);
+  await api("DELETE", `/sandboxes/${fork}?remove_logs=true`);
+
   await row.locator("text=Delete").click();
   await page.waitForSelector(`tr[data-sandbox="${id}"]`, { state: "detached" });
   assert.ok(!(await api("GET", "/sandboxes")).some((s) => s.id === id), "kilnd still has it");
