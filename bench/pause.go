@@ -24,7 +24,7 @@ import (
 const (
 	pauseReps   = 50
 	pauseWarmUp = 3
-	// targetPauseResume is the issue's: a pause and a resume, p50.
+	// targetPauseResume bounds a pause and a resume together, at p50.
 	targetPauseResume = 10 * time.Millisecond
 	// pauseWorkload runs in the sandbox throughout: a process that writes
 	// and sleeps, as a sandbox at work does, with its spawner beside it.

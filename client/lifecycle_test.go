@@ -68,7 +68,7 @@ func TestStopStartRestart(t *testing.T) {
 // TestPauseResume: a paused sandbox is described paused and refuses a
 // process, an error IsPaused reports; a pause of a paused one and a
 // resume of a running one change nothing and describe it; resumed, it
-// runs processes again.
+// runs processes again; restarted while paused, it runs.
 func TestPauseResume(t *testing.T) {
 	t.Parallel()
 	_, sb := kilnd(t)
@@ -92,5 +92,13 @@ func TestPauseResume(t *testing.T) {
 	}
 	if res, err := sb.Exec(ctx, client.ExecOptions{Shell: "echo resumed"}); err != nil || string(res.Stdout) != "resumed\n" {
 		t.Errorf("exec after the resume: %+v %v", res, err)
+	}
+	// Restarted while paused: resumed, stopped and started again.
+	if _, err := sb.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	second := time.Second
+	if restarted, err := sb.Restart(ctx, client.StopOptions{Timeout: &second}); err != nil || restarted.State != api.SandboxRunning || restarted.PausedAt != nil {
+		t.Errorf("restart of a paused sandbox: %+v %v", restarted, err)
 	}
 }

@@ -247,7 +247,7 @@ def test_errors_carry_kilnds_code(env: Env) -> None:
             assert isinstance(e, TimeoutError)
             assert set(sandkiln.ERROR_CODES) == {
                 "OUTPUT_CAPACITY", "OUTCOME_UNKNOWN", "WAIT_ABORTED", "UNAVAILABLE", "NOT_FOUND", "INVALID_ARGUMENT", "UNAUTHENTICATED",
-                "PERMISSION_DENIED", "FAILED_PRECONDITION", "OUT_OF_RANGE", "ALREADY_EXISTS", "STDIN_CLOSED", "INPUT_UNCERTAIN",
+                "PERMISSION_DENIED", "FAILED_PRECONDITION", "OUT_OF_RANGE", "ALREADY_EXISTS", "PAUSED", "STDIN_CLOSED", "INPUT_UNCERTAIN",
                 "INPUT_CAPACITY", "DETACHED", "OUTPUT_IN_USE", "UNSUPPORTED", "INTERNAL"}
 
     arun(run())

@@ -317,8 +317,8 @@ def test_labels_and_list_filters(client: sandkiln.Client) -> None:
         b.destroy()
         assert [s["id"] for s in client.sandboxes.list(label="suite=py-labels")] == [a.id]
         assert [s["id"] for s in client.sandboxes.list(label="suite=py-labels", all=True)] == [b.id, a.id]
-        with fails("INVALID_ARGUMENT", "list(state='paused')") as f:
-            client.sandboxes.list(state="paused")
+        with fails("INVALID_ARGUMENT", "list(state='frozen')") as f:
+            client.sandboxes.list(state="frozen")
         assert "state" in str(f.err)
 
 

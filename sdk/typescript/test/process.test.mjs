@@ -406,7 +406,7 @@ test("labels, and the list chosen by them, by state and with the deleted ones", 
     await b.destroy();
     assert.deepEqual(await ids({ label: "suite=ts-labels" }), [a.id]);
     assert.deepEqual(await ids({ label: "suite=ts-labels", all: true }), both);
-    await rejects(client.sandboxes.list({ state: "paused" }), "INVALID_ARGUMENT");
+    await rejects(client.sandboxes.list({ state: "frozen" }), "INVALID_ARGUMENT");
     await rejects(client.sandboxes.list({ colour: "red" }), "INVALID_ARGUMENT");
   } finally {
     await a.destroy();
