@@ -716,6 +716,10 @@ type Event struct {
 	// process.exited event: its id, command, exit and, per stream, the
 	// bytes it wrote and those its captured log lost (final once exited).
 	Process *Process `json:"process,omitempty"`
+	// Snapshot is the snapshot of a sandbox.snapshotted event, the one a
+	// sandbox.rolled_back event's sandbox was rolled back to, and the one
+	// a sandbox.created event's sandbox was made from, if any.
+	Snapshot string `json:"snapshot,omitempty"`
 	// Lost counts the events a gap stands for.
 	Lost int64 `json:"lost,omitempty"`
 	// Epoch names the kilnd that numbered the event; a new one (kilnd
@@ -735,6 +739,10 @@ const (
 	// paused: EventStopped and EventDeleted say it).
 	EventPaused  = "sandbox.paused"
 	EventResumed = "sandbox.resumed"
+	// A snapshot taken of a sandbox (Event.Snapshot names it), and a
+	// sandbox rolled back to one.
+	EventSnapshotted = "sandbox.snapshotted"
+	EventRolledBack  = "sandbox.rolled_back"
 	// A process started in a sandbox, and one that finished: it exited
 	// and its output was read to the end.
 	EventProcessStarted = "process.started"
@@ -743,7 +751,7 @@ const (
 )
 
 // EventTypes are the types of event GET /events?type= chooses from.
-var EventTypes = []string{EventCreated, EventStarted, EventStopped, EventDeleted, EventPaused, EventResumed, EventProcessStarted, EventProcessExited}
+var EventTypes = []string{EventCreated, EventStarted, EventStopped, EventDeleted, EventPaused, EventResumed, EventSnapshotted, EventRolledBack, EventProcessStarted, EventProcessExited}
 
 // NextCursorHeader carries, on a page of GET /sandboxes?limit=, the
 // cursor of the page after it; absent on the last.

@@ -239,7 +239,11 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	d.mu.Lock()
 	d.add(e)
 	// Told before its processes are (running starts their relay).
-	d.events.emit(sandboxEvent(api.EventCreated, rec))
+	ev := sandboxEvent(api.EventCreated, rec)
+	if snap != nil {
+		ev.Snapshot = snap.ID
+	}
+	d.events.emit(ev)
 	d.running(e, sb, true)
 	d.mu.Unlock()
 	created = true

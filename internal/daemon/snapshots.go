@@ -350,8 +350,18 @@ func (d *Daemon) Snapshot(ctx context.Context, ref string, req api.SnapshotReque
 	}
 	done = true
 	s.byID[id] = &snap
+	ev := sandboxEvent(api.EventSnapshotted, rec)
+	ev.Snapshot = id
+	d.events.emit(ev)
 	d.log.Info("snapshot taken", "id", id, "sandbox", rec.ID, "copy", snap.Copy, "bytes", snap.SizeBytes)
 	return snap.Snapshot, nil
+}
+
+// infoEvent is an event of type typ of e's sandbox.
+func (d *Daemon) infoEvent(e *entry, typ string) api.Event {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return sandboxEvent(typ, e.rec)
 }
 
 // memorySnapshottable says why the memory of the sandbox of rec cannot
@@ -715,6 +725,9 @@ func (d *Daemon) Rollback(ctx context.Context, ref, snapRef string, grace time.D
 		return Info{}, d.hostFailure("sandbox "+id+" could not be recorded", err)
 	}
 	d.disks.Release(old)
+	ev := d.infoEvent(e, api.EventRolledBack)
+	ev.Snapshot = snap.ID
+	d.events.emit(ev)
 	d.log.Info("sandbox rolled back", "id", id, "snapshot", snap.ID)
 	if wasRunning {
 		info, _, err := d.Start(ctx, id)
