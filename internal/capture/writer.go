@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -92,6 +93,19 @@ const retryEvery = time.Second
 // ErrStopped reports a writer stopped before it could finish its run.
 var ErrStopped = errdefs.New(errdefs.ErrFailedPrecondition, "capture: writer stopped before the end of the run")
 
+// stallAfter is how long the writer may stay inside one call to the file
+// system before a reader waiting in Caught gives up on it: the disk does
+// not answer (a hung mount, a failing device), and the reader is better
+// served a gap, exactly counted, than no answer. A writer that is only
+// late (waiting for a CPU on a loaded machine, working through a burst)
+// is waited for, however long: what it holds is not lost, and a reader
+// must not be told it was.
+const stallAfter = 5 * time.Second
+
+// ErrStalled reports that Caught gave up on a writer stuck in one call to
+// the file system for stallAfter.
+var ErrStalled = errdefs.New(errdefs.ErrUnavailable, fmt.Sprintf("capture: the log's file system has not answered the writer for %v", stallAfter))
+
 // Writer writes one process's captured output to the CRI log of its
 // directory. It receives chunks only through its Sink, from the process's
 // pumps, and is the only writer of the directory.
@@ -145,6 +159,12 @@ type Writer struct {
 	retryAt  time.Time
 	reserved bool // the reserve file holds its space
 
+	// epoch is when Begin made the writer. inFS is when the call to the
+	// file system the writer is in began, in nanoseconds since epoch plus
+	// one; 0 when it is in none. Caught gives up on a writer stuck in one.
+	epoch time.Time
+	inFS  atomic.Int64
+
 	mu        sync.Mutex // guards f, stopped, result and heldLines
 	f         *os.File
 	stopped   bool
@@ -185,7 +205,7 @@ func Begin(dir *Dir, run string, opt Options) (*Writer, error) {
 	if err != nil {
 		return nil, err
 	}
-	w := &Writer{dir: dir, run: run, opt: opt, done: make(chan struct{})}
+	w := &Writer{dir: dir, run: run, opt: opt, done: make(chan struct{}), epoch: time.Now()}
 	if err := w.open(); err != nil {
 		if w.f != nil {
 			w.f.Close()
@@ -379,6 +399,8 @@ func (w *Writer) prune() error {
 
 // reserve sets aside space for the run's last records.
 func (w *Writer) reserve() error {
+	w.enterFS()
+	defer w.leaveFS()
 	f, err := w.dir.open(reserveName, unix.O_RDWR|unix.O_CREAT, 0o600)
 	if err != nil {
 		return err
@@ -400,7 +422,9 @@ func (w *Writer) reserve() error {
 // release gives the reserve back to the file system.
 func (w *Writer) release() {
 	if w.reserved && !w.stoppedNow() {
+		w.enterFS()
 		w.dir.remove(reserveName)
+		w.leaveFS()
 		w.reserved = false
 	}
 }
@@ -447,14 +471,48 @@ type HeldLine struct {
 // reader of the log then finds there, and after the log's end in the held
 // lines, what the engine no longer holds. It returns at once once the
 // writer has finished, without held lines: the log then holds every line.
+//
+// A writer that is late is waited for, however late: the bytes it holds
+// are not lost. Only a writer that has been inside one call to the file
+// system for stallAfter (its disk does not answer) is given up on, with
+// ErrStalled.
 func (w *Writer) Caught(ctx context.Context) ([NumLogStreams]HeldLine, error) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	go w.watchStall(ctx, cancel)
 	if err := w.sink.Caught(ctx, w.done); err != nil {
-		return [NumLogStreams]HeldLine{}, err
+		return [NumLogStreams]HeldLine{}, context.Cause(ctx)
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.heldLines, nil
 }
+
+// watchStall cancels ctx with ErrStalled once the writer has been inside
+// one call to the file system for stallAfter, and returns when ctx ends.
+func (w *Writer) watchStall(ctx context.Context, cancel context.CancelCauseFunc) {
+	for {
+		wait := stallAfter
+		if at := w.inFS.Load(); at != 0 {
+			wait -= time.Since(w.epoch) - time.Duration(at-1)
+		}
+		if wait <= 0 {
+			cancel(ErrStalled)
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+	}
+}
+
+// enterFS marks the writer as inside a call to the file system, until
+// leaveFS: a reader in Caught gives up on a writer that stays there.
+func (w *Writer) enterFS() { w.inFS.Store(int64(time.Since(w.epoch)) + 1) }
+
+func (w *Writer) leaveFS() { w.inFS.Store(0) }
 
 // Result reports the run's outcome; it is final once Done is closed.
 func (w *Writer) Result() Result {
@@ -748,6 +806,8 @@ func (w *Writer) rotate() error {
 	if w.stoppedNow() {
 		return ErrStopped
 	}
+	w.enterFS()
+	defer w.leaveFS()
 	seq := w.seq
 	if err := w.dir.link(ActiveName, archiveName(seq)); err != nil {
 		return err
@@ -786,14 +846,7 @@ func (w *Writer) writeOut() error {
 			return err
 		}
 	}
-	if w.opt.beforeWrite != nil {
-		w.opt.beforeWrite()
-	}
-	f, err := w.file()
-	if err != nil {
-		return err
-	}
-	n, err := f.Write(w.out)
+	n, err := w.write(w.out)
 	if err == nil {
 		w.size += int64(n)
 		w.out = w.out[:0]
@@ -970,19 +1023,27 @@ func (w *Writer) appendEnd(d Dropped) error {
 	}
 	w.stamp()
 	rec := appendMeta(nil, w.ts, Meta{Event: eventEnd, Run: w.run, Dropped: &d})
-	if w.opt.beforeWrite != nil {
-		w.opt.beforeWrite()
-	}
-	f, err := w.file()
-	if err != nil {
-		return err
-	}
-	n, err := f.Write(rec)
+	n, err := w.write(rec)
 	w.size += int64(max(n, 0))
 	if err != nil {
 		return err
 	}
 	return w.sync()
+}
+
+// write appends b to the active file. The beforeWrite hook runs inside
+// the call, as a disk that does not answer would.
+func (w *Writer) write(b []byte) (int, error) {
+	w.enterFS()
+	defer w.leaveFS()
+	if w.opt.beforeWrite != nil {
+		w.opt.beforeWrite()
+	}
+	f, err := w.file()
+	if err != nil {
+		return 0, err
+	}
+	return f.Write(b)
 }
 
 // sync makes what the active file holds durable.
@@ -991,5 +1052,7 @@ func (w *Writer) sync() error {
 	if err != nil {
 		return err
 	}
+	w.enterFS()
+	defer w.leaveFS()
 	return f.Sync()
 }

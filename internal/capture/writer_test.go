@@ -10,7 +10,10 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
@@ -643,6 +646,115 @@ func TestUnfinishedLineWaitsForItsNewline(t *testing.T) {
 	if got := string(payload(l, LogStdout)); got != "progress 50% at 75% done\n" || len(l.Runs) != 1 || l.Runs[0].State != Lossless {
 		t.Fatalf("stdout %q, runs %+v", got, l.Runs)
 	}
+}
+
+// TestCaughtWaitsForALateWriter: a reader in Caught waits for a writer
+// that is late without being stuck in its file system (its goroutine not
+// run for a minute, as on a machine too loaded to schedule it), and is
+// given what it holds: the bytes of a late writer are not lost, and no
+// reader may be told they were.
+func TestCaughtWaitsForALateWriter(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		d, _ := testDir(t)
+		gate := make(chan struct{})
+		w := begin(t, d, Options{beforeLoop: func() { <-gate }})
+		f := newFeeder(w)
+		f.write(ring.Stdout, []byte("progress 50%"))
+		go func() {
+			time.Sleep(time.Minute)
+			close(gate)
+		}()
+		start := time.Now()
+		held, err := w.Caught(t.Context())
+		if err != nil {
+			t.Fatalf("Caught gave up on a late writer after %v: %v", time.Since(start), err)
+		}
+		if waited := time.Since(start); waited != time.Minute {
+			t.Fatalf("Caught returned after %v, the writer came after a minute", waited)
+		}
+		if h := held[LogStdout]; h.Offset != 0 || string(h.Data) != "progress 50%" {
+			t.Fatalf("Caught gave stdout's held line %+v", h)
+		}
+		f.end(t)
+	})
+}
+
+// TestCaughtWaitsThroughSlowWrites: writes that each take a while, and
+// together longer than a stall, are a slow disk, not a stalled one: a
+// reader in Caught waits for all of them.
+func TestCaughtWaitsThroughSlowWrites(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		d, _ := testDir(t)
+		gate := make(chan struct{})
+		var slow atomic.Bool
+		var writes atomic.Int32
+		w := begin(t, d, Options{
+			beforeLoop: func() { <-gate },
+			beforeWrite: func() {
+				if slow.Load() {
+					writes.Add(1)
+					time.Sleep(stallAfter * 3 / 5)
+				}
+			}})
+		slow.Store(true)
+		f := newFeeder(w)
+		line := append(bytes.Repeat([]byte{'x'}, 1023), '\n')
+		for range 1024 {
+			f.write(ring.Stdout, line)
+		}
+		close(gate)
+		start := time.Now()
+		if _, err := w.Caught(t.Context()); err != nil {
+			t.Fatalf("Caught gave up after %v and %d writes: %v", time.Since(start), writes.Load(), err)
+		}
+		if waited := time.Since(start); waited <= stallAfter || writes.Load() < 3 {
+			t.Fatalf("Caught returned after %v and %d writes: the test wants slow writes that take longer than a stall", waited, writes.Load())
+		}
+		f.end(t)
+		if got := len(payload(readLog(t, d), LogStdout)); got != 1024*len(line) {
+			t.Fatalf("the log holds %d bytes of stdout, want %d", got, 1024*len(line))
+		}
+	})
+}
+
+// TestCaughtGivesUpOnAStalledDisk: a writer inside one write for
+// stallAfter has a disk that does not answer; a reader in Caught is told
+// so then (and reports a gap rather than no answer), and the writer goes
+// on once the disk answers.
+func TestCaughtGivesUpOnAStalledDisk(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		d, _ := testDir(t)
+		stall := make(chan struct{})
+		answer := sync.OnceFunc(func() { close(stall) })
+		defer answer() // the writer is not left inside its write
+		var stalling atomic.Bool
+		w := begin(t, d, Options{beforeWrite: func() {
+			if stalling.Load() {
+				<-stall
+			}
+		}})
+		stalling.Store(true)
+		f := newFeeder(w)
+		f.write(ring.Stdout, []byte("a line\n"))
+		synctest.Wait() // the writer is inside its write
+		time.Sleep(time.Second)
+		start := time.Now()
+		_, err := w.Caught(t.Context())
+		if !errors.Is(err, ErrStalled) {
+			t.Fatalf("Caught: %v, want ErrStalled", err)
+		}
+		if waited := time.Since(start); waited != stallAfter-time.Second {
+			t.Fatalf("Caught gave up after %v, %v into the write", waited, waited+time.Second)
+		}
+		answer()
+		f.end(t)
+		if got := string(payload(readLog(t, d), LogStdout)); got != "a line\n" {
+			t.Fatalf("stdout in the log %q", got)
+		}
+	})
 }
 
 // TestLongLineRecordsStayTogether: a line longer than a record, arriving

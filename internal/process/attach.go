@@ -4,7 +4,6 @@ import (
 	"context"
 	"io"
 	"slices"
-	"time"
 
 	"github.com/sandkiln/sandkiln/internal/capture"
 	"github.com/sandkiln/sandkiln/internal/ring"
@@ -46,7 +45,8 @@ type Attachment struct {
 
 	// log opens the process's captured log; nil if it has none. caught,
 	// for a process still running, waits until what its pumps pushed is
-	// in the log, or in the unfinished lines it returns. rep is the
+	// in the log, or in the unfinished lines it returns, however late the
+	// writer is, unless its disk has stalled. rep is the
 	// replay under way; done, the last one, kept for the next gaps to
 	// read the log on from; held, an event taken from the ring (or the
 	// tombstone) while looking past a gap, returned after the replay.
@@ -57,11 +57,6 @@ type Attachment struct {
 	done     *replay
 	held     *Event
 }
-
-// catchUp bounds how long a reader waits for the log writer to write what
-// the ring has dropped before reading it from the log. A writer that is
-// slower still (a stalled disk) costs the reader only a reported gap.
-const catchUp = 5 * time.Second
 
 // Next returns the next event; io.EOF after the exit event. The Data of the
 // previous event is invalid once Next is called again.
@@ -235,14 +230,15 @@ func (a *Attachment) replay(ctx context.Context, gap Event) bool {
 		}
 		gaps = append(gaps, e.Event)
 	}
+	// The writer is waited for however late it is: what it holds is not
+	// lost. Only a writer whose disk does not answer (capture.ErrStalled)
+	// leaves the reader with what the log holds, then a gap.
 	var held [capture.NumLogStreams]capture.HeldLine
 	if a.caught != nil {
-		cctx, cancel := context.WithTimeout(ctx, catchUp)
 		var err error
-		if held, err = a.caught(cctx); err != nil {
+		if held, err = a.caught(ctx); err != nil {
 			held = [capture.NumLogStreams]capture.HeldLine{} // what the log holds, then a gap
 		}
-		cancel()
 	}
 	if a.done != nil {
 		if a.done.resume(gaps, a.pos, held) {

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/google/uuid"
@@ -322,6 +323,82 @@ func TestUnfinishedLineComesFromTheWriter(t *testing.T) {
 	if got := logLines(t, dir); !slices.Equal(got, want) {
 		t.Fatalf("lines in the log %v, want %v", got, want)
 	}
+}
+
+// TestLateLogWriterIsWaitedFor: a reader that needs the unfinished line
+// the log writer holds waits for the writer however late it answers (not
+// scheduled on a loaded machine, say), and gets every byte: bytes the
+// writer holds are not lost, and are not to be reported lost. (The
+// writer's own answer tells a stalled disk from a late writer.)
+func TestLateLogWriterIsWaitedFor(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		logs, err := capture.OpenDir(t.TempDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer logs.Close()
+		d, err := logs.Sub("p")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer d.Close()
+		w, err := capture.Begin(d, uuid.Must(uuid.NewV7()).String(), capture.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() {
+			w.Sink().Close()
+			if err := w.Finish(t.Context()); err != nil {
+				t.Error(err)
+			}
+		}()
+		// Half a MiB without a newline through a 64 KiB ring, into the
+		// writer's sink, as a pump hands it over.
+		r := ring.New(ring.Config{Capacity: 64 << 10, Streams: []ring.Stream{ring.Stdout, ring.Stderr}})
+		const size = 512 << 10
+		for n := 0; n < size; {
+			buf := r.Buffer(ring.Stdout)
+			k := copy(buf, strings.Repeat("x", min(len(buf), size-n)))
+			c := r.Commit(ring.Stdout, k, false)
+			w.Sink().Push(c)
+			c.Release()
+			n += k
+		}
+		r.Flush()
+		cur, err := r.Cursor(ring.Offsets{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		a := &Attachment{cur: cur,
+			log: func() (*capture.Dir, error) { return logs.OpenSub("p") },
+			// The writer answers a minute late.
+			caught: func(ctx context.Context) ([capture.NumLogStreams]capture.HeldLine, error) {
+				select {
+				case <-time.After(time.Minute):
+				case <-ctx.Done():
+					return [capture.NumLogStreams]capture.HeldLine{}, ctx.Err()
+				}
+				return w.Caught(ctx)
+			}}
+		defer a.Close()
+		var got []byte
+		for len(got) < size {
+			e, err := a.Next(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch e.Kind {
+			case ring.Gap:
+				t.Fatalf("a gap of %d bytes of %v at %d", e.Lost(), e.Stream, e.Offset)
+			case ring.Data:
+				got = append(got, e.Data...)
+			}
+		}
+		if string(got) != strings.Repeat("x", size) {
+			t.Fatalf("got %d bytes, not the output's", len(got))
+		}
+	})
 }
 
 // logLines lists the lines in the log as stream:bytes, in the log's order,
