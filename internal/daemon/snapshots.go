@@ -75,8 +75,10 @@ type snapshots struct {
 	quota   int64
 	mu      sync.Mutex
 	byID    map[string]*snapshotRecord
-	// taking are the names claimed by snapshots being taken.
-	taking map[string]bool
+	// taking are the names claimed by snapshots being taken; reserved
+	// what those being taken may take, counted against the quota.
+	taking   map[string]bool
+	reserved int64
 }
 
 // openSnapshots loads the snapshots of dir, removing what a snapshot
@@ -112,10 +114,10 @@ func openSnapshots(dir string, quota int64) (*snapshots, error) {
 	return s, nil
 }
 
-// used is how much of the host's disk the snapshots take. Called with
-// s.mu held.
+// used is how much of the host's disk the snapshots take, and those
+// being taken may. Called with s.mu held.
 func (s *snapshots) used() int64 {
-	var n int64
+	n := s.reserved
 	for _, r := range s.byID {
 		n += r.SizeBytes
 	}
@@ -254,6 +256,14 @@ func (d *Daemon) Snapshot(ctx context.Context, ref string, req api.SnapshotReque
 	srcSize := sandbox.Allocated(rec.Disk)
 	s.mu.Lock()
 	used := s.used()
+	if used+srcSize <= s.quota {
+		s.reserved += srcSize
+		defer func() {
+			s.mu.Lock()
+			s.reserved -= srcSize
+			s.mu.Unlock()
+		}()
+	}
 	s.mu.Unlock()
 	if used+srcSize > s.quota {
 		return api.Snapshot{}, fmt.Errorf("%w: snapshot quota: snapshots take %d bytes of kilnd's %d (kilnd --snapshot-quota), and this one would take up to %d more: remove snapshots (kiln snapshot rm) first",
