@@ -1,5 +1,7 @@
 package daemon
 
+import "github.com/sandkiln/sandkiln/internal/sandbox"
+
 // SettleDisks waits for the spare disks kilnd makes in the background to
 // be made, so that a test counting descriptors starts from what stays.
 func (d *Daemon) SettleDisks() {
@@ -30,4 +32,14 @@ func (d *Daemon) MadeAhead(runtime string) map[string]int {
 		out[w.rec.ID] = w.sb.AgentPID()
 	}
 	return out
+}
+
+// FreezeDisk freezes sandbox id's disk as a snapshot does, and leaves it
+// frozen: a kilnd that stops then has left it so.
+func (d *Daemon) FreezeDisk(id string) error {
+	d.mu.Lock()
+	e := d.sandboxes[id]
+	d.mu.Unlock()
+	_, err := sandbox.FreezeDisk(e.sb, e.rec.Disk)
+	return err
 }

@@ -270,6 +270,12 @@ func (d *Daemon) recover() error {
 		}
 		if rec.State == StateRunning {
 			if e.sb != nil && e.sb.Alive() {
+				if rec.Disk != "" {
+					// A kilnd that died in a snapshot's moment left its
+					// disk frozen: its processes' writes would wait for
+					// ever.
+					sandbox.ThawDisk(e.sb, rec.Disk)
+				}
 				d.adoptPaused(e)
 				d.recovered(e)
 				if rec.Network != nil {

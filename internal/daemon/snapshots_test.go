@@ -468,3 +468,19 @@ func TestMemoryFork(t *testing.T) {
 		t.Errorf("forked: %+v", forked)
 	}
 }
+
+// TestFrozenDiskThawedOnAdoption: a kilnd that stops while a snapshot
+// holds a sandbox's disk frozen leaves it frozen; the next one thaws it
+// as it takes the sandbox back, and its processes write again.
+func TestFrozenDiskThawedOnAdoption(t *testing.T) {
+	k := start(t, "")
+	sb := k.made(t, "{}")
+	if err := k.d.FreezeDisk(sb); err != nil {
+		t.Fatal(err)
+	}
+	k.stop()
+	k = start(t, k.state)
+	defer k.cleanup()
+	// Bounded by the exec's timeout: a frozen disk would hold the write.
+	k.sh(t, sb, "echo written > /workspace/after && cat /workspace/after")
+}

@@ -52,6 +52,21 @@ func FreezeDisk(inst Instance, image string) (thaw func() error, err error) {
 	}, nil
 }
 
+// ThawDisk thaws the file system of the sandbox's disk, if it is frozen:
+// a kilnd that stopped between FreezeDisk and its thaw left it so. It says
+// whether it was frozen.
+func ThawDisk(inst Instance, image string) bool {
+	f, err := openDisk(inst)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	if onImage(f, image) != nil {
+		return false
+	}
+	return unix.IoctlSetInt(int(f.Fd()), fiThaw, 0) == nil
+}
+
 // openDisk opens a directory on the file system of inst's disk, as the
 // host sees it: gVisor's runtime has it mounted on the host; a namespace
 // sandbox's is in its own mount namespace only, reached through its
