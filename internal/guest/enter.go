@@ -483,6 +483,12 @@ func Enter() (*Inside, error) {
 	if idle := cmp.Or(cfg.SpawnerIdle, handoff.DefaultSpawnerIdle); idle > 0 && !loader {
 		spawner.StopWhenIdle(idle, cfg.MadeAhead)
 	}
+	if cfg.MadeAhead {
+		// Made ahead, it has the time: its first process does not.
+		if err := spawner.Warm(); err != nil {
+			return nil, fmt.Errorf("sandbox: %w", err)
+		}
+	}
 	return in, nil
 }
 

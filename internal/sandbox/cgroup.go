@@ -398,19 +398,70 @@ func (c *Cgroups) Kill(timeout time.Duration) error {
 	if _, err := os.Stat(c.V2); errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
+	deadline := time.Now().Add(timeout)
+	// Watched before the kill: the change it makes is not missed.
+	w := watchEvents(c.V2)
+	defer w.close()
 	if err := os.WriteFile(filepath.Join(c.V2, "cgroup.kill"), []byte("1"), 0); err != nil {
 		return fmt.Errorf("sandbox: kill cgroup: %w", err)
 	}
-	deadline := time.Now().Add(timeout)
 	for c.Populated() {
-		if time.Now().After(deadline) {
+		if !w.wait(deadline) {
 			return fmt.Errorf("sandbox: processes left in %s after %v", c.V2, timeout)
 		}
-		// cgroup.events can be watched with inotify; the kill takes a few
-		// milliseconds, so a short poll is as good and simpler.
-		time.Sleep(time.Millisecond)
 	}
 	return nil
+}
+
+// eventsWatch tells of changes to a v2 group's cgroup.events, which the
+// kernel reports as modifications (its populated and frozen lines).
+type eventsWatch struct{ fd int }
+
+// watchEvents watches dir's cgroup.events. A watch that cannot be made
+// (fd -1) has wait poll every millisecond instead.
+func watchEvents(dir string) eventsWatch {
+	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+	if err != nil {
+		return eventsWatch{-1}
+	}
+	if _, err := unix.InotifyAddWatch(fd, filepath.Join(dir, "cgroup.events"), unix.IN_MODIFY); err != nil {
+		unix.Close(fd)
+		return eventsWatch{-1}
+	}
+	return eventsWatch{fd}
+}
+
+// wait returns once cgroup.events may have changed (or at once, if it
+// has since the last wait), false if deadline passed first. The caller
+// reads the file again either way.
+func (w eventsWatch) wait(deadline time.Time) bool {
+	left := time.Until(deadline)
+	if left <= 0 {
+		return false
+	}
+	if w.fd < 0 {
+		time.Sleep(min(left, time.Millisecond))
+		return true
+	}
+	// A millisecond at least, so that a wait near the deadline ends with
+	// one more look rather than a busy loop.
+	ms := int(min(max(left, time.Millisecond), time.Second) / time.Millisecond)
+	if _, err := unix.Poll([]unix.PollFd{{Fd: int32(w.fd), Events: unix.POLLIN}}, ms); err != nil && !errors.Is(err, unix.EINTR) {
+		time.Sleep(time.Millisecond)
+	}
+	var buf [4096]byte
+	for {
+		if _, err := unix.Read(w.fd, buf[:]); err != nil {
+			break // drained (EAGAIN)
+		}
+	}
+	return true
+}
+
+func (w eventsWatch) close() {
+	if w.fd >= 0 {
+		unix.Close(w.fd)
+	}
 }
 
 // KillProcs ends every process of the sandbox's own, in the procs group,
@@ -436,14 +487,15 @@ func (c *Cgroups) KillProcs(timeout time.Duration) error {
 		}
 		return nil
 	}
+	w := watchEvents(dir)
+	defer w.close()
 	if err := write("cgroup.freeze", "1"); err != nil {
 		return err
 	}
 	// Thawed whatever happens: the kill takes effect as the tasks run,
 	// and a group left frozen would hold whatever the kill missed.
 	defer write("cgroup.freeze", "0")
-	for !c.event(dir, "frozen 1") && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
+	for !c.event(dir, "frozen 1") && w.wait(deadline) {
 	}
 	if err := write("cgroup.kill", "1"); err != nil {
 		return err
@@ -452,12 +504,9 @@ func (c *Cgroups) KillProcs(timeout time.Duration) error {
 		return err
 	}
 	for c.event(dir, "populated 1") {
-		if time.Now().After(deadline) {
+		if !w.wait(deadline) {
 			return fmt.Errorf("sandbox: processes left in %s after %v", dir, timeout)
 		}
-		// cgroup.events can be watched with inotify; the kill takes a few
-		// milliseconds, so a short poll is as good and simpler.
-		time.Sleep(time.Millisecond)
 	}
 	return nil
 }

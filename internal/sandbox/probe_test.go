@@ -424,3 +424,46 @@ func exited(t *testing.T, pid int, d time.Duration) bool {
 	}
 	return n > 0
 }
+
+// TestMadeAheadSpawnerWarmed: a sandbox made ahead has its spawner go once
+// through a start before any process asks (a program that does not
+// exist): nothing of it is left (the agent's children are the spawner
+// alone, no zombie), the idle count still waits for the first process,
+// and that process starts through the same spawner.
+func TestMadeAheadSpawnerWarmed(t *testing.T) {
+	const idle = 200 * time.Millisecond
+	sb := newSandbox(t, sandbox.Options{MadeAhead: true, SpawnerIdle: idle})
+	children := func() []string {
+		paths, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", sb.PID))
+		var out []string
+		for _, p := range paths {
+			c, _ := os.ReadFile(p)
+			out = append(out, strings.Fields(string(c))...)
+		}
+		return out
+	}
+	// The warm start's child, failed, is the agent's (the spawner forks
+	// with CLONE_PARENT) until the agent reaps it, at its SIGCHLD.
+	deadline := time.Now().Add(time.Minute)
+	var kids []string
+	for kids = children(); len(kids) != 1 && time.Now().Before(deadline); kids = children() {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if len(kids) != 1 {
+		t.Fatalf("the agent's children: %v; want the spawner alone", kids)
+	}
+	if comm, _ := os.ReadFile("/proc/" + kids[0] + "/comm"); strings.TrimSpace(string(comm)) != "kiln-spawner" {
+		t.Fatalf("the agent's child %s is %q, not the spawner", kids[0], comm)
+	}
+	first, _ := strconv.Atoi(kids[0])
+	if exited(t, first, 5*idle) {
+		t.Fatal("the spawner of a sandbox made ahead ended before its first process")
+	}
+	r := run(t, sb, "ps -eo stat= | grep -c ^Z; true")
+	if strings.TrimSpace(r.Stdout) != "0" {
+		t.Errorf("zombies in the sandbox: %q %q", r.Stdout, r.Stderr)
+	}
+	if got := spawnerOf(t, sb); got != first {
+		t.Errorf("the first process came from spawner %d, not the warmed %d", got, first)
+	}
+}
