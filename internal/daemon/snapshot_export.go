@@ -42,11 +42,7 @@ const (
 )
 
 func (d *Daemon) exportSnapshotHandler(w http.ResponseWriter, r *http.Request) {
-	if d.snaps == nil {
-		reply.Error(w, fmt.Errorf("%w: no snapshot %q", errdefs.ErrNotFound, api.Clip(r.PathValue("snapshot"))))
-		return
-	}
-	snap, err := d.snaps.get(r.PathValue("snapshot"))
+	snap, err := d.snapshot(r.PathValue("snapshot"))
 	if err != nil {
 		reply.Error(w, err)
 		return

@@ -603,10 +603,7 @@ func (d *Daemon) snapshotImageInUse(id string) bool {
 // where the request leaves things out, and refuses one that asks for
 // what the snapshot's disk cannot be: another image, another size.
 func (d *Daemon) fromSnapshot(req *CreateRequest) (snapshotRecord, error) {
-	if d.snaps == nil {
-		return snapshotRecord{}, fmt.Errorf("%w: no snapshot %q", errdefs.ErrNotFound, api.Clip(req.Snapshot))
-	}
-	snap, err := d.snaps.get(req.Snapshot)
+	snap, err := d.snapshot(req.Snapshot)
 	if err != nil {
 		return snapshotRecord{}, err
 	}
@@ -687,10 +684,7 @@ func (d *Daemon) Rollback(ctx context.Context, ref, snapRef string, grace time.D
 	if snapRef == "" {
 		return Info{}, fmt.Errorf("%w: snapshot: want the snapshot to roll back to", errdefs.ErrInvalidArgument)
 	}
-	if d.snaps == nil {
-		return Info{}, fmt.Errorf("%w: no snapshot %q", errdefs.ErrNotFound, api.Clip(snapRef))
-	}
-	snap, err := d.snaps.get(snapRef)
+	snap, err := d.snapshot(snapRef)
 	if err != nil {
 		return Info{}, err
 	}
@@ -845,12 +839,16 @@ func (d *Daemon) listSnapshotsHandler(w http.ResponseWriter, r *http.Request) {
 	reply.JSON(w, http.StatusOK, out)
 }
 
-func (d *Daemon) getSnapshotHandler(w http.ResponseWriter, r *http.Request) {
+// snapshot is the snapshot ref stands for (snapshots.lookup).
+func (d *Daemon) snapshot(ref string) (snapshotRecord, error) {
 	if d.snaps == nil {
-		reply.Error(w, fmt.Errorf("%w: no snapshot %q", errdefs.ErrNotFound, api.Clip(r.PathValue("snapshot"))))
-		return
+		return snapshotRecord{}, fmt.Errorf("%w: no snapshot %q", errdefs.ErrNotFound, api.Clip(ref))
 	}
-	snap, err := d.snaps.get(r.PathValue("snapshot"))
+	return d.snaps.get(ref)
+}
+
+func (d *Daemon) getSnapshotHandler(w http.ResponseWriter, r *http.Request) {
+	snap, err := d.snapshot(r.PathValue("snapshot"))
 	if err != nil {
 		reply.Error(w, err)
 		return
