@@ -1628,7 +1628,7 @@ export interface components {
              * @description sandbox.started: a stopped sandbox started again (its creation is sandbox.created alone); sandbox.paused and sandbox.resumed: a pause and a resume (a paused sandbox stopped or deleted is sandbox.stopped or sandbox.deleted alone)
              * @enum {string}
              */
-            type: "sandbox.created" | "sandbox.started" | "sandbox.stopped" | "sandbox.deleted" | "sandbox.paused" | "sandbox.resumed" | "process.started" | "process.exited" | "gap";
+            type: "sandbox.created" | "sandbox.started" | "sandbox.stopped" | "sandbox.deleted" | "sandbox.paused" | "sandbox.resumed" | "sandbox.snapshotted" | "sandbox.rolled_back" | "process.started" | "process.exited" | "gap";
             /** @description the sandbox's id */
             sandbox?: string;
             name?: string;
@@ -1637,6 +1637,8 @@ export interface components {
             exit?: components["schemas"]["Exit"];
             /** @description a process event's process: its id, command (arguments past 4 KiB left out, the last one …), exit once exited, and per stream total_bytes and capture_dropped, final once exited */
             process?: components["schemas"]["Process"];
+            /** @description sandbox.snapshotted: the snapshot taken; sandbox.rolled_back: the one it was rolled back to; sandbox.created: the one it was made from, if any */
+            snapshot?: string;
             /** @description a gap's count of the events kilnd no longer held, or (with sandbox) of that sandbox's process events it did not keep: more than 500 a second, past a burst of 2000 */
             lost?: number;
             /** @description the kilnd that numbered it: a new one numbers from 1 again */
@@ -3587,7 +3589,7 @@ export interface operations {
                 epoch?: string;
                 /** @description one sandbox's events, by its id */
                 sandbox?: string;
-                type?: "sandbox.created" | "sandbox.started" | "sandbox.stopped" | "sandbox.deleted" | "sandbox.paused" | "sandbox.resumed" | "process.started" | "process.exited";
+                type?: "sandbox.created" | "sandbox.started" | "sandbox.stopped" | "sandbox.deleted" | "sandbox.paused" | "sandbox.resumed" | "sandbox.snapshotted" | "sandbox.rolled_back" | "process.started" | "process.exited";
                 /** @description false: the events held, then the end */
                 follow?: boolean;
             };
