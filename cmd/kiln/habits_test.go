@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"os/exec"
@@ -134,8 +135,20 @@ func TestDockerHabits(t *testing.T) {
 	// A process's id is random from its first character: ps shows its
 	// first 8, which (as any 4 or more) name it to every process command.
 	pid := strings.TrimSpace(ok("sandbox", "exec-stream", "web", "--", "sh", "-c", "echo from-pid; exit 4"))
-	if code, _, errs := kilnExe(t, state, nil, "wait", "web", pid[:4]); code != 4 {
-		t.Errorf("kiln wait web %s: %d %q", pid[:4], code, errs)
+	// The shortest prefix of 4 or more no other process of web shares
+	// (ids are random: two of a few may share 4 characters).
+	var procs []api.Process
+	if err := json.Unmarshal([]byte(ok("ps", "web", "--json")), &procs); err != nil {
+		t.Fatal(err)
+	}
+	prefix := pid[:4]
+	for _, p := range procs {
+		for p.ID != pid && strings.HasPrefix(p.ID, prefix) {
+			prefix = pid[:len(prefix)+1]
+		}
+	}
+	if code, _, errs := kilnExe(t, state, nil, "wait", "web", prefix); code != 4 {
+		t.Errorf("kiln wait web %s: %d %q", prefix, code, errs)
 	}
 	if out := ok("ps", "web"); !strings.Contains(out, "\n"+api.ShortProcessID(pid)+" ") || strings.Contains(out, pid) {
 		t.Errorf("kiln ps shows %s as its short id %s? %q", pid, api.ShortProcessID(pid), out)
