@@ -85,7 +85,14 @@ test("input bounds: 64 KiB a write, 256 KiB and 256 calls queued", async () => {
   for (let i = 0; i < 4; i++) big.push(child.write(new Uint8Array(LIMITS.maxWriteBytes)));
   await rejects(child.write("y"), "INPUT_CAPACITY"); // 256 KiB queued: full
   await Promise.all(big);
-  await child.write("z"); // room again
+  // Room again once the process has read what kilnd held for it: kilnd's
+  // own queue is 256 KiB too, and cat takes a moment on a busy host.
+  for (let i = 0; ; i++) {
+    const st = await sandbox.transport.call("GET", sandbox.path(`/exec-stream/${child.id}`));
+    if (st.stdin.delivered === st.stdin.accepted) break;
+    assert.ok(i < 10000, `stdin never delivered: ${JSON.stringify(st.stdin)}`);
+  }
+  await child.write("z");
   const st = await sandbox.transport.call("GET", sandbox.path(`/exec-stream/${child.id}`));
   assert.equal(st.stdin.accepted, LIMITS.maxInputCalls + 4 * LIMITS.maxWriteBytes + 1);
   await child.terminate();
