@@ -338,7 +338,13 @@ func (d *Daemon) Snapshot(ctx context.Context, ref string, req api.SnapshotReque
 		}
 		snap.Processes = d.loggedProcesses(rec.ID)
 	}
-	if err := copyLogs(filepath.Join(d.sandboxDir(rec.ID), sandbox.LogsName), filepath.Join(tmp, snapshotLogs), snap.Processes); err != nil {
+	// The logs of a memory snapshot's processes are its checkpoint's: they
+	// go on in a fork, not as its history.
+	logsOf := snap.Processes
+	if snap.Memory {
+		logsOf = nil
+	}
+	if err := copyLogs(filepath.Join(d.sandboxDir(rec.ID), sandbox.LogsName), filepath.Join(tmp, snapshotLogs), logsOf); err != nil {
 		return api.Snapshot{}, d.hostFailure(fmt.Sprintf("snapshot of sandbox %s: its captured logs could not be copied", rec.ID), err)
 	}
 	if snap.Processes == nil {
