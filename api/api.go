@@ -629,6 +629,13 @@ type CreateSandbox struct {
 	// command, log rotation, timeouts and labels (the request's labels
 	// are added to them). The snapshot's processes are its history.
 	Snapshot string `json:"snapshot,omitempty"`
+	// Node, on a kilnd in a cluster (kilnd --cluster), places the sandbox
+	// on the node of that name; Constraints, on a node whose labels
+	// (kilnd --node-label) have each KEY=VALUE. Left out, the sandbox goes
+	// to the least loaded node. A kilnd in no cluster takes only its own
+	// name, or none.
+	Node        string   `json:"node,omitempty"`
+	Constraints []string `json:"constraints,omitempty"`
 }
 
 // Mount is a host directory bound into a sandbox.
@@ -832,6 +839,14 @@ const (
 	// /sandboxes/{id}/pause): they keep their memory and run nothing until
 	// it is resumed.
 	SandboxPaused = "paused"
+	// SandboxUnknown is, in a cluster, a sandbox whose node has missed its
+	// heartbeats: it may run on or not, nobody can say yet.
+	SandboxUnknown = "unknown"
+	// SandboxNodeLost is, in a cluster, a sandbox whose node has been gone
+	// longer than kilnd --node-lost-after: what it last was, its
+	// processes' output up to what reached the cluster, stays readable; it
+	// did not exit.
+	SandboxNodeLost = "node_lost"
 )
 
 // Sandbox describes a sandbox.
@@ -867,6 +882,66 @@ type Sandbox struct {
 	Labels map[string]string `json:"labels,omitempty"`
 	// Mounts are its host directories, as its create gave them.
 	Mounts []Mount `json:"mounts,omitempty"`
+	// Node is, in a cluster, the name of the node it runs on.
+	Node string `json:"node,omitempty"`
+}
+
+// Node states, in a cluster (GET /nodes).
+const (
+	// NodeReady takes new sandboxes.
+	NodeReady = "ready"
+	// NodeDraining serves its sandboxes but takes no new ones (kiln node
+	// drain).
+	NodeDraining = "draining"
+	// NodeUnreachable has missed its heartbeats for a few seconds.
+	NodeUnreachable = "unreachable"
+	// NodeLost has been unreachable longer than kilnd --node-lost-after:
+	// its sandboxes are node_lost.
+	NodeLost = "lost"
+)
+
+// Node describes one kilnd of a cluster, as its last heartbeat told.
+type Node struct {
+	Name  string `json:"name"`
+	State string `json:"state"`
+	// APIURL is where the other nodes reach its API.
+	APIURL string `json:"api_url"`
+	// Labels are its kilnd --node-label pairs, matched by a create's
+	// constraints.
+	Labels map[string]string `json:"labels,omitempty"`
+	// Version is its kilnd's version; Incarnation is new at each start
+	// of its kilnd.
+	Version     string    `json:"version"`
+	Incarnation string    `json:"incarnation"`
+	StartedAt   time.Time `json:"started_at"`
+	// SeenAt is when its last heartbeat reached the cluster.
+	SeenAt time.Time `json:"seen_at"`
+	// Capacity and load, from that heartbeat.
+	CPUs            int   `json:"cpus"`
+	MemoryBytes     int64 `json:"memory_bytes"`
+	FreeMemoryBytes int64 `json:"free_memory_bytes"`
+	Sandboxes       int   `json:"sandboxes"`
+	// Self is set on the node that answered.
+	Self bool `json:"self,omitempty"`
+}
+
+// Health is GET /healthz's and GET /readyz's answer.
+type Health struct {
+	// Status is "ok", or at /readyz why kilnd is not ready.
+	Status string `json:"status"`
+	// Cluster is there on a kilnd in a cluster.
+	Cluster *Cluster `json:"cluster,omitempty"`
+}
+
+// Cluster is GET /healthz's word on a clustered kilnd's cluster.
+type Cluster struct {
+	// Node is this kilnd's name in it.
+	Node string `json:"node"`
+	// State is "connected", or "down" with Error saying why: the node
+	// serves its own sandboxes meanwhile, and exports their output when
+	// the cluster is back.
+	State string `json:"state"`
+	Error string `json:"error,omitempty"`
 }
 
 // SandboxStats are a running sandbox's resource figures, read from its

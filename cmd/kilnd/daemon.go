@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"net"
 	"net/netip"
+	"net/url"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -22,6 +24,7 @@ import (
 
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/client"
+	"github.com/sandkiln/sandkiln/internal/cluster"
 	"github.com/sandkiln/sandkiln/internal/daemon"
 	"github.com/sandkiln/sandkiln/internal/egress"
 	"github.com/sandkiln/sandkiln/internal/mcp"
@@ -97,6 +100,17 @@ Flags:
 	snapQuota := fs.String("snapshot-quota", units.BytesSize(float64(daemon.DefaultSnapshotQuota)), "how much of the host's disk, a `size`, snapshots may take together (kiln snapshot); one past\nit is refused")
 	keepDeleted := fs.Duration("keep-deleted", daemon.DefaultKeepDeleted, "how long a deleted sandbox's record and captured logs stay before they are removed (1s to\n8760h, a year)")
 	captureBuffer := fs.String("capture-buffer", "8MiB", "per captured process, the `size` of output held for its log writer while it catches up\n(64KiB to 1GiB): a burst beyond it, faster than the disk, is dropped and counted")
+	clusterURLs := fs.String("cluster", "", "join a cluster kept in NATS JetStream: its server `URLs`, comma-separated (nats://HOST:4222,…),\nor embedded to run a NATS server in this kilnd (its JetStream data in STATE_DIR/nats);\nwithout it, kilnd is a node of its own")
+	nodeName := fs.String("node", "", "this kilnd's `name` in its cluster, unique there (default: the host's name)")
+	var nodeLabels repeated
+	fs.Var(&nodeLabels, "node-label", "a `KEY=VALUE` of this node, which a create's constraints match (repeatable)")
+	clusterToken := fs.String("cluster-token-file", "", "a `file` whose first line is the token NATS asks of clients (and, embedded, of routes)")
+	clusterNKey := fs.String("cluster-nkey", "", "a `file` holding the nkey seed this kilnd authenticates to NATS with")
+	clusterRoutes := fs.String("cluster-routes", "", "with --cluster embedded: the other embedded servers' route `URLs`, comma-separated\n(nats-route://HOST:6222,…)")
+	clusterListen := fs.String("cluster-listen", "127.0.0.1:4222", "with --cluster embedded: the `address` its NATS server takes clients on")
+	clusterRouteListen := fs.String("cluster-route-listen", "0.0.0.0:6222", "with --cluster embedded: the `address` its NATS server takes the other servers' routes on")
+	advertise := fs.String("advertise", "", "the `URL` the cluster's other nodes reach this kilnd's API at (default: http:// and --listen,\nthe host's name for an unspecified address)")
+	nodeLostAfter := fs.Duration("node-lost-after", cluster.DefaultLostAfter, "how long a node of the cluster goes unheard before its sandboxes are node_lost (10s to 24h)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -185,6 +199,19 @@ Flags:
 	if *runtimes {
 		return printRuntimes(cfg)
 	}
+	var ccfg *cluster.Config
+	if *clusterURLs != "" {
+		if ccfg, err = clusterConfig(*clusterURLs, *nodeName, nodeLabels, *clusterToken, *clusterNKey, *clusterRoutes, *clusterListen, *clusterRouteListen, *advertise, *listen, *stateDir, *nodeLostAfter); err != nil {
+			fmt.Fprintln(os.Stderr, "kilnd:", err)
+			return 2
+		}
+		if u, err := url.Parse(ccfg.APIURL); err == nil && u.Host != "" {
+			cfg.AllowHosts = append(cfg.AllowHosts, u.Host)
+		}
+	} else if *nodeName != "" || len(nodeLabels) > 0 || *clusterRoutes != "" {
+		fmt.Fprintln(os.Stderr, "kilnd: --node, --node-label and --cluster-routes need --cluster")
+		return 2
+	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	cfg.Log = log
 	if os.Geteuid() != 0 {
@@ -204,6 +231,14 @@ Flags:
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
+	}
+	if ccfg != nil {
+		ccfg.Log = log
+		if err := d.JoinCluster(*ccfg); err != nil {
+			d.Close()
+			fmt.Fprintln(os.Stderr, "kilnd:", err)
+			return 1
+		}
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -272,4 +307,79 @@ func (w warmFlag) Set(v string) error {
 	}
 	w[rt] = n
 	return nil
+}
+
+// clusterConfig reads the cluster's flags.
+func clusterConfig(urls, node string, labels []string, tokenFile, nkey, routes, listen, routeListen, advertise, apiListen, stateDir string, lostAfter time.Duration) (*cluster.Config, error) {
+	c := &cluster.Config{Node: node, NKeyFile: nkey, LostAfter: lostAfter, Labels: map[string]string{}}
+	if c.Node == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return nil, fmt.Errorf("--node: the host's name: %w", err)
+		}
+		c.Node = strings.ToLower(h)
+	}
+	if err := cluster.ValidateNode(c.Node); err != nil {
+		return nil, fmt.Errorf("--node: %w", err)
+	}
+	for _, l := range labels {
+		k, v, ok := strings.Cut(l, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("--node-label %q: want KEY=VALUE", l)
+		}
+		c.Labels[k] = v
+	}
+	if lostAfter < 10*time.Second || lostAfter > 24*time.Hour {
+		return nil, fmt.Errorf("--node-lost-after %v: want 10s to 24h", lostAfter)
+	}
+	if tokenFile != "" {
+		t, err := cluster.ReadTokenFile(tokenFile)
+		if err != nil {
+			return nil, fmt.Errorf("--cluster-token-file: %w", err)
+		}
+		c.Token = t
+	}
+	if urls == "embedded" {
+		c.Embedded = &cluster.Embedded{StoreDir: filepath.Join(stateDir, "nats"), Listen: listen}
+		if routes != "" {
+			c.Embedded.RouteListen = routeListen
+			c.Embedded.Routes = strings.Split(routes, ",")
+		}
+	} else {
+		if routes != "" {
+			return nil, fmt.Errorf("--cluster-routes is for --cluster embedded; with NATS servers of their own, they route")
+		}
+		for u := range strings.SplitSeq(urls, ",") {
+			p, err := url.Parse(u)
+			if err != nil || p.Host == "" || p.Scheme != "nats" && p.Scheme != "tls" {
+				return nil, fmt.Errorf("--cluster %q: want nats://HOST:PORT URLs, comma-separated, or embedded", u)
+			}
+			c.Servers = append(c.Servers, u)
+		}
+	}
+	if advertise == "" {
+		if apiListen == "" {
+			return nil, fmt.Errorf("--cluster needs the API on TCP (--listen), for the other nodes")
+		}
+		host, port, err := net.SplitHostPort(apiListen)
+		if err != nil {
+			return nil, fmt.Errorf("--listen %q: %w", apiListen, err)
+		}
+		if ip, err := netip.ParseAddr(host); host == "" || err == nil && ip.IsUnspecified() {
+			if host, err = os.Hostname(); err != nil {
+				return nil, fmt.Errorf("--advertise: the host's name: %w", err)
+			}
+		}
+		if port != "0" {
+			advertise = "http://" + net.JoinHostPort(host, port)
+		}
+	}
+	if advertise != "" {
+		u, err := url.Parse(advertise)
+		if err != nil || u.Host == "" || u.Scheme != "http" && u.Scheme != "https" || u.Path != "" && u.Path != "/" {
+			return nil, fmt.Errorf("--advertise %q: want http://HOST:PORT or https://HOST:PORT", advertise)
+		}
+		c.APIURL = strings.TrimSuffix(advertise, "/")
+	}
+	return c, nil
 }

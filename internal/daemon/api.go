@@ -36,10 +36,15 @@ var Routes = []Route{
 	{"GET", "/{$}", true}, // the web console; it asks for the token itself
 	{"GET", "/assets/{file}", true},
 	{"GET", "/healthz", true},
+	{"GET", "/readyz", true},
 	{"GET", "/version", false},
 	{"GET", "/openapi.yaml", true},
 	{"GET", "/asyncapi.yaml", true},
 	{"GET", "/metrics", false},
+	{"GET", "/nodes", false},
+	{"GET", "/nodes/{name}", false},
+	{"POST", "/nodes/{name}/drain", false},
+	{"DELETE", "/nodes/{name}/drain", false},
 	{"POST", "/sandboxes", false},
 	{"GET", "/sandboxes", false},
 	{"GET", "/sandboxes/{id}", false},
@@ -94,11 +99,14 @@ var Routes = []Route{
 // place, as the OpenAPI document lists them.
 func (d *Daemon) Handler(tcp bool) http.Handler {
 	handlers := map[string]http.HandlerFunc{
-		"GET /{$}":           d.console.ServeIndex,
-		"GET /assets/{file}": d.console.ServeAsset,
-		"GET /healthz": func(w http.ResponseWriter, r *http.Request) {
-			reply.JSON(w, http.StatusOK, map[string]string{"status": "ok"})
-		},
+		"GET /{$}":                   d.console.ServeIndex,
+		"GET /assets/{file}":         d.console.ServeAsset,
+		"GET /healthz":               d.healthz,
+		"GET /readyz":                d.readyz,
+		"GET /nodes":                 d.listNodes,
+		"GET /nodes/{name}":          d.getNode,
+		"POST /nodes/{name}/drain":   d.drainNode(true),
+		"DELETE /nodes/{name}/drain": d.drainNode(false),
 		"GET /openapi.yaml": func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Type", "application/yaml")
 			w.Write(api.OpenAPI)
@@ -207,6 +215,9 @@ func (d *Daemon) Handler(tcp bool) http.Handler {
 		// Set by kilnd alone, for the agent.
 		r.Header.Del(api.PrefixHeader)
 		if h, _ := m.Handler(r); isRoute(h) {
+			if d.toOtherNode(w, r) {
+				return
+			}
 			m.ServeHTTP(w, r) // which sets the path's values
 			return
 		}
@@ -303,7 +314,17 @@ func (d *Daemon) createHandler(w http.ResponseWriter, r *http.Request) {
 		reply.Error(w, err)
 		return
 	}
+	if d.placeCreate(w, r, &req) {
+		return
+	}
+	req.Node, req.Constraints = "", nil
+	claimed, err := d.claimClusterName(r.Context(), req.Name)
+	if err != nil {
+		reply.Error(w, err)
+		return
+	}
 	info, err := d.Create(r.Context(), req)
+	claimed(info.ID)
 	if err != nil {
 		reply.Error(w, err)
 		return

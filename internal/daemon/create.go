@@ -133,6 +133,11 @@ func (e *entry) info() Info {
 	if e.rec.State == StateRunning && e.sb != nil {
 		i.AgentPID = e.sb.AgentPID()
 	}
+	if e.node != nil {
+		if name := e.node.Load(); name != nil {
+			i.Node = *name
+		}
+	}
 	if e.paused() {
 		i.PausedAt = e.rec.PausedAt
 	}
@@ -235,7 +240,7 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 			d.log.Warn("the captured logs of a snapshot's processes were not all copied", "snapshot", snap.ID, "sandbox", id, "err", err)
 		}
 	}
-	e := &entry{rec: rec}
+	e := &entry{rec: rec, node: &d.nodeName}
 	d.mu.Lock()
 	d.add(e)
 	// Told before its processes are (running starts their relay).

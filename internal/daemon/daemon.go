@@ -20,6 +20,7 @@ import (
 
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/capture"
+	"github.com/sandkiln/sandkiln/internal/cluster"
 	"github.com/sandkiln/sandkiln/internal/console"
 	"github.com/sandkiln/sandkiln/internal/egress"
 	"github.com/sandkiln/sandkiln/internal/image"
@@ -213,6 +214,13 @@ type Daemon struct {
 	// warm are the sandboxes made ahead (Config.Warm).
 	warm *warmPool
 	wg   sync.WaitGroup
+	// cluster is d's node in a cluster (JoinCluster), nil outside one;
+	// clusterStop ends what follows it, clusterToken is the cluster's API
+	// token once known, accepted as d's own is.
+	cluster      *cluster.Node
+	clusterStop  context.CancelFunc
+	clusterToken atomic.Pointer[string]
+	nodeName     atomic.Pointer[string]
 
 	metrics *metrics
 	console *console.Handler
@@ -498,7 +506,11 @@ const maxConns = 4096
 // returned.
 func (d *Daemon) Close() {
 	close(d.closing)
+	if d.cluster != nil {
+		d.clusterStop()
+	}
 	d.wg.Wait()
+	d.leaveCluster()
 	d.closeWarm()
 	// What a runtime shares between its sandboxes and makes again when it
 	// needs it (runsc's mount of its empty network namespace).

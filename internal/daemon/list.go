@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/internal/cluster"
 	"github.com/sandkiln/sandkiln/internal/errdefs"
 	"github.com/sandkiln/sandkiln/internal/reply"
 	"github.com/sandkiln/sandkiln/internal/sandbox"
@@ -31,7 +32,18 @@ func (d *Daemon) listHandler(w http.ResponseWriter, r *http.Request) {
 		reply.Error(w, err)
 		return
 	}
-	list, next, err := d.Select(s)
+	var list []Info
+	var next string
+	if d.cluster != nil && r.Header.Get(cluster.ForwardedHeader) == "" {
+		limit := s.Limit
+		s.Limit = 0
+		if list, _, err = d.Select(s); err == nil {
+			s.Limit = limit
+			list, next, err = d.withRemote(list, s)
+		}
+	} else {
+		list, next, err = d.Select(s)
+	}
 	if err != nil {
 		reply.Error(w, err)
 		return
@@ -75,8 +87,8 @@ func selectionOf(q url.Values) (Selection, error) {
 		case "runtime":
 			s.Runtime = v
 		case "state":
-			if v != StateRunning && v != api.SandboxPaused && v != StateStopped && v != StateDeleted {
-				return invalid("state %q: want %s, %s, %s or %s", api.Clip(v), StateRunning, api.SandboxPaused, StateStopped, StateDeleted)
+			if v != StateRunning && v != api.SandboxPaused && v != StateStopped && v != StateDeleted && v != api.SandboxUnknown && v != api.SandboxNodeLost {
+				return invalid("state %q: want %s, %s, %s, %s, or in a cluster %s or %s", api.Clip(v), StateRunning, api.SandboxPaused, StateStopped, StateDeleted, api.SandboxUnknown, api.SandboxNodeLost)
 			}
 			s.State = v
 			s.Deleted = s.Deleted || v == StateDeleted

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -99,7 +100,9 @@ func onOOMOf(rec record) string {
 
 // entry is a known sandbox and, while it runs, the route to its agent.
 type entry struct {
-	rec record
+	// node is its daemon's name in its cluster, if any (JoinCluster).
+	node *atomic.Pointer[string]
+	rec  record
 	// sb is the sandbox as its backend knows it; nil when the backend
 	// could not take it back (its state is unreadable, its runtime gone).
 	sb       sandbox.Instance
@@ -255,7 +258,7 @@ func (d *Daemon) recover() error {
 			d.log.Error("unreadable sandbox record; left as it is", "id", e.Name(), "err", err)
 			continue
 		}
-		e := &entry{rec: rec}
+		e := &entry{rec: rec, node: &d.nodeName}
 		if deleting {
 			// The finisher takes the sandbox back, and ends it.
 			d.resume(e, removeLogs)

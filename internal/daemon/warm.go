@@ -181,7 +181,7 @@ func (d *Daemon) createWarm(w *warmSandbox, req CreateRequest) (Info, error) {
 	}
 	d.metrics.creates.Observe(time.Since(began).Seconds())
 	d.metrics.warmTaken.Inc()
-	e := &entry{rec: rec}
+	e := &entry{rec: rec, node: &d.nodeName}
 	d.mu.Lock()
 	d.add(e)
 	d.events.emit(sandboxEvent(api.EventCreated, rec))
