@@ -941,7 +941,9 @@ type Cluster struct {
 	// serves its own sandboxes meanwhile, and exports their output when
 	// the cluster is back.
 	State string `json:"state"`
-	Error string `json:"error,omitempty"`
+	// Error is why it is down, for kilnd's log: the routes that tell the
+	// state ask no token, and say no more.
+	Error string `json:"-"`
 }
 
 // SandboxStats are a running sandbox's resource figures, read from its

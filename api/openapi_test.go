@@ -57,6 +57,8 @@ var wireTypes = map[string]struct {
 	request bool
 }{
 	"Sandbox":         {reflect.TypeFor[api.Sandbox](), false},
+	"Node":            {reflect.TypeFor[api.Node](), false},
+	"Health":          {reflect.TypeFor[api.Health](), false},
 	"Event":           {reflect.TypeFor[api.Event](), false},
 	"SandboxStats":    {reflect.TypeFor[api.SandboxStats](), false},
 	"TopProcess":      {reflect.TypeFor[api.TopProcess](), false},

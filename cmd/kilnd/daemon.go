@@ -214,6 +214,7 @@ Flags:
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	cfg.Log = log
+	cfg.Cluster = ccfg
 	if os.Geteuid() != 0 {
 		fmt.Fprintln(os.Stderr, "kilnd: the namespace sandbox backend needs root (run it with sudo)")
 		return 1
@@ -231,14 +232,6 @@ Flags:
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
-	}
-	if ccfg != nil {
-		ccfg.Log = log
-		if err := d.JoinCluster(*ccfg); err != nil {
-			d.Close()
-			fmt.Fprintln(os.Stderr, "kilnd:", err)
-			return 1
-		}
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

@@ -31,15 +31,18 @@ import (
 // cluster's API token, which every node of the cluster accepts.
 const ClusterTokenName = "cluster-token"
 
-// JoinCluster makes d a node of the cluster cfg describes; called once,
-// before Serve. d's sandboxes are written to the cluster as they change.
-func (d *Daemon) JoinCluster(cfg cluster.Config) error {
+// joinCluster makes d a node of the cluster cfg describes (Config.Cluster),
+// as Serve starts. d's sandboxes are written to the cluster as they change.
+func (d *Daemon) joinCluster(cfg cluster.Config) error {
 	// The token this node last had from its cluster is accepted while
 	// the cluster is reached again.
 	if b, err := os.ReadFile(filepath.Join(d.cfg.StateDir, ClusterTokenName)); err == nil {
 		if tok := strings.TrimSpace(string(b)); len(tok) >= 32 {
 			d.clusterToken.Store(&tok)
 		}
+	}
+	if cfg.Log == nil {
+		cfg.Log = d.log
 	}
 	n, err := cluster.Join(cfg, clusterLocal{d}, d.acceptClusterToken)
 	if err != nil {
@@ -352,7 +355,6 @@ func (d *Daemon) healthz(w http.ResponseWriter, r *http.Request) {
 	h := api.Health{Status: "ok"}
 	if d.cluster != nil {
 		c := d.cluster.Status()
-		c.Error = ""
 		h.Cluster = &c
 	}
 	reply.JSON(w, http.StatusOK, h)
@@ -366,7 +368,6 @@ func (d *Daemon) readyz(w http.ResponseWriter, r *http.Request) {
 	code := http.StatusOK
 	if d.cluster != nil {
 		c := d.cluster.Status()
-		c.Error = ""
 		h.Cluster = &c
 		if c.State != "connected" {
 			h.Status, code = "cluster down", http.StatusServiceUnavailable

@@ -125,6 +125,9 @@ type Config struct {
 	// uidFirst is the first uid of the instance's window (New claims
 	// it); zero: sandbox.DefaultUIDBase.
 	uidFirst int
+	// Cluster, when set, makes kilnd a node of a cluster kept in NATS
+	// JetStream (kilnd --cluster), joined as Serve starts.
+	Cluster *cluster.Config
 }
 
 // DefaultLimits are a sandbox's limits unless kilnd is told otherwise: no

@@ -51,6 +51,11 @@ func (d *Daemon) Serve(ctx context.Context) error {
 		c.Close()
 		return fmt.Errorf("kilnd: another kilnd serves %s", sock)
 	}
+	if c := d.cfg.Cluster; c != nil && d.cluster == nil {
+		if err := d.joinCluster(*c); err != nil {
+			return fmt.Errorf("kilnd: %w", err)
+		}
+	}
 	ul, tl, pl, err := d.listen(sock)
 	if err != nil {
 		return err

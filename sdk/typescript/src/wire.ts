@@ -58,6 +58,88 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/readyz": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * kilnd serves all it should
+         * @description 200 when kilnd serves; on a kilnd in a cluster (kilnd --cluster), 503 while the cluster is down: it serves its own sandboxes meanwhile, not the other nodes'. Why the cluster is down, kilnd's log says (this route asks no token).
+         */
+        get: operations["ready"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/nodes": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * the cluster's nodes
+         * @description Every kilnd of the cluster, by name, as its last heartbeat told: ready, draining (kiln node drain), unreachable (heartbeats missed for a few seconds) or lost (unreachable longer than kilnd --node-lost-after). A kilnd in no cluster answers 412.
+         */
+        get: operations["listNodes"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/nodes/{name}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                name: string;
+            };
+            cookie?: never;
+        };
+        /** one node of the cluster */
+        get: operations["getNode"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/nodes/{name}/drain": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                name: string;
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * place no new sandbox on the node
+         * @description Its sandboxes run on and are served as before; creates go to the other nodes (one naming it is refused 412). DELETE undoes it.
+         */
+        post: operations["drainNode"];
+        /** place sandboxes on the node again */
+        delete: operations["undrainNode"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/version": {
         parameters: {
             query?: never;
@@ -1229,6 +1311,10 @@ export interface components {
             };
             /** @description a snapshot (its id, a unique prefix, or its name) the sandbox is made from: its files are the snapshot's, and unless the request says otherwise so are its image, runtime, limits (its disk's size always: another is 400, as is another image or rootfs), network policy, init command, log rotation, timeouts and labels (the request's added). The snapshot's processes are its history (Process.forked_from) */
             snapshot?: string;
+            /** @description in a cluster (kilnd --cluster): the node to place the sandbox on (400 if the cluster has none of that name, 412 if it is not ready). A kilnd in no cluster refuses it, 400 */
+            node?: string;
+            /** @description in a cluster: KEY=VALUE labels (kilnd --node-label) the node must have; without node, the least loaded such node is chosen (412 when none is ready). A kilnd in no cluster refuses it, 400 */
+            constraints?: string[];
             /** @description host directories bound into the sandbox, as docker run -v binds them; kilnd refuses every mount (403) unless it was started with --allow-mount DIR, and each source must be below one of those directories, symbolic links resolved (400 otherwise). The files keep their host owners: the sandbox reads and writes what the directory's permissions allow any other user, and what it writes belongs to its own host users */
             mounts?: components["schemas"]["Mount"][];
         };
@@ -1368,10 +1454,10 @@ export interface components {
             /** @description the name it was created with, if any */
             name?: string;
             /**
-             * @description paused: running, its processes paused (POST /sandboxes/{id}/pause)
+             * @description paused: running, its processes paused (POST /sandboxes/{id}/pause). In a cluster, unknown: its node has missed its heartbeats, nobody can say; node_lost: its node has been gone longer than kilnd --node-lost-after (it did not exit: its output up to what reached the cluster stays readable)
              * @enum {string}
              */
-            state: "running" | "paused" | "stopped" | "deleted";
+            state: "running" | "paused" | "stopped" | "deleted" | "unknown" | "node_lost";
             /** Format: date-time */
             created_at: string;
             /** Format: date-time */
@@ -1410,6 +1496,48 @@ export interface components {
             image?: string;
             /** @description that image's ID */
             image_id?: string;
+            /** @description in a cluster, the node it runs on */
+            node?: string;
+        };
+        Health: {
+            /** @description ok; at /readyz, why kilnd is not ready */
+            status: string;
+            /** @description on a kilnd in a cluster */
+            cluster?: {
+                /** @description this kilnd's name in it */
+                node: string;
+                /** @enum {string} */
+                state: "connected" | "down";
+            };
+        };
+        Node: {
+            name: string;
+            /** @enum {string} */
+            state: "ready" | "draining" | "unreachable" | "lost";
+            /** @description where the other nodes reach its API (kilnd --advertise) */
+            api_url: string;
+            /** @description its kilnd --node-label pairs, which a create's constraints match */
+            labels?: {
+                [key: string]: string;
+            };
+            version: string;
+            /** @description new at each start of its kilnd */
+            incarnation: string;
+            /** Format: date-time */
+            started_at: string;
+            /**
+             * Format: date-time
+             * @description when its last heartbeat reached the cluster
+             */
+            seen_at: string;
+            cpus: number;
+            memory_bytes: number;
+            /** @description the host's available memory, at its last heartbeat */
+            free_memory_bytes: number;
+            /** @description its sandboxes running, at its last heartbeat */
+            sandboxes: number;
+            /** @description set on the node that answered */
+            self?: boolean;
         };
         TTY: {
             cols: number;
@@ -1801,13 +1929,139 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/json": {
-                        /** @enum {string} */
-                        status: "ok";
-                    };
+                    "application/json": components["schemas"]["Health"];
                 };
             };
             403: components["responses"]["Error"];
+        };
+    };
+    ready: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description ready */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Health"];
+                };
+            };
+            403: components["responses"]["Error"];
+            /** @description its cluster is down */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Health"];
+                };
+            };
+        };
+    };
+    listNodes: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the nodes */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Node"][];
+                };
+            };
+            401: components["responses"]["Error"];
+            412: components["responses"]["Error"];
+        };
+    };
+    getNode: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the node */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Node"];
+                };
+            };
+            401: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            412: components["responses"]["Error"];
+        };
+    };
+    drainNode: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the node, draining */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Node"];
+                };
+            };
+            401: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            412: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
+    undrainNode: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the node */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Node"];
+                };
+            };
+            401: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            412: components["responses"]["Error"];
+            503: components["responses"]["Error"];
         };
     };
     getVersion: {
@@ -1902,8 +2156,8 @@ export interface operations {
                 /** @description KEY (it has the label) or KEY=VALUE; repeated, each must match */
                 label?: string[];
                 name?: string;
-                /** @description deleted takes the deleted ones kept (kilnd --keep-deleted) in; running leaves the paused ones out */
-                state?: "running" | "paused" | "stopped" | "deleted";
+                /** @description deleted takes the deleted ones kept (kilnd --keep-deleted) in; running leaves the paused ones out; unknown and node_lost are, in a cluster, those of nodes unreachable or lost */
+                state?: "running" | "paused" | "stopped" | "deleted" | "unknown" | "node_lost";
                 /** @description the image as the create named it, or its ID or an ID's prefix */
                 image?: string;
                 runtime?: string;
