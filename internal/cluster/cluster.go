@@ -771,9 +771,39 @@ func (n *Node) view(sb api.Sandbox, now time.Time) api.Sandbox {
 	return sb
 }
 
+// Remember takes in sb, just made on another node at this node's request,
+// before the watcher brings it: what a client creates through a node it
+// finds there at once.
+func (n *Node) Remember(sb api.Sandbox) {
+	if sb.ID == "" || sb.Node == "" || sb.Node == n.cfg.Node {
+		return
+	}
+	n.mu.Lock()
+	if _, ok := n.remote[sb.ID]; !ok {
+		n.remote[sb.ID] = sb
+	}
+	n.mu.Unlock()
+}
+
 // Resolve finds another node's sandbox by id, name or a unique prefix of
 // 4 or more of its id.
-func (n *Node) Resolve(ref string) (api.Sandbox, api.Node, bool, error) {
+func (n *Node) Resolve(ctx context.Context, ref string) (api.Sandbox, api.Node, bool, error) {
+	if api.IsSandboxID(ref) {
+		// A whole id the watcher has not brought yet: asked for.
+		n.mu.Lock()
+		_, known := n.remote[ref]
+		kv := n.sandboxes
+		n.mu.Unlock()
+		if !known && kv != nil {
+			ctx, cancel := context.WithTimeout(ctx, opTimeout)
+			e, err := kv.Get(ctx, ref)
+			cancel()
+			var sb api.Sandbox
+			if err == nil && json.Unmarshal(e.Value(), &sb) == nil && sb.ID == ref {
+				n.Remember(sb)
+			}
+		}
+	}
 	now := time.Now()
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -832,10 +862,12 @@ func (n *Node) Place(name string, constraints []string) (api.Node, error) {
 			return api.Node{}, fmt.Errorf("%w: node: %v", errdefs.ErrInvalidArgument, err)
 		}
 	}
-	if name != "" && name != n.cfg.Node || len(want) > 0 || n.hasPeers() {
-		if err := n.usable(); err != nil {
+	if err := n.usable(); err != nil {
+		if name != "" && name != n.cfg.Node || len(want) > 0 {
 			return api.Node{}, fmt.Errorf("placing the sandbox: %w", err)
 		}
+		// Down, the cluster cannot say where: here.
+		return api.Node{Name: n.cfg.Node, State: api.NodeReady, Self: true}, nil
 	}
 	nodes := n.Nodes()
 	if name != "" {
@@ -875,17 +907,6 @@ func (n *Node) Place(name string, constraints []string) (api.Node, error) {
 			strings.Compare(a.Name, b.Name))
 	})
 	return fit[0], nil
-}
-
-func (n *Node) hasPeers() bool {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	for name := range n.peers {
-		if name != n.cfg.Node {
-			return true
-		}
-	}
-	return false
 }
 
 func boolOrder(a, b bool) int {

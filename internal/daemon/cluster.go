@@ -177,7 +177,7 @@ func (d *Daemon) toOtherNode(w http.ResponseWriter, r *http.Request) bool {
 	if _, err := d.get(ref); !errors.Is(err, errdefs.ErrNotFound) {
 		return false // this node's, or an error of this node's to tell
 	}
-	sb, node, found, err := n.Resolve(ref)
+	sb, node, found, err := n.Resolve(r.Context(), ref)
 	if err != nil {
 		reply.Error(w, err)
 		return true
@@ -235,7 +235,12 @@ func (d *Daemon) placeCreate(w http.ResponseWriter, r *http.Request, req *Create
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	r.ContentLength = int64(len(body))
 	r.Header.Set("Content-Length", strconv.Itoa(len(body)))
-	n.Forward(w, r, to)
+	rw := &createdWriter{ResponseWriter: w}
+	n.Forward(rw, r, to)
+	var sb api.Sandbox
+	if rw.code == http.StatusCreated && json.Unmarshal(rw.body.Bytes(), &sb) == nil {
+		n.Remember(sb)
+	}
 	return true
 }
 
@@ -374,4 +379,33 @@ func (d *Daemon) readyz(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	reply.JSON(w, code, h)
+}
+
+// createdWriter keeps a create's answer as it passes (a sandbox's
+// description, a few KiB) for the node that placed it.
+type createdWriter struct {
+	http.ResponseWriter
+	code int
+	body bytes.Buffer
+}
+
+func (w *createdWriter) WriteHeader(code int) {
+	w.code = code
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *createdWriter) Write(b []byte) (int, error) {
+	if w.code == 0 {
+		w.code = http.StatusOK
+	}
+	if w.body.Len()+len(b) <= 1<<20 {
+		w.body.Write(b)
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *createdWriter) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
 }

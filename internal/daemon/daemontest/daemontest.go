@@ -30,9 +30,10 @@ var Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME=/r
 // document (apitest.Validator): Stop and Close report those that did not
 // match, so the test that owns the kilnd fails with them.
 type Kilnd struct {
-	State  string
-	Daemon *daemon.Daemon
-	stop   func() error
+	State   string
+	Daemon  *daemon.Daemon
+	stop    func() error
+	stopped atomic.Bool
 }
 
 // Start serves state (made if missing) on its unix socket and, when
@@ -188,7 +189,7 @@ func StartConfig(cfg daemon.Config) (*Kilnd, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
 	go func() { served <- d.Serve(ctx) }()
-	k := &Kilnd{State: state, Daemon: d, stop: func() error {
+	k := &Kilnd{State: state, Daemon: d, stop: sync.OnceValue(func() error {
 		cancel()
 		err := <-served
 		d.Close()
@@ -199,7 +200,7 @@ func StartConfig(cfg daemon.Config) (*Kilnd, error) {
 			err = errors.Join(err, openapi.Err())
 		}
 		return err
-	}}
+	})}
 	deadline := time.Now().Add(time.Minute)
 	for {
 		if c, err := net.Dial("unix", filepath.Join(state, daemon.SocketName)); err == nil {
@@ -223,11 +224,18 @@ func StartConfig(cfg daemon.Config) (*Kilnd, error) {
 
 // Stop stops serving; sandboxes keep running, as with a real kilnd. Its
 // error includes the answers that did not match the OpenAPI document.
-func (k *Kilnd) Stop() error { return k.stop() }
+func (k *Kilnd) Stop() error {
+	k.stopped.Store(true)
+	return k.stop()
+}
 
 // Close deletes every sandbox, their logs too, and stops serving; its
 // error is Stop's and the deletions'.
 func (k *Kilnd) Close() error {
+	if k.stopped.Load() {
+		// Stopped already: its sandboxes are the next kilnd's to end.
+		return nil
+	}
 	var errs []error
 	for _, s := range k.Daemon.List() {
 		errs = append(errs, k.Daemon.Delete(s.ID, true))

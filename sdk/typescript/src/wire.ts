@@ -2220,6 +2220,7 @@ export interface operations {
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
             409: components["responses"]["Error"];
+            412: components["responses"]["Error"];
             413: components["responses"]["Error"];
             500: components["responses"]["Error"];
             503: components["responses"]["Error"];
@@ -2251,6 +2252,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            503: components["responses"]["Error"];
         };
     };
     deleteSandbox: {
@@ -2278,6 +2280,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            503: components["responses"]["Error"];
         };
     };
     stopSandbox: {
@@ -2413,6 +2416,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            503: components["responses"]["Error"];
         };
     };
     snapshotSandbox: {
@@ -2761,6 +2765,7 @@ export interface operations {
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
             412: components["responses"]["Error"];
+            503: components["responses"]["Error"];
         };
     };
     sandboxTop: {
@@ -3747,6 +3752,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            503: components["responses"]["Error"];
         };
     };
     createPreview: {
@@ -3780,6 +3786,7 @@ export interface operations {
             404: components["responses"]["Error"];
             412: components["responses"]["Error"];
             413: components["responses"]["Error"];
+            503: components["responses"]["Error"];
         };
     };
     revokePreview: {
@@ -3806,6 +3813,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            503: components["responses"]["Error"];
         };
     };
     openPreview: {

@@ -1,0 +1,378 @@
+package cluster_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/client"
+	"github.com/sandkiln/sandkiln/internal/cluster"
+	"github.com/sandkiln/sandkiln/internal/daemon"
+	"github.com/sandkiln/sandkiln/internal/daemon/daemontest"
+	"github.com/sandkiln/sandkiln/internal/natstest"
+	"github.com/sandkiln/sandkiln/internal/roles"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	roles.PlayIfReexecuted()
+	remove, err := daemontest.ShareUIDs()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+		if err := remove(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			code = max(code, 1)
+		}
+		os.Exit(code)
+	}),
+		// The NATS server's and client's own, ended as they shut down
+		// but not waited for.
+		goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*Server).Start.func1"),
+		goleak.IgnoreTopFunction("time.Sleep"),
+	)
+}
+
+// Quick beats for tests: unreachable after 5 missed (1 s), lost after
+// lostAfter.
+const (
+	beat      = 200 * time.Millisecond
+	lostAfter = 3 * time.Second
+)
+
+// node is one kilnd of a test's cluster.
+type node struct {
+	name string
+	k    *daemontest.Kilnd
+	cfg  daemon.Config
+}
+
+func (n *node) url() string { return "http://" + n.k.Daemon.TCPAddr() }
+
+// startNode starts kilnd name on state (a directory of t's when empty),
+// a node of the cluster whose NATS servers are at urls.
+func startNode(t *testing.T, name, state string, urls []string, labels map[string]string) *node {
+	t.Helper()
+	if state == "" {
+		state = t.TempDir()
+	}
+	cfg := daemon.Config{StateDir: state, Listen: "127.0.0.1:0", Cluster: &cluster.Config{
+		Servers: urls, Node: name, Labels: labels, Heartbeat: beat, LostAfter: lostAfter}}
+	return &node{name: name, k: daemontest.StartConfigT(t, cfg), cfg: cfg}
+}
+
+// token is the cluster's API token, once a node has it.
+func (n *node) token(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(n.k.State, daemon.ClusterTokenName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// do calls n's API with tok; it returns the status and the body.
+func (n *node) do(t *testing.T, tok, method, path, body string) (int, []byte) {
+	t.Helper()
+	req, _ := http.NewRequest(method, n.url()+path, strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+tok)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
+// eventually waits, up to a deadline, for cond to hold; what it last
+// said fails the test otherwise.
+func eventually(t *testing.T, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ok, said := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not after 30s: %s", what, said)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// nodesSeen waits until n lists want's nodes in those states.
+func nodesSeen(t *testing.T, n *node, tok string, want map[string]string) {
+	t.Helper()
+	eventually(t, n.name+" sees the nodes", func() (bool, string) {
+		code, b := n.do(t, tok, "GET", "/nodes", "")
+		if code != 200 {
+			return false, fmt.Sprintf("%d %s", code, b)
+		}
+		var nodes []api.Node
+		json.Unmarshal(b, &nodes)
+		got := map[string]string{}
+		for _, d := range nodes {
+			got[d.Name] = d.State
+		}
+		return fmt.Sprint(got) == fmt.Sprint(want), string(b)
+	})
+}
+
+func ready(t *testing.T, n *node) {
+	t.Helper()
+	eventually(t, n.name+" ready", func() (bool, string) {
+		resp, err := http.Get(n.url() + "/readyz")
+		if err != nil {
+			return false, err.Error()
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode == 200, string(b)
+	})
+}
+
+// TestCluster: three kilnds on a three-server NATS cluster (R3 buckets).
+// Every node lists every node and sandbox; a create through one is placed
+// on the node it names, by labels, or away from a drained node; a process
+// of one node's sandbox runs and is watched through another, byte for
+// byte; names are unique across the cluster; a node whose kilnd stops is
+// unknown, then lost, to the others, never exited, and is ready again
+// with its sandboxes when it comes back.
+func TestCluster(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("kilnd needs root")
+	}
+	nats := natstest.Cluster(t, 3)
+	urls := nats.URLs()
+	a := startNode(t, "a", "", urls[0:1], map[string]string{"zone": "east"})
+	b := startNode(t, "b", "", urls[1:2], map[string]string{"zone": "east"})
+	c := startNode(t, "c", "", urls[2:3], map[string]string{"zone": "west"})
+	for _, n := range []*node{a, b, c} {
+		ready(t, n)
+	}
+	tok := a.token(t)
+	if b.token(t) != tok || c.token(t) != tok {
+		t.Fatal("the nodes have different cluster tokens")
+	}
+	all := map[string]string{"a": api.NodeReady, "b": api.NodeReady, "c": api.NodeReady}
+	for _, n := range []*node{a, b, c} {
+		nodesSeen(t, n, tok, all)
+	}
+	// Each node's own token is good on it alone; the cluster's on all.
+	own, _ := os.ReadFile(filepath.Join(a.k.State, daemon.TokenName))
+	if code, _ := b.do(t, strings.TrimSpace(string(own)), "GET", "/sandboxes", ""); code != http.StatusUnauthorized {
+		t.Errorf("a's own token on b: %d, want 401", code)
+	}
+
+	ctx := context.Background()
+	sdk := func(n *node) *client.Client {
+		cl, err := client.New(client.Options{Addr: n.url(), Token: tok})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cl.Close() })
+		return cl
+	}
+	viaA, viaC := sdk(a), sdk(c)
+
+	// Placed by name, through another node.
+	web, err := viaA.CreateSandbox(ctx, client.SandboxOptions{Name: "web", Node: "b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info, _ := web.Info(ctx); info.Node != "b" {
+		t.Fatalf("created on node %q, want b", info.Node)
+	}
+	// Placed by labels.
+	west, err := viaA.CreateSandbox(ctx, client.SandboxOptions{Constraints: []string{"zone=west"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info, _ := west.Info(ctx); info.Node != "c" {
+		t.Errorf("zone=west placed on %q, want c", info.Node)
+	}
+	for body, want := range map[string]int{
+		`{"node":"nowhere"}`:             http.StatusBadRequest,
+		`{"constraints":["zone=north"]}`: http.StatusPreconditionFailed,
+		`{"constraints":["zone"]}`:       http.StatusBadRequest,
+		`{"name":"web","node":"c"}`:      http.StatusConflict, // the name is b's sandbox's
+	} {
+		if code, b := c.do(t, tok, "POST", "/sandboxes", body); code != want {
+			t.Errorf("create %s: %d %s, want %d", body, code, b, want)
+		}
+	}
+
+	// A process of b's sandbox, started and watched through c, every byte
+	// at its offset.
+	onC, err := viaC.Sandbox(ctx, "web")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := onC.Start(ctx, client.StartOptions{Shell: "seq 1 200000; echo done >&2", Format: client.Bytes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want bytes.Buffer
+	for i := 1; i <= 200000; i++ {
+		fmt.Fprintf(&want, "%d\n", i)
+	}
+	var out, errOut bytes.Buffer
+	for ch, err := range p.Output(ctx) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		buf := &out
+		if ch.Stream == "stderr" {
+			buf = &errOut
+		}
+		if ch.Lost != 0 || ch.Offset != int64(buf.Len()) {
+			t.Fatalf("%s chunk at %d (lost %d) after %d bytes", ch.Stream, ch.Offset, ch.Lost, buf.Len())
+		}
+		buf.Write(ch.Bytes)
+	}
+	if !bytes.Equal(out.Bytes(), want.Bytes()) || errOut.String() != "done\n" {
+		t.Fatalf("through c: %d bytes of stdout (want %d), stderr %q", out.Len(), want.Len(), errOut.String())
+	}
+	res, err := p.Wait(ctx)
+	if err != nil || res.Exit.Code() != 0 || !res.OutputComplete {
+		t.Fatalf("wait through c: %+v %v", res, err)
+	}
+
+	// Every node lists every sandbox, each with its node.
+	for _, n := range []*node{a, b, c} {
+		eventually(t, n.name+" lists the cluster", func() (bool, string) {
+			code, body := n.do(t, tok, "GET", "/sandboxes", "")
+			var list []api.Sandbox
+			json.Unmarshal(body, &list)
+			got := map[string]string{}
+			for _, sb := range list {
+				got[sb.ID] = sb.Node
+			}
+			return code == 200 && len(got) == 2 && got[web.ID] == "b" && got[west.ID] == "c", string(body)
+		})
+	}
+	if code, body := a.do(t, tok, "GET", "/sandboxes?state=running&limit=1", ""); code != 200 || strings.Count(string(body), `"id"`) != 1 {
+		t.Errorf("a page of 1: %d %s", code, body)
+	}
+
+	// Drained, a node takes no new sandbox; a create naming it is refused.
+	if code, body := a.do(t, tok, "POST", "/nodes/a/drain", ""); code != 200 || !strings.Contains(string(body), `"draining"`) {
+		t.Fatalf("drain a: %d %s", code, body)
+	}
+	nodesSeen(t, c, tok, map[string]string{"a": api.NodeDraining, "b": api.NodeReady, "c": api.NodeReady})
+	for range 3 {
+		sb, err := viaA.CreateSandbox(ctx, client.SandboxOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info, _ := sb.Info(ctx); info.Node == "a" {
+			t.Errorf("a drained, and still given sandbox %s", sb.ID)
+		}
+		if err := sb.Delete(ctx, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if code, _ := c.do(t, tok, "POST", "/sandboxes", `{"node":"a"}`); code != http.StatusPreconditionFailed {
+		t.Errorf("create on drained a: %d, want 412", code)
+	}
+	if code, _ := c.do(t, tok, "DELETE", "/nodes/a/drain", ""); code != 200 {
+		t.Errorf("undrain a: %d", code)
+	}
+
+	// b's kilnd stops (its sandboxes run on): to a and c its sandbox is
+	// unknown, then node_lost, never exited; what needs b is refused.
+	if err := b.k.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	stateOnA := func(want string) {
+		eventually(t, "web "+want+" on a", func() (bool, string) {
+			code, body := a.do(t, tok, "GET", "/sandboxes/web", "")
+			var sb api.Sandbox
+			json.Unmarshal(body, &sb)
+			return code == 200 && sb.State == want, string(body)
+		})
+	}
+	stateOnA(api.SandboxUnknown)
+	stateOnA(api.SandboxNodeLost)
+	nodesSeen(t, a, tok, map[string]string{"a": api.NodeReady, "b": api.NodeLost, "c": api.NodeReady})
+	if code, body := a.do(t, tok, "POST", "/sandboxes/web/exec", `{"command":"true"}`); code != http.StatusServiceUnavailable || !strings.Contains(string(body), "node b") {
+		t.Errorf("exec on lost b: %d %s, want 503 naming node b", code, body)
+	}
+	if code, body := c.do(t, tok, "GET", "/sandboxes?state=node_lost", ""); code != 200 || !strings.Contains(string(body), web.ID) {
+		t.Errorf("c's node_lost list: %d %s", code, body)
+	}
+	// Back, b adopts its sandbox; the others see it running again.
+	b.k = daemontest.StartConfigT(t, b.cfg)
+	stateOnA(api.SandboxRunning)
+	r, err := web.Exec(ctx, client.ExecOptions{Shell: "echo back"})
+	if err != nil || string(r.Stdout) != "back\n" {
+		t.Fatalf("exec through a after b's return: %q %v", r.Stdout, err)
+	}
+	// Deleted through a, it is gone from every node and its name free.
+	if err := web.Delete(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "web gone from c", func() (bool, string) {
+		code, body := c.do(t, tok, "GET", "/sandboxes/web", "")
+		return code == http.StatusNotFound, string(body)
+	})
+	again, err := viaC.CreateSandbox(ctx, client.SandboxOptions{Name: "web"})
+	if err != nil {
+		t.Fatalf("the name of a deleted sandbox: %v", err)
+	}
+	again.Delete(ctx, true)
+	if err := west.Delete(ctx, true); err != nil && !errors.Is(err, context.Canceled) {
+		t.Fatal(err)
+	}
+}
+
+// TestClusterDown: a kilnd whose NATS is down serves its own sandboxes,
+// says it is not ready, refuses what needs the cluster with 503, and
+// joins once NATS is back.
+func TestClusterDown(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("kilnd needs root")
+	}
+	nats := natstest.Cluster(t, 1)
+	nats.Stop(0)
+	n := startNode(t, "solo", "", nats.URLs(), nil)
+	resp, err := http.Get(n.url() + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), `"down"`) {
+		t.Fatalf("readyz with NATS down: %d %s", resp.StatusCode, body)
+	}
+	own, _ := os.ReadFile(filepath.Join(n.k.State, daemon.TokenName))
+	tok := strings.TrimSpace(string(own))
+	if code, body := n.do(t, tok, "POST", "/sandboxes", `{}`); code != http.StatusCreated {
+		t.Fatalf("create with NATS down: %d %s", code, body)
+	}
+	if code, body := n.do(t, tok, "POST", "/sandboxes", `{"name":"named"}`); code != http.StatusServiceUnavailable || !strings.Contains(string(body), "cluster is down") {
+		t.Errorf("named create with NATS down: %d %s, want 503", code, body)
+	}
+	nats.Restart(0)
+	ready(t, n)
+	if code, body := n.do(t, tok, "GET", "/nodes", ""); code != 200 || !strings.Contains(string(body), `"solo"`) {
+		t.Errorf("nodes once back: %d %s", code, body)
+	}
+	if code, body := n.do(t, tok, "POST", "/sandboxes", `{"name":"named"}`); code != http.StatusCreated {
+		t.Errorf("named create once back: %d %s", code, body)
+	}
+}
