@@ -251,14 +251,24 @@ func (c *Client) requestAs(ctx context.Context, hc *http.Client, method, path st
 	}
 	if isError(resp) {
 		defer resp.Body.Close()
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-		var e api.Error
-		if json.Unmarshal(b, &e) == nil && e.Error.Code != "" {
-			return nil, true, &Error{Status: resp.StatusCode, Code: e.Error.Code, Message: e.Error.Message}
-		}
-		return nil, true, &Error{Status: resp.StatusCode, Code: api.CodeInternal, Message: fmt.Sprintf("%s %s: %s", method, path, resp.Status)}
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+		return nil, true, answerError(resp, b, method, path)
 	}
 	return resp, true, nil
+}
+
+// maxErrorBody is the most of an error's answer read.
+const maxErrorBody = 64 << 10
+
+// answerError is the error of kilnd's answer resp, whose body is b: its
+// code and message, or, for an answer that is not kilnd's error, its
+// status.
+func answerError(resp *http.Response, b []byte, method, path string) *Error {
+	var e api.Error
+	if json.Unmarshal(b, &e) == nil && e.Error.Code != "" {
+		return &Error{Status: resp.StatusCode, Code: e.Error.Code, Message: e.Error.Message}
+	}
+	return &Error{Status: resp.StatusCode, Code: api.CodeInternal, Message: fmt.Sprintf("%s %s: %s", method, path, resp.Status)}
 }
 
 // call makes a control request (bounded by the client's timeout) and
@@ -371,6 +381,9 @@ type SandboxFilter struct {
 	// "KEY=VALUE".
 	Labels                      []string
 	Name, State, Image, Runtime string
+	// Node, in a cluster, chooses the sandboxes of the node of that name
+	// (api.Sandbox.Node); a kilnd in no cluster has none on any.
+	Node string
 	// All takes the deleted sandboxes whose records kilnd keeps in too.
 	All bool
 }
@@ -378,7 +391,7 @@ type SandboxFilter struct {
 // SandboxesWhere lists the sandboxes f chooses, oldest first.
 func (c *Client) SandboxesWhere(ctx context.Context, f SandboxFilter) ([]api.Sandbox, error) {
 	q := url.Values{}
-	for k, v := range map[string]string{"name": f.Name, "state": f.State, "image": f.Image, "runtime": f.Runtime} {
+	for k, v := range map[string]string{"name": f.Name, "state": f.State, "image": f.Image, "runtime": f.Runtime, "node": f.Node} {
 		if v != "" {
 			q.Set(k, v)
 		}

@@ -134,7 +134,7 @@ never hidden.`,
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error { return usageError{err, cmd.CommandPath()} })
 	root.SetHelpTemplate(root.HelpTemplate() + "{{if not .HasParent}}" + exitCodesHelp + "\n{{end}}")
 	root.AddCommand(c.lifecycleCmds()...)
-	root.AddCommand(c.pruneCmd(), c.topCmd(), c.snapshotCmd(), c.rollbackCmd(), c.forkCmd())
+	root.AddCommand(c.pruneCmd(), c.topCmd(), c.snapshotCmd(), c.rollbackCmd(), c.forkCmd(), c.nodeCmd())
 	root.AddCommand(c.sandboxCmd(), c.lsCmd(), c.eventsCmd(), c.execCmd(), c.logsCmd(), c.attachCmd(), c.psCmd(), c.waitCmd(), c.killCmd(), c.shellCmd(), c.runCmd(), c.cpCmd(), c.portForwardCmd(), c.previewCmd(), c.watchCmd(), c.imageCmd(), c.statsCmd(), c.mcpCmd(), c.versionCmd())
 	root.InitDefaultHelpCmd()
 	root.InitDefaultCompletionCmd()
@@ -353,6 +353,7 @@ func (c *cli) sandboxCmd() *cobra.Command {
 	var limits func(*pflag.FlagSet) (api.LimitsRequest, error)
 	var labels func() (map[string]string, error)
 	var volumes func() ([]api.Mount, error)
+	var placement func() error
 	create := &cobra.Command{
 		Use:   "create",
 		Short: "Create a sandbox and print its id",
@@ -364,9 +365,14 @@ func (c *cli) sandboxCmd() *cobra.Command {
   kiln sandbox create --image busybox
   kiln sandbox create -v ./data:/data:ro -v /srv/out:/out   # below kilnd's --allow-mount
   kiln sandbox create --egress allow --egress-deny 203.0.113.0/24
-  kiln sandbox create --egress-allow 192.0.2.10 --egress-allow 198.51.100.0/24`,
+  kiln sandbox create --egress-allow 192.0.2.10 --egress-allow 198.51.100.0/24
+  kiln sandbox create --node b                  # in a cluster: on node b
+  kiln sandbox create --constraint zone=a       # on the least loaded node labelled zone=a`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := placement(); err != nil {
+				return err
+			}
 			cl, err := c.client()
 			if err != nil {
 				return err
@@ -409,6 +415,7 @@ func (c *cli) sandboxCmd() *cobra.Command {
 	network = networkFlags(create)
 	labels = labelFlag(create)
 	volumes = volumeFlag(create)
+	placement = placementFlags(create, &o)
 	inspect := &cobra.Command{
 		Use: "inspect SANDBOX", Short: "Describe a sandbox as JSON", Args: cobra.ExactArgs(1),
 		ValidArgsFunction: c.complete(sandboxArg),

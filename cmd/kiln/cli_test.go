@@ -314,6 +314,8 @@ func TestHelpGolden(t *testing.T) {
 		"stats":          {"stats", "--help"},
 		"mcp":            {"mcp", "--help"},
 		"stop":           {"stop", "--help"},
+		"node":           {"node", "--help"},
+		"node-ls":        {"node", "ls", "--help"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			var out, errs bytes.Buffer

@@ -117,6 +117,23 @@ func loggedProcessArg(ctx context.Context, cl *client.Client, args []string, toC
 	return out
 }
 
+// nodeArg completes a node of kilnd's cluster: the names of those it
+// lists (not those given already), each with its state as its
+// description.
+func nodeArg(ctx context.Context, cl *client.Client, args []string, toComplete string) []cobra.Completion {
+	list, err := cl.Nodes(ctx)
+	if err != nil {
+		return nil
+	}
+	var out []cobra.Completion
+	for _, n := range list {
+		if strings.HasPrefix(n.Name, toComplete) && !slices.Contains(args, n.Name) {
+			out = append(out, cobra.CompletionWithDesc(n.Name, n.State))
+		}
+	}
+	return out
+}
+
 // previewArg completes a preview of the sandbox args[0]: the ids of
 // those not expired, with their ports as their descriptions.
 func previewArg(ctx context.Context, cl *client.Client, args []string, toComplete string) []cobra.Completion {

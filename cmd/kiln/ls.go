@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -34,17 +33,20 @@ func (c *cli) lsCmd() *cobra.Command {
 		Use: "ls", Aliases: []string{"list"}, Short: "List sandboxes: the running ones, or with -a all of them", Args: cobra.NoArgs,
 		Long: `Lists the running sandboxes, the paused ones among them, oldest first; with -a the stopped ones
 too, and the deleted ones whose records and captured logs kilnd still keeps (kilnd --keep-deleted).
+In a cluster (kilnd --cluster) it lists every node's, in a NODE column, those of a node that missed
+its heartbeats as unknown and those of a lost one as node_lost.
 
 --filter (-f) chooses, and may be repeated (each must match):
   label=KEY          sandboxes with the label KEY
   label=KEY=VALUE    sandboxes whose label KEY is VALUE
-  name=NAME, status=running|paused|stopped|deleted, image=IMAGE, runtime=namespaces|gvisor
+  name=NAME, status=running|paused|stopped|deleted|unknown|node_lost, image=IMAGE,
+  runtime=namespaces|gvisor, node=NODE (in a cluster: those on that node)
 
 Ids are shown as Docker shows them, their first 12 characters, which name the sandbox
 anywhere kiln takes one; --no-trunc (and -o wide) shows them whole.
 
 --format prints each sandbox by a Go template, as docker ps does ({{.ID}}, {{.Name}},
-{{.State}}, {{.Image}}, {{.Runtime}}, {{.CreatedAt}}, {{.Labels}}, {{index .Labels "KEY"}},
+{{.State}}, {{.Image}}, {{.Runtime}}, {{.Node}}, {{.CreatedAt}}, {{.Labels}}, {{index .Labels "KEY"}},
 {{json .}}, {{join .Args ","}}), or: table (the default), wide, json (one object a line)
 or yaml.`,
 		Example: `  kiln ls
@@ -60,20 +62,9 @@ or yaml.`,
 			// Without -a, those that run, paused or not, as docker ps
 			// lists paused containers: all but the stopped ones.
 			running := !all && f.State == ""
-			format := format
-			switch {
-			case format == "" && c.json:
-				format = "json-list"
-			case format == "":
-				format = cmp.Or(c.output, "table")
-			}
-			var tmpl *template.Template
-			switch format {
-			case "table", "wide", "json", "json-list", "yaml":
-			default:
-				if tmpl, err = template.New("format").Funcs(formatFuncs).Parse(format); err != nil {
-					return usageError{fmt.Errorf("--format: %w", err), cmd.CommandPath()}
-				}
+			format, tmpl, err := c.listFormat(cmd, format)
+			if err != nil {
+				return err
 			}
 			return c.withClient(func(cl *client.Client) error {
 				list, err := cl.SandboxesWhere(cmd.Context(), f)
@@ -90,7 +81,7 @@ or yaml.`,
 	cmd.Flags().BoolVarP(&all, "all", "a", false, "the stopped sandboxes too, and the deleted ones kilnd keeps")
 	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "print the ids alone")
 	cmd.Flags().BoolVar(&noTrunc, "no-trunc", false, "whole ids (in the table and with -q), not their first 12 characters")
-	cmd.Flags().StringArrayVarP(&filters, "filter", "f", nil, "choose by `KEY=VALUE`: label=KEY[=VALUE], name=, status=, image=, runtime= (repeatable)")
+	cmd.Flags().StringArrayVarP(&filters, "filter", "f", nil, "choose by `KEY=VALUE`: label=KEY[=VALUE], name=, status=, image=, runtime=, node= (repeatable)")
 	cmd.Flags().StringVar(&format, "format", "", "a Go `template` for each sandbox, or table, wide, json or yaml")
 	return cmd
 }
@@ -149,7 +140,7 @@ func sandboxFilter(filters []string) (client.SandboxFilter, error) {
 	for _, kv := range filters {
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok || v == "" {
-			return f, fmt.Errorf("--filter %q: want KEY=VALUE, KEY one of label, name, status, image, runtime", kv)
+			return f, fmt.Errorf("--filter %q: want KEY=VALUE, KEY one of label, name, status, image, runtime, node", kv)
 		}
 		one := func(to *string) error {
 			if *to != "" && *to != v {
@@ -170,8 +161,10 @@ func sandboxFilter(filters []string) (client.SandboxFilter, error) {
 			err = one(&f.Image)
 		case "runtime":
 			err = one(&f.Runtime)
+		case "node":
+			err = one(&f.Node)
 		default:
-			err = fmt.Errorf("--filter %q: no filter %q; want label, name, status, image or runtime", kv, k)
+			err = fmt.Errorf("--filter %q: no filter %q; want label, name, status, image, runtime or node", kv, k)
 		}
 		if err != nil {
 			return f, err
@@ -193,10 +186,16 @@ var formatFuncs = template.FuncMap{
 }
 
 // sandboxTable prints sandboxes as kiln ls's table: with wide, more
-// columns; with whole, ids whole.
+// columns; with whole, ids whole. A NODE column is there when a sandbox
+// listed has a node (kilnd is in a cluster), so that one kilnd's table is
+// as it was.
 func (c *cli) sandboxTable(list []api.Sandbox, wide, whole bool) error {
 	w := tabwriter.NewWriter(c.stdout, 2, 4, 2, ' ', 0)
+	clustered := slices.ContainsFunc(list, func(s api.Sandbox) bool { return s.Node != "" })
 	head := "ID\tNAME\tSTATE\tRUNTIME\tCREATED\tHOSTNAME"
+	if clustered {
+		head = "ID\tNAME\tSTATE\tNODE\tRUNTIME\tCREATED\tHOSTNAME"
+	}
 	if wide {
 		head += "\tIMAGE\tMEMORY\tPIDS\tCPUS\tDISK\tLABELS"
 	}
@@ -206,7 +205,11 @@ func (c *cli) sandboxTable(list []api.Sandbox, wide, whole bool) error {
 		if !whole {
 			id = api.ShortID(id)
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s", id, s.Name, s.State, s.Runtime, s.CreatedAt.Local().Format(time.DateTime), s.Hostname)
+		fmt.Fprintf(w, "%s\t%s\t%s\t", id, s.Name, s.State)
+		if clustered {
+			fmt.Fprintf(w, "%s\t", orDash(s.Node))
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s", s.Runtime, s.CreatedAt.Local().Format(time.DateTime), s.Hostname)
 		if wide {
 			l := s.Limits
 			var labels []string

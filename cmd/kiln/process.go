@@ -1040,6 +1040,7 @@ func (c *cli) runCmd() *cobra.Command {
 		limits  func(*pflag.FlagSet) (api.LimitsRequest, error)
 		labels  func() (map[string]string, error)
 		volumes func() ([]api.Mount, error)
+		placed  func() error
 	)
 	cmd := &cobra.Command{
 		Use:   "run [--rm] [-d] [-i] [-t] [--image IMAGE] [--] [CMD [ARG...]]",
@@ -1056,7 +1057,8 @@ sandbox's limits are those of kiln sandbox create.
   kiln run --rm --egress allow -- curl -sI https://example.com
   kiln run --rm --image busybox                           # the image's own command
   kiln run --rm -v "$PWD":/src:ro -- ls /src              # below kilnd's --allow-mount
-  kiln run --rm --from before-upgrade -- make test        # from a snapshot's files`,
+  kiln run --rm --from before-upgrade -- make test        # from a snapshot's files
+  kiln run --rm --constraint zone=a -- uname -n           # in a cluster: on a node labelled zone=a`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 0 && opts.Image == "" {
 				return errors.New("kiln run: a command to run (after --), unless --image gives one")
@@ -1079,6 +1081,9 @@ sandbox's limits are those of kiln sandbox create.
 				return err
 			}
 			if opts.Mounts, err = volumes(); err != nil {
+				return err
+			}
+			if err := placed(); err != nil {
 				return err
 			}
 			if detach && (rm || sf.tty || sf.stdin) {
@@ -1125,5 +1130,6 @@ sandbox's limits are those of kiln sandbox create.
 	lifetimeFlags(cmd)
 	cmd.Flags().StringVar(&opts.Name, "name", "", "a `name` for the sandbox, as kiln sandbox create --name")
 	cmd.Flags().StringVar(&opts.Snapshot, "from", "", "a `snapshot` the sandbox is made from: its files, and unless flags say otherwise its image, limits, network policy and labels")
+	placed = placementFlags(cmd, &opts)
 	return cmd
 }

@@ -70,7 +70,7 @@ does (label=KEY[=VALUE], name=, image=, runtime=). Their captured logs stay for 
 	}
 	cmd.Flags().BoolVarP(&force, "force", "f", false, "do not ask first")
 	cmd.Flags().BoolVar(&logs, "logs", false, "delete their captured logs too")
-	cmd.Flags().StringArrayVar(&filters, "filter", nil, "choose among the stopped sandboxes by `KEY=VALUE`: label=, name=, image=, runtime= (repeatable)")
+	cmd.Flags().StringArrayVar(&filters, "filter", nil, "choose among the stopped sandboxes by `KEY=VALUE`: label=, name=, image=, runtime=, node= (repeatable)")
 	return cmd
 }
 

@@ -280,7 +280,7 @@ func (d *Daemon) withRemote(list []Info, s Selection) ([]Info, string, error) {
 		if s.State != "" && sb.State != s.State || !s.Deleted && sb.State == StateDeleted {
 			continue
 		}
-		if !s.matches(record{ID: sb.ID, Name: sb.Name, Runtime: sb.Runtime, Image: sb.Image, ImageID: sb.ImageID, Labels: sb.Labels}) {
+		if !s.matches(record{ID: sb.ID, Name: sb.Name, Runtime: sb.Runtime, Image: sb.Image, ImageID: sb.ImageID, Labels: sb.Labels}, sb.Node) {
 			continue
 		}
 		list = append(list, sb)

@@ -10,7 +10,7 @@ import (
 )
 
 // TestLabelsAndListFilters: labels are kept and shown; GET /sandboxes
-// chooses by label, name, state and runtime, pages by limit and cursor
+// chooses by label, name, state, runtime and node, pages by limit and cursor
 // (each sandbox once), takes the deleted ones in when asked, and refuses a
 // parameter or a value it does not know; kilnd_sandbox_info joins names
 // and labels to the sandbox's id.
@@ -53,6 +53,8 @@ func TestLabelsAndListFilters(t *testing.T) {
 		{"?state=running&runtime=namespaces", []string{a.ID, b.ID, c.ID}},
 		{"?state=stopped", nil},
 		{"?runtime=gvisor", nil},
+		// A kilnd in no cluster: its sandboxes are on no node.
+		{"?node=elsewhere", nil},
 	} {
 		if got := ids(c.query); !slices.Equal(got, c.want) {
 			t.Errorf("GET /sandboxes%s: %v, want %v", c.query, got, c.want)

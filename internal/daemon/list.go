@@ -23,7 +23,7 @@ import (
 const MaxListLimit = 1000
 
 // listHandler answers GET /sandboxes: the sandboxes its query chooses
-// (label, name, state, image, runtime; all for the deleted ones kept
+// (label, name, state, image, runtime, node; all for the deleted ones kept
 // too), a page of limit at a time, the next page's cursor in
 // Kiln-Next-Cursor and a Link header.
 func (d *Daemon) listHandler(w http.ResponseWriter, r *http.Request) {
@@ -86,6 +86,8 @@ func selectionOf(q url.Values) (Selection, error) {
 			s.Image = v
 		case "runtime":
 			s.Runtime = v
+		case "node":
+			s.Node = v
 		case "state":
 			if v != StateRunning && v != api.SandboxPaused && v != StateStopped && v != StateDeleted && v != api.SandboxUnknown && v != api.SandboxNodeLost {
 				return invalid("state %q: want %s, %s, %s, %s, or in a cluster %s or %s", api.Clip(v), StateRunning, api.SandboxPaused, StateStopped, StateDeleted, api.SandboxUnknown, api.SandboxNodeLost)
@@ -107,7 +109,7 @@ func selectionOf(q url.Values) (Selection, error) {
 		case "cursor":
 			s.After = v
 		default:
-			return invalid("no list parameter %q: want label, name, state, image, runtime, all, limit or cursor", api.Clip(k))
+			return invalid("no list parameter %q: want label, name, state, image, runtime, node, all, limit or cursor", api.Clip(k))
 		}
 	}
 	return s, nil
@@ -126,6 +128,9 @@ type Selection struct {
 	// "KEY=VALUE".
 	Labels                      []string
 	Name, State, Image, Runtime string
+	// Node, in a cluster, is the node the sandboxes run on (Info.Node):
+	// outside one, where sandboxes have no node, it chooses none.
+	Node string
 	// Deleted takes in the deleted sandboxes whose records are kept
 	// (kilnd --keep-deleted).
 	Deleted bool
@@ -135,9 +140,10 @@ type Selection struct {
 	Limit int
 }
 
-// matches reports whether rec is chosen by s, its state aside.
-func (s Selection) matches(rec record) bool {
-	if s.Name != "" && rec.Name != s.Name || s.Runtime != "" && runtimeOf(rec) != s.Runtime {
+// matches reports whether rec, on the node named node ("" outside a
+// cluster), is chosen by s, its state aside.
+func (s Selection) matches(rec record, node string) bool {
+	if s.Name != "" && rec.Name != s.Name || s.Runtime != "" && runtimeOf(rec) != s.Runtime || s.Node != "" && node != s.Node {
 		return false
 	}
 	if s.Image != "" && rec.Image != s.Image && rec.ImageID != s.Image && !strings.HasPrefix(rec.ImageID, "sha256:"+s.Image) {
@@ -151,6 +157,16 @@ func (s Selection) matches(rec record) bool {
 		}
 	}
 	return true
+}
+
+// nodeName is the name of e's node in its cluster, "" outside one.
+func (e *entry) nodeName() string {
+	if e.node != nil {
+		if name := e.node.Load(); name != nil {
+			return *name
+		}
+	}
+	return ""
 }
 
 // Select returns the sandboxes s chooses, oldest first, and the cursor
@@ -180,7 +196,7 @@ func (d *Daemon) Select(s Selection) ([]Info, string, error) {
 	var all []seen
 	for _, id := range ids {
 		e := d.sandboxes[id]
-		if !s.matches(e.rec) || s.After != "" && compareCursors(cursorOf(e.rec), after) <= 0 {
+		if !s.matches(e.rec, e.nodeName()) || s.After != "" && compareCursors(cursorOf(e.rec), after) <= 0 {
 			continue
 		}
 		c := seen{e: e}

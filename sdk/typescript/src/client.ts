@@ -33,6 +33,12 @@ export type SandboxInfo = Schemas["Sandbox"];
 export type SandboxOptions = Schemas["CreateSandbox"];
 /** A host directory bound into a sandbox (SandboxOptions.mounts), as docker run -v binds one. */
 export type Mount = Schemas["Mount"];
+/** A sandbox's state: in a cluster also "unknown" (its node missed its heartbeats) and "node_lost" (its node is gone; it did not exit). */
+export type SandboxState = SandboxInfo["state"];
+/** A node of kilnd's cluster (kilnd --cluster), as its last heartbeat told. */
+export type NodeInfo = Schemas["Node"];
+/** What GET /healthz and GET /readyz answer: status "ok", or at /readyz why kilnd is not ready; cluster on a kilnd in one. */
+export type Health = Schemas["Health"];
 
 /** What Client.events gives; each left out: all of them, following. */
 export interface EventOptions extends SignalOptions {
@@ -49,9 +55,11 @@ export interface EventOptions extends SignalOptions {
 export interface SandboxFilter {
   label?: string | readonly string[] | Readonly<Record<string, string>>;
   name?: string;
-  state?: "running" | "paused" | "stopped" | "deleted";
+  state?: SandboxState;
   image?: string;
   runtime?: string;
+  /** In a cluster, the sandboxes of the node of that name (SandboxInfo.node); a kilnd in no cluster has none on any. */
+  node?: string;
   /** The deleted sandboxes whose records kilnd keeps, too. */
   all?: boolean;
 }
@@ -93,6 +101,8 @@ export class Client {
   readonly sandboxes: Sandboxes;
   readonly images: Images;
   readonly snapshots: Snapshots;
+  /** The nodes of kilnd's cluster (kilnd --cluster). */
+  readonly nodes: Nodes;
 
   constructor(options: ClientOptions = {}) {
     let url = options.url ?? env("KILN_ADDR");
@@ -108,12 +118,38 @@ export class Client {
     this.sandboxes = new Sandboxes(this);
     this.images = new Images(this.transport);
     this.snapshots = new Snapshots(this.transport);
+    this.nodes = new Nodes(this.transport);
   }
 
   /** Says kilnd answers. */
   async health(options: SignalOptions = {}): Promise<boolean> {
     await this.transport.call("GET", "/healthz", { idempotent: true, signal: options.signal });
     return true;
+  }
+
+  /**
+   * Whether kilnd serves all it should (GET /readyz): status "ok" when it
+   * does, else why not ("cluster down": a kilnd in a cluster that cannot
+   * reach it serves its own sandboxes, not the other nodes'), and cluster
+   * its node's name and the cluster's state. Not being ready is an
+   * answer, not an error: kilnd's 503 resolves to the health it carries.
+   * It rejects when kilnd does not answer, or answers something else.
+   */
+  async ready(options: SignalOptions = {}): Promise<Health> {
+    const what = "GET /readyz";
+    const resp = await this.transport.fetch("GET", "/readyz", {
+      idempotent: true, signal: options.signal, isError: (r) => r.status >= 300 && r.status !== 503,
+    });
+    let body: unknown;
+    try {
+      body = await resp.json();
+    } catch {
+      body = undefined;
+    }
+    const status = (body as { status?: unknown } | null | undefined)?.status;
+    if (typeof status === "string" && status !== "") return body as Health;
+    if (resp.status === 503) throw SandkilnError.fromAnswer(resp.status, body ?? null, what);
+    throw new SandkilnError("INTERNAL", `kilnd: ${what}: the answer is not a health report`, { status: resp.status });
   }
 
   /**
@@ -213,12 +249,12 @@ export class Sandboxes {
    * record of KEY to VALUE, each of which must match.
    */
   async list(options: SandboxFilter & SignalOptions = {}): Promise<SandboxInfo[]> {
-    const { signal, label, name, state, image, runtime, all } = checkOptions(options, ["label", "name", "state", "image", "runtime", "all", "signal"], "sandboxes.list()");
+    const { signal, label, name, state, image, runtime, node, all } = checkOptions(options, ["label", "name", "state", "image", "runtime", "node", "all", "signal"], "sandboxes.list()");
     const labels = label === undefined ? undefined
       : typeof label === "string" ? [label]
       : Array.isArray(label) ? [...label]
       : Object.entries(label).map(([k, v]) => `${k}=${v}`);
-    const query = { label: labels, name, state, image, runtime, all: all ? true : undefined };
+    const query = { label: labels, name, state, image, runtime, node, all: all ? true : undefined };
     return (await this.client.transport.call<SandboxInfo[] | null>("GET", "/sandboxes", { idempotent: true, signal, query })) ?? [];
   }
 
@@ -1109,6 +1145,50 @@ export class Snapshots {
   async import(tar: TarBody, options: SignalOptions = {}): Promise<SnapshotInfo> {
     return this.t.call<SnapshotInfo>("POST", "/snapshots/import", { body: tar, contentType: "application/x-tar", unbounded: true, signal: options.signal });
   }
+}
+
+/**
+ * The nodes of kilnd's cluster (kilnd --cluster): any node answers for
+ * all of them. A kilnd in no cluster rejects with FAILED_PRECONDITION.
+ */
+export class Nodes {
+  private readonly t: Transport;
+
+  /** @internal */
+  constructor(t: Transport) {
+    this.t = t;
+  }
+
+  /** The nodes by name, each as its last heartbeat told: state, labels, capacity and load; self on the node that answered. */
+  async list(options: SignalOptions = {}): Promise<NodeInfo[]> {
+    return (await this.t.call<NodeInfo[] | null>("GET", "/nodes", { idempotent: true, signal: options.signal })) ?? [];
+  }
+
+  /** A node by name; NOT_FOUND if the cluster has none of that name. */
+  async get(name: string, options: SignalOptions = {}): Promise<NodeInfo> {
+    return this.t.call<NodeInfo>("GET", nodePath(name), { idempotent: true, signal: options.signal });
+  }
+
+  /**
+   * Places no new sandbox on the node, as kubectl cordon does: its
+   * sandboxes run on and are served as before; creates go to the other
+   * nodes (one naming it is FAILED_PRECONDITION). Resolves to the node,
+   * draining. Draining twice changes nothing, so a lost answer is
+   * UNAVAILABLE, to be asked again.
+   */
+  async drain(name: string, options: SignalOptions = {}): Promise<NodeInfo> {
+    return this.t.call<NodeInfo>("POST", nodePath(name) + "/drain", { idempotent: true, signal: options.signal });
+  }
+
+  /** Places sandboxes on a drained node again (kubectl uncordon); resolves to the node. */
+  async undrain(name: string, options: SignalOptions = {}): Promise<NodeInfo> {
+    return this.t.call<NodeInfo>("DELETE", nodePath(name) + "/drain", { idempotent: true, signal: options.signal });
+  }
+}
+
+function nodePath(name: string): string {
+  if (typeof name !== "string" || !name) throw new SandkilnError("INVALID_ARGUMENT", "nodes: a node's name is needed");
+  return "/nodes/" + encodeURIComponent(name);
 }
 
 /** The OCI images kilnd keeps. */

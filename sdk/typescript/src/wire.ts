@@ -2161,6 +2161,8 @@ export interface operations {
                 /** @description the image as the create named it, or its ID or an ID's prefix */
                 image?: string;
                 runtime?: string;
+                /** @description in a cluster, those of the node of that name (Sandbox.node); a kilnd in no cluster has none */
+                node?: string;
                 /** @description the deleted ones kept too */
                 all?: boolean;
                 limit?: number;

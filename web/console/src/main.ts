@@ -271,7 +271,9 @@ function main(client: Client, token: string): void {
     const tr = h("tr", { "data-sandbox": s.id, class: open?.id === s.id ? "selected" : "" },
       h("td", { class: "id", title: s.id }, short(s.id)),
       h("td", { class: "name" }, s.name ?? ""),
-      h("td", { class: "state" }, s.state),
+      // In a cluster, the node it runs on, under its state: a column of
+      // its own would not fit beside the sandbox's panel.
+      h("td", { class: "state" }, s.state, s.node ? h("span", { class: "node", title: "its node" }, "on " + s.node) : null),
       h("td", { class: "runtime wide" }, s.runtime + (s.image ? ", " + s.image : "")),
       h("td", { class: "limits wide" }, limitsText(s)),
       h("td", { class: "labels wide" }, Object.entries(s.labels ?? {}).map(([k, v]) => `${k}=${v}`).join(" ")),
@@ -293,7 +295,8 @@ function main(client: Client, token: string): void {
         }),
         // Its files as they are now: a snapshot to roll back to or make
         // sandboxes from (kiln snapshot), and a fork (kiln fork).
-        s.state !== "deleted" && button("Snapshot", async () => {
+        // Not of a sandbox whose node is unreachable or lost.
+        (s.state === "running" || s.state === "paused" || s.state === "stopped") && button("Snapshot", async () => {
           await (await client.sandboxes.get(s.id)).snapshot();
           await listSandboxes();
         }),
@@ -336,7 +339,8 @@ function main(client: Client, token: string): void {
     sandboxPanel.dataset.sandbox = sb.id;
     sandboxPanel.replaceChildren(
       h("h2", {}, "Sandbox ", h("span", { class: "id", title: sb.id }, short(sb.id))),
-      h("p", {}, "State: ", h("span", { class: "sandbox-state" }, stateText(info)), " · ", limitsText(info), info.image ? ` · image ${info.image}` : ""),
+      h("p", {}, "State: ", h("span", { class: "sandbox-state" }, stateText(info)), " · ", limitsText(info), info.image ? ` · image ${info.image}` : "",
+        info.node ? h("span", { class: "sandbox-node" }, ` · node ${info.node}`) : null),
       startForm(sb, (id) => openProcess(sb, id), () => listProcesses()),
       h("table", { id: "processes" },
         h("thead", {}, h("tr", {}, h("th", { class: "wide" }, "process"), h("th", {}, "command"), h("th", {}, "state"), h("th", {}, "exit"), h("th", {}, "output"), h("th", {}))),

@@ -308,6 +308,65 @@ test("sandboxes: state and limits as kilnd has them; Pause and Resume; Delete ta
   assert.deepEqual(now, before);
 });
 
+test("nodes: none shown on one kilnd; in a cluster's answers, each sandbox's node in its row and its panel, at any width", async () => {
+  const sb = await api("POST", "/sandboxes", { name: "placed" });
+  const row = page.locator(`tr[data-sandbox="${sb.id}"]`);
+  // Logged in as a reload finds it, whichever test ran before.
+  await page.goto(kilnd.url + "/");
+  await page.evaluate((t) => sessionStorage.setItem("kiln.token", t), kilnd.token);
+  await page.reload();
+  await row.waitFor();
+  assert.equal(await row.locator("td.state").textContent(), "running");
+  assert.equal(await row.locator(".node").count(), 0, "a node on a kilnd in no cluster");
+  // kilnd's answers as a clustered kilnd gives them: each sandbox names
+  // its node. No cluster is started; the page cannot tell.
+  const onNode = async (route) => {
+    if (route.request().method() !== "GET") return route.continue();
+    const resp = await route.fetch();
+    const body = await resp.json();
+    const node = "eu-west-1a-node-07"; // a long name, as a host's can be
+    await route.fulfill({ response: resp, json: Array.isArray(body) ? body.map((s) => ({ ...s, node })) : { ...body, node } });
+  };
+  const sandboxes = /\/sandboxes(\/[0-9a-f]{64})?(\?.*)?$/;
+  await page.route(sandboxes, onNode);
+  try {
+    for (const width of [360, 1280]) {
+      await page.setViewportSize({ width, height: 900 });
+      await page.goto(`${kilnd.url}/#sandbox=${sb.id}`);
+      await page.reload();
+      await row.locator("td.state .node >> text=on eu-west-1a-node-07").waitFor();
+      assert.equal(await row.locator("td.state").evaluate((td) => td.firstChild.textContent), "running");
+      await page.waitForSelector(`#sandbox[data-sandbox="${sb.id}"] .sandbox-node`);
+      assert.match(await page.textContent("#sandbox p"), /^State: running · .* · node eu-west-1a-node-07$/);
+      await shot(`19-nodes-${width}`);
+      await laidOut(width);
+    }
+  } finally {
+    await page.setViewportSize({ width: 1280, height: 1000 });
+    await page.unroute(sandboxes, onNode);
+    await api("DELETE", `/sandboxes/${sb.id}?remove_logs=true`);
+  }
+});
+
+/** Asserts that at width px nothing scrolls sideways and no two controls overlap. */
+async function laidOut(width) {
+  const over = await page.evaluate(() => document.documentElement.scrollWidth - document.documentElement.clientWidth);
+  assert.ok(over <= 0, `${width} px: the page scrolls ${over} px sideways`);
+  const boxes = await page.$$eval("button, input, select, a", (els) => els
+    .filter((e) => e.offsetParent !== null)
+    .map((e) => { const r = e.getBoundingClientRect(); return { what: e.outerHTML.slice(0, 60), l: r.left, t: r.top, r: r.right, b: r.bottom }; })
+    .filter((r) => r.r > r.l && r.b > r.t));
+  for (let i = 0; i < boxes.length; i++) {
+    const a = boxes[i];
+    assert.ok(a.r <= width + 0.5, `${width} px: ${a.what} ends at ${a.r}`);
+    for (let j = i + 1; j < boxes.length; j++) {
+      const b = boxes[j];
+      const overlap = Math.min(a.r, b.r) - Math.max(a.l, b.l) > 1 && Math.min(a.b, b.b) - Math.max(a.t, b.t) > 1;
+      assert.ok(!overlap, `${width} px: ${a.what} overlaps ${b.what}`);
+    }
+  }
+}
+
 test("widths: at 360, 768 and 1280 px nothing scrolls sideways and no two controls overlap; names and labels shown", async () => {
   const sb = await api("POST", "/sandboxes", { name: "narrow", labels: { team: "web" } });
   // A process, so that its row (exit, bytes per stream) is laid out too.
@@ -325,21 +384,7 @@ test("widths: at 360, 768 and 1280 px nothing scrolls sideways and no two contro
       assert.equal(await row.locator("td.name").textContent(), "narrow");
       if (width >= 768) assert.equal(await row.locator("td.labels").textContent(), "team=web");
       await shot(`20-width-${width}`);
-      const over = await page.evaluate(() => document.documentElement.scrollWidth - document.documentElement.clientWidth);
-      assert.ok(over <= 0, `${width} px: the page scrolls ${over} px sideways`);
-      const boxes = await page.$$eval("button, input, select, a", (els) => els
-        .filter((e) => e.offsetParent !== null)
-        .map((e) => { const r = e.getBoundingClientRect(); return { what: e.outerHTML.slice(0, 60), l: r.left, t: r.top, r: r.right, b: r.bottom }; })
-        .filter((r) => r.r > r.l && r.b > r.t));
-      for (let i = 0; i < boxes.length; i++) {
-        const a = boxes[i];
-        assert.ok(a.r <= width + 0.5, `${width} px: ${a.what} ends at ${a.r}`);
-        for (let j = i + 1; j < boxes.length; j++) {
-          const b = boxes[j];
-          const overlap = Math.min(a.r, b.r) - Math.max(a.l, b.l) > 1 && Math.min(a.b, b.b) - Math.max(a.t, b.t) > 1;
-          assert.ok(!overlap, `${width} px: ${a.what} overlaps ${b.what}`);
-        }
-      }
+      await laidOut(width);
     }
   } finally {
     await page.setViewportSize({ width: 1280, height: 1000 });

@@ -29,6 +29,7 @@ from ._errors import (
 )
 from ._files import AsyncFiles
 from ._images import AsyncImages
+from ._nodes import AsyncNodes
 from ._lines import ProcessLine, ProcessTail, TailSnapshot, read_process_lines
 from ._logs import AsyncLogs
 from ._ports import AsyncPortConnection, AsyncPorts, AsyncPreviews
@@ -42,6 +43,7 @@ from ._sync import (
     Images,
     Snapshots,
     Logs,
+    Nodes,
     Output,
     PortConnection,
     Ports,
@@ -61,11 +63,15 @@ from ._types import (
     ByteOutput,
     CapturedLog,
     Chunk,
+    ClusterStatus,
     Command,
     ExecOutput,
     Exit,
     FileInfo,
+    Health,
     ImageInfo,
+    NodeInfo,
+    NodeState,
     SnapshotInfo,
     ImageProgress,
     Limits,
@@ -78,6 +84,7 @@ from ._types import (
     ProcessStatus,
     SandboxInfo,
     SandboxReference,
+    SandboxState,
     SandboxStats,
     TopProcess,
     ShellCommand,
@@ -102,6 +109,7 @@ __all__ = [
     "AsyncFiles",
     "AsyncImages",
     "AsyncLogs",
+    "AsyncNodes",
     "AsyncOutput",
     "AsyncPortConnection",
     "AsyncPorts",
@@ -120,6 +128,7 @@ __all__ = [
     "CapturedLog",
     "Chunk",
     "Client",
+    "ClusterStatus",
     "Command",
     "DetachedError",
     "ErrorCode",
@@ -128,6 +137,7 @@ __all__ = [
     "FailedPreconditionError",
     "FileInfo",
     "Files",
+    "Health",
     "ImageInfo",
     "SnapshotInfo",
     "Snapshots",
@@ -140,6 +150,9 @@ __all__ = [
     "Limits",
     "LogRecord",
     "Logs",
+    "NodeInfo",
+    "NodeState",
+    "Nodes",
     "NotFoundError",
     "Opening",
     "OutOfRangeError",
@@ -164,6 +177,7 @@ __all__ = [
     "Sandbox",
     "SandboxInfo",
     "SandboxReference",
+    "SandboxState",
     "SandboxStats",
     "TopProcess",
     "Sandboxes",

@@ -17,11 +17,12 @@ from datetime import datetime
 from typing import Any, Generic, Literal, Protocol, TypeVar, cast, overload
 from urllib.parse import urlsplit
 
-from ._errors import SandkilnError, error
+from ._errors import SandkilnError, error, from_answer
 from ._files import AsyncFiles
-from ._http import Transport, check_timeout, segment
+from ._http import Transport, _json_or_none, check_timeout, segment
 from ._images import AsyncImages
 from ._logs import AsyncLogs
+from ._nodes import AsyncNodes
 from ._ports import AsyncPorts, AsyncPreviews
 from ._streams import AsyncByteStream, Source, body_of, left, ndjson
 from ._process import AsyncHandle, AsyncProcessHandle, AsyncTerminalHandle, Settings, check_size
@@ -33,6 +34,7 @@ from ._types import (
     Command,
     ExecOutput,
     Exit,
+    Health,
     ProcessInfo,
     ProcessReference,
     SandboxInfo,
@@ -130,6 +132,8 @@ class AsyncClient:
         self.sandboxes = AsyncSandboxes(self._transport)
         self.images = AsyncImages(self._transport)
         self.snapshots = AsyncSnapshots(self._transport)
+        self.nodes = AsyncNodes(self._transport)
+        """The nodes of kilnd's cluster (kilnd --cluster)."""
 
     @property
     def url(self) -> str:
@@ -139,6 +143,25 @@ class AsyncClient:
         """Says kilnd answers."""
         await self._transport.call("GET", "/healthz", idempotent=True, timeout=timeout)
         return True
+
+    async def ready(self, *, timeout: float | None = None) -> Health:
+        """Whether kilnd serves all it should (GET /readyz): status "ok"
+        when it does, else why not ("cluster down": a kilnd in a cluster
+        that cannot reach it serves its own sandboxes, not the other
+        nodes'), and cluster its node's name and the cluster's state. Not
+        being ready is an answer, not an error: kilnd's 503 gives the
+        health it carries. It raises when kilnd does not answer, or answers
+        something else."""
+        what = "GET /readyz"
+        resp = await self._transport.fetch("GET", "/readyz", idempotent=True, timeout=timeout, read=True,
+                                           is_error=lambda r: r.status >= 300 and r.status != 503)
+        body = _json_or_none(resp.body or b"")
+        status = body.get("status") if isinstance(body, dict) else None
+        if isinstance(status, str) and status:
+            return cast(Health, body)
+        if resp.status == 503:
+            raise from_answer(resp.status, body, what)
+        raise error("INTERNAL", f"kilnd: {what}: the answer is not a health report", status=resp.status)
 
     async def events(self, *, after: int = 0, sandbox: str | None = None, type: str | None = None,
                      follow: bool = True) -> AsyncGenerator[Event, None]:
@@ -210,6 +233,8 @@ class AsyncSandboxes:
         labels: Mapping[str, str] | None = None,
         mounts: Sequence[Mapping[str, Any]] | None = None,
         snapshot: str | None = None,
+        node: str | None = None,
+        constraints: Sequence[str] | None = None,
         timeout: float | None = None,
     ) -> Opening[AsyncSandbox]:
         """Creates a sandbox and gives it once it is ready (kilnd checks
@@ -220,13 +245,18 @@ class AsyncSandboxes:
         directories in, as docker run -v does: ``[{"source": "/srv/data",
         "target": "/data", "read_only": True}]``, each below a directory
         kilnd allows (kilnd --allow-mount). ``snapshot`` makes it from a
-        snapshot's files (AsyncSandbox.snapshot)."""
+        snapshot's files (AsyncSandbox.snapshot). In a cluster (kilnd
+        --cluster), ``node`` places it on the node of that name, and
+        ``constraints`` (``["zone=a"]``, KEY=VALUE) on a node with those
+        labels (kilnd --node-label); without either, on the least loaded
+        node. A kilnd in no cluster refuses both."""
         body = {k: v for k, v in {
             "name": name, "hostname": hostname, "image": image, "rootfs": rootfs, "runtime": runtime,
             "limits": dict(limits) if limits is not None else None, "network": network, "init": init,
             "idle_timeout_seconds": idle_timeout_seconds, "ttl_seconds": ttl_seconds, "logs": logs, "on_oom": on_oom,
             "labels": dict(labels) if labels is not None else None,
             "mounts": [dict(m) for m in mounts] if mounts is not None else None, "snapshot": snapshot,
+            "node": node, "constraints": list(constraints) if constraints is not None else None,
         }.items() if v is not None}
         return Opening(self._create(body, timeout))
 
@@ -246,12 +276,14 @@ class AsyncSandboxes:
         return AsyncSandbox(self._t, info, self)
 
     async def list(self, *, label: str | Sequence[str] | Mapping[str, str] | None = None, name: str | None = None,
-                   state: str | None = None, image: str | None = None, runtime: str | None = None, all: bool = False,
+                   state: str | None = None, image: str | None = None, runtime: str | None = None,
+                   node: str | None = None, all: bool = False,
                    timeout: float | None = None) -> builtins.list[SandboxInfo]:
         """The sandboxes kilnd has, oldest first; deleted ones only with
         all=True (or state="deleted"). Each filter given narrows the list:
         label is "KEY" (has it), "KEY=VALUE", several of those, or a
-        mapping of KEY to VALUE, each of which must match."""
+        mapping of KEY to VALUE, each of which must match; node, in a
+        cluster, the node they run on."""
         labels: list[str] | None = None
         if isinstance(label, str):
             labels = [label]
@@ -259,7 +291,8 @@ class AsyncSandboxes:
             labels = [f"{k}={v}" for k, v in label.items()]
         elif label is not None:
             labels = list(label)
-        query = {"label": labels, "name": name, "state": state, "image": image, "runtime": runtime, "all": True if all else None}
+        query = {"label": labels, "name": name, "state": state, "image": image, "runtime": runtime, "node": node,
+                 "all": True if all else None}
         return cast("builtins.list[SandboxInfo]", await self._t.call("GET", "/sandboxes", query=query, idempotent=True, timeout=timeout) or [])
 
     async def delete(self, sandbox: str | SandboxReference | Mapping[str, Any] | AsyncSandbox, *, remove_logs: bool = False,

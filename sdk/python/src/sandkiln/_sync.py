@@ -18,6 +18,7 @@ from typing import Any, Generic, Literal, TypeVar, overload
 from ._client import AsyncClient, AsyncProcesses, AsyncSandbox, AsyncSandboxes, AsyncSnapshots, AsyncTerminals
 from ._files import AsyncFiles
 from ._images import AsyncImages
+from ._nodes import AsyncNodes
 from ._errors import error
 from ._lines import ProcessLine, _async_lines, _Lines
 from ._logs import AsyncLogs, Time
@@ -33,9 +34,11 @@ from ._types import (
     Command,
     ExecOutput,
     FileInfo,
+    Health,
     ImageInfo,
     ImageProgress,
     LogRecord,
+    NodeInfo,
     Preview,
     ProcessInfo,
     ProcessReference,
@@ -467,6 +470,7 @@ class Client:
         self.sandboxes = Sandboxes(self._p, self._a.sandboxes)
         self.images = Images(self._p, self._a.images)
         self.snapshots = Snapshots(self._p, self._a.snapshots)
+        self.nodes = Nodes(self._p, self._a.nodes)
 
     @property
     def url(self) -> str:
@@ -474,6 +478,11 @@ class Client:
 
     def health(self, *, timeout: float | None = None) -> bool:
         return self._p.call(self._a.health(timeout=timeout))
+
+    def ready(self, *, timeout: float | None = None) -> Health:
+        """See AsyncClient.ready: kilnd's 503 (its cluster down) is its
+        health, not an error."""
+        return self._p.call(self._a.ready(timeout=timeout))
 
     def version(self, *, timeout: float | None = None) -> Version:
         return self._p.call(self._a.version(timeout=timeout))
@@ -507,23 +516,25 @@ class Sandboxes:
                runtime: str | None = None, limits: Mapping[str, int | float] | None = None, network: Mapping[str, Any] | None = None,
                init: Mapping[str, Any] | None = None, idle_timeout_seconds: int | None = None, ttl_seconds: int | None = None, logs: Mapping[str, int] | None = None,
                on_oom: str | None = None, labels: Mapping[str, str] | None = None, mounts: Sequence[Mapping[str, Any]] | None = None,
-               snapshot: str | None = None, timeout: float | None = None) -> Sandbox:
+               snapshot: str | None = None, node: str | None = None, constraints: Sequence[str] | None = None,
+               timeout: float | None = None) -> Sandbox:
         """Creates a sandbox; see AsyncSandboxes.create. ``with
         client.sandboxes.create() as sandbox`` destroys it at the block's end."""
         a = self._p.call(_wait(self._a.create(
             name=name, hostname=hostname, image=image, rootfs=rootfs, runtime=runtime, limits=limits, network=network,
             init=init, idle_timeout_seconds=idle_timeout_seconds, ttl_seconds=ttl_seconds, logs=logs, on_oom=on_oom, labels=labels, mounts=mounts,
-            snapshot=snapshot, timeout=timeout)))
+            snapshot=snapshot, node=node, constraints=constraints, timeout=timeout)))
         return Sandbox(self._p, a)
 
     def get(self, sandbox: str | SandboxReference | Mapping[str, Any], *, timeout: float | None = None) -> Sandbox:
         return Sandbox(self._p, self._p.call(self._a.get(sandbox, timeout=timeout)))
 
     def list(self, *, label: str | Sequence[str] | Mapping[str, str] | None = None, name: str | None = None,
-             state: str | None = None, image: str | None = None, runtime: str | None = None, all: bool = False,
-             timeout: float | None = None) -> builtins.list[SandboxInfo]:
+             state: str | None = None, image: str | None = None, runtime: str | None = None, node: str | None = None,
+             all: bool = False, timeout: float | None = None) -> builtins.list[SandboxInfo]:
         """See AsyncSandboxes.list."""
-        return self._p.call(self._a.list(label=label, name=name, state=state, image=image, runtime=runtime, all=all, timeout=timeout))
+        return self._p.call(self._a.list(label=label, name=name, state=state, image=image, runtime=runtime, node=node, all=all,
+                                         timeout=timeout))
 
     def delete(self, sandbox: str | SandboxReference | Mapping[str, Any] | Sandbox, *, remove_logs: bool = False,
                timeout: float | None = None) -> None:
@@ -755,6 +766,27 @@ class Snapshots:
 
     def import_(self, tar: Source, *, timeout: float | None = None) -> SnapshotInfo:
         return self._p.call(self._a.import_(tar, timeout=timeout))
+
+
+class Nodes:
+    """The nodes of kilnd's cluster; see AsyncNodes."""
+
+    def __init__(self, p: _Portal, a: AsyncNodes) -> None:
+        self._p = p
+        self._a = a
+
+    def list(self, *, timeout: float | None = None) -> builtins.list[NodeInfo]:
+        return self._p.call(self._a.list(timeout=timeout))
+
+    def get(self, name: str, *, timeout: float | None = None) -> NodeInfo:
+        return self._p.call(self._a.get(name, timeout=timeout))
+
+    def drain(self, name: str, *, timeout: float | None = None) -> NodeInfo:
+        """See AsyncNodes.drain."""
+        return self._p.call(self._a.drain(name, timeout=timeout))
+
+    def undrain(self, name: str, *, timeout: float | None = None) -> NodeInfo:
+        return self._p.call(self._a.undrain(name, timeout=timeout))
 
 
 class Images:

@@ -242,12 +242,20 @@ class Mount(TypedDict, total=False):
     read_only: bool
 
 
+SandboxState = Literal["running", "paused", "stopped", "deleted", "unknown", "node_lost"]
+"""A sandbox's state. paused: running, its processes paused. In a cluster
+(kilnd --cluster), unknown: its node has missed its heartbeats, nobody can
+say; node_lost: its node has been gone longer than kilnd --node-lost-after
+(it did not exit: its output up to what reached the cluster stays
+readable)."""
+
+
 class SandboxInfo(TypedDict, total=False):
     """A sandbox as kilnd describes it."""
 
     id: Required[str]
     name: str
-    state: str
+    state: SandboxState
     created_at: str
     stopped_at: str
     paused_at: str
@@ -266,6 +274,57 @@ class SandboxInfo(TypedDict, total=False):
     image_id: str
     labels: dict[str, str]
     mounts: list[Mount]
+    node: str
+    """In a cluster, the node it runs on."""
+
+
+NodeState = Literal["ready", "draining", "unreachable", "lost"]
+"""A node's state: ready takes new sandboxes; draining (nodes.drain) serves
+its own and takes no new ones; unreachable has missed its heartbeats for a
+few seconds; lost, longer than kilnd --node-lost-after."""
+
+
+class NodeInfo(TypedDict, total=False):
+    """A node of kilnd's cluster (kilnd --cluster), as its last heartbeat
+    told."""
+
+    name: Required[str]
+    state: Required[NodeState]
+    api_url: str
+    """Where the other nodes reach its API (kilnd --advertise)."""
+    labels: dict[str, str]
+    """Its kilnd --node-label pairs, which a create's constraints match."""
+    version: str
+    incarnation: str
+    """New at each start of its kilnd."""
+    started_at: str
+    seen_at: str
+    """When its last heartbeat reached the cluster."""
+    cpus: int
+    memory_bytes: int
+    free_memory_bytes: int
+    """The host's available memory, at its last heartbeat."""
+    sandboxes: int
+    """Its sandboxes running, at its last heartbeat."""
+    self: bool
+    """Set on the node that answered."""
+
+
+class ClusterStatus(TypedDict):
+    """A clustered kilnd's word on its cluster."""
+
+    node: str
+    """This kilnd's name in it."""
+    state: Literal["connected", "down"]
+
+
+class Health(TypedDict, total=False):
+    """What client.health() reads and client.ready() gives."""
+
+    status: Required[str]
+    """"ok", or from ready() why kilnd is not ready ("cluster down")."""
+    cluster: ClusterStatus
+    """On a kilnd in a cluster."""
 
 
 class ProcessInfo(TypedDict, total=False):
