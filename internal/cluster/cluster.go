@@ -128,6 +128,9 @@ type Node struct {
 	startedAt   time.Time
 	cancel      context.CancelFunc
 	done        sync.WaitGroup
+	// url and opts connect to NATS: Connect makes more connections so.
+	url  string
+	opts []nats.Option
 
 	mu sync.Mutex
 	// Set once the buckets are open.
@@ -208,6 +211,7 @@ func Join(cfg Config, local Local, onToken func(string)) (*Node, error) {
 		opts = append(opts, nats.InProcessServer(s))
 		url = s.ClientURL()
 	}
+	n.url, n.opts = url, opts
 	nc, err := nats.Connect(url, opts...)
 	if err != nil {
 		n.shutdownServer()
@@ -236,6 +240,15 @@ func (n *Node) Name() string { return n.cfg.Node }
 
 // Conn is the node's connection to NATS.
 func (n *Node) Conn() *nats.Conn { return n.nc }
+
+// Connect makes another connection to the node's NATS, named what for
+// the server's lists, as the node's own is made (retrying while NATS is
+// down): bulk traffic on one of its own cannot delay the heartbeats.
+func (n *Node) Connect(what string) (*nats.Conn, error) {
+	opts := append(slices.Clone(n.opts), nats.Name("kilnd "+n.cfg.Node+" "+what),
+		nats.DisconnectErrHandler(func(*nats.Conn, error) {}))
+	return nats.Connect(n.url, opts...)
+}
 
 // Replicas is how many copies the cluster's streams keep.
 func (n *Node) Replicas() int {
