@@ -290,9 +290,16 @@ func (d *Daemon) Snapshot(ctx context.Context, ref string, req api.SnapshotReque
 	}()
 	switch {
 	case req.Memory:
+		// Its processes' captured runs stand still at their offsets
+		// listed here: what comes after goes on in this sandbox's runs,
+		// and in each made from the snapshot in runs of their own.
 		var procs []api.Process
+		held := false
 		if agent != nil {
-			askAgent(ctx, agent, "/exec-stream", &procs)
+			var err error
+			if procs, held, err = holdRuns(ctx, agent); err != nil {
+				return api.Snapshot{}, errdefs.Opaque(errdefs.ErrUnavailable, fmt.Sprintf("sandbox %s: its agent did not hold its processes' captured runs for the snapshot: take it again", rec.ID), err)
+			}
 		}
 		err := sb.(sandbox.Checkpointer).Checkpoint(ctx, filepath.Join(tmp, snapshotMemory), func() error {
 			// Its processes stand still: what the file server wrote is
@@ -304,6 +311,9 @@ func (d *Daemon) Snapshot(ctx context.Context, ref string, req api.SnapshotReque
 			_, cerr := sandbox.CloneFile(filepath.Join(tmp, snapshotDisk), rec.Disk)
 			return errors.Join(cerr, thaw())
 		})
+		if held {
+			d.releaseRuns(agent, rec.ID)
+		}
 		if err != nil {
 			if errdefs.ClassOf(err) != nil {
 				return api.Snapshot{}, err
