@@ -205,3 +205,110 @@ func TestMemoryForkCapture(t *testing.T) {
 	}
 	counted(t, "the original's log", out)
 }
+
+// keptOutput reads process pid's captured log in sandbox sb through GET
+// …/logs/{pid} as records, checking that every record and every loss
+// stands where its stream had come, and returns each stream's bytes
+// read, its bytes lost before them, and where it ended.
+func (k *kilnd) keptOutput(t *testing.T, sb, pid string) (out map[string][]byte, lost, end map[string]int64) {
+	t.Helper()
+	out, lost, end = map[string][]byte{}, map[string]int64{}, map[string]int64{}
+	k.ndjson(t, t.Context(), "/sandboxes/"+sb+"/logs/"+pid, func(r api.LogRecord) bool {
+		if r.Gap != 0 || r.Offset == nil || *r.Offset != end[r.Stream] {
+			t.Fatalf("%s: record %+v, its stream at %d", sb, r, end[r.Stream])
+		}
+		if r.LostBytes > 0 {
+			lost[r.Stream] += r.LostBytes
+			end[r.Stream] += r.LostBytes
+			return true
+		}
+		b := []byte(r.Text)
+		if !r.Partial {
+			b = append(b, '\n')
+		}
+		out[r.Stream] = append(out[r.Stream], b...)
+		end[r.Stream] += int64(len(b))
+		return true
+	})
+	return out, lost, end
+}
+
+// TestSnapshotKeepsUncapturedOutput: a snapshot of a running sandbox's
+// files keeps, of each process not captured, what its ring still holds up
+// to the snapshot's offsets; a sandbox made from it, and the sandbox
+// rolled back to it, read that as the history's output, at its offsets,
+// the bytes the ring no longer held counted lost before them, exactly.
+func TestSnapshotKeepsUncapturedOutput(t *testing.T) {
+	k := start(t, "")
+	defer k.cleanup()
+	sb := k.made(t, "{}")
+	// More than the ring holds (1 MiB): the oldest is gone, the two
+	// lines of stderr first among it.
+	const lines = 200000
+	var big, small api.Started
+	k.json("POST", "/sandboxes/"+sb+"/exec-stream", api.ExecRequest{Command: "python3", Args: []string{"-c", fmt.Sprintf(`import sys, time
+sys.stderr.write("err 1\nerr 2\n"); sys.stderr.flush()
+for i in range(%d):
+    sys.stdout.write("%%07d\n" %% i)
+sys.stdout.flush()
+time.sleep(1000)`, lines)}}, &big)
+	k.json("POST", "/sandboxes/"+sb+"/exec-stream", api.ExecRequest{Command: "printf", Args: []string{`hello\nwor`}}, &small)
+	for k.processOf(t, sb, big.ID).Streams["stdout"].TotalBytes < 8*lines || k.processOf(t, sb, small.ID).State != api.StateExited {
+		time.Sleep(50 * time.Millisecond)
+	}
+	snap := k.snapshotOf(t, sb, "")
+	offsets := map[string]map[string]int64{}
+	for _, p := range snap.Processes {
+		offsets[p.ID] = map[string]int64{"stdout": p.Streams["stdout"].TotalBytes, "stderr": p.Streams["stderr"].TotalBytes}
+	}
+	if offsets[big.ID]["stdout"] != 8*lines || offsets[big.ID]["stderr"] != 12 || offsets[small.ID]["stdout"] != 9 {
+		t.Fatalf("the snapshot's offsets: %v", offsets)
+	}
+	var all bytes.Buffer
+	for i := range lines {
+		fmt.Fprintf(&all, "%07d\n", i)
+	}
+
+	check := func(where string) {
+		t.Helper()
+		out, lost, end := k.keptOutput(t, where, big.ID)
+		if end["stdout"] != 8*lines || end["stderr"] != 12 {
+			t.Errorf("%s: the kept output ends at %v, the snapshot's offsets are %v", where, end, offsets[big.ID])
+		}
+		kept := int64(len(out["stdout"]))
+		if lost["stdout"] == 0 || kept < 512<<10 || lost["stdout"]+kept != 8*lines || !bytes.Equal(out["stdout"], all.Bytes()[lost["stdout"]:]) {
+			t.Errorf("%s: stdout: %d bytes lost, then %d kept: want the ring's last bytes, exactly after what it lost", where, lost["stdout"], kept)
+		}
+		if lost["stderr"]+int64(len(out["stderr"])) != 12 || !bytes.HasSuffix([]byte("err 1\nerr 2\n"), out["stderr"]) {
+			t.Errorf("%s: stderr: %d lost, then %q", where, lost["stderr"], out["stderr"])
+		}
+		bigLost := lost
+		out, lost, end = k.keptOutput(t, where, small.ID)
+		if string(out["stdout"]) != "hello\nwor" || len(lost) != 0 || end["stdout"] != 9 {
+			t.Errorf("%s: the short process's output %q, lost %v", where, out, lost)
+		}
+		var logs []api.CapturedLog
+		k.json("GET", "/sandboxes/"+where+"/logs", nil, &logs)
+		runs := map[string][]api.Run{}
+		for _, l := range logs {
+			runs[l.Process] = l.Runs
+		}
+		if r := runs[big.ID]; len(r) != 1 || r[0].State != "lossy" || r[0].Dropped["stdout"] != bigLost["stdout"] || r[0].Dropped["stderr"] != bigLost["stderr"] {
+			t.Errorf("%s: the kept run %+v", where, r)
+		}
+		if r := runs[small.ID]; len(r) != 1 || r[0].State != api.RunLossless {
+			t.Errorf("%s: the short process's kept run %+v", where, r)
+		}
+	}
+	f := k.createFrom(t, snap.ID)
+	var procs []api.Process
+	k.json("GET", "/sandboxes/"+f+"/exec-stream", nil, &procs)
+	for _, p := range procs {
+		if p.ID == big.ID && (p.State != api.StateForked || p.ForkedFrom == nil || p.ForkedFrom.Offsets["stdout"] != 8*lines) {
+			t.Errorf("the history's process %+v", p)
+		}
+	}
+	check(f)
+	k.json("POST", "/sandboxes/"+sb+"/rollback?timeout=0", api.RollbackRequest{Snapshot: snap.ID}, nil)
+	check(sb)
+}

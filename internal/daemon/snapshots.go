@@ -199,7 +199,8 @@ func diskIDsOf(rec record) int {
 // Snapshot takes a snapshot of the sandbox ref stands for, running or
 // stopped: its disk, copied while its file system is frozen (its
 // processes' writes wait meanwhile, nothing else does), the processes it
-// has then, with their offsets, and their captured logs.
+// has then, with their offsets, their captured logs, and of those not
+// captured what their rings still hold (keepRings).
 func (d *Daemon) Snapshot(ctx context.Context, ref string, req api.SnapshotRequest) (api.Snapshot, error) {
 	if req.Name != "" && !isLabel(req.Name) {
 		return api.Snapshot{}, fmt.Errorf("%w: snapshot name %q: want a DNS label (RFC 1123): a-z, 0-9 and '-', 1 to 63 characters, not beginning or ending with '-'", errdefs.ErrInvalidArgument, api.Clip(req.Name))
@@ -288,6 +289,9 @@ func (d *Daemon) Snapshot(ctx context.Context, ref string, req api.SnapshotReque
 			os.RemoveAll(tmp)
 		}
 	}()
+	// rings are the processes whose output not captured is kept as the
+	// rings hold it (a snapshot of a running sandbox's files).
+	var rings []api.Process
 	switch {
 	case req.Memory:
 		// Its processes' captured runs stand still at their offsets
@@ -339,6 +343,9 @@ func (d *Daemon) Snapshot(ctx context.Context, ref string, req api.SnapshotReque
 			return api.Snapshot{}, d.hostFailure(fmt.Sprintf("snapshot of sandbox %s: its disk could not be copied", rec.ID), err)
 		}
 		snap.Processes = procs
+		if agent != nil {
+			rings = procs
+		}
 	default:
 		if sandbox.DiskAttached(rec.Disk) {
 			return api.Snapshot{}, fmt.Errorf("%w: sandbox %s is still letting go of its disk as it stopped: take the snapshot again", errdefs.ErrUnavailable, rec.ID)
@@ -354,8 +361,14 @@ func (d *Daemon) Snapshot(ctx context.Context, ref string, req api.SnapshotReque
 	if snap.Memory {
 		logsOf = nil
 	}
-	if err := copyLogs(filepath.Join(d.sandboxDir(rec.ID), sandbox.LogsName), filepath.Join(tmp, snapshotLogs), logsOf); err != nil {
+	logs := filepath.Join(d.sandboxDir(rec.ID), sandbox.LogsName)
+	if err := copyLogs(logs, filepath.Join(tmp, snapshotLogs), logsOf); err != nil {
 		return api.Snapshot{}, d.hostFailure(fmt.Sprintf("snapshot of sandbox %s: its captured logs could not be copied", rec.ID), err)
+	}
+	if len(rings) > 0 {
+		if err := keepRings(ctx, sb.Dial, logs, filepath.Join(tmp, snapshotLogs), rings); err != nil {
+			return api.Snapshot{}, d.hostFailure(fmt.Sprintf("snapshot of sandbox %s: the output of its processes not captured could not be kept", rec.ID), err)
+		}
 	}
 	if snap.Processes == nil {
 		snap.Processes = []api.Process{}
@@ -745,6 +758,18 @@ func (d *Daemon) Rollback(ctx context.Context, ref, snapRef string, grace time.D
 		return Info{}, d.hostFailure("sandbox "+id+" could not be recorded", err)
 	}
 	d.disks.Release(old)
+	// Its history's output that it does not have in its own captured
+	// logs: what the snapshot kept of those not captured.
+	own := filepath.Join(d.sandboxDir(id), sandbox.LogsName)
+	var kept []api.Process
+	for _, p := range snap.Processes {
+		if _, err := os.Lstat(filepath.Join(own, p.ID)); errors.Is(err, fs.ErrNotExist) {
+			kept = append(kept, p)
+		}
+	}
+	if err := copyLogs(d.snaps.path(snap.ID, snapshotLogs), own, kept); err != nil {
+		d.log.Warn("the logs a snapshot kept of its processes were not all copied", "snapshot", snap.ID, "sandbox", id, "err", err)
+	}
 	ev := d.infoEvent(e, api.EventRolledBack)
 	ev.Snapshot = snap.ID
 	d.events.emit(ev)
