@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"path/filepath"
 	"strconv"
@@ -311,4 +312,61 @@ time.sleep(1000)`, lines)}}, &big)
 	check(f)
 	k.json("POST", "/sandboxes/"+sb+"/rollback?timeout=0", api.RollbackRequest{Snapshot: snap.ID}, nil)
 	check(sb)
+}
+
+// TestStoppedSnapshotCommands: a snapshot of a stopped sandbox lists its
+// processes (those its captured logs know) with their commands and the
+// exits observed, from the records kilnd has: its events of them; after
+// a restart, which loses those, the snapshots taken before; and the init
+// command's, which its agent recorded, whatever else is gone.
+func TestStoppedSnapshotCommands(t *testing.T) {
+	k := start(t, "")
+	defer func() { k.cleanup() }()
+	sb := k.made(t, `{"init":{"command":"sh","args":["-c","until [ -e /workspace/done ]; do sleep 0.05; done; echo up"]}}`)
+	var x api.Started
+	k.json("POST", "/sandboxes/"+sb+"/exec-stream", api.ExecRequest{Command: "echo", Args: []string{"hi"}, Capture: true}, &x)
+	k.json("GET", "/sandboxes/"+sb+"/exec-stream/"+x.ID+"/wait", nil, nil)
+	k.sh(t, sb, "touch /workspace/done")
+	for k.info(t, sb).State != api.SandboxStopped {
+		time.Sleep(50 * time.Millisecond)
+	}
+	commands := func(snap api.Snapshot) map[string]string {
+		t.Helper()
+		out := map[string]string{}
+		for _, p := range snap.Processes {
+			desc := strings.Join(append([]string{p.Command}, p.Args...), " ")
+			if p.ExitCode != nil {
+				desc += fmt.Sprintf(" (exit %d)", *p.ExitCode)
+			}
+			if p.ID == x.ID {
+				out["x"] = desc
+			} else {
+				out["init"] = desc
+			}
+		}
+		return out
+	}
+	want := map[string]string{
+		"init": "sh -c until [ -e /workspace/done ]; do sleep 0.05; done; echo up (exit 0)",
+		"x":    "echo hi (exit 0)",
+	}
+	s1 := k.snapshotOf(t, sb, "")
+	if got := commands(s1); !maps.Equal(got, want) {
+		t.Errorf("the stopped sandbox's snapshot lists %v, want %v", got, want)
+	}
+	k.stop()
+	k = start(t, k.state)
+	s2 := k.snapshotOf(t, sb, "")
+	if got := commands(s2); !maps.Equal(got, want) {
+		t.Errorf("after a restart, with a snapshot taken before: %v, want %v", got, want)
+	}
+	for _, s := range []api.Snapshot{s1, s2} {
+		if code, b := k.do("DELETE", "/snapshots/"+s.ID, k.d.Token(), nil); code != http.StatusNoContent {
+			t.Fatalf("remove snapshot: %d %s", code, b)
+		}
+	}
+	want["x"] = "" // nothing kilnd has recorded says its command
+	if got := commands(k.snapshotOf(t, sb, "")); !maps.Equal(got, want) {
+		t.Errorf("after a restart, with no snapshot before: %v, want %v", got, want)
+	}
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/capture"
 	"github.com/sandkiln/sandkiln/internal/errdefs"
+	"github.com/sandkiln/sandkiln/internal/handoff"
 	"github.com/sandkiln/sandkiln/internal/reply"
 	"github.com/sandkiln/sandkiln/internal/sandbox"
 )
@@ -353,7 +354,7 @@ func (d *Daemon) Snapshot(ctx context.Context, ref string, req api.SnapshotReque
 		if _, err := sandbox.CloneFile(filepath.Join(tmp, snapshotDisk), rec.Disk); err != nil {
 			return api.Snapshot{}, d.hostFailure(fmt.Sprintf("snapshot of sandbox %s: its disk could not be copied", rec.ID), err)
 		}
-		snap.Processes = d.loggedProcesses(rec.ID)
+		snap.Processes = d.loggedProcesses(rec)
 	}
 	// The logs of a memory snapshot's processes are its checkpoint's: they
 	// go on in a fork, not as its history.
@@ -422,11 +423,16 @@ func memorySnapshottable(rec record, sb sandbox.Instance, running, paused bool) 
 	return nil
 }
 
-// loggedProcesses are the processes of stopped sandbox id, as its
-// captured logs know them: each one's id and its streams' offsets.
-func (d *Daemon) loggedProcesses(id string) []api.Process {
-	logs := filepath.Join(d.sandboxDir(id), sandbox.LogsName)
+// loggedProcesses are the processes of stopped sandbox rec, as its
+// captured logs know them: each one's id and its streams' offsets, and
+// what the records that exist say of it beside (describedProcesses): its
+// command, terminal, flow and start, and its exit where one was observed.
+// Its state is exited (or forked, for one of its history): the sandbox
+// stopped.
+func (d *Daemon) loggedProcesses(rec record) []api.Process {
+	logs := filepath.Join(d.sandboxDir(rec.ID), sandbox.LogsName)
 	ents, _ := os.ReadDir(logs)
+	known := d.describedProcesses(rec)
 	var procs []api.Process
 	for _, e := range ents {
 		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
@@ -436,14 +442,74 @@ func (d *Daemon) loggedProcesses(id string) []api.Process {
 		if err != nil {
 			continue
 		}
-		p := api.Process{ID: e.Name(), State: api.StateExited, Streams: map[string]api.StreamStatus{}}
+		p := api.Process{ID: e.Name(), State: api.StateExited, Flow: api.FlowDrop, Streams: map[string]api.StreamStatus{}}
+		if k, ok := known[p.ID]; ok {
+			p.Command, p.Args, p.Terminal, p.StartedAt = k.Command, k.Args, k.Terminal, k.StartedAt
+			p.Flow = cmp.Or(k.Flow, p.Flow)
+			if k.State == api.StateExited || k.State == api.StateForked {
+				p.State, p.Exit, p.ExitedAt = k.State, k.Exit, k.ExitedAt
+			}
+		}
 		for name, n := range logOffsets(dir) {
+			if name == "stdout" && p.Terminal {
+				name = "terminal"
+			}
 			p.Streams[name] = api.StreamStatus{TotalBytes: n, Ended: true}
 		}
 		dir.Close()
 		procs = append(procs, p)
 	}
 	return procs
+}
+
+// describedProcesses is what the records kilnd has say of the processes
+// of sandbox rec, by id, each as the first of these that describes it
+// with its command: the events kilnd holds of its processes, newest first
+// (an exit's says the most); the snapshots taken of it, newest first; its
+// history; and its init command, with the exit its agent recorded, for
+// the process that exit names.
+func (d *Daemon) describedProcesses(rec record) map[string]api.Process {
+	out := map[string]api.Process{}
+	add := func(p api.Process) {
+		if _, ok := out[p.ID]; !ok && p.ID != "" && p.Command != "" {
+			out[p.ID] = p
+		}
+	}
+	evs, _, _, _ := d.events.log.After(0)
+	for _, ev := range slices.Backward(evs) {
+		if ev.Sandbox == rec.ID && ev.Process != nil {
+			add(*ev.Process)
+		}
+	}
+	if d.snaps != nil {
+		d.snaps.mu.Lock()
+		var taken []*snapshotRecord
+		for _, r := range d.snaps.byID {
+			if r.Sandbox == rec.ID {
+				taken = append(taken, r)
+			}
+		}
+		slices.SortFunc(taken, func(a, b *snapshotRecord) int { return b.CreatedAt.Compare(a.CreatedAt) })
+		for _, r := range taken {
+			for _, p := range r.Processes {
+				add(p)
+			}
+		}
+		d.snaps.mu.Unlock()
+	}
+	for _, p := range rec.History {
+		add(p)
+	}
+	if rec.Init != nil {
+		var ie handoff.InitExit
+		b, err := os.ReadFile(filepath.Join(d.sandboxDir(rec.ID), sandbox.LogsName, handoff.InitExitName))
+		if err == nil && json.Unmarshal(b, &ie) == nil {
+			exited := ie.ExitedAt
+			add(api.Process{ID: ie.Process, Command: rec.Init.Command, Args: rec.Init.Args, Terminal: rec.Init.TTY != nil,
+				State: api.StateExited, Exit: ie.Exit, ExitedAt: &exited})
+		}
+	}
+	return out
 }
 
 // logOffsets reads a captured log whole and says how far each of its
