@@ -8,22 +8,25 @@ import (
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/sandkiln/sandkiln/internal/errdefs"
 	"github.com/sandkiln/sandkiln/internal/ring"
 )
 
 // HoldTimeout bounds how long a held writer waits to be told how its run
-// goes on: past it, the run goes on as if released, so that a sandbox
-// whose memory snapshot was never finished (kilnd stopped in the middle)
-// does not lose its capture for good. A snapshot's save takes seconds;
-// its clock stands still in a sandbox restored from it (gVisor's
-// monotonic clock goes on from the saved time), where the owner tells
-// the writer at once.
+// goes on. Past it, the writer continues in a new run by itself, as a
+// copy restored from a memory snapshot would be told to: whether this is
+// the sandbox that goes on is not known, and a new run that begins where
+// the hold was is true in both. Its owner tells it within seconds; a
+// sandbox restored from the snapshot later than HoldTimeout after it was
+// taken finds its monotonic clock moved on by the time since (gVisor's),
+// and its writers continue at once, before the owner can say so.
 const HoldTimeout = 5 * time.Minute
 
-// ErrNotHeld reports a Continue of a writer that is not held, or whose
-// hold ran out (its run went on).
-var ErrNotHeld = errdefs.New(errdefs.ErrFailedPrecondition, "capture: the writer is not held: its run went on")
+// ErrNotHeld reports a Continue of a writer that is not held: released,
+// or its hold ran out (it continued by itself).
+var ErrNotHeld = errdefs.New(errdefs.ErrFailedPrecondition, "capture: the writer is not held")
 
 // ErrHeld reports a Hold of a writer held already.
 var ErrHeld = errdefs.New(errdefs.ErrFailedPrecondition, "capture: the writer is held already")
@@ -37,7 +40,7 @@ type hold struct {
 }
 
 // goOn is how a held run goes on: the same run (run is ""), or a new run
-// that continues it, whose begin done is told of.
+// that continues it, whose begin done (if any) is told of.
 type goOn struct {
 	run  string
 	done chan error
@@ -62,8 +65,9 @@ func (h *hold) settle(g goOn) bool {
 // before it described there, and everything pushed after waits in the
 // queue (which the pumps never wait for: what does not fit is counted
 // lost, as ever) until the writer is released or continued, or
-// HoldTimeout. held is false, nothing held, once the sink is closed:
-// every byte is pushed, and the run ends as it would have.
+// continues by itself after HoldTimeout. held is false, nothing held,
+// once the sink is closed: every byte is pushed, and the run ends as it
+// would have.
 func (w *Writer) Hold() (at ring.Offsets, held bool, err error) {
 	w.mu.Lock()
 	if w.holding != nil {
@@ -129,8 +133,8 @@ func (w *Writer) Continue(ctx context.Context, run string) error {
 }
 
 // await waits, in the writer goroutine at a Cut item, until the run's
-// way on is decided, HoldTimeout passes or the writer is stopped (then it
-// goes on as it was).
+// way on is decided, HoldTimeout passes (then it continues in a new run)
+// or the writer is stopped (then it writes nothing more anyway).
 func (w *Writer) await(h *hold) goOn {
 	t := time.NewTimer(HoldTimeout)
 	defer t.Stop()
@@ -138,9 +142,10 @@ func (w *Writer) await(h *hold) goOn {
 	case g := <-h.decide:
 		return g
 	case <-t.C:
+		h.settle(goOn{run: uuid.Must(uuid.NewV7()).String()})
 	case <-w.stopping:
+		h.settle(goOn{})
 	}
-	h.settle(goOn{})
 	w.mu.Lock()
 	if w.holding == h {
 		w.holding = nil

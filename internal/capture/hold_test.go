@@ -210,7 +210,8 @@ func TestHoldThenRelease(t *testing.T) {
 }
 
 // TestHoldRunsOut: a writer nobody tells how to go on waits HoldTimeout,
-// then goes on in its run; a Continue then is refused. A writer whose
+// then continues in a new run by itself (true whether its sandbox is the
+// one that goes on or a copy); a Continue then is refused. A writer whose
 // sink is closed is not held.
 func TestHoldRunsOut(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
@@ -219,13 +220,19 @@ func TestHoldRunsOut(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		old := w.Run()
 		f := newFeeder(w)
 		f.write(ring.Stdout, []byte("a\n"))
 		if _, held, err := w.Hold(); err != nil || !held {
 			t.Fatalf("hold: %v, held %v", err, held)
 		}
 		f.write(ring.Stdout, []byte("b\n"))
-		time.Sleep(HoldTimeout + time.Second)
+		time.Sleep(HoldTimeout - time.Second)
+		synctest.Wait()
+		if w.Run() != old {
+			t.Fatal("the writer went on before its hold ran out")
+		}
+		time.Sleep(2 * time.Second)
 		synctest.Wait()
 		if err := w.Continue(t.Context(), newRunID()); !errors.Is(err, ErrNotHeld) {
 			t.Errorf("continue after the hold ran out: %v", err)
@@ -238,7 +245,9 @@ func TestHoldRunsOut(t *testing.T) {
 			t.Fatal(err)
 		}
 		l := readLog(t, d)
-		if out, _ := contiguous(t, l); string(out[LogStdout]) != "a\nb\n" || len(l.Runs) != 1 || l.Runs[0].State != Lossless {
+		out, _ := contiguous(t, l)
+		if string(out[LogStdout]) != "a\nb\n" || len(l.Runs) != 2 || l.Runs[0].ID != old || l.Runs[0].ContinuedBy != w.Run() ||
+			l.Runs[1].Parent != old || l.Runs[1].State != Lossless {
 			t.Errorf("stdout %q, runs %+v", out[LogStdout], l.Runs)
 		}
 	})

@@ -128,7 +128,8 @@ var ErrStalled = errdefs.New(errdefs.ErrUnavailable, fmt.Sprintf("capture: the l
 // in the queue until the owner says how the run goes on. In the sandbox
 // that goes on, it goes on (Release); in each one restored from the
 // snapshot, the writer is a copy, and the owner has it continue in a new
-// run (Continue), whose begin names the run and where it stood.
+// run (Continue), whose begin names the run and where it stood; a writer
+// nobody tells within HoldTimeout continues so by itself.
 type Writer struct {
 	dir  *Dir
 	opt  Options
@@ -645,7 +646,10 @@ func (w *Writer) add(it Item) {
 		}
 		w.flush()
 		if g := w.await(it.hold); g.run != "" {
-			g.done <- w.continueAs(g.run, it)
+			err := w.continueAs(g.run, it)
+			if g.done != nil {
+				g.done <- err
+			}
 		}
 	case Data:
 		w.stampAt(it.At)

@@ -52,7 +52,7 @@ func holdRuns(ctx context.Context, t http.RoundTripper) (procs []api.Process, he
 // memory has been saved (or not: the snapshot failed), trying again while
 // its agent makes its connections again after the save. A release that
 // never gets through costs the runs their hold's time (capture's
-// HoldTimeout), not their capture.
+// HoldTimeout), after which they continue in new runs, not their capture.
 func (d *Daemon) releaseRuns(t http.RoundTripper, id string) {
 	ctx, cancel := context.WithTimeout(context.Background(), runsRetry)
 	defer cancel()

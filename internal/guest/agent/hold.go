@@ -120,11 +120,14 @@ func (s *Server) releaseRuns(w http.ResponseWriter, r *http.Request) {
 // continueRuns answers POST /capture/continue, in a sandbox restored from
 // a memory snapshot: each writer held goes on in a new run that continues
 // its old one, and the answer comes once every new run's begin is
-// durable, or says why one is not.
+// durable, or says why one is not. A writer whose hold ran out has
+// continued by itself (restored long after the snapshot was taken).
 func (s *Server) continueRuns(w http.ResponseWriter, r *http.Request) {
 	var errs []error
 	for _, wr := range s.runs.takeHeld() {
-		errs = append(errs, wr.Continue(r.Context(), uuid.Must(uuid.NewV7()).String()))
+		if err := wr.Continue(r.Context(), uuid.Must(uuid.NewV7()).String()); !errors.Is(err, capture.ErrNotHeld) {
+			errs = append(errs, err)
+		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		writeError(w, err)
