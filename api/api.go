@@ -1090,6 +1090,12 @@ type Run struct {
 	// Missed is set when the reader missed part of the run to rotation.
 	Missed   bool     `json:"missed,omitempty"`
 	Problems []string `json:"problems,omitempty"`
+	// Parent is the run this one continues: a process restored from a
+	// memory snapshot goes on in a run of its own, from where the
+	// snapshot's run stood. ContinuedBy is the run that continues this
+	// one in the log, from where its records end.
+	Parent      string `json:"parent,omitempty"`
+	ContinuedBy string `json:"continued_by,omitempty"`
 }
 
 // LogStats count what reading a captured log could not return.

@@ -86,6 +86,11 @@ type Reader struct {
 	// record, when known.
 	at   [NumLogStreams]int64
 	atOK bool
+	// before is where the streams stood before the header read last, if
+	// known and nothing but the header was read since: a begin record
+	// that continues a run checks it against where it says the run was.
+	before   [NumLogStreams]int64
+	beforeOK bool
 
 	buf     []byte
 	r, w    int  // buf[r:w] is read and not yet consumed
@@ -292,6 +297,7 @@ func (r *Reader) line() (Entry, bool) {
 				e.Offset = r.at[rec.Stream]
 				r.at[rec.Stream] += int64(rec.PayloadLen())
 			}
+			r.beforeOK = false
 			r.runs.data(rec)
 		}
 		return e, true
@@ -303,6 +309,8 @@ func (r *Reader) line() (Entry, bool) {
 func (r *Reader) metaRecord(e *Entry, tagged, fresh bool) {
 	rec := e.Record
 	m, err := parseMeta(rec.Content, tagged)
+	before, beforeOK := r.before, r.beforeOK
+	r.beforeOK = false
 	switch {
 	case err != nil:
 		r.runs.invalid(err)
@@ -316,6 +324,7 @@ func (r *Reader) metaRecord(e *Entry, tagged, fresh bool) {
 		if m.Run == "" {
 			return // the earliest format's: where the file stands in the log
 		}
+		r.before, r.beforeOK = r.at, r.atOK
 		r.at, r.atOK = [NumLogStreams]int64{m.At.Stdout, m.At.Stderr}, true
 		if tagged {
 			r.head, r.headAt, r.ended, r.ending = m, rec.Time, false, false
@@ -325,7 +334,13 @@ func (r *Reader) metaRecord(e *Entry, tagged, fresh bool) {
 		r.runs.file(m.Run)
 		return
 	case eventBegin:
-		r.at, r.atOK = [NumLogStreams]int64{}, true
+		var at [NumLogStreams]int64
+		if m.At != nil {
+			// A run that continues another: its streams go on from there.
+			at = [NumLogStreams]int64{m.At.Stdout, m.At.Stderr}
+			r.runs.reached = beforeOK && before == at && r.atOK && r.at == at
+		}
+		r.at, r.atOK = at, true
 	case eventDrop:
 		e.Lost = [NumLogStreams]int64{m.Stdout, m.Stderr}
 		e.LostAt = [NumLogStreams]int64{-1, -1}

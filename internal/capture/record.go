@@ -202,7 +202,11 @@ const (
 	// start (so every record's stream offset is known).
 	eventFile = "file"
 	// eventBegin follows the header of a run's first file: the run began
-	// there. It is synced before the process starts.
+	// there. It is synced before the process starts. A run that continues
+	// another names it (Parent) and where each stream stands as it begins
+	// (At): a process restored from a memory snapshot goes on in a run of
+	// its own, from where the snapshot's run stood, in each sandbox made
+	// from it.
 	eventBegin = "begin"
 	// eventDrop says how many bytes of a stream were lost right before
 	// that stream's next record.
@@ -219,9 +223,13 @@ type Meta struct {
 	Seq    int64  `json:"seq,omitempty"`
 	Offset int64  `json:"offset,omitempty"`
 	Run    string `json:"run,omitempty"`
+	// A begin record's, when the run continues another: that run's id.
+	// At is then where each stream stands as the run begins.
+	Parent string `json:"parent,omitempty"`
 	// A previous-format header's: the run began in this file.
 	Began bool `json:"began,omitempty"`
-	// A header's: each stream's offset at the file's start.
+	// A header's: each stream's offset at the file's start; a continuing
+	// run's begin record's: each stream's offset where the run begins.
 	At *Positions `json:"at,omitempty"`
 	// A drop record's per-stream bytes lost since the previous drop record.
 	Stdout int64 `json:"stdout,omitempty"`
@@ -265,7 +273,13 @@ func parseMeta(content []byte, tagged bool) (Meta, error) {
 		return m, fmt.Errorf("%w: negative count", errMeta)
 	}
 	if tagged {
+		if m.Parent != "" {
+			return m, fmt.Errorf("%w: a parent in a tag", errMeta)
+		}
 		return m, checkTagged(m)
+	}
+	if m.Parent != "" && m.Event != eventBegin {
+		return m, fmt.Errorf("%w: only a begin record names a parent run", errMeta)
 	}
 	if m.Began || m.Ended != nil || m.Size != 0 {
 		return m, fmt.Errorf("%w: a %s record of the kiln stream says what only a rewritten header said", errMeta, m.Event)
@@ -288,11 +302,19 @@ func parseMeta(content []byte, tagged bool) (Meta, error) {
 			return m, fmt.Errorf("%w: a header needs the streams' offsets", errMeta)
 		}
 	case eventBegin, eventEnd:
-		if m.Stdout != 0 || m.Stderr != 0 || m.At != nil || m.Seq != 0 || m.Offset != 0 {
+		// A begin carries where the streams stand exactly when it names
+		// the run it continues.
+		continues := m.Event == eventBegin && m.Parent != ""
+		if m.Stdout != 0 || m.Stderr != 0 || (m.At != nil) != continues || m.Seq != 0 || m.Offset != 0 {
 			return m, fmt.Errorf("%w: fields of other records on a %s record", errMeta, m.Event)
 		}
 		if (m.Event == eventEnd) != (m.Dropped != nil) {
 			return m, fmt.Errorf("%w: only an end record carries dropped, and it must", errMeta)
+		}
+		if continues {
+			if err := checkRunID(m.Parent); err != nil || m.Parent == m.Run {
+				return m, fmt.Errorf("%w: parent %q: want another run's canonical UUID", errMeta, clip([]byte(m.Parent)))
+			}
 		}
 	case eventDrop:
 		if m.Stdout+m.Stderr == 0 || m.Dropped != nil || m.At != nil || m.Seq != 0 || m.Offset != 0 {

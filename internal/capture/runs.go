@@ -66,6 +66,12 @@ type Run struct {
 	Damaged int
 	// Problems say why a run is corrupted.
 	Problems []string
+	// Parent is the run this one continues, as its begin record says: a
+	// process restored from a memory snapshot goes on in a run of its
+	// own. ContinuedBy is the run that continues this one in the log:
+	// this run's records end where that one's begin says, which stands
+	// for its end (its loss there is what its drop records describe).
+	Parent, ContinuedBy string
 
 	begun, ended bool
 }
@@ -81,6 +87,10 @@ type Classifier struct {
 	// it says whether the run begins there (its begin record) or goes on
 	// from an earlier file.
 	opening string
+	// reached is set by the reader before it applies a begin record that
+	// names the run it continues: the streams stood, at the end of the
+	// records before the begin's file, where the begin says.
+	reached bool
 }
 
 // Runs returns every run read so far, oldest first, classified.
@@ -204,6 +214,7 @@ func (c *Classifier) meta(m Meta, at time.Time) {
 	switch m.Event {
 	case eventFile:
 	case eventBegin:
+		prev, lead := c.cur, c.leading(c.cur)
 		c.cur = nil
 		c.began = true
 		if r := c.byID[m.Run]; r != nil {
@@ -212,8 +223,11 @@ func (c *Classifier) meta(m Meta, at time.Time) {
 			return
 		}
 		r := c.add(m.Run)
-		r.begun, r.Began = true, at
+		r.begun, r.Began, r.Parent = true, at, m.Parent
 		c.cur = r
+		if m.Parent != "" {
+			c.continues(r, prev, lead, at)
+		}
 	case eventDrop:
 		if m.Run == "" { // a drop record of the header's run
 			m.Run = c.current().ID
@@ -239,6 +253,29 @@ func (c *Classifier) meta(m Meta, at time.Time) {
 			}
 		}
 		c.cur = nil
+	}
+}
+
+// continues applies the begin of run r, which continues r.Parent: the
+// run read before it, prev, ends there, if it is that run (or output
+// whose metadata rotation removed, lead) and the streams stood where the
+// begin says. A parent whose records the log does not hold (rotated away)
+// is not checked.
+func (c *Classifier) continues(r, prev *Run, lead bool, at time.Time) {
+	p := c.byID[r.Parent]
+	if p == nil && lead {
+		c.name(prev, r.Parent)
+		p = prev
+	}
+	switch {
+	case p == nil:
+	case p != prev || p.ended:
+		r.problem("it continues run %s, which is not the run before it, or ended", r.Parent)
+	case !c.reached:
+		r.problem("it continues run %s from offsets that run's records do not end at", r.Parent)
+	default:
+		p.ended, p.Ended, p.ContinuedBy = true, at, r.ID
+		p.Dropped = p.Described
 	}
 }
 

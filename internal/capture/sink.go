@@ -19,6 +19,10 @@ const (
 	// Drop says Dropped bytes of Stream were lost right before the stream's
 	// next Data item.
 	Drop
+	// Cut marks where every stream stood when the writer was held
+	// (Writer.Hold): it says what was lost before it and not yet said
+	// (Lost), and the whole run's loss then (Dropped, per stream).
+	Cut
 )
 
 func (k ItemKind) String() string {
@@ -27,6 +31,8 @@ func (k ItemKind) String() string {
 		return "data"
 	case Drop:
 		return "drop"
+	case Cut:
+		return "cut"
 	}
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
@@ -48,8 +54,13 @@ type Item struct {
 	// At is when a Data item's first bytes were handed over, in Unix
 	// nanoseconds: the time its records carry.
 	At int64
+	// A Cut item's: per stream, where the stream stood, the bytes lost
+	// before that which no Drop item has said, and every byte lost in the
+	// run so far.
+	Offsets, Lost, RunDropped ring.Offsets
 
 	cost int64 // what the item takes of the budget, given back by Done
+	hold *hold // a Cut item's: how the run goes on from it
 }
 
 // itemCost is what every queued item costs the budget beside its bytes: an
@@ -110,8 +121,11 @@ type Sink struct {
 	progress chan struct{}
 
 	// pending[s] counts the bytes of s lost since the last Drop item of s
-	// was enqueued. Only s's pump writes it.
+	// was enqueued. Only s's pump writes it, and Mark, under mu.
 	pending [ring.NumStreams]int64
+	// next[s] is where the next chunk of s starts: every byte of s pushed
+	// so far, queued or lost. Written under mu.
+	next ring.Offsets
 
 	// total[s] counts every byte of s lost in the whole run. It only grows,
 	// and only s's pump adds to it; it is atomic so that anyone may read it
@@ -155,6 +169,7 @@ func (s *Sink) Push(c ring.Chunk) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.pushes++
+	s.next[st] += n
 	// Describe earlier losses first. If that does not fit, this chunk cannot
 	// be queued either: it would reach the writer after a loss it was never
 	// told about.
@@ -184,6 +199,26 @@ func (s *Sink) Push(c ring.Chunk) {
 		return
 	}
 	s.enqueue(Item{Kind: Data, Stream: st, Chunk: c.Retain(), At: time.Now().UnixNano(), cost: n + itemCost})
+}
+
+// mark queues a Cut item for h at where every stream stands now, and
+// returns that: the chunks pushed before it reach the writer before it,
+// and the loss they left unsaid goes with it. It takes nothing of the
+// budget (there is one at a time), so it is never lost. It reports false,
+// queuing nothing, once the sink is closed: every chunk is pushed.
+func (s *Sink) mark(h *hold) (ring.Offsets, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ended {
+		return s.next, false
+	}
+	it := Item{Kind: Cut, Offsets: s.next, Lost: s.pending, hold: h}
+	for i := range s.total {
+		it.RunDropped[i] = s.total[i].Load()
+	}
+	s.pending = [ring.NumStreams]int64{}
+	s.enqueue(it)
+	return s.next, true
 }
 
 // fits reports whether cost more bytes fit the budget. Caller holds mu.

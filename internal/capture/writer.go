@@ -122,12 +122,29 @@ var ErrStalled = errdefs.New(errdefs.ErrUnavailable, fmt.Sprintf("capture: the l
 // written again, cut or moved (a rename moves a name, not bytes). A file
 // begins with its header, complete before the file gets its name, so a
 // tailer that knows a file by its first bytes knows it for good.
+//
+// A process whose memory is about to be saved (a memory snapshot) has its
+// writer held (Hold) at where its output stands: what comes after waits
+// in the queue until the owner says how the run goes on. In the sandbox
+// that goes on, it goes on (Release); in each one restored from the
+// snapshot, the writer is a copy, and the owner has it continue in a new
+// run (Continue), whose begin names the run and where it stood; a writer
+// nobody tells within HoldTimeout continues so by itself.
 type Writer struct {
 	dir  *Dir
-	run  string
 	opt  Options
 	sink *Sink
 	done chan struct{}
+	// stopping is closed by Stop: a writer held gives up waiting.
+	stopping chan struct{}
+	stopOnce sync.Once
+
+	// run is the run being written, and parent the one it continues, if
+	// any; only the writer goroutine changes them, under mu.
+	run, parent string
+	// base is, per stream, what the sink and the writer had lost before
+	// the run began: a run that continues another counts its own loss.
+	base [NumLogStreams]int64
 
 	// Owned by the writer goroutine (and by Begin before it starts).
 	out      []byte
@@ -165,19 +182,22 @@ type Writer struct {
 	epoch time.Time
 	inFS  atomic.Int64
 
-	mu        sync.Mutex // guards f, stopped, result and heldLines
+	mu        sync.Mutex // guards f, stopped, result, heldLines, holding and the run's id
 	f         *os.File
 	stopped   bool
 	result    Result
 	heldLines [NumLogStreams]HeldLine // for Caught: what partial held at its flush
+	holding   *hold                   // the writer's hold, until its owner ends it
 }
 
 // Result is what a finished (or stopped) writer reports.
 type Result struct {
 	// Ended is set once the end record was written and synced.
 	Ended bool
-	// Dropped is, per log stream, every byte of the run that is not in the
-	// log: lost in the queue or by a failed write. Final once Ended.
+	// Dropped is, per log stream, every byte of the process's output that
+	// is not in the log: lost in the queue or by a failed write (the end
+	// record of a run that continues another counts the run's own). Final
+	// once Ended.
 	Dropped [NumLogStreams]int64
 	// Err is the first error the writer met, if any.
 	Err error
@@ -205,7 +225,7 @@ func Begin(dir *Dir, run string, opt Options) (*Writer, error) {
 	if err != nil {
 		return nil, err
 	}
-	w := &Writer{dir: dir, run: run, opt: opt, done: make(chan struct{}), epoch: time.Now()}
+	w := &Writer{dir: dir, run: run, opt: opt, done: make(chan struct{}), stopping: make(chan struct{}), epoch: time.Now()}
 	if err := w.open(); err != nil {
 		if w.f != nil {
 			w.f.Close()
@@ -305,7 +325,11 @@ func (w *Writer) create(seq int64, began bool) error {
 	hdr := appendMeta(nil, ts, Meta{Event: eventFile, Seq: seq, Offset: offset, Run: w.run,
 		At: &Positions{Stdout: w.pos[LogStdout], Stderr: w.pos[LogStderr]}})
 	if began {
-		hdr = appendMeta(hdr, ts, Meta{Event: eventBegin, Run: w.run})
+		m := Meta{Event: eventBegin, Run: w.run}
+		if w.parent != "" {
+			m.Parent, m.At = w.parent, &Positions{Stdout: w.pos[LogStdout], Stderr: w.pos[LogStderr]}
+		}
+		hdr = appendMeta(hdr, ts, m)
 	}
 	if w.opt.beforeWrite != nil {
 		w.opt.beforeWrite()
@@ -452,8 +476,12 @@ func (w *Writer) stampAt(at int64) {
 // Sink is where the process's pumps push their chunks.
 func (w *Writer) Sink() *Sink { return w.sink }
 
-// Run is the run's id.
-func (w *Writer) Run() string { return w.run }
+// Run is the id of the run being written.
+func (w *Writer) Run() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.run
+}
 
 // Done is closed when the writer has finished or been stopped.
 func (w *Writer) Done() <-chan struct{} { return w.done }
@@ -539,6 +567,7 @@ func (w *Writer) Finish(ctx context.Context) error {
 // kernel completes; every later one fails. Safe to call at any time and
 // more than once.
 func (w *Writer) Stop() {
+	w.stopOnce.Do(func() { close(w.stopping) })
 	w.mu.Lock()
 	f := w.f
 	w.stopped = true
@@ -607,6 +636,21 @@ func (w *Writer) add(it Item) {
 		// stands right before it.
 		w.flushPartial(s)
 		w.unsaid[s] += it.Dropped
+	case Cut:
+		// The loss before the cut, as a Drop item says it.
+		for rs, n := range it.Lost {
+			if n > 0 {
+				w.flushPartial(logStream(ring.Stream(rs)))
+				w.unsaid[logStream(ring.Stream(rs))] += n
+			}
+		}
+		w.flush()
+		if g := w.await(it.hold); g.run != "" {
+			err := w.continueAs(g.run, it)
+			if g.done != nil {
+				g.done <- err
+			}
+		}
 	case Data:
 		w.stampAt(it.At)
 		if w.failed && !w.recovered() {
@@ -802,7 +846,11 @@ func (w *Writer) room(s LogStream, n int) bool {
 // next one active. The active name always holds a file: the archive is a
 // second link made first, and the new file replaces the name by rename.
 // Neither file's bytes change.
-func (w *Writer) rotate() error {
+func (w *Writer) rotate() error { return w.rotateTo(false) }
+
+// rotateTo is rotate; began says the new file begins a run (its begin
+// record follows its header).
+func (w *Writer) rotateTo(began bool) error {
 	if w.stoppedNow() {
 		return ErrStopped
 	}
@@ -812,7 +860,7 @@ func (w *Writer) rotate() error {
 	if err := w.dir.link(ActiveName, archiveName(seq)); err != nil {
 		return err
 	}
-	if err := w.create(seq+1, false); err != nil {
+	if err := w.create(seq+1, began); err != nil {
 		// The active file stays active: take its second name back, so
 		// that a later rotation can make it again.
 		if !errors.Is(err, ErrStopped) {
@@ -986,6 +1034,12 @@ func (w *Writer) finish() {
 	for s, n := range w.lost {
 		dropped[s] += n
 	}
+	// The end counts the run's own loss: a run that continues another
+	// began with what that one had lost.
+	run := dropped
+	for s, n := range w.base {
+		run[s] -= n
+	}
 	// The records first, durably, then the end that vouches for them: a
 	// crash in between leaves a run without its end, never an end whose
 	// records are missing.
@@ -993,7 +1047,7 @@ func (w *Writer) finish() {
 	// The reserve makes room for the end on a full disk.
 	w.release()
 	if err == nil {
-		err = w.appendEnd(Dropped{Stdout: dropped[LogStdout], Stderr: dropped[LogStderr]})
+		err = w.appendEnd(Dropped{Stdout: run[LogStdout], Stderr: run[LogStderr]})
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()

@@ -250,8 +250,17 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	}
 	d.events.emit(ev)
 	d.running(e, sb, true)
+	agent := e.proxy.Transport
 	d.mu.Unlock()
 	created = true
+	if snap != nil && snap.Memory {
+		// Its processes go on from where the snapshot held their
+		// captured runs, in runs of their own.
+		if err := continueRuns(ctx, agent); err != nil {
+			d.Delete(id, true)
+			return Info{}, fmt.Errorf("sandbox %s made from snapshot %s: %w", id, snap.ID, err)
+		}
+	}
 	d.log.Info("sandbox created", "id", id, "name", req.Name, "runtime", backend.Name(), "agent", sb.AgentPID())
 	return d.infoOf(e), nil
 }

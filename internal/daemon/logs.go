@@ -33,7 +33,7 @@ func runInfos(runs []capture.Run) ([]api.Run, bool) {
 	out := make([]api.Run, len(runs))
 	complete := len(runs) > 0
 	for i, r := range runs {
-		out[i] = api.Run{ID: r.ID, State: r.State.String(), Missed: r.Missed, Problems: r.Problems}
+		out[i] = api.Run{ID: r.ID, State: r.State.String(), Missed: r.Missed, Problems: r.Problems, Parent: r.Parent, ContinuedBy: r.ContinuedBy}
 		if r.Dropped != [capture.NumLogStreams]int64{} {
 			out[i].Dropped = map[string]int64{"stdout": r.Dropped[capture.LogStdout], "stderr": r.Dropped[capture.LogStderr]}
 		}

@@ -26,6 +26,7 @@ import (
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/capture"
 	"github.com/sandkiln/sandkiln/internal/errdefs"
+	"github.com/sandkiln/sandkiln/internal/handoff"
 	"github.com/sandkiln/sandkiln/internal/reply"
 	"github.com/sandkiln/sandkiln/internal/sandbox"
 )
@@ -199,7 +200,8 @@ func diskIDsOf(rec record) int {
 // Snapshot takes a snapshot of the sandbox ref stands for, running or
 // stopped: its disk, copied while its file system is frozen (its
 // processes' writes wait meanwhile, nothing else does), the processes it
-// has then, with their offsets, and their captured logs.
+// has then, with their offsets, their captured logs, and of those not
+// captured what their rings still hold (keepRings).
 func (d *Daemon) Snapshot(ctx context.Context, ref string, req api.SnapshotRequest) (api.Snapshot, error) {
 	if req.Name != "" && !isLabel(req.Name) {
 		return api.Snapshot{}, fmt.Errorf("%w: snapshot name %q: want a DNS label (RFC 1123): a-z, 0-9 and '-', 1 to 63 characters, not beginning or ending with '-'", errdefs.ErrInvalidArgument, api.Clip(req.Name))
@@ -288,11 +290,21 @@ func (d *Daemon) Snapshot(ctx context.Context, ref string, req api.SnapshotReque
 			os.RemoveAll(tmp)
 		}
 	}()
+	// rings are the processes whose output not captured is kept as the
+	// rings hold it (a snapshot of a running sandbox's files).
+	var rings []api.Process
 	switch {
 	case req.Memory:
+		// Its processes' captured runs stand still at their offsets
+		// listed here: what comes after goes on in this sandbox's runs,
+		// and in each made from the snapshot in runs of their own.
 		var procs []api.Process
+		held := false
 		if agent != nil {
-			askAgent(ctx, agent, "/exec-stream", &procs)
+			var err error
+			if procs, held, err = holdRuns(ctx, agent); err != nil {
+				return api.Snapshot{}, errdefs.Opaque(errdefs.ErrUnavailable, fmt.Sprintf("sandbox %s: its agent did not hold its processes' captured runs for the snapshot: take it again", rec.ID), err)
+			}
 		}
 		err := sb.(sandbox.Checkpointer).Checkpoint(ctx, filepath.Join(tmp, snapshotMemory), func() error {
 			// Its processes stand still: what the file server wrote is
@@ -304,6 +316,9 @@ func (d *Daemon) Snapshot(ctx context.Context, ref string, req api.SnapshotReque
 			_, cerr := sandbox.CloneFile(filepath.Join(tmp, snapshotDisk), rec.Disk)
 			return errors.Join(cerr, thaw())
 		})
+		if held {
+			d.releaseRuns(agent, rec.ID)
+		}
 		if err != nil {
 			if errdefs.ClassOf(err) != nil {
 				return api.Snapshot{}, err
@@ -329,6 +344,9 @@ func (d *Daemon) Snapshot(ctx context.Context, ref string, req api.SnapshotReque
 			return api.Snapshot{}, d.hostFailure(fmt.Sprintf("snapshot of sandbox %s: its disk could not be copied", rec.ID), err)
 		}
 		snap.Processes = procs
+		if agent != nil {
+			rings = procs
+		}
 	default:
 		if sandbox.DiskAttached(rec.Disk) {
 			return api.Snapshot{}, fmt.Errorf("%w: sandbox %s is still letting go of its disk as it stopped: take the snapshot again", errdefs.ErrUnavailable, rec.ID)
@@ -336,7 +354,7 @@ func (d *Daemon) Snapshot(ctx context.Context, ref string, req api.SnapshotReque
 		if _, err := sandbox.CloneFile(filepath.Join(tmp, snapshotDisk), rec.Disk); err != nil {
 			return api.Snapshot{}, d.hostFailure(fmt.Sprintf("snapshot of sandbox %s: its disk could not be copied", rec.ID), err)
 		}
-		snap.Processes = d.loggedProcesses(rec.ID)
+		snap.Processes = d.loggedProcesses(rec)
 	}
 	// The logs of a memory snapshot's processes are its checkpoint's: they
 	// go on in a fork, not as its history.
@@ -344,8 +362,14 @@ func (d *Daemon) Snapshot(ctx context.Context, ref string, req api.SnapshotReque
 	if snap.Memory {
 		logsOf = nil
 	}
-	if err := copyLogs(filepath.Join(d.sandboxDir(rec.ID), sandbox.LogsName), filepath.Join(tmp, snapshotLogs), logsOf); err != nil {
+	logs := filepath.Join(d.sandboxDir(rec.ID), sandbox.LogsName)
+	if err := copyLogs(logs, filepath.Join(tmp, snapshotLogs), logsOf); err != nil {
 		return api.Snapshot{}, d.hostFailure(fmt.Sprintf("snapshot of sandbox %s: its captured logs could not be copied", rec.ID), err)
+	}
+	if len(rings) > 0 {
+		if err := keepRings(ctx, sb.Dial, logs, filepath.Join(tmp, snapshotLogs), rings); err != nil {
+			return api.Snapshot{}, d.hostFailure(fmt.Sprintf("snapshot of sandbox %s: the output of its processes not captured could not be kept", rec.ID), err)
+		}
 	}
 	if snap.Processes == nil {
 		snap.Processes = []api.Process{}
@@ -399,11 +423,16 @@ func memorySnapshottable(rec record, sb sandbox.Instance, running, paused bool) 
 	return nil
 }
 
-// loggedProcesses are the processes of stopped sandbox id, as its
-// captured logs know them: each one's id and its streams' offsets.
-func (d *Daemon) loggedProcesses(id string) []api.Process {
-	logs := filepath.Join(d.sandboxDir(id), sandbox.LogsName)
+// loggedProcesses are the processes of stopped sandbox rec, as its
+// captured logs know them: each one's id and its streams' offsets, and
+// what the records that exist say of it beside (describedProcesses): its
+// command, terminal, flow and start, and its exit where one was observed.
+// Its state is exited (or forked, for one of its history): the sandbox
+// stopped.
+func (d *Daemon) loggedProcesses(rec record) []api.Process {
+	logs := filepath.Join(d.sandboxDir(rec.ID), sandbox.LogsName)
 	ents, _ := os.ReadDir(logs)
+	known := d.describedProcesses(rec)
 	var procs []api.Process
 	for _, e := range ents {
 		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
@@ -413,14 +442,74 @@ func (d *Daemon) loggedProcesses(id string) []api.Process {
 		if err != nil {
 			continue
 		}
-		p := api.Process{ID: e.Name(), State: api.StateExited, Streams: map[string]api.StreamStatus{}}
+		p := api.Process{ID: e.Name(), State: api.StateExited, Flow: api.FlowDrop, Streams: map[string]api.StreamStatus{}}
+		if k, ok := known[p.ID]; ok {
+			p.Command, p.Args, p.Terminal, p.StartedAt = k.Command, k.Args, k.Terminal, k.StartedAt
+			p.Flow = cmp.Or(k.Flow, p.Flow)
+			if k.State == api.StateExited || k.State == api.StateForked {
+				p.State, p.Exit, p.ExitedAt = k.State, k.Exit, k.ExitedAt
+			}
+		}
 		for name, n := range logOffsets(dir) {
+			if name == "stdout" && p.Terminal {
+				name = "terminal"
+			}
 			p.Streams[name] = api.StreamStatus{TotalBytes: n, Ended: true}
 		}
 		dir.Close()
 		procs = append(procs, p)
 	}
 	return procs
+}
+
+// describedProcesses is what the records kilnd has say of the processes
+// of sandbox rec, by id, each as the first of these that describes it
+// with its command: the events kilnd holds of its processes, newest first
+// (an exit's says the most); the snapshots taken of it, newest first; its
+// history; and its init command, with the exit its agent recorded, for
+// the process that exit names.
+func (d *Daemon) describedProcesses(rec record) map[string]api.Process {
+	out := map[string]api.Process{}
+	add := func(p api.Process) {
+		if _, ok := out[p.ID]; !ok && p.ID != "" && p.Command != "" {
+			out[p.ID] = p
+		}
+	}
+	evs, _, _, _ := d.events.log.After(0)
+	for _, ev := range slices.Backward(evs) {
+		if ev.Sandbox == rec.ID && ev.Process != nil {
+			add(*ev.Process)
+		}
+	}
+	if d.snaps != nil {
+		d.snaps.mu.Lock()
+		var taken []*snapshotRecord
+		for _, r := range d.snaps.byID {
+			if r.Sandbox == rec.ID {
+				taken = append(taken, r)
+			}
+		}
+		slices.SortFunc(taken, func(a, b *snapshotRecord) int { return b.CreatedAt.Compare(a.CreatedAt) })
+		for _, r := range taken {
+			for _, p := range r.Processes {
+				add(p)
+			}
+		}
+		d.snaps.mu.Unlock()
+	}
+	for _, p := range rec.History {
+		add(p)
+	}
+	if rec.Init != nil {
+		var ie handoff.InitExit
+		b, err := os.ReadFile(filepath.Join(d.sandboxDir(rec.ID), sandbox.LogsName, handoff.InitExitName))
+		if err == nil && json.Unmarshal(b, &ie) == nil {
+			exited := ie.ExitedAt
+			add(api.Process{ID: ie.Process, Command: rec.Init.Command, Args: rec.Init.Args, Terminal: rec.Init.TTY != nil,
+				State: api.StateExited, Exit: ie.Exit, ExitedAt: &exited})
+		}
+	}
+	return out
 }
 
 // logOffsets reads a captured log whole and says how far each of its
@@ -735,6 +824,18 @@ func (d *Daemon) Rollback(ctx context.Context, ref, snapRef string, grace time.D
 		return Info{}, d.hostFailure("sandbox "+id+" could not be recorded", err)
 	}
 	d.disks.Release(old)
+	// Its history's output that it does not have in its own captured
+	// logs: what the snapshot kept of those not captured.
+	own := filepath.Join(d.sandboxDir(id), sandbox.LogsName)
+	var kept []api.Process
+	for _, p := range snap.Processes {
+		if _, err := os.Lstat(filepath.Join(own, p.ID)); errors.Is(err, fs.ErrNotExist) {
+			kept = append(kept, p)
+		}
+	}
+	if err := copyLogs(d.snaps.path(snap.ID, snapshotLogs), own, kept); err != nil {
+		d.log.Warn("the logs a snapshot kept of its processes were not all copied", "snapshot", snap.ID, "sandbox", id, "err", err)
+	}
 	ev := d.infoEvent(e, api.EventRolledBack)
 	ev.Snapshot = snap.ID
 	d.events.emit(ev)

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -68,7 +69,14 @@ func agentCounts(ctx context.Context, t http.RoundTripper) *api.AgentCounts {
 func askAgent(ctx context.Context, t http.RoundTripper, path string, out any) error {
 	ctx, cancel := context.WithTimeout(ctx, agentListTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, "GET", "http://agent"+path, nil)
+	return agentJSON(ctx, t, "GET", path, out)
+}
+
+// agentJSON sends a request without a body to the agent behind t, and
+// decodes its answer, within maxAgentAnswer, into out (unless out is nil
+// or the answer has no content). An answer of 404 is errdefs.ErrNotFound.
+func agentJSON(ctx context.Context, t http.RoundTripper, method, path string, out any) error {
+	req, err := http.NewRequestWithContext(ctx, method, "http://agent"+path, nil)
 	if err != nil {
 		return err
 	}
@@ -79,10 +87,16 @@ func askAgent(ctx context.Context, t http.RoundTripper, path string, out any) er
 	defer resp.Body.Close()
 	switch resp.StatusCode {
 	case http.StatusOK:
+	case http.StatusNoContent:
+		return nil
 	case http.StatusNotFound:
-		return fmt.Errorf("%w: agent: GET %s", errdefs.ErrNotFound, path)
+		return fmt.Errorf("%w: agent: %s %s", errdefs.ErrNotFound, method, path)
 	default:
-		return fmt.Errorf("agent: GET %s: %s", path, resp.Status)
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+		return fmt.Errorf("agent: %s %s: %s: %s", method, path, resp.Status, bytes.TrimSpace(msg))
+	}
+	if out == nil {
+		return nil
 	}
 	return json.NewDecoder(io.LimitReader(resp.Body, maxAgentAnswer)).Decode(out)
 }

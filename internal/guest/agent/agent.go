@@ -85,6 +85,9 @@ type Server struct {
 	watchers, gaps, lost atomic.Int64
 	// feed is the processes' starts and ends, for kilnd's events.
 	feed *feed
+	// runs are the captured processes' log writers, held for a memory
+	// snapshot or not (see hold.go).
+	runs runs
 }
 
 // New makes a Server.
@@ -148,6 +151,9 @@ func (s *Server) routes() {
 	m.HandleFunc("POST /exec-stream/{pid}/resize", s.byPrefix(s.resize))
 	m.HandleFunc("POST /exec-stream/{pid}/release", s.byPrefix(s.release))
 	m.HandleFunc("GET /exec-stream/{pid}/logs", s.byPrefix(s.logs))
+	m.HandleFunc("POST /capture/hold", s.holdRuns)
+	m.HandleFunc("POST /capture/release", s.releaseRuns)
+	m.HandleFunc("POST /capture/continue", s.continueRuns)
 	if s.cfg.Launch != nil {
 		(&files.Server{Launch: s.cfg.Launch}).Register(m)
 	}
@@ -239,9 +245,11 @@ func (s *Server) begin(id string) (process.Capturer, error) {
 		d.Close()
 		return nil, err
 	}
+	s.runs.add(id, w)
 	// The writer uses the directory until its run ends.
 	go func() {
 		<-w.Done()
+		s.runs.remove(id)
 		d.Close()
 	}()
 	return w, nil

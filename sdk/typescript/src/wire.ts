@@ -1731,6 +1731,10 @@ export interface components {
             /** @description the reader missed part of the run to rotation */
             missed?: boolean;
             problems?: string[];
+            /** @description the run this one continues: a process restored from a memory snapshot goes on in a run of its own, from where the snapshot's run stood */
+            parent?: string;
+            /** @description the run that continues this one in the log, from where its records end: that begin stands for this run's end, and its loss is what its drop records said */
+            continued_by?: string;
         };
         /** @description what reading a captured log could not return */
         LogStats: {
