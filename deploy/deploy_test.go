@@ -42,6 +42,8 @@ import (
 	k8syaml "k8s.io/apimachinery/pkg/util/yaml"
 	sigsjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
+
+	"github.com/sandkiln/sandkiln/internal/cluster"
 )
 
 // natsToken stands for the token in the tests: hex, as `openssl rand -hex
@@ -52,17 +54,6 @@ const natsToken = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abc
 
 // ---------------------------------------------------------------------
 // kilnd's flags
-
-// pendingFlags are the cluster flags of issue 36, which are being added
-// to kilnd. The flag check accepts exactly these, and only while kilnd
-// does not define them: a flag kilnd defines is parsed by kilnd like any
-// other, and any other flag kilnd does not define fails the check. Once
-// kilnd has them all this tolerance is dead and should go.
-var pendingFlags = []string{
-	"cluster", "node", "node-label", "cluster-token-file", "cluster-nkey",
-	"cluster-routes", "cluster-listen", "cluster-route-listen", "advertise",
-	"node-lost-after",
-}
 
 // kilndFlag is one flag of kilnd, as its -h tells it.
 type kilndFlag struct {
@@ -179,7 +170,6 @@ func checkKilndArgs(t *testing.T, where string, args []string) []arg {
 func kilndArgs(t *testing.T, args []string) (parsed []arg, problems []string) {
 	t.Helper()
 	bin, flags := kilndFlags(t)
-	var own []string // the arguments but the pending flags kilnd lacks
 	seen := map[string]bool{}
 	for i := 0; i < len(args); i++ {
 		a := args[i]
@@ -188,16 +178,10 @@ func kilndArgs(t *testing.T, args []string) (parsed []arg, problems []string) {
 		}
 		name, value, hasValue := strings.Cut(strings.TrimPrefix(strings.TrimPrefix(a, "-"), "-"), "=")
 		f, defined := flags[name]
-		pending := !defined && slices.Contains(pendingFlags, name)
-		switch {
-		case defined:
-		case pending:
-			f = kilndFlag{value: true, repeatable: name == "node-label"}
-		default:
+		if !defined {
 			problems = append(problems, fmt.Sprintf("kilnd has no flag --%s", name))
 			continue
 		}
-		start := i
 		if f.value && !hasValue {
 			if i+1 == len(args) {
 				return parsed, append(problems, fmt.Sprintf("--%s needs a value", name))
@@ -210,24 +194,23 @@ func kilndArgs(t *testing.T, args []string) (parsed []arg, problems []string) {
 		}
 		seen[name] = true
 		parsed = append(parsed, arg{name, value})
-		if pending {
-			t.Logf("--%s=%s: kilnd does not define it yet (pending, issue 36)", name, value)
-		} else {
-			own = append(own, args[start:i+1]...)
-		}
 	}
 	if len(problems) > 0 {
 		return parsed, problems
 	}
-	if out, err := runKilnd(bin, append(own, "-h")...); err != nil {
+	if out, err := runKilnd(bin, append(slices.Clone(args), "-h")...); err != nil {
 		first, _, _ := strings.Cut(string(out), "\n")
-		problems = append(problems, fmt.Sprintf("kilnd refuses its arguments %q: %v: %s", own, err, first))
+		problems = append(problems, fmt.Sprintf("kilnd refuses its arguments %q: %v: %s", args, err, first))
 	}
 	return parsed, append(problems, clusterValues(parsed)...)
 }
 
-// clusterValues holds the cluster flags' values to their forms, as issue
-// 36 gives them, whether or not kilnd defines the flags yet.
+// clusterValues holds the cluster flags' values to what kilnd's
+// clusterConfig (cmd/kilnd) asks of them, which -h ends kilnd before:
+// kilnd reads them as it starts, and refuses to start on a bad one.
+// Without --cluster, kilnd refuses --node, --node-label and
+// --cluster-routes and ignores the others: --advertise among them, and
+// with it the host kilnd answers the other nodes at.
 func clusterValues(args []arg) (problems []string) {
 	has := map[string]bool{}
 	embedded := false
@@ -239,14 +222,12 @@ func clusterValues(args []arg) (problems []string) {
 			if a.value == "embedded" {
 				embedded = true
 			} else {
-				err = urlList(a.value, "nats")
+				err = urlList(a.value, "nats", "tls")
 			}
 		case "cluster-routes":
 			err = urlList(a.value, "nats-route")
 		case "node":
-			if a.value == "" {
-				err = errors.New("empty")
-			}
+			err = cluster.ValidateNode(a.value)
 		case "node-label":
 			if k, _, ok := strings.Cut(a.value, "="); !ok || k == "" {
 				err = errors.New("want KEY=VALUE")
@@ -259,13 +240,13 @@ func clusterValues(args []arg) (problems []string) {
 			_, _, err = net.SplitHostPort(a.value)
 		case "advertise":
 			var u *url.URL
-			if u, err = url.Parse(a.value); err == nil && (u.Scheme != "http" && u.Scheme != "https" || u.Port() == "" || u.Hostname() == "") {
+			if u, err = url.Parse(a.value); err == nil && (u.Scheme != "http" && u.Scheme != "https" || u.Port() == "" || u.Hostname() == "" || strings.Trim(u.Path, "/") != "") {
 				err = errors.New("want http://HOST:PORT")
 			}
 		case "node-lost-after":
 			var d time.Duration
-			if d, err = time.ParseDuration(a.value); err == nil && d <= 0 {
-				err = errors.New("want a positive duration")
+			if d, err = time.ParseDuration(a.value); err == nil && (d < 10*time.Second || d > 24*time.Hour) {
+				err = errors.New("want 10s to 24h")
 			}
 		}
 		if err != nil {
@@ -280,18 +261,26 @@ func clusterValues(args []arg) (problems []string) {
 			problems = append(problems, fmt.Sprintf("--%s is for --cluster embedded alone", f))
 		}
 	}
+	if !has["cluster"] {
+		for _, f := range []string{"node", "node-label", "cluster-token-file", "cluster-nkey", "advertise", "node-lost-after"} {
+			if has[f] {
+				problems = append(problems, fmt.Sprintf("--%s is for a node of a cluster: without --cluster kilnd does not use it", f))
+			}
+		}
+	}
 	return problems
 }
 
-// urlList checks a comma-separated list of SCHEME://HOST:PORT.
-func urlList(s, scheme string) error {
+// urlList checks a comma-separated list of SCHEME://HOST:PORT, the
+// scheme one of schemes.
+func urlList(s string, schemes ...string) error {
 	for u := range strings.SplitSeq(s, ",") {
 		p, err := url.Parse(u)
 		if err != nil {
 			return err
 		}
-		if p.Scheme != scheme || p.Hostname() == "" || p.Port() == "" || strings.Trim(p.Path, "/") != "" {
-			return fmt.Errorf("%q: want %s://HOST:PORT", u, scheme)
+		if !slices.Contains(schemes, p.Scheme) || p.Hostname() == "" || p.Port() == "" || strings.Trim(p.Path, "/") != "" {
+			return fmt.Errorf("%q: want %s://HOST:PORT", u, schemes[0])
 		}
 	}
 	return nil
@@ -317,6 +306,13 @@ func TestKilndFlagsAreRead(t *testing.T) {
 		"allow-host": {value: true, repeatable: true},
 		"warm":       {value: true, repeatable: true},
 		"runtimes":   {},
+		// The cluster's, which the deployments here use.
+		"cluster":            {value: true},
+		"node":               {value: true},
+		"node-label":         {value: true, repeatable: true},
+		"cluster-token-file": {value: true},
+		"advertise":          {value: true},
+		"node-lost-after":    {value: true},
 	} {
 		if got, ok := flags[name]; !ok || got != want {
 			t.Errorf("kilnd -h: --%s read as %+v (found: %v), want %+v", name, got, ok, want)
@@ -335,6 +331,9 @@ func TestKilndFlagsAreRead(t *testing.T) {
 		{[]string{"--warm=nonsense=1"}, "kilnd refuses its arguments"},
 		{[]string{"--cluster=http://a:4222"}, "want nats://HOST:PORT"},
 		{[]string{"--cluster=nats://a:4222", "--cluster-routes=nats-route://b:6222"}, "for --cluster embedded alone"},
+		{[]string{"--cluster=embedded", "--node=Node_A"}, "want 1 to 63 of a-z"},
+		{[]string{"--cluster=embedded", "--node-lost-after=5s"}, "want 10s to 24h"},
+		{[]string{"--advertise=http://a:7777"}, "without --cluster"},
 		{[]string{"--state-dir", "/x", "stray"}, "not a flag"},
 	} {
 		_, problems := kilndArgs(t, tc.args)
@@ -342,8 +341,16 @@ func TestKilndFlagsAreRead(t *testing.T) {
 			t.Errorf("%q: problems %q, want one saying %q", tc.args, problems, tc.want)
 		}
 	}
-	if _, problems := kilndArgs(t, []string{"--state-dir", "/x", "--allow-host=a", "--allow-host=b", "--cluster=embedded", "--node-lost-after=2m"}); len(problems) > 0 {
+	if _, problems := kilndArgs(t, []string{"--state-dir", "/x", "--allow-host=a", "--allow-host=b", "--cluster=tls://a:4222,nats://b:4222",
+		"--node=node-a", "--node-label=zone=a", "--node-label=disk=ssd", "--advertise=http://10.1.2.3:7777", "--node-lost-after=2m"}); len(problems) > 0 {
 		t.Errorf("a good command line: %q", problems)
+	}
+
+	// A flag kilnd does not define is refused by kilnd itself too, before
+	// its -h: the check's second parse is no formality.
+	bin, _ := kilndFlags(t)
+	if out, err := runKilnd(bin, "--no-such-flag=1", "-h"); err == nil {
+		t.Errorf("kilnd --no-such-flag=1 -h: exit status 0, want a refusal: %s", out)
 	}
 }
 
@@ -608,7 +615,7 @@ func TestNATSServers(t *testing.T) {
 		t.Fatalf("%d NATS configurations %v, want 3", len(confs), confs)
 	}
 	names := map[string]bool{}
-	var cluster string
+	var clusterName string
 	var routes []string
 	clientPort := 0
 	for _, conf := range confs {
@@ -673,10 +680,10 @@ func TestNATSServers(t *testing.T) {
 			if len(slices.Compact(slices.Clone(rs))) != 3 {
 				t.Errorf("routes %v: want the three servers", rs)
 			}
-			if cluster == "" {
-				cluster, routes, clientPort = opts.Cluster.Name, rs, opts.Port
-			} else if opts.Cluster.Name != cluster || !slices.Equal(rs, routes) || opts.Port != clientPort {
-				t.Errorf("cluster %q, routes %v, client port %d; another server has %q, %v, %d", opts.Cluster.Name, rs, opts.Port, cluster, routes, clientPort)
+			if clusterName == "" {
+				clusterName, routes, clientPort = opts.Cluster.Name, rs, opts.Port
+			} else if opts.Cluster.Name != clusterName || !slices.Equal(rs, routes) || opts.Port != clientPort {
+				t.Errorf("cluster %q, routes %v, client port %d; another server has %q, %v, %d", opts.Cluster.Name, rs, opts.Port, clusterName, routes, clientPort)
 			}
 			if !slices.ContainsFunc(rs, func(h string) bool { return strings.HasPrefix(h, instance+".") || h == instance }) {
 				t.Errorf("routes %v: none names this server's host, %s", rs, instance)
