@@ -11,6 +11,7 @@ package deploy_test
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -924,23 +925,54 @@ func TestKubernetes(t *testing.T) {
 		}
 	}
 
-	// Ready on GET /healthz, with a Host kilnd answers for: the probe
-	// comes to the pod's address, which is not one without a header.
-	probe := c.ReadinessProbe
-	if probe == nil || probe.HTTPGet == nil || probe.HTTPGet.Path != "/healthz" {
-		t.Fatalf("readinessProbe %+v: want GET /healthz", probe)
+	// Ready on GET /readyz, 503 while kilnd's cluster is down: the
+	// Service then sends clients to nodes that serve the whole cluster.
+	// Alive on GET /healthz, 200 whenever kilnd serves: a restart ends the
+	// container's sandboxes, and would not bring NATS back. Each with a
+	// Host kilnd answers for: a probe comes to the pod's address.
+	probes := []struct {
+		name, path string
+		probe      *corev1.Probe
+		required   bool
+	}{
+		{"readinessProbe", "/readyz", c.ReadinessProbe, true},
+		{"livenessProbe", "/healthz", c.LivenessProbe, true},
+		{"startupProbe", "/healthz", c.StartupProbe, false},
 	}
-	if pp := probe.HTTPGet.Port; pp.String() != apiPort.Name && pp.IntValue() != int(apiPort.ContainerPort) {
-		t.Errorf("readinessProbe on port %s, want kilnd's %s", pp.String(), apiPort.Name)
-	}
-	host := ""
-	for _, h := range probe.HTTPGet.HTTPHeaders {
-		if strings.EqualFold(h.Name, "Host") {
-			host = h.Value
+	for _, pr := range probes {
+		probe := pr.probe
+		if probe == nil && !pr.required {
+			continue
+		}
+		if probe == nil || probe.HTTPGet == nil || probe.HTTPGet.Path != pr.path {
+			got := "none"
+			if probe != nil && probe.HTTPGet != nil {
+				got = "GET " + probe.HTTPGet.Path
+			} else if probe != nil {
+				got = "not an HTTP GET"
+			}
+			t.Errorf("%s: %s, want GET %s", pr.name, got, pr.path)
+			continue
+		}
+		if pp := probe.HTTPGet.Port; pp.String() != apiPort.Name && pp.IntValue() != int(apiPort.ContainerPort) {
+			t.Errorf("%s on port %s, want kilnd's %s", pr.name, pp.String(), apiPort.Name)
+		}
+		host := ""
+		for _, h := range probe.HTTPGet.HTTPHeaders {
+			if strings.EqualFold(h.Name, "Host") {
+				host = h.Value
+			}
+		}
+		if h, p, err := net.SplitHostPort(host); err != nil || p != port || h != "localhost" && !net.ParseIP(h).IsLoopback() && !slices.Contains(value(args, "allow-host"), h) {
+			t.Errorf("%s Host %q: kilnd answers localhost:%s, a loopback address with the port, or an --allow-host", pr.name, host, port)
 		}
 	}
-	if h, p, err := net.SplitHostPort(host); err != nil || p != port || h != "localhost" && !net.ParseIP(h).IsLoopback() && !slices.Contains(value(args, "allow-host"), h) {
-		t.Errorf("readinessProbe Host %q: kilnd answers localhost:%s, a loopback address with the port, or an --allow-host", host, port)
+	// Liveness gives kilnd a minute: a kilnd restarted ends its sandboxes.
+	if p := c.LivenessProbe; p != nil {
+		period, failures, timeout := cmp.Or(p.PeriodSeconds, 10), cmp.Or(p.FailureThreshold, 3), cmp.Or(p.TimeoutSeconds, 1)
+		if period*failures < 60 || timeout < 2 {
+			t.Errorf("livenessProbe: %d failures %ds apart, each after %ds, restart kilnd: want a minute or more of no answer, 2s or more each", failures, period, timeout)
+		}
 	}
 
 	// Volumes: each mount names one, each one is mounted; the state on
