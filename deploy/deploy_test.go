@@ -45,6 +45,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/sandkiln/sandkiln/internal/cluster"
+	"github.com/sandkiln/sandkiln/internal/daemon"
 )
 
 // natsToken stands for the token in the tests: hex, as `openssl rand -hex
@@ -976,7 +977,7 @@ func TestKubernetes(t *testing.T) {
 	}
 
 	// Volumes: each mount names one, each one is mounted; the state on
-	// the host, the tokens from Secrets.
+	// the host, the NATS token from a Secret.
 	volumes := map[string]corev1.Volume{}
 	for _, v := range pod.Volumes {
 		volumes[v.Name] = v
@@ -996,12 +997,13 @@ func TestKubernetes(t *testing.T) {
 		}
 	}
 	state, ok := mountAt[stateDir]
-	if v := volumes[state.Name]; !ok || v.HostPath == nil || v.HostPath.Path != "/var/lib/sandkiln" {
-		t.Errorf("--state-dir %s: want the host's /var/lib/sandkiln mounted there", stateDir)
+	if v := volumes[state.Name]; !ok || v.HostPath == nil || v.HostPath.Path != "/var/lib/sandkiln" || state.ReadOnly || state.SubPath != "" {
+		t.Errorf("--state-dir %s: want the host's /var/lib/sandkiln mounted there, writable", stateDir)
 	}
-	token, ok := mountAt[filepath.Join(stateDir, "token")]
-	if v := volumes[token.Name]; !ok || v.Secret == nil || token.SubPath == "" || !token.ReadOnly {
-		t.Errorf("STATE_DIR/token: want a Secret's key mounted there read-only (kilnd reads its API token there)")
+	// kilnd keeps the cluster's API token there, replacing the file by a
+	// rename, which a mount over it would refuse.
+	if _, ok := mountAt[filepath.Join(stateDir, daemon.ClusterTokenName)]; ok {
+		t.Errorf("STATE_DIR/%s is mounted over: kilnd writes the cluster's API token there", daemon.ClusterTokenName)
 	}
 	dev, ok := mountAt["/dev"]
 	if v := volumes[dev.Name]; !ok || v.HostPath == nil || v.HostPath.Path != "/dev" {
