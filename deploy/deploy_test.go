@@ -263,6 +263,15 @@ func clusterValues(args []arg) (problems []string) {
 			problems = append(problems, fmt.Sprintf("--%s is for --cluster embedded alone", f))
 		}
 	}
+	// kilnd answers its advertised host itself: an --allow-host for it
+	// is one to keep in step with --advertise for nothing.
+	if u, err := url.Parse(lastOf(value(args, "advertise"))); has["cluster"] && err == nil && u.Host != "" {
+		for _, h := range value(args, "allow-host") {
+			if strings.EqualFold(h, u.Hostname()) || strings.EqualFold(h, u.Host) {
+				problems = append(problems, fmt.Sprintf("--allow-host %s: kilnd answers its --advertise host, %s, without it", h, u.Host))
+			}
+		}
+	}
 	if !has["cluster"] {
 		for _, f := range []string{"node", "node-label", "cluster-token-file", "cluster-nkey", "advertise", "node-lost-after"} {
 			if has[f] {
@@ -346,6 +355,34 @@ func TestKilndFlagsAreRead(t *testing.T) {
 	if _, problems := kilndArgs(t, []string{"--state-dir", "/x", "--allow-host=a", "--allow-host=b", "--cluster=tls://a:4222,nats://b:4222",
 		"--node=node-a", "--node-label=zone=a", "--node-label=disk=ssd", "--advertise=http://10.1.2.3:7777", "--node-lost-after=2m"}); len(problems) > 0 {
 		t.Errorf("a good command line: %q", problems)
+	}
+
+	// The hosts kilnd answers: its advertised one in a cluster alone.
+	advertised := []string{"--listen=:7777", "--allow-host=kiln.example", "--advertise=http://10.1.2.3:7777"}
+	inCluster := append([]string{"--cluster=embedded"}, advertised...)
+	for _, tc := range []struct {
+		args   []string
+		host   string
+		answer bool
+	}{
+		{inCluster, "10.1.2.3:7777", true},
+		{inCluster, "10.1.2.3:8080", false},
+		{advertised, "10.1.2.3:7777", false},
+		{inCluster, "kiln.example:7777", true},
+		{inCluster, "KILN.example.:443", true},
+		{inCluster, "localhost:7777", true},
+		{inCluster, "localhost:8080", false},
+		{inCluster, "127.0.0.2:7777", true},
+		{inCluster, "10.9.9.9:7777", false},
+		{[]string{"--listen=10.9.9.9:7777"}, "10.9.9.9:7777", true},
+	} {
+		parsed, _ := kilndArgs(t, tc.args)
+		if got := answers(parsed, tc.host); got != tc.answer {
+			t.Errorf("%q: answers Host %s: %v, want %v", tc.args, tc.host, got, tc.answer)
+		}
+	}
+	if _, problems := kilndArgs(t, append(inCluster, "--allow-host=10.1.2.3")); !slices.ContainsFunc(problems, func(p string) bool { return strings.Contains(p, "answers its --advertise host") }) {
+		t.Errorf("an --allow-host for the advertised host: problems %q, want it said to be needless", problems)
 	}
 
 	// A flag kilnd does not define is refused by kilnd itself too, before
@@ -562,7 +599,7 @@ func TestSystemdKilnd(t *testing.T) {
 	}
 
 	// The listen port is the advertised one, and the advertised host is
-	// one kilnd answers for.
+	// one kilnd answers for: the other nodes, and the clients, come to it.
 	_, port, err := net.SplitHostPort(lastOf(value(args, "listen")))
 	if err != nil {
 		t.Fatalf("--listen: %v", err)
@@ -572,13 +609,50 @@ func TestSystemdKilnd(t *testing.T) {
 		if p.Port() != port {
 			t.Errorf("--advertise %s: port %s, but kilnd listens on %s", a, p.Port(), port)
 		}
-		if !slices.Contains(value(args, "allow-host"), p.Hostname()) {
-			t.Errorf("--advertise %s: kilnd would refuse the Host %s without --allow-host %s", a, p.Hostname(), p.Hostname())
+		if !answers(args, p.Host) {
+			t.Errorf("--advertise %s: kilnd would refuse the Host %s", a, p.Host)
 		}
 	}
 	if len(value(args, "cluster")) != 1 {
 		t.Errorf("the unit gives --cluster %d times, want once", len(value(args, "cluster")))
 	}
+}
+
+// answers reports whether kilnd, run with args, answers a TCP request
+// whose Host is host, as kilnd's hostAllowed (internal/daemon) decides
+// with the hosts cmd/kilnd gives it: a name or name:port of --allow-host,
+// and in a cluster its --advertise URL's host with the port; else, with
+// the listen port, localhost, a loopback address or the listen address.
+func answers(args []arg, host string) bool {
+	name, port, err := net.SplitHostPort(host)
+	if err != nil {
+		name, port = host, "80" // no port: the scheme's
+	}
+	name = strings.ToLower(strings.TrimSuffix(strings.Trim(name, "[]"), "."))
+	for _, h := range allowedHosts(args) {
+		if h = strings.ToLower(h); h == name || h == net.JoinHostPort(name, port) {
+			return true
+		}
+	}
+	listenHost, listenPort, err := net.SplitHostPort(cmp.Or(lastOf(value(args, "listen")), "127.0.0.1:7777"))
+	if err != nil || port != listenPort {
+		return false
+	}
+	ip, listenIP := net.ParseIP(name), net.ParseIP(listenHost)
+	return name == "localhost" || ip != nil && (ip.IsLoopback() || listenIP != nil && !listenIP.IsUnspecified() && ip.Equal(listenIP))
+}
+
+// allowedHosts are the hosts kilnd adds to those of localhost and its
+// listen address: --allow-host's, and in a cluster its --advertise URL's
+// host (cmd/kilnd's daemonMain), with the port.
+func allowedHosts(args []arg) []string {
+	hosts := value(args, "allow-host")
+	if len(value(args, "cluster")) > 0 {
+		if u, err := url.Parse(lastOf(value(args, "advertise"))); err == nil && u.Host != "" {
+			hosts = append(hosts, u.Host)
+		}
+	}
+	return hosts
 }
 
 func lastOf(s []string) string {
@@ -913,16 +987,17 @@ func TestKubernetes(t *testing.T) {
 	}
 	for _, a := range value(args, "advertise") {
 		p, _ := url.Parse(a)
-		if p.Port() != port || !slices.Contains(value(args, "allow-host"), p.Hostname()) {
-			t.Errorf("--advertise %s: want port %s and a host kilnd answers for (--allow-host)", a, port)
+		if p.Port() != port || !answers(args, p.Host) {
+			t.Errorf("--advertise %s: want port %s and a host kilnd answers for", a, port)
 		}
 	}
 	if len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].TargetPort.String() != apiPort.Name && svc.Spec.Ports[0].TargetPort.IntValue() != int(apiPort.ContainerPort) {
-		t.Errorf("Service ports %+v: want one, to the container's port %s", svc.Spec.Ports, apiPort.Name)
+		t.Fatalf("Service ports %+v: want one, to the container's port %s", svc.Spec.Ports, apiPort.Name)
 	}
 	for _, suffix := range []string{".svc", ".svc.cluster.local"} {
-		if name := svc.Name + "." + svc.Namespace + suffix; !slices.Contains(value(args, "allow-host"), name) {
-			t.Errorf("kilnd would refuse a client's Host %s, the Service's name: no --allow-host %s", name, name)
+		name := svc.Name + "." + svc.Namespace + suffix
+		if host := net.JoinHostPort(name, strconv.Itoa(int(svc.Spec.Ports[0].Port))); !answers(args, host) {
+			t.Errorf("kilnd would refuse a client's Host %s, the Service's: no --allow-host %s", host, name)
 		}
 	}
 
@@ -964,8 +1039,8 @@ func TestKubernetes(t *testing.T) {
 				host = h.Value
 			}
 		}
-		if h, p, err := net.SplitHostPort(host); err != nil || p != port || h != "localhost" && !net.ParseIP(h).IsLoopback() && !slices.Contains(value(args, "allow-host"), h) {
-			t.Errorf("%s Host %q: kilnd answers localhost:%s, a loopback address with the port, or an --allow-host", pr.name, host, port)
+		if _, p, err := net.SplitHostPort(host); err != nil || p != port || !answers(args, host) {
+			t.Errorf("%s Host %q: want one kilnd answers, with its port %s (localhost:%s answers)", pr.name, host, port, port)
 		}
 	}
 	// Liveness gives kilnd a minute: a kilnd restarted ends its sandboxes.
