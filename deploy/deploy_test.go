@@ -11,6 +11,7 @@ package deploy_test
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -42,6 +43,9 @@ import (
 	k8syaml "k8s.io/apimachinery/pkg/util/yaml"
 	sigsjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
+
+	"github.com/sandkiln/sandkiln/internal/cluster"
+	"github.com/sandkiln/sandkiln/internal/daemon"
 )
 
 // natsToken stands for the token in the tests: hex, as `openssl rand -hex
@@ -52,17 +56,6 @@ const natsToken = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abc
 
 // ---------------------------------------------------------------------
 // kilnd's flags
-
-// pendingFlags are the cluster flags of issue 36, which are being added
-// to kilnd. The flag check accepts exactly these, and only while kilnd
-// does not define them: a flag kilnd defines is parsed by kilnd like any
-// other, and any other flag kilnd does not define fails the check. Once
-// kilnd has them all this tolerance is dead and should go.
-var pendingFlags = []string{
-	"cluster", "node", "node-label", "cluster-token-file", "cluster-nkey",
-	"cluster-routes", "cluster-listen", "cluster-route-listen", "advertise",
-	"node-lost-after",
-}
 
 // kilndFlag is one flag of kilnd, as its -h tells it.
 type kilndFlag struct {
@@ -179,7 +172,6 @@ func checkKilndArgs(t *testing.T, where string, args []string) []arg {
 func kilndArgs(t *testing.T, args []string) (parsed []arg, problems []string) {
 	t.Helper()
 	bin, flags := kilndFlags(t)
-	var own []string // the arguments but the pending flags kilnd lacks
 	seen := map[string]bool{}
 	for i := 0; i < len(args); i++ {
 		a := args[i]
@@ -188,16 +180,10 @@ func kilndArgs(t *testing.T, args []string) (parsed []arg, problems []string) {
 		}
 		name, value, hasValue := strings.Cut(strings.TrimPrefix(strings.TrimPrefix(a, "-"), "-"), "=")
 		f, defined := flags[name]
-		pending := !defined && slices.Contains(pendingFlags, name)
-		switch {
-		case defined:
-		case pending:
-			f = kilndFlag{value: true, repeatable: name == "node-label"}
-		default:
+		if !defined {
 			problems = append(problems, fmt.Sprintf("kilnd has no flag --%s", name))
 			continue
 		}
-		start := i
 		if f.value && !hasValue {
 			if i+1 == len(args) {
 				return parsed, append(problems, fmt.Sprintf("--%s needs a value", name))
@@ -210,24 +196,23 @@ func kilndArgs(t *testing.T, args []string) (parsed []arg, problems []string) {
 		}
 		seen[name] = true
 		parsed = append(parsed, arg{name, value})
-		if pending {
-			t.Logf("--%s=%s: kilnd does not define it yet (pending, issue 36)", name, value)
-		} else {
-			own = append(own, args[start:i+1]...)
-		}
 	}
 	if len(problems) > 0 {
 		return parsed, problems
 	}
-	if out, err := runKilnd(bin, append(own, "-h")...); err != nil {
+	if out, err := runKilnd(bin, append(slices.Clone(args), "-h")...); err != nil {
 		first, _, _ := strings.Cut(string(out), "\n")
-		problems = append(problems, fmt.Sprintf("kilnd refuses its arguments %q: %v: %s", own, err, first))
+		problems = append(problems, fmt.Sprintf("kilnd refuses its arguments %q: %v: %s", args, err, first))
 	}
 	return parsed, append(problems, clusterValues(parsed)...)
 }
 
-// clusterValues holds the cluster flags' values to their forms, as issue
-// 36 gives them, whether or not kilnd defines the flags yet.
+// clusterValues holds the cluster flags' values to what kilnd's
+// clusterConfig (cmd/kilnd) asks of them, which -h ends kilnd before:
+// kilnd reads them as it starts, and refuses to start on a bad one.
+// Without --cluster, kilnd refuses --node, --node-label and
+// --cluster-routes and ignores the others: --advertise among them, and
+// with it the host kilnd answers the other nodes at.
 func clusterValues(args []arg) (problems []string) {
 	has := map[string]bool{}
 	embedded := false
@@ -239,14 +224,12 @@ func clusterValues(args []arg) (problems []string) {
 			if a.value == "embedded" {
 				embedded = true
 			} else {
-				err = urlList(a.value, "nats")
+				err = urlList(a.value, "nats", "tls")
 			}
 		case "cluster-routes":
 			err = urlList(a.value, "nats-route")
 		case "node":
-			if a.value == "" {
-				err = errors.New("empty")
-			}
+			err = cluster.ValidateNode(a.value)
 		case "node-label":
 			if k, _, ok := strings.Cut(a.value, "="); !ok || k == "" {
 				err = errors.New("want KEY=VALUE")
@@ -259,13 +242,13 @@ func clusterValues(args []arg) (problems []string) {
 			_, _, err = net.SplitHostPort(a.value)
 		case "advertise":
 			var u *url.URL
-			if u, err = url.Parse(a.value); err == nil && (u.Scheme != "http" && u.Scheme != "https" || u.Port() == "" || u.Hostname() == "") {
+			if u, err = url.Parse(a.value); err == nil && (u.Scheme != "http" && u.Scheme != "https" || u.Port() == "" || u.Hostname() == "" || strings.Trim(u.Path, "/") != "") {
 				err = errors.New("want http://HOST:PORT")
 			}
 		case "node-lost-after":
 			var d time.Duration
-			if d, err = time.ParseDuration(a.value); err == nil && d <= 0 {
-				err = errors.New("want a positive duration")
+			if d, err = time.ParseDuration(a.value); err == nil && (d < 10*time.Second || d > 24*time.Hour) {
+				err = errors.New("want 10s to 24h")
 			}
 		}
 		if err != nil {
@@ -280,18 +263,35 @@ func clusterValues(args []arg) (problems []string) {
 			problems = append(problems, fmt.Sprintf("--%s is for --cluster embedded alone", f))
 		}
 	}
+	// kilnd answers its advertised host itself: an --allow-host for it
+	// is one to keep in step with --advertise for nothing.
+	if u, err := url.Parse(lastOf(value(args, "advertise"))); has["cluster"] && err == nil && u.Host != "" {
+		for _, h := range value(args, "allow-host") {
+			if strings.EqualFold(h, u.Hostname()) || strings.EqualFold(h, u.Host) {
+				problems = append(problems, fmt.Sprintf("--allow-host %s: kilnd answers its --advertise host, %s, without it", h, u.Host))
+			}
+		}
+	}
+	if !has["cluster"] {
+		for _, f := range []string{"node", "node-label", "cluster-token-file", "cluster-nkey", "advertise", "node-lost-after"} {
+			if has[f] {
+				problems = append(problems, fmt.Sprintf("--%s is for a node of a cluster: without --cluster kilnd does not use it", f))
+			}
+		}
+	}
 	return problems
 }
 
-// urlList checks a comma-separated list of SCHEME://HOST:PORT.
-func urlList(s, scheme string) error {
+// urlList checks a comma-separated list of SCHEME://HOST:PORT, the
+// scheme one of schemes.
+func urlList(s string, schemes ...string) error {
 	for u := range strings.SplitSeq(s, ",") {
 		p, err := url.Parse(u)
 		if err != nil {
 			return err
 		}
-		if p.Scheme != scheme || p.Hostname() == "" || p.Port() == "" || strings.Trim(p.Path, "/") != "" {
-			return fmt.Errorf("%q: want %s://HOST:PORT", u, scheme)
+		if !slices.Contains(schemes, p.Scheme) || p.Hostname() == "" || p.Port() == "" || strings.Trim(p.Path, "/") != "" {
+			return fmt.Errorf("%q: want %s://HOST:PORT", u, schemes[0])
 		}
 	}
 	return nil
@@ -317,6 +317,13 @@ func TestKilndFlagsAreRead(t *testing.T) {
 		"allow-host": {value: true, repeatable: true},
 		"warm":       {value: true, repeatable: true},
 		"runtimes":   {},
+		// The cluster's, which the deployments here use.
+		"cluster":            {value: true},
+		"node":               {value: true},
+		"node-label":         {value: true, repeatable: true},
+		"cluster-token-file": {value: true},
+		"advertise":          {value: true},
+		"node-lost-after":    {value: true},
 	} {
 		if got, ok := flags[name]; !ok || got != want {
 			t.Errorf("kilnd -h: --%s read as %+v (found: %v), want %+v", name, got, ok, want)
@@ -335,6 +342,9 @@ func TestKilndFlagsAreRead(t *testing.T) {
 		{[]string{"--warm=nonsense=1"}, "kilnd refuses its arguments"},
 		{[]string{"--cluster=http://a:4222"}, "want nats://HOST:PORT"},
 		{[]string{"--cluster=nats://a:4222", "--cluster-routes=nats-route://b:6222"}, "for --cluster embedded alone"},
+		{[]string{"--cluster=embedded", "--node=Node_A"}, "want 1 to 63 of a-z"},
+		{[]string{"--cluster=embedded", "--node-lost-after=5s"}, "want 10s to 24h"},
+		{[]string{"--advertise=http://a:7777"}, "without --cluster"},
 		{[]string{"--state-dir", "/x", "stray"}, "not a flag"},
 	} {
 		_, problems := kilndArgs(t, tc.args)
@@ -342,8 +352,44 @@ func TestKilndFlagsAreRead(t *testing.T) {
 			t.Errorf("%q: problems %q, want one saying %q", tc.args, problems, tc.want)
 		}
 	}
-	if _, problems := kilndArgs(t, []string{"--state-dir", "/x", "--allow-host=a", "--allow-host=b", "--cluster=embedded", "--node-lost-after=2m"}); len(problems) > 0 {
+	if _, problems := kilndArgs(t, []string{"--state-dir", "/x", "--allow-host=a", "--allow-host=b", "--cluster=tls://a:4222,nats://b:4222",
+		"--node=node-a", "--node-label=zone=a", "--node-label=disk=ssd", "--advertise=http://10.1.2.3:7777", "--node-lost-after=2m"}); len(problems) > 0 {
 		t.Errorf("a good command line: %q", problems)
+	}
+
+	// The hosts kilnd answers: its advertised one in a cluster alone.
+	advertised := []string{"--listen=:7777", "--allow-host=kiln.example", "--advertise=http://10.1.2.3:7777"}
+	inCluster := append([]string{"--cluster=embedded"}, advertised...)
+	for _, tc := range []struct {
+		args   []string
+		host   string
+		answer bool
+	}{
+		{inCluster, "10.1.2.3:7777", true},
+		{inCluster, "10.1.2.3:8080", false},
+		{advertised, "10.1.2.3:7777", false},
+		{inCluster, "kiln.example:7777", true},
+		{inCluster, "KILN.example.:443", true},
+		{inCluster, "localhost:7777", true},
+		{inCluster, "localhost:8080", false},
+		{inCluster, "127.0.0.2:7777", true},
+		{inCluster, "10.9.9.9:7777", false},
+		{[]string{"--listen=10.9.9.9:7777"}, "10.9.9.9:7777", true},
+	} {
+		parsed, _ := kilndArgs(t, tc.args)
+		if got := answers(parsed, tc.host); got != tc.answer {
+			t.Errorf("%q: answers Host %s: %v, want %v", tc.args, tc.host, got, tc.answer)
+		}
+	}
+	if _, problems := kilndArgs(t, append(inCluster, "--allow-host=10.1.2.3")); !slices.ContainsFunc(problems, func(p string) bool { return strings.Contains(p, "answers its --advertise host") }) {
+		t.Errorf("an --allow-host for the advertised host: problems %q, want it said to be needless", problems)
+	}
+
+	// A flag kilnd does not define is refused by kilnd itself too, before
+	// its -h: the check's second parse is no formality.
+	bin, _ := kilndFlags(t)
+	if out, err := runKilnd(bin, "--no-such-flag=1", "-h"); err == nil {
+		t.Errorf("kilnd --no-such-flag=1 -h: exit status 0, want a refusal: %s", out)
 	}
 }
 
@@ -553,7 +599,7 @@ func TestSystemdKilnd(t *testing.T) {
 	}
 
 	// The listen port is the advertised one, and the advertised host is
-	// one kilnd answers for.
+	// one kilnd answers for: the other nodes, and the clients, come to it.
 	_, port, err := net.SplitHostPort(lastOf(value(args, "listen")))
 	if err != nil {
 		t.Fatalf("--listen: %v", err)
@@ -563,13 +609,50 @@ func TestSystemdKilnd(t *testing.T) {
 		if p.Port() != port {
 			t.Errorf("--advertise %s: port %s, but kilnd listens on %s", a, p.Port(), port)
 		}
-		if !slices.Contains(value(args, "allow-host"), p.Hostname()) {
-			t.Errorf("--advertise %s: kilnd would refuse the Host %s without --allow-host %s", a, p.Hostname(), p.Hostname())
+		if !answers(args, p.Host) {
+			t.Errorf("--advertise %s: kilnd would refuse the Host %s", a, p.Host)
 		}
 	}
 	if len(value(args, "cluster")) != 1 {
 		t.Errorf("the unit gives --cluster %d times, want once", len(value(args, "cluster")))
 	}
+}
+
+// answers reports whether kilnd, run with args, answers a TCP request
+// whose Host is host, as kilnd's hostAllowed (internal/daemon) decides
+// with the hosts cmd/kilnd gives it: a name or name:port of --allow-host,
+// and in a cluster its --advertise URL's host with the port; else, with
+// the listen port, localhost, a loopback address or the listen address.
+func answers(args []arg, host string) bool {
+	name, port, err := net.SplitHostPort(host)
+	if err != nil {
+		name, port = host, "80" // no port: the scheme's
+	}
+	name = strings.ToLower(strings.TrimSuffix(strings.Trim(name, "[]"), "."))
+	for _, h := range allowedHosts(args) {
+		if h = strings.ToLower(h); h == name || h == net.JoinHostPort(name, port) {
+			return true
+		}
+	}
+	listenHost, listenPort, err := net.SplitHostPort(cmp.Or(lastOf(value(args, "listen")), "127.0.0.1:7777"))
+	if err != nil || port != listenPort {
+		return false
+	}
+	ip, listenIP := net.ParseIP(name), net.ParseIP(listenHost)
+	return name == "localhost" || ip != nil && (ip.IsLoopback() || listenIP != nil && !listenIP.IsUnspecified() && ip.Equal(listenIP))
+}
+
+// allowedHosts are the hosts kilnd adds to those of localhost and its
+// listen address: --allow-host's, and in a cluster its --advertise URL's
+// host (cmd/kilnd's daemonMain), with the port.
+func allowedHosts(args []arg) []string {
+	hosts := value(args, "allow-host")
+	if len(value(args, "cluster")) > 0 {
+		if u, err := url.Parse(lastOf(value(args, "advertise"))); err == nil && u.Host != "" {
+			hosts = append(hosts, u.Host)
+		}
+	}
+	return hosts
 }
 
 func lastOf(s []string) string {
@@ -608,7 +691,7 @@ func TestNATSServers(t *testing.T) {
 		t.Fatalf("%d NATS configurations %v, want 3", len(confs), confs)
 	}
 	names := map[string]bool{}
-	var cluster string
+	var clusterName string
 	var routes []string
 	clientPort := 0
 	for _, conf := range confs {
@@ -673,10 +756,10 @@ func TestNATSServers(t *testing.T) {
 			if len(slices.Compact(slices.Clone(rs))) != 3 {
 				t.Errorf("routes %v: want the three servers", rs)
 			}
-			if cluster == "" {
-				cluster, routes, clientPort = opts.Cluster.Name, rs, opts.Port
-			} else if opts.Cluster.Name != cluster || !slices.Equal(rs, routes) || opts.Port != clientPort {
-				t.Errorf("cluster %q, routes %v, client port %d; another server has %q, %v, %d", opts.Cluster.Name, rs, opts.Port, cluster, routes, clientPort)
+			if clusterName == "" {
+				clusterName, routes, clientPort = opts.Cluster.Name, rs, opts.Port
+			} else if opts.Cluster.Name != clusterName || !slices.Equal(rs, routes) || opts.Port != clientPort {
+				t.Errorf("cluster %q, routes %v, client port %d; another server has %q, %v, %d", opts.Cluster.Name, rs, opts.Port, clusterName, routes, clientPort)
 			}
 			if !slices.ContainsFunc(rs, func(h string) bool { return strings.HasPrefix(h, instance+".") || h == instance }) {
 				t.Errorf("routes %v: none names this server's host, %s", rs, instance)
@@ -904,40 +987,72 @@ func TestKubernetes(t *testing.T) {
 	}
 	for _, a := range value(args, "advertise") {
 		p, _ := url.Parse(a)
-		if p.Port() != port || !slices.Contains(value(args, "allow-host"), p.Hostname()) {
-			t.Errorf("--advertise %s: want port %s and a host kilnd answers for (--allow-host)", a, port)
+		if p.Port() != port || !answers(args, p.Host) {
+			t.Errorf("--advertise %s: want port %s and a host kilnd answers for", a, port)
 		}
 	}
 	if len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].TargetPort.String() != apiPort.Name && svc.Spec.Ports[0].TargetPort.IntValue() != int(apiPort.ContainerPort) {
-		t.Errorf("Service ports %+v: want one, to the container's port %s", svc.Spec.Ports, apiPort.Name)
+		t.Fatalf("Service ports %+v: want one, to the container's port %s", svc.Spec.Ports, apiPort.Name)
 	}
 	for _, suffix := range []string{".svc", ".svc.cluster.local"} {
-		if name := svc.Name + "." + svc.Namespace + suffix; !slices.Contains(value(args, "allow-host"), name) {
-			t.Errorf("kilnd would refuse a client's Host %s, the Service's name: no --allow-host %s", name, name)
+		name := svc.Name + "." + svc.Namespace + suffix
+		if host := net.JoinHostPort(name, strconv.Itoa(int(svc.Spec.Ports[0].Port))); !answers(args, host) {
+			t.Errorf("kilnd would refuse a client's Host %s, the Service's: no --allow-host %s", host, name)
 		}
 	}
 
-	// Ready on GET /healthz, with a Host kilnd answers for: the probe
-	// comes to the pod's address, which is not one without a header.
-	probe := c.ReadinessProbe
-	if probe == nil || probe.HTTPGet == nil || probe.HTTPGet.Path != "/healthz" {
-		t.Fatalf("readinessProbe %+v: want GET /healthz", probe)
+	// Ready on GET /readyz, 503 while kilnd's cluster is down: the
+	// Service then sends clients to nodes that serve the whole cluster.
+	// Alive on GET /healthz, 200 whenever kilnd serves: a restart ends the
+	// container's sandboxes, and would not bring NATS back. Each with a
+	// Host kilnd answers for: a probe comes to the pod's address.
+	probes := []struct {
+		name, path string
+		probe      *corev1.Probe
+		required   bool
+	}{
+		{"readinessProbe", "/readyz", c.ReadinessProbe, true},
+		{"livenessProbe", "/healthz", c.LivenessProbe, true},
+		{"startupProbe", "/healthz", c.StartupProbe, false},
 	}
-	if pp := probe.HTTPGet.Port; pp.String() != apiPort.Name && pp.IntValue() != int(apiPort.ContainerPort) {
-		t.Errorf("readinessProbe on port %s, want kilnd's %s", pp.String(), apiPort.Name)
-	}
-	host := ""
-	for _, h := range probe.HTTPGet.HTTPHeaders {
-		if strings.EqualFold(h.Name, "Host") {
-			host = h.Value
+	for _, pr := range probes {
+		probe := pr.probe
+		if probe == nil && !pr.required {
+			continue
+		}
+		if probe == nil || probe.HTTPGet == nil || probe.HTTPGet.Path != pr.path {
+			got := "none"
+			if probe != nil && probe.HTTPGet != nil {
+				got = "GET " + probe.HTTPGet.Path
+			} else if probe != nil {
+				got = "not an HTTP GET"
+			}
+			t.Errorf("%s: %s, want GET %s", pr.name, got, pr.path)
+			continue
+		}
+		if pp := probe.HTTPGet.Port; pp.String() != apiPort.Name && pp.IntValue() != int(apiPort.ContainerPort) {
+			t.Errorf("%s on port %s, want kilnd's %s", pr.name, pp.String(), apiPort.Name)
+		}
+		host := ""
+		for _, h := range probe.HTTPGet.HTTPHeaders {
+			if strings.EqualFold(h.Name, "Host") {
+				host = h.Value
+			}
+		}
+		if _, p, err := net.SplitHostPort(host); err != nil || p != port || !answers(args, host) {
+			t.Errorf("%s Host %q: want one kilnd answers, with its port %s (localhost:%s answers)", pr.name, host, port, port)
 		}
 	}
-	if h, p, err := net.SplitHostPort(host); err != nil || p != port || h != "localhost" && !net.ParseIP(h).IsLoopback() && !slices.Contains(value(args, "allow-host"), h) {
-		t.Errorf("readinessProbe Host %q: kilnd answers localhost:%s, a loopback address with the port, or an --allow-host", host, port)
+	// Liveness gives kilnd a minute: a kilnd restarted ends its sandboxes.
+	if p := c.LivenessProbe; p != nil {
+		period, failures, timeout := cmp.Or(p.PeriodSeconds, 10), cmp.Or(p.FailureThreshold, 3), cmp.Or(p.TimeoutSeconds, 1)
+		if period*failures < 60 || timeout < 2 {
+			t.Errorf("livenessProbe: %d failures %ds apart, each after %ds, restart kilnd: want a minute or more of no answer, 2s or more each", failures, period, timeout)
+		}
 	}
 
 	// Volumes: each mount names one, each one is mounted; the state on
-	// the host, the tokens from Secrets.
+	// the host, the NATS token from a Secret.
 	volumes := map[string]corev1.Volume{}
 	for _, v := range pod.Volumes {
 		volumes[v.Name] = v
@@ -957,12 +1072,13 @@ func TestKubernetes(t *testing.T) {
 		}
 	}
 	state, ok := mountAt[stateDir]
-	if v := volumes[state.Name]; !ok || v.HostPath == nil || v.HostPath.Path != "/var/lib/sandkiln" {
-		t.Errorf("--state-dir %s: want the host's /var/lib/sandkiln mounted there", stateDir)
+	if v := volumes[state.Name]; !ok || v.HostPath == nil || v.HostPath.Path != "/var/lib/sandkiln" || state.ReadOnly || state.SubPath != "" {
+		t.Errorf("--state-dir %s: want the host's /var/lib/sandkiln mounted there, writable", stateDir)
 	}
-	token, ok := mountAt[filepath.Join(stateDir, "token")]
-	if v := volumes[token.Name]; !ok || v.Secret == nil || token.SubPath == "" || !token.ReadOnly {
-		t.Errorf("STATE_DIR/token: want a Secret's key mounted there read-only (kilnd reads its API token there)")
+	// kilnd keeps the cluster's API token there, replacing the file by a
+	// rename, which a mount over it would refuse.
+	if _, ok := mountAt[filepath.Join(stateDir, daemon.ClusterTokenName)]; ok {
+		t.Errorf("STATE_DIR/%s is mounted over: kilnd writes the cluster's API token there", daemon.ClusterTokenName)
 	}
 	dev, ok := mountAt["/dev"]
 	if v := volumes[dev.Name]; !ok || v.HostPath == nil || v.HostPath.Path != "/dev" {
