@@ -255,7 +255,16 @@ func (n *Node) Replicas() int {
 	if n.cfg.Replicas > 0 {
 		return n.cfg.Replicas
 	}
-	if len(n.nc.Servers()) >= 3 {
+	// The servers this node was given, or has learnt of since: a client
+	// of one server of three learns of the other two as it connects.
+	servers := max(len(n.cfg.Servers), len(n.nc.Servers()))
+	if e := n.cfg.Embedded; e != nil {
+		servers = len(e.Routes)
+		if !slices.ContainsFunc(e.Routes, func(r string) bool { return strings.HasSuffix(r, "//"+e.RouteListen) || strings.HasSuffix(r, "@"+e.RouteListen) }) {
+			servers++ // its own, which its routes need not name
+		}
+	}
+	if servers >= 3 {
 		return 3
 	}
 	return 1
