@@ -410,7 +410,7 @@ func TestNATSDownMidRun(t *testing.T) {
 		while int
 	}{
 		{"caught up from the ring", 64 << 10},
-		{"ring evicted", 2 << 20},
+		{"ring evicted", 4 << 20}, // more than the ring and the exporter's read-ahead
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := ctxT(t, 2*time.Minute)

@@ -10,8 +10,8 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"sync"
 
-	"github.com/coder/websocket"
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -166,50 +166,65 @@ func (f *follower) export(ctx context.Context) error {
 		}
 		return fmt.Errorf("%w: %w", errSource, err)
 	}
+	// A reader reads ahead while a publish is in flight; it ends with
+	// the conn, which ends when this returns.
+	rctx, cancel := context.WithCancel(ctx)
+	in := newInbox()
+	var wg sync.WaitGroup
+	wg.Go(func() { in.fill(rctx, c) })
+	defer wg.Wait()
 	defer c.CloseNow()
+	defer cancel()
 	for {
-		typ, data, err := c.Read(ctx)
+		items, err := in.take(ctx)
 		if err != nil {
 			return fmt.Errorf("%w: %w", errSource, err)
 		}
-		if typ == websocket.MessageBinary {
-			fr, err := api.ParseFrame(data)
-			if err != nil {
-				return fmt.Errorf("%w: %w", errSource, err)
+		ops, err := merge(items, f.chunkCap())
+		if err != nil {
+			return fmt.Errorf("%w: %w", errSource, err)
+		}
+		for _, op := range ops {
+			if op.frame != nil {
+				err = f.chunk(ctx, *op.frame)
+			} else {
+				err = f.control(ctx, op.text)
 			}
-			if err := f.chunk(ctx, fr); err != nil {
+			if err != nil || f.finished {
 				return err
 			}
-			continue
-		}
-		var m struct {
-			Type    string                   `json:"type"`
-			Streams map[string]api.HelloSpan `json:"streams"`
-			api.Gap
-			TotalBytes int64 `json:"total_bytes"`
-			api.Exit
-		}
-		if err := json.Unmarshal(data, &m); err != nil {
-			return fmt.Errorf("%w: a control message: %w", errSource, err)
-		}
-		switch m.Type {
-		case api.TypeHello:
-			err = f.hello(ctx, m.Streams)
-		case api.TypeGap:
-			if s := streamCode(m.Stream); s != 0 && m.To >= m.From {
-				err = f.gap(ctx, s, m.To)
-			}
-		case api.TypeEnd:
-			if s := streamCode(m.Stream); s != 0 {
-				f.totals.has[s], f.totals.off[s] = true, m.TotalBytes
-			}
-		case api.TypeExit:
-			return f.end(ctx, m.Exit)
-		}
-		if err != nil {
-			return err
 		}
 	}
+}
+
+// control acts on a control message of the output: the hello, a gap, a
+// stream's end, the exit (after which the export is finished).
+func (f *follower) control(ctx context.Context, data []byte) error {
+	var m struct {
+		Type    string                   `json:"type"`
+		Streams map[string]api.HelloSpan `json:"streams"`
+		api.Gap
+		TotalBytes int64 `json:"total_bytes"`
+		api.Exit
+	}
+	if err := json.Unmarshal(data, &m); err != nil {
+		return fmt.Errorf("%w: a control message: %w", errSource, err)
+	}
+	switch m.Type {
+	case api.TypeHello:
+		return f.hello(ctx, m.Streams)
+	case api.TypeGap:
+		if s := streamCode(m.Stream); s != 0 && m.To >= m.From {
+			return f.gap(ctx, s, m.To)
+		}
+	case api.TypeEnd:
+		if s := streamCode(m.Stream); s != 0 {
+			f.totals.has[s], f.totals.off[s] = true, m.TotalBytes
+		}
+	case api.TypeExit:
+		return f.end(ctx, m.Exit)
+	}
+	return nil
 }
 
 // hello takes the process's streams from the output's first message and,

@@ -21,7 +21,7 @@ import (
 )
 
 // ctxT is t's context, bounded.
-func ctxT(t *testing.T, d time.Duration) context.Context {
+func ctxT(t testing.TB, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(t.Context(), d)
 	t.Cleanup(cancel)
 	return ctx
@@ -29,7 +29,7 @@ func ctxT(t *testing.T, d time.Duration) context.Context {
 
 // connect is a client of urls as kilnd connects: it waits for a server
 // that is not up yet, and reconnects for ever. Closed when t ends.
-func connect(t *testing.T, urls ...string) (*nats.Conn, jetstream.JetStream) {
+func connect(t testing.TB, urls ...string) (*nats.Conn, jetstream.JetStream) {
 	t.Helper()
 	nc, err := nats.Connect(strings.Join(urls, ","), nats.RetryOnFailedConnect(true), nats.MaxReconnects(-1),
 		nats.ReconnectWait(20*time.Millisecond), nats.ReconnectJitter(0, 0))
@@ -46,7 +46,7 @@ func connect(t *testing.T, urls ...string) (*nats.Conn, jetstream.JetStream) {
 
 // startExporter starts an exporter, closed when t ends (before its
 // connection).
-func startExporter(t *testing.T, cfg Config) *Exporter {
+func startExporter(t testing.TB, cfg Config) *Exporter {
 	t.Helper()
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
@@ -60,7 +60,7 @@ func startExporter(t *testing.T, cfg Config) *Exporter {
 }
 
 // testWriter logs to t.
-type testWriter struct{ t *testing.T }
+type testWriter struct{ t testing.TB }
 
 func (w testWriter) Write(b []byte) (int, error) {
 	w.t.Log(strings.TrimSpace(string(b)))
@@ -76,7 +76,7 @@ type logWatch struct {
 	next   slog.Handler
 }
 
-func newLogWatch(t *testing.T, phrase string) *logWatch {
+func newLogWatch(t testing.TB, phrase string) *logWatch {
 	return &logWatch{phrase: phrase, once: new(sync.Once), seen: make(chan struct{}),
 		next: slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})}
 }
@@ -121,7 +121,7 @@ type replayed struct {
 // against want at its offset and that frames and gaps follow each other
 // without overlap or hole. It stops early, once every stream has reached
 // until (if set), without waiting for more.
-func readConn(ctx context.Context, t *testing.T, c Conn, from Offsets, want map[string][]byte, until map[string]int64) replayed {
+func readConn(ctx context.Context, t testing.TB, c Conn, from Offsets, want map[string][]byte, until map[string]int64) replayed {
 	t.Helper()
 	got := replayed{from: from, pos: map[string]int64{}, delivered: map[string]int64{}, lost: map[string]int64{}, ends: map[string]int64{}}
 	for s, off := range from {
@@ -141,7 +141,7 @@ func readConn(ctx context.Context, t *testing.T, c Conn, from Offsets, want map[
 	mismatches := 0
 	for first := true; ; first = false {
 		typ, data, err := c.Read(ctx)
-		if errors.Is(err, io.EOF) {
+		if errors.Is(err, io.EOF) || websocket.CloseStatus(err) == websocket.StatusNormalClosure {
 			return got
 		}
 		if err != nil {
@@ -210,7 +210,7 @@ func readConn(ctx context.Context, t *testing.T, c Conn, from Offsets, want map[
 
 // readBack reads a process's exported output, from from, to its end.
 // Following, it waits for the process's subject to be there.
-func readBack(ctx context.Context, t *testing.T, js jetstream.JetStream, node, sandbox, process string, o ReadOptions, want map[string][]byte) replayed {
+func readBack(ctx context.Context, t testing.TB, js jetstream.JetStream, node, sandbox, process string, o ReadOptions, want map[string][]byte) replayed {
 	t.Helper()
 	r := openReader(ctx, t, js, node, sandbox, process, o)
 	defer r.CloseNow()
@@ -219,7 +219,7 @@ func readBack(ctx context.Context, t *testing.T, js jetstream.JetStream, node, s
 
 // openReader opens a Reader; following, it waits for the subject to be
 // there.
-func openReader(ctx context.Context, t *testing.T, js jetstream.JetStream, node, sandbox, process string, o ReadOptions) *Reader {
+func openReader(ctx context.Context, t testing.TB, js jetstream.JetStream, node, sandbox, process string, o ReadOptions) *Reader {
 	t.Helper()
 	for {
 		r, err := NewReader(ctx, js, node, sandbox, process, o)
@@ -243,7 +243,7 @@ func openReader(ctx context.Context, t *testing.T, js jetstream.JetStream, node,
 // waitExported waits until the exporter has stored the process's output
 // up to offsets until (each stream), reading it from JetStream as it
 // comes.
-func waitExported(ctx context.Context, t *testing.T, js jetstream.JetStream, node, sandbox, process string, want map[string][]byte, until map[string]int64) {
+func waitExported(ctx context.Context, t testing.TB, js jetstream.JetStream, node, sandbox, process string, want map[string][]byte, until map[string]int64) {
 	t.Helper()
 	r := openReader(ctx, t, js, node, sandbox, process, ReadOptions{Follow: true})
 	defer r.CloseNow()
@@ -253,7 +253,7 @@ func waitExported(ctx context.Context, t *testing.T, js jetstream.JetStream, nod
 // checkWhole says whether got has each stream of want whole or with
 // exact gaps: every byte delivered at its offset (checked while reading)
 // or counted lost, to the stream's total, and the exit.
-func checkWhole(t *testing.T, got replayed, want map[string][]byte, exitCode int) {
+func checkWhole(t testing.TB, got replayed, want map[string][]byte, exitCode int) {
 	t.Helper()
 	for s, w := range want {
 		if got.pos[s] != int64(len(w)) || got.ends[s] != int64(len(w)) {
@@ -269,7 +269,7 @@ func checkWhole(t *testing.T, got replayed, want map[string][]byte, exitCode int
 }
 
 // subjectMessages are every message the subject holds, in order.
-func subjectMessages(ctx context.Context, t *testing.T, js jetstream.JetStream, node, sandbox, process string) []*message {
+func subjectMessages(ctx context.Context, t testing.TB, js jetstream.JetStream, node, sandbox, process string) []*message {
 	t.Helper()
 	s, err := js.Stream(ctx, StreamName(node))
 	if err != nil {
@@ -311,7 +311,7 @@ func subjectMessages(ctx context.Context, t *testing.T, js jetstream.JetStream, 
 // checkChain checks that each of the subject's messages begins where the
 // one before it ends: nothing stored twice, no bytes skipped without a
 // gap record. It returns the gap records.
-func checkChain(t *testing.T, ms []*message) []record {
+func checkChain(t testing.TB, ms []*message) []record {
 	t.Helper()
 	var gaps []record
 	for i, m := range ms {
