@@ -534,3 +534,29 @@ func TestR3StopOneServer(t *testing.T) {
 	}
 	t.Logf("stopped server %d, the stream's leader; stats %+v", stopped, x.Stats())
 }
+
+// A node stream made before with settings the exporter cannot change
+// (memory storage) takes the export all the same, and says so.
+func TestStreamWithOtherSettings(t *testing.T) {
+	ctx := ctxT(t, time.Minute)
+	srv := natstest.Server(t)
+	_, js := connect(t, srv.ClientURL())
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: StreamName(node), Subjects: []string{"kiln." + node + ".out.>"}, Storage: jetstream.MemoryStorage}); err != nil {
+		t.Fatal(err)
+	}
+	kept := newLogWatch(t, "keeps settings other than")
+	src := &fakeSource{}
+	p := newFakeProc(0, api.StreamStdout)
+	src.add("p1", p)
+	x := startExporter(t, Config{Node: node, Conn: js.Conn(), Source: src, Log: slogOf(kept)})
+	x.Follow(sandbox, proc("p1"))
+	p.write(api.StreamStdout, []byte("kept\n"))
+	p.finish(0)
+	want := p.want()
+	checkWhole(t, readBack(ctx, t, js, node, sandbox, "p1", ReadOptions{Follow: true}, want), want, 0)
+	select {
+	case <-kept.seen:
+	default:
+		t.Error("the exporter did not say the stream's settings are not its own")
+	}
+}

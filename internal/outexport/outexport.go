@@ -14,6 +14,15 @@
 // The exporter is one more reader of each process's ring, attached in
 // the mode that never holds it: it may fall behind or lose its place, and
 // then records the exact loss, but never slows the process.
+//
+// kilnd, in a cluster, implements Source by dialling the sandbox's agent
+// as it does to read a process's logs, makes one Exporter for its node
+// (New, with a NATS connection of its own for the export), calls Follow
+// for each process that starts and, when it starts, for each process its
+// sandboxes have, Purge when it deletes a sandbox, and Close before it
+// closes the connection. Any node serves a process's output from
+// JetStream with NewReader, whose Reader gives the kiln.v1 messages to
+// relay.
 package outexport
 
 import (
@@ -214,6 +223,14 @@ func (x *Exporter) setup(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
+		if apiCode(err) != 0 && x.exists(ctx) {
+			// JetStream answered, and refused the settings (a storage
+			// type that cannot change, say): the stream there takes the
+			// node's subjects all the same.
+			x.log.Error("outexport: the node's stream keeps settings other than this exporter's", "stream", x.stream, "err", err)
+			close(x.ready)
+			return
+		}
 		if err.Error() != last { // once per cause, not once per try
 			x.log.Warn("outexport: the node's stream cannot be set up yet", "stream", x.stream, "err", err)
 			last = err.Error()
@@ -224,13 +241,23 @@ func (x *Exporter) setup(ctx context.Context) {
 	}
 }
 
+// exists reports whether the node's stream is there.
+func (x *Exporter) exists(ctx context.Context) bool {
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	_, err := x.js.Stream(ctx, x.stream)
+	return err == nil
+}
+
 // Follow starts exporting a process's output, from where its subject
 // ends (the process's start for a new one), until its exit is exported,
 // it cannot be read any more, another writer takes its subject, or the
 // exporter closes. Following a process already followed does nothing;
 // one whose export has ended (its end record is there) is not followed
-// again. kilnd calls it for each process that starts, and on start for
-// each process its sandboxes have.
+// again; one left to another writer is followed again, and one of the
+// two then gives way. kilnd calls it for each process that starts, and on
+// start for each process its sandboxes have (exited ones too, whose
+// export may not have finished).
 func (x *Exporter) Follow(sandbox string, p api.Process) error {
 	if !validToken(sandbox) || !validToken(p.ID) {
 		return fmt.Errorf("%w: outexport: sandbox %q or process %q is not a subject token", errdefs.ErrInvalidArgument, api.Clip(sandbox), api.Clip(p.ID))
