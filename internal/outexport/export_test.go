@@ -560,3 +560,35 @@ func TestStreamWithOtherSettings(t *testing.T) {
 		t.Error("the exporter did not say the stream's settings are not its own")
 	}
 }
+
+// A terminal process's one stream exports and reads back as its own.
+func TestTerminalProcess(t *testing.T) {
+	ctx := ctxT(t, time.Minute)
+	srv := natstest.Server(t)
+	_, js := connect(t, srv.ClientURL())
+	src := &fakeSource{}
+	p := newFakeProc(0, api.StreamTerminal)
+	src.add("p1", p)
+	x := startExporter(t, Config{Node: node, Conn: js.Conn(), Source: src})
+	tp := proc("p1")
+	tp.Terminal = true
+	x.Follow(sandbox, tp)
+	writeRandom(p, 51, 200, 500)
+	p.finish(0)
+	want := p.want()
+	got := readBack(ctx, t, js, node, sandbox, "p1", ReadOptions{Follow: true}, want)
+	checkWhole(t, got, want, 0)
+	if _, ok := got.hello.Streams["terminal"]; len(got.hello.Streams) != 1 || !ok {
+		t.Errorf("hello %+v", got.hello)
+	}
+	ms := subjectMessages(ctx, t, js, node, sandbox, "p1")
+	checkChain(t, ms)
+	if b := ms[0]; b.rec.Event != eventBegin || !b.rec.Terminal || len(b.rec.Streams) != 1 || b.rec.Streams[0] != "terminal" || b.rec.Argv[0] != "sh" {
+		t.Errorf("begin record %+v", b.rec)
+	}
+	got = readBack(ctx, t, js, node, sandbox, "p1", ReadOptions{From: Offsets{"terminal": 100}}, want)
+	checkWhole(t, got, want, 0)
+	if h := got.hello.Streams["terminal"]; h.Total != int64(len(want["terminal"])) {
+		t.Errorf("hello %+v, want a total of %d", got.hello, len(want["terminal"]))
+	}
+}

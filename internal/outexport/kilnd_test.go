@@ -114,6 +114,35 @@ func (k *testKilnd) process(ctx context.Context, t *testing.T, sbx, pid string) 
 	return p
 }
 
+// startPiped starts sh -c script with a stdin pipe.
+func (k *testKilnd) startPiped(ctx context.Context, t *testing.T, sbx, script string) api.Process {
+	t.Helper()
+	var st api.Started
+	k.call(ctx, t, "POST", "/sandboxes/"+sbx+"/exec-stream", api.ExecRequest{Command: "sh", Args: []string{"-c", script}, Stdin: api.StdinPipe}, &st)
+	return k.process(ctx, t, sbx, st.ID)
+}
+
+// stdin writes data to a process's stdin, or closes it (nil).
+func (k *testKilnd) stdin(ctx context.Context, t *testing.T, sbx, pid string, data []byte) {
+	t.Helper()
+	path := "http://kilnd/sandboxes/" + sbx + "/exec-stream/" + pid + "/stdin"
+	if data == nil {
+		path += "/close"
+	}
+	req, err := http.NewRequestWithContext(ctx, "POST", path, bytes.NewReader(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := k.hc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode >= 300 {
+		t.Fatalf("POST %s: %s", path, resp.Status)
+	}
+}
+
 // seqOutput is what seq 1 n writes, cut at size bytes (0: all).
 func seqOutput(n, size int) []byte {
 	var b []byte
@@ -242,5 +271,80 @@ func checkRecordedLoss(t *testing.T, got replayed, gaps []record) {
 	}
 	if lost := got.lost["stdout"] + got.lost["stderr"]; lost != recorded {
 		t.Errorf("the reader lost %d bytes; the gap records say %d", lost, recorded)
+	}
+}
+
+// NATS stopped while a process of a real kilnd writes, then started
+// again: the export catches up from the ring (and its own read-ahead) or
+// records exactly what the ring let go meanwhile.
+func TestKilndNATSDownMidRun(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		while int // seq's count while NATS is down
+	}{
+		{"caught up from the ring", 20000}, // 128 KiB
+		{"ring evicted", 600000},           // 4.2 MB: more than the ring and the read-ahead
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := ctxT(t, 3*time.Minute)
+			k := startKilnd(t)
+			c := natstest.Cluster(t, 1)
+			_, js := connect(t, c.URLs()...)
+			x := startExporter(t, Config{Node: node, Conn: js.Conn(), Source: kilndSource{k.hc}})
+			sbx := k.sandbox(ctx, t)
+			// Each line of input is a count; the process writes seq of it.
+			p := k.startPiped(ctx, t, sbx, `while read n; do seq "$n"; done; exit 4`)
+			x.Follow(sbx, p)
+			out := seqOutput(1000, 0)
+			k.stdin(ctx, t, sbx, p.ID, []byte("1000\n"))
+			waitExported(ctx, t, js, node, sbx, p.ID, map[string][]byte{"stdout": out}, map[string]int64{"stdout": int64(len(out))})
+			c.Stop(0)
+			k.stdin(ctx, t, sbx, p.ID, fmt.Appendf(nil, "%d\n", tc.while))
+			out = append(out, seqOutput(tc.while, 0)...)
+			// The process has written it all once its output says so.
+			waitAgent(ctx, t, k, sbx, p.ID, int64(len(out)))
+			c.Restart(0)
+			k.stdin(ctx, t, sbx, p.ID, []byte("10\n"))
+			k.stdin(ctx, t, sbx, p.ID, nil)
+			out = append(out, seqOutput(10, 0)...)
+			want := map[string][]byte{"stdout": out, "stderr": nil}
+			got := readBack(ctx, t, js, node, sbx, p.ID, ReadOptions{Follow: true}, want)
+			checkWhole(t, got, want, 4)
+			checkRecordedLoss(t, got, checkChain(t, subjectMessages(ctx, t, js, node, sbx, p.ID)))
+			if tc.while == 20000 && got.lost["stdout"] != 0 {
+				t.Errorf("%d bytes lost; the ring held them", got.lost["stdout"])
+			}
+			if tc.while == 600000 && got.lost["stdout"] == 0 {
+				t.Error("nothing lost: the test proves nothing")
+			}
+			t.Logf("lost %d of %d; stats %+v", got.lost["stdout"], len(out), x.Stats())
+		})
+	}
+}
+
+// waitAgent waits until the process's stdout has total bytes, reading it
+// from kilnd itself.
+func waitAgent(ctx context.Context, t *testing.T, k *testKilnd, sbx, pid string, total int64) {
+	t.Helper()
+	c, err := kilndSource{k.hc}.Open(ctx, sbx, pid, Offsets{"stdout": total - 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.CloseNow()
+	for {
+		typ, data, err := c.Read(ctx)
+		if err != nil {
+			t.Fatalf("waiting for %d bytes: %v", total, err)
+		}
+		if typ != websocket.MessageBinary {
+			continue
+		}
+		f, err := api.ParseFrame(data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f.Stream == api.StreamStdout && int64(f.Offset)+int64(len(f.Data)) >= total {
+			return
+		}
 	}
 }
