@@ -156,6 +156,22 @@ func seqOutput(n, size int) []byte {
 	return b
 }
 
+// wideScript writes size bytes of 100-byte lines, each a number with
+// zeros before it: lines long enough that the captured log's records
+// (a timestamp and tags each) hold them in not much more room.
+func wideScript(size int) string {
+	return fmt.Sprintf("seq -f '%%099.0f' 1 %d | head -c %d", size/100+1, size)
+}
+
+// wideOutput is what wideScript writes.
+func wideOutput(size int) []byte {
+	var b []byte
+	for i := 1; len(b) < size; i++ {
+		b = fmt.Appendf(b, "%099.0f\n", float64(i))
+	}
+	return b[:size]
+}
+
 // A shell loop of short lines on stdout and stderr, exported as it runs
 // from a real kilnd, reads back from JetStream equal to what it wrote,
 // from the start and from offsets, with its exit code.
@@ -204,9 +220,9 @@ func TestKilndBurst64MiB(t *testing.T) {
 	_, js := connect(t, srv.ClientURL())
 	x := startExporter(t, Config{Node: node, Conn: js.Conn(), Source: kilndSource{k.hc}})
 	sbx := k.sandbox(ctx, t)
-	want := map[string][]byte{"stdout": seqOutput(9000000, size), "stderr": nil}
+	want := map[string][]byte{"stdout": wideOutput(size), "stderr": nil}
 	began := time.Now()
-	p := k.start(ctx, t, sbx, fmt.Sprintf("seq 1 9000000 | head -c %d", size), true)
+	p := k.start(ctx, t, sbx, wideScript(size), true)
 	x.Follow(sbx, p)
 	got := readBack(ctx, t, js, node, sbx, p.ID, ReadOptions{Follow: true}, want)
 	exported := time.Since(began)
@@ -235,8 +251,8 @@ func TestKilndExporterRestartMidBurst(t *testing.T) {
 	_, js := connect(t, srv.ClientURL())
 	a := startExporter(t, Config{Node: node, Conn: js.Conn(), Source: kilndSource{k.hc}})
 	sbx := k.sandbox(ctx, t)
-	want := map[string][]byte{"stdout": seqOutput(3000000, size), "stderr": nil}
-	p := k.start(ctx, t, sbx, fmt.Sprintf("seq 1 3000000 | head -c %d", size), true)
+	want := map[string][]byte{"stdout": wideOutput(size), "stderr": nil}
+	p := k.start(ctx, t, sbx, wideScript(size), true)
 	a.Follow(sbx, p)
 	waitExported(ctx, t, js, node, sbx, p.ID, want, map[string]int64{"stdout": 2 << 20})
 	a.Close()
