@@ -148,6 +148,10 @@ func (f *follower) lastMessage(ctx context.Context) (*message, error) {
 		if errors.Is(err, errForeign) {
 			return nil, fmt.Errorf("%w: %w", errFenced, err)
 		}
+		if !f.failing {
+			f.failing = true
+			f.x.log.Warn("outexport: cannot read the subject's last message; trying again", "subject", f.subject, "err", err)
+		}
 		if b.wait(ctx) != nil {
 			return nil, ctx.Err()
 		}

@@ -55,7 +55,12 @@ func startExporter(t testing.TB, cfg Config) *Exporter {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(x.Close)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("exporter %s: %+v", x.writer, x.Stats())
+		}
+		x.Close()
+	})
 	return x
 }
 

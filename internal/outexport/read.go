@@ -67,7 +67,11 @@ func NewReader(ctx context.Context, js jetstream.JetStream, node, sandbox, proce
 		return nil, fmt.Errorf("%w: outexport: node %q, sandbox %q, process %q", errdefs.ErrInvalidArgument, api.Clip(node), api.Clip(sandbox), api.Clip(process))
 	}
 	subject := Subject(node, sandbox, process)
-	s, err := js.Stream(ctx, StreamName(node))
+	// Each request has a time of its own: one sent to a server as it
+	// went is never answered.
+	sctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	s, err := js.Stream(sctx, StreamName(node))
+	cancel()
 	if err != nil {
 		return nil, lookupErr(subject, err)
 	}
@@ -98,7 +102,9 @@ func NewReader(ctx context.Context, js jetstream.JetStream, node, sandbox, proce
 	if !r.follow && start > r.lastSeq {
 		return r, nil // nothing stored reaches past From
 	}
-	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+	cctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	cons, err := s.OrderedConsumer(cctx, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{subject},
 		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
 		OptStartSeq:    start,
@@ -126,6 +132,8 @@ func lookupErr(subject string, err error) error {
 // getMsg is subject's first message at or after seq, or its last for seq
 // 0, from any replica (direct get).
 func getMsg(ctx context.Context, s jetstream.Stream, subject string, seq uint64) (*message, error) {
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
 	var raw *jetstream.RawStreamMsg
 	var err error
 	if seq == 0 {
