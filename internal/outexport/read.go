@@ -73,15 +73,15 @@ func NewReader(ctx context.Context, js jetstream.JetStream, node, sandbox, proce
 	s, err := js.Stream(sctx, StreamName(node))
 	cancel()
 	if err != nil {
-		return nil, lookupErr(subject, err)
+		return nil, lookupErr(ctx, subject, err)
 	}
 	last, err := getMsg(ctx, s, subject, 0)
 	if err != nil {
-		return nil, lookupErr(subject, fmt.Errorf("last: %w", err))
+		return nil, lookupErr(ctx, subject, fmt.Errorf("last: %w", err))
 	}
 	first, err := getMsg(ctx, s, subject, 1)
 	if err != nil {
-		return nil, lookupErr(subject, fmt.Errorf("first: %w", err))
+		return nil, lookupErr(ctx, subject, fmt.Errorf("first: %w", err))
 	}
 	r := &Reader{follow: o.Follow, lastSeq: last.streamSeq}
 	streams := last.after()
@@ -96,7 +96,7 @@ func NewReader(ctx context.Context, js jetstream.JetStream, node, sandbox, proce
 	r.hello(first, last)
 	start, err := r.search(ctx, s, subject, first, last)
 	if err != nil {
-		return nil, lookupErr(subject, fmt.Errorf("search: %w", err))
+		return nil, lookupErr(ctx, subject, fmt.Errorf("search: %w", err))
 	}
 	r.readTo = start - 1
 	if !r.follow && start > r.lastSeq {
@@ -110,21 +110,24 @@ func NewReader(ctx context.Context, js jetstream.JetStream, node, sandbox, proce
 		OptStartSeq:    start,
 	})
 	if err != nil {
-		return nil, lookupErr(subject, err)
+		return nil, lookupErr(ctx, subject, err)
 	}
 	if r.it, err = cons.Messages(jetstream.PullMaxBytes(readBuffer)); err != nil {
-		return nil, lookupErr(subject, err)
+		return nil, lookupErr(ctx, subject, err)
 	}
 	return r, nil
 }
 
-// lookupErr classes an error looking subject up.
-func lookupErr(subject string, err error) error {
+// lookupErr classes an error looking subject up, under ctx: a request
+// that timed out before ctx ended is JetStream's unavailability.
+func lookupErr(ctx context.Context, subject string, err error) error {
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound), errors.Is(err, jetstream.ErrMsgNotFound):
 		return fmt.Errorf("%w: outexport: no output on %s: %w", errdefs.ErrNotFound, subject, err)
-	case errors.Is(err, errForeign), errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+	case errors.Is(err, errForeign):
 		return err
+	case ctx.Err() != nil:
+		return ctx.Err()
 	}
 	return fmt.Errorf("%w: outexport: %s: %w", errdefs.ErrUnavailable, subject, err)
 }
