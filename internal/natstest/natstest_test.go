@@ -37,9 +37,13 @@ func publishN(ctx context.Context, t *testing.T, js jetstream.JetStream, subject
 	t.Helper()
 	for i := range n {
 		// A cluster that has just lost a server may refuse for the time
-		// of an election; an acknowledged message is what counts.
+		// of an election, and a request sent to the server as it stopped
+		// is never answered: each try has a time of its own, and an
+		// acknowledged message is what counts.
 		for {
-			_, err := js.Publish(ctx, subject, []byte{byte(i)})
+			tctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			_, err := js.Publish(tctx, subject, []byte{byte(i)})
+			cancel()
 			if err == nil {
 				break
 			}

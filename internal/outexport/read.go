@@ -1,0 +1,326 @@
+// A process's output read back from its subject, as kiln.v1 messages.
+
+package outexport
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/coder/websocket"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/internal/errdefs"
+)
+
+// ReadOptions say what of a process's output a Reader reads.
+type ReadOptions struct {
+	// From is where to start, per stream (streams left out start at 0).
+	From Offsets
+	// Follow goes on past what the subject holds when the Reader opens,
+	// with the messages stored after (a live process's, on a node that
+	// still exports it), until the end record; without it the Reader
+	// ends where the subject ended when it opened.
+	Follow bool
+}
+
+// readBuffer bounds the bytes a Reader's consumer holds ahead of it: a
+// few of the largest messages.
+const readBuffer = 4 << 20
+
+// Reader reads a process's output back from JetStream as a kiln.v1
+// stream: a hello (each stream's first offset JetStream holds and its
+// total so far), its bytes in binary frames at their offsets, a gap with
+// the exact count for what JetStream does not hold (never received, or
+// discarded since), and, once the process's end record is read, each
+// stream's end and the exit. It is a Conn: the daemon serves it as it
+// relays an agent's. Read is called from one goroutine at a time;
+// CloseNow from any.
+//
+// It replays and then follows with one ordered consumer, which it starts
+// at the first message that reaches past From (found by a binary search
+// over the stream's sequences), and trims what it has read already.
+type Reader struct {
+	it      jetstream.MessagesContext
+	follow  bool
+	lastSeq uint64 // the subject's last message when opened
+	readTo  uint64 // the last message read, of the stream's sequences
+	pos     vector // where the reader stands in each stream
+	queue   []outMsg
+	ended   bool
+}
+
+// outMsg is one kiln.v1 message waiting to be read.
+type outMsg struct {
+	typ  websocket.MessageType
+	data []byte
+}
+
+// NewReader opens process's output on node as JetStream holds it. An
+// error wrapping errdefs.ErrNotFound says JetStream holds none of it;
+// errdefs.ErrUnavailable, that JetStream could not be asked.
+func NewReader(ctx context.Context, js jetstream.JetStream, node, sandbox, process string, o ReadOptions) (*Reader, error) {
+	if !validName(node) || !validToken(sandbox) || !validToken(process) {
+		return nil, fmt.Errorf("%w: outexport: node %q, sandbox %q, process %q", errdefs.ErrInvalidArgument, api.Clip(node), api.Clip(sandbox), api.Clip(process))
+	}
+	subject := Subject(node, sandbox, process)
+	// Each request has a time of its own: one sent to a server as it
+	// went is never answered.
+	sctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	s, err := js.Stream(sctx, StreamName(node))
+	cancel()
+	if err != nil {
+		return nil, lookupErr(ctx, subject, err)
+	}
+	last, err := getMsg(ctx, s, subject, 0)
+	if err != nil {
+		return nil, lookupErr(ctx, subject, fmt.Errorf("last: %w", err))
+	}
+	first, err := getMsg(ctx, s, subject, 1)
+	if err != nil {
+		return nil, lookupErr(ctx, subject, fmt.Errorf("first: %w", err))
+	}
+	r := &Reader{follow: o.Follow, lastSeq: last.streamSeq}
+	streams := last.after()
+	for s := byte(1); s < numStreams; s++ {
+		r.pos.has[s] = streams.has[s]
+	}
+	for name, off := range o.From {
+		if s := streamCode(name); s != 0 && r.pos.has[s] {
+			r.pos.off[s] = max(off, 0)
+		}
+	}
+	r.hello(first, last)
+	start, err := r.search(ctx, s, subject, first, last)
+	if err != nil {
+		return nil, lookupErr(ctx, subject, fmt.Errorf("search: %w", err))
+	}
+	r.readTo = start - 1
+	if !r.follow && start > r.lastSeq {
+		return r, nil // nothing stored reaches past From
+	}
+	cctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	cons, err := s.OrderedConsumer(cctx, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{subject},
+		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
+		OptStartSeq:    start,
+	})
+	if err != nil {
+		return nil, lookupErr(ctx, subject, err)
+	}
+	if r.it, err = cons.Messages(jetstream.PullMaxBytes(readBuffer)); err != nil {
+		return nil, lookupErr(ctx, subject, err)
+	}
+	return r, nil
+}
+
+// lookupErr classes an error looking subject up, under ctx: a request
+// that timed out before ctx ended is JetStream's unavailability.
+func lookupErr(ctx context.Context, subject string, err error) error {
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound), errors.Is(err, jetstream.ErrMsgNotFound):
+		return fmt.Errorf("%w: outexport: no output on %s: %w", errdefs.ErrNotFound, subject, err)
+	case errors.Is(err, errForeign):
+		return err
+	case ctx.Err() != nil:
+		return ctx.Err()
+	}
+	return fmt.Errorf("%w: outexport: %s: %w", errdefs.ErrUnavailable, subject, err)
+}
+
+// getMsg is subject's first message at or after seq, or its last for seq
+// 0, from any replica (direct get).
+func getMsg(ctx context.Context, s jetstream.Stream, subject string, seq uint64) (*message, error) {
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	var raw *jetstream.RawStreamMsg
+	var err error
+	if seq == 0 {
+		raw, err = s.GetLastMsgForSubject(ctx, subject)
+	} else {
+		raw, err = s.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
+	}
+	if err != nil {
+		return nil, err
+	}
+	return decode(raw.Header, raw.Data, raw.Sequence)
+}
+
+// hello queues the first message: each stream's first offset the subject
+// holds (where its first message begins, or ends for a gap record), and
+// its total so far (where its last ends, or the end record's).
+func (r *Reader) hello(first, last *message) {
+	h := api.Hello{Type: api.TypeHello, Streams: map[string]api.HelloSpan{}}
+	from, total := first.at, last.after()
+	if first.kind == kindRecord && first.rec.Event == eventGap {
+		from = first.after()
+	}
+	for s := byte(1); s < numStreams; s++ {
+		if !r.pos.has[s] {
+			continue
+		}
+		t := total.off[s]
+		if last.kind == kindRecord && last.rec.Event == eventEnd {
+			t = max(t, last.rec.Totals[api.StreamNames[s]])
+		}
+		h.Streams[api.StreamNames[s]] = api.HelloSpan{First: min(from.off[s], t), Total: t}
+	}
+	r.queueJSON(h)
+}
+
+// search finds where to start reading: the sequence of the first message
+// of the subject that takes a stream past r.pos, or the end record,
+// among first … last; past last if none. The subject's vectors only grow
+// along it, so "reaches past" is false and then true along its
+// sequences: a binary search, each probe the first message at or after a
+// sequence (a direct get). A replica behind the leader answers "none" for
+// what it lacks, which only makes the search start earlier; what is read
+// twice is trimmed.
+func (r *Reader) search(ctx context.Context, s jetstream.Stream, subject string, first, last *message) (uint64, error) {
+	lo, hi := first.streamSeq, last.streamSeq+1
+	if r.reaches(first) {
+		return lo, nil
+	}
+	lo++
+	for lo < hi {
+		mid := lo + (hi-lo)/2
+		m, err := getMsg(ctx, s, subject, mid)
+		switch {
+		case errors.Is(err, jetstream.ErrMsgNotFound):
+			hi = mid
+		case err != nil:
+			return 0, err
+		case r.reaches(m):
+			hi = mid
+		default:
+			lo = min(m.streamSeq+1, hi) // none between mid and m reaches further
+		}
+	}
+	return lo, nil
+}
+
+// reaches reports whether m takes some stream past where the reader
+// starts, or ends the subject.
+func (r *Reader) reaches(m *message) bool {
+	if m.kind == kindRecord && m.rec.Event == eventEnd {
+		return true
+	}
+	after := m.after()
+	for s := byte(1); s < numStreams; s++ {
+		if after.has[s] && after.off[s] > r.pos.off[s] {
+			return true
+		}
+	}
+	return false
+}
+
+// Read returns the next kiln.v1 message; io.EOF after the exit, or, not
+// following, once the subject's messages as they were at the start are
+// read.
+func (r *Reader) Read(ctx context.Context) (websocket.MessageType, []byte, error) {
+	for len(r.queue) == 0 {
+		if r.ended || !r.follow && r.readTo >= r.lastSeq {
+			return 0, nil, io.EOF
+		}
+		msg, err := r.it.Next(jetstream.NextContext(ctx))
+		if err != nil {
+			if ctx.Err() != nil {
+				return 0, nil, ctx.Err()
+			}
+			return 0, nil, fmt.Errorf("%w: outexport: %w", errdefs.ErrUnavailable, err)
+		}
+		meta, err := msg.Metadata()
+		if err != nil {
+			return 0, nil, fmt.Errorf("%w: outexport: %w", errdefs.ErrUnavailable, err)
+		}
+		m, err := decode(msg.Headers(), msg.Data(), meta.Sequence.Stream)
+		if err != nil {
+			return 0, nil, err
+		}
+		r.readTo = m.streamSeq
+		r.take(m)
+	}
+	out := r.queue[0]
+	r.queue[0] = outMsg{}
+	r.queue = r.queue[1:]
+	return out.typ, out.data, nil
+}
+
+// take queues what message m says beyond where the reader stands: a gap
+// for each stream its vector is past the reader in, then its bytes (what
+// the reader has not had of them), a gap record's loss, or an end
+// record's ends and exit.
+func (r *Reader) take(m *message) {
+	for s := byte(1); s < numStreams; s++ {
+		if m.at.has[s] {
+			r.gapTo(s, m.at.off[s])
+		}
+	}
+	if s := m.stream(); s != 0 {
+		r.pos.has[s] = true
+		start, end := m.at.off[s], m.at.off[s]+int64(len(m.data))
+		if end <= r.pos.off[s] {
+			return
+		}
+		skip := r.pos.off[s] - start // ≥ 0: the gaps above brought pos up to start
+		f := api.Frame{Stream: s, Offset: uint64(r.pos.off[s]), Seq: m.seq + uint64(skip), Data: m.data[skip:]}
+		r.queue = append(r.queue, outMsg{websocket.MessageBinary, api.AppendFrame(make([]byte, 0, api.FrameHeader+len(f.Data)), f)})
+		r.pos.off[s] = end
+		return
+	}
+	switch m.rec.Event {
+	case eventGap:
+		r.gapTo(streamCode(m.rec.Stream), m.rec.From+m.rec.Lost)
+	case eventEnd:
+		for s := byte(1); s < numStreams; s++ {
+			name := api.StreamNames[s]
+			total, ok := m.rec.Totals[name]
+			if !ok && !r.pos.has[s] {
+				continue
+			}
+			total = max(total, m.at.off[s])
+			r.gapTo(s, total)
+			r.queueJSON(api.End{Type: api.TypeEnd, Stream: name, TotalBytes: total})
+		}
+		if m.rec.Exit != nil {
+			r.queueJSON(api.ExitMessage{Type: api.TypeExit, Exit: *m.rec.Exit})
+		}
+		r.ended = true
+	}
+}
+
+// gapTo queues a gap for stream s's bytes from where the reader stands
+// up to to, if any: bytes JetStream does not hold.
+func (r *Reader) gapTo(s byte, to int64) {
+	if s == 0 {
+		return
+	}
+	r.pos.has[s] = true
+	from := r.pos.off[s]
+	if to <= from {
+		return
+	}
+	r.queueJSON(api.Gap{Type: api.TypeGap, Stream: api.StreamNames[s], From: from, To: to, LostBytes: to - from})
+	r.pos.off[s] = to
+}
+
+func (r *Reader) queueJSON(v any) {
+	b, _ := json.Marshal(v)
+	r.queue = append(r.queue, outMsg{websocket.MessageText, b})
+}
+
+// CloseNow stops the reader's consumer.
+func (r *Reader) CloseNow() error {
+	if r.it != nil {
+		r.it.Stop()
+	}
+	return nil
+}
+
+// Offsets are where the reader stands in each stream, between Reads: the
+// offsets a reader that comes back resumes from.
+func (r *Reader) Offsets() Offsets { return r.pos.offsets() }
