@@ -7,19 +7,28 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
+	"os/exec"
+	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/client"
 	"github.com/sandkiln/sandkiln/internal/cluster"
 	"github.com/sandkiln/sandkiln/internal/daemon"
 	"github.com/sandkiln/sandkiln/internal/daemon/daemontest"
 	"github.com/sandkiln/sandkiln/internal/natstest"
+	"github.com/sandkiln/sandkiln/internal/outexport"
 	"github.com/sandkiln/sandkiln/internal/roles"
 	"go.uber.org/goleak"
 )
@@ -30,6 +39,9 @@ func TestMain(m *testing.M) {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
+	}
+	if cfg := os.Getenv(nodeEnv); cfg != "" {
+		os.Exit(serveNode(cfg))
 	}
 	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
 		if err := remove(); err != nil {
@@ -374,5 +386,274 @@ func TestClusterDown(t *testing.T) {
 	}
 	if code, body := n.do(t, tok, "POST", "/sandboxes", `{"name":"named"}`); code != http.StatusCreated {
 		t.Errorf("named create once back: %d %s", code, body)
+	}
+}
+
+// nodeEnv makes the test binary a kilnd of a test's cluster, in a process
+// of its own that a test can kill with SIGKILL: its value is the node's
+// externalNode, JSON.
+const nodeEnv = "SANDKILN_TEST_NODE"
+
+type externalNode struct {
+	Name    string   `json:"name"`
+	State   string   `json:"state"`
+	Listen  string   `json:"listen"`
+	Servers []string `json:"servers"`
+}
+
+// serveNode serves the node nodeEnv describes until SIGTERM.
+func serveNode(spec string) int {
+	var n externalNode
+	if err := json.Unmarshal([]byte(spec), &n); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	k, err := daemontest.StartConfig(daemon.Config{StateDir: n.State, Listen: n.Listen, Wrap: func(h http.Handler) http.Handler { return h },
+		Cluster: &cluster.Config{Servers: n.Servers, Node: n.Name, Heartbeat: beat, LostAfter: lostAfter}})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer stop()
+	<-ctx.Done()
+	if err := k.Stop(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return 0
+}
+
+// startExternal starts node n in a process of its own and waits until it
+// serves.
+func startExternal(t *testing.T, n externalNode) *exec.Cmd {
+	t.Helper()
+	spec, _ := json.Marshal(n)
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), nodeEnv+"="+string(spec))
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, n.Name+" serving", func() (bool, string) {
+		c, err := net.Dial("unix", filepath.Join(n.State, daemon.SocketName))
+		if err != nil {
+			return false, err.Error()
+		}
+		c.Close()
+		return true, ""
+	})
+	return cmd
+}
+
+func freeAddr(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// TestClusterNodeKilled: kilnd b is killed with SIGKILL while a process of
+// its sandbox writes (the sandbox runs on without it). From a, the
+// sandbox and the process are node_lost, never exited, and the process's
+// output reads back from the cluster byte for byte up to what reached
+// it, at the same offsets. b started again adopts the sandbox, the
+// cluster agrees, and its export goes on where the cluster's copy ended:
+// the copy is then whole, with the real exit.
+func TestClusterNodeKilled(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("kilnd needs root")
+	}
+	nats := natstest.Cluster(t, 3)
+	urls := nats.URLs()
+	a := startNode(t, "a", "", urls[0:1], nil)
+	bn := externalNode{Name: "b", State: t.TempDir(), Listen: freeAddr(t), Servers: urls[1:2]}
+	b := startExternal(t, bn)
+	defer func() {
+		if b != nil {
+			b.Process.Kill()
+			b.Wait()
+		}
+	}()
+	ready(t, a)
+	tok := a.token(t)
+	nodesSeen(t, a, tok, map[string]string{"a": api.NodeReady, "b": api.NodeReady})
+
+	code, body := a.do(t, tok, "POST", "/sandboxes", `{"node":"b"}`)
+	var sb api.Sandbox
+	if json.Unmarshal(body, &sb); code != http.StatusCreated || sb.Node != "b" {
+		t.Fatalf("create on b: %d %s", code, body)
+	}
+	defer a.do(t, tok, "DELETE", "/sandboxes/"+sb.ID+"?remove_logs=true", "")
+	// 60,000 lines, 720,000 bytes (less than the ring holds), in 120
+	// bursts with a pause between.
+	script := `i=0; while [ $i -lt 120 ]; do j=0; while [ $j -lt 500 ]; do printf 'line-%06d\n' $((i*500+j)); j=$((j+1)); done; i=$((i+1)); sleep 0.02; done`
+	var want bytes.Buffer
+	for i := range 60000 {
+		fmt.Fprintf(&want, "line-%06d\n", i)
+	}
+	req, _ := json.Marshal(api.ExecRequest{Command: "sh", Args: []string{"-c", script}})
+	code, body = a.do(t, tok, "POST", "/sandboxes/"+sb.ID+"/exec-stream", string(req))
+	var st api.Started
+	if json.Unmarshal(body, &st); code != http.StatusOK || st.ID == "" {
+		t.Fatalf("start through a: %d %s", code, body)
+	}
+	_, js := natsClient(t, urls)
+	exported := func() (int64, string) {
+		procs, err := outexport.Processes(context.Background(), js, "b", sb.ID, api.SandboxNodeLost)
+		if err != nil || len(procs) != 1 {
+			return 0, fmt.Sprint(procs, err)
+		}
+		return procs[0].Streams["stdout"].TotalBytes, procs[0].State
+	}
+	eventually(t, "some of the output in the cluster", func() (bool, string) {
+		n, state := exported()
+		return n >= 64<<10, fmt.Sprint(n, state)
+	})
+	b.Process.Kill()
+	b.Wait()
+	b = nil
+	if n, state := exported(); n >= int64(want.Len()) || state == api.StateExited {
+		t.Fatalf("the process had ended (%d bytes, %s) before its kilnd was killed: the test proves nothing", n, state)
+	}
+
+	// From a: the sandbox and its process are node_lost, and the output
+	// reads back as the cluster has it.
+	eventually(t, "the sandbox node_lost on a", func() (bool, string) {
+		code, body := a.do(t, tok, "GET", "/sandboxes/"+sb.ID, "")
+		return code == 200 && strings.Contains(string(body), `"state":"node_lost"`), string(body)
+	})
+	code, body = a.do(t, tok, "GET", "/sandboxes/"+sb.ID+"/exec-stream", "")
+	var procs []api.Process
+	if json.Unmarshal(body, &procs); code != 200 || len(procs) != 1 || procs[0].ID != st.ID || procs[0].State != api.SandboxNodeLost || procs[0].Command != "sh" {
+		t.Fatalf("processes of the lost node's sandbox, through a: %d %s", code, body)
+	}
+	held := procs[0].Streams["stdout"].TotalBytes
+	got, lost, ended := attach(t, a, tok, sb.ID, st.ID, 0)
+	if int64(len(got)) != held || lost != 0 || ended || !bytes.Equal(got, want.Bytes()[:len(got)]) {
+		t.Fatalf("from the cluster through a: %d bytes (held %d), lost %d, ended %v; equal to the output's start: %v",
+			len(got), held, lost, ended, bytes.Equal(got, want.Bytes()[:min(len(got), want.Len())]))
+	}
+	if got, _, _ := attach(t, a, tok, sb.ID, st.ID, held/2); !bytes.Equal(got, want.Bytes()[held/2:held]) {
+		t.Fatalf("from offset %d: %d bytes, not the output's", held/2, len(got))
+	}
+	if code, body := a.do(t, tok, "POST", "/sandboxes/"+sb.ID+"/exec", `{"command":"true"}`); code != http.StatusServiceUnavailable {
+		t.Errorf("exec on the lost node: %d %s", code, body)
+	}
+
+	// b again: it adopts the sandbox, which a sees running; the export
+	// goes on from where the cluster's copy ended, to the process's end.
+	b = startExternal(t, bn)
+	eventually(t, "the sandbox running on a", func() (bool, string) {
+		code, body := a.do(t, tok, "GET", "/sandboxes/"+sb.ID, "")
+		return code == 200 && strings.Contains(string(body), `"state":"running"`), string(body)
+	})
+	eventually(t, "the whole output in the cluster", func() (bool, string) {
+		n, state := exported()
+		return n == int64(want.Len()) && state == api.StateExited, fmt.Sprint(n, state)
+	})
+	rd, err := outexport.NewReader(context.Background(), js, "b", sb.ID, st.ID, outexport.ReadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.CloseNow()
+	all, lost, ended := readAll(t, rd)
+	if !bytes.Equal(all, want.Bytes()) || lost != 0 || !ended {
+		t.Fatalf("the cluster's copy after b's return: %d bytes of %d, lost %d, ended %v", len(all), want.Len(), lost, ended)
+	}
+	code, body = a.do(t, tok, "DELETE", "/sandboxes/"+sb.ID+"?remove_logs=true", "")
+	if code != http.StatusNoContent {
+		t.Errorf("delete through a: %d %s", code, body)
+	}
+	b.Process.Signal(syscall.SIGTERM)
+	b.Wait()
+	b = nil
+}
+
+// natsClient connects to the test's NATS.
+func natsClient(t *testing.T, urls []string) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	nc, err := nats.Connect(strings.Join(urls, ","))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nc, js
+}
+
+// attach reads process pid's stdout through n's kiln.v1 WebSocket from
+// offset from to where the stream closes: the bytes, each at its offset
+// (a gap is counted in lost), and whether its end came.
+func attach(t *testing.T, n *node, tok, sbx, pid string, from int64) (out []byte, lost int64, ended bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	u := "ws" + strings.TrimPrefix(n.url(), "http") + "/sandboxes/" + sbx + "/exec-stream/" + pid + "/logs?stdout=" + strconv.FormatInt(from, 10)
+	c, _, err := websocket.Dial(ctx, u, &websocket.DialOptions{Subprotocols: []string{api.ProtocolV1},
+		HTTPHeader: http.Header{"Authorization": {"Bearer " + tok}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.CloseNow()
+	c.SetReadLimit(api.FrameHeader + 1<<20)
+	return readAll(t, wsConn{c})
+}
+
+type wsConn struct{ c *websocket.Conn }
+
+func (w wsConn) Read(ctx context.Context) (websocket.MessageType, []byte, error) {
+	return w.c.Read(ctx)
+}
+
+type kilnv1 interface {
+	Read(ctx context.Context) (websocket.MessageType, []byte, error)
+}
+
+// readAll reads a kiln.v1 stream's stdout to its close.
+func readAll(t *testing.T, c kilnv1) (out []byte, lost int64, ended bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var pos int64 = -1
+	for {
+		typ, b, err := c.Read(ctx)
+		if err != nil {
+			return out, lost, ended
+		}
+		if typ == websocket.MessageText {
+			var m struct {
+				Type      string `json:"type"`
+				Stream    string `json:"stream"`
+				LostBytes int64  `json:"lost_bytes"`
+				To        int64  `json:"to"`
+			}
+			json.Unmarshal(b, &m)
+			switch {
+			case m.Type == api.TypeGap && m.Stream == "stdout":
+				lost += m.LostBytes
+				pos = m.To
+			case m.Type == api.TypeEnd && (m.Stream == "stdout" || m.Stream == ""):
+				ended = true
+			}
+			continue
+		}
+		f, err := api.ParseFrame(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f.Stream != api.StreamStdout {
+			continue
+		}
+		if pos >= 0 && int64(f.Offset) != pos {
+			t.Fatalf("a frame at %d where the stream stood at %d", f.Offset, pos)
+		}
+		out = append(out, f.Data...)
+		pos = int64(f.Offset) + int64(len(f.Data))
 	}
 }

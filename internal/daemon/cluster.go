@@ -51,6 +51,11 @@ func (d *Daemon) joinCluster(cfg cluster.Config) error {
 	d.cluster = n
 	name := n.Name()
 	d.nodeName.Store(&name)
+	if err := d.startExport(n); err != nil {
+		n.Close()
+		d.cluster = nil
+		return err
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	d.clusterStop = cancel
 	d.wg.Go(func() { d.publishToCluster(ctx) })
@@ -63,6 +68,7 @@ func (d *Daemon) Cluster() *cluster.Node { return d.cluster }
 // leaveCluster ends d's membership (Close).
 func (d *Daemon) leaveCluster() {
 	if d.cluster != nil {
+		d.stopExport()
 		d.cluster.Close()
 	}
 }
@@ -133,6 +139,7 @@ func meminfo() (total, avail int64) {
 // events tell it changed, until ctx ends.
 func (d *Daemon) publishToCluster(ctx context.Context) {
 	n := d.cluster
+	d.followAll(ctx)
 	var seq int64
 	for {
 		evs, wake := d.events.after(seq)
@@ -144,6 +151,8 @@ func (d *Daemon) publishToCluster(ctx context.Context) {
 			case ev.Sandbox == "":
 			case ev.Type == api.EventDeleted:
 				n.Forget(ctx, ev.Sandbox, ev.Name)
+			case ev.Type == api.EventProcessStarted && ev.Process != nil:
+				d.exporter.Follow(ev.Sandbox, *ev.Process)
 			default:
 				if e, err := d.get(ev.Sandbox); err == nil {
 					n.Publish(ctx, d.infoOf(e))
@@ -188,6 +197,7 @@ func (d *Daemon) toOtherNode(w http.ResponseWriter, r *http.Request) bool {
 	switch {
 	case node.State == api.NodeReady || node.State == api.NodeDraining:
 		n.Forward(w, r, node)
+	case d.fromCluster(w, r, sb, sub):
 	case r.Method == http.MethodGet && sub == "":
 		reply.JSON(w, http.StatusOK, sb)
 	default:

@@ -18,12 +18,14 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/capture"
 	"github.com/sandkiln/sandkiln/internal/cluster"
 	"github.com/sandkiln/sandkiln/internal/console"
 	"github.com/sandkiln/sandkiln/internal/egress"
 	"github.com/sandkiln/sandkiln/internal/image"
+	"github.com/sandkiln/sandkiln/internal/outexport"
 	"github.com/sandkiln/sandkiln/internal/sandbox"
 )
 
@@ -224,6 +226,10 @@ type Daemon struct {
 	clusterStop  context.CancelFunc
 	clusterToken atomic.Pointer[string]
 	nodeName     atomic.Pointer[string]
+	// exporter keeps d's processes' output in the cluster's JetStream, on
+	// exportConn; nil outside a cluster.
+	exporter   *outexport.Exporter
+	exportConn *nats.Conn
 
 	metrics *metrics
 	console *console.Handler

@@ -112,6 +112,8 @@ func (d *Daemon) delete(ref string, removeLogs, claimed bool) error {
 	d.events.emit(gone)
 	if !removeLogs {
 		d.metrics.stopped.WithLabelValues("deleted").Inc()
+	} else {
+		d.purgeOutput(id) // its cluster's copy goes with its logs
 	}
 	if err := d.mark(id, removeLogs); err != nil {
 		d.log.Error("mark a sandbox being deleted", "id", id, "err", err)

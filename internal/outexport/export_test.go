@@ -592,3 +592,28 @@ func TestTerminalProcess(t *testing.T) {
 		t.Errorf("hello %+v, want a total of %d", got.hello, len(want["terminal"]))
 	}
 }
+
+// What the tests of package outexport_test (those that run a real kilnd,
+// whose daemon imports this package) use of these tests' helpers.
+const Node = node
+
+var (
+	CtxT              = ctxT
+	Connect           = connect
+	StartExporter     = startExporter
+	ReadBack          = readBack
+	WaitExported      = waitExported
+	CheckWhole        = checkWhole
+	SubjectMessages   = subjectMessages
+	CheckChain        = checkChain
+	CheckRecordedLoss = checkRecordedLoss
+)
+
+// LostOf is what a read back lost, by stream.
+func LostOf(r replayed) map[string]int64 { return r.lost }
+
+// WriterOf is the exporter that published m.
+func WriterOf(m *message) string { return m.writer }
+
+// ExporterWriter is the writer x's messages name.
+func ExporterWriter(x *Exporter) string { return x.writer }

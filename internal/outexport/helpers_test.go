@@ -335,3 +335,17 @@ func checkChain(t testing.TB, ms []*message) []record {
 	}
 	return gaps
 }
+
+func checkRecordedLoss(t *testing.T, got replayed, gaps []record) {
+	t.Helper()
+	var recorded int64
+	for _, g := range gaps {
+		if g.Cause != CauseRingEvicted && g.Cause != CauseExportDown {
+			t.Errorf("gap record %+v", g)
+		}
+		recorded += g.Lost
+	}
+	if lost := got.lost["stdout"] + got.lost["stderr"]; lost != recorded {
+		t.Errorf("the reader lost %d bytes; the gap records say %d", lost, recorded)
+	}
+}

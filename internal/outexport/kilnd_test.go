@@ -1,4 +1,4 @@
-package outexport
+package outexport_test
 
 import (
 	"bytes"
@@ -20,6 +20,7 @@ import (
 	"github.com/sandkiln/sandkiln/internal/daemon/daemontest"
 	"github.com/sandkiln/sandkiln/internal/errdefs"
 	"github.com/sandkiln/sandkiln/internal/natstest"
+	"github.com/sandkiln/sandkiln/internal/outexport"
 )
 
 // kilndSource is the Source kilnd will be, here through a real kilnd's
@@ -28,7 +29,7 @@ import (
 // default).
 type kilndSource struct{ hc *http.Client }
 
-func (k kilndSource) Open(ctx context.Context, sandbox, process string, from Offsets) (Conn, error) {
+func (k kilndSource) Open(ctx context.Context, sandbox, process string, from outexport.Offsets) (outexport.Conn, error) {
 	q := url.Values{}
 	for s, off := range from {
 		q.Set(s, strconv.FormatInt(off, 10))
@@ -176,11 +177,11 @@ func wideOutput(size int) []byte {
 // from a real kilnd, reads back from JetStream equal to what it wrote,
 // from the start and from offsets, with its exit code.
 func TestKilndShortLines(t *testing.T) {
-	ctx := ctxT(t, 3*time.Minute)
+	ctx := outexport.CtxT(t, 3*time.Minute)
 	k := startKilnd(t)
 	srv := natstest.Server(t)
-	_, js := connect(t, srv.ClientURL())
-	x := startExporter(t, Config{Node: node, Conn: js.Conn(), Source: kilndSource{k.hc}})
+	_, js := outexport.Connect(t, srv.ClientURL())
+	x := outexport.StartExporter(t, outexport.Config{Node: outexport.Node, Conn: js.Conn(), Source: kilndSource{k.hc}})
 	sbx := k.sandbox(ctx, t)
 	const n = 20000
 	p := k.start(ctx, t, sbx, fmt.Sprintf(`i=1; while [ $i -le %d ]; do echo "out $i"; echo "err $i" >&2; i=$((i+1)); done; exit 3`, n), false)
@@ -193,15 +194,15 @@ func TestKilndShortLines(t *testing.T) {
 		errs = fmt.Appendf(errs, "err %d\n", i)
 	}
 	want := map[string][]byte{"stdout": out, "stderr": errs}
-	got := readBack(ctx, t, js, node, sbx, p.ID, ReadOptions{Follow: true}, want)
-	checkWhole(t, got, want, 3)
-	if l := got.lost["stdout"] + got.lost["stderr"]; l != 0 {
+	got := outexport.ReadBack(ctx, t, js, outexport.Node, sbx, p.ID, outexport.ReadOptions{Follow: true}, want)
+	outexport.CheckWhole(t, got, want, 3)
+	if l := outexport.LostOf(got)["stdout"] + outexport.LostOf(got)["stderr"]; l != 0 {
 		t.Errorf("%d bytes lost of %d, less than the ring holds", l, len(out)+len(errs))
 	}
-	checkChain(t, subjectMessages(ctx, t, js, node, sbx, p.ID))
-	for _, from := range []Offsets{{"stdout": 7}, {"stdout": int64(len(out)) / 2, "stderr": int64(len(errs)) / 3}} {
-		got := readBack(ctx, t, js, node, sbx, p.ID, ReadOptions{From: from}, want)
-		checkWhole(t, got, want, 3)
+	outexport.CheckChain(t, outexport.SubjectMessages(ctx, t, js, outexport.Node, sbx, p.ID))
+	for _, from := range []outexport.Offsets{{"stdout": 7}, {"stdout": int64(len(out)) / 2, "stderr": int64(len(errs)) / 3}} {
+		got := outexport.ReadBack(ctx, t, js, outexport.Node, sbx, p.ID, outexport.ReadOptions{From: from}, want)
+		outexport.CheckWhole(t, got, want, 3)
 	}
 	t.Logf("stats %+v", x.Stats())
 }
@@ -214,26 +215,26 @@ func TestKilndShortLines(t *testing.T) {
 // go) is recorded, exactly, and nothing else is missing.
 func TestKilndBurst64MiB(t *testing.T) {
 	const size = 64 << 20
-	ctx := ctxT(t, 8*time.Minute)
+	ctx := outexport.CtxT(t, 8*time.Minute)
 	k := startKilnd(t)
 	srv := natstest.Server(t)
-	_, js := connect(t, srv.ClientURL())
-	x := startExporter(t, Config{Node: node, Conn: js.Conn(), Source: kilndSource{k.hc}})
+	_, js := outexport.Connect(t, srv.ClientURL())
+	x := outexport.StartExporter(t, outexport.Config{Node: outexport.Node, Conn: js.Conn(), Source: kilndSource{k.hc}})
 	sbx := k.sandbox(ctx, t)
 	want := map[string][]byte{"stdout": wideOutput(size), "stderr": nil}
 	began := time.Now()
 	p := k.start(ctx, t, sbx, wideScript(size), true)
 	x.Follow(sbx, p)
-	got := readBack(ctx, t, js, node, sbx, p.ID, ReadOptions{Follow: true}, want)
+	got := outexport.ReadBack(ctx, t, js, outexport.Node, sbx, p.ID, outexport.ReadOptions{Follow: true}, want)
 	exported := time.Since(began)
-	checkWhole(t, got, want, 0)
+	outexport.CheckWhole(t, got, want, 0)
 	p = k.process(ctx, t, sbx, p.ID)
 	dropped := p.Streams["stdout"].CaptureDropped
-	checkRecordedLoss(t, got, checkChain(t, subjectMessages(ctx, t, js, node, sbx, p.ID)))
+	outexport.CheckRecordedLoss(t, got, outexport.CheckChain(t, outexport.SubjectMessages(ctx, t, js, outexport.Node, sbx, p.ID)))
 	began = time.Now()
-	got = readBack(ctx, t, js, node, sbx, p.ID, ReadOptions{}, want)
+	got = outexport.ReadBack(ctx, t, js, outexport.Node, sbx, p.ID, outexport.ReadOptions{}, want)
 	replayed := time.Since(began)
-	checkWhole(t, got, want, 0)
+	outexport.CheckWhole(t, got, want, 0)
 	st := x.Stats()
 	t.Logf("64 MiB: exported in %v (%.0f MB/s, from the process's start to its end record read back), replayed in %v (%.0f MB/s); %d messages, %d bytes lost, capture dropped %d",
 		exported.Round(time.Millisecond), size/exported.Seconds()/1e6, replayed.Round(time.Millisecond), size/replayed.Seconds()/1e6, st.Messages, st.Lost, dropped)
@@ -245,29 +246,29 @@ func TestKilndBurst64MiB(t *testing.T) {
 // reported, and the subject one chain.
 func TestKilndExporterRestartMidBurst(t *testing.T) {
 	const size = 16 << 20
-	ctx := ctxT(t, 5*time.Minute)
+	ctx := outexport.CtxT(t, 5*time.Minute)
 	k := startKilnd(t)
 	srv := natstest.Server(t)
-	_, js := connect(t, srv.ClientURL())
-	a := startExporter(t, Config{Node: node, Conn: js.Conn(), Source: kilndSource{k.hc}})
+	_, js := outexport.Connect(t, srv.ClientURL())
+	a := outexport.StartExporter(t, outexport.Config{Node: outexport.Node, Conn: js.Conn(), Source: kilndSource{k.hc}})
 	sbx := k.sandbox(ctx, t)
 	want := map[string][]byte{"stdout": wideOutput(size), "stderr": nil}
 	p := k.start(ctx, t, sbx, wideScript(size), true)
 	a.Follow(sbx, p)
-	waitExported(ctx, t, js, node, sbx, p.ID, want, map[string]int64{"stdout": 2 << 20})
+	outexport.WaitExported(ctx, t, js, outexport.Node, sbx, p.ID, want, map[string]int64{"stdout": 2 << 20})
 	a.Close()
-	b := startExporter(t, Config{Node: node, Conn: js.Conn(), Source: kilndSource{k.hc}})
+	b := outexport.StartExporter(t, outexport.Config{Node: outexport.Node, Conn: js.Conn(), Source: kilndSource{k.hc}})
 	b.Follow(sbx, p)
-	got := readBack(ctx, t, js, node, sbx, p.ID, ReadOptions{Follow: true}, want)
-	checkWhole(t, got, want, 0)
-	ms := subjectMessages(ctx, t, js, node, sbx, p.ID)
-	checkRecordedLoss(t, got, checkChain(t, ms))
+	got := outexport.ReadBack(ctx, t, js, outexport.Node, sbx, p.ID, outexport.ReadOptions{Follow: true}, want)
+	outexport.CheckWhole(t, got, want, 0)
+	ms := outexport.SubjectMessages(ctx, t, js, outexport.Node, sbx, p.ID)
+	outexport.CheckRecordedLoss(t, got, outexport.CheckChain(t, ms))
 	writers := map[string]int{}
 	for _, m := range ms {
-		writers[m.writer]++
+		writers[outexport.WriterOf(m)]++
 	}
-	if len(writers) != 2 || writers[a.writer] == 0 || writers[b.writer] == 0 {
-		t.Errorf("messages by writer %v; a %s, b %s", writers, a.writer, b.writer)
+	if len(writers) != 2 || writers[outexport.ExporterWriter(a)] == 0 || writers[outexport.ExporterWriter(b)] == 0 {
+		t.Errorf("messages by writer %v; a %s, b %s", writers, outexport.ExporterWriter(a), outexport.ExporterWriter(b))
 	}
 	if a.Stats().Fenced+b.Stats().Fenced != 0 {
 		t.Errorf("fenced: a %+v, b %+v", a.Stats(), b.Stats())
@@ -276,19 +277,6 @@ func TestKilndExporterRestartMidBurst(t *testing.T) {
 
 // checkRecordedLoss checks that what a reader lost is what the exporter
 // recorded (its gap records, each with a cause): JetStream lost nothing.
-func checkRecordedLoss(t *testing.T, got replayed, gaps []record) {
-	t.Helper()
-	var recorded int64
-	for _, g := range gaps {
-		if g.Cause != CauseRingEvicted && g.Cause != CauseExportDown {
-			t.Errorf("gap record %+v", g)
-		}
-		recorded += g.Lost
-	}
-	if lost := got.lost["stdout"] + got.lost["stderr"]; lost != recorded {
-		t.Errorf("the reader lost %d bytes; the gap records say %d", lost, recorded)
-	}
-}
 
 // NATS stopped while a process of a real kilnd writes, then started
 // again: the export catches up from the ring (and its own read-ahead) or
@@ -302,18 +290,18 @@ func TestKilndNATSDownMidRun(t *testing.T) {
 		{"ring evicted", 600000},           // 4.2 MB: more than the ring and the read-ahead
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ctx := ctxT(t, 3*time.Minute)
+			ctx := outexport.CtxT(t, 3*time.Minute)
 			k := startKilnd(t)
 			c := natstest.Cluster(t, 1)
-			_, js := connect(t, c.URLs()...)
-			x := startExporter(t, Config{Node: node, Conn: js.Conn(), Source: kilndSource{k.hc}})
+			_, js := outexport.Connect(t, c.URLs()...)
+			x := outexport.StartExporter(t, outexport.Config{Node: outexport.Node, Conn: js.Conn(), Source: kilndSource{k.hc}})
 			sbx := k.sandbox(ctx, t)
 			// Each line of input is a count; the process writes seq of it.
 			p := k.startPiped(ctx, t, sbx, `while read n; do seq "$n"; done; exit 4`)
 			x.Follow(sbx, p)
 			out := seqOutput(1000, 0)
 			k.stdin(ctx, t, sbx, p.ID, []byte("1000\n"))
-			waitExported(ctx, t, js, node, sbx, p.ID, map[string][]byte{"stdout": out}, map[string]int64{"stdout": int64(len(out))})
+			outexport.WaitExported(ctx, t, js, outexport.Node, sbx, p.ID, map[string][]byte{"stdout": out}, map[string]int64{"stdout": int64(len(out))})
 			c.Stop(0)
 			k.stdin(ctx, t, sbx, p.ID, fmt.Appendf(nil, "%d\n", tc.while))
 			out = append(out, seqOutput(tc.while, 0)...)
@@ -324,16 +312,16 @@ func TestKilndNATSDownMidRun(t *testing.T) {
 			k.stdin(ctx, t, sbx, p.ID, nil)
 			out = append(out, seqOutput(10, 0)...)
 			want := map[string][]byte{"stdout": out, "stderr": nil}
-			got := readBack(ctx, t, js, node, sbx, p.ID, ReadOptions{Follow: true}, want)
-			checkWhole(t, got, want, 4)
-			checkRecordedLoss(t, got, checkChain(t, subjectMessages(ctx, t, js, node, sbx, p.ID)))
-			if tc.while == 20000 && got.lost["stdout"] != 0 {
-				t.Errorf("%d bytes lost; the ring held them", got.lost["stdout"])
+			got := outexport.ReadBack(ctx, t, js, outexport.Node, sbx, p.ID, outexport.ReadOptions{Follow: true}, want)
+			outexport.CheckWhole(t, got, want, 4)
+			outexport.CheckRecordedLoss(t, got, outexport.CheckChain(t, outexport.SubjectMessages(ctx, t, js, outexport.Node, sbx, p.ID)))
+			if tc.while == 20000 && outexport.LostOf(got)["stdout"] != 0 {
+				t.Errorf("%d bytes lost; the ring held them", outexport.LostOf(got)["stdout"])
 			}
-			if tc.while == 600000 && got.lost["stdout"] == 0 {
+			if tc.while == 600000 && outexport.LostOf(got)["stdout"] == 0 {
 				t.Error("nothing lost: the test proves nothing")
 			}
-			t.Logf("lost %d of %d; stats %+v", got.lost["stdout"], len(out), x.Stats())
+			t.Logf("lost %d of %d; stats %+v", outexport.LostOf(got)["stdout"], len(out), x.Stats())
 		})
 	}
 }
@@ -342,7 +330,7 @@ func TestKilndNATSDownMidRun(t *testing.T) {
 // from kilnd itself.
 func waitAgent(ctx context.Context, t *testing.T, k *testKilnd, sbx, pid string, total int64) {
 	t.Helper()
-	c, err := kilndSource{k.hc}.Open(ctx, sbx, pid, Offsets{"stdout": total - 1})
+	c, err := kilndSource{k.hc}.Open(ctx, sbx, pid, outexport.Offsets{"stdout": total - 1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1617,10 +1617,10 @@ export interface components {
             command: string;
             args?: string[];
             /**
-             * @description forked: a process of the sandbox's history that was running when its snapshot was taken; it does not run here
+             * @description forked: a process of the sandbox's history that was running when its snapshot was taken; it does not run here. node_lost: in a cluster, a process of a sandbox whose node is gone, as the cluster's copy of its output tells it (it did not exit: nobody knows what became of it)
              * @enum {string}
              */
-            state: "running" | "exited" | "forked";
+            state: "running" | "exited" | "forked" | "node_lost";
             pid?: number;
             terminal?: boolean;
             /** @enum {string} */
