@@ -73,16 +73,26 @@ const (
 	opTimeout = 5 * time.Second
 )
 
-// nodeName is what a node may be called: a DNS label, as sandbox names.
-var nodeName = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+// nodeLabel is each dot-separated part of a node's name: a DNS label.
+var nodeLabel = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
 
-// ValidateNode checks a node's name.
+// ValidateNode checks a node's name: a DNS name (RFC 1123 labels joined by
+// dots, at most 253 characters), as Kubernetes names its nodes.
 func ValidateNode(name string) error {
-	if !nodeName.MatchString(name) {
-		return fmt.Errorf("node name %q: want 1 to 63 of a-z, 0-9 and '-', not beginning or ending with '-'", api.Clip(name))
+	ok := len(name) <= 253
+	for l := range strings.SplitSeq(name, ".") {
+		ok = ok && nodeLabel.MatchString(l)
+	}
+	if !ok {
+		return fmt.Errorf("node name %q: want a DNS name: labels of 1 to 63 of a-z, 0-9 and '-' (not beginning or ending with '-'), joined by dots, 253 characters at most", api.Clip(name))
 	}
 	return nil
 }
+
+// Token is node's name as a NATS subject token, and a stream name's part:
+// its dots, which separate a subject's tokens, become underscores, which
+// a DNS name never has.
+func Token(node string) string { return strings.ReplaceAll(node, ".", "_") }
 
 // Config says how a node joins its cluster.
 type Config struct {

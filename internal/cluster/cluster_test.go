@@ -657,3 +657,21 @@ func readAll(t *testing.T, c kilnv1) (out []byte, lost int64, ended bool) {
 		pos = int64(f.Offset) + int64(len(f.Data))
 	}
 }
+
+// TestNodeNames: a node is named as Kubernetes names its nodes (a DNS
+// name, dots included), and its subject token keeps names apart.
+func TestNodeNames(t *testing.T) {
+	for _, ok := range []string{"a", "node-1", "ip-10-0-1-2.ec2.internal", strings.Repeat("a", 63)} {
+		if err := cluster.ValidateNode(ok); err != nil {
+			t.Errorf("%q refused: %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"", "-a", "a-", "A", "a_b", "a..b", ".a", "a.", "a b", "a*", "a>", strings.Repeat("a", 64), strings.Repeat("a.", 127) + "a"} {
+		if cluster.ValidateNode(bad) == nil {
+			t.Errorf("%q taken", bad)
+		}
+	}
+	if cluster.Token("ip-10-0-1-2.ec2.internal") != "ip-10-0-1-2_ec2_internal" || cluster.Token("a-b") != "a-b" {
+		t.Error("tokens")
+	}
+}

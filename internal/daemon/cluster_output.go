@@ -34,7 +34,7 @@ func (d *Daemon) startExport(n *cluster.Node) error {
 	if err != nil {
 		return fmt.Errorf("cluster: the export's connection: %w", err)
 	}
-	x, err := outexport.New(outexport.Config{Node: n.Name(), Conn: conn, Source: outexport.SourceFunc(d.openOutput),
+	x, err := outexport.New(outexport.Config{Node: cluster.Token(n.Name()), Conn: conn, Source: outexport.SourceFunc(d.openOutput),
 		Log: d.log, Replicas: n.Replicas()})
 	if err != nil {
 		conn.Close()
@@ -154,7 +154,7 @@ func (d *Daemon) fromCluster(w http.ResponseWriter, r *http.Request, sb api.Sand
 	if parts[0] != "exec-stream" || len(parts) > 3 || len(parts) == 3 && parts[2] != "logs" {
 		return false
 	}
-	procs, err := outexport.Processes(r.Context(), js, sb.Node, sb.ID, api.SandboxNodeLost)
+	procs, err := outexport.Processes(r.Context(), js, cluster.Token(sb.Node), sb.ID, api.SandboxNodeLost)
 	if err != nil {
 		reply.Error(w, err)
 		return true
@@ -218,7 +218,7 @@ func (d *Daemon) relayFromCluster(w http.ResponseWriter, r *http.Request, sb api
 		credit = n
 	}
 	ctx := r.Context()
-	rd, err := outexport.NewReader(ctx, d.cluster.JetStream(), sb.Node, sb.ID, pid, outexport.ReadOptions{From: from})
+	rd, err := outexport.NewReader(ctx, d.cluster.JetStream(), cluster.Token(sb.Node), sb.ID, pid, outexport.ReadOptions{From: from})
 	if err != nil {
 		reply.Error(w, err)
 		return
