@@ -170,9 +170,10 @@ func TestCluster(t *testing.T) {
 	}
 	nats := natstest.Cluster(t, 3)
 	urls := nats.URLs()
-	a := startNode(t, "a", "", urls[0:1], map[string]string{"zone": "east"})
-	b := startNode(t, "b", "", urls[1:2], map[string]string{"zone": "east"})
-	c := startNode(t, "c", "", urls[2:3], map[string]string{"zone": "west"})
+	// Each node knows every server, its own first.
+	a := startNode(t, "a", "", []string{urls[0], urls[1], urls[2]}, map[string]string{"zone": "east"})
+	b := startNode(t, "b", "", []string{urls[1], urls[2], urls[0]}, map[string]string{"zone": "east"})
+	c := startNode(t, "c", "", []string{urls[2], urls[0], urls[1]}, map[string]string{"zone": "west"})
 	for _, n := range []*node{a, b, c} {
 		ready(t, n)
 	}
@@ -183,6 +184,17 @@ func TestCluster(t *testing.T) {
 	all := map[string]string{"a": api.NodeReady, "b": api.NodeReady, "c": api.NodeReady}
 	for _, n := range []*node{a, b, c} {
 		nodesSeen(t, n, tok, all)
+	}
+	// Three servers: everything the cluster keeps has three copies.
+	_, js := natsClient(t, urls)
+	for _, name := range []string{"KV_" + cluster.BucketNodes, "KV_" + cluster.BucketSandboxes, "KV_" + cluster.BucketNames, "KV_" + cluster.BucketCluster, outexport.StreamName("a")} {
+		eventually(t, name+" has 3 replicas", func() (bool, string) {
+			s, err := js.Stream(context.Background(), name)
+			if err != nil {
+				return false, err.Error()
+			}
+			return s.CachedInfo().Config.Replicas == 3, fmt.Sprint(s.CachedInfo().Config.Replicas)
+		})
 	}
 	// Each node's own token is good on it alone; the cluster's on all.
 	own, _ := os.ReadFile(filepath.Join(a.k.State, daemon.TokenName))
@@ -334,6 +346,19 @@ func TestCluster(t *testing.T) {
 	if err != nil || string(r.Stdout) != "back\n" {
 		t.Fatalf("exec through a after b's return: %q %v", r.Stdout, err)
 	}
+	// One NATS server of three stops: the cluster serves on, and what it
+	// kept is still there.
+	nats.Stop(2)
+	onC2, err := viaA.CreateSandbox(ctx, client.SandboxOptions{Node: "c"})
+	if err != nil {
+		t.Fatalf("create on c with a NATS server down: %v", err)
+	}
+	onC2.Delete(ctx, true)
+	procs, err := outexport.Processes(ctx, js, "b", web.ID, "")
+	if err != nil || len(procs) < 2 {
+		t.Fatalf("b's exported processes with a NATS server down: %v %v", procs, err)
+	}
+	nats.Restart(2)
 	// Deleted through a, it is gone from every node and its name free.
 	if err := web.Delete(ctx, true); err != nil {
 		t.Fatal(err)
@@ -378,6 +403,21 @@ func TestClusterDown(t *testing.T) {
 	}
 	if code, body := n.do(t, tok, "POST", "/sandboxes", `{"name":"named"}`); code != http.StatusServiceUnavailable || !strings.Contains(string(body), "cluster is down") {
 		t.Errorf("named create with NATS down: %d %s, want 503", code, body)
+	}
+	nats.Restart(0)
+	ready(t, n)
+	// Down again mid-run: not ready, its own sandboxes served.
+	nats.Stop(0)
+	eventually(t, "not ready with NATS gone", func() (bool, string) {
+		resp, err := http.Get(n.url() + "/readyz")
+		if err != nil {
+			return false, err.Error()
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusServiceUnavailable, resp.Status
+	})
+	if code, body := n.do(t, tok, "POST", "/sandboxes", `{}`); code != http.StatusCreated {
+		t.Fatalf("create with NATS gone mid-run: %d %s", code, body)
 	}
 	nats.Restart(0)
 	ready(t, n)
