@@ -923,6 +923,34 @@ type Node struct {
 	Sandboxes       int   `json:"sandboxes"`
 	// Self is set on the node that answered.
 	Self bool `json:"self,omitempty"`
+	// Moved is, in the answer of a drain that moves stopped sandboxes
+	// (DrainRequest.MoveStopped), each such sandbox and where it went.
+	Moved []MovedSandbox `json:"moved,omitempty"`
+}
+
+// DrainRequest is the body of POST /nodes/{name}/drain, which may be
+// left out.
+type DrainRequest struct {
+	// MoveStopped moves each stopped sandbox of the node to another
+	// ready node: a snapshot of its files, exported and imported there,
+	// becomes a sandbox of the same name, labels and settings, then the
+	// one on the drained node is deleted.
+	MoveStopped bool `json:"move_stopped,omitempty"`
+}
+
+// MovedSandbox is one stopped sandbox a drain moved, or failed to.
+type MovedSandbox struct {
+	// Sandbox is its id on the drained node, Name its name.
+	Sandbox string `json:"sandbox"`
+	Name    string `json:"name,omitempty"`
+	// Node and ID are the node it went to and its id there.
+	Node string `json:"node,omitempty"`
+	ID   string `json:"id,omitempty"`
+	// Error says why it did not move; Snapshot, then, a snapshot that
+	// holds its files (on the drained node, and on Node when it reached
+	// it): nothing of it is lost.
+	Error    string `json:"error,omitempty"`
+	Snapshot string `json:"snapshot,omitempty"`
 }
 
 // Health is GET /healthz's and GET /readyz's answer.

@@ -59,6 +59,8 @@ var wireTypes = map[string]struct {
 	"Sandbox":         {reflect.TypeFor[api.Sandbox](), false},
 	"Node":            {reflect.TypeFor[api.Node](), false},
 	"Health":          {reflect.TypeFor[api.Health](), false},
+	"DrainRequest":    {reflect.TypeFor[api.DrainRequest](), true},
+	"MovedSandbox":    {reflect.TypeFor[api.MovedSandbox](), false},
 	"Event":           {reflect.TypeFor[api.Event](), false},
 	"SandboxStats":    {reflect.TypeFor[api.SandboxStats](), false},
 	"TopProcess":      {reflect.TypeFor[api.TopProcess](), false},

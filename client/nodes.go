@@ -41,6 +41,15 @@ func (c *Client) DrainNode(ctx context.Context, name string) (api.Node, error) {
 	return out, c.call(ctx, "POST", nodePath(name)+"/drain", nil, nil, &out, true)
 }
 
+// DrainNodeMoving drains a node as DrainNode does and moves each of its
+// stopped sandboxes to another ready node (api.DrainRequest.MoveStopped):
+// the answer's Moved says where each went, or why not and which
+// snapshot holds its files. It answers once every one was tried.
+func (c *Client) DrainNodeMoving(ctx context.Context, name string) (api.Node, error) {
+	var out api.Node
+	return out, c.call(ctx, "POST", nodePath(name)+"/drain", nil, api.DrainRequest{MoveStopped: true}, &out, false)
+}
+
 // UndrainNode places sandboxes on a drained node again (kubectl
 // uncordon), and returns the node.
 func (c *Client) UndrainNode(ctx context.Context, name string) (api.Node, error) {

@@ -77,21 +77,46 @@ or: table (the default), wide, json (one object a line) or yaml.`,
 			})
 		},
 	}
+	var moveStopped bool
 	drain := &cobra.Command{
 		Use:   "drain NODE...",
 		Short: "Place no new sandbox on nodes; their sandboxes run on",
 		Long: `Drains each node, as kubectl cordon does: no new sandbox is placed on it (a create that names it
 with --node is refused), and the sandboxes it has run on and are served as before, from any node.
 kiln node undrain undoes it. A node drained already is left as it is. Each node is printed once it
-is draining.`,
+is draining.
+
+With --move-stopped, the node also moves each of its stopped sandboxes to another ready node: a
+snapshot of its files, imported there, makes a sandbox of the same name, labels and settings, and
+the one on the drained node is deleted. Each move is printed (the sandbox, the node it went to and
+its id there); one that failed says why and which snapshot holds its files, and kiln exits 1.`,
 		Example: `  kiln node drain b
-  kiln node ls                  # b: draining`,
+  kiln node ls                  # b: draining
+  kiln node drain --move-stopped b`,
 		Args:              cobra.MinimumNArgs(1),
 		ValidArgsFunction: c.completeEach(nodeArg),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return c.eachNode(cmd.Context(), args, (*client.Client).DrainNode)
+			if !moveStopped {
+				return c.eachNode(cmd.Context(), args, (*client.Client).DrainNode)
+			}
+			return c.eachNode(cmd.Context(), args, func(cl *client.Client, ctx context.Context, name string) (api.Node, error) {
+				n, err := cl.DrainNodeMoving(ctx, name)
+				if err != nil || c.json {
+					return n, err
+				}
+				var failed []error
+				for _, m := range n.Moved {
+					if m.Error != "" {
+						failed = append(failed, fmt.Errorf("%s not moved: %s", cmp.Or(m.Name, api.ShortID(m.Sandbox)), m.Error))
+						continue
+					}
+					fmt.Fprintf(c.stdout, "%s\tmoved to %s as %s\n", cmp.Or(m.Name, api.ShortID(m.Sandbox)), m.Node, api.ShortID(m.ID))
+				}
+				return n, errors.Join(failed...)
+			})
 		},
 	}
+	drain.Flags().BoolVar(&moveStopped, "move-stopped", false, "move the node's stopped sandboxes to other nodes, as snapshots of their files")
 	undrain := &cobra.Command{
 		Use:     "undrain NODE...",
 		Aliases: []string{"uncordon"},

@@ -715,3 +715,78 @@ func TestNodeNames(t *testing.T) {
 		t.Error("tokens")
 	}
 }
+
+// TestClusterDrainMoves: a drain with move_stopped moves each stopped
+// sandbox of the node to another, its files, name and labels along, and
+// leaves the running ones where they run.
+func TestClusterDrainMoves(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("kilnd needs root")
+	}
+	nats := natstest.Cluster(t, 1)
+	a := startNode(t, "a", "", nats.URLs(), nil)
+	b := startNode(t, "b", "", nats.URLs(), nil)
+	ready(t, a)
+	ready(t, b)
+	tok := a.token(t)
+	nodesSeen(t, a, tok, map[string]string{"a": api.NodeReady, "b": api.NodeReady})
+	ctx := context.Background()
+	cl, err := client.New(client.Options{Addr: a.url(), Token: tok})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	newSandbox := func(name string) *client.Sandbox {
+		sb, err := cl.CreateSandbox(ctx, client.SandboxOptions{Name: name, Node: "b", Labels: map[string]string{"team": "x"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r, err := sb.Exec(ctx, client.ExecOptions{Shell: "echo kept-" + name + " > /workspace/f"}); err != nil || r.Exit.Code() != 0 {
+			t.Fatalf("write in %s: %v %+v", name, err, r)
+		}
+		return sb
+	}
+	named, unnamed, running := newSandbox("moving"), newSandbox(""), newSandbox("staying")
+	for _, sb := range []*client.Sandbox{named, unnamed} {
+		if _, err := sb.Stop(ctx, client.StopOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n, err := cl.DrainNodeMoving(ctx, "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n.State != api.NodeDraining || len(n.Moved) != 2 {
+		t.Fatalf("drained b: %+v", n)
+	}
+	for _, m := range n.Moved {
+		if m.Error != "" || m.Node != "a" || m.ID == "" {
+			t.Fatalf("moved: %+v", m)
+		}
+		moved, err := cl.Sandbox(ctx, m.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, _ := moved.Info(ctx)
+		if info.Node != "a" || info.Name != m.Name || info.Labels["team"] != "x" {
+			t.Errorf("moved %s: %+v", m.Sandbox, info)
+		}
+		if info.State != api.SandboxRunning {
+			if _, err := moved.StartAgain(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		want := "kept-" + m.Name + "\n"
+		if r, err := moved.Exec(ctx, client.ExecOptions{Shell: "cat /workspace/f"}); err != nil || string(r.Stdout) != want {
+			t.Errorf("moved %s's file: %q %v, want %q", m.Sandbox, r.Stdout, err, want)
+		}
+		moved.Delete(ctx, true)
+		if code, _ := a.do(t, tok, "GET", "/sandboxes/"+m.Sandbox, ""); code != http.StatusNotFound {
+			t.Errorf("the moved %s still there: %d", m.Sandbox, code)
+		}
+	}
+	if info, err := running.Info(ctx); err != nil || info.Node != "b" || info.State != api.SandboxRunning {
+		t.Errorf("the running one: %+v %v", info, err)
+	}
+	running.Delete(ctx, true)
+}

@@ -1,10 +1,17 @@
 package cluster
 
 import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"strings"
 	"time"
 
 	"github.com/sandkiln/sandkiln/api"
@@ -54,4 +61,74 @@ func newProxy(n *Node, to api.Node) *httputil.ReverseProxy {
 			reply.Error(w, errdefs.Opaque(errdefs.ErrUnavailable, "node "+to.Name+" does not answer", perr))
 		},
 	}
+}
+
+// Do calls node to's API as this node (the cluster's token), with body
+// as the request's (JSON unless it is an io.Reader, sent as it is, of
+// contentType), and decodes a 2xx answer into out (when not nil). An
+// answer of the API's error shape comes back as an error wrapping its
+// kind.
+func (n *Node) Do(ctx context.Context, to api.Node, method, path, contentType string, body any, out any) error {
+	var rd io.Reader
+	switch b := body.(type) {
+	case nil:
+	case io.Reader:
+		rd = b
+	default:
+		j, err := json.Marshal(b)
+		if err != nil {
+			return err
+		}
+		rd, contentType = bytes.NewReader(j), "application/json"
+	}
+	req, err := http.NewRequestWithContext(ctx, method, strings.TrimSuffix(to.APIURL, "/")+path, rd)
+	if err != nil {
+		return err
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	req.Header.Set("Authorization", "Bearer "+n.Token())
+	req.Header.Set(ForwardedHeader, n.cfg.Node)
+	resp, err := (&http.Client{Transport: nodeTransport}).Do(req)
+	if err != nil {
+		return errdefs.Opaque(errdefs.ErrUnavailable, "node "+to.Name+" does not answer", err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
+	if resp.StatusCode/100 != 2 {
+		var e struct {
+			Error struct {
+				Message string `json:"message"`
+			} `json:"error"`
+		}
+		json.Unmarshal(b, &e)
+		msg := cmp.Or(e.Error.Message, resp.Status)
+		return fmt.Errorf("%w: node %s: %s", classOf(resp.StatusCode), to.Name, msg)
+	}
+	if out != nil {
+		return json.Unmarshal(b, out)
+	}
+	return nil
+}
+
+// classOf is the error class of another node's answer of status code.
+func classOf(code int) *errdefs.Class {
+	switch code {
+	case http.StatusBadRequest:
+		return errdefs.ErrInvalidArgument
+	case http.StatusForbidden:
+		return errdefs.ErrPermissionDenied
+	case http.StatusNotFound:
+		return errdefs.ErrNotFound
+	case http.StatusConflict:
+		return errdefs.ErrAlreadyExists
+	case http.StatusPreconditionFailed:
+		return errdefs.ErrFailedPrecondition
+	case http.StatusRequestEntityTooLarge:
+		return errdefs.ErrTooLarge
+	case http.StatusInsufficientStorage:
+		return errdefs.ErrNoSpace
+	}
+	return errdefs.ErrUnavailable
 }

@@ -350,6 +350,35 @@ func (d *Daemon) drainNode(on bool) http.HandlerFunc {
 			return
 		}
 		name := r.PathValue("name")
+		var req api.DrainRequest
+		if on && r.ContentLength != 0 {
+			if err := decodeBody(w, r, &req); err != nil {
+				reply.Error(w, err)
+				return
+			}
+		}
+		if req.MoveStopped && name != n.Name() {
+			if r.Header.Get(cluster.ForwardedHeader) != "" {
+				reply.Error(w, fmt.Errorf("%w: this is node %s, not %s: it moves its own sandboxes alone", errdefs.ErrInvalidArgument, n.Name(), api.Clip(name)))
+				return
+			}
+			// The node moves its own: it is asked to.
+			node, err := n.NodeNamed(name)
+			if err != nil {
+				reply.Error(w, err)
+				return
+			}
+			if node.State != api.NodeReady && node.State != api.NodeDraining {
+				reply.Error(w, fmt.Errorf("%w: node %s is %s: its sandboxes cannot be moved", errdefs.ErrUnavailable, name, node.State))
+				return
+			}
+			body, _ := json.Marshal(req)
+			r.Body = io.NopCloser(bytes.NewReader(body))
+			r.ContentLength = int64(len(body))
+			r.Header.Set("Content-Length", strconv.Itoa(len(body)))
+			n.Forward(w, r, node)
+			return
+		}
 		if err := n.Drain(r.Context(), name, on); err != nil {
 			reply.Error(w, err)
 			return
@@ -358,6 +387,9 @@ func (d *Daemon) drainNode(on bool) http.HandlerFunc {
 		if err != nil {
 			reply.Error(w, err)
 			return
+		}
+		if req.MoveStopped {
+			node.Moved = d.moveStopped(r.Context())
 		}
 		reply.JSON(w, http.StatusOK, node)
 	}

@@ -130,7 +130,7 @@ export interface paths {
         put?: never;
         /**
          * place no new sandbox on the node
-         * @description Its sandboxes run on and are served as before; creates go to the other nodes (one naming it is refused 412). DELETE undoes it.
+         * @description Its sandboxes run on and are served as before; creates go to the other nodes (one naming it is refused 412). DELETE undoes it. With move_stopped, the node also moves each of its stopped sandboxes to another ready node, one at a time, before it answers: a snapshot of its files, exported and imported there, makes a sandbox of the same name, labels and settings, and the one on the drained node is deleted (its captured logs went with the snapshot). The answer's moved says where each went, or why not and which snapshot holds its files.
          */
         post: operations["drainNode"];
         /** place sandboxes on the node again */
@@ -1538,6 +1538,25 @@ export interface components {
             sandboxes: number;
             /** @description set on the node that answered */
             self?: boolean;
+            /** @description in the answer of a drain with move_stopped: each stopped sandbox and where it went */
+            moved?: components["schemas"]["MovedSandbox"][];
+        };
+        DrainRequest: {
+            /** @description move each stopped sandbox of the node to another ready node, as a snapshot of its files */
+            move_stopped?: boolean;
+        };
+        MovedSandbox: {
+            /** @description its id on the drained node */
+            sandbox: string;
+            name?: string;
+            /** @description the node it went to */
+            node?: string;
+            /** @description its id there */
+            id?: string;
+            /** @description why it did not move */
+            error?: string;
+            /** @description when it did not move: the snapshot holding its files (on the drained node, and on node when the import reached it) */
+            snapshot?: string;
         };
         TTY: {
             cols: number;
@@ -2025,7 +2044,11 @@ export interface operations {
             };
             cookie?: never;
         };
-        requestBody?: never;
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["DrainRequest"];
+            };
+        };
         responses: {
             /** @description the node, draining */
             200: {
