@@ -68,7 +68,7 @@ type clusterFigures interface {
 // output to JetStream: the rate of a 256 MiB burst with the export on
 // over off (target ≥ 0.8), and the replay of a dead node's 100 MiB process
 // from JetStream (≥ 100 MB/s), each a case of its own. The replay kills a
-// node, so it runs last; stopCluster starts a node that is not running
+// node, so it runs last; benchCluster.stop starts a node that is not running
 // again on its state before deleting its sandboxes.
 var clusterCases = []clusterCase{
 	{"create through a non-owner", measureClusterCreate},
