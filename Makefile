@@ -148,10 +148,11 @@ check:
 	cd interop && $(GO) vet ./... && $(GO) tool -modfile=../tools/go.mod staticcheck ./...
 
 # The engine's figures beside their baselines, written to bench/results/;
-# kilnd linked statically, as the README runs it.
-bench: $(SDK)/node_modules/.package-lock.json
+# kilnd linked statically, as the README runs it. The cluster section runs
+# three processes of ./kilnd, built first.
+bench: build $(SDK)/node_modules/.package-lock.json
 	cd $(SDK) && npm run --silent build
-	CGO_ENABLED=0 $(GO) run ./bench -out bench/results
+	CGO_ENABLED=0 $(GO) run ./bench -kilnd ./kilnd -out bench/results
 
 # sandkiln beside cmd > file, a pipe, supervisord, s6-log, tmux, dtach,
 # runc and runsc on the same input, written to bench/results/<date>-compare.md.

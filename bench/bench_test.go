@@ -144,6 +144,49 @@ func TestPause(t *testing.T) {
 	}
 }
 
+// TestCluster runs the cluster section small: three kilnds (built for
+// the run) in a cluster, 3 creates each way, a 4 MiB attach, 5 sandboxes
+// a node listed, and every kilnd stopped, its sandboxes deleted.
+func TestCluster(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("kilnd needs root")
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
+	defer cancel()
+	var out bytes.Buffer
+	cfg := config{
+		kilndScale:     10,
+		reps:           1,
+		clusterPerNode: 5,
+		clusterAttach:  4 << 20,
+		out:            t.TempDir(),
+		sections:       map[string]bool{"cluster": true},
+		cmdline:        "bench -only cluster -cluster-sandboxes 5 -cluster-attach-size 4M -reps 1",
+		stdout:         &out,
+		progress:       io.Discard,
+	}
+	if testing.Verbose() {
+		cfg.progress = os.Stderr
+	}
+	if err := run(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	report := out.String()
+	for _, want := range []string{
+		"# Cluster, ", "| n2, the owner | ", "| n1, forwarded | ", "| create through a non-owner − through the owner, p50 | ",
+		"| attach throughput, through a non-owner / through the owner, of medians | ", "| n3 | ",
+		"| GET /sandboxes of 3 nodes × 5, p50 through the slowest node (",
+	} {
+		if !strings.Contains(report, want) {
+			t.Errorf("report lacks %q:\n%s", want, report)
+		}
+	}
+	files, err := filepath.Glob(filepath.Join(cfg.out, "*.md"))
+	if err != nil || len(files) != 1 || !strings.HasSuffix(files[0], "-cluster.md") {
+		t.Fatalf("report files in -out: %v, %v; want one, -cluster.md", files, err)
+	}
+}
+
 func TestScaleCounts(t *testing.T) {
 	for _, tc := range []struct {
 		n, step int
@@ -239,7 +282,10 @@ func TestParseFlags(t *testing.T) {
 	if cfg.size != 64<<20 || cfg.reps != 2 || len(cfg.readers) != 2 || cfg.readers[0] != 1 || !cfg.has("tombstone") || cfg.has("throughput") {
 		t.Errorf("parsed %+v", cfg)
 	}
-	for _, args := range [][]string{{"-only", "speed"}, {"-readers", "0"}, {"-reps", "0"}, {"extra"}} {
+	if cfg.clusterPerNode != 300 || cfg.clusterAttach != 256<<20 || cfg.kilnd != "" {
+		t.Errorf("cluster section's defaults: %d sandboxes a node, attach %d, kilnd %q", cfg.clusterPerNode, cfg.clusterAttach, cfg.kilnd)
+	}
+	for _, args := range [][]string{{"-only", "speed"}, {"-readers", "0"}, {"-reps", "0"}, {"extra"}, {"-cluster-sandboxes", "0"}, {"-cluster-attach-size", "1.5G"}} {
 		if _, err := parseFlags(args); err == nil {
 			t.Errorf("parseFlags(%q) succeeded, want an error", args)
 		}

@@ -23,11 +23,18 @@ type config struct {
 	readers       []int // reader counts of the engine cases
 	tombstones    int
 	running       int
-	scale         int    // sandboxes the scale section creates
-	scaleStep     int    // and how many between its measurements
-	out           string // report directory; empty writes no file
-	sections      map[string]bool
-	cpuprofile    string
+	scale         int // sandboxes the scale section creates
+	scaleStep     int // and how many between its measurements
+	// clusterPerNode are the sandboxes each node of the cluster section
+	// holds while the whole cluster is listed; clusterAttach the bytes of
+	// its attach runs; kilnd the binary its nodes run (empty: one built
+	// for the run).
+	clusterPerNode int
+	clusterAttach  int64
+	kilnd          string
+	out            string // report directory; empty writes no file
+	sections       map[string]bool
+	cpuprofile     string
 	// attachDirect has the attach section's kiln.v1 client dial the
 	// agent's socket itself, past kilnd: what the kilnd hop costs.
 	attachDirect bool
@@ -40,7 +47,7 @@ type config struct {
 // (`-only compare`): it needs tools of other projects and writes a report
 // of its own.
 var (
-	allSections   = []string{"throughput", "capture", "lossless", "kilnd", "attach", "sdk", "files", "ports", "tombstone", "running", "scale", "start", "snapshot", "pause"}
+	allSections   = []string{"throughput", "capture", "lossless", "kilnd", "attach", "sdk", "files", "ports", "tombstone", "running", "scale", "start", "snapshot", "pause", "cluster"}
 	extraSections = []string{"compare"}
 )
 
@@ -64,6 +71,8 @@ func (c config) validate() error {
 		return fmt.Errorf("running %d: must be at least 1", c.running)
 	case c.scale < 1 || c.scaleStep < 1:
 		return fmt.Errorf("scale %d, step %d: must be at least 1", c.scale, c.scaleStep)
+	case c.clusterPerNode < 1:
+		return fmt.Errorf("cluster sandboxes %d: must be at least 1", c.clusterPerNode)
 	}
 	return nil
 }

@@ -496,12 +496,16 @@ func startKilndConfig(cfg daemon.Config) (*daemontest.Kilnd, client, error) {
 	if err != nil {
 		return nil, client{}, err
 	}
-	sock := filepath.Join(cfg.StateDir, daemon.SocketName)
+	return k, unixClient(filepath.Join(cfg.StateDir, daemon.SocketName)), nil
+}
+
+// unixClient calls the kilnd whose API socket is sock.
+func unixClient(sock string) client {
 	tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 		var dl net.Dialer
 		return dl.DialContext(ctx, "unix", sock)
 	}, MaxIdleConnsPerHost: 4}
-	return k, client{http: &http.Client{Transport: tr}, sock: sock}, nil
+	return client{http: &http.Client{Transport: tr}, sock: sock}
 }
 
 // idleSandboxes creates n sandboxes, runs `true` in each, and measures

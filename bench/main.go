@@ -55,7 +55,10 @@ func parseFlags(args []string) (config, error) {
 	running := fs.Int("running", 200, "idle running processes for the per-process memory figure")
 	scale := fs.Int("scale", 1000, "sandboxes the scale section creates")
 	scaleStep := fs.Int("scale-step", 100, "sandboxes between the scale section's measurements")
-	out := fs.String("out", "", "also write the reports to DIR/<date>-engine.md (and -scale.md, -compare.md, -pause.md)")
+	clusterPerNode := fs.Int("cluster-sandboxes", 300, "sandboxes on each of the cluster section's 3 nodes while the whole cluster is listed")
+	clusterAttach := fs.String("cluster-attach-size", "256M", "bytes a process writes per attach run of the cluster section")
+	kilnd := fs.String("kilnd", "", "the kilnd binary the cluster section's nodes run, such as ./kilnd (default: one built for the run)")
+	out := fs.String("out", "", "also write the reports to DIR/<date>-engine.md (and -scale.md, -compare.md, -pause.md, -cluster.md)")
 	only := fs.String("only", "", "comma-separated sections to run: "+strings.Join(allSections, ", ")+" (default all), or "+strings.Join(extraSections, ", "))
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of this process to FILE")
 	attachDirect := fs.Bool("attach-direct", false, "attach section: the kiln.v1 client dials the agent's socket, past kilnd (what the kilnd hop costs)")
@@ -66,18 +69,20 @@ func parseFlags(args []string) (config, error) {
 		return config{}, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	cfg := config{
-		reps:         *reps,
-		tombstones:   *tombs,
-		running:      *running,
-		scale:        *scale,
-		scaleStep:    *scaleStep,
-		out:          *out,
-		cpuprofile:   *cpuprofile,
-		attachDirect: *attachDirect,
-		captureDir:   *captureDir,
-		cmdline:      strings.Join(append([]string{filepath.Base(os.Args[0])}, args...), " "),
-		stdout:       os.Stdout,
-		progress:     os.Stderr,
+		reps:           *reps,
+		tombstones:     *tombs,
+		running:        *running,
+		scale:          *scale,
+		scaleStep:      *scaleStep,
+		clusterPerNode: *clusterPerNode,
+		kilnd:          *kilnd,
+		out:            *out,
+		cpuprofile:     *cpuprofile,
+		attachDirect:   *attachDirect,
+		captureDir:     *captureDir,
+		cmdline:        strings.Join(append([]string{filepath.Base(os.Args[0])}, args...), " "),
+		stdout:         os.Stdout,
+		progress:       os.Stderr,
 	}
 	var err error
 	if cfg.size, err = parseSize(*size); err != nil {
@@ -90,6 +95,9 @@ func parseFlags(args []string) (config, error) {
 		return config{}, err
 	}
 	if cfg.wsSize, err = parseSize(*wsSize); err != nil {
+		return config{}, err
+	}
+	if cfg.clusterAttach, err = parseSize(*clusterAttach); err != nil {
 		return config{}, err
 	}
 	if cfg.readers, err = parseCounts(*readers); err != nil {

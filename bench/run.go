@@ -30,6 +30,7 @@ type results struct {
 	scale      *scaleResult
 	snapshot   *snapshotResult
 	pause      *pauseResult
+	cluster    *clusterResult
 }
 
 // run runs the benchmark's sections that cfg selects and writes the
@@ -149,6 +150,12 @@ func run(ctx context.Context, cfg config) (err error) {
 			return fmt.Errorf("pause: %w", err)
 		}
 	}
+	if cfg.has("cluster") {
+		var err error
+		if res.cluster, err = measureCluster(ctx, cfg); err != nil {
+			return fmt.Errorf("cluster: %w", err)
+		}
+	}
 	if cfg.has("compare") {
 		exe, err := os.Executable()
 		if err != nil {
@@ -161,8 +168,8 @@ func run(ctx context.Context, cfg config) (err error) {
 	res.elapsed = time.Since(res.started)
 	res.steal = stealText(cpu, readCPUTimes())
 
-	// The comparison, the scale and the pause sections have reports of
-	// their own; the engine's has the rest.
+	// The comparison, the scale, the snapshot, the pause and the cluster
+	// sections have reports of their own; the engine's has the rest.
 	reports := map[string]string{}
 	if res.pause != nil {
 		reports["pause"] = renderPause(cfg, res)
@@ -173,13 +180,16 @@ func run(ctx context.Context, cfg config) (err error) {
 	if res.compare != nil {
 		reports["compare"] = renderCompare(cfg, res)
 	}
+	if res.cluster != nil {
+		reports["cluster"] = renderCluster(cfg, res)
+	}
 	if res.snapshot != nil {
 		reports["snapshot"] = renderSnapshot(cfg, res)
 	}
 	if res.throughput != nil || res.capture != nil || res.lossless != nil || res.kilnd != nil || res.attach != nil || res.sdk != nil || res.files != nil || res.ports != nil || res.tombstones != nil || res.running != nil || res.start != nil {
 		reports["engine"] = renderReport(cfg, res)
 	}
-	for _, name := range []string{"engine", "scale", "snapshot", "compare", "pause"} {
+	for _, name := range []string{"engine", "scale", "snapshot", "compare", "pause", "cluster"} {
 		text, ok := reports[name]
 		if !ok {
 			continue
