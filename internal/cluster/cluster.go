@@ -270,7 +270,9 @@ func (n *Node) Replicas() int {
 	servers := max(len(n.cfg.Servers), len(n.nc.Servers()))
 	if e := n.cfg.Embedded; e != nil {
 		servers = len(e.Routes)
-		if !slices.ContainsFunc(e.Routes, func(r string) bool { return strings.HasSuffix(r, "//"+e.RouteListen) || strings.HasSuffix(r, "@"+e.RouteListen) }) {
+		if !slices.ContainsFunc(e.Routes, func(r string) bool {
+			return strings.HasSuffix(r, "//"+e.RouteListen) || strings.HasSuffix(r, "@"+e.RouteListen)
+		}) {
 			servers++ // its own, which its routes need not name
 		}
 	}
