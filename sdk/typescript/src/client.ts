@@ -1174,9 +1174,15 @@ export class Nodes {
    * sandboxes run on and are served as before; creates go to the other
    * nodes (one naming it is FAILED_PRECONDITION). Resolves to the node,
    * draining. Draining twice changes nothing, so a lost answer is
-   * UNAVAILABLE, to be asked again.
+   * UNAVAILABLE, to be asked again. With moveStopped, the node also moves
+   * each of its stopped sandboxes to another ready node, as a snapshot of
+   * its files, before it answers: the node's moved says where each went,
+   * or why not and which snapshot holds its files.
    */
-  async drain(name: string, options: SignalOptions = {}): Promise<NodeInfo> {
+  async drain(name: string, options: SignalOptions & { moveStopped?: boolean } = {}): Promise<NodeInfo> {
+    if (options.moveStopped) {
+      return this.t.call<NodeInfo>("POST", nodePath(name) + "/drain", { json: { move_stopped: true }, unbounded: true, signal: options.signal });
+    }
     return this.t.call<NodeInfo>("POST", nodePath(name) + "/drain", { idempotent: true, signal: options.signal });
   }
 

@@ -33,12 +33,18 @@ class AsyncNodes:
         """A node by name; NOT_FOUND if the cluster has none of that name."""
         return cast(NodeInfo, await self._t.call("GET", _node_path(name), idempotent=True, timeout=timeout))
 
-    async def drain(self, name: str, *, timeout: float | None = None) -> NodeInfo:
+    async def drain(self, name: str, *, move_stopped: bool = False, timeout: float | None = None) -> NodeInfo:
         """Places no new sandbox on the node, as kubectl cordon does: its
         sandboxes run on and are served as before; creates go to the other
         nodes (one naming it is FAILED_PRECONDITION). Gives the node,
         draining. Draining twice changes nothing, so a lost answer is
-        UNAVAILABLE, to be asked again."""
+        UNAVAILABLE, to be asked again. With move_stopped, the node also
+        moves each of its stopped sandboxes to another ready node, as a
+        snapshot of its files, before it answers: the node's "moved" says
+        where each went, or why not and which snapshot holds its files."""
+        if move_stopped:
+            return cast(NodeInfo, await self._t.call("POST", _node_path(name) + "/drain", json={"move_stopped": True},
+                                                     idempotent=False, timeout=timeout))
         return cast(NodeInfo, await self._t.call("POST", _node_path(name) + "/drain", idempotent=True, timeout=timeout))
 
     async def undrain(self, name: str, *, timeout: float | None = None) -> NodeInfo:

@@ -781,9 +781,9 @@ class Nodes:
     def get(self, name: str, *, timeout: float | None = None) -> NodeInfo:
         return self._p.call(self._a.get(name, timeout=timeout))
 
-    def drain(self, name: str, *, timeout: float | None = None) -> NodeInfo:
+    def drain(self, name: str, *, move_stopped: bool = False, timeout: float | None = None) -> NodeInfo:
         """See AsyncNodes.drain."""
-        return self._p.call(self._a.drain(name, timeout=timeout))
+        return self._p.call(self._a.drain(name, move_stopped=move_stopped, timeout=timeout))
 
     def undrain(self, name: str, *, timeout: float | None = None) -> NodeInfo:
         return self._p.call(self._a.undrain(name, timeout=timeout))

@@ -284,6 +284,22 @@ its own and takes no new ones; unreachable has missed its heartbeats for a
 few seconds; lost, longer than kilnd --node-lost-after."""
 
 
+class MovedSandbox(TypedDict, total=False):
+    """A stopped sandbox a drain moved, or failed to."""
+
+    sandbox: str
+    """Its id on the drained node."""
+    name: str
+    node: str
+    """The node it went to."""
+    id: str
+    """Its id there."""
+    error: str
+    """Why it did not move."""
+    snapshot: str
+    """When it did not move: the snapshot holding its files."""
+
+
 class NodeInfo(TypedDict, total=False):
     """A node of kilnd's cluster (kilnd --cluster), as its last heartbeat
     told."""
@@ -308,6 +324,9 @@ class NodeInfo(TypedDict, total=False):
     """Its sandboxes running, at its last heartbeat."""
     self: bool
     """Set on the node that answered."""
+    moved: list[MovedSandbox]
+    """In the answer of a drain with move_stopped: each stopped sandbox,
+    where it went, or why not."""
 
 
 class ClusterStatus(TypedDict):
