@@ -108,7 +108,7 @@ Flags:
 	clusterNKey := fs.String("cluster-nkey", "", "a `file` holding the nkey seed this kilnd authenticates to NATS with")
 	clusterRoutes := fs.String("cluster-routes", "", "with --cluster embedded: the other embedded servers' route `URLs`, comma-separated\n(nats-route://HOST:6222,…)")
 	clusterListen := fs.String("cluster-listen", "127.0.0.1:4222", "with --cluster embedded: the `address` its NATS server takes clients on")
-	clusterRouteListen := fs.String("cluster-route-listen", "0.0.0.0:6222", "with --cluster embedded: the `address` its NATS server takes the other servers' routes on")
+	clusterRouteListen := fs.String("cluster-route-listen", "0.0.0.0:6222", "with --cluster embedded: the `address` its NATS server takes the other servers' routes on\n(an address not loopback needs --cluster-token-file)")
 	advertise := fs.String("advertise", "", "the `URL` the cluster's other nodes reach this kilnd's API at (default: http:// and --listen,\nthe host's name for an unspecified address)")
 	nodeLostAfter := fs.Duration("node-lost-after", cluster.DefaultLostAfter, "how long a node of the cluster goes unheard before its sandboxes are node_lost (10s to 24h)")
 	if err := fs.Parse(args); err != nil {
@@ -338,6 +338,13 @@ func clusterConfig(urls, node string, labels []string, tokenFile, nkey, routes, 
 			c.Embedded.RouteListen = routeListen
 			c.Embedded.Routes = strings.Split(routes, ",")
 		}
+		// Whoever reaches an open port of the embedded server reads and
+		// writes all the cluster keeps, its API token included.
+		for flag, addr := range map[string]string{"--cluster-listen": listen, "--cluster-route-listen": c.Embedded.RouteListen} {
+			if addr != "" && c.Token == "" && c.NKeyFile == "" && !loopback(addr) {
+				return nil, fmt.Errorf("%s %s is not a loopback address: give --cluster-token-file, or anyone who reaches it joins the cluster and reads its API token", flag, addr)
+			}
+		}
 	} else {
 		if routes != "" {
 			return nil, fmt.Errorf("--cluster-routes is for --cluster embedded; with NATS servers of their own, they route")
@@ -375,4 +382,14 @@ func clusterConfig(urls, node string, labels []string, tokenFile, nkey, routes, 
 		c.APIURL = strings.TrimSuffix(advertise, "/")
 	}
 	return c, nil
+}
+
+// loopback says addr (HOST:PORT) listens on a loopback address alone.
+func loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.IsLoopback() || host == "localhost"
 }
