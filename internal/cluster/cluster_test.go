@@ -346,6 +346,25 @@ func TestCluster(t *testing.T) {
 	if err != nil || string(r.Stdout) != "back\n" {
 		t.Fatalf("exec through a after b's return: %q %v", r.Stdout, err)
 	}
+	// The scrape says the cluster is reached, its nodes, and what the
+	// export stored; promtool finds nothing wrong with it.
+	eventually(t, "the cluster's metrics", func() (bool, string) {
+		code, body := b.do(t, tok, "GET", "/metrics", "")
+		m := string(body)
+		return code == 200 && strings.Contains(m, "kilnd_cluster_connected 1\n") && strings.Contains(m, `kilnd_cluster_nodes{state="ready"} 3`) &&
+			strings.Contains(m, "kilnd_export_ended_total ") && !strings.Contains(m, "kilnd_export_bytes_total 0\n"), m
+	})
+	if promtool, err := exec.LookPath("promtool"); err == nil {
+		_, body := b.do(t, tok, "GET", "/metrics", "")
+		cmd := exec.Command(promtool, "check", "metrics")
+		cmd.Stdin = bytes.NewReader(body)
+		if out, err := cmd.CombinedOutput(); err != nil || len(out) > 0 {
+			t.Errorf("promtool check metrics: %v\n%s", err, out)
+		}
+	} else if os.Getenv("CI") != "" {
+		t.Fatal("promtool is not installed (Debian's prometheus package)")
+	}
+
 	// One NATS server of three stops: the cluster serves on, and what it
 	// kept is still there.
 	nats.Stop(2)

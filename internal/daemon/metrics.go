@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/internal/outexport"
 	"github.com/sandkiln/sandkiln/internal/sandbox"
 	"github.com/sandkiln/sandkiln/internal/version"
 )
@@ -125,6 +126,7 @@ func newMetrics(d *Daemon) *metrics {
 			ch <- prometheus.MustNewConstMetric(madeAhead, prometheus.GaugeValue, float64(d.warm.count(rt)), rt)
 		}
 	}})
+	reg.MustRegister(clusterCollector(d))
 	reg.MustRegister(m.requests, m.creates, m.warmTaken, m.stopped, m.files, m.started, m.wsOpened, m.wsOpen,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		buildInfo(),
@@ -443,3 +445,55 @@ func (c collectorFunc) Describe(ch chan<- *prometheus.Desc) {
 	}
 }
 func (c collectorFunc) Collect(ch chan<- prometheus.Metric) { c.collect(ch) }
+
+// clusterCollector reports, on a kilnd in a cluster, whether the cluster
+// is reached, its nodes by state, and what the export of this node's
+// output has done: a lost-bytes counter that grows says the export falls
+// behind its processes' rings.
+func clusterCollector(d *Daemon) prometheus.Collector {
+	connected := prometheus.NewDesc("kilnd_cluster_connected", "1 while this kilnd reaches its cluster (kilnd --cluster), 0 while the cluster is down.", nil, nil)
+	nodes := prometheus.NewDesc("kilnd_cluster_nodes", "The cluster's nodes, by state, as this kilnd sees them.", []string{"state"}, nil)
+	following := prometheus.NewDesc("kilnd_export_processes", "Processes whose output this kilnd exports to the cluster now.", nil, nil)
+	type counter struct {
+		desc *prometheus.Desc
+		get  func(outexport.Stats) int64
+	}
+	counters := []counter{
+		{prometheus.NewDesc("kilnd_export_messages_total", "Messages of processes' output stored in the cluster's JetStream.", nil, nil), func(s outexport.Stats) int64 { return s.Messages }},
+		{prometheus.NewDesc("kilnd_export_bytes_total", "Bytes of processes' output stored in the cluster's JetStream.", nil, nil), func(s outexport.Stats) int64 { return s.Bytes }},
+		{prometheus.NewDesc("kilnd_export_lost_bytes_total", "Bytes of processes' output that never reached the cluster (its gap records: the export fell behind, or the cluster was down).", nil, nil), func(s outexport.Stats) int64 { return s.Lost }},
+		{prometheus.NewDesc("kilnd_export_retries_total", "Publishes of output tried again (JetStream unreachable, an election, a timeout).", nil, nil), func(s outexport.Stats) int64 { return s.Retries }},
+		{prometheus.NewDesc("kilnd_export_fenced_total", "Processes whose export another writer of their subject holds (left to it).", nil, nil), func(s outexport.Stats) int64 { return s.Fenced }},
+		{prometheus.NewDesc("kilnd_export_ended_total", "Processes whose output reached the cluster to its end.", nil, nil), func(s outexport.Stats) int64 { return s.Ended }},
+	}
+	descs := []*prometheus.Desc{connected, nodes, following}
+	for _, c := range counters {
+		descs = append(descs, c.desc)
+	}
+	return collectorFunc{descs: descs, collect: func(ch chan<- prometheus.Metric) {
+		n := d.cluster
+		if n == nil {
+			return
+		}
+		up := 0.0
+		if n.Status().State == "connected" {
+			up = 1
+		}
+		ch <- prometheus.MustNewConstMetric(connected, prometheus.GaugeValue, up)
+		counts := map[string]int{api.NodeReady: 0, api.NodeDraining: 0, api.NodeUnreachable: 0, api.NodeLost: 0}
+		for _, node := range n.Nodes() {
+			counts[node.State]++
+		}
+		for state, c := range counts {
+			ch <- prometheus.MustNewConstMetric(nodes, prometheus.GaugeValue, float64(c), state)
+		}
+		if d.exporter == nil {
+			return
+		}
+		st := d.exporter.Stats()
+		ch <- prometheus.MustNewConstMetric(following, prometheus.GaugeValue, float64(st.Following))
+		for _, c := range counters {
+			ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(c.get(st)))
+		}
+	}}
+}
