@@ -677,7 +677,15 @@ func (n *Node) ClaimName(ctx context.Context, name, id string) error {
 }
 
 // ReleaseName gives name back, if id holds it: a create that failed.
-func (n *Node) ReleaseName(ctx context.Context, name, id string) {
+func (n *Node) ReleaseName(ctx context.Context, name, id string) { n.passName(ctx, name, id, "") }
+
+// TransferName gives name, held by from, to sandbox id.
+func (n *Node) TransferName(ctx context.Context, name, from, id string) {
+	n.passName(ctx, name, from, id)
+}
+
+// passName gives name, if from holds it, to id, or back when id is "".
+func (n *Node) passName(ctx context.Context, name, from, id string) {
 	n.mu.Lock()
 	names := n.names
 	n.mu.Unlock()
@@ -686,8 +694,14 @@ func (n *Node) ReleaseName(ctx context.Context, name, id string) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
-	if e, err := names.Get(ctx, name); err == nil && string(e.Value()) == id {
+	e, err := names.Get(ctx, name)
+	if err != nil || string(e.Value()) != from {
+		return
+	}
+	if id == "" {
 		names.Delete(ctx, name, jetstream.LastRevision(e.Revision()))
+	} else {
+		names.Update(ctx, name, []byte(id), e.Revision())
 	}
 }
 
@@ -997,19 +1011,4 @@ func ReadTokenFile(path string) (string, error) {
 		return "", errors.New("the file is empty")
 	}
 	return t, nil
-}
-
-// TransferName gives name, held by from, to sandbox id.
-func (n *Node) TransferName(ctx context.Context, name, from, id string) {
-	n.mu.Lock()
-	names := n.names
-	n.mu.Unlock()
-	if names == nil {
-		return
-	}
-	ctx, cancel := context.WithTimeout(ctx, opTimeout)
-	defer cancel()
-	if e, err := names.Get(ctx, name); err == nil && string(e.Value()) == from {
-		names.Update(ctx, name, []byte(id), e.Revision())
-	}
 }
