@@ -342,7 +342,7 @@ func TestKilndFlagsAreRead(t *testing.T) {
 		{[]string{"--warm=nonsense=1"}, "kilnd refuses its arguments"},
 		{[]string{"--cluster=http://a:4222"}, "want nats://HOST:PORT"},
 		{[]string{"--cluster=nats://a:4222", "--cluster-routes=nats-route://b:6222"}, "for --cluster embedded alone"},
-		{[]string{"--cluster=embedded", "--node=Node_A"}, "want 1 to 63 of a-z"},
+		{[]string{"--cluster=embedded", "--node=Node_A"}, "want a DNS name"},
 		{[]string{"--cluster=embedded", "--node-lost-after=5s"}, "want 10s to 24h"},
 		{[]string{"--advertise=http://a:7777"}, "without --cluster"},
 		{[]string{"--state-dir", "/x", "stray"}, "not a flag"},
