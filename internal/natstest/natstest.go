@@ -50,7 +50,6 @@ func Cluster(t testing.TB, n int) *C {
 		t.Fatalf("natstest: a cluster of %d servers", n)
 	}
 	c := &C{t: t, servers: make([]*server.Server, n), opts: make([]*server.Options, n)}
-	t.Cleanup(c.shutdown)
 	// The route ports are chosen before any server starts, so that each
 	// is configured with every other's: JetStream sizes its meta group
 	// from the routes it is given.
@@ -82,6 +81,9 @@ func Cluster(t testing.TB, n int) *C {
 		}
 		c.opts[i] = o
 	}
+	// After the store directories: cleanups run last first, so the
+	// servers stop before their directories are removed.
+	t.Cleanup(c.shutdown)
 	for i := range n {
 		c.start(i)
 	}
