@@ -188,6 +188,9 @@ type guestSandbox struct {
 	// paused says this kilnd paused the sandbox (or took it back paused)
 	// and has not resumed it: its agent does not answer meanwhile.
 	paused atomic.Bool
+	// viaRunsc counts the pauses and resumes runsc made, kilnd's own
+	// way to the sandbox's kernel not taken (gvisor_pause.go).
+	viaRunsc atomic.Int32
 	// ch is where the agent connects to kilnd: made before runsc starts,
 	// or as the sandbox is adopted; set before the sandbox is shared.
 	ch *channel

@@ -17,9 +17,10 @@
 // before its processes had a group apart from the agent's cannot be
 // paused (ErrNotPausable).
 //
-// A gVisor sandbox is paused by runsc pause, which stops every task of
-// gVisor's kernel, the agent among them: kilnd refuses every call for the
-// agent meanwhile, and those it has open (an attached watcher's) wait.
+// A gVisor sandbox is paused as runsc pause pauses it (gvisor_pause.go),
+// which stops every task of gVisor's kernel, the agent among them: kilnd
+// refuses every call for the agent meanwhile, and those it has open (an
+// attached watcher's) wait.
 
 package sandbox
 
@@ -152,28 +153,45 @@ const (
 	pollMost  = 5 * time.Millisecond
 )
 
-// Pause implements Instance: runsc pauses every task of the sandbox's
-// kernel, the agent's too. A sandbox paused already (runsc refuses to
-// pause it again) is paused.
+// Pause implements Instance: gVisor's kernel pauses every task of the
+// sandbox, the agent's too, asked by kilnd itself (setPausedDirect) or,
+// when that cannot be, by runsc pause. A sandbox paused already (runsc
+// refuses to pause it again) is paused.
 func (s *guestSandbox) Pause() error {
-	if err := s.runsc("pause", s.Container); err != nil {
-		if st, serr := s.status(); serr != nil || st != "paused" {
-			return err
-		}
+	if err := s.setPaused(true); err != nil {
+		return err
 	}
 	s.paused.Store(true)
 	return nil
 }
 
-// Resume implements Instance: runsc resumes the sandbox's kernel. A
-// sandbox that runs already is resumed.
+// Resume implements Instance: gVisor's kernel resumes the sandbox, as
+// Pause paused it. A sandbox that runs already is resumed.
 func (s *guestSandbox) Resume() error {
-	if err := s.runsc("resume", s.Container); err != nil {
-		if st, serr := s.status(); serr != nil || st != "running" {
+	if err := s.setPaused(false); err != nil {
+		return err
+	}
+	s.paused.Store(false)
+	return nil
+}
+
+// setPaused pauses or resumes the sandbox's kernel: directly, else
+// through runsc.
+func (s *guestSandbox) setPaused(pause bool) error {
+	err := s.setPausedDirect(pause)
+	if !errors.Is(err, errNoFastPath) {
+		return err
+	}
+	s.viaRunsc.Add(1)
+	verb, want := "pause", runscPaused
+	if !pause {
+		verb, want = "resume", runscRunning
+	}
+	if err := s.runsc(verb, s.Container); err != nil {
+		if st, serr := s.status(); serr != nil || st != want {
 			return err
 		}
 	}
-	s.paused.Store(false)
 	return nil
 }
 

@@ -2,9 +2,12 @@ package sandbox_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"io"
 	"net/http"
+	"os/exec"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -88,4 +91,79 @@ func startDetached(t *testing.T, sb dialer, script string) string {
 		t.Fatalf("start %q: status %d: %s", script, resp.StatusCode, b)
 	}
 	return p.ID
+}
+
+// TestPauseGVisorDirect: kilnd pauses and resumes a gVisor sandbox with
+// the installed runsc itself, not through a run of runsc, and leaves
+// runsc's record of the container as runsc's own pause and resume would:
+// runsc state says paused, then running; runsc resumes a sandbox kilnd
+// paused, kilnd one runsc paused; a checkpoint (runsc pause, checkpoint,
+// resume, kill for the agent's reconnection) works after, and the destroy
+// (runsc kill and delete) at the test's end.
+func TestPauseGVisorDirect(t *testing.T) {
+	t.Parallel()
+	sb := newBox(t, sandbox.RuntimeGVisor, sandbox.Options{})
+	var rec struct {
+		Container string `json:"container"`
+		Root      string `json:"runsc_root"`
+	}
+	if err := json.Unmarshal(sb.State(), &rec); err != nil || rec.Container == "" || rec.Root == "" {
+		t.Fatalf("the sandbox's state: %v: %s", err, sb.State())
+	}
+	run := func(args ...string) []byte {
+		t.Helper()
+		out, err := exec.Command(runsc(), append([]string{"--root", rec.Root}, append(args, rec.Container)...)...).Output()
+		if err != nil {
+			t.Fatalf("runsc %s: %v", args[0], err)
+		}
+		return out
+	}
+	expect := func(want string) {
+		t.Helper()
+		var st struct {
+			Status string `json:"status"`
+		}
+		if out := run("state"); json.Unmarshal(out, &st) != nil || st.Status != want {
+			t.Fatalf("runsc state: %s, want status %q", out, want)
+		}
+	}
+	step := func(name string, f func() error) {
+		t.Helper()
+		if err := f(); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+	}
+	startDetached(t, sb, "while :; do echo tick; sleep 0.01; done")
+
+	step("pause", sb.Pause)
+	expect("paused")
+	step("pause again", sb.Pause)
+	expect("paused")
+	step("resume", sb.Resume)
+	expect("running")
+	step("resume again", sb.Resume)
+	expect("running")
+	startDetached(t, sb, "true")
+
+	step("pause", sb.Pause)
+	run("resume")
+	expect("running")
+	startDetached(t, sb, "true")
+	run("pause")
+	expect("paused")
+	step("resume after runsc's pause", sb.Resume)
+	expect("running")
+	startDetached(t, sb, "true")
+	if n := sandbox.RunscPauses(sb.Instance); n != 0 {
+		t.Errorf("runsc made %d of the pauses and resumes: kilnd's own way was not taken", n)
+	}
+
+	step("pause", sb.Pause)
+	step("resume", sb.Resume)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	step("checkpoint", func() error {
+		return sb.Instance.(sandbox.Checkpointer).Checkpoint(ctx, filepath.Join(t.TempDir(), "checkpoint"), nil)
+	})
+	expect("running")
 }
