@@ -360,21 +360,27 @@ func wsRun(ctx context.Context, c client, sb string, req api.ExecRequest, opts *
 	defer conn.CloseNow()
 	var took func(delivered, lost int64) error
 	if strings.Contains(query, "ack=true") {
-		acked := int64(0)
-		took = func(delivered, lost int64) error {
-			if delivered-acked < 256<<10 {
-				return nil
-			}
-			acked = delivered
-			ack, _ := json.Marshal(api.ClientMessage{Type: api.TypeAck, Offsets: map[string]int64{"stdout": delivered + lost}})
-			return conn.Write(ctx, websocket.MessageText, ack)
-		}
+		took = acker(ctx, conn)
 	}
 	delivered, lost, err := readV1(ctx, conn, took)
 	if err != nil {
 		return 0, 0, 0, fmt.Errorf("ws throughput: %w", err)
 	}
 	return time.Since(start), delivered, lost, nil
+}
+
+// acker acks what a reader of conn's stdout takes, every 256 KiB, as the
+// SDK does: readV1's took.
+func acker(ctx context.Context, conn *websocket.Conn) func(delivered, lost int64) error {
+	acked := int64(0)
+	return func(delivered, lost int64) error {
+		if delivered-acked < 256<<10 {
+			return nil
+		}
+		acked = delivered
+		ack, _ := json.Marshal(api.ClientMessage{Type: api.TypeAck, Offsets: map[string]int64{"stdout": delivered + lost}})
+		return conn.Write(ctx, websocket.MessageText, ack)
+	}
 }
 
 // readV1 reads a kiln.v1 stream to its exit message, streaming each
