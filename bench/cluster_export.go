@@ -365,10 +365,10 @@ func (f *clusterExportFigures) write(b *strings.Builder) {
 	fmt.Fprintf(b, "| median | %.3f | %.3f | %.3f paired | %.3f | %.3f | %.3f paired |\n\n",
 		median(aOn), median(aOff), pairedRatio(aOn, aOff), median(hOn), median(hOff), pairedRatio(hOn, hOff))
 	fmt.Fprintf(b, "How far the export got, each measured run on %s: the cluster's copy's stdout offset when the bench\n"+
-		"saw the exit, the time from then to the export's end record in the copy, and the copy read back: the bytes it\n"+
-		"holds, and those its gap records say never reached it (the export never holds the process: what a process's\n"+
-		"ring, %s, evicted before the export read it is recorded as lost, exactly). Held and lost make the burst in\n"+
-		"every run.\n\n", f.on, bytesText(ring.DefaultCapacity))
+		"saw the exit (what it held and what its gap records had counted lost by then), the time from then to the\n"+
+		"export's end record in the copy, and the copy read back: the bytes it holds, and those its gap records say\n"+
+		"never reached it (the export never holds the process: what a process's ring, %s, evicted before the\n"+
+		"export read it is recorded as lost, exactly). Held and lost make the burst in every run.\n\n", f.on, bytesText(ring.DefaultCapacity))
 	b.WriteString("| run | the copy at the exit | end record after the exit | the copy holds | lost (gap records) | gaps |\n|---|---:|---:|---:|---:|---:|\n")
 	for i, ex := range f.aloneExport {
 		writeExportRun(b, fmt.Sprintf("rep %d, nobody reading", i+1), ex, f.size)
