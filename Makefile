@@ -149,7 +149,7 @@ check:
 
 # The engine's figures beside their baselines, written to bench/results/;
 # kilnd linked statically, as the README runs it. The cluster section runs
-# three processes of ./kilnd, built first.
+# four processes of ./kilnd (three of them a cluster), built first.
 bench: build $(SDK)/node_modules/.package-lock.json
 	cd $(SDK) && npm run --silent build
 	CGO_ENABLED=0 $(GO) run ./bench -kilnd ./kilnd -out bench/results

@@ -146,7 +146,10 @@ func TestPause(t *testing.T) {
 
 // TestCluster runs the cluster section small: three kilnds (built for
 // the run) in a cluster, 3 creates each way, a 4 MiB attach, 5 sandboxes
-// a node listed, and every kilnd stopped, its sandboxes deleted.
+// a node listed, a 4 MiB burst with the export on and off (a fourth
+// kilnd), a 4 MiB process read back from JetStream once its node is
+// killed and lost, and every kilnd stopped, its sandboxes deleted (the
+// killed one started again for it).
 func TestCluster(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("kilnd needs root")
@@ -159,9 +162,11 @@ func TestCluster(t *testing.T) {
 		reps:           1,
 		clusterPerNode: 5,
 		clusterAttach:  4 << 20,
+		clusterBurst:   4 << 20,
+		clusterReplay:  4 << 20,
 		out:            t.TempDir(),
 		sections:       map[string]bool{"cluster": true},
-		cmdline:        "bench -only cluster -cluster-sandboxes 5 -cluster-attach-size 4M -reps 1",
+		cmdline:        "bench -only cluster -cluster-sandboxes 5 -cluster-attach-size 4M -cluster-burst-size 4M -cluster-replay-size 4M -reps 1",
 		stdout:         &out,
 		progress:       io.Discard,
 	}
@@ -176,6 +181,9 @@ func TestCluster(t *testing.T) {
 		"# Cluster, ", "| n2, the owner | ", "| n1, forwarded | ", "| create through a non-owner − through the owner, p50 | ",
 		"| attach throughput, through a non-owner / through the owner, of medians | ", "| n3 | ",
 		"| GET /sandboxes of 3 nodes × 5, p50 through the slowest node (",
+		"| burst rate, export on / off, nobody reading, of medians | ", "| burst rate, export on / off, a kiln.v1 client holding it, of medians | ",
+		"| rep 1, nobody reading | ", "| rep 1, a client holding it | ", "The node's stream, KILN_OUT_n2, as NATS described it:\nR3, leader ",
+		"| replay of a lost node's 4 MiB process from JetStream through another node, median, MB/s | ",
 	} {
 		if !strings.Contains(report, want) {
 			t.Errorf("report lacks %q:\n%s", want, report)
@@ -282,8 +290,9 @@ func TestParseFlags(t *testing.T) {
 	if cfg.size != 64<<20 || cfg.reps != 2 || len(cfg.readers) != 2 || cfg.readers[0] != 1 || !cfg.has("tombstone") || cfg.has("throughput") {
 		t.Errorf("parsed %+v", cfg)
 	}
-	if cfg.clusterPerNode != 300 || cfg.clusterAttach != 256<<20 || cfg.kilnd != "" {
-		t.Errorf("cluster section's defaults: %d sandboxes a node, attach %d, kilnd %q", cfg.clusterPerNode, cfg.clusterAttach, cfg.kilnd)
+	if cfg.clusterPerNode != 300 || cfg.clusterAttach != 256<<20 || cfg.clusterBurst != 256<<20 || cfg.clusterReplay != 100<<20 || cfg.kilnd != "" {
+		t.Errorf("cluster section's defaults: %d sandboxes a node, attach %d, burst %d, replay %d, kilnd %q",
+			cfg.clusterPerNode, cfg.clusterAttach, cfg.clusterBurst, cfg.clusterReplay, cfg.kilnd)
 	}
 	for _, args := range [][]string{{"-only", "speed"}, {"-readers", "0"}, {"-reps", "0"}, {"extra"}, {"-cluster-sandboxes", "0"}, {"-cluster-attach-size", "1.5G"}} {
 		if _, err := parseFlags(args); err == nil {

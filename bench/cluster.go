@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,6 +19,8 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/daemon"
@@ -62,18 +65,15 @@ type clusterFigures interface {
 }
 
 // clusterCases are the cluster section's measurements, in the order they
-// run.
-//
-// The output export's two join here once kilnd exports its processes'
-// output to JetStream: the rate of a 256 MiB burst with the export on
-// over off (target ≥ 0.8), and the replay of a dead node's 100 MiB process
-// from JetStream (≥ 100 MB/s), each a case of its own. The replay kills a
-// node, so it runs last; benchCluster.stop starts a node that is not running
-// again on its state before deleting its sandboxes.
+// run. The replay kills a node, so it runs last; benchCluster.stop starts
+// a node that is not running again on its state before deleting its
+// sandboxes.
 var clusterCases = []clusterCase{
 	{"create through a non-owner", measureClusterCreate},
 	{"attach through a non-owner", measureClusterAttach},
 	{"list of the whole cluster", measureClusterList},
+	{"a burst with the output export on and off", measureClusterExport},
+	{"replay of a lost node's process", measureClusterReplay},
 }
 
 type clusterResult struct {
@@ -90,6 +90,7 @@ type clusterNode struct {
 	state string   // its state directory
 	args  []string // its flags, as it was started and would be again
 	api   string   // its API's TCP address
+	nats  string   // its embedded NATS server's client address
 	log   string   // its stderr and stdout
 	cmd   *exec.Cmd
 	done  chan struct{} // closed once the process has exited
@@ -99,7 +100,22 @@ type clusterNode struct {
 
 type benchCluster struct {
 	exe   string
+	base  string // the nodes' state directories and logs are in it
 	nodes []*clusterNode
+	// solo is a kilnd of the same binary in no cluster, once the export
+	// case has started it: the same burst with no export.
+	solo *clusterNode
+	// A NATS client of the cluster's JetStream, once a case has asked.
+	nc *nats.Conn
+	js jetstream.JetStream
+}
+
+// all are the kilnds the section has started or may start.
+func (cl *benchCluster) all() []*clusterNode {
+	if cl.solo != nil {
+		return append(slices.Clip(cl.nodes), cl.solo)
+	}
+	return cl.nodes
 }
 
 // measureCluster starts the cluster, runs each case on it, and stops it,
@@ -179,8 +195,9 @@ func (cl *benchCluster) start(ctx context.Context, base string) error {
 		return err
 	}
 	addr := func(p int) string { return "127.0.0.1:" + strconv.Itoa(p) }
+	cl.base = base
 	for i := range clusterNodes {
-		n := &clusterNode{name: "n" + strconv.Itoa(i+1), api: addr(ports[3*i])}
+		n := &clusterNode{name: "n" + strconv.Itoa(i+1), api: addr(ports[3*i]), nats: addr(ports[3*i+1])}
 		n.state = filepath.Join(base, n.name)
 		n.log = filepath.Join(base, n.name+".log")
 		var routes []string
@@ -190,7 +207,8 @@ func (cl *benchCluster) start(ctx context.Context, base string) error {
 			}
 		}
 		n.args = []string{"--state-dir", n.state, "--listen", n.api, "--node", n.name, "--cluster", "embedded",
-			"--cluster-listen", addr(ports[3*i+1]), "--cluster-route-listen", addr(ports[3*i+2]), "--cluster-routes", strings.Join(routes, ",")}
+			"--cluster-listen", n.nats, "--cluster-route-listen", addr(ports[3*i+2]), "--cluster-routes", strings.Join(routes, ","),
+			"--node-lost-after", clusterLostAfter.String()}
 		n.local = unixClient(filepath.Join(n.state, daemon.SocketName))
 		cl.nodes = append(cl.nodes, n)
 		if err := n.run(ctx, cl.exe); err != nil {
@@ -329,9 +347,13 @@ func (n *clusterNode) running() bool {
 // running is started again on its state for it), then stops the nodes
 // with SIGTERM, as a service manager would.
 func (cl *benchCluster) stop(ctx context.Context) error {
-	errs := make([]error, len(cl.nodes))
+	if cl.nc != nil {
+		cl.nc.Close()
+	}
+	nodes := cl.all()
+	errs := make([]error, len(nodes))
 	var wg sync.WaitGroup
-	for i, n := range cl.nodes {
+	for i, n := range nodes {
 		wg.Go(func() {
 			if n.cmd == nil {
 				return // never started
@@ -345,12 +367,12 @@ func (cl *benchCluster) stop(ctx context.Context) error {
 		})
 	}
 	wg.Wait()
-	for _, n := range cl.nodes {
+	for _, n := range nodes {
 		if n.running() {
 			n.cmd.Process.Signal(syscall.SIGTERM)
 		}
 	}
-	for i, n := range cl.nodes {
+	for i, n := range nodes {
 		if n.cmd == nil {
 			continue
 		}
@@ -844,11 +866,13 @@ func writeCluster(b *strings.Builder, c *clusterResult) {
 		return
 	}
 	fmt.Fprintf(b, "%d kilnds on this machine, each a process of `%s` with its own state directory and loopback ports,\n"+
-		"`--cluster embedded` (each runs one server of a %d-server NATS cluster, routed to the others), every other\n"+
-		"flag its default (`--node-lost-after` among them). They formed in %s: the first started to every node's\n"+
-		"`/readyz` answering 200 and its `GET /nodes` listing the %d ready. Every call is over TCP with the cluster's\n"+
-		"token, which every node accepts. At the end, every sandbox deleted and the nodes stopped with SIGTERM, in %s.\n\n",
-		clusterNodes, filepath.Base(c.kilnd), clusterNodes, ms(c.formed), clusterNodes, ms(c.stopped))
+		"`--cluster embedded` (each runs one server of a %d-server NATS cluster, routed to the others) and\n"+
+		"`--node-lost-after %v` (its least: a node unheard that long is lost), every other flag its default.\n"+
+		"They formed in %s: the first started to every node's `/readyz` answering 200 and its `GET /nodes` listing\n"+
+		"the %d ready. Every call is over TCP with the cluster's token, which every node accepts, unless a case says\n"+
+		"otherwise. At the end, every sandbox deleted (a node killed started again for it) and the kilnds stopped with\n"+
+		"SIGTERM, in %s.\n\n",
+		clusterNodes, filepath.Base(c.kilnd), clusterNodes, clusterLostAfter, ms(c.formed), clusterNodes, ms(c.stopped))
 	for _, f := range c.figures {
 		f.write(b)
 	}

@@ -27,10 +27,14 @@ type config struct {
 	scaleStep     int // and how many between its measurements
 	// clusterPerNode are the sandboxes each node of the cluster section
 	// holds while the whole cluster is listed; clusterAttach the bytes of
-	// its attach runs; kilnd the binary its nodes run (empty: one built
-	// for the run).
+	// its attach runs; clusterBurst the bytes of the burst run with the
+	// output export on and off; clusterReplay those of the process read
+	// back from the cluster's copy once its node is lost; kilnd the
+	// binary its nodes run (empty: one built for the run).
 	clusterPerNode int
 	clusterAttach  int64
+	clusterBurst   int64
+	clusterReplay  int64
 	kilnd          string
 	out            string // report directory; empty writes no file
 	sections       map[string]bool

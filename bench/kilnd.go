@@ -358,36 +358,63 @@ func wsRun(ctx context.Context, c client, sb string, req api.ExecRequest, opts *
 		return 0, 0, 0, err
 	}
 	defer conn.CloseNow()
+	var took func(delivered, lost int64) error
+	if strings.Contains(query, "ack=true") {
+		took = acker(ctx, conn)
+	}
+	delivered, lost, err := readV1(ctx, conn, took)
+	if err != nil {
+		return 0, 0, 0, fmt.Errorf("ws throughput: %w", err)
+	}
+	return time.Since(start), delivered, lost, nil
+}
+
+// acker acks what a reader of conn's stdout takes, every 256 KiB, as the
+// SDK does: readV1's took.
+func acker(ctx context.Context, conn *websocket.Conn) func(delivered, lost int64) error {
+	acked := int64(0)
+	return func(delivered, lost int64) error {
+		if delivered-acked < 256<<10 {
+			return nil
+		}
+		acked = delivered
+		ack, _ := json.Marshal(api.ClientMessage{Type: api.TypeAck, Offsets: map[string]int64{"stdout": delivered + lost}})
+		return conn.Write(ctx, websocket.MessageText, ack)
+	}
+}
+
+// readV1 reads a kiln.v1 stream to its exit message, streaming each
+// frame through as a client that writes the output somewhere would;
+// nothing is kept. took, if set, is called after each binary frame with
+// the bytes received so far and those reported lost. It returns them at
+// the exit.
+func readV1(ctx context.Context, conn *websocket.Conn, took func(delivered, lost int64) error) (delivered, lost int64, err error) {
 	conn.SetReadLimit(-1)
-	acking := strings.Contains(query, "ack=true")
 	head, buf := make([]byte, api.FrameHeader), make([]byte, 256<<10)
-	var delivered, lost, unacked int64
 	for {
 		typ, r, err := conn.Reader(ctx)
 		if err != nil {
-			return 0, 0, 0, fmt.Errorf("ws throughput: %w", err)
+			return 0, 0, err
 		}
 		if typ == websocket.MessageBinary {
 			if _, err := io.ReadFull(r, head); err != nil {
-				return 0, 0, 0, fmt.Errorf("ws throughput: frame header: %w", err)
+				return 0, 0, fmt.Errorf("frame header: %w", err)
 			}
 			n, err := discard(r, buf)
 			if err != nil {
-				return 0, 0, 0, fmt.Errorf("ws throughput: %w", err)
+				return 0, 0, err
 			}
 			delivered += n
-			if unacked += n; acking && unacked >= 256<<10 {
-				unacked = 0
-				ack, _ := json.Marshal(api.ClientMessage{Type: api.TypeAck, Offsets: map[string]int64{"stdout": delivered + lost}})
-				if err := conn.Write(ctx, websocket.MessageText, ack); err != nil {
-					return 0, 0, 0, fmt.Errorf("ws throughput: ack: %w", err)
+			if took != nil {
+				if err := took(delivered, lost); err != nil {
+					return 0, 0, fmt.Errorf("ack: %w", err)
 				}
 			}
 			continue
 		}
 		data, err := io.ReadAll(r)
 		if err != nil {
-			return 0, 0, 0, err
+			return 0, 0, err
 		}
 		var m struct {
 			Type      string `json:"type"`
@@ -398,7 +425,7 @@ func wsRun(ctx context.Context, c client, sb string, req api.ExecRequest, opts *
 		case api.TypeGap:
 			lost += m.LostBytes
 		case api.TypeExit:
-			return time.Since(start), delivered, lost, nil
+			return delivered, lost, nil
 		}
 	}
 }

@@ -57,6 +57,8 @@ func parseFlags(args []string) (config, error) {
 	scaleStep := fs.Int("scale-step", 100, "sandboxes between the scale section's measurements")
 	clusterPerNode := fs.Int("cluster-sandboxes", 300, "sandboxes on each of the cluster section's 3 nodes while the whole cluster is listed")
 	clusterAttach := fs.String("cluster-attach-size", "256M", "bytes a process writes per attach run of the cluster section")
+	clusterBurst := fs.String("cluster-burst-size", "256M", "bytes of the cluster section's burst, run with the output export on and off")
+	clusterReplay := fs.String("cluster-replay-size", "100M", "bytes of the process the cluster section reads back from JetStream once its node is lost")
 	kilnd := fs.String("kilnd", "", "the kilnd binary the cluster section's nodes run, such as ./kilnd (default: one built for the run)")
 	out := fs.String("out", "", "also write the reports to DIR/<date>-engine.md (and -scale.md, -compare.md, -pause.md, -cluster.md)")
 	only := fs.String("only", "", "comma-separated sections to run: "+strings.Join(allSections, ", ")+" (default all), or "+strings.Join(extraSections, ", "))
@@ -98,6 +100,12 @@ func parseFlags(args []string) (config, error) {
 		return config{}, err
 	}
 	if cfg.clusterAttach, err = parseSize(*clusterAttach); err != nil {
+		return config{}, err
+	}
+	if cfg.clusterBurst, err = parseSize(*clusterBurst); err != nil {
+		return config{}, err
+	}
+	if cfg.clusterReplay, err = parseSize(*clusterReplay); err != nil {
 		return config{}, err
 	}
 	if cfg.readers, err = parseCounts(*readers); err != nil {

@@ -77,8 +77,9 @@ func writeHeader(b *strings.Builder, cfg config, res results, title string) {
 	if title == "Scale" {
 		fmt.Fprintf(b, "| settings | %d sandboxes, measured every %d |\n\n", cfg.scale, cfg.scaleStep)
 	} else if title == "Cluster" {
-		fmt.Fprintf(b, "| settings | %d nodes, %d sandboxes each listed, %d creates each way, attach %s, %d %s |\n\n",
-			clusterNodes, cfg.clusterPerNode, clusterCreates/max(1, cfg.kilndScale), bytesText(cfg.clusterAttach), cfg.reps, plural(cfg.reps, "rep"))
+		fmt.Fprintf(b, "| settings | %d nodes, %d sandboxes each listed, %d creates each way, attach %s, burst %s, replay %s, %d %s |\n\n",
+			clusterNodes, cfg.clusterPerNode, clusterCreates/max(1, cfg.kilndScale), bytesText(cfg.clusterAttach), bytesText(cfg.clusterBurst),
+			bytesText(cfg.clusterReplay), cfg.reps, plural(cfg.reps, "rep"))
 	} else if title == "Pause" {
 		fmt.Fprintf(b, "| settings | %d pauses and resumes per runtime, after %d warm-ups |\n\n", pauseReps, pauseWarmUp)
 	} else if res.compare != nil && title == "Comparison" {
