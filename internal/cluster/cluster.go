@@ -23,6 +23,7 @@ import (
 	"maps"
 	"net/http"
 	"net/http/httputil"
+	"net/url"
 	"os"
 	"regexp"
 	"slices"
@@ -35,6 +36,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/errdefs"
+	"github.com/sandkiln/sandkiln/internal/reply"
 	"github.com/sandkiln/sandkiln/internal/version"
 )
 
@@ -984,6 +986,11 @@ const ForwardedHeader = "Kiln-Forwarded-By"
 // cluster's token authenticates this node there, the caller's own
 // credentials go no further.
 func (n *Node) Forward(w http.ResponseWriter, r *http.Request, to api.Node) {
+	if u, err := url.Parse(to.APIURL); err != nil || u.Host == "" || u.Scheme != "http" && u.Scheme != "https" {
+		// Its heartbeat said so: nothing this node can reach.
+		reply.Error(w, errdefs.New(errdefs.ErrUnavailable, "node "+to.Name+" has no API address this node can reach"))
+		return
+	}
 	n.proxy(to).ServeHTTP(w, r)
 }
 

@@ -35,7 +35,7 @@ var nodeTransport = &http.Transport{
 // query unchanged, output flushed as it comes (a kiln.v1 WebSocket goes
 // through as its upgrade).
 func newProxy(n *Node, to api.Node) *httputil.ReverseProxy {
-	base, err := url.Parse(to.APIURL)
+	base, _ := url.Parse(to.APIURL) // checked by Forward
 	return &httputil.ReverseProxy{
 		Transport: nodeTransport,
 		Rewrite: func(pr *httputil.ProxyRequest) {
@@ -54,9 +54,6 @@ func newProxy(n *Node, to api.Node) *httputil.ReverseProxy {
 		},
 		FlushInterval: -1,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, perr error) {
-			if err != nil {
-				perr = err
-			}
 			n.log.Warn("cluster: forwarding to a node failed", "to", to.Name, "err", perr)
 			reply.Error(w, errdefs.Opaque(errdefs.ErrUnavailable, "node "+to.Name+" does not answer", perr))
 		},

@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/coder/websocket"
@@ -235,7 +236,9 @@ func (d *Daemon) relayFromCluster(w http.ResponseWriter, r *http.Request, sb api
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	granted := make(chan int64, 64)
+	// Credit the watcher grants, added up as it comes; wake says more came.
+	var granted atomic.Int64
+	wake := make(chan struct{}, 1)
 	go func() {
 		defer cancel()
 		for {
@@ -248,9 +251,10 @@ func (d *Daemon) relayFromCluster(w http.ResponseWriter, r *http.Request, sb api
 				Bytes int64  `json:"bytes"`
 			}
 			if typ == websocket.MessageText && json.Unmarshal(b, &m) == nil && m.Type == api.TypeCredit && m.Bytes > 0 {
+				granted.Add(m.Bytes)
 				select {
-				case granted <- m.Bytes:
-				default: // more grants queued than a reader makes: taken with the next
+				case wake <- struct{}{}:
+				default:
 				}
 			}
 		}
@@ -262,10 +266,9 @@ func (d *Daemon) relayFromCluster(w http.ResponseWriter, r *http.Request, sb api
 		}
 		if typ == websocket.MessageBinary && credit >= 0 {
 			cost := max(int64(len(b)-api.FrameHeader), api.CreditFrame)
-			for credit < cost {
+			for credit += granted.Swap(0); credit < cost; credit += granted.Swap(0) {
 				select {
-				case n := <-granted:
-					credit += n
+				case <-wake:
 				case <-ctx.Done():
 					return
 				}
