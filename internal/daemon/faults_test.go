@@ -707,6 +707,12 @@ func TestLimitsSpareOtherSandboxes(t *testing.T) {
 		Args: []string{"-c", `while :; do python3 -c "b = b'x' * (256 << 20)" 2>/dev/null; done`}})
 	faultAwait(t, "the bomb at its pids limit", func() bool { return bombCG.ReadEvent("pids", "pids.events", "max") > 0 })
 	faultAwait(t, "the hog out of memory", func() bool { return oomKills(starvedCG) > 0 })
+	// The bombed sandbox itself refuses an exec by its limit's name, after
+	// trying for a moment: the bomb's copies never end.
+	if code, b := k.do("POST", "/sandboxes/"+bombed.ID+"/exec", k.d.Token(), `{"command":"echo","args":["no room"]}`); code != http.StatusPreconditionFailed ||
+		!strings.Contains(string(b), `"failed_precondition"`) || !strings.Contains(string(b), "limits.pids") || strings.Contains(string(b), "temporarily") {
+		t.Errorf("exec in the bombed sandbox: %d %s", code, b)
+	}
 	// Execs in the other sandbox until both faults have struck again since
 	// the first began, so that they ran during them.
 	forks, ooms := bombCG.ReadEvent("pids", "pids.events", "max"), oomKills(starvedCG)

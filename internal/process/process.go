@@ -40,10 +40,15 @@ var (
 	// tells apart (127 and 126): no such program, and one it cannot run.
 	ErrNoCommand     = errdefs.New(errdefs.ErrCommandNotFound, "command not found")
 	ErrNotExecutable = errdefs.New(errdefs.ErrNotExecutable, "not executable")
-	ErrNoStdin       = errdefs.New(errdefs.ErrInvalidArgument, "process has no stdin pipe")
-	ErrNotTerminal   = errdefs.New(errdefs.ErrInvalidArgument, "process has no terminal")
-	ErrTerminalEOF   = errdefs.New(errdefs.ErrInvalidArgument, "a terminal has no end-of-input; send Ctrl-D as input")
-	ErrOutOfRange    = ring.ErrOutOfRange
+	// ErrProcessLimit: the kernel made no process for the program (EAGAIN
+	// from the fork): the sandbox holds as many as its limits.pids allows.
+	// Start tries again for a moment first, as a shell does, for what a
+	// process just killed leaves until it is reaped.
+	ErrProcessLimit = errdefs.New(errdefs.ErrFailedPrecondition, "process could not start: the sandbox has as many processes as its limits.pids allows")
+	ErrNoStdin      = errdefs.New(errdefs.ErrInvalidArgument, "process has no stdin pipe")
+	ErrNotTerminal  = errdefs.New(errdefs.ErrInvalidArgument, "process has no terminal")
+	ErrTerminalEOF  = errdefs.New(errdefs.ErrInvalidArgument, "a terminal has no end-of-input; send Ctrl-D as input")
+	ErrOutOfRange   = ring.ErrOutOfRange
 	// ErrCapture: the capture the process asked for could not begin (its
 	// directory cannot be written), so it was not started. The request
 	// was good; the host's storage is not.
@@ -277,6 +282,10 @@ func start(id string, spec Spec, drainFor time.Duration, onDone func()) (*Proces
 		spec.Capture = w
 	}
 	p, err := startProcess(id, spec, drainFor, onDone)
+	for wait := startRetry; errors.Is(err, ErrProcessLimit) && wait <= startRetryMax; wait *= 2 {
+		time.Sleep(wait)
+		p, err = startProcess(id, spec, drainFor, onDone)
+	}
 	if err != nil && spec.Capture != nil {
 		// Nothing ran: end the run, empty, so it does not read as cut.
 		spec.Capture.Sink().Close()
@@ -424,6 +433,16 @@ func notDir(err error) error {
 	return errors.Unwrap(err)
 }
 
+// A start refused for the process limit is tried again after startRetry,
+// then after twice as long each time up to startRetryMax: 0.3 s in all.
+// The processes of a group just killed hold their pids until they are
+// reaped, a few milliseconds; a sandbox that stays at its limit is told
+// so after that.
+const (
+	startRetry    = 5 * time.Millisecond
+	startRetryMax = 160 * time.Millisecond
+)
+
 // startError says why prog did not start, of the class a shell's exit code
 // tells apart: not there (127), there but not runnable (126), or another
 // failure.
@@ -434,6 +453,10 @@ func startError(prog string, err error) error {
 		class = ErrNoCommand
 	case errors.Is(err, unix.EACCES) || errors.Is(err, unix.ENOEXEC) || errors.Is(err, unix.EISDIR) || errors.Is(err, unix.EPERM):
 		class = ErrNotExecutable
+	case errors.Is(err, unix.EAGAIN):
+		// The kernel's words ("resource temporarily unavailable") say
+		// less than the limit's name.
+		return fmt.Errorf("%w (%s not started)", ErrProcessLimit, prog)
 	}
 	return fmt.Errorf("%w: %s: %w", class, prog, err)
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -357,6 +358,39 @@ func TestStartFailuresAreErrors(t *testing.T) {
 				t.Fatalf("error %v, want %v", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestStartAtTheProcessLimit: a fork the kernel refuses for the process
+// limit (EAGAIN) is tried again for a moment, as a shell does, and a limit
+// that stays is told by its name, never in the kernel's words.
+func TestStartAtTheProcessLimit(t *testing.T) {
+	t.Parallel()
+	refusing := func(times int) (func(*exec.Cmd) (*os.Process, error), *int) {
+		tries := new(int)
+		return func(cmd *exec.Cmd) (*os.Process, error) {
+			if *tries++; *tries <= times {
+				return nil, &os.PathError{Op: "fork/exec", Path: cmd.Path, Err: syscall.EAGAIN}
+			}
+			err := cmd.Start()
+			return cmd.Process, err
+		}, tries
+	}
+	launch, tries := refusing(2)
+	p, err := Start("x", Spec{Argv: []string{"echo", "room at last"}, Launch: launch})
+	if err != nil {
+		t.Fatalf("refused twice, then: %v", err)
+	}
+	if ex, _ := p.Wait(ctxT(t)); ex != (Exit{}) || *tries != 3 {
+		t.Fatalf("exit %v after %d tries", ex, *tries)
+	}
+	launch, tries = refusing(1 << 30)
+	_, err = Start("x", Spec{Argv: []string{"echo"}, Launch: launch})
+	if !errors.Is(err, ErrProcessLimit) || !strings.Contains(err.Error(), "limits.pids") || strings.Contains(err.Error(), "temporarily") {
+		t.Fatalf("always refused: %v", err)
+	}
+	if *tries < 3 || *tries > 10 {
+		t.Fatalf("tried %d times", *tries)
 	}
 }
 
