@@ -71,7 +71,7 @@ func (cl *benchCluster) startSolo(ctx context.Context) (*clusterNode, error) {
 		return cl.solo, nil
 	}
 	n := &clusterNode{name: "solo", state: filepath.Join(cl.base, "solo"), log: filepath.Join(cl.base, "solo.log")}
-	n.args = []string{"--state-dir", n.state}
+	n.args = []string{"--state-dir", n.state, "--listen", ""}
 	n.local = unixClient(filepath.Join(n.state, daemon.SocketName))
 	cl.solo = n
 	return n, n.run(ctx, cl.exe)
