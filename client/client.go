@@ -277,6 +277,12 @@ func answerError(resp *http.Response, b []byte, method, path string) *Error {
 func (c *Client) call(ctx context.Context, method, path string, query url.Values, in, out any, idempotent bool) error {
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
+	return c.callLong(ctx, method, path, query, in, out, idempotent)
+}
+
+// callLong is call bounded by ctx alone: for a request whose answer takes
+// as long as the work it asks for (copying workspaces).
+func (c *Client) callLong(ctx context.Context, method, path string, query url.Values, in, out any, idempotent bool) error {
 	var body io.Reader
 	ctype := ""
 	switch b := in.(type) {

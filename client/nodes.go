@@ -44,10 +44,12 @@ func (c *Client) DrainNode(ctx context.Context, name string) (api.Node, error) {
 // DrainNodeMoving drains a node as DrainNode does and moves each of its
 // stopped sandboxes to another ready node (api.DrainRequest.MoveStopped):
 // the answer's Moved says where each went, or why not and which
-// snapshot holds its files. It answers once every one was tried.
+// snapshot holds its files. It answers once every one was tried, which
+// takes as long as copying their workspaces: ctx alone bounds it, not the
+// client's Timeout.
 func (c *Client) DrainNodeMoving(ctx context.Context, name string) (api.Node, error) {
 	var out api.Node
-	return out, c.call(ctx, "POST", nodePath(name)+"/drain", nil, api.DrainRequest{MoveStopped: true}, &out, false)
+	return out, c.callLong(ctx, "POST", nodePath(name)+"/drain", nil, api.DrainRequest{MoveStopped: true}, &out, false)
 }
 
 // UndrainNode places sandboxes on a drained node again (kubectl

@@ -598,10 +598,12 @@ func (n *Node) Forget(ctx context.Context, id, name string) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
-	kv.Delete(ctx, id)
+	// The name first: whoever no longer finds the sandbox finds its
+	// name free.
 	if name != "" {
 		n.ReleaseName(ctx, name, id)
 	}
+	kv.Delete(ctx, id)
 }
 
 // Reconcile writes every sandbox of this node again and removes from the
@@ -653,23 +655,38 @@ func (n *Node) ClaimName(ctx context.Context, name, id string) error {
 	n.mu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
-	_, err := kv.Create(ctx, name, []byte(id))
-	if err == nil {
-		return nil
-	}
-	e, gerr := kv.Get(ctx, name)
-	if gerr != nil {
-		return fmt.Errorf("%w: claiming sandbox name %s: %v", errdefs.ErrUnavailable, name, err)
+	// Refused as taken, and then not there or held by a sandbox this
+	// node does not know: the name was released meanwhile, the read came
+	// from a replica behind the last release (reads of a replicated
+	// bucket may come from any of its servers), or another node is
+	// creating its sandbox. A few more tries settle the first two.
+	var e jetstream.KeyValueEntry
+	known := false
+	for try := 1; ; try++ {
+		_, err := kv.Create(ctx, name, []byte(id))
+		if err == nil {
+			return nil
+		}
+		var gerr error
+		e, gerr = kv.Get(ctx, name)
+		if gerr != nil && (!errors.Is(gerr, jetstream.ErrKeyNotFound) || try == claimTries) {
+			return fmt.Errorf("%w: claiming sandbox name %s: %v", errdefs.ErrUnavailable, name, err)
+		}
+		if gerr == nil {
+			if string(e.Value()) == id {
+				return nil
+			}
+			if known = n.knows(string(e.Value())); known || try == claimTries {
+				break
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w: claiming sandbox name %s: %v", errdefs.ErrUnavailable, name, ctx.Err())
+		case <-time.After(time.Duration(try) * 20 * time.Millisecond):
+		}
 	}
 	holder := string(e.Value())
-	if holder == id {
-		return nil
-	}
-	n.mu.Lock()
-	_, known := n.remote[holder]
-	_, own := n.published[holder]
-	known = known || own || strings.HasPrefix(holder, "creating."+n.cfg.Node+".")
-	n.mu.Unlock()
 	if !known && time.Since(e.Created()) > staleClaim {
 		if _, err := kv.Update(ctx, name, []byte(id), e.Revision()); err == nil {
 			return nil
@@ -677,6 +694,19 @@ func (n *Node) ClaimName(ctx context.Context, name, id string) error {
 	}
 	return fmt.Errorf("%w: the name %s is taken by sandbox %s", errdefs.ErrAlreadyExists, name, api.ShortID(holder))
 }
+
+// knows says whether holder, a name's holder, is a sandbox of the cluster
+// this node knows of, or a create of its own under way.
+func (n *Node) knows(holder string) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	_, known := n.remote[holder]
+	_, own := n.published[holder]
+	return known || own || strings.HasPrefix(holder, "creating."+n.cfg.Node+".")
+}
+
+// claimTries bounds the tries of a name's claim that found it released.
+const claimTries = 5
 
 // ReleaseName gives name back, if id holds it: a create that failed.
 func (n *Node) ReleaseName(ctx context.Context, name, id string) { n.passName(ctx, name, id, "") }
