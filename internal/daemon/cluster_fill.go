@@ -48,10 +48,10 @@ type filled struct {
 	// begins: the copy is read until every stream is there.
 	pos, upTo map[string]int64
 	rounds    int
-	// run and begun are the copy's run (outexport.Reader.Run), when
-	// there is a copy.
-	run   string
-	begun bool
+	// run is the copy's run (outexport.Reader.Run), when there is a
+	// copy; exited says the process had exited when the agent was asked.
+	run    string
+	exited bool
 }
 
 // stored is when the cluster stored the message the last Read's came of
@@ -88,7 +88,7 @@ func (d *Daemon) openFilled(ctx context.Context, e *entry, ref string, from map[
 	if err := askAgent(ctx, p.Transport, handoff.RetainedPath+url.PathEscape(ref), &ret); err != nil || ret.Process == "" {
 		return nil, nil // an agent of before, or none to ask: it says what it lacks itself
 	}
-	f := &filled{pos: map[string]int64{}, upTo: map[string]int64{}}
+	f := &filled{pos: map[string]int64{}, upTo: map[string]int64{}, exited: ret.Exited}
 	behind := false
 	for s, span := range ret.Streams {
 		f.pos[s], f.upTo[s] = from[s], span.First
@@ -121,7 +121,7 @@ func (d *Daemon) openFilled(ctx context.Context, e *entry, ref string, from map[
 		switch {
 		case err == nil:
 			f.js = js
-			f.run, f.begun = js.Run()
+			f.run, _ = js.Run()
 		case !always:
 			return nil, nil
 		}

@@ -306,11 +306,14 @@ func (d *Daemon) readLogFilled(w http.ResponseWriter, r *http.Request, lq logQue
 		return true
 	}
 	defer f.Close()
-	run, begun := f.run, f.begun
 	src := newV1Entries(f, f.stored)
-	if !lq.follow {
+	if !lq.follow && !f.exited {
+		// Where the output stands now, not what comes later; an exited
+		// process's stream ends with its exit.
 		src.target = map[string]int64{}
 	}
-	logFromCluster(w, r, lq, src, run, begun)
+	// The read begins at the process's start: what neither holds of it
+	// is counted lost.
+	logFromCluster(w, r, lq, src, f.run, true)
 	return true
 }

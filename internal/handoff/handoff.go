@@ -217,10 +217,12 @@ const RetainedPath = "/retained/"
 // Retained is what of a process's output its agent holds now: each
 // stream's retained span (its ring's, or its captured log's where that
 // holds older bytes), as a watcher attaching now would be told in its
-// hello. Process is the process's whole id.
+// hello. Process is the process's whole id; Exited says it had exited
+// (a watcher is then sent its streams' ends and exit after its output).
 type Retained struct {
 	Process string                   `json:"process"`
 	Streams map[string]api.HelloSpan `json:"streams"`
+	Exited  bool                     `json:"exited,omitempty"`
 }
 
 // EventIn reads the counter key from an events file's content.

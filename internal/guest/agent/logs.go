@@ -487,7 +487,7 @@ func (s *Server) retained(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, handoff.Retained{Process: id, Streams: s.spans(id, st)})
+	writeJSON(w, http.StatusOK, handoff.Retained{Process: id, Streams: s.spans(id, st), Exited: st.State == process.Exited})
 }
 
 // stream sends the output, its gaps, ends and exit, until the
