@@ -65,7 +65,8 @@ type clusterFigures interface {
 }
 
 // clusterCases are the cluster section's measurements, in the order they
-// run. The replay kills a node, so it runs last; benchCluster.stop starts
+// run. The kill during a stream starts its node again; the replay kills a
+// node, so it runs last; benchCluster.stop starts
 // a node that is not running again on its state before deleting its
 // sandboxes.
 var clusterCases = []clusterCase{
@@ -73,6 +74,7 @@ var clusterCases = []clusterCase{
 	{"attach through a non-owner", measureClusterAttach},
 	{"list of the whole cluster", measureClusterList},
 	{"a burst with the output export on and off", measureClusterExport},
+	{"a node killed while its process streams", measureClusterKill},
 	{"replay of a lost node's process", measureClusterReplay},
 }
 

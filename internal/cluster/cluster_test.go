@@ -559,13 +559,14 @@ func TestClusterNodeKilled(t *testing.T) {
 	}
 	defer a.do(t, tok, "DELETE", "/sandboxes/"+sb.ID+"?remove_logs=true", "")
 	// 60,000 lines, 720,000 bytes (less than the ring holds), in 120
-	// bursts with a pause between.
-	script := `i=0; while [ $i -lt 120 ]; do j=0; while [ $j -lt 500 ]; do printf 'line-%06d\n' $((i*500+j)); j=$((j+1)); done; i=$((i+1)); sleep 0.02; done`
+	// bursts with a pause between; then it waits for its input to close,
+	// so that what it produced while its node was gone is known.
+	script := `i=0; while [ $i -lt 120 ]; do j=0; while [ $j -lt 500 ]; do printf 'line-%06d\n' $((i*500+j)); j=$((j+1)); done; i=$((i+1)); sleep 0.02; done; cat >/dev/null`
 	var want bytes.Buffer
 	for i := range 60000 {
 		fmt.Fprintf(&want, "line-%06d\n", i)
 	}
-	req, _ := json.Marshal(api.ExecRequest{Command: "sh", Args: []string{"-c", script}})
+	req, _ := json.Marshal(api.ExecRequest{Command: "sh", Args: []string{"-c", script}, Stdin: api.StdinPipe})
 	code, body = a.do(t, tok, "POST", "/sandboxes/"+sb.ID+"/exec-stream", string(req))
 	var st api.Started
 	if json.Unmarshal(body, &st); code != http.StatusOK || st.ID == "" {
@@ -610,6 +611,35 @@ func TestClusterNodeKilled(t *testing.T) {
 	if got, _, _ := attach(t, a, tok, sb.ID, st.ID, held/2); !bytes.Equal(got, want.Bytes()[held/2:held]) {
 		t.Fatalf("from offset %d: %d bytes, not the output's", held/2, len(got))
 	}
+	// Its log, from the cluster: the same bytes, raw and as records at
+	// their offsets; a run the cluster never saw end, with nothing known
+	// lost.
+	resp, raw := get(t, a, tok, "/sandboxes/"+sb.ID+"/logs/"+st.ID)
+	if resp.StatusCode != 200 || !bytes.Equal(raw, want.Bytes()[:held]) {
+		t.Fatalf("the lost node's log through a: %d, %d bytes (held %d), equal to the output's start: %v", resp.StatusCode, len(raw), held,
+			bytes.Equal(raw, want.Bytes()[:min(len(raw), want.Len())]))
+	}
+	var runs []api.Run
+	json.Unmarshal([]byte(resp.Trailer.Get("Kiln-Runs")), &runs)
+	if resp.Trailer.Get("Kiln-Lost") != "{}" || resp.Trailer.Get("Kiln-Complete") != "false" || len(runs) != 1 || runs[0].State != "interrupted" {
+		t.Errorf("the lost node's log's trailers: %v", resp.Trailer)
+	}
+	resp, recs := get(t, a, tok, "/sandboxes/"+sb.ID+"/logs/"+st.ID[:8]+"?tail=3&stream=stdout&format=json")
+	var lines []api.LogRecord
+	for line := range strings.Lines(string(recs)) {
+		var rec api.LogRecord
+		json.Unmarshal([]byte(line), &rec)
+		lines = append(lines, rec)
+	}
+	if resp.StatusCode != 200 || held%12 != 0 || len(lines) != 3 {
+		t.Fatalf("the lost node's last 3 lines: %d %s (held %d)", resp.StatusCode, recs, held)
+	}
+	for i, rec := range lines {
+		n := held/12 - 3 + int64(i)
+		if rec.Text != fmt.Sprintf("line-%06d", n) || rec.Offset == nil || *rec.Offset != n*12 || rec.Partial {
+			t.Errorf("the lost node's last 3 lines: %s", recs)
+		}
+	}
 	if code, body := a.do(t, tok, "POST", "/sandboxes/"+sb.ID+"/exec", `{"command":"true"}`); code != http.StatusServiceUnavailable {
 		t.Errorf("exec on the lost node: %d %s", code, body)
 	}
@@ -621,6 +651,24 @@ func TestClusterNodeKilled(t *testing.T) {
 		code, body := a.do(t, tok, "GET", "/sandboxes/"+sb.ID, "")
 		return code == 200 && strings.Contains(string(body), `"state":"running"`), string(body)
 	})
+	// What the node's loss cost: the process produced its whole output
+	// (it waits for its input, and has written nothing more) while the
+	// cluster held what it held when the node was lost.
+	var produced int64
+	eventually(t, "the process through its output, waiting", func() (bool, string) {
+		code, body := a.do(t, tok, "GET", "/sandboxes/"+sb.ID+"/exec-stream/"+st.ID, "")
+		var p api.Process
+		json.Unmarshal(body, &p)
+		produced = p.Streams["stdout"].TotalBytes
+		return code == 200 && produced == int64(want.Len()), string(body)
+	})
+	t.Logf("a node lost mid-burst: %d bytes produced, %d in the cluster (acknowledged by JetStream) while it was gone, %d not", produced, held, produced-held)
+	if produced-held <= 0 || produced-held != int64(want.Len())-int64(len(got)) {
+		t.Errorf("lost while the node was gone: %d produced, %d held, %d read", produced, held, len(got))
+	}
+	if code, body := a.do(t, tok, "POST", "/sandboxes/"+sb.ID+"/exec-stream/"+st.ID+"/stdin/close", ""); code/100 != 2 {
+		t.Fatalf("stdin close: %d %s", code, body)
+	}
 	eventually(t, "the whole output in the cluster", func() (bool, string) {
 		n, state := exported()
 		return n == int64(want.Len()) && state == api.StateExited, fmt.Sprint(n, state)

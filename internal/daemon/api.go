@@ -386,7 +386,9 @@ func (d *Daemon) forward(w http.ResponseWriter, r *http.Request) {
 		r.Header.Set(api.PrefixHeader, portPrefix(r.URL))
 	}
 	if strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
-		d.relay(w, r, e)
+		if !d.attachFilled(w, r, e) {
+			d.relay(w, r, e)
+		}
 		return
 	}
 	if kind := startKind(r); kind != "" {

@@ -143,16 +143,18 @@ func (d *Daemon) purgeOutput(id string) {
 
 // fromCluster serves, for a sandbox whose node is not there to ask, what
 // JetStream holds of it: its processes (GET …/exec-stream, each not ended
-// node_lost), one process (GET …/exec-stream/{pid}), and a process's
-// output as kiln.v1 (GET …/exec-stream/{pid}/logs, a WebSocket). It
-// reports whether it served r.
+// node_lost), one process (GET …/exec-stream/{pid}), a process's output
+// as kiln.v1 (GET …/exec-stream/{pid}/logs, a WebSocket) and as its log
+// (GET …/logs/{pid}, readLostLog). It reports whether it served r.
 func (d *Daemon) fromCluster(w http.ResponseWriter, r *http.Request, sb api.Sandbox, sub string) bool {
 	js := d.cluster.JetStream()
 	if js == nil || r.Method != http.MethodGet {
 		return false
 	}
 	parts := strings.Split(sub, "/")
-	if parts[0] != "exec-stream" || len(parts) > 3 || len(parts) == 3 && parts[2] != "logs" {
+	if parts[0] == "logs" && len(parts) == 2 {
+		parts = []string{"exec-stream", parts[1], "log"} // GET …/logs/{pid}: the same process, read as its log
+	} else if parts[0] != "exec-stream" || len(parts) > 3 || len(parts) == 3 && parts[2] != "logs" {
 		return false
 	}
 	procs, err := outexport.Processes(r.Context(), js, cluster.Token(sb.Node), sb.ID, api.SandboxNodeLost)
@@ -183,8 +185,13 @@ func (d *Daemon) fromCluster(w http.ResponseWriter, r *http.Request, sb api.Sand
 		reply.JSON(w, http.StatusOK, found)
 		return true
 	}
+	if parts[2] == "log" {
+		d.readLostLog(w, r, sb, found.ID)
+		return true
+	}
 	if !strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
-		reply.Error(w, fmt.Errorf("%w: sandbox %s's node %s is gone: its output is read from the cluster as kiln.v1 (a WebSocket) alone", errdefs.ErrFailedPrecondition, api.ShortID(sb.ID), sb.Node))
+		reply.Error(w, fmt.Errorf("%w: sandbox %s's node %s is gone: its output is read from the cluster as kiln.v1 (a WebSocket), or as its log (GET /sandboxes/%s/logs/%s)",
+			errdefs.ErrFailedPrecondition, api.ShortID(sb.ID), sb.Node, api.ShortID(sb.ID), api.ShortID(found.ID)))
 		return true
 	}
 	d.relayFromCluster(w, r, sb, found.ID)

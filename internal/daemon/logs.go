@@ -237,20 +237,28 @@ func (d *Daemon) readLog(w http.ResponseWriter, r *http.Request) {
 		reply.Error(w, err)
 		return
 	}
+	// A process with no captured log is read from the cluster's copy, in
+	// a cluster (readLogFilled).
 	dir, id, err := d.logsDir(r.PathValue("id"))
 	if err != nil {
-		reply.Error(w, err)
+		if !errors.Is(err, errdefs.ErrNotFound) || !d.readLogFilled(w, r, lq, r.PathValue("id"), r.PathValue("pid")) {
+			reply.Error(w, err)
+		}
 		return
 	}
 	defer dir.Close()
 	pid, err := logOf(dir, r.PathValue("pid"))
 	if err != nil {
-		reply.Error(w, err)
+		if !errors.Is(err, errdefs.ErrNotFound) || !d.readLogFilled(w, r, lq, id, r.PathValue("pid")) {
+			reply.Error(w, err)
+		}
 		return
 	}
 	sub, err := dir.OpenSub(pid)
 	if err != nil {
-		reply.Error(w, fmt.Errorf("%w: process %s has no captured log", errdefs.ErrNotFound, pid))
+		if !d.readLogFilled(w, r, lq, id, pid) {
+			reply.Error(w, fmt.Errorf("%w: process %s has no captured log", errdefs.ErrNotFound, pid))
+		}
 		return
 	}
 	defer sub.Close()
@@ -335,11 +343,18 @@ func logEmitter(w http.ResponseWriter, lq logQuery) func(capture.Entry) error {
 	}
 }
 
+// entryReader reads a captured log's entries: the log's (capture.Reader),
+// or what the cluster's copy of an output reads as (v1Entries). Next
+// returns io.EOF at the end.
+type entryReader interface {
+	Next(ctx context.Context) (capture.Entry, error)
+}
+
 // readCaptured emits what the log holds now, filtered; false if the read
 // or a write failed. Without tail the output streams as it is read; with
 // it, only the entries of the last lines are kept, trimmed as the reading
 // goes.
-func readCaptured(ctx context.Context, rd *capture.Reader, lq logQuery, emit func(capture.Entry) error) bool {
+func readCaptured(ctx context.Context, rd entryReader, lq logQuery, emit func(capture.Entry) error) bool {
 	var es []capture.Entry
 	for {
 		e, err := rd.Next(ctx)

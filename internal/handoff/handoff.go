@@ -209,6 +209,22 @@ type GuestUsage struct {
 // alone: it is not forwarded from kilnd's API.
 const UsagePath = "/usage"
 
+// RetainedPath is the agent's route (GET RetainedPath + a process id or
+// its prefix) answering Retained, kilnd's alone: it is not forwarded from
+// kilnd's API.
+const RetainedPath = "/retained/"
+
+// Retained is what of a process's output its agent holds now: each
+// stream's retained span (its ring's, or its captured log's where that
+// holds older bytes), as a watcher attaching now would be told in its
+// hello. Process is the process's whole id; Exited says it had exited
+// (a watcher is then sent its streams' ends and exit after its output).
+type Retained struct {
+	Process string                   `json:"process"`
+	Streams map[string]api.HelloSpan `json:"streams"`
+	Exited  bool                     `json:"exited,omitempty"`
+}
+
 // EventIn reads the counter key from an events file's content.
 func EventIn(b []byte, key string) int64 {
 	for line := range strings.Lines(string(b)) {

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 
@@ -94,6 +95,26 @@ func TestExportAndReplay(t *testing.T) {
 			t.Errorf("from %v: hello %+v", from, got.hello)
 		}
 	}
+	// Each message read says when JetStream stored what it came of (the
+	// hello, nothing), and the reader names the export's run, begun.
+	r := openReader(ctx, t, js, node, sandbox, "p1", ReadOptions{})
+	before := time.Now()
+	for i := 0; ; i++ {
+		typ, _, err := r.Read(ctx)
+		if err != nil {
+			break
+		}
+		switch stored := r.Stored(); {
+		case i == 0 && !stored.IsZero():
+			t.Errorf("the hello stored at %v", stored)
+		case i > 0 && typ == websocket.MessageBinary && (stored.IsZero() || stored.After(before)):
+			t.Errorf("message %d stored at %v, read at %v", i, stored, before)
+		}
+	}
+	if run, begun := r.Run(); len(run) != 36 || !begun {
+		t.Errorf("run %q, begun %v", run, begun)
+	}
+	r.CloseNow()
 	st := x.Stats()
 	if st.Ended != 1 || st.Lost != 0 || st.Bytes != totals["stdout"]+totals["stderr"] || st.Fenced != 0 {
 		t.Errorf("stats %+v", st)

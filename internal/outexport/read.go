@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"time"
 
 	"github.com/coder/websocket"
 	"github.com/nats-io/nats.go/jetstream"
@@ -51,12 +52,22 @@ type Reader struct {
 	pos     vector // where the reader stands in each stream
 	queue   []outMsg
 	ended   bool
+	// run is the export's run, as the subject's first message names
+	// it; begun says that message is the begin record (the subject
+	// still holds the export's start).
+	run   string
+	begun bool
+	// stored is when JetStream stored the message the last Read's came
+	// of (zero for the hello).
+	stored time.Time
 }
 
-// outMsg is one kiln.v1 message waiting to be read.
+// outMsg is one kiln.v1 message waiting to be read, and when JetStream
+// stored the message it came of.
 type outMsg struct {
-	typ  websocket.MessageType
-	data []byte
+	typ    websocket.MessageType
+	data   []byte
+	stored time.Time
 }
 
 // NewReader opens process's output on node as JetStream holds it. An
@@ -83,7 +94,8 @@ func NewReader(ctx context.Context, js jetstream.JetStream, node, sandbox, proce
 	if err != nil {
 		return nil, lookupErr(ctx, subject, fmt.Errorf("first: %w", err))
 	}
-	r := &Reader{follow: o.Follow, lastSeq: last.streamSeq}
+	r := &Reader{follow: o.Follow, lastSeq: last.streamSeq, run: first.run,
+		begun: first.kind == kindRecord && first.rec.Event == eventBegin}
 	streams := last.after()
 	for s := byte(1); s < numStreams; s++ {
 		r.pos.has[s] = streams.has[s]
@@ -242,13 +254,28 @@ func (r *Reader) Read(ctx context.Context) (websocket.MessageType, []byte, error
 			return 0, nil, err
 		}
 		r.readTo = m.streamSeq
+		n := len(r.queue)
 		r.take(m)
+		for i := n; i < len(r.queue); i++ {
+			r.queue[i].stored = meta.Timestamp
+		}
 	}
 	out := r.queue[0]
 	r.queue[0] = outMsg{}
 	r.queue = r.queue[1:]
+	r.stored = out.stored
 	return out.typ, out.data, nil
 }
+
+// Stored is when JetStream stored the message the last Read's message
+// came of: the time a chunk reached the cluster, the nearest the copy
+// has to when it was written. It is zero for the hello.
+func (r *Reader) Stored() time.Time { return r.stored }
+
+// Run is the export's run, a UUID, as the subject's first message names
+// it, and whether that message is the begin record: false once
+// JetStream discarded the export's start (its age limit).
+func (r *Reader) Run() (id string, begun bool) { return r.run, r.begun }
 
 // take queues what message m says beyond where the reader stands: a gap
 // for each stream its vector is past the reader in, then its bytes (what
@@ -268,7 +295,7 @@ func (r *Reader) take(m *message) {
 		}
 		skip := r.pos.off[s] - start // ≥ 0: the gaps above brought pos up to start
 		f := api.Frame{Stream: s, Offset: uint64(r.pos.off[s]), Seq: m.seq + uint64(skip), Data: m.data[skip:]}
-		r.queue = append(r.queue, outMsg{websocket.MessageBinary, api.AppendFrame(make([]byte, 0, api.FrameHeader+len(f.Data)), f)})
+		r.queue = append(r.queue, outMsg{typ: websocket.MessageBinary, data: api.AppendFrame(make([]byte, 0, api.FrameHeader+len(f.Data)), f)})
 		r.pos.off[s] = end
 		return
 	}
@@ -310,7 +337,7 @@ func (r *Reader) gapTo(s byte, to int64) {
 
 func (r *Reader) queueJSON(v any) {
 	b, _ := json.Marshal(v)
-	r.queue = append(r.queue, outMsg{websocket.MessageText, b})
+	r.queue = append(r.queue, outMsg{typ: websocket.MessageText, data: b})
 }
 
 // CloseNow stops the reader's consumer.

@@ -151,6 +151,7 @@ func (s *Server) routes() {
 	m.HandleFunc("POST /exec-stream/{pid}/resize", s.byPrefix(s.resize))
 	m.HandleFunc("POST /exec-stream/{pid}/release", s.byPrefix(s.release))
 	m.HandleFunc("GET /exec-stream/{pid}/logs", s.byPrefix(s.logs))
+	m.HandleFunc("GET "+handoff.RetainedPath+"{pid}", s.byPrefix(s.retained))
 	m.HandleFunc("POST /capture/hold", s.holdRuns)
 	m.HandleFunc("POST /capture/release", s.releaseRuns)
 	m.HandleFunc("POST /capture/continue", s.continueRuns)

@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/internal/handoff"
 	"github.com/sandkiln/sandkiln/internal/process"
 	"github.com/sandkiln/sandkiln/internal/ring"
 )
@@ -454,21 +455,39 @@ func (o *wsOut) awaitCredit() bool {
 
 // hello sends kiln.v1's first message: each stream's retained span.
 func (o *wsOut) hello(id string, st process.Status) bool {
-	h := api.Hello{Type: api.TypeHello, Streams: map[string]api.HelloSpan{}}
+	return o.sendJSON(api.Hello{Type: api.TypeHello, Streams: o.s.spans(id, st)})
+}
+
+// spans are each stream of process id's retained span now, st being its
+// status a moment ago.
+func (s *Server) spans(id string, st process.Status) map[string]api.HelloSpan {
 	// The totals are taken after the retained span: the ring may have
 	// moved on since the request's status, and a span must not start
 	// past its stream's total.
 	totals := st.Totals
-	first, err := o.s.cfg.Table.Retained(id)
+	first, err := s.cfg.Table.Retained(id)
 	if err != nil {
 		first = st.First
-	} else if now, err := o.s.cfg.Table.Status(id); err == nil {
+	} else if now, err := s.cfg.Table.Status(id); err == nil {
 		totals = now.Totals
 	}
-	for _, s := range st.Streams {
-		h.Streams[streamName(s)] = api.HelloSpan{First: first[s], Total: totals[s]}
+	spans := map[string]api.HelloSpan{}
+	for _, str := range st.Streams {
+		spans[streamName(str)] = api.HelloSpan{First: first[str], Total: totals[str]}
 	}
-	return o.sendJSON(h)
+	return spans
+}
+
+// retained answers kilnd's GET handoff.RetainedPath{pid}: what of the
+// process's output a watcher attaching now would be given.
+func (s *Server) retained(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("pid")
+	st, err := s.cfg.Table.Status(id)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, handoff.Retained{Process: id, Streams: s.spans(id, st), Exited: st.State == process.Exited})
 }
 
 // stream sends the output, its gaps, ends and exit, until the
