@@ -1792,8 +1792,10 @@ export interface components {
             snapshot?: string;
             /** @description a gap's count of the events kilnd no longer held, or (with sandbox) of that sandbox's process events it did not keep: more than 500 a second, past a burst of 2000 */
             lost?: number;
-            /** @description the kilnd that numbered it: a new one numbers from 1 again */
+            /** @description what numbered it: the kilnd, which numbers from 1 again once restarted, or in a cluster the cluster's stream of events (its epoch begins with cluster-), whose numbers every node gives alike */
             epoch: string;
+            /** @description in a cluster, the node it happened on; a gap's, the node whose events never reached the cluster */
+            node?: string;
         };
         /** @description a captured record: its time, stream, offset and content (text, or base64 when not valid UTF-8), partial for a P record (a line that goes on in the stream's next record; a last line without its newline ends with one); or a stream gap (lost_bytes of stream lost at offset); or a gap of gap log bytes rotation removed while reading (-1: how many is unknown) */
         LogRecord: {
