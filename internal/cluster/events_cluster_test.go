@@ -281,4 +281,10 @@ func TestClusterEvents(t *testing.T) {
 	if lost != 0 || cmp.Diff(want, ofDown) != "" {
 		t.Errorf("a's events of its cluster's absence: lost %d; (-a's own +the cluster's):\n%s", lost, cmp.Diff(want, ofDown))
 	}
+	// a's scrape says its events reached the cluster, none lost.
+	code, m := a.do(t, tok, "GET", "/metrics", "")
+	if code != 200 || !strings.Contains(string(m), "kilnd_events_lost_total 0\n") || !strings.Contains(string(m), "kilnd_events_published_total ") ||
+		strings.Contains(string(m), "kilnd_events_published_total 0\n") {
+		t.Errorf("a's metrics of its events: %d\n%s", code, m)
+	}
 }

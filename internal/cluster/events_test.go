@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"testing"
 	"time"
 
@@ -227,5 +228,39 @@ func TestEventsReader(t *testing.T) {
 	e, caughtUp, err = r.Next(ctx)
 	if err != nil || e.Seq != 41 || e.Type != api.EventDeleted || e.Node != "a" || !caughtUp {
 		t.Fatalf("following, the next: %+v caught up %v, %v", briefs([]api.Event{e}), caughtUp, err)
+	}
+}
+
+// BenchmarkEventsPublish: how fast a node's events reach the cluster's
+// stream, one publish in flight, on one NATS server (R1) and on three
+// (R3): b.N events emitted at once, timed until the last is stored.
+func BenchmarkEventsPublish(b *testing.B) {
+	for _, servers := range []int{1, 3} {
+		b.Run(fmt.Sprintf("R%d", servers), func(b *testing.B) {
+			nc, err := nats.Connect(strings.Join(natstest.Cluster(b, servers).URLs(), ","))
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer nc.Close()
+			l := newKilndLog("k1", max(b.N, 1))
+			x, err := cluster.NewEvents(cluster.EventsConfig{Conn: nc, Node: "a", Replicas: servers, Local: l.log, LocalEpoch: l.epoch})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer x.Close()
+			// The stream set up first.
+			l.emit(api.EventCreated, "sb0")
+			for x.Stats().Published < 1 {
+				time.Sleep(time.Millisecond)
+			}
+			b.ResetTimer()
+			for range b.N {
+				l.emit(api.EventCreated, "sb")
+			}
+			for x.Stats().Published < int64(b.N)+1 {
+				time.Sleep(100 * time.Microsecond)
+			}
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
+		})
 	}
 }

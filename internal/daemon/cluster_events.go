@@ -8,6 +8,8 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/cluster"
 	"github.com/sandkiln/sandkiln/internal/errdefs"
@@ -113,5 +115,21 @@ func (d *Daemon) sendClusterEvents(ctx context.Context, q eventFilter, rd *clust
 			}
 			unflushed = 0
 		}
+	}
+}
+
+// eventCounter is a counter of the events' publisher's, for GET /metrics.
+type eventCounter struct {
+	desc *prometheus.Desc
+	get  func(cluster.EventStats) int64
+}
+
+// eventCounters are what a node's publisher of events did: a lost count
+// that grows says its events do not reach the cluster.
+func eventCounters() []eventCounter {
+	return []eventCounter{
+		{prometheus.NewDesc("kilnd_events_published_total", "Events of this kilnd's stored in the cluster's stream of events.", nil, nil), func(s cluster.EventStats) int64 { return s.Published }},
+		{prometheus.NewDesc("kilnd_events_lost_total", "Events of this kilnd's that never reached the cluster (counted in gaps naming the node): its log let them go while NATS could not be reached.", nil, nil), func(s cluster.EventStats) int64 { return s.Lost }},
+		{prometheus.NewDesc("kilnd_events_retries_total", "Publishes of events tried again (NATS unreachable, an election, a timeout).", nil, nil), func(s cluster.EventStats) int64 { return s.Retries }},
 	}
 }
