@@ -4,11 +4,12 @@
 //
 // A node's events are first its kilnd's own (a seqlog.Log numbered under
 // the kilnd's epoch): emitting one never waits for NATS. A publisher
-// reads that log behind the kilnd and appends each event to the node's
-// subject, kiln.events.<node>, one publish in flight, with
-// compare-and-append (Nats-Expected-Last-Subject-Sequence): a retried
-// publish whose first try was stored is recognised (its headers name the
-// kilnd's epoch and number) and never stored twice. While NATS cannot be
+// reads that log behind the kilnd and appends its events to the node's
+// subject, kiln.events.<node>, in atomic batches (each stored whole or
+// not at all), one in flight, with compare-and-append
+// (Nats-Expected-Last-Subject-Sequence): a retried batch whose first try
+// was stored is recognised (each message's headers name the kilnd's
+// epoch and number) and never stored twice. While NATS cannot be
 // reached the events wait in the kilnd's log; those the log let go before
 // they were published are told by one gap event, naming the node, whose
 // lost counts them exactly.
@@ -110,10 +111,12 @@ type Events struct {
 	// The publisher's own, its goroutine's alone: pos is the number of
 	// the last event of the kilnd's log published (or counted in a gap),
 	// last the stream sequence of the subject's last message, wrote
-	// whether this publisher stored one.
-	pos   int64
-	last  uint64
-	wrote bool
+	// whether this publisher stored one, noBatch that the stream takes
+	// no atomic batches.
+	pos     int64
+	last    uint64
+	wrote   bool
+	noBatch bool
 }
 
 // EventStats count what a node's publisher did since it started.
@@ -211,8 +214,8 @@ func (x *Events) run(ctx context.Context) {
 }
 
 // publishAll sets the stream up if need be, finds where the node's
-// subject stands, then publishes each event of the kilnd's log as it
-// comes; it returns only with an error.
+// subject stands, then publishes the events of the kilnd's log as they
+// come, up to maxBatch at once; it returns only with an error.
 func (x *Events) publishAll(ctx context.Context) error {
 	if err := x.setup(ctx); err != nil {
 		return err
@@ -222,21 +225,24 @@ func (x *Events) publishAll(ctx context.Context) error {
 	}
 	for {
 		evs, lost, _, wake := x.cfg.Local.After(x.pos)
+		var batch []pending
 		if lost > 0 {
 			gap := api.Event{Type: api.EventGap, Time: time.Now().UTC(), Node: x.cfg.Node, Lost: lost,
 				Reason: fmt.Sprintf("node %s's events that never reached the cluster: NATS was not reached before its kilnd's log let them go", x.cfg.Node)}
-			if err := x.publish(ctx, gap, x.pos+lost); err != nil {
+			batch = append(batch, pending{gap, x.pos + lost, lost})
+		}
+		for _, e := range evs[:min(len(evs), maxBatch-len(batch))] {
+			p := pending{e: e, seq: e.Seq}
+			if oversize(e) {
+				p.lost = 1 // stored as a gap that counts it
+			}
+			batch = append(batch, p)
+		}
+		if len(batch) > 0 {
+			if err := x.publishBatch(ctx, batch); err != nil {
 				return err
 			}
-			x.stats.lost.Add(lost)
-		}
-		for _, e := range evs {
-			if err := x.publish(ctx, e, e.Seq); err != nil {
-				return err
-			}
-		}
-		if len(evs) > 0 || lost > 0 {
-			continue
+			continue // from where the publisher stands now
 		}
 		select {
 		case <-ctx.Done():
@@ -244,6 +250,19 @@ func (x *Events) publishAll(ctx context.Context) error {
 		case <-wake:
 		}
 	}
+}
+
+// maxBatch is how many events are published at once: one atomic batch,
+// stored whole or not at all (JetStream's limit is 1,000).
+const maxBatch = 256
+
+// pending is an event to publish: its number in the kilnd's log (the
+// last it stands for, for a gap), and the events of the node's it counts
+// as lost: a gap of the publisher's, or an event too large.
+type pending struct {
+	e    api.Event
+	seq  int64
+	lost int64
 }
 
 // setup creates the stream, or opens it, and learns its epoch.
@@ -267,6 +286,8 @@ func (x *Events) setup(ctx context.Context) error {
 		Duplicates:  min(2*time.Minute, x.cfg.MaxAge),
 		Replicas:    x.cfg.Replicas,
 		Storage:     jetstream.FileStorage,
+		// A node's events go in batches, each stored whole or not at all.
+		AllowAtomicPublish: true,
 		// The epoch is made once, by the node that creates the stream;
 		// the others find it there. (A second CreateStream with another
 		// epoch is refused as a stream of other settings.)
@@ -340,48 +361,148 @@ func (x *Events) forget() {
 	x.mu.Unlock()
 }
 
-// publish stores e, number seq of the kilnd's log (the last it stands
-// for, for a gap), after the subject's last message, and moves the
-// publisher past it. A refused compare-and-append is settled by the
-// subject's last message: seq itself, stored by a try whose answer was
-// lost, is not stored again.
-func (x *Events) publish(ctx context.Context, e api.Event, seq int64) error {
+// message is p's message on the node's subject.
+func (x *Events) message(p pending) *nats.Msg {
+	e := p.e
 	e.Node = x.cfg.Node
 	b, _ := json.Marshal(e)
-	if len(b) > maxEventSize {
+	if p.lost == 1 && e.Type != api.EventGap {
 		lost := api.Event{Type: api.EventGap, Time: e.Time, Node: x.cfg.Node, Sandbox: e.Sandbox, Name: e.Name, Lost: 1,
 			Reason: fmt.Sprintf("an event of %d bytes, past the %d an event may have", len(b), maxEventSize)}
 		b, _ = json.Marshal(lost)
-		x.stats.lost.Add(1)
 	}
-	msg := &nats.Msg{Subject: x.subject, Data: b, Header: nats.Header{}}
-	msg.Header.Set(hdrEpoch, x.cfg.LocalEpoch)
-	msg.Header.Set(hdrSeq, strconv.FormatInt(seq, 10))
-	for {
-		actx, cancel := context.WithTimeout(ctx, opTimeout)
-		ack, err := x.js.PublishMsg(actx, msg, jetstream.WithExpectLastSequencePerSubject(x.last))
-		cancel()
-		if err == nil {
-			x.last, x.pos, x.wrote = ack.Sequence, seq, true
-			x.stats.published.Add(1)
-			return nil
+	m := &nats.Msg{Subject: x.subject, Data: b, Header: nats.Header{}}
+	m.Header.Set(hdrEpoch, x.cfg.LocalEpoch)
+	m.Header.Set(hdrSeq, strconv.FormatInt(p.seq, 10))
+	return m
+}
+
+// The headers of JetStream's atomic batches.
+const (
+	hdrBatchID     = "Nats-Batch-Id"
+	hdrBatchSeq    = "Nats-Batch-Sequence"
+	hdrBatchCommit = "Nats-Batch-Commit"
+	// errAtomicDisabled: the stream takes no batches (made by a server
+	// before 2.12, or without them).
+	errAtomicDisabled = 10174
+)
+
+// publishBatch stores the events of batch after the subject's last
+// message, all or none: one JetStream atomic batch whose first message
+// expects the subject's last sequence (a compare-and-append), so that a
+// retried batch whose first try was stored is refused, and recognised
+// (resume) by the kilnd's number its last message carries. On a stream
+// that takes no batches, the events go one at a time, the same way. It
+// returns nil once the publisher has moved (stored, or settled by
+// resume): the caller reads the log again from where it stands.
+func (x *Events) publishBatch(ctx context.Context, batch []pending) error {
+	if x.noBatch {
+		batch = batch[:1]
+	}
+	msgs := make([]*nats.Msg, len(batch))
+	for i, p := range batch {
+		msgs[i] = x.message(p)
+	}
+	n := len(msgs)
+	msgs[0].Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(x.last, 10))
+	if n > 1 {
+		id := make([]byte, 12)
+		rand.Read(id)
+		for i, m := range msgs {
+			m.Header.Set(hdrBatchID, fmt.Sprintf("%x", id))
+			m.Header.Set(hdrBatchSeq, strconv.Itoa(i+1))
 		}
-		if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, jetstream.ErrStreamNotFound) {
-			x.forget() // deleted? made anew, it has another epoch
-			return err
+		msgs[n-1].Header.Set(hdrBatchCommit, "1")
+	}
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	var err error
+	if n > 1 {
+		// The first is answered (empty, once staged), the others follow
+		// it on the same connection, in order; the commit is answered
+		// with the batch's acknowledgement, or why it was refused.
+		var resp *nats.Msg
+		if resp, err = x.cfg.Conn.RequestMsgWithContext(ctx, msgs[0]); err == nil && len(resp.Data) > 0 {
+			err = ackError(resp.Data)
 		}
-		var ae *jetstream.APIError
-		if !errors.As(err, &ae) || ae.ErrorCode != jetstream.JSErrCodeStreamWrongLastSequence {
-			return err
-		}
-		if err := x.resume(ctx); err != nil {
-			return err
-		}
-		if x.pos >= seq {
-			x.stats.published.Add(1)
-			return nil // an earlier try's
+		for _, m := range msgs[1 : n-1] {
+			if err == nil {
+				err = x.cfg.Conn.PublishMsg(m)
+			}
 		}
 	}
+	var ack *jetstream.PubAck
+	if err == nil {
+		ack, err = x.js.PublishMsg(ctx, msgs[n-1])
+	}
+	if err == nil {
+		x.last, x.pos, x.wrote = ack.Sequence, batch[n-1].seq, true
+		x.stored(batch[:n])
+		return nil
+	}
+	switch {
+	case errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, jetstream.ErrStreamNotFound), errors.Is(err, nats.ErrNoResponders):
+		x.forget() // deleted? made anew, it has another epoch
+		return err
+	case apiCode(err) == errAtomicDisabled:
+		x.log.Info("cluster: the stream of events takes no atomic batches: events are published one at a time", "stream", EventsStream)
+		x.noBatch = true
+		return nil
+	case apiCode(err) != jetstream.JSErrCodeStreamWrongLastSequence:
+		return err
+	}
+	pos := x.pos
+	if err := x.resume(ctx); err != nil {
+		return err
+	}
+	if x.pos > pos {
+		// Stored by an earlier try whose answer was lost: a batch is
+		// whole, so all of it up to the number its last carries.
+		for i, p := range batch {
+			if p.seq <= x.pos {
+				x.stored(batch[i : i+1])
+			}
+		}
+	}
+	return nil
+}
+
+// stored counts the events of batch as stored.
+func (x *Events) stored(batch []pending) {
+	x.stats.published.Add(int64(len(batch)))
+	for _, p := range batch {
+		x.stats.lost.Add(p.lost)
+	}
+}
+
+// oversize reports whether e is past the size an event may have (with
+// room for the node's name).
+func oversize(e api.Event) bool {
+	b, _ := json.Marshal(e)
+	return len(b) > maxEventSize-512
+}
+
+// ackError is the error a JetStream acknowledgement carries, if any.
+func ackError(data []byte) error {
+	var r struct {
+		Error *jetstream.APIError `json:"error"`
+	}
+	if err := json.Unmarshal(data, &r); err != nil {
+		return fmt.Errorf("an answer that is no acknowledgement: %w", err)
+	}
+	if r.Error != nil {
+		return r.Error
+	}
+	return nil
+}
+
+// apiCode is err's JetStream error code, 0 if it has none.
+func apiCode(err error) jetstream.ErrorCode {
+	var ae *jetstream.APIError
+	if errors.As(err, &ae) {
+		return ae.ErrorCode
+	}
+	return 0
 }
 
 // EventReader reads the cluster's events in the stream's order.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/cluster"
@@ -228,6 +229,38 @@ func TestEventsReader(t *testing.T) {
 	e, caughtUp, err = r.Next(ctx)
 	if err != nil || e.Seq != 41 || e.Type != api.EventDeleted || e.Node != "a" || !caughtUp {
 		t.Fatalf("following, the next: %+v caught up %v, %v", briefs([]api.Event{e}), caughtUp, err)
+	}
+}
+
+// TestEventsOnAStreamMadeElsewhere: on a stream made by hand, without
+// an epoch or atomic batches, the events are published one at a time,
+// each once, under an epoch its creation names.
+func TestEventsOnAStreamMadeElsewhere(t *testing.T) {
+	url := natstest.Cluster(t, 1).URLs()[0]
+	js, err := jetstream.New(connect(t, url))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: cluster.EventsStream, Subjects: []string{"kiln.events.*"}}); err != nil {
+		t.Fatal(err)
+	}
+	l := newKilndLog("k1", 64)
+	for i := range 20 {
+		l.emit(api.EventCreated, fmt.Sprint("sb", i+1))
+	}
+	x := publisher(t, url, "a", l, 0)
+	published(t, x, 20)
+	var want []brief
+	for i := range 20 {
+		want = append(want, brief{int64(i + 1), "a", api.EventCreated, fmt.Sprint("sb", i+1), 0})
+	}
+	if d := cmp.Diff(want, briefs(readAllEvents(t, x, 0))); d != "" {
+		t.Errorf("(-want +got):\n%s", d)
+	}
+	if !cluster.IsClusterEpoch(x.Epoch()) {
+		t.Errorf("epoch %q", x.Epoch())
 	}
 }
 
