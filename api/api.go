@@ -729,9 +729,13 @@ type Event struct {
 	Snapshot string `json:"snapshot,omitempty"`
 	// Lost counts the events a gap stands for.
 	Lost int64 `json:"lost,omitempty"`
-	// Epoch names the kilnd that numbered the event; a new one (kilnd
-	// restarted) numbers from 1 again.
+	// Epoch names what numbered the event: a kilnd, which numbers from 1
+	// again once restarted, or, in a cluster, the cluster's stream of
+	// events, whose numbers every node gives alike.
 	Epoch string `json:"epoch"`
+	// Node is the node of a cluster the event happened on; a gap's, the
+	// node whose events never reached the cluster.
+	Node string `json:"node,omitempty"`
 }
 
 // The types of Event. A sandbox started again after it stopped (kiln

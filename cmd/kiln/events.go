@@ -85,15 +85,21 @@ sandbox.started|sandbox.stopped|sandbox.paused|sandbox.resumed|sandbox.deleted.`
 }
 
 // eventLine is an event as kiln events prints it: when, its number, what,
-// of which sandbox, and why.
+// of which sandbox, on which node of a cluster, and why.
 func eventLine(e api.Event) string {
 	when := e.Time.Local().Format(time.RFC3339)
-	if e.Type == api.EventGap && e.Sandbox == "" {
+	switch {
+	case e.Type == api.EventGap && e.Sandbox == "" && e.Node != "":
+		return fmt.Sprintf("%s  %d  gap: %d events of node %s never reached the cluster", when, e.Seq, e.Lost, e.Node)
+	case e.Type == api.EventGap && e.Sandbox == "":
 		return fmt.Sprintf("%s  %d  gap: %d events before this one are no longer kept", when, e.Seq, e.Lost)
 	}
 	s := fmt.Sprintf("%s  %d  %s  %s", when, e.Seq, e.Type, api.ShortID(e.Sandbox))
 	if e.Name != "" {
 		s += " (" + e.Name + ")"
+	}
+	if e.Node != "" {
+		s += " on " + e.Node
 	}
 	if p := e.Process; p != nil {
 		s += "  " + api.ShortProcessID(p.ID) + " " + commandLine(p.Command, p.Args)

@@ -56,6 +56,12 @@ func (d *Daemon) joinCluster(cfg cluster.Config) error {
 		d.cluster = nil
 		return err
 	}
+	if err := d.startClusterEvents(n); err != nil {
+		d.stopExport()
+		n.Close()
+		d.cluster = nil
+		return err
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	d.clusterStop = cancel
 	d.wg.Go(func() { d.publishToCluster(ctx) })
@@ -68,6 +74,7 @@ func (d *Daemon) Cluster() *cluster.Node { return d.cluster }
 // leaveCluster ends d's membership (Close).
 func (d *Daemon) leaveCluster() {
 	if d.cluster != nil {
+		d.stopClusterEvents()
 		d.stopExport()
 		d.cluster.Close()
 	}

@@ -11,11 +11,14 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/nats-io/nats.go"
 
 	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/internal/cluster"
 	"github.com/sandkiln/sandkiln/internal/errdefs"
 	"github.com/sandkiln/sandkiln/internal/reply"
 	"github.com/sandkiln/sandkiln/internal/seqlog"
@@ -30,6 +33,14 @@ const eventsKept = 16384
 type events struct {
 	epoch string
 	log   *seqlog.Log[api.Event]
+	// node is kilnd's node in a cluster, which every event names once it
+	// has joined.
+	node atomic.Pointer[string]
+	// cluster publishes the events to the cluster's stream, on conn, and
+	// reads that stream for GET /events (cluster_events.go); nil outside
+	// a cluster. Set as kilnd joins, before it serves.
+	cluster *cluster.Events
+	conn    *nats.Conn
 }
 
 func newEvents() *events {
@@ -42,6 +53,9 @@ func newEvents() *events {
 func (l *events) emit(e api.Event) {
 	l.log.Append(func(seq int64) api.Event {
 		e.Seq, e.Time, e.Epoch = seq, time.Now().UTC(), l.epoch
+		if n := l.node.Load(); n != nil {
+			e.Node = *n
+		}
 		return e
 	})
 }
@@ -71,12 +85,19 @@ func sandboxEvent(typ string, rec record) api.Event {
 // happens until the reader goes (or, with ?follow=false, the end of those
 // held). ?sandbox= keeps one sandbox's (by id), ?type= one type's;
 // ?epoch=, the epoch of the event after= numbers, tells a kilnd started
-// since (another epoch) to give all it holds.
+// since (another epoch) to give all it holds. In a cluster, the events
+// are the cluster's stream's, every node's (openClusterEvents).
 func (d *Daemon) eventsHandler(w http.ResponseWriter, r *http.Request) {
 	q, err := eventQuery(r.URL.Query())
+	if err == nil {
+		q.cluster, err = d.openClusterEvents(r.Context(), q)
+	}
 	if err != nil {
 		reply.Error(w, err)
 		return
+	}
+	if q.cluster != nil {
+		defer q.cluster.Close()
 	}
 	if strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
 		d.eventsSocket(w, r, q)
@@ -94,6 +115,10 @@ func (d *Daemon) eventsHandler(w http.ResponseWriter, r *http.Request) {
 // each batch, until ctx ends, kilnd closes, send or flush fails, or (not
 // following) those held are sent.
 func (d *Daemon) sendEvents(ctx context.Context, q eventFilter, send func(api.Event) error, flush func() error) {
+	if q.cluster != nil {
+		d.sendClusterEvents(ctx, q, q.cluster, send, flush)
+		return
+	}
 	seq := q.after
 	if q.epoch != "" && q.epoch != d.events.epoch {
 		seq = 0
@@ -184,6 +209,9 @@ type eventFilter struct {
 	epoch         string
 	sandbox, kind string
 	follow        bool
+	// cluster, when set, reads the cluster's events (in place of this
+	// kilnd's own).
+	cluster *cluster.EventReader
 }
 
 func (f eventFilter) matches(e api.Event) bool {

@@ -470,6 +470,10 @@ func clusterCollector(d *Daemon) prometheus.Collector {
 	for _, c := range counters {
 		descs = append(descs, c.desc)
 	}
+	events := eventCounters()
+	for _, c := range events {
+		descs = append(descs, c.desc)
+	}
 	return collectorFunc{descs: descs, collect: func(ch chan<- prometheus.Metric) {
 		n := d.cluster
 		if n == nil {
@@ -486,6 +490,12 @@ func clusterCollector(d *Daemon) prometheus.Collector {
 		}
 		for state, c := range counts {
 			ch <- prometheus.MustNewConstMetric(nodes, prometheus.GaugeValue, float64(c), state)
+		}
+		if x := d.events.cluster; x != nil {
+			st := x.Stats()
+			for _, c := range events {
+				ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(c.get(st)))
+			}
 		}
 		if d.exporter == nil {
 			return

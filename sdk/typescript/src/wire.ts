@@ -1076,7 +1076,7 @@ export interface paths {
         };
         /**
          * what happens to the sandboxes, as it happens
-         * @description NDJSON, one Event a line: those kilnd still holds (the last 16,384) after `after`, then each as it happens, until the reader goes (or, with follow=false, once those held are written). Events are numbered from 1 (seq) in the order kilnd saw them: a reader that lost its connection asks again with after set to the last seq it read and misses none, repeats none. One that asks for events kilnd no longer holds is told first by an event of type gap whose lost counts them exactly. A kilnd started again numbers from 1 again, under a new epoch. As a WebSocket (subprotocol kiln.events, see asyncapi.yaml), the same events, one a text message; with follow=false it closes with 1000 once those held are sent.
+         * @description NDJSON, one Event a line: those kilnd still holds (the last 16,384) after `after`, then each as it happens, until the reader goes (or, with follow=false, once those held are written). Events are numbered from 1 (seq) in the order kilnd saw them: a reader that lost its connection asks again with after set to the last seq it read and misses none, repeats none. One that asks for events kilnd no longer holds is told first by an event of type gap whose lost counts them exactly. A kilnd started again numbers from 1 again, under a new epoch. In a cluster, every node gives every node's events, each naming its node, numbered by the cluster's stream of events (its epoch begins with cluster-), so that a cursor from one node is good on any other; a node that cannot reach the cluster gives its own under its kilnd's epoch, and answers a cursor of the cluster's with 503. A gap naming a node counts that node's events that never reached the cluster. As a WebSocket (subprotocol kiln.events, see asyncapi.yaml), the same events, one a text message; with follow=false it closes with 1000 once those held are sent.
          */
         get: operations["streamEvents"];
         put?: never;
@@ -1792,8 +1792,10 @@ export interface components {
             snapshot?: string;
             /** @description a gap's count of the events kilnd no longer held, or (with sandbox) of that sandbox's process events it did not keep: more than 500 a second, past a burst of 2000 */
             lost?: number;
-            /** @description the kilnd that numbered it: a new one numbers from 1 again */
+            /** @description what numbered it: the kilnd, which numbers from 1 again once restarted, or in a cluster the cluster's stream of events (its epoch begins with cluster-), whose numbers every node gives alike */
             epoch: string;
+            /** @description in a cluster, the node it happened on; a gap's, the node whose events never reached the cluster */
+            node?: string;
         };
         /** @description a captured record: its time, stream, offset and content (text, or base64 when not valid UTF-8), partial for a P record (a line that goes on in the stream's next record; a last line without its newline ends with one); or a stream gap (lost_bytes of stream lost at offset); or a gap of gap log bytes rotation removed while reading (-1: how many is unknown) */
         LogRecord: {
@@ -3876,7 +3878,7 @@ export interface operations {
             query?: {
                 /** @description the seq of the last event read; 0 (the default) from the oldest held */
                 after?: number;
-                /** @description the epoch of the event after names: a kilnd started since, whose epoch is another, gives every event it holds */
+                /** @description the epoch of the event after names: a kilnd started since, whose epoch is another, gives every event it holds (in a cluster, a cursor of another epoch reads from the oldest event the cluster holds) */
                 epoch?: string;
                 /** @description one sandbox's events, by its id */
                 sandbox?: string;
@@ -3909,6 +3911,7 @@ export interface operations {
             400: components["responses"]["Error"];
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
+            503: components["responses"]["Error"];
         };
     };
     listImages: {

@@ -378,13 +378,15 @@ class FileInfo(TypedDict, total=False):
 
 class Event(TypedDict, total=False):
     """Something that happened to a sandbox, as kilnd numbers them (seq,
-    from 1 under its epoch); a "gap" counts in lost the events kilnd no
-    longer held."""
+    from 1 under its epoch; in a cluster, the cluster's stream numbers
+    them, and node names where it happened); a "gap" counts in lost the
+    events kilnd no longer held."""
 
     seq: Required[int]
     time: Required[str]
     type: Required[str]
     epoch: Required[str]
+    node: str
     sandbox: str
     name: str
     reason: str
