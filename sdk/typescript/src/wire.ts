@@ -850,6 +850,11 @@ export interface paths {
          *     with follow; the Kiln-Lost trailer (JSON, per stream) counts the
          *     bytes neither held. Otherwise, and with source=log, the captured log
          *     is read, record by record.
+         *     In a cluster, a process of a lost node, or one with no captured log,
+         *     is read from the cluster's copy of its output (then, on its own
+         *     node, from the ring and live) in the same shapes: records framed as
+         *     the log frames them, each loss a record, Kiln-Lost, Kiln-Runs (the
+         *     export's run) and Kiln-Complete as trailers.
          */
         get: operations["readCapturedLog"];
         put?: never;
