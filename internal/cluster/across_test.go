@@ -21,6 +21,7 @@ import (
 	"github.com/sandkiln/sandkiln/client"
 	"github.com/sandkiln/sandkiln/internal/cluster"
 	"github.com/sandkiln/sandkiln/internal/daemon"
+	"github.com/sandkiln/sandkiln/internal/daemon/daemontest"
 	"github.com/sandkiln/sandkiln/internal/natstest"
 )
 
@@ -42,6 +43,19 @@ class H(http.server.BaseHTTPRequestHandler):
         pass
 http.server.HTTPServer(('127.0.0.1', 8000), H).serve_forever()
 `
+
+// steadyBeat is the heartbeat of startSteadyNode's nodes: unreachable to
+// the others after 2.5 s unheard, which the pauses of a loaded machine
+// running -race stay short of, and lost after lostAfter still.
+const steadyBeat = 500 * time.Millisecond
+
+// startSteadyNode is startNode, heartbeats every steadyBeat.
+func startSteadyNode(t *testing.T, name string, urls []string) *node {
+	t.Helper()
+	cfg := daemon.Config{StateDir: t.TempDir(), Listen: "127.0.0.1:0", Cluster: &cluster.Config{
+		Servers: urls, Node: name, Heartbeat: steadyBeat, LostAfter: lostAfter}}
+	return &node{name: name, k: daemontest.StartConfigT(t, cfg), cfg: cfg}
+}
 
 // snapshotsOn is what n's GET /snapshots lists: each snapshot's node and
 // node_state, by id.
@@ -73,9 +87,9 @@ func TestClusterSnapshotsAndPreviews(t *testing.T) {
 	}
 	nats := natstest.Cluster(t, 3)
 	urls := nats.URLs()
-	a := startNode(t, "a", "", []string{urls[0], urls[1], urls[2]}, nil)
-	b := startNode(t, "b", "", []string{urls[1], urls[2], urls[0]}, nil)
-	c := startNode(t, "c", "", []string{urls[2], urls[0], urls[1]}, nil)
+	a := startSteadyNode(t, "a", []string{urls[0], urls[1], urls[2]})
+	b := startSteadyNode(t, "b", []string{urls[1], urls[2], urls[0]})
+	c := startSteadyNode(t, "c", []string{urls[2], urls[0], urls[1]})
 	for _, n := range []*node{a, b, c} {
 		ready(t, n)
 	}

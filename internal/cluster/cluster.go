@@ -166,8 +166,9 @@ type Node struct {
 	// onToken is told the cluster's API token once it is known.
 	onToken func(string)
 	// snaps and previews are this node's snapshots and previews, and
-	// the others' (tables.go).
+	// the others' (tables.go); tablesDue asks for their reconcile.
 	snaps, previews *table
+	tablesDue       chan struct{}
 }
 
 type peer struct {
@@ -194,8 +195,9 @@ func Join(cfg Config, local Local, onToken func(string)) (*Node, error) {
 	n := &Node{cfg: cfg, local: local, log: cfg.Log.With("node", cfg.Node), incarnation: hex.EncodeToString(raw), startedAt: time.Now().UTC(),
 		peers: map[string]peer{}, remote: map[string]api.Sandbox{}, drained: map[string]bool{}, published: map[string][]byte{},
 		proxies: map[string]*httputil.ReverseProxy{}, onToken: onToken, down: "connecting to NATS",
-		snaps:    newTable(BucketSnapshots, "snapshots, by id and the node that keeps them", cfg.Node),
-		previews: newTable(BucketPreviews, "previews, by id and the node that serves them", cfg.Node)}
+		snaps:     newTable(BucketSnapshots, "snapshots, by id and the node that keeps them", cfg.Node),
+		previews:  newTable(BucketPreviews, "previews, by id and the node that serves them", cfg.Node),
+		tablesDue: make(chan struct{}, 1)}
 	opts := []nats.Option{
 		nats.Name("kilnd " + cfg.Node),
 		nats.RetryOnFailedConnect(true),
@@ -365,7 +367,7 @@ func (n *Node) run(ctx context.Context) {
 	n.done.Go(func() { n.watchNodes(ctx) })
 	n.done.Go(func() { n.watchSandboxes(ctx) })
 	n.done.Go(func() { n.watchCluster(ctx) })
-	n.watchTables(ctx)
+	n.startTables(ctx)
 	beat := time.NewTicker(n.cfg.Heartbeat)
 	defer beat.Stop()
 	reconcile := time.NewTicker(reconcileEvery)
@@ -624,7 +626,7 @@ func (n *Node) Reconcile(ctx context.Context) {
 	if n.usable() != nil {
 		return
 	}
-	n.reconcileTables(ctx)
+	n.reconcileTablesSoon()
 	own := n.local.Sandboxes()
 	have := map[string]bool{}
 	for _, sb := range own {

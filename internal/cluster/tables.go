@@ -429,15 +429,34 @@ func (n *Node) openTables(ctx context.Context, js jetstream.JetStream, replicas 
 	return nil
 }
 
-// watchTables follows the tables until ctx ends.
-func (n *Node) watchTables(ctx context.Context) {
+// startTables follows the tables, and reconciles them when asked
+// (reconcileTablesSoon), until ctx ends: apart from the heartbeats,
+// which a reconcile's listing of keys would otherwise hold up.
+func (n *Node) startTables(ctx context.Context) {
 	for _, t := range []*table{n.snaps, n.previews} {
 		n.done.Go(func() { t.watch(ctx, n.log) })
 	}
+	n.done.Go(func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-n.tablesDue:
+				if n.usable() == nil {
+					n.reconcileSnapshots(ctx)
+					n.reconcilePreviews(ctx)
+				}
+			}
+		}
+	})
 }
 
-// reconcileTables writes the tables' records of this node again.
-func (n *Node) reconcileTables(ctx context.Context) {
-	n.reconcileSnapshots(ctx)
-	n.reconcilePreviews(ctx)
+// reconcileTablesSoon asks for the tables' records of this node to be
+// written again, and those it no longer has removed; a round asked for
+// already is not asked again.
+func (n *Node) reconcileTablesSoon() {
+	select {
+	case n.tablesDue <- struct{}{}:
+	default:
+	}
 }
