@@ -187,18 +187,36 @@ func (t *table) all() []record {
 	return slices.Collect(maps.Values(t.remote))
 }
 
-// byID is the other nodes' records of whole id id: as watched, or, none
-// being watched yet (just written), as the bucket has them.
-func (t *table) byID(ctx context.Context, id string) []record {
+// watched is the other nodes' records of whole id id, as watched.
+func (t *table) watched(id string) []record {
 	t.mu.Lock()
+	defer t.mu.Unlock()
 	var out []record
 	for _, r := range t.remote {
 		if r.ID == id {
 			out = append(out, r)
 		}
 	}
-	kv := t.kv
-	t.mu.Unlock()
+	return out
+}
+
+// remember takes in r, another node's record written at this node's
+// request, before the watcher brings it.
+func (t *table) remember(r record) {
+	key := r.ID + "." + Token(r.Node)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, ok := t.remote[key]; !ok && r.Node != t.self {
+		t.remote[key] = r
+	}
+}
+
+// byID is the other nodes' records of whole id id: as watched, or, none
+// being watched yet (just written), as the bucket has them. Asking the
+// bucket costs NATS a consumer: only an authenticated request may.
+func (t *table) byID(ctx context.Context, id string) []record {
+	out := t.watched(id)
+	kv := t.bucketKV()
 	if out != nil || kv == nil {
 		return out
 	}
@@ -402,11 +420,20 @@ func (n *Node) reconcilePreviews(ctx context.Context) {
 	n.previews.reconcile(ctx, n.log, own)
 }
 
+// RememberPreview takes in p, a preview just made on another node at this
+// node's request, before the watcher brings it: its URL, this node's,
+// works at once.
+func (n *Node) RememberPreview(p PreviewRoute) {
+	b, _ := json.Marshal(p)
+	n.previews.remember(record{ID: p.ID, Node: p.Node, raw: b})
+}
+
 // PreviewNode finds the node that serves preview id, another node's not
-// expired.
-func (n *Node) PreviewNode(ctx context.Context, id string) (api.Node, bool) {
+// expired, as watched: a request for a preview asks NATS nothing, since
+// anyone may make one.
+func (n *Node) PreviewNode(id string) (api.Node, bool) {
 	now := time.Now()
-	for _, r := range n.previews.byID(ctx, id) {
+	for _, r := range n.previews.watched(id) {
 		var p PreviewRoute
 		if json.Unmarshal(r.raw, &p) != nil || !now.Before(p.ExpiresAt) {
 			continue

@@ -131,10 +131,11 @@ func TestSnapshotAndPreviewTables(t *testing.T) {
 			t.Errorf("%s resolves %q: %v %+v on %+v, want node %s", tc.on.Name(), tc.ref, found, s, node, tc.wantNode)
 		}
 	}
-	if node, ok := z.PreviewNode(ctx, "00112233aabbccdd"); !ok || node.Name != "x" || node.State != api.NodeReady {
-		t.Errorf("z finds x's preview on %+v %v", node, ok)
-	}
-	if node, ok := z.PreviewNode(ctx, "ffeeddccbbaa9988"); ok {
+	eventually(t, "z finds x's preview", func() (bool, string) {
+		node, ok := z.PreviewNode("00112233aabbccdd")
+		return ok && node.Name == "x" && node.State == api.NodeReady, fmt.Sprint(node, ok)
+	})
+	if node, ok := z.PreviewNode("ffeeddccbbaa9988"); ok {
 		t.Errorf("z finds an expired preview on %+v", node)
 	}
 
@@ -169,7 +170,7 @@ func TestSnapshotAndPreviewTables(t *testing.T) {
 			return found && s.NodeState == want, fmt.Sprint(s)
 		})
 	}
-	if node, ok := z.PreviewNode(ctx, "00112233aabbccdd"); !ok || node.State != api.NodeLost {
+	if node, ok := z.PreviewNode("00112233aabbccdd"); !ok || node.State != api.NodeLost {
 		t.Errorf("z finds x's preview on %+v %v, want x lost", node, ok)
 	}
 }

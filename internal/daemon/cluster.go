@@ -199,7 +199,7 @@ func (d *Daemon) toOtherNode(w http.ResponseWriter, r *http.Request, tcp bool) b
 	switch {
 	case node.State == api.NodeReady || node.State == api.NodeDraining:
 		if r.Method == http.MethodPost && sub == "previews" {
-			d.forwardPreviewCreate(w, r, node, tcp)
+			d.forwardPreviewCreate(w, r, sb.ID, node, tcp)
 		} else {
 			n.Forward(w, r, node)
 		}

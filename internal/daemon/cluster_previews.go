@@ -60,7 +60,7 @@ func (d *Daemon) previewOnOtherNode(w http.ResponseWriter, r *http.Request, id s
 	if n == nil {
 		return false
 	}
-	node, found := n.PreviewNode(r.Context(), id)
+	node, found := n.PreviewNode(id)
 	if !found || node.Name == n.Name() {
 		return false
 	}
@@ -116,11 +116,11 @@ func (d *Daemon) previewForwarded(r *http.Request) bool {
 	return d.cluster != nil && r.Header.Get(cluster.PreviewHeader) != "" && r.Header.Get(cluster.ForwardedHeader) != ""
 }
 
-// forwardPreviewCreate forwards r, a create of a preview of a sandbox of
+// forwardPreviewCreate forwards r, a create of a preview of sandbox sb of
 // node to, there, and gives the preview made a URL of this node's
 // previews' host, which serves it as every node does: the URL its
 // caller can reach, as it reached this node.
-func (d *Daemon) forwardPreviewCreate(w http.ResponseWriter, r *http.Request, to api.Node, tcp bool) {
+func (d *Daemon) forwardPreviewCreate(w http.ResponseWriter, r *http.Request, sb string, to api.Node, tcp bool) {
 	authority, err := d.previewAuthority(r, tcp)
 	if err != nil {
 		// No URL of this node's: the other node's, as it made it.
@@ -135,5 +135,6 @@ func (d *Daemon) forwardPreviewCreate(w http.ResponseWriter, r *http.Request, to
 		return
 	}
 	p.URL = previewURL(p.ID, authority, p.Token)
+	d.cluster.RememberPreview(cluster.PreviewRoute{ID: p.ID, Node: to.Name, Sandbox: sb, ExpiresAt: p.ExpiresAt})
 	reply.JSON(w, http.StatusCreated, p)
 }
