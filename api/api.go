@@ -1405,6 +1405,11 @@ type Snapshot struct {
 	// Memory says its processes were saved too (a gVisor sandbox's): a
 	// sandbox made from it goes on running them where they were.
 	Memory bool `json:"memory,omitempty"`
+	// Node is the node that keeps its files, in a cluster (kilnd
+	// --cluster); NodeState that node's state (a Node's State): a
+	// snapshot of an unreachable or lost node is listed, not served.
+	Node      string `json:"node,omitempty"`
+	NodeState string `json:"node_state,omitempty"`
 }
 
 // SnapshotRequest is the body of POST /sandboxes/{id}/snapshots.

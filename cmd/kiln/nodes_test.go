@@ -104,6 +104,12 @@ func (k *clusterKilnd) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		answer(200, list)
 	case r.Method == "POST" && r.URL.Path == "/sandboxes":
 		answer(201, sandboxes[1])
+	case r.Method == "GET" && r.URL.Path == "/snapshots":
+		taken := time.Now().Add(-5 * time.Minute)
+		answer(200, []api.Snapshot{
+			{ID: strings.Repeat("d", 64), Name: "clean", Sandbox: sandboxes[0].ID, SandboxName: "web", CreatedAt: taken, Runtime: "namespaces", SizeBytes: 1 << 20, Copy: "reflink", Processes: []api.Process{}, Node: "a", NodeState: api.NodeReady},
+			{ID: strings.Repeat("e", 64), Sandbox: sandboxes[2].ID, CreatedAt: taken, Runtime: "gvisor", SizeBytes: 2 << 20, Copy: "copy", Processes: []api.Process{}, Node: "c", NodeState: api.NodeLost},
+		})
 	case strings.HasPrefix(r.URL.Path, "/nodes/"):
 		i := map[string]int{"a": 0, "b": 1, "c": 2}
 		n, ok := i[name]
@@ -205,6 +211,16 @@ c     lost   0          1GiB         2     -                3 hours ago
 	if diff := cmp.Diff([]string{"POST /nodes/b/drain", "GET /nodes", "DELETE /nodes/b/drain", "DELETE /nodes/b/drain", "DELETE /nodes/a/drain",
 		"POST /nodes/x/drain", "POST /nodes/b/drain"}, k.took()); diff != "" {
 		t.Errorf("requests (-want +got):\n%s", diff)
+	}
+
+	// kiln snapshot ls: a NODE column too, with a node's state when it is
+	// lost.
+	want = `SNAPSHOT ID   NAME   NODE      SANDBOX             IMAGE  PROCESSES  SIZE     COPY     CREATED
+dddddddddddd  clean  a         aaaaaaaaaaaa (web)  -      0          1.049MB  reflink  5 minutes ago
+eeeeeeeeeeee  -      c (lost)  cccccccccccc        -      0          2.097MB  copy     5 minutes ago
+`
+	if diff := cmp.Diff(want, ok("snapshot", "ls")); diff != "" {
+		t.Errorf("kiln snapshot ls (-want +got):\n%s", diff)
 	}
 
 	// kiln ls: a NODE column, since the sandboxes have nodes.

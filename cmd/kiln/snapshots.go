@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -79,17 +80,7 @@ start from it. Snapshots count against kilnd's --snapshot-quota.`,
 					}
 					return nil
 				}
-				w := tabwriter.NewWriter(c.stdout, 2, 4, 2, ' ', 0)
-				fmt.Fprintln(w, "SNAPSHOT ID\tNAME\tSANDBOX\tIMAGE\tPROCESSES\tSIZE\tCOPY\tCREATED")
-				for _, s := range list {
-					sb := api.ShortID(s.Sandbox)
-					if s.SandboxName != "" {
-						sb += " (" + s.SandboxName + ")"
-					}
-					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", api.ShortID(s.ID), dash(s.Name), sb, dash(familiarName(s.Image)),
-						len(s.Processes), units.HumanSize(float64(s.SizeBytes)), s.Copy, units.HumanDuration(time.Since(s.CreatedAt))+" ago")
-				}
-				return w.Flush()
+				return c.snapshotTable(list)
 			})
 		},
 	}
@@ -308,4 +299,35 @@ are listed in each fork as its history (kiln ps), their captured output up to th
 	cmd.Flags().BoolVar(&filesOnly, "files-only", false, "fork a running gvisor sandbox's files alone, not its processes")
 	labels = labelFlag(cmd)
 	return cmd
+}
+
+// snapshotTable prints snapshots as kiln snapshot ls's table. A NODE
+// column is there when a snapshot listed has a node (kilnd is in a
+// cluster), with the node's state when it is unreachable or lost, so
+// that one kilnd's table is as it was.
+func (c *cli) snapshotTable(list []api.Snapshot) error {
+	w := tabwriter.NewWriter(c.stdout, 2, 4, 2, ' ', 0)
+	clustered := slices.ContainsFunc(list, func(s api.Snapshot) bool { return s.Node != "" })
+	if clustered {
+		fmt.Fprintln(w, "SNAPSHOT ID\tNAME\tNODE\tSANDBOX\tIMAGE\tPROCESSES\tSIZE\tCOPY\tCREATED")
+	} else {
+		fmt.Fprintln(w, "SNAPSHOT ID\tNAME\tSANDBOX\tIMAGE\tPROCESSES\tSIZE\tCOPY\tCREATED")
+	}
+	for _, s := range list {
+		sb := api.ShortID(s.Sandbox)
+		if s.SandboxName != "" {
+			sb += " (" + s.SandboxName + ")"
+		}
+		fmt.Fprintf(w, "%s\t%s\t", api.ShortID(s.ID), dash(s.Name))
+		if clustered {
+			node := dash(s.Node)
+			if s.NodeState == api.NodeUnreachable || s.NodeState == api.NodeLost {
+				node += " (" + s.NodeState + ")"
+			}
+			fmt.Fprintf(w, "%s\t", node)
+		}
+		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\t%s\n", sb, dash(familiarName(s.Image)),
+			len(s.Processes), units.HumanSize(float64(s.SizeBytes)), s.Copy, units.HumanDuration(time.Since(s.CreatedAt))+" ago")
+	}
+	return w.Flush()
 }

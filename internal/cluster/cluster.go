@@ -127,6 +127,10 @@ type Local interface {
 	// Load is this kilnd's capacity and load, for its heartbeat: CPUs,
 	// MemoryBytes, FreeMemoryBytes and Sandboxes.
 	Load() api.Node
+	// Snapshots describes every snapshot this kilnd keeps; Previews
+	// every preview it serves.
+	Snapshots() []api.Snapshot
+	Previews() []PreviewRoute
 }
 
 // Node is this kilnd's membership of its cluster.
@@ -161,6 +165,10 @@ type Node struct {
 	proxies map[string]*httputil.ReverseProxy
 	// onToken is told the cluster's API token once it is known.
 	onToken func(string)
+	// snaps and previews are this node's snapshots and previews, and
+	// the others' (tables.go); tablesDue asks for their reconcile.
+	snaps, previews *table
+	tablesDue       chan struct{}
 }
 
 type peer struct {
@@ -186,7 +194,10 @@ func Join(cfg Config, local Local, onToken func(string)) (*Node, error) {
 	rand.Read(raw)
 	n := &Node{cfg: cfg, local: local, log: cfg.Log.With("node", cfg.Node), incarnation: hex.EncodeToString(raw), startedAt: time.Now().UTC(),
 		peers: map[string]peer{}, remote: map[string]api.Sandbox{}, drained: map[string]bool{}, published: map[string][]byte{},
-		proxies: map[string]*httputil.ReverseProxy{}, onToken: onToken, down: "connecting to NATS"}
+		proxies: map[string]*httputil.ReverseProxy{}, onToken: onToken, down: "connecting to NATS",
+		snaps:     newTable(BucketSnapshots, "snapshots, by id and the node that keeps them", cfg.Node),
+		previews:  newTable(BucketPreviews, "previews, by id and the node that serves them", cfg.Node),
+		tablesDue: make(chan struct{}, 1)}
 	opts := []nats.Option{
 		nats.Name("kilnd " + cfg.Node),
 		nats.RetryOnFailedConnect(true),
@@ -356,6 +367,7 @@ func (n *Node) run(ctx context.Context) {
 	n.done.Go(func() { n.watchNodes(ctx) })
 	n.done.Go(func() { n.watchSandboxes(ctx) })
 	n.done.Go(func() { n.watchCluster(ctx) })
+	n.startTables(ctx)
 	beat := time.NewTicker(n.cfg.Heartbeat)
 	defer beat.Stop()
 	reconcile := time.NewTicker(reconcileEvery)
@@ -404,6 +416,9 @@ func (n *Node) open(ctx context.Context) error {
 			return fmt.Errorf("bucket %s: %w", b.Bucket, err)
 		}
 		kvs = append(kvs, kv)
+	}
+	if err := n.openTables(ctx, js, r); err != nil {
+		return err
 	}
 	candidate := make([]byte, 32)
 	rand.Read(candidate)
@@ -613,6 +628,7 @@ func (n *Node) Reconcile(ctx context.Context) {
 	if n.usable() != nil {
 		return
 	}
+	n.reconcileTablesSoon()
 	own := n.local.Sandboxes()
 	have := map[string]bool{}
 	for _, sb := range own {

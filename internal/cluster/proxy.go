@@ -129,3 +129,39 @@ func classOf(code int) *errdefs.Class {
 	}
 	return errdefs.ErrUnavailable
 }
+
+// PreviewHeader names the preview a request one node forwards another
+// (ForwardPreview) is for: the request's host is the other node's API's,
+// not the preview's.
+const PreviewHeader = "Kiln-Preview"
+
+// ForwardPreview serves r, a request to preview id's host, by node to,
+// which serves that preview: its API takes it with the cluster's token
+// (in place of any Authorization the browser sent, which no preview's
+// app is given) and serves it as the preview's host would. The rest of
+// the request goes as it came, cookies and Origin included: they are the
+// app's.
+func (n *Node) ForwardPreview(w http.ResponseWriter, r *http.Request, to api.Node, id string) {
+	base, err := url.Parse(to.APIURL)
+	if err != nil || base.Host == "" || base.Scheme != "http" && base.Scheme != "https" {
+		reply.Error(w, errdefs.New(errdefs.ErrUnavailable, "this preview's node has no address this node can reach"))
+		return
+	}
+	p := &httputil.ReverseProxy{
+		Transport: nodeTransport,
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out.URL.Scheme, pr.Out.URL.Host = base.Scheme, base.Host
+			pr.Out.Host = base.Host
+			pr.Out.Header.Set("Authorization", "Bearer "+n.Token())
+			pr.Out.Header.Set(ForwardedHeader, n.cfg.Node)
+			pr.Out.Header.Set(PreviewHeader, id)
+		},
+		FlushInterval: -1,
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, perr error) {
+			n.log.Warn("cluster: forwarding a preview's request failed", "to", to.Name, "err", perr)
+			// Told to whoever has the preview's URL: no node's name.
+			reply.Error(w, errdefs.Opaque(errdefs.ErrUnavailable, "this preview's node does not answer", perr))
+		},
+	}
+	p.ServeHTTP(w, r)
+}

@@ -215,7 +215,7 @@ func (d *Daemon) Handler(tcp bool) http.Handler {
 		// Set by kilnd alone, for the agent.
 		r.Header.Del(api.PrefixHeader)
 		if h, _ := m.Handler(r); isRoute(h) {
-			if d.toOtherNode(w, r) {
+			if d.toOtherNode(w, r, tcp) {
 				return
 			}
 			m.ServeHTTP(w, r) // which sets the path's values
@@ -236,6 +236,11 @@ func (d *Daemon) Handler(tcp bool) http.Handler {
 		}
 		if tcp && !d.hostAllowed(r) {
 			reply.Error(w, errdefs.New(errdefs.ErrPermissionDenied, "host "+api.Clip(r.Host)+" is not one kilnd serves (see --allow-host)"))
+			return
+		}
+		// Before Origin and CORS: the request is a preview's page's, and
+		// its answer the preview's app's.
+		if tcp && d.previewFromNode(w, r) {
 			return
 		}
 		if appPath(r.URL.Path) {

@@ -176,15 +176,17 @@ func (d *Daemon) publishToCluster(ctx context.Context) {
 
 // toOtherNode serves a request naming a sandbox of another node: it is
 // forwarded to that node, or, the node being unreachable, answered from
-// what the cluster last heard. It reports whether it served r.
-func (d *Daemon) toOtherNode(w http.ResponseWriter, r *http.Request) bool {
+// what the cluster last heard; so is one naming another node's snapshot
+// (toSnapshotNode). It reports whether it served r. tcp says r came to
+// the API's TCP listener.
+func (d *Daemon) toOtherNode(w http.ResponseWriter, r *http.Request, tcp bool) bool {
 	n := d.cluster
 	if n == nil || r.Header.Get(cluster.ForwardedHeader) != "" {
 		return false // a forwarded request is served here, or not at all
 	}
 	rest, ok := strings.CutPrefix(r.URL.Path, "/sandboxes/")
 	if !ok {
-		return false
+		return d.toSnapshotNode(w, r)
 	}
 	ref, sub, _ := strings.Cut(rest, "/")
 	if ref == "" {
@@ -203,7 +205,11 @@ func (d *Daemon) toOtherNode(w http.ResponseWriter, r *http.Request) bool {
 	}
 	switch {
 	case node.State == api.NodeReady || node.State == api.NodeDraining:
-		n.Forward(w, r, node)
+		if r.Method == http.MethodPost && sub == "previews" {
+			d.forwardPreviewCreate(w, r, sb.ID, node, tcp)
+		} else {
+			n.Forward(w, r, node)
+		}
 	case d.fromCluster(w, r, sb, sub):
 	case r.Method == http.MethodGet && sub == "":
 		reply.JSON(w, http.StatusOK, sb)
@@ -239,7 +245,13 @@ func (d *Daemon) placeCreate(w http.ResponseWriter, r *http.Request, req *Create
 		}
 		return false
 	}
-	to, err := n.Place(req.Node, req.Constraints)
+	var to api.Node
+	var err error
+	if req.Snapshot != "" {
+		to, err = d.placeFromSnapshot(r.Context(), req)
+	} else {
+		to, err = n.Place(req.Node, req.Constraints)
+	}
 	if err != nil {
 		reply.Error(w, err)
 		return true

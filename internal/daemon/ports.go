@@ -126,14 +126,21 @@ func (d *Daemon) createPreview(tcp bool) http.HandlerFunc {
 		} else {
 			d.indexPreview(p.Hash, e.rec.ID)
 		}
+		id := e.rec.ID
 		d.mu.Unlock()
 		if err != nil {
 			reply.Error(w, err)
 			return
 		}
-		link := "http://" + p.ID + authority + previewPrefix + token + "/"
-		reply.JSON(w, http.StatusCreated, api.Preview{ID: p.ID, Port: p.Port, URL: link, Token: token, ExpiresAt: p.ExpiresAt})
+		d.publishPreview(r.Context(), p.ID, id, p.ExpiresAt)
+		reply.JSON(w, http.StatusCreated, api.Preview{ID: p.ID, Port: p.Port, URL: previewURL(p.ID, authority, token), Token: token, ExpiresAt: p.ExpiresAt})
 	}
+}
+
+// previewURL is preview id's URL: its host, ID and authority (see
+// previewAuthority), and its token's path.
+func previewURL(id, authority, token string) string {
+	return "http://" + id + authority + previewPrefix + token + "/"
 }
 
 // listPreviews serves GET /sandboxes/{id}/previews: the previews not
@@ -163,6 +170,12 @@ func (d *Daemon) revokePreview(w http.ResponseWriter, r *http.Request) {
 		reply.Error(w, err)
 		return
 	}
+	revoked := ""
+	defer func() { // once d.mu is let go
+		if revoked != "" {
+			d.forgetPreview(revoked)
+		}
+	}()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	i := slices.IndexFunc(e.rec.Previews, func(p preview) bool { return p.ID == r.PathValue("preview") })
@@ -176,6 +189,7 @@ func (d *Daemon) revokePreview(w http.ResponseWriter, r *http.Request) {
 		reply.Error(w, err)
 		return
 	}
+	revoked = e.rec.Previews[i].ID
 	delete(d.previews, e.rec.Previews[i].Hash)
 	for _, cancel := range d.previewing[e.rec.Previews[i].Hash] {
 		cancel()
@@ -189,10 +203,17 @@ func (d *Daemon) revokePreview(w http.ResponseWriter, r *http.Request) {
 // would, without kilnd's token. A token unknown, expired or revoked, or
 // another preview's than the host's, reaches nothing.
 func (d *Daemon) servePreview(w http.ResponseWriter, r *http.Request) {
+	host, _ := d.previewHost(r)
+	d.servePreviewOf(w, r, host, false)
+}
+
+// servePreviewOf serves r as the host of preview host serves it: by this
+// node, or in a cluster by the node that serves that preview, unless r
+// came from another node (fromNode).
+func (d *Daemon) servePreviewOf(w http.ResponseWriter, r *http.Request, host string, fromNode bool) {
 	rest := strings.TrimPrefix(r.URL.EscapedPath(), previewPrefix)
 	token, path, _ := strings.Cut(rest, "/")
 	hash := tokenHash(token)
-	host, _ := d.previewHost(r)
 	now := time.Now()
 	var id string
 	var expires time.Time
@@ -228,6 +249,9 @@ func (d *Daemon) servePreview(w http.ResponseWriter, r *http.Request) {
 		}()
 	}
 	d.mu.Unlock()
+	if port == 0 && !fromNode && d.previewOnOtherNode(w, r, host) {
+		return
+	}
 	if port == 0 {
 		reply.Error(w, errdefs.New(errdefs.ErrUnauthenticated, "this preview URL is unknown, expired or revoked"))
 		return

@@ -105,9 +105,10 @@ func (d *Daemon) previewHost(r *http.Request) (id string, ns bool) {
 
 // PreviewRequest reports whether r was made to the previews' server: it
 // names a host under the previews' domain (a preview's, or one that
-// reaches nothing), or it came to the previews' own listener.
+// reaches nothing), it came to the previews' own listener, or another
+// node forwarded it for a preview (previewForwarded).
 func (d *Daemon) PreviewRequest(r *http.Request) bool {
-	if _, ns := d.previewHost(r); ns {
+	if _, ns := d.previewHost(r); ns || d.previewForwarded(r) {
 		return true
 	}
 	local, _ := r.Context().Value(http.LocalAddrContextKey).(*net.TCPAddr)

@@ -140,8 +140,9 @@ func (d *Daemon) importSnapshotHandler(w http.ResponseWriter, r *http.Request) {
 		reply.Error(w, err)
 		return
 	}
+	d.publishSnapshot(r.Context(), snap)
 	w.Header().Set("Location", "/snapshots/"+snap.ID)
-	reply.JSON(w, http.StatusCreated, snap)
+	reply.JSON(w, http.StatusCreated, d.ownSnapshot(snap))
 }
 
 // ImportSnapshot takes a snapshot from the tar an export wrote, whole or
@@ -169,6 +170,8 @@ func (d *Daemon) ImportSnapshot(body io.Reader) (api.Snapshot, error) {
 	if snap.Processes == nil {
 		snap.Processes = []api.Process{}
 	}
+	// Where it was is not where it is: the API tells its node.
+	snap.Node, snap.NodeState = "", ""
 	if err := checkImported(snap); err != nil {
 		return api.Snapshot{}, bad("%s: %v", exportRecord, err)
 	}

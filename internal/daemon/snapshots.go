@@ -675,6 +675,7 @@ func (d *Daemon) RemoveSnapshot(ref string) error {
 	delete(s.byID, id)
 	s.mu.Unlock()
 	os.RemoveAll(gone)
+	d.forgetSnapshot(id)
 	d.log.Info("snapshot removed", "id", id)
 	return nil
 }
@@ -914,13 +915,18 @@ func (d *Daemon) snapshotHandler(w http.ResponseWriter, r *http.Request) {
 		reply.Error(w, err)
 		return
 	}
+	if err := d.snapshotNameTaken(req.Name); err != nil {
+		reply.Error(w, err)
+		return
+	}
 	snap, err := d.Snapshot(r.Context(), r.PathValue("id"), req)
 	if err != nil {
 		reply.Error(w, err)
 		return
 	}
+	d.publishSnapshot(r.Context(), snap)
 	w.Header().Set("Location", "/snapshots/"+snap.ID)
-	reply.JSON(w, http.StatusCreated, snap)
+	reply.JSON(w, http.StatusCreated, d.ownSnapshot(snap))
 }
 
 func (d *Daemon) listSnapshotsHandler(w http.ResponseWriter, r *http.Request) {
@@ -943,6 +949,9 @@ func (d *Daemon) listSnapshotsHandler(w http.ResponseWriter, r *http.Request) {
 		reply.Error(w, err)
 		return
 	}
+	if d.cluster != nil {
+		out = d.withRemoteSnapshots(r.Context(), out, sb)
+	}
 	reply.JSON(w, http.StatusOK, out)
 }
 
@@ -960,7 +969,7 @@ func (d *Daemon) getSnapshotHandler(w http.ResponseWriter, r *http.Request) {
 		reply.Error(w, err)
 		return
 	}
-	reply.JSON(w, http.StatusOK, snap.Snapshot)
+	reply.JSON(w, http.StatusOK, d.ownSnapshot(snap.Snapshot))
 }
 
 func (d *Daemon) removeSnapshotHandler(w http.ResponseWriter, r *http.Request) {

@@ -403,6 +403,21 @@ func TestSnapshotExportImport(t *testing.T) {
 	if ents, _ := os.ReadDir(filepath.Join(to.state, "snapshots")); len(ents) != 0 {
 		t.Errorf("refused imports left %v", ents)
 	}
+	// A record naming the node it came from: a kilnd in no cluster
+	// names none, as before.
+	var claimed map[string]any
+	json.Unmarshal(record, &claimed)
+	claimed["node"], claimed["node_state"] = "elsewhere", "lost"
+	named, _ := json.Marshal(claimed)
+	code, b = to.do("POST", "/snapshots/import", to.d.Token(), entries([2]string{"snapshot.json", string(named)}))
+	if code != http.StatusCreated || strings.Contains(string(b), `"node`) {
+		t.Errorf("import of a record naming a node: %d %s", code, b)
+	}
+	for _, path := range []string{"/snapshots", "/snapshots/moving"} {
+		if code, b := to.do("GET", path, to.d.Token(), nil); code != http.StatusOK || strings.Contains(string(b), `"node`) {
+			t.Errorf("GET %s on a kilnd in no cluster: %d %s, want no node", path, code, b)
+		}
+	}
 }
 
 // TestMemoryFork forks a running gVisor sandbox whose process counts in

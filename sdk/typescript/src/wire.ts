@@ -402,7 +402,10 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** kilnd's snapshots, oldest first */
+        /**
+         * kilnd's snapshots, oldest first
+         * @description In a cluster (kilnd --cluster), every node's, each naming its node and that node's state: a lost node's are listed as the cluster last heard of them.
+         */
         get: operations["listSnapshots"];
         put?: never;
         post?: never;
@@ -422,11 +425,17 @@ export interface paths {
             };
             cookie?: never;
         };
-        /** describe a snapshot */
+        /**
+         * describe a snapshot
+         * @description In a cluster, another node's snapshot is described by its node; a node unreachable or lost, as the cluster last heard of it.
+         */
         get: operations["getSnapshot"];
         put?: never;
         post?: never;
-        /** remove a snapshot; the sandboxes made from it keep their files */
+        /**
+         * remove a snapshot; the sandboxes made from it keep their files
+         * @description In a cluster, another node's snapshot is removed by its node: 503 naming it while it is unreachable or lost.
+         */
         delete: operations["removeSnapshot"];
         options?: never;
         head?: never;
@@ -445,7 +454,7 @@ export interface paths {
         };
         /**
          * a snapshot as a tar, for importSnapshot on another kilnd
-         * @description Entries, in order: snapshot.json (the snapshot and what a sandbox made from it is made with), disk/OFFSET (each run of the disk's data, OFFSET 16 hex digits; the holes between are left out), logs/PROCESS/FILE (its processes' captured logs). A tar cut short (no end-of-archive blocks) is one whose export failed.
+         * @description Entries, in order: snapshot.json (the snapshot and what a sandbox made from it is made with), disk/OFFSET (each run of the disk's data, OFFSET 16 hex digits; the holes between are left out), logs/PROCESS/FILE (its processes' captured logs). A tar cut short (no end-of-archive blocks) is one whose export failed. In a cluster, another node's snapshot is exported by its node: 503 naming it while it is unreachable or lost.
          */
         get: operations["exportSnapshot"];
         put?: never;
@@ -1222,7 +1231,7 @@ export interface components {
         Preview: {
             id: string;
             port: number;
-            /** @description given once, when made: http://ID.localhost:PORT/preview/TOKEN/ (ID.DOMAIN with kilnd --preview-domain), a host and so an origin of the preview's own */
+            /** @description given once, when made: http://ID.localhost:PORT/preview/TOKEN/ (ID.DOMAIN with kilnd --preview-domain), a host and so an origin of the preview's own. In a cluster, its host and port are those of the node it was made through; every node's previews' host serves every node's previews */
             url?: string;
             /** @description given once, when made */
             token?: string;
@@ -1314,7 +1323,7 @@ export interface components {
             labels?: {
                 [key: string]: string;
             };
-            /** @description a snapshot (its id, a unique prefix, or its name) the sandbox is made from: its files are the snapshot's, and unless the request says otherwise so are its image, runtime, limits (its disk's size always: another is 400, as is another image or rootfs), network policy, init command, log rotation, timeouts and labels (the request's added). The snapshot's processes are its history (Process.forked_from) */
+            /** @description a snapshot (its id, a unique prefix, or its name) the sandbox is made from: its files are the snapshot's, and unless the request says otherwise so are its image, runtime, limits (its disk's size always: another is 400, as is another image or rootfs), network policy, init command, log rotation, timeouts and labels (the request's added). The snapshot's processes are its history (Process.forked_from). In a cluster the sandbox is made on the node that keeps the snapshot: node naming another is 400 saying which, a snapshot of a node unreachable or lost is 503 */
             snapshot?: string;
             /** @description in a cluster (kilnd --cluster): the node to place the sandbox on (400 if the cluster has none of that name, 412 if it is not ready). A kilnd in no cluster refuses it, 400 */
             node?: string;
@@ -1688,6 +1697,13 @@ export interface components {
             processes: components["schemas"]["Process"][];
             /** @description its processes were saved too (a gVisor sandbox's): a sandbox made from it runs them on where they were; an export leaves the memory out */
             memory?: boolean;
+            /** @description in a cluster (kilnd --cluster): the node that keeps its files, where a sandbox made from it is made */
+            node?: string;
+            /**
+             * @description in a cluster: its node's state (GET /nodes); an unreachable or lost node's snapshot is described as the cluster last heard of it, and is neither exported nor made a sandbox of (503)
+             * @enum {string}
+             */
+            node_state?: "ready" | "draining" | "unreachable" | "lost";
         };
         SnapshotRequest: {
             /** @description unique among snapshots */
@@ -2617,6 +2633,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            503: components["responses"]["Error"];
         };
     };
     removeSnapshot: {
@@ -2642,6 +2659,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            503: components["responses"]["Error"];
         };
     };
     exportSnapshot: {
@@ -2669,6 +2687,7 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            503: components["responses"]["Error"];
         };
     };
     importSnapshot: {

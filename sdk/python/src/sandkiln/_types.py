@@ -428,6 +428,10 @@ class SnapshotInfo(TypedDict, total=False):
     copy: str
     processes: list[dict[str, Any]]
     memory: bool
+    node: str
+    """In a cluster: the node that keeps its files."""
+    node_state: str
+    """In a cluster: that node's state (ready, draining, unreachable, lost)."""
 
 
 class ImageInfo(TypedDict, total=False):
