@@ -200,9 +200,9 @@ func writePause(b *strings.Builder, p *pauseResult) {
 		got := pct(r.together, 50)
 		fmt.Fprintf(b, "| %s: pause + resume, p50 ≤ %s | %s | %s |\n", r.name, ms(targetPauseResume), ms(got), verdict(got <= targetPauseResume))
 	}
-	b.WriteString("\nkilnd pauses a gVisor sandbox by freezing its whole cgroup (gVisor's kernel, its file server and\n" +
-		"every thread of theirs), as it freezes a namespace sandbox's processes, and thaws it to resume it;\n" +
-		"the by-hand column is gVisor's own way, runsc's two runs, most of which is runsc starting.\n\n")
+	b.WriteString("\nkilnd pauses and resumes a gVisor sandbox as `runsc pause` and `runsc resume` do, without running\n" +
+		"them: one call to the sandbox's control server under runsc's lock of the container, and its status\n" +
+		"written into runsc's state file. The by-hand column is runsc's two runs, most of which is runsc starting.\n\n")
 	for _, s := range p.skipped {
 		fmt.Fprintf(b, "Not measured: %s.\n\n", s)
 	}

@@ -8,11 +8,3 @@ func RunscPauses(i Instance) int {
 	}
 	return -1
 }
-
-// AdoptKernelState has a gVisor sandbox learn, as its adoption does,
-// whether gVisor's kernel is paused.
-func AdoptKernelState(i Instance) {
-	if s, ok := i.(*guestSandbox); ok {
-		s.learnKernelPaused()
-	}
-}

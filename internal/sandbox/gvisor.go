@@ -188,10 +188,6 @@ type guestSandbox struct {
 	// paused says this kilnd paused the sandbox (or took it back paused)
 	// and has not resumed it: its agent does not answer meanwhile.
 	paused atomic.Bool
-	// kernelPaused says gVisor's kernel is paused (pause.go): by this
-	// kilnd, the sandbox having no group to freeze, or as it was found on
-	// adoption.
-	kernelPaused atomic.Bool
 	// viaRunsc counts the pauses and resumes runsc made, kilnd's own
 	// way to the sandbox's kernel not taken (gvisor_pause.go).
 	viaRunsc atomic.Int32
@@ -359,7 +355,6 @@ func (g *GVisor) Adopt(state json.RawMessage) (Instance, error) {
 	}
 	sb.ranges = g.Ranges
 	sb.adopted()
-	sb.learnKernelPaused()
 	return sb, nil
 }
 

@@ -1,6 +1,4 @@
-// Pausing gVisor's kernel without a run of runsc: a sandbox without a v2
-// group to freeze (pause.go) is paused so, and a kernel found paused as
-// the sandbox is adopted (an earlier kilnd paused it so) is resumed so.
+// Pausing a gVisor sandbox without a run of runsc.
 //
 // `runsc pause` and `runsc resume` spend most of their time starting: the
 // work is one call to the sandbox's control server (containerManager.Pause,
@@ -67,21 +65,41 @@ func (s *guestSandbox) setPausedDirect(pause bool) error {
 	if !pause {
 		from, to, method = runscPaused, runscRunning, runscMethodResume
 	}
-	st, unlock, err := s.lockRunscState()
+	states, err := filepath.Glob(filepath.Join(s.Root, globEscape(s.Container)+"_sandbox:*.state"))
+	if err != nil || len(states) != 1 {
+		return fmt.Errorf("%w: %d state files of %s", errNoFastPath, len(states), s.Container)
+	}
+	state := states[0]
+	unlock, err := lockRunscState(state[:len(state)-len("state")]+"lock", runscTimeout)
 	if err != nil {
-		return err
+		return fmt.Errorf("%w: %v", errNoFastPath, err)
 	}
 	defer unlock()
-	switch st.status {
+
+	b, err := os.ReadFile(state)
+	if err != nil {
+		return fmt.Errorf("%w: %v", errNoFastPath, err)
+	}
+	var rec map[string]json.RawMessage
+	var status string
+	var sb struct {
+		ID                string `json:"id"`
+		ControlSocketPath string `json:"controlSocketPath"`
+	}
+	if json.Unmarshal(b, &rec) != nil || json.Unmarshal(rec["status"], &status) != nil ||
+		json.Unmarshal(rec["sandbox"], &sb) != nil || sb.ID == "" {
+		return fmt.Errorf("%w: %s is not the state file it should be", errNoFastPath, state)
+	}
+	switch status {
 	case to:
 		return nil
 	case from:
 	default:
-		return fmt.Errorf("%w: %s is %s", errNoFastPath, s.Container, st.status)
+		return fmt.Errorf("%w: %s is %s", errNoFastPath, s.Container, status)
 	}
-	sock := st.sandbox.ControlSocketPath
+	sock := sb.ControlSocketPath
 	if unix.Access(sock, unix.F_OK) != nil {
-		sock = filepath.Join(s.Root, "runsc-"+st.sandbox.ID+".sock")
+		sock = filepath.Join(s.Root, "runsc-"+sb.ID+".sock")
 		if unix.Access(sock, unix.F_OK) != nil {
 			return fmt.Errorf("%w: no control socket for %s", errNoFastPath, s.Container)
 		}
@@ -89,12 +107,12 @@ func (s *guestSandbox) setPausedDirect(pause bool) error {
 	if err := runscCall(sock, method, runscTimeout); err != nil {
 		return err
 	}
-	status, err := json.Marshal(to)
+	st, err := json.Marshal(to)
 	if err != nil {
 		return err
 	}
-	st.rec["status"] = status
-	out, err := json.Marshal(st.rec)
+	rec["status"] = st
+	out, err := json.Marshal(rec)
 	if err != nil {
 		return err
 	}
@@ -103,63 +121,11 @@ func (s *guestSandbox) setPausedDirect(pause bool) error {
 	if err := os.WriteFile(tmp, out, 0o640); err != nil {
 		return fmt.Errorf("sandbox: %s is %s, its state file not: %w", s.Container, to, err)
 	}
-	if err := os.Rename(tmp, st.path); err != nil {
+	if err := os.Rename(tmp, state); err != nil {
 		os.Remove(tmp)
 		return fmt.Errorf("sandbox: %s is %s, its state file not: %w", s.Container, to, err)
 	}
 	return nil
-}
-
-// runscState is runsc's state file of a container, as read under its
-// lock: where it is, its fields, its status and its sandbox's.
-type runscState struct {
-	path    string
-	rec     map[string]json.RawMessage
-	status  string
-	sandbox struct {
-		ID                string `json:"id"`
-		ControlSocketPath string `json:"controlSocketPath"`
-	}
-}
-
-// lockRunscState takes runsc's lock of the container and reads its state
-// file, and returns what gives the lock back. An error wraps
-// errNoFastPath: nothing was asked of the sandbox.
-func (s *guestSandbox) lockRunscState() (st runscState, unlock func(), err error) {
-	states, err := filepath.Glob(filepath.Join(s.Root, globEscape(s.Container)+"_sandbox:*.state"))
-	if err != nil || len(states) != 1 {
-		return st, nil, fmt.Errorf("%w: %d state files of %s", errNoFastPath, len(states), s.Container)
-	}
-	st.path = states[0]
-	unlock, err = lockRunscState(st.path[:len(st.path)-len("state")]+"lock", runscTimeout)
-	if err != nil {
-		return st, nil, fmt.Errorf("%w: %v", errNoFastPath, err)
-	}
-	b, err := os.ReadFile(st.path)
-	if err == nil && (json.Unmarshal(b, &st.rec) != nil || json.Unmarshal(st.rec["status"], &st.status) != nil ||
-		json.Unmarshal(st.rec["sandbox"], &st.sandbox) != nil || st.sandbox.ID == "") {
-		err = fmt.Errorf("%s is not the state file it should be", st.path)
-	}
-	if err != nil {
-		unlock()
-		return st, nil, fmt.Errorf("%w: %v", errNoFastPath, err)
-	}
-	return st, unlock, nil
-}
-
-// learnKernelPaused has s learn, as it is adopted, whether gVisor's kernel
-// is paused (pause.go).
-func (s *guestSandbox) learnKernelPaused() { s.kernelPaused.Store(s.runscStatus() == runscPaused) }
-
-// runscStatus is the container's status in runsc's state file, read
-// under runsc's lock without a run of runsc; empty when it cannot be read.
-func (s *guestSandbox) runscStatus() string {
-	st, unlock, err := s.lockRunscState()
-	if err != nil {
-		return ""
-	}
-	unlock()
-	return st.status
 }
 
 // lockRunscState takes runsc's lock of a container (an exclusive flock of

@@ -17,25 +17,10 @@
 // before its processes had a group apart from the agent's cannot be
 // paused (ErrNotPausable).
 //
-// A gVisor sandbox is frozen whole: its v2 group, which holds every
-// thread of runsc's sandbox (gVisor's kernel, its file server, the
-// sandbox's processes within), the agent among them. kilnd refuses every
-// call for the agent meanwhile, and those it has open (an attached
-// watcher's) wait. The host's freezer, not gVisor's own pause (runsc
-// pause, which asks the kernel to stop its tasks), because it is the
-// cheaper by far: one write and the frozen state awaited, where gVisor's
-// pause wakes every task of the sandbox to stop it, each wake-up a wait
-// for a CPU on a busy host (several milliseconds, the bulk of a pause's
-// cost through kilnd's API before); and because a frozen sandbox uses no
-// CPU at all, where gVisor's paused kernel keeps its own goroutines
-// (network stack, timers) running. runsc's record of the container says
-// running throughout. runsc's commands that ask the sandbox something
-// (state, list, kill, exec, checkpoint) wait for the thaw: kilnd, whose
-// runsc root it is, asks none of them of a paused sandbox, and thaws it
-// before it ends it (thaw); a memory snapshot of a paused sandbox is
-// refused. gVisor's own pause (gvisor_pause.go) is left for a sandbox
-// without a v2 group, and to resume a kernel found paused as the sandbox
-// is adopted (an earlier kilnd paused it so).
+// A gVisor sandbox is paused as runsc pause pauses it (gvisor_pause.go),
+// which stops every task of gVisor's kernel, the agent among them: kilnd
+// refuses every call for the agent meanwhile, and those it has open (an
+// attached watcher's) wait.
 
 package sandbox
 
@@ -82,40 +67,7 @@ func (s *Sandbox) Resume() error {
 // cgroup.events says, watched for its change; within timeout, else it
 // thaws them again and fails. A group frozen already stays so.
 func (c *Cgroups) Freeze(timeout time.Duration) error {
-	return freeze(c.procsDir2(), timeout)
-}
-
-// Thaw lets the procs group's processes run again. The kernel wakes them
-// as the write returns: nothing is waited for.
-func (c *Cgroups) Thaw() error {
 	dir := c.procsDir2()
-	if dir == "" {
-		return ErrNotPausable
-	}
-	return setCgroup(dir, "cgroup.freeze", "0")
-}
-
-// freezeWhole is Freeze of the sandbox's whole v2 group, what runs in its
-// leaves with the rest; ErrNotPausable without one.
-func (c *Cgroups) freezeWhole(timeout time.Duration) error {
-	if c == nil {
-		return ErrNotPausable
-	}
-	return freeze(c.V2, timeout)
-}
-
-// thawWhole is Thaw of the sandbox's whole v2 group; ErrNotPausable
-// without one.
-func (c *Cgroups) thawWhole() error {
-	if c == nil || c.V2 == "" {
-		return ErrNotPausable
-	}
-	return setCgroup(c.V2, "cgroup.freeze", "0")
-}
-
-// freeze freezes the v2 group dir (ErrNotPausable when empty), as Freeze
-// says.
-func freeze(dir string, timeout time.Duration) error {
 	if dir == "" {
 		return ErrNotPausable
 	}
@@ -127,6 +79,16 @@ func freeze(dir string, timeout time.Duration) error {
 		return err
 	}
 	return nil
+}
+
+// Thaw lets the procs group's processes run again. The kernel wakes them
+// as the write returns: nothing is waited for.
+func (c *Cgroups) Thaw() error {
+	dir := c.procsDir2()
+	if dir == "" {
+		return ErrNotPausable
+	}
+	return setCgroup(dir, "cgroup.freeze", "0")
 }
 
 // Frozen reports whether the procs group is frozen (every task in it).
@@ -191,44 +153,30 @@ const (
 	pollMost  = 5 * time.Millisecond
 )
 
-// Pause implements Instance: the sandbox's v2 group is frozen, every
-// thread of runsc's sandbox with it; gVisor's kernel pauses its tasks
-// instead (setPaused) for a sandbox without one. A sandbox paused already
-// is paused.
+// Pause implements Instance: gVisor's kernel pauses every task of the
+// sandbox, the agent's too, asked by kilnd itself (setPausedDirect) or,
+// when that cannot be, by runsc pause. A sandbox paused already (runsc
+// refuses to pause it again) is paused.
 func (s *guestSandbox) Pause() error {
-	err := s.Cgroups.freezeWhole(freezeTimeout)
-	if errors.Is(err, ErrNotPausable) {
-		if err = s.setPaused(true); err == nil {
-			s.kernelPaused.Store(true)
-		}
-	}
-	if err != nil {
+	if err := s.setPaused(true); err != nil {
 		return err
 	}
 	s.paused.Store(true)
 	return nil
 }
 
-// Resume implements Instance: the sandbox's group is thawed, then its
-// kernel resumed if it is paused too (by Pause without a group, or found
-// so as the sandbox was adopted). A sandbox that runs already is resumed.
+// Resume implements Instance: gVisor's kernel resumes the sandbox, as
+// Pause paused it. A sandbox that runs already is resumed.
 func (s *guestSandbox) Resume() error {
-	if err := s.Cgroups.thawWhole(); err != nil && !errors.Is(err, ErrNotPausable) {
+	if err := s.setPaused(false); err != nil {
 		return err
-	}
-	if s.kernelPaused.Load() {
-		if err := s.setPaused(false); err != nil {
-			return err
-		}
-		s.kernelPaused.Store(false)
 	}
 	s.paused.Store(false)
 	return nil
 }
 
 // setPaused pauses or resumes the sandbox's kernel: directly, else
-// through runsc. runsc's pause of a container paused already, or its
-// resume of one that runs, fails: the sandbox is as asked all the same.
+// through runsc.
 func (s *guestSandbox) setPaused(pause bool) error {
 	err := s.setPausedDirect(pause)
 	if !errors.Is(err, errNoFastPath) {
@@ -248,10 +196,9 @@ func (s *guestSandbox) setPaused(pause bool) error {
 }
 
 // thaw resumes the sandbox if this kilnd paused it, or took it back
-// paused: what ends it asks its agent first, and runsc's kill its kernel,
-// which must run to answer.
+// paused: what ends it asks its agent first, which must run to answer.
 func (s *guestSandbox) thaw() {
-	if s.paused.Load() || s.kernelPaused.Load() {
+	if s.paused.Load() {
 		s.Resume()
 	}
 }
