@@ -59,9 +59,6 @@ type GVisor struct {
 	ver, verOf string
 	// channels are its sandboxes' channels to their agents.
 	channels channels
-	// stateWrites are the writes of runsc's state files that pauses and
-	// resumes left under way (gvisor_pause.go); Release waits for them.
-	stateWrites sync.WaitGroup
 }
 
 // bindsOf is where sandbox id's directories are mounted on the host.
@@ -191,13 +188,6 @@ type guestSandbox struct {
 	// paused says this kilnd paused the sandbox (or took it back paused)
 	// and has not resumed it: its agent does not answer meanwhile.
 	paused atomic.Bool
-	// writeMu guards written and unwritten: the write of runsc's state
-	// file that setPausedDirect leaves under way, closed once it is done
-	// (nil before the first), and the status of the kernel that a failed
-	// one left out of the file (empty: the file says it).
-	writeMu   sync.Mutex
-	written   chan struct{}
-	unwritten string
 	// viaRunsc counts the pauses and resumes runsc made, kilnd's own
 	// way to the sandbox's kernel not taken (gvisor_pause.go).
 	viaRunsc atomic.Int32
@@ -335,7 +325,6 @@ func (g *GVisor) Release() {
 	for unix.Unmount(filepath.Join(g.Root, "null-netns"), unix.MNT_DETACH) == nil {
 	}
 	g.channels.closeAll()
-	g.stateWrites.Wait()
 }
 
 // Adopt implements Backend.

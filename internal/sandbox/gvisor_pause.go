@@ -19,13 +19,6 @@
 //     one after the other on the connection (gVisor's urpc, no files
 //     passed for these two).
 //
-// kilnd answers the pause or resume once the call is answered, and
-// writes the state file after, still holding the lock: every runsc
-// command waits for the lock, and so for the file, as it would behind
-// runsc's own pause; kilnd's next pause or resume of the container waits
-// for its last write. The write took 0.7-1.8 ms at the median on a busy
-// host, as much as the call.
-//
 // gVisor's kernel counts its pauses (a resume ends one), and runsc only
 // asks the kernel to pause a container its state file says runs, to
 // resume one it says is paused: kilnd checks the same, under the lock.
@@ -65,21 +58,12 @@ var errNoFastPath = errors.New("sandbox: no direct way to runsc's sandbox")
 
 // setPausedDirect pauses (pause) or resumes the sandbox's kernel through
 // its control server and records it in runsc's state file, as runsc
-// does; it returns once the kernel is as asked, the write going on under
-// runsc's lock. It returns errNoFastPath, wrapped, when runsc must do it
+// does. It returns errNoFastPath, wrapped, when runsc must do it
 // instead; nil when the container is in the wanted state already.
 func (s *guestSandbox) setPausedDirect(pause bool) error {
 	from, to, method := runscRunning, runscPaused, runscMethodPause
 	if !pause {
 		from, to, method = runscPaused, runscRunning, runscMethodResume
-	}
-	// The last write, under runsc's lock, is waited for here rather
-	// than by polling the lock.
-	s.writeMu.Lock()
-	last := s.written
-	s.writeMu.Unlock()
-	if last != nil {
-		<-last
 	}
 	states, err := filepath.Glob(filepath.Join(s.Root, globEscape(s.Container)+"_sandbox:*.state"))
 	if err != nil || len(states) != 1 {
@@ -90,12 +74,7 @@ func (s *guestSandbox) setPausedDirect(pause bool) error {
 	if err != nil {
 		return fmt.Errorf("%w: %v", errNoFastPath, err)
 	}
-	locked := true
-	defer func() {
-		if locked {
-			unlock()
-		}
-	}()
+	defer unlock()
 
 	b, err := os.ReadFile(state)
 	if err != nil {
@@ -111,11 +90,6 @@ func (s *guestSandbox) setPausedDirect(pause bool) error {
 		json.Unmarshal(rec["sandbox"], &sb) != nil || sb.ID == "" {
 		return fmt.Errorf("%w: %s is not the state file it should be", errNoFastPath, state)
 	}
-	s.writeMu.Lock()
-	if s.unwritten != "" {
-		status = s.unwritten // kilnd's call made it so; its write failed
-	}
-	s.writeMu.Unlock()
 	switch status {
 	case to:
 		return nil
@@ -133,35 +107,7 @@ func (s *guestSandbox) setPausedDirect(pause bool) error {
 	if err := runscCall(sock, method, runscTimeout); err != nil {
 		return err
 	}
-	// The kernel is as asked: runsc's record of it is written after the
-	// answer, still under runsc's lock, which every runsc command takes
-	// to read it, and which the next pause or resume waits for.
-	done := make(chan struct{})
-	s.writeMu.Lock()
-	s.written = done
-	s.writeMu.Unlock()
-	locked = false
-	s.g.stateWrites.Add(1)
-	go func() {
-		defer s.g.stateWrites.Done()
-		defer close(done)
-		defer unlock()
-		err := writeRunscStatus(state, rec, to, filepath.Join(s.Root, ".kiln-state-"+strconv.Itoa(os.Getpid())+"-"+s.Container))
-		s.writeMu.Lock()
-		s.unwritten = ""
-		if err != nil {
-			s.unwritten = to
-		}
-		s.writeMu.Unlock()
-	}()
-	return nil
-}
-
-// writeRunscStatus writes runsc's state file state, of fields rec, with
-// status, whole or not at all: through tmp, beside it (runsc's listings
-// match *.state only), renamed.
-func writeRunscStatus(state string, rec map[string]json.RawMessage, status, tmp string) error {
-	st, err := json.Marshal(status)
+	st, err := json.Marshal(to)
 	if err != nil {
 		return err
 	}
@@ -170,12 +116,14 @@ func writeRunscStatus(state string, rec map[string]json.RawMessage, status, tmp 
 	if err != nil {
 		return err
 	}
+	// Whole or not at all, beside it (runsc's listings match *.state only).
+	tmp := filepath.Join(s.Root, ".kiln-state-"+strconv.Itoa(os.Getpid())+"-"+s.Container)
 	if err := os.WriteFile(tmp, out, 0o640); err != nil {
-		return err
+		return fmt.Errorf("sandbox: %s is %s, its state file not: %w", s.Container, to, err)
 	}
 	if err := os.Rename(tmp, state); err != nil {
 		os.Remove(tmp)
-		return err
+		return fmt.Errorf("sandbox: %s is %s, its state file not: %w", s.Container, to, err)
 	}
 	return nil
 }
