@@ -75,7 +75,7 @@ func (d *Daemon) Pause(ctx context.Context, ref string) (info Info, changed bool
 	id, sb := e.rec.ID, e.sb
 	now := time.Now().UTC()
 	e.rec.PausedAt = &now
-	if err := d.saveSoon(e.rec); err != nil {
+	if err := d.savePause(e.rec); err != nil {
 		e.rec.PausedAt = nil
 		return Info{}, false, d.hostFailure(fmt.Sprintf("sandbox %s could not be recorded paused", id), err)
 	}
@@ -86,7 +86,7 @@ func (d *Daemon) Pause(ctx context.Context, ref string) (info Info, changed bool
 	d.mu.Lock()
 	if err != nil {
 		e.rec.PausedAt = nil
-		if serr := d.saveSoon(e.rec); serr != nil {
+		if serr := d.savePause(e.rec); serr != nil {
 			d.log.Error("record a sandbox that did not pause", "id", id, "err", serr)
 		}
 		if errors.Is(err, sandbox.ErrNotPausable) {
@@ -130,7 +130,7 @@ func (d *Daemon) Resume(ctx context.Context, ref string) (info Info, changed boo
 		return Info{}, false, fmt.Errorf("%w: sandbox %s was deleted as it resumed", errdefs.ErrNotFound, id)
 	}
 	e.rec.PausedAt, e.lastUsed = nil, time.Now()
-	if err := d.saveSoon(e.rec); err != nil {
+	if err := d.savePause(e.rec); err != nil {
 		// It runs: the next kilnd, finding it recorded paused, pauses it
 		// again as it adopts it, which a resume then undoes.
 		d.log.Error("record a resumed sandbox", "id", id, "err", err)
@@ -174,6 +174,16 @@ func (d *Daemon) adoptPaused(e *entry) {
 		}
 	}
 }
+
+// savePause writes rec as a pause or a resume leaves it: whole, renamed
+// into place, so that a kilnd killed at any moment after finds it, but
+// never synced to the disk, not even in the background. What it records
+// matters only while the sandbox's processes live: a host that loses
+// power before its disk has the record loses them too, and the next
+// kilnd finds the sandbox ended, paused or not. A sync, even one not
+// waited for, has the next pause's or resume's write of the record wait
+// for the file system's journal.
+func (d *Daemon) savePause(rec record) error { return d.write(rec, false) }
 
 // pausedRefusal is the refusal of call r to paused sandbox id, or nil for
 // a call that goes through: one the agent answers without the sandbox's
