@@ -255,12 +255,12 @@ func TestClusterSnapshotsAndPreviews(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, resp.Header, b
 	}
-	code, hdrs, got := get(p.URL+"blob", "")
+	code, _, got := get(p.URL+"blob", "")
 	if code != 200 || !bytes.Equal(got, blob) {
 		t.Fatalf("the preview through a: %d, %d bytes (want %d), equal %v", code, len(got), len(blob), bytes.Equal(got, blob))
 	}
 	for _, bearer := range []string{"", tok, strings.TrimSpace(string(ownA))} {
-		code, hdrs, got = get(p.URL+"headers", bearer)
+		code, hdrs, got := get(p.URL+"headers", bearer)
 		seen := string(got)
 		if code != 200 || !strings.Contains(seen, "app=kept") {
 			t.Errorf("the app's request through a: %d %q", code, seen)

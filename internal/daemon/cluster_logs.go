@@ -103,7 +103,7 @@ func (v *v1Entries) Next(ctx context.Context) (capture.Entry, error) {
 // caughtUp reports whether a read that ends at its hello's totals got
 // there.
 func (v *v1Entries) caughtUp() bool {
-	if v.target == nil || len(v.target) == 0 {
+	if len(v.target) == 0 {
 		return false
 	}
 	for s, t := range v.target {
