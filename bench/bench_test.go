@@ -294,7 +294,13 @@ func TestParseFlags(t *testing.T) {
 		t.Errorf("cluster section's defaults: %d sandboxes a node, attach %d, burst %d, replay %d, kilnd %q",
 			cfg.clusterPerNode, cfg.clusterAttach, cfg.clusterBurst, cfg.clusterReplay, cfg.kilnd)
 	}
-	for _, args := range [][]string{{"-only", "speed"}, {"-readers", "0"}, {"-reps", "0"}, {"extra"}, {"-cluster-sandboxes", "0"}, {"-cluster-attach-size", "1.5G"}} {
+	if len(cfg.clusterCases) != len(clusterCases) {
+		t.Errorf("cluster cases by default: %v, want all %d", cfg.clusterCases, len(clusterCases))
+	}
+	if cfg, err := parseFlags([]string{"-cluster-cases", "export, replay"}); err != nil || len(cfg.clusterCases) != 2 || !cfg.clusterCases["export"] || !cfg.clusterCases["replay"] {
+		t.Errorf("-cluster-cases export, replay: %v, %v", cfg.clusterCases, err)
+	}
+	for _, args := range [][]string{{"-only", "speed"}, {"-readers", "0"}, {"-reps", "0"}, {"extra"}, {"-cluster-sandboxes", "0"}, {"-cluster-attach-size", "1.5G"}, {"-cluster-cases", "export,burst"}} {
 		if _, err := parseFlags(args); err == nil {
 			t.Errorf("parseFlags(%q) succeeded, want an error", args)
 		}
