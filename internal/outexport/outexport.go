@@ -48,10 +48,13 @@ const (
 	// maxMsgSize is the stream's MaxMsgSize: NATS's default max_payload,
 	// which counts headers too.
 	maxMsgSize = 1 << 20
-	// maxChunk bounds a chunk's bytes in one message: past 256 KiB a
-	// compare-and-append gains little, and a message must stay under
-	// the server's max_payload with its headers.
-	maxChunk = 256 << 10
+	// maxChunk bounds a chunk's bytes in one message: under the
+	// stream's MaxMsgSize, with room for the headers. A burst's export
+	// costs the servers per byte (three copies written, checksummed and
+	// replicated) and per message (a proposal, its acks, the exporter's
+	// round trip): the largest messages cost least, which on a small
+	// machine is the burst's own time (BenchmarkExportCPU).
+	maxChunk = maxMsgSize - 8<<10
 )
 
 // Config sets up an Exporter.
