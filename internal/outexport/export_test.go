@@ -95,7 +95,8 @@ func TestExportAndReplay(t *testing.T) {
 		}
 	}
 	st := x.Stats()
-	if st.Ended != 1 || st.Lost != 0 || st.Bytes != totals["stdout"]+totals["stderr"] || st.Fenced != 0 {
+	// Never lapped, it never rested.
+	if st.Ended != 1 || st.Lost != 0 || st.Bytes != totals["stdout"]+totals["stderr"] || st.Fenced != 0 || st.Rests != 0 {
 		t.Errorf("stats %+v", st)
 	}
 	// Following it again finds its export ended.
@@ -228,6 +229,53 @@ func TestRingEvictedGapRecord(t *testing.T) {
 	}
 	if lost := got.lost["stdout"] + got.lost["stderr"]; recorded != lost || lost == 0 || x.Stats().Lost != lost {
 		t.Errorf("gap records say %d, the reader lost %d, the exporter counts %d", recorded, lost, x.Stats().Lost)
+	}
+}
+
+// A flood that outruns the export while it is followed: the follower,
+// lapped again and again, rests, and the copy is still exact (each byte
+// stored once at its offset, or counted in a gap record), its messages a
+// chain with no duplicate.
+func TestFloodRests(t *testing.T) {
+	ctx := ctxT(t, 2*time.Minute)
+	srv := natstest.Server(t)
+	_, js := connect(t, srv.ClientURL())
+	src := &fakeSource{}
+	p := newFakeProc(64<<10, api.StreamStdout)
+	src.add("p1", p)
+	x := startExporter(t, Config{Node: node, Conn: js.Conn(), Source: src})
+	x.Follow(sandbox, proc("p1"))
+	// Chunks of a length prime to the others', so that a byte stored at
+	// another's offset differs.
+	chunk := make([]byte, 65521)
+	for i := range 4 { // 8 MiB, 2 at a time: more than the ring and the inbox hold
+		for j := range chunk {
+			chunk[j] = byte(i*7 + j)
+		}
+		for range 32 {
+			p.write(api.StreamStdout, chunk)
+		}
+		// The next 2 MiB once the export has stored more: it is lapped
+		// while it follows, not only when it comes.
+		n := x.Stats().Messages
+		for x.Stats().Messages == n {
+			select {
+			case <-ctx.Done():
+				t.Fatalf("nothing more exported: %+v", x.Stats())
+			case <-time.After(time.Millisecond):
+			}
+		}
+	}
+	p.finish(0)
+	want := p.want()
+	got := readBack(ctx, t, js, node, sandbox, "p1", ReadOptions{Follow: true}, want)
+	checkWhole(t, got, want, 0)
+	gaps := checkChain(t, subjectMessages(ctx, t, js, node, sandbox, "p1"))
+	checkRecordedLoss(t, got, gaps)
+	st := x.Stats()
+	t.Logf("stats %+v", st)
+	if st.Bytes+st.Lost != int64(len(want["stdout"])) || st.Lost == 0 || st.Rests == 0 {
+		t.Errorf("stats %+v: stored and lost make %d bytes of %d, want all, with a rest", st, st.Bytes+st.Lost, len(want["stdout"]))
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go/jetstream"
@@ -62,7 +63,27 @@ type follower struct {
 	down [numStreams]bool
 	// failing says the last publish failed: its failure was told.
 	failing bool
+	// worked is the time spent publishing since the follower last
+	// rested; lapped says the ring let output go before the export read
+	// it since then (see rest).
+	worked time.Duration
+	lapped bool
 }
+
+// A follower the output outruns rests: after the ring has let bytes go
+// before the export came for them, it stops publishing for restShare
+// times as long as it worked since it last rested, up to maxRest. The
+// export's cost is the servers' (every byte written, checksummed and
+// replicated three times), several times the process's own for the same
+// bytes; a follower that chased a flood would take those cores from the
+// process, which the export must never slow. Resting, it leaves them
+// about four fifths of the time it would have taken: the process runs
+// on, its ring lets more go, and the gap record says exactly how much.
+// Output the export keeps up with is never lapped, and never waits.
+const (
+	restShare = 4
+	maxRest   = 250 * time.Millisecond
+)
 
 // run exports the process until its end record is stored, it cannot be
 // read any more, another writer takes its subject, or ctx ends.
@@ -188,6 +209,7 @@ func (f *follower) export(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("%w: %w", errSource, err)
 		}
+		began := time.Now()
 		for _, op := range ops {
 			if op.frame != nil {
 				err = f.chunk(ctx, *op.frame)
@@ -198,6 +220,28 @@ func (f *follower) export(ctx context.Context) error {
 				return err
 			}
 		}
+		f.worked += time.Since(began)
+		if f.lapped {
+			if err := f.rest(ctx); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// rest waits while a lapped follower rests (see restShare); its reader
+// reads on meanwhile, up to the inbox's bound.
+func (f *follower) rest(ctx context.Context) error {
+	d := min(f.worked*restShare, maxRest)
+	f.worked, f.lapped = 0, false
+	f.x.stats.rests.Add(1)
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 
@@ -321,6 +365,7 @@ func (f *follower) gap(ctx context.Context, s byte, to int64) error {
 		return err
 	}
 	f.x.stats.lost.Add(to - from)
+	f.lapped = f.lapped || cause == CauseRingEvicted
 	f.down[s] = false
 	return nil
 }

@@ -361,11 +361,12 @@ type Stats struct {
 	Conflicts int64 // compare-and-appends refused, then settled
 	Fenced    int64 // processes left to another writer of their subject
 	Ended     int64 // processes whose end record is stored
+	Rests     int64 // pauses of followers the output outran (see restShare)
 }
 
 // counters are Stats, counted as they happen.
 type counters struct {
-	following, messages, bytes, lost, retries, conflicts, fenced, ended atomic.Int64
+	following, messages, bytes, lost, retries, conflicts, fenced, ended, rests atomic.Int64
 }
 
 // Stats reports what the exporter has done so far.
@@ -374,6 +375,7 @@ func (x *Exporter) Stats() Stats {
 	return Stats{
 		Following: c.following.Load(), Messages: c.messages.Load(), Bytes: c.bytes.Load(), Lost: c.lost.Load(),
 		Retries: c.retries.Load(), Conflicts: c.conflicts.Load(), Fenced: c.fenced.Load(), Ended: c.ended.Load(),
+		Rests: c.rests.Load(),
 	}
 }
 
