@@ -182,6 +182,9 @@ type clusterExportFigures struct {
 	// servers that store and replicate its messages), the solo kilnd's
 	// for a run on it; the agent and the process not included.
 	aloneOnCPU, aloneOffCPU, heldOnCPU, heldOffCPU []time.Duration
+	// The three nodes' CPU time during each run on the solo kilnd: the
+	// cluster there, exporting nothing.
+	aloneIdleCPU, heldIdleCPU []time.Duration
 	// How busy the machine was during each measured run, of all its
 	// CPU time: the bench's processes and everything else it runs.
 	aloneOnBusy, aloneOffBusy, heldOnBusy, heldOffBusy []float64
@@ -283,12 +286,13 @@ func measureClusterExport(ctx context.Context, cfg config, cl *benchCluster) (cl
 			if n == off {
 				kilnds = []*clusterNode{off}
 			}
-			meter := startCPU(kilnds)
+			meter, cluster := startCPU(kilnds), startCPU(cl.nodes)
 			d, pid, err := burstAlone(ctx, n, sbs[n], alone, f.size, exitSeen)
 			if err != nil {
 				return nil, err
 			}
 			cpu, busy := meter.stop()
+			idle, _ := cluster.stop()
 			var ex exportRun
 			if n == on {
 				if ex, err = untilExported(ctx, js, on.name, sbs[on], pid, f.size, at, seen); err != nil {
@@ -302,13 +306,15 @@ func measureClusterExport(ctx context.Context, cfg config, cl *benchCluster) (cl
 				} else {
 					f.aloneOff = append(f.aloneOff, d)
 					f.aloneOffCPU, f.aloneOffBusy = append(f.aloneOffCPU, cpu), append(f.aloneOffBusy, busy)
+					f.aloneIdleCPU = append(f.aloneIdleCPU, idle)
 				}
 			}
-			meter = startCPU(kilnds)
+			meter, cluster = startCPU(kilnds), startCPU(cl.nodes)
 			if d, pid, err = burstHeld(ctx, n, sbs[n], held, f.size, exitSeen); err != nil {
 				return nil, err
 			}
 			cpu, busy = meter.stop()
+			idle, _ = cluster.stop()
 			if n == on {
 				if ex, err = untilExported(ctx, js, on.name, sbs[on], pid, f.size, at, seen); err != nil {
 					return nil, err
@@ -321,14 +327,15 @@ func measureClusterExport(ctx context.Context, cfg config, cl *benchCluster) (cl
 				} else {
 					f.heldOff = append(f.heldOff, d)
 					f.heldOffCPU, f.heldOffBusy = append(f.heldOffCPU, cpu), append(f.heldOffBusy, busy)
+					f.heldIdleCPU = append(f.heldIdleCPU, idle)
 				}
 			}
 		}
 		if rep > 0 {
 			i := rep - 1
-			fmt.Fprintf(cfg.progress, "cluster: burst rep %d/%d: nobody reading, export on %v (the copy holds %s, lost %s; the nodes' CPU %v), off %v (%v); a client holding it, on %v (holds %s, lost %s; %v), off %v (%v)\n",
-				rep, cfg.reps, f.aloneOn[i].Round(time.Millisecond), bytesText(f.aloneExport[i].stored), bytesText(f.aloneExport[i].lost), f.aloneOnCPU[i], f.aloneOff[i].Round(time.Millisecond), f.aloneOffCPU[i],
-				f.heldOn[i].Round(time.Millisecond), bytesText(f.heldExport[i].stored), bytesText(f.heldExport[i].lost), f.heldOnCPU[i], f.heldOff[i].Round(time.Millisecond), f.heldOffCPU[i])
+			fmt.Fprintf(cfg.progress, "cluster: burst rep %d/%d: nobody reading, export on %v (the copy holds %s, lost %s; the nodes' CPU %v), off %v (%v, the idle nodes' %v); a client holding it, on %v (holds %s, lost %s; %v), off %v (%v, %v)\n",
+				rep, cfg.reps, f.aloneOn[i].Round(time.Millisecond), bytesText(f.aloneExport[i].stored), bytesText(f.aloneExport[i].lost), f.aloneOnCPU[i], f.aloneOff[i].Round(time.Millisecond), f.aloneOffCPU[i], f.aloneIdleCPU[i],
+				f.heldOn[i].Round(time.Millisecond), bytesText(f.heldExport[i].stored), bytesText(f.heldExport[i].lost), f.heldOnCPU[i], f.heldOff[i].Round(time.Millisecond), f.heldOffCPU[i], f.heldIdleCPU[i])
 		}
 	}
 	for n, id := range sbs {
@@ -437,14 +444,15 @@ func (f *clusterExportFigures) write(b *strings.Builder) {
 		median(aOn), median(aOff), pairedRatio(aOn, aOff), median(hOn), median(hOff), pairedRatio(hOn, hOff))
 	b.WriteString("The CPU time the kilnds took during each measured run, from its start request to its exit seen (the\n" +
 		"three nodes' for a run on " + f.on + ": the exporter, and the servers storing and replicating its messages; the solo\n" +
-		"kilnd's for a run on " + f.off + "; the agent and the process not included), and how busy the machine was meanwhile\n" +
-		"(the share of all its CPU time not idle, this run's processes and everything else it ran).\n\n")
-	b.WriteString("| rep | nobody reading: on, the nodes' CPU | busy | off, solo's CPU | busy | a client holding it: on, the nodes' CPU | busy | off, solo's CPU | busy |\n" +
-		"|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		"kilnd's for a run on " + f.off + "; the agent and the process not included), how busy the machine was meanwhile\n" +
+		"(the share of all its CPU time not idle, this run's processes and everything else it ran), and, during a run on\n" +
+		f.off + ", the three nodes' (the cluster there, exporting nothing: what its mere presence costs).\n\n")
+	b.WriteString("| rep | nobody reading: on, the nodes' CPU | busy | off, solo's CPU | the idle nodes' | busy | a client holding it: on, the nodes' CPU | busy | off, solo's CPU | the idle nodes' | busy |\n" +
+		"|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for i := range f.aloneOnCPU {
-		fmt.Fprintf(b, "| %d | %s | %.0f%% | %s | %.0f%% | %s | %.0f%% | %s | %.0f%% |\n", i+1,
-			ms(f.aloneOnCPU[i]), 100*f.aloneOnBusy[i], ms(f.aloneOffCPU[i]), 100*f.aloneOffBusy[i],
-			ms(f.heldOnCPU[i]), 100*f.heldOnBusy[i], ms(f.heldOffCPU[i]), 100*f.heldOffBusy[i])
+		fmt.Fprintf(b, "| %d | %s | %.0f%% | %s | %s | %.0f%% | %s | %.0f%% | %s | %s | %.0f%% |\n", i+1,
+			ms(f.aloneOnCPU[i]), 100*f.aloneOnBusy[i], ms(f.aloneOffCPU[i]), ms(f.aloneIdleCPU[i]), 100*f.aloneOffBusy[i],
+			ms(f.heldOnCPU[i]), 100*f.heldOnBusy[i], ms(f.heldOffCPU[i]), ms(f.heldIdleCPU[i]), 100*f.heldOffBusy[i])
 	}
 	b.WriteString("\n")
 	fmt.Fprintf(b, "How far the export got, each measured run on %s: the cluster's copy's stdout offset when the bench\n"+
