@@ -95,8 +95,7 @@ func TestExportAndReplay(t *testing.T) {
 		}
 	}
 	st := x.Stats()
-	// Never lapped, it never rested.
-	if st.Ended != 1 || st.Lost != 0 || st.Bytes != totals["stdout"]+totals["stderr"] || st.Fenced != 0 || st.Rests != 0 {
+	if st.Ended != 1 || st.Lost != 0 || st.Bytes != totals["stdout"]+totals["stderr"] || st.Fenced != 0 {
 		t.Errorf("stats %+v", st)
 	}
 	// Following it again finds its export ended.
@@ -229,6 +228,28 @@ func TestRingEvictedGapRecord(t *testing.T) {
 	}
 	if lost := got.lost["stdout"] + got.lost["stderr"]; recorded != lost || lost == 0 || x.Stats().Lost != lost {
 		t.Errorf("gap records say %d, the reader lost %d, the exporter counts %d", recorded, lost, x.Stats().Lost)
+	}
+}
+
+// A follower rests when lapped, or when it has published most of a span
+// long enough to tell (see restShare).
+func TestShouldRest(t *testing.T) {
+	for _, tc := range []struct {
+		lapped       bool
+		worked, span time.Duration
+		want         bool
+	}{
+		{true, 0, 0, true},
+		{false, 0, time.Second, false},
+		{false, busySpan / 2, busySpan / 2, false}, // too short a span to tell
+		{false, busySpan, busySpan, true},
+		{false, 95 * time.Millisecond, busySpan, true},
+		{false, 80 * time.Millisecond, busySpan, false}, // keeps up, idle a fifth of the time
+		{false, 900 * time.Millisecond, time.Second, true},
+	} {
+		if got := shouldRest(tc.lapped, tc.worked, tc.span); got != tc.want {
+			t.Errorf("shouldRest(%v, %v, %v) = %v, want %v", tc.lapped, tc.worked, tc.span, got, tc.want)
+		}
 	}
 }
 
