@@ -89,8 +89,10 @@ type follower struct {
 // time: the process runs on, its ring lets more go, and the gap record
 // says exactly how much. (On a loaded 2-core machine, a 256 MiB burst
 // ran at 0.58-0.74 of its rate without the export when the export chased
-// it; see the cluster benchmark's results for now.) Output the export
-// keeps up with, most of the time idle, never waits.
+// it; with these rests, 0.85-0.90 with nobody reading it and 0.65-0.74
+// held by a client, the copy holding 4-10% of it:
+// bench/results/2026-12-05-cluster-export-epyc-2core.md.) Output the
+// export keeps up with, most of the time idle, never waits.
 const (
 	restShare = 9
 	maxRest   = time.Second
