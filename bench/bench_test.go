@@ -182,7 +182,8 @@ func TestCluster(t *testing.T) {
 		"| attach throughput, through a non-owner / through the owner, of medians | ", "| n3 | ",
 		"| GET /sandboxes of 3 nodes × 5, p50 through the slowest node (",
 		"| burst rate, export on / off, nobody reading, of medians | ", "| burst rate, export on / off, a kiln.v1 client holding it, of medians | ",
-		"| rep 1, nobody reading | ", "| rep 1, a client holding it | ", "The node's stream, KILN_OUT_n2, as NATS described it:\nR3, leader ",
+		"| rep 1, nobody reading | ", "| rep 1, a client holding it | ",
+		"| rep | nobody reading: on, the nodes' CPU | busy | off, solo's CPU | the idle nodes' | busy |", "The node's stream, KILN_OUT_n2, as NATS described it:\nR3, leader ",
 		"| replay of a lost node's 4 MiB process from JetStream through another node, median, MB/s | ",
 	} {
 		if !strings.Contains(report, want) {
