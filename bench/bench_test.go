@@ -183,7 +183,8 @@ func TestCluster(t *testing.T) {
 		"| attach throughput, through a non-owner / through the owner, of medians | ", "| n3 | ",
 		"| GET /sandboxes of 3 nodes × 5, p50 through the slowest node (",
 		"| burst rate, export on / off, nobody reading, of medians | ", "| burst rate, export on / off, a kiln.v1 client holding it, of medians | ",
-		"| rep 1, nobody reading | ", "| rep 1, a client holding it | ", "The node's stream, KILN_OUT_n2, as NATS described it:\nR3, leader ",
+		"| rep 1, nobody reading | ", "| rep 1, a client holding it | ",
+		"| rep | nobody reading: on, the nodes' CPU | busy | off, solo's CPU | the idle nodes' | busy |", "The node's stream, KILN_OUT_n2, as NATS described it:\nR3, leader ",
 		"| a node killed during lines: bytes produced before the kill and in no copy | ",
 		"| a node killed during flood: bytes produced before the kill and in no copy | ",
 		"| replay of a lost node's 4 MiB process from JetStream through another node, median, MB/s | ",
@@ -297,7 +298,13 @@ func TestParseFlags(t *testing.T) {
 		t.Errorf("cluster section's defaults: %d sandboxes a node, attach %d, burst %d, replay %d, kilnd %q",
 			cfg.clusterPerNode, cfg.clusterAttach, cfg.clusterBurst, cfg.clusterReplay, cfg.kilnd)
 	}
-	for _, args := range [][]string{{"-only", "speed"}, {"-readers", "0"}, {"-reps", "0"}, {"extra"}, {"-cluster-sandboxes", "0"}, {"-cluster-attach-size", "1.5G"}} {
+	if len(cfg.clusterCases) != len(clusterCases) {
+		t.Errorf("cluster cases by default: %v, want all %d", cfg.clusterCases, len(clusterCases))
+	}
+	if cfg, err := parseFlags([]string{"-cluster-cases", "export, replay"}); err != nil || len(cfg.clusterCases) != 2 || !cfg.clusterCases["export"] || !cfg.clusterCases["replay"] {
+		t.Errorf("-cluster-cases export, replay: %v, %v", cfg.clusterCases, err)
+	}
+	for _, args := range [][]string{{"-only", "speed"}, {"-readers", "0"}, {"-reps", "0"}, {"extra"}, {"-cluster-sandboxes", "0"}, {"-cluster-attach-size", "1.5G"}, {"-cluster-cases", "export,burst"}} {
 		if _, err := parseFlags(args); err == nil {
 			t.Errorf("parseFlags(%q) succeeded, want an error", args)
 		}

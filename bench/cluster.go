@@ -52,6 +52,7 @@ const (
 // them in order on the same three kilnds; each returns its figures, which
 // write their part of the report and their rows of its targets.
 type clusterCase struct {
+	key     string // its name for -cluster-cases
 	name    string
 	measure func(ctx context.Context, cfg config, cl *benchCluster) (clusterFigures, error)
 }
@@ -70,12 +71,12 @@ type clusterFigures interface {
 // a node that is not running again on its state before deleting its
 // sandboxes.
 var clusterCases = []clusterCase{
-	{"create through a non-owner", measureClusterCreate},
-	{"attach through a non-owner", measureClusterAttach},
-	{"list of the whole cluster", measureClusterList},
-	{"a burst with the output export on and off", measureClusterExport},
-	{"a node killed while its process streams", measureClusterKill},
-	{"replay of a lost node's process", measureClusterReplay},
+	{"create", "create through a non-owner", measureClusterCreate},
+	{"attach", "attach through a non-owner", measureClusterAttach},
+	{"list", "list of the whole cluster", measureClusterList},
+	{"export", "a burst with the output export on and off", measureClusterExport},
+	{"kill", "a node killed while its process streams", measureClusterKill},
+	{"replay", "replay of a lost node's process", measureClusterReplay},
 }
 
 type clusterResult struct {
@@ -156,6 +157,9 @@ func measureCluster(ctx context.Context, cfg config) (_ *clusterResult, err erro
 	res.formed = time.Since(start)
 	fmt.Fprintf(cfg.progress, "cluster: %d nodes ready after %v\n", len(cl.nodes), res.formed.Round(time.Millisecond))
 	for _, cc := range clusterCases {
+		if cfg.clusterCases != nil && !cfg.clusterCases[cc.key] {
+			continue
+		}
 		f, err := cc.measure(ctx, cfg, cl)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", cc.name, err)

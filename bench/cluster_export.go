@@ -1,11 +1,13 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -134,9 +136,14 @@ func untilExported(ctx context.Context, js jetstream.JetStream, node, sb, pid st
 }
 
 // readCopy reads process pid's output back from the cluster's copy as
-// kilnd would serve it: the bytes it holds, and the gaps.
+// kilnd would serve it: the bytes it holds, and the gaps. It reads to
+// the end record, which untilExported saw on the stream's leader:
+// following, as a reader of a running process does. (Not following, a
+// reader ends at the subject's last message as a replica's direct get
+// answered it, which may be one that has not stored the last messages
+// yet: it then ended short of the end.)
 func readCopy(ctx context.Context, js jetstream.JetStream, node, sb, pid string) (stored, lost int64, gaps int, err error) {
-	rd, err := outexport.NewReader(ctx, js, cluster.Token(node), sb, pid, outexport.ReadOptions{})
+	rd, err := outexport.NewReader(ctx, js, cluster.Token(node), sb, pid, outexport.ReadOptions{Follow: true})
 	if err != nil {
 		return 0, 0, 0, err
 	}
@@ -175,6 +182,66 @@ type clusterExportFigures struct {
 	aloneOn, aloneOff, heldOn, heldOff []time.Duration
 	// How far the export got, of each measured run on the node exporting.
 	aloneExport, heldExport []exportRun
+	// The CPU time the kilnds took during each measured run: the three
+	// nodes' for a run on one of them (the export: the exporter and the
+	// servers that store and replicate its messages), the solo kilnd's
+	// for a run on it; the agent and the process not included.
+	aloneOnCPU, aloneOffCPU, heldOnCPU, heldOffCPU []time.Duration
+	// The three nodes' CPU time during each run on the solo kilnd: the
+	// cluster there, exporting nothing.
+	aloneIdleCPU, heldIdleCPU []time.Duration
+	// How busy the machine was during each measured run, of all its
+	// CPU time: the bench's processes and everything else it runs.
+	aloneOnBusy, aloneOffBusy, heldOnBusy, heldOffBusy []float64
+}
+
+// kilndsCPU is the CPU time the processes of ns have taken so far, user
+// and system, from /proc/<pid>/stat (threads included, children not).
+func kilndsCPU(ns []*clusterNode) time.Duration {
+	var ticks int64
+	for _, n := range ns {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(n.cmd.Process.Pid) + "/stat")
+		if err != nil {
+			continue
+		}
+		// The fields after the command's name, which ends in the last ')':
+		// utime and stime are the 12th and 13th.
+		_, rest, _ := strings.Cut(string(b[bytes.LastIndexByte(b, ')')+1:]), " ")
+		f := strings.Fields(rest)
+		if len(f) < 13 {
+			continue
+		}
+		for _, v := range f[11:13] {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			ticks += n
+		}
+	}
+	return time.Duration(ticks) * time.Second / clockTicks
+}
+
+// clockTicks are /proc's ticks a second (USER_HZ, 100 on Linux).
+const clockTicks = 100
+
+// cpuMeter measures one run: the kilnds' CPU time, and the machine's.
+type cpuMeter struct {
+	ns      []*clusterNode
+	kilnds  time.Duration
+	machine cpuTimes
+}
+
+func startCPU(ns []*clusterNode) cpuMeter {
+	return cpuMeter{ns: ns, kilnds: kilndsCPU(ns), machine: readCPUTimes()}
+}
+
+// stop is the kilnds' CPU time since start, and the share of the
+// machine's CPU time that was not idle.
+func (m cpuMeter) stop() (time.Duration, float64) {
+	k, c := kilndsCPU(m.ns)-m.kilnds, readCPUTimes()
+	busy := 0.0
+	if total := c.total - m.machine.total; m.machine.ok && c.ok && total > 0 {
+		busy = 1 - float64(c.idle-m.machine.idle)/float64(total)
+	}
+	return k, busy
 }
 
 // Long because a benchmark reads best as its steps in the order they run.
@@ -220,10 +287,17 @@ func measureClusterExport(ctx context.Context, cfg config, cl *benchCluster) (cl
 			ways[0], ways[1] = ways[1], ways[0]
 		}
 		for _, n := range ways {
+			kilnds := cl.nodes
+			if n == off {
+				kilnds = []*clusterNode{off}
+			}
+			meter, cluster := startCPU(kilnds), startCPU(cl.nodes)
 			d, pid, err := burstAlone(ctx, n, sbs[n], alone, f.size, exitSeen)
 			if err != nil {
 				return nil, err
 			}
+			cpu, busy := meter.stop()
+			idle, _ := cluster.stop()
 			var ex exportRun
 			if n == on {
 				if ex, err = untilExported(ctx, js, on.name, sbs[on], pid, f.size, at, seen); err != nil {
@@ -233,13 +307,19 @@ func measureClusterExport(ctx context.Context, cfg config, cl *benchCluster) (cl
 			if rep > 0 {
 				if n == on {
 					f.aloneOn, f.aloneExport = append(f.aloneOn, d), append(f.aloneExport, ex)
+					f.aloneOnCPU, f.aloneOnBusy = append(f.aloneOnCPU, cpu), append(f.aloneOnBusy, busy)
 				} else {
 					f.aloneOff = append(f.aloneOff, d)
+					f.aloneOffCPU, f.aloneOffBusy = append(f.aloneOffCPU, cpu), append(f.aloneOffBusy, busy)
+					f.aloneIdleCPU = append(f.aloneIdleCPU, idle)
 				}
 			}
+			meter, cluster = startCPU(kilnds), startCPU(cl.nodes)
 			if d, pid, err = burstHeld(ctx, n, sbs[n], held, f.size, exitSeen); err != nil {
 				return nil, err
 			}
+			cpu, busy = meter.stop()
+			idle, _ = cluster.stop()
 			if n == on {
 				if ex, err = untilExported(ctx, js, on.name, sbs[on], pid, f.size, at, seen); err != nil {
 					return nil, err
@@ -248,16 +328,19 @@ func measureClusterExport(ctx context.Context, cfg config, cl *benchCluster) (cl
 			if rep > 0 {
 				if n == on {
 					f.heldOn, f.heldExport = append(f.heldOn, d), append(f.heldExport, ex)
+					f.heldOnCPU, f.heldOnBusy = append(f.heldOnCPU, cpu), append(f.heldOnBusy, busy)
 				} else {
 					f.heldOff = append(f.heldOff, d)
+					f.heldOffCPU, f.heldOffBusy = append(f.heldOffCPU, cpu), append(f.heldOffBusy, busy)
+					f.heldIdleCPU = append(f.heldIdleCPU, idle)
 				}
 			}
 		}
 		if rep > 0 {
 			i := rep - 1
-			fmt.Fprintf(cfg.progress, "cluster: burst rep %d/%d: nobody reading, export on %v (the copy holds %s, lost %s), off %v; a client holding it, on %v (holds %s, lost %s), off %v\n",
-				rep, cfg.reps, f.aloneOn[i].Round(time.Millisecond), bytesText(f.aloneExport[i].stored), bytesText(f.aloneExport[i].lost), f.aloneOff[i].Round(time.Millisecond),
-				f.heldOn[i].Round(time.Millisecond), bytesText(f.heldExport[i].stored), bytesText(f.heldExport[i].lost), f.heldOff[i].Round(time.Millisecond))
+			fmt.Fprintf(cfg.progress, "cluster: burst rep %d/%d: nobody reading, export on %v (the copy holds %s, lost %s; the nodes' CPU %v), off %v (%v, the idle nodes' %v); a client holding it, on %v (holds %s, lost %s; %v), off %v (%v, %v)\n",
+				rep, cfg.reps, f.aloneOn[i].Round(time.Millisecond), bytesText(f.aloneExport[i].stored), bytesText(f.aloneExport[i].lost), f.aloneOnCPU[i], f.aloneOff[i].Round(time.Millisecond), f.aloneOffCPU[i], f.aloneIdleCPU[i],
+				f.heldOn[i].Round(time.Millisecond), bytesText(f.heldExport[i].stored), bytesText(f.heldExport[i].lost), f.heldOnCPU[i], f.heldOff[i].Round(time.Millisecond), f.heldOffCPU[i], f.heldIdleCPU[i])
 		}
 	}
 	for n, id := range sbs {
@@ -364,6 +447,19 @@ func (f *clusterExportFigures) write(b *strings.Builder) {
 	}
 	fmt.Fprintf(b, "| median | %.3f | %.3f | %.3f paired | %.3f | %.3f | %.3f paired |\n\n",
 		median(aOn), median(aOff), pairedRatio(aOn, aOff), median(hOn), median(hOff), pairedRatio(hOn, hOff))
+	b.WriteString("The CPU time the kilnds took during each measured run, from its start request to its exit seen (the\n" +
+		"three nodes' for a run on " + f.on + ": the exporter, and the servers storing and replicating its messages; the solo\n" +
+		"kilnd's for a run on " + f.off + "; the agent and the process not included), how busy the machine was meanwhile\n" +
+		"(the share of all its CPU time not idle, this run's processes and everything else it ran), and, during a run on\n" +
+		f.off + ", the three nodes' (the cluster there, exporting nothing: what its mere presence costs).\n\n")
+	b.WriteString("| rep | nobody reading: on, the nodes' CPU | busy | off, solo's CPU | the idle nodes' | busy | a client holding it: on, the nodes' CPU | busy | off, solo's CPU | the idle nodes' | busy |\n" +
+		"|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for i := range f.aloneOnCPU {
+		fmt.Fprintf(b, "| %d | %s | %.0f%% | %s | %s | %.0f%% | %s | %.0f%% | %s | %s | %.0f%% |\n", i+1,
+			ms(f.aloneOnCPU[i]), 100*f.aloneOnBusy[i], ms(f.aloneOffCPU[i]), ms(f.aloneIdleCPU[i]), 100*f.aloneOffBusy[i],
+			ms(f.heldOnCPU[i]), 100*f.heldOnBusy[i], ms(f.heldOffCPU[i]), ms(f.heldIdleCPU[i]), 100*f.heldOffBusy[i])
+	}
+	b.WriteString("\n")
 	fmt.Fprintf(b, "How far the export got, each measured run on %s: the cluster's copy's stdout offset when the bench\n"+
 		"saw the exit (what it held and what its gap records had counted lost by then), the time from then to the\n"+
 		"export's end record in the copy, and the copy read back: the bytes it holds, and those its gap records say\n"+

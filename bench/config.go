@@ -36,9 +36,12 @@ type config struct {
 	clusterBurst   int64
 	clusterReplay  int64
 	kilnd          string
-	out            string // report directory; empty writes no file
-	sections       map[string]bool
-	cpuprofile     string
+	// clusterCases are the cluster section's cases to run, by key (nil:
+	// all).
+	clusterCases map[string]bool
+	out          string // report directory; empty writes no file
+	sections     map[string]bool
+	cpuprofile   string
 	// attachDirect has the attach section's kiln.v1 client dial the
 	// agent's socket itself, past kilnd: what the kilnd hop costs.
 	attachDirect bool
@@ -129,6 +132,32 @@ func parseCounts(s string) ([]int, error) {
 		}
 	}
 	slices.Sort(out)
+	return out, nil
+}
+
+// parseClusterCases reads a comma-separated list of the cluster
+// section's cases; an empty one is all of them.
+func parseClusterCases(s string) (map[string]bool, error) {
+	var keys []string
+	for _, cc := range clusterCases {
+		keys = append(keys, cc.key)
+	}
+	out := map[string]bool{}
+	for f := range strings.SplitSeq(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		if !slices.Contains(keys, f) {
+			return nil, fmt.Errorf("cluster cases %q: unknown case %q (want %s)", s, f, strings.Join(keys, ", "))
+		}
+		out[f] = true
+	}
+	if len(out) == 0 {
+		for _, k := range keys {
+			out[k] = true
+		}
+	}
 	return out, nil
 }
 

@@ -252,6 +252,75 @@ func TestRingEvictedGapRecord(t *testing.T) {
 	}
 }
 
+// A follower rests when lapped, or when it has published most of a span
+// long enough to tell (see restShare).
+func TestShouldRest(t *testing.T) {
+	for _, tc := range []struct {
+		lapped       bool
+		worked, span time.Duration
+		want         bool
+	}{
+		{true, 0, 0, true},
+		{false, 0, time.Second, false},
+		{false, busySpan / 2, busySpan / 2, false}, // too short a span to tell
+		{false, busySpan, busySpan, true},
+		{false, 95 * time.Millisecond, busySpan, true},
+		{false, 80 * time.Millisecond, busySpan, false}, // keeps up, idle a fifth of the time
+		{false, 900 * time.Millisecond, time.Second, true},
+	} {
+		if got := shouldRest(tc.lapped, tc.worked, tc.span); got != tc.want {
+			t.Errorf("shouldRest(%v, %v, %v) = %v, want %v", tc.lapped, tc.worked, tc.span, got, tc.want)
+		}
+	}
+}
+
+// A flood that outruns the export while it is followed: the follower,
+// lapped again and again, rests, and the copy is still exact (each byte
+// stored once at its offset, or counted in a gap record), its messages a
+// chain with no duplicate.
+func TestFloodRests(t *testing.T) {
+	ctx := ctxT(t, 2*time.Minute)
+	srv := natstest.Server(t)
+	_, js := connect(t, srv.ClientURL())
+	src := &fakeSource{}
+	p := newFakeProc(64<<10, api.StreamStdout)
+	src.add("p1", p)
+	x := startExporter(t, Config{Node: node, Conn: js.Conn(), Source: src})
+	x.Follow(sandbox, proc("p1"))
+	// Chunks of a length prime to the others', so that a byte stored at
+	// another's offset differs.
+	chunk := make([]byte, 65521)
+	for i := range 4 { // 8 MiB, 2 at a time: more than the ring and the inbox hold
+		for j := range chunk {
+			chunk[j] = byte(i*7 + j)
+		}
+		for range 32 {
+			p.write(api.StreamStdout, chunk)
+		}
+		// The next 2 MiB once the export has stored more: it is lapped
+		// while it follows, not only when it comes.
+		n := x.Stats().Messages
+		for x.Stats().Messages == n {
+			select {
+			case <-ctx.Done():
+				t.Fatalf("nothing more exported: %+v", x.Stats())
+			case <-time.After(time.Millisecond):
+			}
+		}
+	}
+	p.finish(0)
+	want := p.want()
+	got := readBack(ctx, t, js, node, sandbox, "p1", ReadOptions{Follow: true}, want)
+	checkWhole(t, got, want, 0)
+	gaps := checkChain(t, subjectMessages(ctx, t, js, node, sandbox, "p1"))
+	checkRecordedLoss(t, got, gaps)
+	st := x.Stats()
+	t.Logf("stats %+v", st)
+	if st.Bytes+st.Lost != int64(len(want["stdout"])) || st.Lost == 0 || st.Rests == 0 {
+		t.Errorf("stats %+v: stored and lost make %d bytes of %d, want all, with a rest", st, st.Bytes+st.Lost, len(want["stdout"]))
+	}
+}
+
 // A process the exporter can no longer read (its sandbox gone) is left
 // without an end record: its exit was not observed.
 func TestGoneProcessHasNoEnd(t *testing.T) {

@@ -11,6 +11,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go/jetstream"
@@ -62,6 +63,47 @@ type follower struct {
 	down [numStreams]bool
 	// failing says the last publish failed: its failure was told.
 	failing bool
+	// since is when the span the follower measures its work over began:
+	// worked is the time it spent publishing since then; lapped says the
+	// ring let output go before the export read it (see rest).
+	since  time.Time
+	worked time.Duration
+	lapped bool
+	// waited is the time publishes spent on tries that failed (NATS
+	// unreachable, an election), which is not work, since the export
+	// loop last counted.
+	waited time.Duration
+}
+
+// A follower the output outruns rests. The export's cost is the
+// servers' (every byte written, checksummed and replicated three times),
+// several times the process's own for the same bytes: a follower that
+// chased a flood would take those cores from the process, which the
+// export must never slow, or from the kilnd relaying it to a client that
+// holds it, which then holds it back to the export's own pace. So once
+// the ring has let bytes go before the export came for them (lapped), or
+// the follower has spent busyShare of a span of busySpan or more
+// publishing (saturated: the output comes as fast as it can export),
+// it stops publishing for restShare times as long as it worked in the
+// span, up to maxRest. Lapped or saturated, it publishes a tenth of the
+// time: the process runs on, its ring lets more go, and the gap record
+// says exactly how much. (On a loaded 2-core machine, a 256 MiB burst
+// ran at 0.58-0.74 of its rate without the export when the export chased
+// it; with these rests, 0.85-0.90 with nobody reading it and 0.65-0.74
+// held by a client, the copy holding 4-10% of it:
+// bench/results/2026-12-05-cluster-export-epyc-2core.md.) Output the
+// export keeps up with, most of the time idle, never waits.
+const (
+	restShare = 9
+	maxRest   = time.Second
+	busySpan  = 100 * time.Millisecond
+	busyShare = 0.9
+)
+
+// shouldRest reports whether a follower rests, having worked for worked
+// of the span since it began measuring, lapped or not since.
+func shouldRest(lapped bool, worked, span time.Duration) bool {
+	return lapped || span >= busySpan && float64(worked) >= busyShare*float64(span)
 }
 
 // run exports the process until its end record is stored, it cannot be
@@ -188,6 +230,10 @@ func (f *follower) export(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("%w: %w", errSource, err)
 		}
+		began := time.Now()
+		if f.since.IsZero() {
+			f.since = began
+		}
 		for _, op := range ops {
 			if op.frame != nil {
 				err = f.chunk(ctx, *op.frame)
@@ -198,7 +244,34 @@ func (f *follower) export(ctx context.Context) error {
 				return err
 			}
 		}
+		now := time.Now()
+		f.worked += max(0, now.Sub(began)-f.waited)
+		f.waited = 0
+		switch span := now.Sub(f.since); {
+		case shouldRest(f.lapped, f.worked, span):
+			if err := f.rest(ctx); err != nil {
+				return err
+			}
+		case span >= busySpan:
+			f.since, f.worked = now, 0 // a span measured: the next
+		}
 	}
+}
+
+// rest waits while a follower rests (see restShare), and begins a span;
+// its reader reads on meanwhile, up to the inbox's bound.
+func (f *follower) rest(ctx context.Context) error {
+	d := min(f.worked*restShare, maxRest)
+	f.x.stats.rests.Add(1)
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	f.since, f.worked, f.lapped = time.Now(), 0, false
+	return nil
 }
 
 // control acts on a control message of the output: the hello, a gap, a
@@ -321,6 +394,7 @@ func (f *follower) gap(ctx context.Context, s byte, to int64) error {
 		return err
 	}
 	f.x.stats.lost.Add(to - from)
+	f.lapped = f.lapped || cause == CauseRingEvicted
 	f.down[s] = false
 	return nil
 }
@@ -355,6 +429,7 @@ func (f *follower) publish(ctx context.Context, m *message) error {
 	reconnects := nc.Stats().Reconnects
 	var b backoff
 	for first := true; ; first = false {
+		tried := time.Now()
 		actx, cancel := context.WithTimeout(ctx, requestTimeout)
 		ack, err := f.x.js.PublishMsg(actx, msg, jetstream.WithExpectLastSequencePerSubject(f.last))
 		cancel()
@@ -404,6 +479,7 @@ func (f *follower) publish(ctx context.Context, m *message) error {
 		if b.wait(ctx) != nil {
 			return ctx.Err()
 		}
+		f.waited += time.Since(tried) // a try that failed, and the wait after it: no work of the servers'
 	}
 }
 

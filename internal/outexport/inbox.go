@@ -108,13 +108,22 @@ type inOp struct {
 }
 
 // merge joins frames that continue each other in one stream (offset and
-// seq), up to max bytes, keeping everything in the order it came: fewer,
+// seq), up to limit bytes, keeping everything in the order it came: fewer,
 // larger messages when the export is behind.
-func merge(items []inItem, max int) ([]inOp, error) {
+func merge(items []inItem, limit int) ([]inOp, error) {
+	// after[i] is how many bytes the frames after item i hold at most:
+	// a run's copy is made as large as it can grow, and no larger.
+	after := make([]int, len(items))
+	for i := len(items) - 2; i >= 0; i-- {
+		after[i] = after[i+1]
+		if it := items[i+1]; it.typ == websocket.MessageBinary {
+			after[i] += max(0, len(it.data)-api.FrameHeader)
+		}
+	}
 	var ops []inOp
 	var run *api.Frame // the last op's frame, while frames may join it
 	owned := false     // run.Data is a copy of run's own, to append to
-	for _, it := range items {
+	for i, it := range items {
 		if it.typ != websocket.MessageBinary {
 			ops, run = append(ops, inOp{text: it.data}), nil
 			continue
@@ -124,9 +133,9 @@ func merge(items []inItem, max int) ([]inOp, error) {
 			return nil, err
 		}
 		if run != nil && f.Stream == run.Stream && f.Offset == run.Offset+uint64(len(run.Data)) &&
-			f.Seq == run.Seq+uint64(len(run.Data)) && len(run.Data)+len(f.Data) <= max {
+			f.Seq == run.Seq+uint64(len(run.Data)) && len(run.Data)+len(f.Data) <= limit {
 			if !owned {
-				run.Data, owned = append(make([]byte, 0, max), run.Data...), true
+				run.Data, owned = append(make([]byte, 0, min(limit, len(run.Data)+len(f.Data)+after[i])), run.Data...), true
 			}
 			run.Data = append(run.Data, f.Data...)
 			continue

@@ -56,6 +56,11 @@ func TestMerge(t *testing.T) {
 			}
 		})
 	}
+	// A run's copy is as large as what may join it, not as the limit.
+	items := []inItem{frame(1, 0, 0, "ab"), frame(1, 2, 2, "cd"), text, frame(1, 4, 4, "e")}
+	if ops, err := merge(items, 1<<20); err != nil || len(ops) != 3 || cap(ops[0].frame.Data) > 5 {
+		t.Errorf("merged into %+v (%v), want 3 ops, the first's copy of capacity 5 at most", ops, err)
+	}
 	if _, err := merge([]inItem{{websocket.MessageBinary, []byte{9}}}, 10); err == nil {
 		t.Error("a malformed frame merged")
 	}

@@ -48,10 +48,13 @@ const (
 	// maxMsgSize is the stream's MaxMsgSize: NATS's default max_payload,
 	// which counts headers too.
 	maxMsgSize = 1 << 20
-	// maxChunk bounds a chunk's bytes in one message: past 256 KiB a
-	// compare-and-append gains little, and a message must stay under
-	// the server's max_payload with its headers.
-	maxChunk = 256 << 10
+	// maxChunk bounds a chunk's bytes in one message: under the
+	// stream's MaxMsgSize, with room for the headers. A burst's export
+	// costs the servers per byte (three copies written, checksummed and
+	// replicated) and per message (a proposal, its acks, the exporter's
+	// round trip): the largest messages cost least, which on a small
+	// machine is the burst's own time (BenchmarkExportCPU).
+	maxChunk = maxMsgSize - 8<<10
 )
 
 // Config sets up an Exporter.
@@ -358,11 +361,12 @@ type Stats struct {
 	Conflicts int64 // compare-and-appends refused, then settled
 	Fenced    int64 // processes left to another writer of their subject
 	Ended     int64 // processes whose end record is stored
+	Rests     int64 // pauses of followers the output outran (see restShare)
 }
 
 // counters are Stats, counted as they happen.
 type counters struct {
-	following, messages, bytes, lost, retries, conflicts, fenced, ended atomic.Int64
+	following, messages, bytes, lost, retries, conflicts, fenced, ended, rests atomic.Int64
 }
 
 // Stats reports what the exporter has done so far.
@@ -371,6 +375,7 @@ func (x *Exporter) Stats() Stats {
 	return Stats{
 		Following: c.following.Load(), Messages: c.messages.Load(), Bytes: c.bytes.Load(), Lost: c.lost.Load(),
 		Retries: c.retries.Load(), Conflicts: c.conflicts.Load(), Fenced: c.fenced.Load(), Ended: c.ended.Load(),
+		Rests: c.rests.Load(),
 	}
 }
 
