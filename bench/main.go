@@ -59,7 +59,7 @@ func parseFlags(args []string) (config, error) {
 	clusterAttach := fs.String("cluster-attach-size", "256M", "bytes a process writes per attach run of the cluster section")
 	clusterBurst := fs.String("cluster-burst-size", "256M", "bytes of the cluster section's burst, run with the output export on and off")
 	clusterReplay := fs.String("cluster-replay-size", "100M", "bytes of the process the cluster section reads back from JetStream once its node is lost")
-	clusterOnly := fs.String("cluster-cases", "", "comma-separated cases of the cluster section to run: create, attach, list, export, replay (default all)")
+	clusterOnly := fs.String("cluster-cases", "", "comma-separated cases of the cluster section to run: create, attach, list, export, kill, replay (default all)")
 	kilnd := fs.String("kilnd", "", "the kilnd binary the cluster section's nodes run, such as ./kilnd (default: one built for the run)")
 	out := fs.String("out", "", "also write the reports to DIR/<date>-engine.md (and -scale.md, -compare.md, -pause.md, -cluster.md)")
 	only := fs.String("only", "", "comma-separated sections to run: "+strings.Join(allSections, ", ")+" (default all), or "+strings.Join(extraSections, ", "))
