@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -133,9 +134,7 @@ never hidden.`,
 	}
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error { return usageError{err, cmd.CommandPath()} })
 	root.SetHelpTemplate(root.HelpTemplate() + "{{if not .HasParent}}" + exitCodesHelp + "\n{{end}}")
-	root.AddCommand(c.lifecycleCmds()...)
-	root.AddCommand(c.pruneCmd(), c.topCmd(), c.snapshotCmd(), c.rollbackCmd(), c.forkCmd(), c.nodeCmd())
-	root.AddCommand(c.sandboxCmd(), c.lsCmd(), c.eventsCmd(), c.execCmd(), c.logsCmd(), c.attachCmd(), c.psCmd(), c.waitCmd(), c.killCmd(), c.shellCmd(), c.runCmd(), c.cpCmd(), c.portForwardCmd(), c.previewCmd(), c.watchCmd(), c.imageCmd(), c.statsCmd(), c.mcpCmd(), c.versionCmd())
+	addCommands(root, args, c.commands())
 	root.InitDefaultHelpCmd()
 	root.InitDefaultCompletionCmd()
 	usage(root)
@@ -162,6 +161,52 @@ never hidden.`,
 		c.sayError(err, code)
 	}
 	return code
+}
+
+// command makes kiln's top-level commands that names (theirs and their
+// aliases) reach.
+type command struct {
+	names []string
+	make  func() []*cobra.Command
+}
+
+// commands are kiln's top-level commands, each made only when wanted
+// (TestCommandNames holds the names to what each makes).
+func (c *cli) commands() []command {
+	one := func(names string, make func() *cobra.Command) command {
+		return command{strings.Fields(names), func() []*cobra.Command { return []*cobra.Command{make()} }}
+	}
+	return []command{
+		{[]string{"stop", "start", "restart", "pause", "resume", "unpause"}, c.lifecycleCmds},
+		one("prune", c.pruneCmd), one("top", c.topCmd), one("snapshot", c.snapshotCmd),
+		one("rollback", c.rollbackCmd), one("fork", c.forkCmd), one("node", c.nodeCmd),
+		one("sandbox", c.sandboxCmd), one("ls list", c.lsCmd), one("events", c.eventsCmd),
+		one("exec", c.execCmd), one("logs", c.logsCmd), one("attach", c.attachCmd),
+		one("ps", c.psCmd), one("wait", c.waitCmd), one("kill", c.killCmd), one("shell", c.shellCmd),
+		one("run", c.runCmd), one("cp", c.cpCmd), one("port-forward", c.portForwardCmd),
+		one("preview", c.previewCmd), one("watch", c.watchCmd), one("image", c.imageCmd),
+		one("stats", c.statsCmd), one("mcp", c.mcpCmd), one("version", c.versionCmd),
+	}
+}
+
+// addCommands adds to root the command args[0] names, alone, when it
+// names one: a run of kiln uses one command, and making all of them with
+// their flags took about an eighth of the CPU of kiln's start (profiled
+// over kiln run --rm). Anything else (no command, a flag first, help,
+// completion, a name kiln does not have) gets them all, for cobra to
+// list, complete or suggest from.
+func addCommands(root *cobra.Command, args []string, cmds []command) {
+	if len(args) > 0 {
+		for _, cmd := range cmds {
+			if slices.Contains(cmd.names, args[0]) {
+				root.AddCommand(cmd.make()...)
+				return
+			}
+		}
+	}
+	for _, cmd := range cmds {
+		root.AddCommand(cmd.make()...)
+	}
 }
 
 // exitCodeOf is the exit code err ends kiln with, decided from the
