@@ -86,7 +86,15 @@ func NewReader(ctx context.Context, js jetstream.JetStream, node, sandbox, proce
 	if err != nil {
 		return nil, lookupErr(ctx, subject, err)
 	}
-	last, err := getMsg(ctx, s, subject, 0)
+	// The last message from the stream's leader: a replica behind it
+	// would end a reader that does not follow short of the copy, with no
+	// gap to say so.
+	lctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	last, err := lastOnSubject(lctx, js, StreamName(node), subject)
+	cancel()
+	if errors.Is(err, errNoMessage) {
+		err = jetstream.ErrMsgNotFound
+	}
 	if err != nil {
 		return nil, lookupErr(ctx, subject, fmt.Errorf("last: %w", err))
 	}
@@ -144,18 +152,12 @@ func lookupErr(ctx context.Context, subject string, err error) error {
 	return fmt.Errorf("%w: outexport: %s: %w", errdefs.ErrUnavailable, subject, err)
 }
 
-// getMsg is subject's first message at or after seq, or its last for seq
-// 0, from any replica (direct get).
+// getMsg is subject's first message at or after seq, from any replica
+// (direct get).
 func getMsg(ctx context.Context, s jetstream.Stream, subject string, seq uint64) (*message, error) {
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	var raw *jetstream.RawStreamMsg
-	var err error
-	if seq == 0 {
-		raw, err = s.GetLastMsgForSubject(ctx, subject)
-	} else {
-		raw, err = s.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
-	}
+	raw, err := s.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
 	if err != nil {
 		return nil, err
 	}
