@@ -325,6 +325,10 @@ func (n *Node) Status() api.Cluster {
 // ErrDown is the error of what needs the cluster while it is down.
 var ErrDown = errdefs.New(errdefs.ErrUnavailable, "the cluster is down")
 
+// Reached is nil while the node reaches its cluster, else ErrDown saying
+// why not.
+func (n *Node) Reached() error { return n.usable() }
+
 // usable returns the node's buckets, or why they cannot be used.
 func (n *Node) usable() error {
 	n.mu.Lock()

@@ -435,6 +435,11 @@ func TestClusterDown(t *testing.T) {
 	if code, body := n.do(t, tok, "POST", "/sandboxes", `{"name":"named"}`); code != http.StatusServiceUnavailable || !strings.Contains(string(body), "cluster is down") {
 		t.Errorf("named create with NATS down: %d %s, want 503", code, body)
 	}
+	// No node known, not even itself: an empty list would say the
+	// cluster has none.
+	if code, body := n.do(t, tok, "GET", "/nodes", ""); code != http.StatusServiceUnavailable || !strings.Contains(string(body), "cluster is down") {
+		t.Errorf("nodes with NATS down from the start: %d %s, want 503", code, body)
+	}
 	nats.Restart(0)
 	ready(t, n)
 	// Down again mid-run: not ready, its own sandboxes served.

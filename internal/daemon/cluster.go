@@ -341,7 +341,13 @@ func (d *Daemon) listNodes(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	nodes := n.Nodes()
-	if nodes == nil {
+	if len(nodes) == 0 {
+		// Not even its own heartbeat yet: the cluster has not been
+		// reached, which an empty list would hide.
+		if err := n.Reached(); err != nil {
+			reply.Error(w, err)
+			return
+		}
 		nodes = []api.Node{}
 	}
 	reply.JSON(w, http.StatusOK, nodes)

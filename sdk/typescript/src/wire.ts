@@ -87,7 +87,7 @@ export interface paths {
         };
         /**
          * the cluster's nodes
-         * @description Every kilnd of the cluster, by name, as its last heartbeat told: ready, draining (kiln node drain), unreachable (heartbeats missed for a few seconds) or lost (unreachable longer than kilnd --node-lost-after). A kilnd in no cluster answers 412.
+         * @description Every kilnd of the cluster, by name, as its last heartbeat told: ready, draining (kiln node drain), unreachable (heartbeats missed for a few seconds) or lost (unreachable longer than kilnd --node-lost-after). A kilnd in no cluster answers 412; one that has not reached its cluster yet (no heartbeat seen, not even its own) answers 503 saying why.
          */
         get: operations["listNodes"];
         put?: never;
@@ -2031,6 +2031,7 @@ export interface operations {
             };
             401: components["responses"]["Error"];
             412: components["responses"]["Error"];
+            503: components["responses"]["Error"];
         };
     };
     getNode: {
