@@ -100,13 +100,7 @@ func TestClusterSnapshotsAndPreviews(t *testing.T) {
 	}
 	_, js := natsClient(t, urls)
 	for _, name := range []string{"KV_" + cluster.BucketSnapshots, "KV_" + cluster.BucketPreviews} {
-		eventually(t, name+" has 3 replicas", func() (bool, string) {
-			s, err := js.Stream(context.Background(), name)
-			if err != nil {
-				return false, err.Error()
-			}
-			return s.CachedInfo().Config.Replicas == 3, fmt.Sprint(s.CachedInfo().Config.Replicas)
-		})
+		replicated(t, js, name)
 	}
 	ctx := context.Background()
 	viaA, err := client.New(client.Options{Addr: a.url(), Token: tok})

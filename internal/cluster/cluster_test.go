@@ -716,6 +716,15 @@ func natsClient(t *testing.T, urls []string) (*nats.Conn, jetstream.JetStream) {
 // (a gap is counted in lost), and whether its end came.
 func attach(t *testing.T, n *node, tok, sbx, pid string, from int64) (out []byte, lost int64, ended bool) {
 	t.Helper()
+	c := dialStdout(t, n, tok, sbx, pid, from)
+	defer c.CloseNow()
+	return readAll(t, wsConn{c})
+}
+
+// dialStdout opens n's kiln.v1 WebSocket on process pid's stdout from
+// offset from.
+func dialStdout(t *testing.T, n *node, tok, sbx, pid string, from int64) *websocket.Conn {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	u := "ws" + strings.TrimPrefix(n.url(), "http") + "/sandboxes/" + sbx + "/exec-stream/" + pid + "/logs?stdout=" + strconv.FormatInt(from, 10)
@@ -724,9 +733,20 @@ func attach(t *testing.T, n *node, tok, sbx, pid string, from int64) (out []byte
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.CloseNow()
 	c.SetReadLimit(api.FrameHeader + 1<<20)
-	return readAll(t, wsConn{c})
+	return c
+}
+
+// replicated waits until stream has the cluster's three replicas.
+func replicated(t *testing.T, js jetstream.JetStream, stream string) {
+	t.Helper()
+	eventually(t, stream+" has 3 replicas", func() (bool, string) {
+		s, err := js.Stream(context.Background(), stream)
+		if err != nil {
+			return false, err.Error()
+		}
+		return s.CachedInfo().Config.Replicas == 3, fmt.Sprint(s.CachedInfo().Config.Replicas)
+	})
 }
 
 type wsConn struct{ c *websocket.Conn }

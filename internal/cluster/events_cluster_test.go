@@ -100,13 +100,7 @@ func TestClusterEvents(t *testing.T) {
 		nodesSeen(t, n, tok, all)
 	}
 	_, js := natsClient(t, urls)
-	eventually(t, cluster.EventsStream+" has 3 replicas", func() (bool, string) {
-		s, err := js.Stream(context.Background(), cluster.EventsStream)
-		if err != nil {
-			return false, err.Error()
-		}
-		return s.CachedInfo().Config.Replicas == 3, fmt.Sprint(s.CachedInfo().Config.Replicas)
-	})
+	replicated(t, js, cluster.EventsStream)
 
 	// A sandbox made and deleted on each node, all through a.
 	ctx := context.Background()

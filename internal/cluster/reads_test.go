@@ -156,14 +156,8 @@ func watch(t *testing.T, n *node, tok, sbx, pid string, from int64) *watcher {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	u := "ws" + strings.TrimPrefix(n.url(), "http") + "/sandboxes/" + sbx + "/exec-stream/" + pid + "/logs?stdout=" + strconv.FormatInt(from, 10)
-	c, _, err := websocket.Dial(ctx, u, &websocket.DialOptions{Subprotocols: []string{api.ProtocolV1},
-		HTTPHeader: http.Header{"Authorization": {"Bearer " + tok}}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := dialStdout(t, n, tok, sbx, pid, from)
 	t.Cleanup(func() { c.CloseNow() })
-	c.SetReadLimit(api.FrameHeader + 1<<20)
 	w := &watcher{c: c, from: from, pos: from}
 	typ, b, err := c.Read(ctx)
 	if err != nil || typ != websocket.MessageText || json.Unmarshal(b, &w.hello) != nil || w.hello.Type != api.TypeHello {

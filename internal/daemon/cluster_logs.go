@@ -237,14 +237,7 @@ func (v *v1Entries) run(id string, begun bool) api.Run {
 // (per stream, the bytes neither held). run and begun are the export's
 // run (outexport.Reader.Run).
 func logFromCluster(w http.ResponseWriter, r *http.Request, lq logQuery, src *v1Entries, run string, begun bool) {
-	w.Header().Set("Trailer", "Kiln-Runs, Kiln-Complete, Kiln-Lost")
-	w.Header().Set("X-Content-Type-Options", "nosniff")
-	if lq.json {
-		w.Header().Set("Content-Type", "application/x-ndjson")
-	} else {
-		w.Header().Set("Content-Type", "application/octet-stream")
-	}
-	w.WriteHeader(http.StatusOK)
+	startLog(w, lq, "Kiln-Runs, Kiln-Complete, Kiln-Lost")
 	if !readCaptured(r.Context(), src, lq, logEmitter(w, lq)) {
 		return // the status is sent; the missing trailers say the read did not finish
 	}

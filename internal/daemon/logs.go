@@ -268,14 +268,7 @@ func (d *Daemon) readLog(w http.ResponseWriter, r *http.Request) {
 	rd := capture.NewReader(sub, capture.ReadOptions{})
 	defer rd.Close()
 	// The runs are known once the log is read: they come as trailers.
-	w.Header().Set("Trailer", "Kiln-Runs, Kiln-Complete")
-	w.Header().Set("X-Content-Type-Options", "nosniff")
-	if lq.json {
-		w.Header().Set("Content-Type", "application/x-ndjson")
-	} else {
-		w.Header().Set("Content-Type", "application/octet-stream")
-	}
-	w.WriteHeader(http.StatusOK)
+	startLog(w, lq, "Kiln-Runs, Kiln-Complete")
 	emit := logEmitter(w, lq)
 	if !readCaptured(r.Context(), rd, lq, emit) {
 		return // the status is sent; the missing trailers say the read did not finish
@@ -318,6 +311,19 @@ func logOf(dir *capture.Dir, ref string) (string, error) {
 	}
 	return "", fmt.Errorf("%w: process prefix %q matches the logs of %d processes (%s): give more of the id", errdefs.ErrInvalidArgument,
 		api.Clip(ref), len(matches), strings.Join(matches[:min(len(matches), 5)], ", "))
+}
+
+// startLog sends a log's 200 and headers: its type as lq asks, and the
+// trailers that will follow its body.
+func startLog(w http.ResponseWriter, lq logQuery, trailers string) {
+	w.Header().Set("Trailer", trailers)
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	if lq.json {
+		w.Header().Set("Content-Type", "application/x-ndjson")
+	} else {
+		w.Header().Set("Content-Type", "application/octet-stream")
+	}
+	w.WriteHeader(http.StatusOK)
 }
 
 // logEmitter writes each entry of a captured log as lq asks: records as
