@@ -136,14 +136,13 @@ func untilExported(ctx context.Context, js jetstream.JetStream, node, sb, pid st
 }
 
 // readCopy reads process pid's output back from the cluster's copy as
-// kilnd would serve it: the bytes it holds, and the gaps. It reads to
-// the end record, which untilExported saw on the stream's leader:
-// following, as a reader of a running process does. (Not following, a
-// reader ends at the subject's last message as a replica's direct get
-// answered it, which may be one that has not stored the last messages
-// yet: it then ended short of the end.)
+// kilnd would serve it: the bytes it holds, and the gaps, to the
+// subject's last message as the stream's leader has it (the end record
+// untilExported saw there, or, of a killed node's process, what the
+// copy got before the kill). It does not follow: a killed node's process
+// has no end record to wait for.
 func readCopy(ctx context.Context, js jetstream.JetStream, node, sb, pid string) (stored, lost int64, gaps int, err error) {
-	rd, err := outexport.NewReader(ctx, js, cluster.Token(node), sb, pid, outexport.ReadOptions{Follow: true})
+	rd, err := outexport.NewReader(ctx, js, cluster.Token(node), sb, pid, outexport.ReadOptions{})
 	if err != nil {
 		return 0, 0, 0, err
 	}
