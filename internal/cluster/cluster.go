@@ -493,6 +493,11 @@ func (n *Node) beat(ctx context.Context) bool {
 	n.mu.Lock()
 	wasDown := n.down != ""
 	n.down = ""
+	// The node knows itself from the moment its heartbeat is stored, not
+	// once its watcher brings it back: ready, it takes a create naming it.
+	if _, ok := n.peers[n.cfg.Node]; !ok {
+		n.peers[n.cfg.Node] = peer{node: info, seen: time.Now()}
+	}
 	n.mu.Unlock()
 	if wasDown {
 		n.log.Info("cluster connected", "replicas", n.Replicas())

@@ -442,6 +442,10 @@ func TestClusterDown(t *testing.T) {
 	}
 	nats.Restart(0)
 	ready(t, n)
+	// Ready, it knows itself: a create naming it is placed at once.
+	if code, body := n.do(t, tok, "POST", "/sandboxes", `{"node":"solo"}`); code != http.StatusCreated {
+		t.Fatalf("create naming the node as it became ready: %d %s", code, body)
+	}
 	// Down again mid-run: not ready, its own sandboxes served.
 	nats.Stop(0)
 	eventually(t, "not ready with NATS gone", func() (bool, string) {
@@ -652,6 +656,30 @@ func TestClusterNodeKilled(t *testing.T) {
 	// b again: it adopts the sandbox, which a sees running; the export
 	// goes on from where the cluster's copy ended, to the process's end.
 	b = startExternal(t, bn)
+	// Ready again, b knows itself at once: a create through it naming it
+	// is placed there, not refused as a node the cluster lacks.
+	bAPI := func(method, path, body string) (int, string) {
+		req, _ := http.NewRequest(method, "http://"+bn.Listen+path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+tok)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		got, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(got)
+	}
+	eventually(t, "b ready again", func() (bool, string) {
+		code, body := bAPI("GET", "/readyz", "")
+		return code == 200, body
+	})
+	if code, body := bAPI("POST", "/sandboxes", `{"node":"b"}`); code != http.StatusCreated {
+		t.Errorf("a create through b naming it, as b became ready: %d %s", code, body)
+	} else {
+		var made api.Sandbox
+		json.Unmarshal([]byte(body), &made)
+		bAPI("DELETE", "/sandboxes/"+made.ID, "")
+	}
 	eventually(t, "the sandbox running on a", func() (bool, string) {
 		code, body := a.do(t, tok, "GET", "/sandboxes/"+sb.ID, "")
 		return code == 200 && strings.Contains(string(body), `"state":"running"`), string(body)
