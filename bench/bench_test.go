@@ -144,6 +144,46 @@ func TestPause(t *testing.T) {
 	}
 }
 
+// TestMemfork runs the memory fork section, which writes a report of its
+// own: kilnd's forks and runsc's by hand, or, without runsc, the reason.
+func TestMemfork(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("kilnd needs root")
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 6*time.Minute)
+	defer cancel()
+	var out bytes.Buffer
+	cfg := config{
+		captureDir: t.TempDir(),
+		out:        t.TempDir(),
+		sections:   map[string]bool{"memfork": true},
+		cmdline:    "bench -only memfork",
+		stdout:     &out,
+		progress:   io.Discard,
+	}
+	if testing.Verbose() {
+		cfg.progress = os.Stderr
+	}
+	if err := run(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	report := out.String()
+	want := []string{"# Memory fork, ", "| kilnd: fork, the process running in it | ", "| runsc by hand: checkpoint + restore | ",
+		"| memory fork of a 256 MiB process, p50 ≤ 3000.00 ms | ", "| kilnd / by hand, of p50s | "}
+	if _, err := exec.LookPath("runsc"); err != nil {
+		want = []string{"# Memory fork, ", "Not measured: no runsc: "}
+	}
+	for _, w := range want {
+		if !strings.Contains(report, w) {
+			t.Errorf("report lacks %q:\n%s", w, report)
+		}
+	}
+	files, err := filepath.Glob(filepath.Join(cfg.out, "*.md"))
+	if err != nil || len(files) != 1 || !strings.HasSuffix(files[0], "-memfork.md") {
+		t.Fatalf("report files in -out: %v, %v; want one, -memfork.md", files, err)
+	}
+}
+
 // TestCluster runs the cluster section small: three kilnds (built for
 // the run) in a cluster, 3 creates each way, a 4 MiB attach, 5 sandboxes
 // a node listed, a 4 MiB burst with the export on and off (a fourth

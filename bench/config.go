@@ -54,7 +54,7 @@ type config struct {
 // (`-only compare`): it needs tools of other projects and writes a report
 // of its own.
 var (
-	allSections   = []string{"throughput", "capture", "lossless", "kilnd", "attach", "sdk", "files", "ports", "tombstone", "running", "scale", "start", "snapshot", "pause", "cluster"}
+	allSections   = []string{"throughput", "capture", "lossless", "kilnd", "attach", "sdk", "files", "ports", "tombstone", "running", "scale", "start", "snapshot", "memfork", "pause", "cluster"}
 	extraSections = []string{"compare"}
 )
 

@@ -61,7 +61,7 @@ func parseFlags(args []string) (config, error) {
 	clusterReplay := fs.String("cluster-replay-size", "100M", "bytes of the process the cluster section reads back from JetStream once its node is lost")
 	clusterOnly := fs.String("cluster-cases", "", "comma-separated cases of the cluster section to run: create, attach, list, export, kill, replay (default all)")
 	kilnd := fs.String("kilnd", "", "the kilnd binary the cluster section's nodes run, such as ./kilnd (default: one built for the run)")
-	out := fs.String("out", "", "also write the reports to DIR/<date>-engine.md (and -scale.md, -compare.md, -pause.md, -cluster.md)")
+	out := fs.String("out", "", "also write the reports to DIR/<date>-engine.md (and -scale.md, -snapshot.md, -memfork.md, -compare.md, -pause.md, -cluster.md)")
 	only := fs.String("only", "", "comma-separated sections to run: "+strings.Join(allSections, ", ")+" (default all), or "+strings.Join(extraSections, ", "))
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of this process to FILE")
 	attachDirect := fs.Bool("attach-direct", false, "attach section: the kiln.v1 client dials the agent's socket, past kilnd (what the kilnd hop costs)")

@@ -80,6 +80,8 @@ func writeHeader(b *strings.Builder, cfg config, res results, title string) {
 		fmt.Fprintf(b, "| settings | %d nodes, %d sandboxes each listed, %d creates each way, attach %s, burst %s, replay %s, %d %s |\n\n",
 			clusterNodes, cfg.clusterPerNode, clusterCreates/max(1, cfg.kilndScale), bytesText(cfg.clusterAttach), bytesText(cfg.clusterBurst),
 			bytesText(cfg.clusterReplay), cfg.reps, plural(cfg.reps, "rep"))
+	} else if title == "Memory fork" {
+		fmt.Fprintf(b, "| settings | a process of %s, %d forks each way after %d warm-up |\n\n", bytesText(memforkBytes), memforkReps, memforkWarmUp)
 	} else if title == "Pause" {
 		fmt.Fprintf(b, "| settings | %d pauses and resumes per runtime, after %d warm-ups |\n\n", pauseReps, pauseWarmUp)
 	} else if res.compare != nil && title == "Comparison" {

@@ -29,6 +29,7 @@ type results struct {
 	start      *compareResult // the start section: compare's sandbox starts alone
 	scale      *scaleResult
 	snapshot   *snapshotResult
+	memfork    *memforkResult
 	pause      *pauseResult
 	cluster    *clusterResult
 }
@@ -144,6 +145,12 @@ func run(ctx context.Context, cfg config) (err error) {
 			return fmt.Errorf("snapshots: %w", err)
 		}
 	}
+	if cfg.has("memfork") {
+		var err error
+		if res.memfork, err = measureMemfork(ctx, cfg); err != nil {
+			return fmt.Errorf("memory fork: %w", err)
+		}
+	}
 	if cfg.has("pause") {
 		var err error
 		if res.pause, err = measurePause(ctx, cfg); err != nil {
@@ -168,8 +175,9 @@ func run(ctx context.Context, cfg config) (err error) {
 	res.elapsed = time.Since(res.started)
 	res.steal = stealText(cpu, readCPUTimes())
 
-	// The comparison, the scale, the snapshot, the pause and the cluster
-	// sections have reports of their own; the engine's has the rest.
+	// The comparison, the scale, the snapshot, the memory fork, the pause
+	// and the cluster sections have reports of their own; the engine's has
+	// the rest.
 	reports := map[string]string{}
 	if res.pause != nil {
 		reports["pause"] = renderPause(cfg, res)
@@ -186,10 +194,13 @@ func run(ctx context.Context, cfg config) (err error) {
 	if res.snapshot != nil {
 		reports["snapshot"] = renderSnapshot(cfg, res)
 	}
+	if res.memfork != nil {
+		reports["memfork"] = renderMemfork(cfg, res)
+	}
 	if res.throughput != nil || res.capture != nil || res.lossless != nil || res.kilnd != nil || res.attach != nil || res.sdk != nil || res.files != nil || res.ports != nil || res.tombstones != nil || res.running != nil || res.start != nil {
 		reports["engine"] = renderReport(cfg, res)
 	}
-	for _, name := range []string{"engine", "scale", "snapshot", "compare", "pause", "cluster"} {
+	for _, name := range []string{"engine", "scale", "snapshot", "memfork", "compare", "pause", "cluster"} {
 		text, ok := reports[name]
 		if !ok {
 			continue
