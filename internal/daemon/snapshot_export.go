@@ -170,8 +170,9 @@ func (d *Daemon) ImportSnapshot(body io.Reader) (api.Snapshot, error) {
 	if snap.Processes == nil {
 		snap.Processes = []api.Process{}
 	}
-	// Where it was is not where it is: the API tells its node.
-	snap.Node, snap.NodeState = "", ""
+	// Where it was is not where it is: the API tells its node. And it is
+	// kept here, whatever it was there.
+	snap.Node, snap.NodeState, snap.Transient = "", "", false
 	if err := checkImported(snap); err != nil {
 		return api.Snapshot{}, bad("%s: %v", exportRecord, err)
 	}

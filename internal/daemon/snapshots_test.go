@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -205,7 +206,19 @@ func testSnapshots(t *testing.T, fs, copyWay string) {
 		t.Fatal(err)
 	}
 	k.stop()
+	// A fork's snapshot, as a kilnd that stopped during the fork left it:
+	// the next removes it, not the one taken.
+	left := filepath.Join(state, "snapshots", strings.Repeat("f0", 32))
+	if err := os.MkdirAll(filepath.Join(left, "logs"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(left, "snapshot.json"), []byte(`{"id":"`+filepath.Base(left)+`","transient":true}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	k = startConfig(t, daemon.Config{StateDir: state, DefaultLimits: &limits})
+	if _, err := os.Stat(left); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a fork's snapshot left by the kilnd before: %v, want it removed", err)
+	}
 	from := k.createFrom(t, api.ShortID(snap.ID))
 	if got := k.sh(t, from, manifestScript); got != before {
 		t.Errorf("made from the snapshot after a restart:\n%s\nwant:\n%s", got, before)

@@ -66,10 +66,12 @@ type checkpointRecord struct {
 }
 
 // Checkpoint saves the sandbox into dir, a new directory, and leaves it
-// running: runsc pauses it, its captured logs are copied as they are,
+// running: it is paused, its captured logs are copied as they are,
 // paused (when not nil) is called, runsc saves the paused sandbox's
 // memory (`runsc checkpoint --leave-running`), and the sandbox resumes.
-// paused is where the caller copies the sandbox's writable layer (its
+// The pause, the resume and the agent's signal to reconnect go to the
+// sandbox's control server directly, as Pause does: a run of runsc each
+// took longer than the work. paused is where the caller copies the sandbox's writable layer (its
 // disk) consistently with the image: nothing in the sandbox runs
 // meanwhile. The agent's connections to kilnd end as the sandbox is saved
 // (connections from the sandbox to the host are not saved); it makes
@@ -93,11 +95,13 @@ func (s *guestSandbox) Checkpoint(ctx context.Context, dir string, paused func()
 	if err != nil {
 		return err
 	}
-	if err := s.runscCtx(ctx, "pause", s.Container); err != nil {
+	// Paused and resumed as Pause does, without a run of runsc each
+	// (setPaused), but not marked paused: it is for the moment it is saved.
+	if err := s.setPaused(true); err != nil {
 		return err
 	}
 	defer func() {
-		if rerr := s.runsc("resume", s.Container); rerr != nil {
+		if rerr := s.setPaused(false); rerr != nil {
 			err = errors.Join(err, rerr)
 			return
 		}
@@ -130,8 +134,13 @@ func (s *guestSandbox) Checkpoint(ctx context.Context, dir string, paused func()
 }
 
 // reconnect tells the agent to make its connections to kilnd again
-// (handoff.ReconnectSignal).
+// (handoff.ReconnectSignal): through the sandbox's control server, else
+// by `runsc kill`.
 func (s *guestSandbox) reconnect() error {
+	err := s.signalDirect(int(handoff.ReconnectSignal))
+	if !errors.Is(err, errNoFastPath) {
+		return err
+	}
 	return s.runsc("kill", s.Container, strconv.Itoa(int(handoff.ReconnectSignal)))
 }
 

@@ -43,11 +43,12 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// The control server's methods (runsc/boot's ContMgrPause, ContMgrResume)
-// and runsc's statuses.
+// The control server's methods (runsc/boot's ContMgrPause, ContMgrResume,
+// ContMgrSignal) and runsc's statuses.
 const (
 	runscMethodPause  = "containerManager.Pause"
 	runscMethodResume = "containerManager.Resume"
+	runscMethodSignal = "containerManager.Signal"
 	runscRunning      = "running"
 	runscPaused       = "paused"
 )
@@ -65,54 +66,27 @@ func (s *guestSandbox) setPausedDirect(pause bool) error {
 	if !pause {
 		from, to, method = runscPaused, runscRunning, runscMethodResume
 	}
-	states, err := filepath.Glob(filepath.Join(s.Root, globEscape(s.Container)+"_sandbox:*.state"))
-	if err != nil || len(states) != 1 {
-		return fmt.Errorf("%w: %d state files of %s", errNoFastPath, len(states), s.Container)
-	}
-	state := states[0]
-	unlock, err := lockRunscState(state[:len(state)-len("state")]+"lock", runscTimeout)
+	st, unlock, err := s.runscState()
 	if err != nil {
-		return fmt.Errorf("%w: %v", errNoFastPath, err)
+		return err
 	}
 	defer unlock()
-
-	b, err := os.ReadFile(state)
-	if err != nil {
-		return fmt.Errorf("%w: %v", errNoFastPath, err)
-	}
-	var rec map[string]json.RawMessage
-	var status string
-	var sb struct {
-		ID                string `json:"id"`
-		ControlSocketPath string `json:"controlSocketPath"`
-	}
-	if json.Unmarshal(b, &rec) != nil || json.Unmarshal(rec["status"], &status) != nil ||
-		json.Unmarshal(rec["sandbox"], &sb) != nil || sb.ID == "" {
-		return fmt.Errorf("%w: %s is not the state file it should be", errNoFastPath, state)
-	}
-	switch status {
+	switch st.status {
 	case to:
 		return nil
 	case from:
 	default:
-		return fmt.Errorf("%w: %s is %s", errNoFastPath, s.Container, status)
+		return fmt.Errorf("%w: %s is %s", errNoFastPath, s.Container, st.status)
 	}
-	sock := sb.ControlSocketPath
-	if unix.Access(sock, unix.F_OK) != nil {
-		sock = filepath.Join(s.Root, "runsc-"+sb.ID+".sock")
-		if unix.Access(sock, unix.F_OK) != nil {
-			return fmt.Errorf("%w: no control socket for %s", errNoFastPath, s.Container)
-		}
-	}
-	if err := runscCall(sock, method, runscTimeout); err != nil {
+	if err := runscCall(st.sock, method, nil, runscTimeout); err != nil {
 		return err
 	}
-	st, err := json.Marshal(to)
+	status, err := json.Marshal(to)
 	if err != nil {
 		return err
 	}
-	rec["status"] = st
-	out, err := json.Marshal(rec)
+	st.rec["status"] = status
+	out, err := json.Marshal(st.rec)
 	if err != nil {
 		return err
 	}
@@ -121,11 +95,82 @@ func (s *guestSandbox) setPausedDirect(pause bool) error {
 	if err := os.WriteFile(tmp, out, 0o640); err != nil {
 		return fmt.Errorf("sandbox: %s is %s, its state file not: %w", s.Container, to, err)
 	}
-	if err := os.Rename(tmp, state); err != nil {
+	if err := os.Rename(tmp, st.path); err != nil {
 		os.Remove(tmp)
 		return fmt.Errorf("sandbox: %s is %s, its state file not: %w", s.Container, to, err)
 	}
 	return nil
+}
+
+// signalDirect sends signal signo to the container's init process (the
+// agent) through the sandbox's control server, as `runsc kill` does, to
+// a container runsc's state file says runs. It returns errNoFastPath,
+// wrapped, when runsc must do it instead.
+func (s *guestSandbox) signalDirect(signo int) error {
+	st, unlock, err := s.runscState()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if st.status != runscRunning {
+		return fmt.Errorf("%w: %s is %s", errNoFastPath, s.Container, st.status)
+	}
+	// runsc/boot's SignalArgs, its Mode DeliverToProcess (0): PID 0 is
+	// the container's init.
+	arg := struct {
+		CID   string
+		Signo int32
+		PID   int32
+		Mode  int
+	}{CID: s.Container, Signo: int32(signo)}
+	return runscCall(st.sock, runscMethodSignal, arg, runscTimeout)
+}
+
+// runscStateFile is the container's state as runsc keeps it: the file,
+// its fields, the status, and the control server's socket.
+type runscStateFile struct {
+	path, status, sock string
+	rec                map[string]json.RawMessage
+}
+
+// runscState reads the container's state file under runsc's lock of it,
+// and finds its control server's socket; unlock gives the lock back. An
+// error wrapping errNoFastPath says runsc must be asked instead.
+func (s *guestSandbox) runscState() (st runscStateFile, unlock func(), err error) {
+	states, err := filepath.Glob(filepath.Join(s.Root, globEscape(s.Container)+"_sandbox:*.state"))
+	if err != nil || len(states) != 1 {
+		return st, nil, fmt.Errorf("%w: %d state files of %s", errNoFastPath, len(states), s.Container)
+	}
+	st.path = states[0]
+	unlock, err = lockRunscState(st.path[:len(st.path)-len("state")]+"lock", runscTimeout)
+	if err != nil {
+		return st, nil, fmt.Errorf("%w: %v", errNoFastPath, err)
+	}
+	defer func() {
+		if err != nil {
+			unlock()
+		}
+	}()
+	b, err := os.ReadFile(st.path)
+	if err != nil {
+		return st, nil, fmt.Errorf("%w: %v", errNoFastPath, err)
+	}
+	var sb struct {
+		ID                string `json:"id"`
+		ControlSocketPath string `json:"controlSocketPath"`
+	}
+	if json.Unmarshal(b, &st.rec) != nil || json.Unmarshal(st.rec["status"], &st.status) != nil ||
+		json.Unmarshal(st.rec["sandbox"], &sb) != nil || sb.ID == "" {
+		return st, nil, fmt.Errorf("%w: %s is not the state file it should be", errNoFastPath, st.path)
+	}
+	st.sock = sb.ControlSocketPath
+	if unix.Access(st.sock, unix.F_OK) != nil {
+		st.sock = filepath.Join(s.Root, "runsc-"+sb.ID+".sock")
+		if unix.Access(st.sock, unix.F_OK) != nil {
+			return st, nil, fmt.Errorf("%w: no control socket for %s", errNoFastPath, s.Container)
+		}
+	}
+	return st, unlock, nil
 }
 
 // lockRunscState takes runsc's lock of a container (an exclusive flock of
@@ -154,10 +199,10 @@ func lockRunscState(path string, timeout time.Duration) (func(), error) {
 	}, nil
 }
 
-// runscCall makes one call without arguments to the control server at
-// sock, bounded by timeout. An error wrapping errNoFastPath says the call
-// was not made.
-func runscCall(sock, method string, timeout time.Duration) error {
+// runscCall makes one call to the control server at sock, its argument
+// arg (nil for none), bounded by timeout. An error wrapping errNoFastPath
+// says the call was not made.
+func runscCall(sock, method string, arg any, timeout time.Duration) error {
 	addr := sock
 	if len(addr) >= len(unix.RawSockaddrUnix{}.Path) {
 		// Too long for a socket address: through /proc, as runsc does.
@@ -177,7 +222,7 @@ func runscCall(sock, method string, timeout time.Duration) error {
 	req, err := json.Marshal(struct {
 		Method string `json:"method"`
 		Arg    any    `json:"arg"`
-	}{method, nil})
+	}{method, arg})
 	if err != nil {
 		return err
 	}
