@@ -66,8 +66,10 @@ func cpuUse(t *testing.T, do func(method, path string, out any), sb string) time
 
 // A busy loop on a shared machine gets less than a core: a tenth of a
 // second's CPU in a second tells it from a paused sandbox, which uses
-// less than a fiftieth (its agent's, and gVisor's kernel's, idle work).
-const busyCPU, pausedCPU = 100 * time.Millisecond, 20 * time.Millisecond
+// less than a twenty-fifth: its agent's work (more in the second after
+// a new kilnd adopts it, answering its reconnection and first requests),
+// and gVisor's kernel's idle work. Its frozen processes use none.
+const busyCPU, pausedCPU = 100 * time.Millisecond, 40 * time.Millisecond
 
 // refusedPaused checks that a call to sandbox sb answers 409, code
 // paused, naming the state.
