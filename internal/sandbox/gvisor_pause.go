@@ -142,13 +142,15 @@ func (s *guestSandbox) runscState() (st runscStateFile, unlock func(), err error
 		return st, nil, fmt.Errorf("%w: %d state files of %s", errNoFastPath, len(states), s.Container)
 	}
 	st.path = states[0]
-	unlock, err = lockRunscState(st.path[:len(st.path)-len("state")]+"lock", runscTimeout)
+	// Held apart from the named result, which each failing return below
+	// sets to nil before the deferred release runs.
+	release, err := lockRunscState(st.path[:len(st.path)-len("state")]+"lock", runscTimeout)
 	if err != nil {
 		return st, nil, fmt.Errorf("%w: %v", errNoFastPath, err)
 	}
 	defer func() {
 		if err != nil {
-			unlock()
+			release()
 		}
 	}()
 	b, err := os.ReadFile(st.path)
@@ -170,7 +172,7 @@ func (s *guestSandbox) runscState() (st runscStateFile, unlock func(), err error
 			return st, nil, fmt.Errorf("%w: no control socket for %s", errNoFastPath, s.Container)
 		}
 	}
-	return st, unlock, nil
+	return st, release, nil
 }
 
 // lockRunscState takes runsc's lock of a container (an exclusive flock of
