@@ -134,6 +134,7 @@ func startConfig(t *testing.T, cfg daemon.Config) *kilnd {
 	if err != nil {
 		t.Fatal(err)
 	}
+	dk.LogOnFailure(t)
 	k.d = dk.Daemon
 	k.stop = func() {
 		if err := dk.Stop(); err != nil {

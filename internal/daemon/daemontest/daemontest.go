@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -32,8 +33,53 @@ var Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME=/r
 type Kilnd struct {
 	State   string
 	Daemon  *daemon.Daemon
+	log     *tailBuffer
 	stop    func() error
 	stopped atomic.Bool
+}
+
+// Log is the end of what kilnd logged (its last logTail bytes), when its
+// configuration named no logger of its own; "" otherwise.
+func (k *Kilnd) Log() string {
+	if k.log == nil {
+		return ""
+	}
+	return k.log.String()
+}
+
+// LogOnFailure has t print kilnd's log (Log) when t has failed by its
+// end: the one place a host failure's cause is written.
+func (k *Kilnd) LogOnFailure(t testing.TB) {
+	t.Cleanup(func() {
+		if t.Failed() && k.log != nil {
+			t.Logf("kilnd's log (its end):\n%s", k.Log())
+		}
+	})
+}
+
+// logTail is how much of kilnd's log a Kilnd keeps.
+const logTail = 64 << 10
+
+// tailBuffer keeps the last logTail bytes written to it.
+type tailBuffer struct {
+	mu sync.Mutex
+	b  []byte
+}
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.b = append(t.b, p...)
+	if over := len(t.b) - logTail; over > 0 {
+		t.b = append(t.b[:0], t.b[over:]...)
+	}
+	return len(p), nil
+}
+
+func (t *tailBuffer) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return string(t.b)
 }
 
 // Start serves state (made if missing) on its unix socket and, when
@@ -64,6 +110,7 @@ func StartConfigT(t testing.TB, cfg daemon.Config) *Kilnd {
 	if err != nil {
 		t.Fatal(err)
 	}
+	k.LogOnFailure(t)
 	t.Cleanup(func() {
 		if err := k.Close(); err != nil {
 			t.Errorf("kilnd: %v", err)
@@ -170,6 +217,11 @@ func StartConfig(cfg daemon.Config) (*Kilnd, error) {
 		}
 		cfg.Wrap = openapi.Wrap
 	}
+	var log *tailBuffer
+	if cfg.Log == nil {
+		log = &tailBuffer{}
+		cfg.Log = slog.New(slog.NewTextHandler(log, nil))
+	}
 	state := cfg.StateDir
 	release := func() {}
 	if sharedUIDs != "" {
@@ -189,7 +241,7 @@ func StartConfig(cfg daemon.Config) (*Kilnd, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
 	go func() { served <- d.Serve(ctx) }()
-	k := &Kilnd{State: state, Daemon: d, stop: sync.OnceValue(func() error {
+	k := &Kilnd{State: state, Daemon: d, log: log, stop: sync.OnceValue(func() error {
 		cancel()
 		err := <-served
 		d.Close()
