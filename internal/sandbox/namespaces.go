@@ -22,7 +22,12 @@ import (
 // Create makes a sandbox and starts its agent, and returns once the agent
 // answers. On failure nothing of it is left running.
 func Create(ctx context.Context, o Options) (sb *Sandbox, err error) {
-	o = o.withDefaults(10 * time.Second)
+	// As long as gVisor's: no kernel starts first, but on a host whose
+	// cores are all busy the agent and its spawner (and, in tests, a
+	// binary built with the race detector) may wait for a CPU longer than
+	// a quiet host's millisecond suggests, and a create that fails for
+	// that is worse than a slow one.
+	o = o.withDefaults(30 * time.Second)
 	if o.UIDBase == 0 {
 		o.UIDBase = DefaultUIDBase
 	}
