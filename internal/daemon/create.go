@@ -318,6 +318,12 @@ func (d *Daemon) launchUnrecorded(ctx context.Context, backend sandbox.Backend, 
 			what = "could not be started"
 		}
 		undo()
+		if ctx.Err() != nil {
+			// Not the host's failure: whoever asked went away (a client
+			// hung up, kilnd is stopping) before the agent answered.
+			d.log.Info("sandbox "+what+": its request ended first", "id", rec.ID, "err", err)
+			return nil, errdefs.Opaque(errdefs.ErrUnavailable, fmt.Sprintf("sandbox %s %s: its request ended first", rec.ID, what), err)
+		}
 		return nil, d.hostFailure(fmt.Sprintf("sandbox %s %s", rec.ID, what), err)
 	}
 	return sb, nil

@@ -98,6 +98,7 @@ var env = []string{"PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME=/r
 type kilnd struct {
 	t     *testing.T
 	d     *daemon.Daemon
+	dk    *daemontest.Kilnd
 	state string
 	addr  string
 	stop  func()
@@ -135,7 +136,7 @@ func startConfig(t *testing.T, cfg daemon.Config) *kilnd {
 		t.Fatal(err)
 	}
 	dk.LogOnFailure(t)
-	k.d = dk.Daemon
+	k.d, k.dk = dk.Daemon, dk
 	k.stop = func() {
 		if err := dk.Stop(); err != nil {
 			t.Errorf("kilnd: %v", err)

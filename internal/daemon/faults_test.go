@@ -868,3 +868,31 @@ func TestDiskQuota(t *testing.T) {
 		t.Errorf("disk images before the delete %d, after %d", len(images), len(after))
 	}
 }
+
+// TestCreateWhoseRequestEnded: a create whose request ends before the
+// agent answers (its client hung up; kilnd stopping, for a sandbox made
+// ahead) leaves nothing of the sandbox, and is not logged as the host's
+// failure: an operator reading kilnd's log after a Ctrl-C finds no error.
+func TestCreateWhoseRequestEnded(t *testing.T) {
+	t.Parallel()
+	k := start(t, "")
+	defer k.cleanup()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := k.d.Create(ctx, daemon.CreateRequest{Name: "gone"})
+	if err == nil || !strings.Contains(err.Error(), "its request ended first") {
+		t.Fatalf("a create whose request had ended: %v", err)
+	}
+	if ids := k.ids(); len(ids) != 0 {
+		t.Errorf("sandboxes after it: %v, want none", ids)
+	}
+	if ents, _ := os.ReadDir(k.faultSandboxes()); len(ents) != 0 {
+		t.Errorf("left in the sandboxes' directory: %v", ents)
+	}
+	// Its name is free again.
+	var info daemon.Info
+	k.json("POST", "/sandboxes", api.CreateSandbox{Name: "gone"}, &info)
+	if log := k.dk.Log(); strings.Contains(log, "level=ERROR") {
+		t.Errorf("kilnd logged an error:\n%s", log)
+	}
+}
