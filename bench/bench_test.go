@@ -14,15 +14,50 @@ import (
 	"github.com/google/go-cmp/cmp"
 )
 
-// TestRun runs the whole benchmark at a tiny size, so it keeps compiling
-// and working; its figures mean nothing at this size.
-func TestRun(t *testing.T) {
-	// A bound against a hang, not a figure: on a loaded machine the tiny
-	// run takes minutes.
+// runSection runs the benchmark as cfg says, bounded against a hang (not
+// a figure: on a loaded machine even a tiny run takes minutes), its
+// report printed to a buffer and written to a directory of t's own. It
+// checks that the report holds every one of want and was written whole
+// as the one file, named for its report (-name.md), and returns it.
+func runSection(t *testing.T, cfg config, name string, want ...string) string {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 6*time.Minute)
 	defer cancel()
 	var out bytes.Buffer
-	cfg := config{
+	cfg.out, cfg.stdout, cfg.progress = t.TempDir(), &out, io.Discard
+	if testing.Verbose() {
+		cfg.progress = os.Stderr
+	}
+	if err := run(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	report := out.String()
+	for _, w := range want {
+		if !strings.Contains(report, w) {
+			t.Errorf("report lacks %q:\n%s", w, report)
+		}
+	}
+	files, err := filepath.Glob(filepath.Join(cfg.out, "*.md"))
+	if err != nil || len(files) != 1 || !strings.HasSuffix(files[0], "-"+name+".md") {
+		t.Fatalf("report files in -out: %v, %v; want one, -%s.md", files, err, name)
+	}
+	if written, err := os.ReadFile(files[0]); err != nil || string(written) != report {
+		t.Errorf("written report differs from the printed one (read error %v)", err)
+	}
+	return report
+}
+
+// needRoot skips t where it does not run as root, which kilnd needs.
+func needRoot(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("kilnd needs root")
+	}
+}
+
+// TestRun runs the engine's sections at a tiny size, so they keep
+// compiling and working; their figures mean nothing at this size.
+func TestRun(t *testing.T) {
+	runSection(t, config{
 		size:        8 << 20,
 		captureSize: 8 << 20,
 		captureDir:  t.TempDir(),
@@ -35,20 +70,9 @@ func TestRun(t *testing.T) {
 		losslessScale: 100,
 		tombstones:    20,
 		running:       10,
-		out:           t.TempDir(),
 		sections:      map[string]bool{"throughput": true, "capture": true, "lossless": true, "kilnd": true, "attach": true, "files": true, "ports": true, "tombstone": true, "running": true},
 		cmdline:       "bench -size 8M -reps 1",
-		stdout:        &out,
-		progress:      io.Discard,
-	}
-	if testing.Verbose() {
-		cfg.progress = os.Stderr
-	}
-	if err := run(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
-	report := out.String()
-	for _, want := range []string{
+	}, "engine",
 		"| raw | ", "| raw, 1 MiB pipe | ", "| engine, no reader | ", "| engine, 64 readers | ",
 		"throughput, engine, no reader / raw |", "workload time, 64 readers / no reader |",
 		"| child > file | ", "| engine + capture | ", "| engine, no capture | ",
@@ -60,128 +84,48 @@ func TestRun(t *testing.T) {
 		"| upload, one file |", "| download, a tree |", "Added by kilnd's proxy, p50: ",
 		"## Attach at the socket's speed", "| 8 KiB writes (head -c) | 1 |", "flow block ≥ 0.8× relay |",
 		"| CPU stolen by the host | ", "agent on the host / engine to a process, paired |",
-	} {
-		if !strings.Contains(report, want) {
-			t.Errorf("report lacks %q:\n%s", want, report)
-		}
-	}
-	files, err := filepath.Glob(filepath.Join(cfg.out, "*-engine.md"))
-	if err != nil || len(files) != 1 {
-		t.Fatalf("report files in -out: %v, %v; want one", files, err)
-	}
-	if written, err := os.ReadFile(files[0]); err != nil || string(written) != report {
-		t.Errorf("written report differs from the printed one (read error %v)", err)
-	}
+	)
 }
 
 // TestScale runs the scale section to 20 sandboxes, measured every 10,
 // with a restart of kilnd between the last step and the deletes.
 func TestScale(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("kilnd needs root")
-	}
-	ctx, cancel := context.WithTimeout(t.Context(), 6*time.Minute)
-	defer cancel()
-	var out bytes.Buffer
-	cfg := config{
+	needRoot(t)
+	runSection(t, config{
 		scale:     20,
 		scaleStep: 10,
-		out:       t.TempDir(),
 		sections:  map[string]bool{"scale": true},
 		cmdline:   "bench -only scale -scale 20 -scale-step 10",
-		stdout:    &out,
-		progress:  io.Discard,
-	}
-	if testing.Verbose() {
-		cfg.progress = os.Stderr
-	}
-	if err := run(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
-	report := out.String()
-	for _, want := range []string{
+	}, "scale",
 		"# Scale, ", "| 10 | ", "| 20 | ", "| create p99 at 20 / at 10 |", "| memory per idle sandbox at 20 |",
 		"every one of 20 sandboxes listed running |", "| delete all 20, one after another |",
-	} {
-		if !strings.Contains(report, want) {
-			t.Errorf("report lacks %q:\n%s", want, report)
-		}
-	}
-	files, err := filepath.Glob(filepath.Join(cfg.out, "*.md"))
-	if err != nil || len(files) != 1 || !strings.HasSuffix(files[0], "-scale.md") {
-		t.Fatalf("report files in -out: %v, %v; want one, -scale.md", files, err)
-	}
+	)
 }
 
 // TestPause runs the pause section, which writes a report of its own.
 func TestPause(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("kilnd needs root")
-	}
-	ctx, cancel := context.WithTimeout(t.Context(), 6*time.Minute)
-	defer cancel()
-	var out bytes.Buffer
-	cfg := config{
+	needRoot(t)
+	runSection(t, config{
 		captureDir: t.TempDir(),
-		out:        t.TempDir(),
 		sections:   map[string]bool{"pause": true},
 		cmdline:    "bench -only pause",
-		stdout:     &out,
-		progress:   io.Discard,
-	}
-	if err := run(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
-	report := out.String()
-	for _, want := range []string{"# Pause, ", "| namespaces | ", "| namespaces: pause + resume, p50 ≤ 10.00 ms | "} {
-		if !strings.Contains(report, want) {
-			t.Errorf("report lacks %q:\n%s", want, report)
-		}
-	}
-	files, err := filepath.Glob(filepath.Join(cfg.out, "*.md"))
-	if err != nil || len(files) != 1 || !strings.HasSuffix(files[0], "-pause.md") {
-		t.Fatalf("report files in -out: %v, %v; want one, -pause.md", files, err)
-	}
+	}, "pause", "# Pause, ", "| namespaces | ", "| namespaces: pause + resume, p50 ≤ 10.00 ms | ")
 }
 
 // TestMemfork runs the memory fork section, which writes a report of its
 // own: kilnd's forks and runsc's by hand, or, without runsc, the reason.
 func TestMemfork(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("kilnd needs root")
-	}
-	ctx, cancel := context.WithTimeout(t.Context(), 6*time.Minute)
-	defer cancel()
-	var out bytes.Buffer
-	cfg := config{
-		captureDir: t.TempDir(),
-		out:        t.TempDir(),
-		sections:   map[string]bool{"memfork": true},
-		cmdline:    "bench -only memfork",
-		stdout:     &out,
-		progress:   io.Discard,
-	}
-	if testing.Verbose() {
-		cfg.progress = os.Stderr
-	}
-	if err := run(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
-	report := out.String()
+	needRoot(t)
 	want := []string{"# Memory fork, ", "| kilnd: fork, the process running in it | ", "| runsc by hand: checkpoint + restore | ",
 		"| memory fork of a 256 MiB process, p50 ≤ 3000.00 ms | ", "| kilnd / by hand, of p50s | "}
 	if _, err := exec.LookPath("runsc"); err != nil {
 		want = []string{"# Memory fork, ", "Not measured: no runsc: "}
 	}
-	for _, w := range want {
-		if !strings.Contains(report, w) {
-			t.Errorf("report lacks %q:\n%s", w, report)
-		}
-	}
-	files, err := filepath.Glob(filepath.Join(cfg.out, "*.md"))
-	if err != nil || len(files) != 1 || !strings.HasSuffix(files[0], "-memfork.md") {
-		t.Fatalf("report files in -out: %v, %v; want one, -memfork.md", files, err)
-	}
+	runSection(t, config{
+		captureDir: t.TempDir(),
+		sections:   map[string]bool{"memfork": true},
+		cmdline:    "bench -only memfork",
+	}, "memfork", want...)
 }
 
 // TestCluster runs the cluster section small: three kilnds (built for
@@ -192,33 +136,17 @@ func TestMemfork(t *testing.T) {
 // once its node is killed and lost, and every kilnd stopped, its
 // sandboxes deleted (the killed one started again for it).
 func TestCluster(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("kilnd needs root")
-	}
-	ctx, cancel := context.WithTimeout(t.Context(), 6*time.Minute)
-	defer cancel()
-	var out bytes.Buffer
-	cfg := config{
+	needRoot(t)
+	runSection(t, config{
 		kilndScale:     10,
 		reps:           1,
 		clusterPerNode: 5,
 		clusterAttach:  4 << 20,
 		clusterBurst:   4 << 20,
 		clusterReplay:  4 << 20,
-		out:            t.TempDir(),
 		sections:       map[string]bool{"cluster": true},
 		cmdline:        "bench -only cluster -cluster-sandboxes 5 -cluster-attach-size 4M -cluster-burst-size 4M -cluster-replay-size 4M -reps 1",
-		stdout:         &out,
-		progress:       io.Discard,
-	}
-	if testing.Verbose() {
-		cfg.progress = os.Stderr
-	}
-	if err := run(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
-	report := out.String()
-	for _, want := range []string{
+	}, "cluster",
 		"# Cluster, ", "| n2, the owner | ", "| n1, forwarded | ", "| create through a non-owner − through the owner, p50 | ",
 		"| attach throughput, through a non-owner / through the owner, of medians | ", "| n3 | ",
 		"| GET /sandboxes of 3 nodes × 5, p50 through the slowest node (",
@@ -228,15 +156,7 @@ func TestCluster(t *testing.T) {
 		"| a node killed during lines: bytes produced before the kill and in no copy | ",
 		"| a node killed during flood: bytes produced before the kill and in no copy | ",
 		"| replay of a lost node's 4 MiB process from JetStream through another node, median, MB/s | ",
-	} {
-		if !strings.Contains(report, want) {
-			t.Errorf("report lacks %q:\n%s", want, report)
-		}
-	}
-	files, err := filepath.Glob(filepath.Join(cfg.out, "*.md"))
-	if err != nil || len(files) != 1 || !strings.HasSuffix(files[0], "-cluster.md") {
-		t.Fatalf("report files in -out: %v, %v; want one, -cluster.md", files, err)
-	}
+	)
 }
 
 func TestScaleCounts(t *testing.T) {
@@ -259,41 +179,21 @@ func TestScaleCounts(t *testing.T) {
 // TestCompare runs the comparison at a tiny size with whichever of the
 // other tools are installed; those missing are named in the report.
 func TestCompare(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("the comparison needs root")
-	}
-	ctx, cancel := context.WithTimeout(t.Context(), 6*time.Minute)
-	defer cancel()
-	var out bytes.Buffer
-	cfg := config{
+	needRoot(t)
+	report := runSection(t, config{
 		captureSize: 4 << 20,
 		ttySize:     256 << 10,
 		captureDir:  t.TempDir(),
 		kilndScale:  10,
 		reps:        1,
 		tombstones:  20,
-		out:         t.TempDir(),
 		sections:    map[string]bool{"compare": true},
 		cmdline:     "bench -only compare",
-		stdout:      &out,
-		progress:    io.Discard,
-	}
-	if testing.Verbose() {
-		cfg.progress = os.Stderr
-	}
-	if err := run(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
-	report := out.String()
-	for _, want := range []string{
+	}, "compare",
 		"# Comparison, ", "| **sandkiln** | ", "| child > file | ", "| child \\| reader | ", "| **sandkiln, terminal** | ",
 		"64 watchers of one child", "| child \\| tee, 64 pipes | ", "Sandbox start", "| sandkiln | ",
 		"Memory per idle sandbox", "B** of heap each",
-	} {
-		if !strings.Contains(report, want) {
-			t.Errorf("report lacks %q:\n%s", want, report)
-		}
-	}
+	)
 	for _, tool := range []string{"supervisord", "s6-log", "dtach", "tmux", "runc", "runsc"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			if !strings.Contains(report, "Not run: "+tool+": not installed") {
@@ -304,10 +204,6 @@ func TestCompare(t *testing.T) {
 		} else if tool == "dtach" && !strings.Contains(report, "The engine on a terminal over dtach: ") {
 			t.Errorf("dtach is installed and the report holds the terminal to no target:\n%s", report)
 		}
-	}
-	files, err := filepath.Glob(filepath.Join(cfg.out, "*.md"))
-	if err != nil || len(files) != 1 || !strings.HasSuffix(files[0], "-compare.md") {
-		t.Fatalf("report files in -out: %v, %v; want one, -compare.md", files, err)
 	}
 }
 
