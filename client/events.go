@@ -20,8 +20,9 @@ type EventOptions struct {
 	// After is the Seq of the last event read: Events gives those after
 	// it.
 	After int64
-	// Sandbox keeps one sandbox's events (by its id), Type one type's.
-	Sandbox, Type string
+	// Sandbox keeps one sandbox's events (by its id), Type one type's,
+	// Node, in a cluster, one node's (by its name).
+	Sandbox, Type, Node string
 	// NoFollow ends with the events kilnd holds.
 	NoFollow bool
 }
@@ -53,6 +54,9 @@ func (c *Client) Events(ctx context.Context, o EventOptions) iter.Seq2[api.Event
 			}
 			if o.Type != "" {
 				q.Set("type", o.Type)
+			}
+			if o.Node != "" {
+				q.Set("node", o.Node)
 			}
 			if o.NoFollow {
 				q.Set("follow", "false")

@@ -31,9 +31,11 @@ after the last one read, missing none and repeating none. Events kilnd no longer
 told as a gap, with their count. With --json each is a JSON object, one a line.
 
 --filter (-f) chooses: sandbox=SANDBOX (its id, name or prefix), type=sandbox.created|
-sandbox.started|sandbox.stopped|sandbox.paused|sandbox.resumed|sandbox.deleted.`,
+sandbox.started|sandbox.stopped|sandbox.paused|sandbox.resumed|sandbox.deleted, and in a
+cluster node=NODE (the events of sandboxes on that node).`,
 		Example: `  kiln events
   kiln events --no-follow -f type=sandbox.stopped
+  kiln events -f node=n2
   kiln events --after 120 --json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -45,8 +47,10 @@ sandbox.started|sandbox.stopped|sandbox.paused|sandbox.resumed|sandbox.deleted.`
 					o.Sandbox = v
 				case k == "type" && v != "":
 					o.Type = v
+				case k == "node" && v != "":
+					o.Node = v
 				default:
-					return usageError{fmt.Errorf("--filter %q: want sandbox=SANDBOX or type=TYPE", kv), cmd.CommandPath()}
+					return usageError{fmt.Errorf("--filter %q: want sandbox=SANDBOX, type=TYPE or node=NODE", kv), cmd.CommandPath()}
 				}
 			}
 			if after < 0 {
@@ -79,7 +83,7 @@ sandbox.started|sandbox.stopped|sandbox.paused|sandbox.resumed|sandbox.deleted.`
 		},
 	}
 	cmd.Flags().Int64Var(&after, "after", 0, "only the events after the one of this `SEQ`")
-	cmd.Flags().StringArrayVarP(&filters, "filter", "f", nil, "choose by `KEY=VALUE`: sandbox=SANDBOX, type=TYPE (repeatable)")
+	cmd.Flags().StringArrayVarP(&filters, "filter", "f", nil, "choose by `KEY=VALUE`: sandbox=SANDBOX, type=TYPE, node=NODE (repeatable)")
 	cmd.Flags().BoolVar(&noFollow, "no-follow", false, "stop after the events kilnd holds")
 	return cmd
 }

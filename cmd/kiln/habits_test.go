@@ -173,7 +173,8 @@ func TestDockerHabits(t *testing.T) {
 
 // TestEventsCommand: kiln events --no-follow prints each sandbox's
 // creation and deletion with its number, short id and name; --after takes
-// up after one; --json gives objects; -f sandbox= keeps one sandbox's.
+// up after one; --json gives objects; -f sandbox= keeps one sandbox's,
+// -f node= outside a cluster none.
 func TestEventsCommand(t *testing.T) {
 	state := kilnd(t)
 	ok := kilnOK(t, state)
@@ -192,7 +193,10 @@ func TestEventsCommand(t *testing.T) {
 	if out := ok("events", "--no-follow", "-f", "sandbox="+api.ShortID(other)); strings.Count(out, "\n") != 1 || !strings.Contains(out, "sandbox.created") {
 		t.Errorf("-f sandbox=: %q", out)
 	}
-	if code, _, errs := kilnExe(t, state, nil, "events", "-f", "colour=red"); code != 125 || !strings.Contains(errs, "--filter") {
+	if out := ok("events", "--no-follow", "-f", "node=n1"); out != "" {
+		t.Errorf("-f node= outside a cluster: %q, want nothing", out)
+	}
+	if code, _, errs := kilnExe(t, state, nil, "events", "-f", "colour=red"); code != 125 || !strings.Contains(errs, "node=NODE") {
 		t.Errorf("a bad filter: %d %q", code, errs)
 	}
 }

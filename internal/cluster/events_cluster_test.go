@@ -184,6 +184,32 @@ func TestClusterEvents(t *testing.T) {
 	if d := cmp.Diff(happenings(whole), happenings(fromSDK)[:min(len(fromSDK), len(whole))]); d != "" {
 		t.Errorf("Client.Events through c (-a +sdk):\n%s", d)
 	}
+	// One node's events, chosen through another: b's, read through c,
+	// are those of the whole that name b, in its order.
+	var ofB []api.Event
+	for _, e := range whole {
+		if e.Node == "b" {
+			ofB = append(ofB, e)
+		}
+	}
+	var fromB []api.Event
+	for e, err := range viaC.Events(ctx, client.EventOptions{Node: "b", NoFollow: true}) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		fromB = append(fromB, e)
+	}
+	if len(ofB) == 0 || len(fromB) < len(ofB) {
+		t.Fatalf("node b's events through c: %v, want %v", happenings(fromB), happenings(ofB))
+	}
+	if d := cmp.Diff(happenings(ofB), happenings(fromB)[:len(ofB)]); d != "" {
+		t.Errorf("node b's events through c (-whole's +read):\n%s", d)
+	}
+	for _, e := range fromB {
+		if e.Node != "b" {
+			t.Errorf("an event of node %q read for node b: %+v", e.Node, e)
+		}
+	}
 
 	// Cut mid-stream on b, following; resumed on c with its cursor.
 	cut := len(whole) / 2

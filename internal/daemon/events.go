@@ -83,7 +83,8 @@ func sandboxEvent(typ string, rec record) api.Event {
 // eventsHandler answers GET /events: NDJSON, one event a line, those held
 // after ?after= (0, the default: from the oldest held), then each as it
 // happens until the reader goes (or, with ?follow=false, the end of those
-// held). ?sandbox= keeps one sandbox's (by id), ?type= one type's;
+// held). ?sandbox= keeps one sandbox's (by id), ?type= one type's,
+// ?node= one cluster node's;
 // ?epoch=, the epoch of the event after= numbers, tells a kilnd started
 // since (another epoch) to give all it holds. In a cluster, the events
 // are the cluster's stream's, every node's (openClusterEvents).
@@ -208,7 +209,10 @@ type eventFilter struct {
 	// this one's, whose events are all given.
 	epoch         string
 	sandbox, kind string
-	follow        bool
+	// node keeps a cluster node's events; outside a cluster, whose
+	// events have no node, it keeps none (as GET /sandboxes?node=).
+	node   string
+	follow bool
 	// cluster, when set, reads the cluster's events (in place of this
 	// kilnd's own).
 	cluster *cluster.EventReader
@@ -218,7 +222,7 @@ func (f eventFilter) matches(e api.Event) bool {
 	if e.Type == api.EventGap {
 		return true // a reader is told what it lost, whatever it chose
 	}
-	return (f.sandbox == "" || e.Sandbox == f.sandbox) && (f.kind == "" || e.Type == f.kind)
+	return (f.sandbox == "" || e.Sandbox == f.sandbox) && (f.kind == "" || e.Type == f.kind) && (f.node == "" || e.Node == f.node)
 }
 
 func eventQuery(q url.Values) (eventFilter, error) {
@@ -236,6 +240,8 @@ func eventQuery(q url.Values) (eventFilter, error) {
 			f.sandbox = v
 		case "epoch":
 			f.epoch = v
+		case "node":
+			f.node = v
 		case "type":
 			if !slices.Contains(api.EventTypes, v) {
 				err = fmt.Errorf("type %q: want one of %s", api.Clip(v), strings.Join(api.EventTypes, ", "))
@@ -247,7 +253,7 @@ func eventQuery(q url.Values) (eventFilter, error) {
 				err = fmt.Errorf("follow %q: want true or false", api.Clip(v))
 			}
 		default:
-			err = fmt.Errorf("no events parameter %q: want after, epoch, sandbox, type or follow", api.Clip(k))
+			err = fmt.Errorf("no events parameter %q: want after, epoch, sandbox, type, node or follow", api.Clip(k))
 		}
 		if err != nil {
 			return eventFilter{}, fmt.Errorf("%w: %w", errdefs.ErrInvalidArgument, err)

@@ -124,6 +124,13 @@ func TestEventsResumeWithoutLossOrRepeat(t *testing.T) {
 	if n != 5 {
 		t.Errorf("job's events held: %d, want created, its init's start and exit, stopped, deleted", n)
 	}
+	// Outside a cluster no event has a node: a node's are none, as a
+	// node's sandboxes are none in GET /sandboxes?node=.
+	byNode := k.events(t, "?follow=false&node=n1")
+	for byNode.lines.Scan() {
+		t.Errorf("an event of node n1 outside a cluster: %s", byNode.lines.Bytes())
+	}
+	byNode.close()
 	k.refuses("GET", "/events?type=process.begun", nil, 400, api.CodeInvalid, "process.exited")
 	k.refuses("GET", "/events?after=-1", nil, 400, api.CodeInvalid, "after")
 	k.refuses("GET", "/events?type=nothing", nil, 400, api.CodeInvalid, "type")

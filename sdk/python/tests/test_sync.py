@@ -330,6 +330,8 @@ def test_events_in_order_taken_up_after_the_last(client: sandkiln.Client) -> Non
     sb.destroy()
     got = [(e["seq"], e["type"], e.get("sandbox")) for e in client.events(after=last, follow=False)]
     assert got == [(last + 1, "sandbox.created", sb.id), (last + 2, "sandbox.deleted", sb.id)]
+    # Outside a cluster no event has a node: a node's events are none.
+    assert list(client.events(node="n1", follow=False)) == []
     with fails("INVALID_ARGUMENT", "events(type='nothing')"):
         for _ in client.events(type="nothing"):
             break

@@ -46,6 +46,8 @@ export interface EventOptions extends SignalOptions {
   after?: number;
   /** One sandbox's events, by its id. */
   sandbox?: string;
+  /** In a cluster, one node's events, by its name (outside one: none). */
+  node?: string;
   type?: "sandbox.created" | "sandbox.started" | "sandbox.stopped" | "sandbox.deleted" | "sandbox.paused" | "sandbox.resumed";
   /** false: the events kilnd holds, then the end. */
   follow?: boolean;
@@ -161,14 +163,14 @@ export class Client {
    * longer holds come as one of type "gap" whose `lost` counts them.
    */
   async *events(options: EventOptions = {}): AsyncGenerator<Schemas["Event"], void, undefined> {
-    const o = checkOptions(options, ["after", "sandbox", "type", "follow", "signal"], "events()");
+    const o = checkOptions(options, ["after", "sandbox", "node", "type", "follow", "signal"], "events()");
     checkSignal(o.signal, "events()");
     let after = o.after ?? 0;
     let epoch: string | undefined;
     for (;;) {
       try {
         const resp = await this.transport.fetch("GET", "/events", {
-          query: { after, epoch, sandbox: o.sandbox, type: o.type, follow: o.follow === false ? false : undefined },
+          query: { after, epoch, sandbox: o.sandbox, node: o.node, type: o.type, follow: o.follow === false ? false : undefined },
           idempotent: true, unbounded: true, signal: o.signal,
         });
         for await (const e of ndjson<Schemas["Event"]>(resp.body!, "events", o.signal)) {

@@ -3907,6 +3907,8 @@ export interface operations {
                 epoch?: string;
                 /** @description one sandbox's events, by its id */
                 sandbox?: string;
+                /** @description in a cluster, one node's events (by its name); outside one, whose events name no node, none */
+                node?: string;
                 type?: "sandbox.created" | "sandbox.started" | "sandbox.stopped" | "sandbox.deleted" | "sandbox.paused" | "sandbox.resumed" | "sandbox.snapshotted" | "sandbox.rolled_back" | "process.started" | "process.exited";
                 /** @description false: the events held, then the end */
                 follow?: boolean;

@@ -428,6 +428,10 @@ test("events: each sandbox's creation and deletion, in order, taken up again aft
   const got = [];
   for await (const e of client.events({ after: last, follow: false })) got.push(e);
   assert.deepEqual(got.map((e) => [e.seq, e.type, e.sandbox]), [[last + 1, "sandbox.created", sb.id], [last + 2, "sandbox.deleted", sb.id]]);
+  // Outside a cluster no event has a node: a node's events are none.
+  const ofNode = [];
+  for await (const e of client.events({ node: "n1", follow: false })) ofNode.push(e);
+  assert.deepEqual(ofNode, []);
   // Following: the next event comes as it happens.
   const ac = new AbortController();
   const next = (async () => { for await (const e of client.events({ after: last + 2, signal: ac.signal })) return e; })();

@@ -164,10 +164,11 @@ class AsyncClient:
         raise error("INTERNAL", f"kilnd: {what}: the answer is not a health report", status=resp.status)
 
     async def events(self, *, after: int = 0, sandbox: str | None = None, type: str | None = None,
-                     follow: bool = True) -> AsyncGenerator[Event, None]:
+                     node: str | None = None, follow: bool = True) -> AsyncGenerator[Event, None]:
         """What happens to kilnd's sandboxes, in order, each once: the events
         kilnd holds after ``after`` (the seq of the last one read), then
-        each as it happens (with follow=False, to the end of those held).
+        each as it happens (with follow=False, to the end of those held);
+        ``sandbox``, ``type`` and, in a cluster, ``node`` choose among them.
         A connection that breaks is opened again from the last event given,
         so nothing is missed or given twice; events kilnd no longer holds
         come as one of type "gap" whose lost counts them."""
@@ -175,7 +176,7 @@ class AsyncClient:
         while True:
             try:
                 resp = await self._transport.fetch("GET", "/events", query={
-                    "after": after, "epoch": epoch, "sandbox": sandbox, "type": type, "follow": None if follow else False,
+                    "after": after, "epoch": epoch, "sandbox": sandbox, "type": type, "node": node, "follow": None if follow else False,
                 }, idempotent=True, unbounded=True)
                 async for e in ndjson(AsyncByteStream(resp, "events", None), "events"):
                     ev = cast(Event, e)

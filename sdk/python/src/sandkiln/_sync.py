@@ -488,9 +488,9 @@ class Client:
         return self._p.call(self._a.version(timeout=timeout))
 
     def events(self, *, after: int = 0, sandbox: str | None = None, type: str | None = None,
-               follow: bool = True) -> Iterator[Event]:
+               node: str | None = None, follow: bool = True) -> Iterator[Event]:
         """See AsyncClient.events: ``for event in client.events()``."""
-        it = self._a.events(after=after, sandbox=sandbox, type=type, follow=follow)
+        it = self._a.events(after=after, sandbox=sandbox, type=type, node=node, follow=follow)
         return _Iter(self._p, it, lambda: asyncio.ensure_future(it.aclose()))
 
     def close(self) -> None:
