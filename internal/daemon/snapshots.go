@@ -394,11 +394,12 @@ func (d *Daemon) takeSnapshot(ctx context.Context, ref string, req api.SnapshotR
 	switch {
 	case err != nil:
 	case transient:
-		// Its record alone, which says to remove it, is on the disk
-		// before it is renamed: the rest is read from the page cache by
-		// the fork's sandboxes, and gone once they are made. Syncing a
-		// memory snapshot's image took a tenth of a fork.
-		err = syncPaths(filepath.Join(tmp, snapshotFile), tmp)
+		// Its record alone, which says to remove it (written synced),
+		// is on the disk with the directory's entry of it before it is
+		// renamed: the rest is read from the page cache by the fork's
+		// sandboxes, and gone once they are made. Syncing a memory
+		// snapshot's image took a tenth of a fork.
+		err = syncPath(tmp)
 	default:
 		err = syncTree(tmp)
 	}
@@ -611,33 +612,22 @@ func writeJSON(path string, v any) error {
 
 // syncTree syncs every file under dir, and dir.
 func syncTree(dir string) error {
-	return filepath.WalkDir(dir, func(path string, e fs.DirEntry, err error) error {
+	return filepath.WalkDir(dir, func(path string, _ fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
-		f, err := os.Open(path)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		return f.Sync()
+		return syncPath(path)
 	})
 }
 
-// syncPaths flushes each of paths, files or directories, to the disk.
-func syncPaths(paths ...string) error {
-	for _, p := range paths {
-		f, err := os.Open(p)
-		if err != nil {
-			return err
-		}
-		err = f.Sync()
-		f.Close()
-		if err != nil {
-			return err
-		}
+// syncPath flushes path, a file or a directory, to the disk.
+func syncPath(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
 	}
-	return nil
+	defer f.Close()
+	return f.Sync()
 }
 
 // history is what a sandbox made from, or rolled back to, snap has of

@@ -71,9 +71,9 @@ type checkpointRecord struct {
 // memory (`runsc checkpoint --leave-running`), and the sandbox resumes.
 // The pause, the resume and the agent's signal to reconnect go to the
 // sandbox's control server directly, as Pause does: a run of runsc each
-// took longer than the work. paused is where the caller copies the sandbox's writable layer (its
-// disk) consistently with the image: nothing in the sandbox runs
-// meanwhile. The agent's connections to kilnd end as the sandbox is saved
+// took longer than the work. paused is where the caller copies the
+// sandbox's writable layer (its disk) consistently with the image:
+// nothing in the sandbox runs meanwhile. The agent's connections to kilnd end as the sandbox is saved
 // (connections from the sandbox to the host are not saved); it makes
 // them again at once, so a request in flight then fails, and the next
 // goes through. The sandbox must be running, not paused; a sandbox's
