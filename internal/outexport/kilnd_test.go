@@ -303,10 +303,11 @@ func TestKilndNATSDownMidRun(t *testing.T) {
 			k.stdin(ctx, t, sbx, p.ID, []byte("1000\n"))
 			outexport.WaitExported(ctx, t, js, outexport.Node, sbx, p.ID, map[string][]byte{"stdout": out}, map[string]int64{"stdout": int64(len(out))})
 			c.Stop(0)
+			before := int64(len(out))
 			k.stdin(ctx, t, sbx, p.ID, fmt.Appendf(nil, "%d\n", tc.while))
 			out = append(out, seqOutput(tc.while, 0)...)
 			// The process has written it all once its output says so.
-			waitAgent(ctx, t, k, sbx, p.ID, int64(len(out)))
+			waitAgent(ctx, t, k, sbx, p.ID, before, int64(len(out)))
 			c.Restart(0)
 			k.stdin(ctx, t, sbx, p.ID, []byte("10\n"))
 			k.stdin(ctx, t, sbx, p.ID, nil)
@@ -327,10 +328,11 @@ func TestKilndNATSDownMidRun(t *testing.T) {
 }
 
 // waitAgent waits until the process's stdout has total bytes, reading it
-// from kilnd itself.
-func waitAgent(ctx context.Context, t *testing.T, k *testKilnd, sbx, pid string, total int64) {
+// from kilnd itself from offset from, which it has already written (an
+// offset past what is written is refused, 416).
+func waitAgent(ctx context.Context, t *testing.T, k *testKilnd, sbx, pid string, from, total int64) {
 	t.Helper()
-	c, err := kilndSource{k.hc}.Open(ctx, sbx, pid, outexport.Offsets{"stdout": total - 1})
+	c, err := kilndSource{k.hc}.Open(ctx, sbx, pid, outexport.Offsets{"stdout": from})
 	if err != nil {
 		t.Fatal(err)
 	}
