@@ -27,6 +27,7 @@ import (
 
 func TestMain(m *testing.M) {
 	roles.PlayIfReexecuted()
+	daemontest.NoRaceExitSleep()
 	if addr := os.Getenv(echoEnv); addr != "" {
 		serveEcho(addr) // in a sandbox, for TestPorts
 		os.Exit(0)

@@ -134,9 +134,11 @@ func TestContextEndsDuringCall(t *testing.T) {
 	}
 	for _, tt := range calls {
 		t.Run(tt.name+", deadline", func(t *testing.T) {
+			t.Parallel()
 			c, arrived := stalled(t, tt.head)
-			// Long enough for the request to reach the server first.
-			ctx, cancel := context.WithTimeout(t.Context(), 250*time.Millisecond)
+			// Long enough for the request to reach the server first, on
+			// a loaded machine too.
+			ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
 			defer cancel()
 			err := tt.call(ctx, c)
 			select {

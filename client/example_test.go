@@ -77,7 +77,10 @@ func Example_buildWithProgress() {
 		panic(err)
 	}
 	fmt.Println(r.Exit, "- output complete:", r.OutputComplete)
-	// Output:
+	// (Lines of stdout and stderr written close together may come in
+	// either order: each pipe is read on its own.)
+	//
+	// Unordered output:
 	// stdout: [compile] done
 	// stdout: [link] done
 	// stdout: [test] done

@@ -27,6 +27,7 @@ import (
 func TestMain(m *testing.M) {
 	// kilnd re-executes this binary as each sandbox's agent.
 	roles.PlayIfReexecuted()
+	daemontest.NoRaceExitSleep()
 	os.Exit(m.Run())
 }
 

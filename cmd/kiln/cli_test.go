@@ -36,6 +36,7 @@ import (
 
 func TestMain(m *testing.M) {
 	roles.PlayIfReexecuted()
+	daemontest.NoRaceExitSleep()
 	// The terminal test runs this binary as kiln itself, under tmux.
 	if os.Getenv(asCLIEnv) != "" {
 		os.Exit(run(context.Background(), os.Args[1:], os.Stdin, os.Stdout, os.Stderr))

@@ -35,6 +35,7 @@ import (
 
 func TestMain(m *testing.M) {
 	roles.PlayIfReexecuted()
+	daemontest.NoRaceExitSleep()
 	remove, err := daemontest.ShareUIDs()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

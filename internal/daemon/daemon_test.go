@@ -37,6 +37,7 @@ import (
 
 func TestMain(m *testing.M) {
 	roles.PlayIfReexecuted()
+	daemontest.NoRaceExitSleep()
 	// Most tests run side by side, each with a kilnd of its own: their
 	// sandboxes' host users are kept apart.
 	remove, err := daemontest.ShareUIDs()
@@ -505,10 +506,10 @@ func TestIdleTimeout(t *testing.T) {
 	k := start(t, "")
 	defer k.cleanup()
 	var info daemon.Info
-	k.json("POST", "/sandboxes", `{"idle_timeout_seconds":1}`, &info)
+	k.json("POST", "/sandboxes", `{"idle_timeout_seconds":2}`, &info)
 	var st api.Started
-	k.json("POST", "/sandboxes/"+info.ID+"/exec-stream", `{"command":"sh","args":["-c","echo kept; sleep 2.5; echo watched"],"capture":true}`, &st)
-	// Watching for 2.5 s keeps it in use past its 1 s timeout.
+	k.json("POST", "/sandboxes/"+info.ID+"/exec-stream", `{"command":"sh","args":["-c","echo kept; sleep 5; echo watched"],"capture":true}`, &st)
+	// Watching for 5 s keeps it in use past its 2 s timeout.
 	if got := k.logs(info.ID, st.ID); !strings.HasSuffix(got, "watched\n[process exited with code 0]\n") {
 		t.Fatalf("watched %q", got)
 	}
@@ -1084,7 +1085,7 @@ func TestIdleTimeoutCountsRunningProcesses(t *testing.T) {
 	k := start(t, "")
 	defer k.cleanup()
 	var info daemon.Info
-	k.json("POST", "/sandboxes", `{"idle_timeout_seconds":1}`, &info)
+	k.json("POST", "/sandboxes", `{"idle_timeout_seconds":2}`, &info)
 	var st api.Started
 	k.json("POST", "/sandboxes/"+info.ID+"/exec-stream", `{"command":"sleep","args":["600"]}`, &st)
 	state := func() string {
@@ -1096,9 +1097,9 @@ func TestIdleTimeoutCountsRunningProcesses(t *testing.T) {
 		}
 		return "gone"
 	}
-	// Three times its timeout without a request: the janitor, which looks
+	// Twice its timeout without a request: the janitor, which looks
 	// every second, has looked and found the process running.
-	time.Sleep(3 * time.Second)
+	time.Sleep(4 * time.Second)
 	if s := state(); s != daemon.StateRunning {
 		t.Fatalf("with its process running, the sandbox is %s", s)
 	}
@@ -1117,8 +1118,11 @@ func TestTTL(t *testing.T) {
 	k := start(t, "")
 	defer k.cleanup()
 	var info daemon.Info
-	k.json("POST", "/sandboxes", `{"ttl_seconds":1,"idle_timeout_seconds":600}`, &info)
-	if info.TTLSeconds != 1 {
+	// Its ttl counts from when the create began, and the process and its
+	// watcher come after the create: 3 s leaves a loaded host time for
+	// them.
+	k.json("POST", "/sandboxes", `{"ttl_seconds":3,"idle_timeout_seconds":600}`, &info)
+	if info.TTLSeconds != 3 {
 		t.Errorf("ttl_seconds answered %d", info.TTLSeconds)
 	}
 	var st api.Started
@@ -1133,7 +1137,7 @@ func TestTTL(t *testing.T) {
 			got = list[0]
 		}
 		if got.ID == info.ID {
-			if got.Reason != "its ttl of 1s ended" {
+			if got.Reason != "its ttl of 3s ended" {
 				t.Errorf("deleted, reason %q", got.Reason)
 			}
 			break

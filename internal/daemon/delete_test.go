@@ -130,7 +130,7 @@ func TestDeleteUnfinished(t *testing.T) {
 // removal is seen as the kernel reports it (inotify), not slept for.
 func TestKeepDeleted(t *testing.T) {
 	t.Parallel()
-	const keep = 2 * time.Second
+	const keep = 4 * time.Second
 	k := startConfig(t, daemon.Config{KeepDeleted: keep})
 	defer k.cleanup()
 	id := k.sandbox()
@@ -206,10 +206,6 @@ func deleteAwaitRemoved(t *testing.T, fd int, id string) {
 // under 2 s, and nothing of it is left in its cgroups (which exist no
 // more: a group is removed only empty).
 func TestForkBombDeleted(t *testing.T) {
-	// An agent built with the race detector, as the tests' is, waits a
-	// second at its exit for the detector's report unless told not to:
-	// no part of what a delete takes in kilnd.
-	t.Setenv("GORACE", strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
 	k := start(t, "")
 	defer k.cleanup()
 	const limit = 256

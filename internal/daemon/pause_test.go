@@ -344,15 +344,17 @@ func testPausedAcrossKill9(t *testing.T, runtime string) {
 // paused, is deleted idle, and one paused with a ttl is deleted for it,
 // while the paused one is not; resumed, it is deleted idle in its turn.
 func TestPausedIdleAndTTL(t *testing.T) {
+	// (Timeouts of seconds: each create's next request must come before
+	// its timeout, on a loaded machine too.)
 	t.Parallel()
 	k := start(t, "")
 	defer k.cleanup()
 	var paused, ttl, control daemon.Info
-	k.json("POST", "/sandboxes", `{"idle_timeout_seconds":1}`, &paused)
+	k.json("POST", "/sandboxes", `{"idle_timeout_seconds":2}`, &paused)
 	k.change(t, "pause", paused.ID)
-	k.json("POST", "/sandboxes", `{"ttl_seconds":2,"idle_timeout_seconds":600}`, &ttl)
+	k.json("POST", "/sandboxes", `{"ttl_seconds":4,"idle_timeout_seconds":600}`, &ttl)
 	k.change(t, "pause", ttl.ID)
-	k.json("POST", "/sandboxes", `{"idle_timeout_seconds":1}`, &control)
+	k.json("POST", "/sandboxes", `{"idle_timeout_seconds":2}`, &control)
 	events := k.events(t, "?type="+api.EventDeleted)
 	defer events.close()
 	deleted := func(until string) map[string]string {
@@ -364,7 +366,7 @@ func TestPausedIdleAndTTL(t *testing.T) {
 		}
 		return reasons
 	}
-	want := map[string]string{control.ID: "idle for 1s", ttl.ID: "its ttl of 2s ended"}
+	want := map[string]string{control.ID: "idle for 2s", ttl.ID: "its ttl of 4s ended"}
 	got := deleted(control.ID)
 	if got[ttl.ID] == "" {
 		maps.Copy(got, deleted(ttl.ID))
@@ -377,7 +379,7 @@ func TestPausedIdleAndTTL(t *testing.T) {
 	if code, info := k.change(t, "resume", paused.ID); code != http.StatusOK || info.State != api.SandboxRunning {
 		t.Fatalf("resume: %d %+v", code, info)
 	}
-	if got := deleted(paused.ID); got[paused.ID] != "idle for 1s" {
+	if got := deleted(paused.ID); got[paused.ID] != "idle for 2s" {
 		t.Errorf("resumed, deleted %v", got)
 	}
 }

@@ -25,6 +25,7 @@ import (
 
 func TestMain(m *testing.M) {
 	roles.PlayIfReexecuted()
+	daemontest.NoRaceExitSleep()
 	goleak.VerifyTestMain(m)
 }
 

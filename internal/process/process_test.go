@@ -91,7 +91,13 @@ func read(t *testing.T, a *Attachment, from ring.Offsets) transcript {
 
 func startT(t *testing.T, spec Spec) *Process {
 	t.Helper()
-	p, err := start("test", spec, 200*time.Millisecond, nil)
+	return startDrainT(t, spec, 200*time.Millisecond)
+}
+
+// startDrainT starts spec with drain as its drain time.
+func startDrainT(t *testing.T, spec Spec, drain time.Duration) *Process {
+	t.Helper()
+	p, err := start("test", spec, drain, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -231,7 +237,8 @@ func TestOutputAfterExitIsRead(t *testing.T) {
 	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	p := startT(t, sh("(read x < "+fifo+"; echo late; echo late >&2) & echo early; exit 0"))
+	// A drain time a loaded machine's scheduling does not run out.
+	p := startDrainT(t, sh("(read x < "+fifo+"; echo late; echo late >&2) & echo early; exit 0"), 30*time.Second)
 	a, err := p.Attach(ring.Offsets{}, AttachOptions{})
 	if err != nil {
 		t.Fatal(err)

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -127,6 +128,18 @@ const uidsEnv = "SANDKILN_TEST_UIDS"
 // sharedUIDs is the registry ShareUIDs made or found: set in TestMain,
 // before any test runs, and only read after.
 var sharedUIDs string
+
+// NoRaceExitSleep spares the processes a test binary starts the second
+// a binary built with the race detector, as the tests' is, sleeps at its
+// exit (the detector's atexit_sleep_ms): an agent's exit is part of every
+// stop and delete, and the second is none of what they take outside the
+// tests. TestMain calls it before m.Run; GORACE reaches the re-executed
+// test binary through the environment.
+func NoRaceExitSleep() {
+	if !strings.Contains(os.Getenv("GORACE"), "atexit_sleep_ms") {
+		os.Setenv("GORACE", strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
+	}
+}
 
 // ShareUIDs gives the kilnds a test binary starts one registry of
 // windows of host uids, as the kilnds of one host share theirs. A test

@@ -226,10 +226,11 @@ func TestControlFrameAfterAQuietSpell(t *testing.T) {
 	agentSide, client := unixPair(t)
 	c := &movable{Conn: agentSide}
 	c.frameMessages()
-	if err := c.writeMessage(nil, wsBinary, []byte("output"), nil, 10*time.Millisecond); err != nil {
+	const deadline = 250 * time.Millisecond // a pause of the test longer than it fails the write
+	if err := c.writeMessage(nil, wsBinary, []byte("output"), nil, deadline); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(20 * time.Millisecond) // the message's deadline is now past
+	time.Sleep(2 * deadline) // the message's deadline is now past
 	ping := []byte{0x89, 0}
 	if _, err := c.Write(ping); err != nil {
 		t.Fatalf("a ping after the message's deadline: %v", err)
