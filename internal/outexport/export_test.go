@@ -76,6 +76,7 @@ func TestExportAndReplay(t *testing.T) {
 	if len(gaps) != 0 {
 		t.Errorf("gap records %+v", gaps)
 	}
+	checkLogs(ctx, t, js, node, sandbox, "p1", "lossless", got)
 	for _, from := range []Offsets{
 		{},
 		{"stdout": 1},
@@ -216,6 +217,7 @@ func TestTinyMaxBytesExactGaps(t *testing.T) {
 	if lost == 0 {
 		t.Error("nothing discarded: the test proves nothing")
 	}
+	checkLogs(ctx, t, js, node, sandbox, "p1", "retention-loss", got)
 	if x.Stats().Lost != 0 {
 		t.Errorf("the exporter says it lost %d bytes; JetStream discarded them", x.Stats().Lost)
 	}
@@ -250,6 +252,7 @@ func TestRingEvictedGapRecord(t *testing.T) {
 	if lost := got.lost["stdout"] + got.lost["stderr"]; recorded != lost || lost == 0 || x.Stats().Lost != lost {
 		t.Errorf("gap records say %d, the reader lost %d, the exporter counts %d", recorded, lost, x.Stats().Lost)
 	}
+	checkLogs(ctx, t, js, node, sandbox, "p1", "lossy", got)
 }
 
 // A follower rests when lapped, or when it has published most of a span
@@ -350,6 +353,10 @@ func TestGoneProcessHasNoEnd(t *testing.T) {
 	got := readBack(ctx, t, js, node, sandbox, "p1", ReadOptions{}, want)
 	if got.exit != nil || len(got.ends) != 0 || got.delivered["stdout"] != 6 {
 		t.Errorf("read %+v", got)
+	}
+	checkLogs(ctx, t, js, node, sandbox, "p1", "interrupted", got)
+	if logs, err := Logs(ctx, js, "n2", sandbox); err != nil || len(logs) != 0 {
+		t.Errorf("Logs of a node that never exported: %+v, %v", logs, err)
 	}
 	if _, err := NewReader(ctx, js, node, sandbox, "nope", ReadOptions{}); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("a process never exported: %v", err)
@@ -697,6 +704,7 @@ var (
 	SubjectMessages   = subjectMessages
 	CheckChain        = checkChain
 	CheckRecordedLoss = checkRecordedLoss
+	CheckLogs         = checkLogs
 )
 
 // LostOf is what a read back lost, by stream.

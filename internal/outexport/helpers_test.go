@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"maps"
 	"strings"
 	"sync"
 	"testing"
@@ -347,5 +348,44 @@ func checkRecordedLoss(t *testing.T, got replayed, gaps []record) {
 	}
 	if lost := got.lost["stdout"] + got.lost["stderr"]; lost != recorded {
 		t.Errorf("the reader lost %d bytes; the gap records say %d", lost, recorded)
+	}
+}
+
+// checkLogs checks what Logs says of process against got, the process's
+// output read back from its start once its export is over: the state of
+// its one run, the export's; the bytes held, those got was given; the
+// bytes got was told lost, as the run's drops, or (retention-loss) as
+// those before the first message kept.
+func checkLogs(ctx context.Context, t testing.TB, js jetstream.JetStream, node, sandbox, process, state string, got replayed) {
+	t.Helper()
+	logs, err := Logs(ctx, js, node, sandbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var l *api.CapturedLog
+	for i := range logs {
+		if logs[i].Process == process {
+			l = &logs[i]
+		}
+	}
+	if l == nil || len(l.Runs) != 1 {
+		t.Fatalf("Logs: %+v, want %s with one run", logs, process)
+	}
+	r := openReader(ctx, t, js, node, sandbox, process, ReadOptions{})
+	run, _ := r.Run()
+	r.CloseNow()
+	out, errs := got.lost["stdout"]+got.lost["terminal"], got.lost["stderr"]
+	var wantBefore int64
+	var wantDropped map[string]int64
+	switch {
+	case state == "retention-loss":
+		wantBefore = out + errs
+	case out+errs > 0:
+		wantDropped = map[string]int64{"stdout": out, "stderr": errs}
+	}
+	held := got.delivered["stdout"] + got.delivered["terminal"] + got.delivered["stderr"]
+	if r := l.Runs[0]; r.ID != run || r.State != state || l.Complete != (state == api.RunLossless) || !maps.Equal(r.Dropped, wantDropped) ||
+		l.Stats.Before != wantBefore || l.Stats.Bytes != held {
+		t.Errorf("Logs says %+v; want run %s %s, dropped %v, %d bytes before, %d held", *l, run, state, wantDropped, wantBefore, held)
 	}
 }

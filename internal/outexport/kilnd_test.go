@@ -322,6 +322,11 @@ func TestKilndNATSDownMidRun(t *testing.T) {
 			if tc.while == 600000 && outexport.LostOf(got)["stdout"] == 0 {
 				t.Error("nothing lost: the test proves nothing")
 			}
+			state := "lossless"
+			if outexport.LostOf(got)["stdout"] != 0 {
+				state = "lossy"
+			}
+			outexport.CheckLogs(ctx, t, js, outexport.Node, sbx, p.ID, state, got)
 			t.Logf("lost %d of %d; stats %+v", outexport.LostOf(got)["stdout"], len(out), x.Stats())
 		})
 	}

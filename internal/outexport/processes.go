@@ -29,26 +29,12 @@ func Processes(ctx context.Context, js jetstream.JetStream, node, sandbox, unend
 	if !validName(node) || !validToken(sandbox) {
 		return nil, fmt.Errorf("%w: outexport: node %q, sandbox %q", errdefs.ErrInvalidArgument, api.Clip(node), api.Clip(sandbox))
 	}
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, listTimeout)
 	defer cancel()
-	unavailable := func(err error) error {
-		if errors.Is(err, jetstream.ErrStreamNotFound) {
-			return nil
-		}
-		return fmt.Errorf("%w: the cluster's copy of sandbox %s's output: %v", errdefs.ErrUnavailable, api.ShortID(sandbox), err)
-	}
-	s, err := js.Stream(ctx, StreamName(node))
-	if err != nil {
-		return nil, unavailable(err)
-	}
-	prefix := Subject(node, sandbox, "")
-	info, err := s.Info(ctx, jetstream.WithSubjectFilter(prefix+"*"))
-	if err != nil {
-		return nil, unavailable(err)
-	}
-	subjects := slices.Sorted(maps.Keys(info.State.Subjects))
-	if len(subjects) > MaxProcesses {
-		subjects = subjects[:MaxProcesses]
+	unavailable := func(err error) error { return unavailableErr(sandbox, err) }
+	s, prefix, subjects, err := processSubjects(ctx, js, node, sandbox)
+	if s == nil {
+		return nil, err
 	}
 	out := []api.Process{}
 	for _, subj := range subjects {
@@ -90,4 +76,39 @@ func Processes(ctx context.Context, js jetstream.JetStream, node, sandbox, unend
 		out = append(out, p)
 	}
 	return out, nil
+}
+
+// listTimeout bounds a description of a sandbox's processes (Processes,
+// Logs) as a whole.
+const listTimeout = 30 * time.Second
+
+// unavailableErr is err, met asking JetStream about sandbox's output, as
+// the caller's: nil for a node's stream that is not there (none of its
+// output was exported), errdefs.ErrUnavailable otherwise.
+func unavailableErr(sandbox string, err error) error {
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil
+	}
+	return fmt.Errorf("%w: the cluster's copy of sandbox %s's output: %v", errdefs.ErrUnavailable, api.ShortID(sandbox), err)
+}
+
+// processSubjects is node's stream and the subjects in it of sandbox's
+// processes, sorted, the first MaxProcesses, each the subject prefix and
+// a process's id. With no stream (an error, or none: err nil, from
+// unavailableErr) it is nil.
+func processSubjects(ctx context.Context, js jetstream.JetStream, node, sandbox string) (jetstream.Stream, string, []string, error) {
+	s, err := js.Stream(ctx, StreamName(node))
+	if err != nil {
+		return nil, "", nil, unavailableErr(sandbox, err)
+	}
+	prefix := Subject(node, sandbox, "")
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(prefix+"*"))
+	if err != nil {
+		return nil, "", nil, unavailableErr(sandbox, err)
+	}
+	subjects := slices.Sorted(maps.Keys(info.State.Subjects))
+	if len(subjects) > MaxProcesses {
+		subjects = subjects[:MaxProcesses]
+	}
+	return s, prefix, subjects, nil
 }

@@ -171,21 +171,32 @@ func decode(h nats.Header, data []byte, streamSeq uint64) (*message, error) {
 	default:
 		return nil, fmt.Errorf("outexport: %w: message %d: kind %q", errForeign, streamSeq, api.Clip(m.kind))
 	}
-	for s := byte(1); s < numStreams; s++ {
-		v := h.Get(vecHeaders[s])
+	var err error
+	if m.at, err = decodeVector(h, m.stream(), streamSeq); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// decodeVector reads the offset vector of message streamSeq's headers h,
+// a chunk of stream s or (s 0) a record.
+func decodeVector(h nats.Header, s byte, streamSeq uint64) (vector, error) {
+	var at vector
+	for st := byte(1); st < numStreams; st++ {
+		v := h.Get(vecHeaders[st])
 		if v == "" {
 			continue
 		}
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || n < 0 {
-			return nil, fmt.Errorf("outexport: %w: message %d: %s offset %q", errForeign, streamSeq, api.StreamNames[s], api.Clip(v))
+			return at, fmt.Errorf("outexport: %w: message %d: %s offset %q", errForeign, streamSeq, api.StreamNames[st], api.Clip(v))
 		}
-		m.at.has[s], m.at.off[s] = true, n
+		at.has[st], at.off[st] = true, n
 	}
-	if s := m.stream(); s != 0 && !m.at.has[s] {
-		return nil, fmt.Errorf("outexport: %w: message %d: a chunk of %s without its offset", errForeign, streamSeq, api.StreamNames[s])
+	if s != 0 && !at.has[s] {
+		return at, fmt.Errorf("outexport: %w: message %d: a chunk of %s without its offset", errForeign, streamSeq, api.StreamNames[s])
 	}
-	return m, nil
+	return at, nil
 }
 
 // Record events.
