@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"strings"
 	"syscall"
@@ -633,6 +634,14 @@ func TestClusterNodeKilled(t *testing.T) {
 	json.Unmarshal([]byte(resp.Trailer.Get("Kiln-Runs")), &runs)
 	if resp.Trailer.Get("Kiln-Lost") != "{}" || resp.Trailer.Get("Kiln-Complete") != "false" || len(runs) != 1 || runs[0].State != "interrupted" {
 		t.Errorf("the lost node's log's trailers: %v", resp.Trailer)
+	}
+	// The list of its logs, from the cluster: the process, the same one
+	// run, the bytes the copy holds.
+	code, body = a.do(t, tok, "GET", "/sandboxes/"+sb.ID+"/logs", "")
+	var logs []api.CapturedLog
+	if json.Unmarshal(body, &logs); code != 200 || len(logs) != 1 || logs[0].Process != st.ID || len(logs[0].Runs) != 1 || len(runs) != 1 ||
+		!reflect.DeepEqual(logs[0].Runs[0], runs[0]) || logs[0].Complete || logs[0].Stats != (api.LogStats{Bytes: held}) {
+		t.Errorf("the lost node's logs through a: %d %s; want %s, its run %+v, %d bytes", code, body, st.ID, runs, held)
 	}
 	resp, recs := get(t, a, tok, "/sandboxes/"+sb.ID+"/logs/"+st.ID[:8]+"?tail=3&stream=stdout&format=json")
 	var lines []api.LogRecord

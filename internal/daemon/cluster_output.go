@@ -145,11 +145,22 @@ func (d *Daemon) purgeOutput(id string) {
 // JetStream holds of it: its processes (GET …/exec-stream, each not ended
 // node_lost), one process (GET …/exec-stream/{pid}), a process's output
 // as kiln.v1 (GET …/exec-stream/{pid}/logs, a WebSocket) and as its log
-// (GET …/logs/{pid}, readLostLog). It reports whether it served r.
+// (GET …/logs/{pid}, readLostLog), and the list of those logs (GET
+// …/logs: every process the copy holds, its one run's completeness). It
+// reports whether it served r.
 func (d *Daemon) fromCluster(w http.ResponseWriter, r *http.Request, sb api.Sandbox, sub string) bool {
 	js := d.cluster.JetStream()
 	if js == nil || r.Method != http.MethodGet {
 		return false
+	}
+	if sub == "logs" {
+		logs, err := outexport.Logs(r.Context(), js, cluster.Token(sb.Node), sb.ID)
+		if err != nil {
+			reply.Error(w, err)
+			return true
+		}
+		reply.JSON(w, http.StatusOK, logs)
+		return true
 	}
 	parts := strings.Split(sub, "/")
 	if parts[0] == "logs" && len(parts) == 2 {

@@ -830,7 +830,13 @@ export interface paths {
             };
             cookie?: never;
         };
-        /** captured logs of the sandbox's processes, each run classified */
+        /**
+         * captured logs of the sandbox's processes, each run classified
+         * @description In a cluster, for a sandbox of a lost node, every process the
+         *     cluster's copy of its output holds, with one run, the export's, as
+         *     the Kiln-Runs trailer of its log names it; stats.bytes is the output
+         *     the copy holds, stats.before the bytes before its oldest message.
+         */
         get: operations["listCapturedLogs"];
         put?: never;
         post?: never;
