@@ -72,7 +72,8 @@ func summarize(ctx context.Context, js jetstream.JetStream, s jetstream.Stream, 
 	if err != nil {
 		return api.CapturedLog{}, err
 	}
-	t := tally{has: last.after().has, pos: first.at, begun: first.kind == kindRecord && first.rec.Event == eventBegin}
+	// From the first message kept, with the streams the process has.
+	t := tally{pos: vector{has: last.after().has, off: first.at.off}, begun: first.kind == kindRecord && first.rec.Event == eventBegin}
 	for st := byte(1); st < numStreams; st++ {
 		t.before += first.at.off[st]
 	}
@@ -138,9 +139,8 @@ func summarize(ctx context.Context, js jetstream.JetStream, s jetstream.Stream, 
 
 // tally counts, message by message in a subject's order, what a reader
 // of the subject from its start would be given and told lost: a Reader's
-// accounting (Reader.take) without the bytes.
+// walk (vector.advance) without the bytes.
 type tally struct {
-	has    [numStreams]bool
 	pos    vector // where the reader stands
 	lost   [numStreams]int64
 	stored int64 // output bytes held
@@ -151,39 +151,15 @@ type tally struct {
 
 // take counts message m, a chunk of size bytes or a record.
 func (t *tally) take(m *message, size int64) {
-	for s := byte(1); s < numStreams; s++ {
-		if m.at.has[s] {
-			t.gapTo(s, m.at.off[s])
-		}
-	}
-	if s := m.stream(); s != 0 {
-		if end := m.at.off[s] + size; end > t.pos.off[s] {
-			t.stored += end - t.pos.off[s]
-			t.pos.off[s] = end
-		}
-		return
-	}
-	switch m.rec.Event {
-	case eventGap:
-		t.gapTo(streamCode(m.rec.Stream), m.rec.From+m.rec.Lost)
-	case eventEnd:
-		for s := byte(1); s < numStreams; s++ {
-			if total, ok := m.rec.Totals[api.StreamNames[s]]; ok || t.has[s] {
-				t.gapTo(s, max(total, m.at.off[s]))
-			}
-		}
+	t.pos.advance(m, size, t)
+	if m.kind == kindRecord && m.rec.Event == eventEnd {
 		t.ended = true
 	}
 }
 
-// gapTo counts stream s's bytes from where the reader stands to to as
-// lost, if any.
-func (t *tally) gapTo(s byte, to int64) {
-	if s != 0 && to > t.pos.off[s] {
-		t.lost[s] += to - t.pos.off[s]
-		t.pos.off[s] = to
-	}
-}
+func (t *tally) gap(s byte, from, to int64)                     { t.lost[s] += to - from }
+func (t *tally) held(m *message, s byte, start, from, to int64) { t.stored += to - from }
+func (t *tally) end(s byte, total int64)                        {}
 
 // log is what the tally says, as a captured log's description of its
 // one run, run.

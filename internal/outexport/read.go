@@ -279,42 +279,11 @@ func (r *Reader) Stored() time.Time { return r.stored }
 // JetStream discarded the export's start (its age limit).
 func (r *Reader) Run() (id string, begun bool) { return r.run, r.begun }
 
-// take queues what message m says beyond where the reader stands: a gap
-// for each stream its vector is past the reader in, then its bytes (what
-// the reader has not had of them), a gap record's loss, or an end
-// record's ends and exit.
+// take queues what message m says beyond where the reader stands
+// (vector.advance), and an end record's exit.
 func (r *Reader) take(m *message) {
-	for s := byte(1); s < numStreams; s++ {
-		if m.at.has[s] {
-			r.gapTo(s, m.at.off[s])
-		}
-	}
-	if s := m.stream(); s != 0 {
-		r.pos.has[s] = true
-		start, end := m.at.off[s], m.at.off[s]+int64(len(m.data))
-		if end <= r.pos.off[s] {
-			return
-		}
-		skip := r.pos.off[s] - start // ≥ 0: the gaps above brought pos up to start
-		f := api.Frame{Stream: s, Offset: uint64(r.pos.off[s]), Seq: m.seq + uint64(skip), Data: m.data[skip:]}
-		r.queue = append(r.queue, outMsg{typ: websocket.MessageBinary, data: api.AppendFrame(make([]byte, 0, api.FrameHeader+len(f.Data)), f)})
-		r.pos.off[s] = end
-		return
-	}
-	switch m.rec.Event {
-	case eventGap:
-		r.gapTo(streamCode(m.rec.Stream), m.rec.From+m.rec.Lost)
-	case eventEnd:
-		for s := byte(1); s < numStreams; s++ {
-			name := api.StreamNames[s]
-			total, ok := m.rec.Totals[name]
-			if !ok && !r.pos.has[s] {
-				continue
-			}
-			total = max(total, m.at.off[s])
-			r.gapTo(s, total)
-			r.queueJSON(api.End{Type: api.TypeEnd, Stream: name, TotalBytes: total})
-		}
+	r.pos.advance(m, int64(len(m.data)), readerWalk{r})
+	if m.kind == kindRecord && m.rec.Event == eventEnd {
 		if m.rec.Exit != nil {
 			r.queueJSON(api.ExitMessage{Type: api.TypeExit, Exit: *m.rec.Exit})
 		}
@@ -322,19 +291,22 @@ func (r *Reader) take(m *message) {
 	}
 }
 
-// gapTo queues a gap for stream s's bytes from where the reader stands
-// up to to, if any: bytes JetStream does not hold.
-func (r *Reader) gapTo(s byte, to int64) {
-	if s == 0 {
-		return
-	}
-	r.pos.has[s] = true
-	from := r.pos.off[s]
-	if to <= from {
-		return
-	}
-	r.queueJSON(api.Gap{Type: api.TypeGap, Stream: api.StreamNames[s], From: from, To: to, LostBytes: to - from})
-	r.pos.off[s] = to
+// readerWalk queues, for its Reader, each gap as a gap message, bytes
+// held as a binary frame, an end as an end message.
+type readerWalk struct{ r *Reader }
+
+func (w readerWalk) gap(s byte, from, to int64) {
+	w.r.queueJSON(api.Gap{Type: api.TypeGap, Stream: api.StreamNames[s], From: from, To: to, LostBytes: to - from})
+}
+
+func (w readerWalk) held(m *message, s byte, start, from, to int64) {
+	skip := from - start
+	f := api.Frame{Stream: s, Offset: uint64(from), Seq: m.seq + uint64(skip), Data: m.data[skip : to-start]}
+	w.r.queue = append(w.r.queue, outMsg{typ: websocket.MessageBinary, data: api.AppendFrame(make([]byte, 0, api.FrameHeader+len(f.Data)), f)})
+}
+
+func (w readerWalk) end(s byte, total int64) {
+	w.r.queueJSON(api.End{Type: api.TypeEnd, Stream: api.StreamNames[s], TotalBytes: total})
 }
 
 func (r *Reader) queueJSON(v any) {

@@ -122,6 +122,65 @@ func (m *message) after() vector {
 	return v
 }
 
+// walker is told what a subject's messages say to a reader of them, in
+// order, from where it stands (advance).
+type walker interface {
+	// gap: stream s's bytes from from to to are not on the subject.
+	gap(s byte, from, to int64)
+	// held: stream s's bytes from from to to are m's, a chunk that
+	// begins at start.
+	held(m *message, s byte, start, from, to int64)
+	// end: stream s's total, an end record's.
+	end(s byte, total int64)
+}
+
+// advance moves v, where a reader of a subject stands, past message m, a
+// chunk of size bytes or a record, telling w what m says beyond v: a gap
+// for each stream m's vector is past v in, then m's bytes that v has not
+// had, a gap record's loss, or an end record's totals (each stream v has
+// or the record names, after a gap up to it).
+func (v *vector) advance(m *message, size int64, w walker) {
+	gapTo := func(s byte, to int64) {
+		if s == 0 {
+			return
+		}
+		v.has[s] = true
+		if from := v.off[s]; to > from {
+			w.gap(s, from, to)
+			v.off[s] = to
+		}
+	}
+	for s := byte(1); s < numStreams; s++ {
+		if m.at.has[s] {
+			gapTo(s, m.at.off[s])
+		}
+	}
+	if s := m.stream(); s != 0 {
+		v.has[s] = true
+		start, end := m.at.off[s], m.at.off[s]+size
+		if end > v.off[s] {
+			// from ≥ start: the gaps above brought v up to start.
+			w.held(m, s, start, v.off[s], end)
+			v.off[s] = end
+		}
+		return
+	}
+	switch m.rec.Event {
+	case eventGap:
+		gapTo(streamCode(m.rec.Stream), m.rec.From+m.rec.Lost)
+	case eventEnd:
+		for s := byte(1); s < numStreams; s++ {
+			total, ok := m.rec.Totals[api.StreamNames[s]]
+			if !ok && !v.has[s] {
+				continue
+			}
+			total = max(total, m.at.off[s])
+			gapTo(s, total)
+			w.end(s, total)
+		}
+	}
+}
+
 // same reports whether o is m as this writer published it: the same
 // writer, kind and vector (a writer publishes each vector once).
 func (m *message) same(o *message) bool {
