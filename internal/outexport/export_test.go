@@ -358,6 +358,16 @@ func TestGoneProcessHasNoEnd(t *testing.T) {
 	if logs, err := Logs(ctx, js, "n2", sandbox); err != nil || len(logs) != 0 {
 		t.Errorf("Logs of a node that never exported: %+v, %v", logs, err)
 	}
+	// A message no exporter wrote, on another process's subject, makes
+	// that process's log corrupted, and no other's.
+	if _, err := js.Publish(ctx, Subject(node, sandbox, "p2"), []byte("not an exporter's")); err != nil {
+		t.Fatal(err)
+	}
+	logs, err := Logs(ctx, js, node, sandbox)
+	if err != nil || len(logs) != 2 || logs[0].Process != "p1" || logs[0].Runs[0].State != "interrupted" ||
+		logs[1].Process != "p2" || logs[1].Runs[0].State != "corrupted" || len(logs[1].Runs[0].Problems) != 1 || logs[1].Complete {
+		t.Errorf("Logs with a foreign message: %+v, %v", logs, err)
+	}
 	if _, err := NewReader(ctx, js, node, sandbox, "nope", ReadOptions{}); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("a process never exported: %v", err)
 	}

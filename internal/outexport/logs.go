@@ -29,7 +29,8 @@ const msgSizeHeader = "Nats-Msg-Size"
 // told is a gap), interrupted when the end never came (its node went
 // before it), retention-loss when JetStream has discarded its start. The
 // stats are the bytes of output held (Bytes) and those before the oldest
-// message kept (Before). The processes are those Processes describes.
+// message kept (Before). The processes are those Processes describes; one
+// whose subject holds a message no exporter wrote is corrupted.
 //
 // It reads every message's headers, not their payloads, and the payloads
 // of the records. An error wrapping errdefs.ErrUnavailable says JetStream
@@ -47,10 +48,14 @@ func Logs(ctx context.Context, js jetstream.JetStream, node, sandbox string) ([]
 	out := []api.CapturedLog{}
 	for _, subj := range subjects {
 		l, err := summarize(ctx, js, s, node, subj)
-		if errors.Is(err, errNoMessage) || errors.Is(err, jetstream.ErrMsgNotFound) {
+		switch {
+		case errors.Is(err, errNoMessage), errors.Is(err, jetstream.ErrMsgNotFound):
 			continue // purged meanwhile
-		}
-		if err != nil {
+		case errors.Is(err, errForeign):
+			// Something other than an exporter published there: nothing
+			// it says of the process can be trusted.
+			l = api.CapturedLog{Runs: []api.Run{{State: capture.Corrupted.String(), Problems: []string{err.Error()}}}}
+		case err != nil:
 			return nil, unavailableErr(sandbox, err)
 		}
 		l.Process = strings.TrimPrefix(subj, prefix)
