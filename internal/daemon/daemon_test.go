@@ -105,6 +105,33 @@ type kilnd struct {
 	stop  func()
 }
 
+// exitWatch watches process pid, which runs now: exited reports whether
+// that process has exited within d (0: by now), whatever process has its
+// pid since. (A check by pid alone can find another process given the
+// pid: a busy host's pids come round again in minutes.)
+func exitWatch(t *testing.T, pid int) (exited func(d time.Duration) bool) {
+	t.Helper()
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		t.Fatalf("watch process %d: %v", pid, err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	return func(d time.Duration) bool {
+		t.Helper()
+		// A pidfd is readable once its process has exited.
+		for {
+			n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, int(d.Milliseconds()))
+			if err == unix.EINTR {
+				continue
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n > 0
+		}
+	}
+}
+
 func freeAddr(t *testing.T) string {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -918,6 +945,7 @@ func TestUnrecordedSandboxIsEnded(t *testing.T) {
 	k := start(t, "")
 	var info daemon.Info
 	k.json("POST", "/sandboxes", "{}", &info)
+	agentExited := exitWatch(t, info.AgentPID)
 	k.stop()
 	if err := os.Remove(filepath.Join(k.state, "sandboxes", info.ID, "sandbox.json")); err != nil {
 		t.Fatal(err)
@@ -927,16 +955,9 @@ func TestUnrecordedSandboxIsEnded(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(k.state, "sandboxes", info.ID)); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the unrecorded sandbox's directory is still there: %v", err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for syscall.Kill(info.AgentPID, 0) == nil {
-		// A zombie until its parent (this test process) reaps it.
-		if b, err := os.ReadFile("/proc/" + strconv.Itoa(info.AgentPID) + "/stat"); err != nil || strings.Contains(string(b), ") Z ") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the agent %d of the unrecorded sandbox still runs", info.AgentPID)
-		}
-		time.Sleep(5 * time.Millisecond)
+	// (A zombie until its parent, this test process, reaps it: exited.)
+	if !agentExited(10 * time.Second) {
+		t.Fatalf("the agent %d of the unrecorded sandbox still runs", info.AgentPID)
 	}
 }
 
@@ -1034,8 +1055,9 @@ func TestGVisorLifecycle(t *testing.T) {
 		t.Fatalf("create: %d %s", code, b)
 	}
 	if info.Runtime != "gvisor" || info.AgentPID == 0 {
-		t.Errorf("created %+v", info)
+		t.Fatalf("created %+v", info)
 	}
+	runscExited := exitWatch(t, info.AgentPID)
 	var res api.ExecResult
 	k.json("POST", "/sandboxes/"+info.ID+"/exec", api.ExecRequest{Command: "sh", Args: []string{"-c", "uname -r; echo oops >&2; exit 3"}}, &res)
 	if !strings.Contains(res.Stdout, "gvisor") || res.Stderr != "oops\n" || res.ExitCode == nil || *res.ExitCode != 3 {
@@ -1057,7 +1079,7 @@ func TestGVisorLifecycle(t *testing.T) {
 	if code, b := k2.do("DELETE", "/sandboxes/"+info.ID, k2.d.Token(), nil); code != http.StatusNoContent {
 		t.Fatalf("delete: %d %s", code, b)
 	}
-	if err := syscall.Kill(info.AgentPID, 0); err == nil {
+	if !runscExited(0) {
 		t.Errorf("runsc %d still runs after the delete", info.AgentPID)
 	}
 	if _, err := os.Stat(filepath.Join(k.state, "runsc", "kiln-"+info.ID)); !errors.Is(err, os.ErrNotExist) {

@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -239,6 +238,7 @@ func TestOutOfMemory(t *testing.T) {
 				if sb.OnOOM != api.OnOOMEndSandbox {
 					t.Fatalf("on_oom %q, want %s by default", sb.OnOOM, api.OnOOMEndSandbox)
 				}
+				agentExited := exitWatch(t, sb.AgentPID)
 				code, b := k.do("POST", "/sandboxes/"+sb.ID+"/exec", k.d.Token(), api.ExecRequest{Command: "sh", Args: []string{"-c", hog.script}})
 				if code == http.StatusOK {
 					var res api.ExecResult
@@ -250,7 +250,7 @@ func TestOutOfMemory(t *testing.T) {
 				if info.State != daemon.StateStopped || !strings.HasPrefix(info.Reason, "out of memory") {
 					t.Errorf("%s: %s, reason %q; want stopped, out of memory", hog.name, info.State, info.Reason)
 				}
-				if err := syscall.Kill(sb.AgentPID, 0); err == nil {
+				if !agentExited(0) {
 					t.Errorf("%s: the agent %d still runs", hog.name, sb.AgentPID)
 				}
 			}

@@ -127,14 +127,18 @@ func TestMadeAhead(t *testing.T) {
 
 	// kilnd ends the one made behind the one taken as it closes.
 	left := k.d.MadeAhead(sandbox.RuntimeNamespaces)
+	exited := map[string]func(time.Duration) bool{}
+	for id, pid := range left {
+		exited[id] = exitWatch(t, pid)
+	}
 	k.cleanup()
 	stopped = true
 	for id, pid := range left {
 		if _, err := os.Stat(filepath.Join(k.state, "sandboxes", id)); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("the directory of %s, made ahead, is left: %v", id, err)
 		}
-		if err := unix.Kill(pid, 0); !errors.Is(err, unix.ESRCH) {
-			t.Errorf("the agent of %s, made ahead, runs on (pid %d): %v", id, pid, err)
+		if !exited[id](0) {
+			t.Errorf("the agent of %s, made ahead, runs on (pid %d)", id, pid)
 		}
 	}
 }
