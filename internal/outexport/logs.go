@@ -64,8 +64,8 @@ func Logs(ctx context.Context, js jetstream.JetStream, node, sandbox string) ([]
 	return out, nil
 }
 
-// summarize reads subject's messages in s, from its first to its last
-// when asked, and tells what they hold.
+// summarize reads subject's messages in s, from its first to the last it
+// held when asked, and tells what they hold.
 func summarize(ctx context.Context, js jetstream.JetStream, s jetstream.Stream, node, subject string) (api.CapturedLog, error) {
 	first, err := getMsg(ctx, s, subject, 1)
 	if err != nil {
