@@ -326,9 +326,14 @@ func TestStoppedSnapshotCommands(t *testing.T) {
 	var x api.Started
 	k.json("POST", "/sandboxes/"+sb+"/exec-stream", api.ExecRequest{Command: "echo", Args: []string{"hi"}, Capture: true}, &x)
 	k.json("GET", "/sandboxes/"+sb+"/exec-stream/"+x.ID+"/wait", nil, nil)
-	k.sh(t, sb, "touch /workspace/done")
-	for k.info(t, sb).State != api.SandboxStopped {
-		time.Sleep(50 * time.Millisecond)
+	// The init ends once the file is there, and the sandbox's end kills
+	// what still runs in it: the touch may be killed before its exit is
+	// reported, or its request refused, so only the sandbox's stop counts.
+	k.do("POST", "/sandboxes/"+sb+"/exec", k.d.Token(), api.ExecRequest{Command: "touch", Args: []string{"/workspace/done"}})
+	for deadline := time.Now().Add(30 * time.Second); k.info(t, sb).State != api.SandboxStopped; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the sandbox still runs 30 s after its init's file was made: %+v", k.info(t, sb))
+		}
 	}
 	commands := func(snap api.Snapshot) map[string]string {
 		t.Helper()
