@@ -783,15 +783,9 @@ ctypes.CDLL(None).pthread_exit(None)`)
 	}
 	// Its other thread ends with its input; the pidfd says when the
 	// process has exited, before anyone reaps it.
-	fd, err := unix.PidfdOpen(cmd.Process.Pid, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close(fd)
+	fd := watch(t, cmd.Process.Pid)
 	stdin.Close()
-	if _, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, 60_000); err != nil {
-		t.Fatal(err)
-	}
+	awaitExit(t, fd, time.Minute)
 	if sb.Alive() {
 		t.Errorf("an exited process, not reaped, is alive: %v", stat())
 	}
