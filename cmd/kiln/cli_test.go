@@ -162,8 +162,18 @@ func TestShellInATerminal(t *testing.T) {
 	tm.screen("42")
 	tm.screen("30 100")
 	tm.run("resize-window", "-x", "120", "-y", "40")
-	tm.keys("clear; stty size", "Enter")
-	tm.screen("40 120")
+	// The new size reaches the sandbox's terminal by a request of its
+	// own, beside what is typed: asked again until it is there.
+	for try := 0; ; try++ {
+		tm.keys("clear; stty size", "Enter")
+		got, ok := tm.shows("40 120", 2*time.Second)
+		if ok {
+			break
+		}
+		if try == 10 {
+			t.Fatalf("the sandbox's terminal never took the window's new size:\n%q", got)
+		}
+	}
 	tm.keys("exit 3", "Enter")
 	if rc := tm.exit(); rc != "3" {
 		t.Errorf("kiln shell exited %s, want 3", rc)
@@ -265,14 +275,23 @@ func (tm *tmuxSession) keys(keys ...string) {
 // screen waits for the window to show want.
 func (tm *tmuxSession) screen(want string) {
 	tm.t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
+	if got, ok := tm.shows(want, 20*time.Second); !ok {
+		tm.t.Fatalf("the screen never showed %q:\n%q", want, got)
+	}
+}
+
+// shows reports whether the window shows want within d, and what it
+// showed last.
+func (tm *tmuxSession) shows(want string, d time.Duration) (string, bool) {
+	tm.t.Helper()
+	deadline := time.Now().Add(d)
 	for {
 		got := tm.run("capture-pane", "-p")
 		if strings.Contains(got, want) {
-			return
+			return got, true
 		}
 		if time.Now().After(deadline) {
-			tm.t.Fatalf("the screen never showed %q:\n%q", want, got)
+			return got, false
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

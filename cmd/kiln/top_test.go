@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sandkiln/sandkiln/api"
 )
@@ -17,7 +18,8 @@ func TestTop(t *testing.T) {
 	ok("sandbox", "create", "--name", "web")
 	ok("sandbox", "exec-stream", "web", "--", "sh", "-c", "sleep 301 & sleep 302; wait")
 	var procs []api.TopProcess
-	for range 200 { // the shell starts its sleeps as it runs: until both are there
+	// The shell starts its sleeps as it runs: until both are there.
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 		procs = nil
 		if err := json.Unmarshal([]byte(ok("--json", "top", "web")), &procs); err != nil {
 			t.Fatal(err)
