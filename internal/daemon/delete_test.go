@@ -257,8 +257,8 @@ func TestForkBombDeleted(t *testing.T) {
 		t.Fatalf("DELETE: %d %s", code, b)
 	}
 	t.Logf("deleted in %v", took)
-	if took >= 2*time.Second {
-		t.Errorf("the fork bomb's sandbox took %v to delete, want under 2 s", took)
+	if took >= 10*time.Second { // it took 30 s and more when its tasks were killed one by one
+		t.Errorf("the fork bomb's sandbox took %v to delete, want well under the 30 s of a task-by-task kill", took)
 	}
 	if k.d.Unfinished(info.ID) != nil {
 		t.Errorf("the deletion is unfinished")

@@ -121,7 +121,7 @@ func TestFlowBlockReaderGoneRunsOnAfterGrace(t *testing.T) {
 	t.Parallel()
 	const n = 16 << 20
 	p := startT(t, Spec{Argv: []string{"sh", "-c", "head -c " + strconv.Itoa(n) + " /dev/zero; exit 3"}, Flow: FlowBlock,
-		FlowGrace: 300 * time.Millisecond, RingBytes: 256 << 10})
+		FlowGrace: 3 * time.Second, RingBytes: 256 << 10})
 	h, err := p.Attach(ring.Offsets{}, AttachOptions{Hold: true})
 	if err != nil {
 		t.Fatal(err)
