@@ -475,9 +475,17 @@ test("terminal: a narrower window resizes the terminal, and stty size says so", 
   assert.deepEqual(await stty("two"), { rows: smaller.rows, cols: smaller.cols });
   await shot("11-resized");
 
+  // The wider size answered before the shell ends, which would refuse it.
+  const widened = page.waitForResponse((r) => r.url().endsWith("/resize") && r.request().method() === "POST");
   await page.setViewportSize({ width: 1280, height: 1000 });
+  assert.equal((await widened).status(), 204);
+  // The page reads the process list again once the process has ended:
+  // answered before the sandbox is deleted, or it would be a 404.
+  const list = new URL(`/sandboxes/${sb}/exec-stream`, kilnd.url).href;
+  const relisted = page.waitForResponse((r) => r.url() === list && r.request().method() === "GET", { timeout: 15_000 });
   await page.keyboard.type("exit\n");
   await page.waitForFunction(() => document.querySelector("#log-summary")?.textContent?.includes("terminal:"), null, { timeout: 15_000 });
+  await relisted;
   await page.uncheck("#start-terminal");
   await api("DELETE", `/sandboxes/${sb}`);
 });
@@ -723,6 +731,21 @@ async function hostile() {
     f.src = src;
     document.body.append(f);
   });
+  // An opened window holds its opener's about:blank until its page
+  // arrives: wait, bounded, until it is closed to the opener or another
+  // origin's.
+  const opened = async (url) => {
+    const w = window.open(url);
+    for (let i = 0; i < 300 && w && !w.closed; i++) {
+      try {
+        if (w.location.href !== "about:blank") break;
+      } catch {
+        break;
+      }
+      await sleep(50);
+    }
+    return w;
+  };
   const exec = JSON.stringify({ command: "touch", args: ["/workspace/pwned"] });
 
   await read("own sessionStorage", () => sessionStorage.getItem("kiln.token"));
@@ -733,8 +756,7 @@ async function hostile() {
   await read("framed console's sessionStorage", () => cf.contentWindow.sessionStorage.getItem("kiln.token"));
   await read("framed console's localStorage", () => cf.contentWindow.localStorage.length);
   await read("framed console's page", () => cf.contentWindow.document.body.innerHTML);
-  const cw = window.open(p.console);
-  await sleep(1000);
+  const cw = await opened(p.console);
   await read("opened console's sessionStorage", () => cw.sessionStorage.getItem("kiln.token"));
   await read("opened console's page", () => cw.document.body.innerHTML);
   cw?.close();
@@ -771,8 +793,7 @@ async function hostile() {
   const vf = await frame(p.victim);
   await read("framed preview's localStorage", () => vf.contentWindow.localStorage.getItem("secret"));
   await read("framed preview's cookies", () => vf.contentWindow.document.cookie);
-  const vw = window.open(p.victim);
-  await sleep(1000);
+  const vw = await opened(p.victim);
   await read("opened preview's sessionStorage", () => vw.sessionStorage.getItem("secret"));
   await read("opened preview's localStorage", () => vw.localStorage.getItem("secret"));
   await read("opened preview's cookies", () => vw.document.cookie);
