@@ -1635,9 +1635,15 @@ sys.stderr.buffer.write(b'\x00\xff\xc0')
 	}},
 	{"signals", "A process can ignore SIGTERM, so call child.wait() to confirm exit.", func(t *testing.T, x *contract) {
 		ctx := cctx(t)
-		child := start(t, x.sb, sh("trap '' TERM; echo ready; sleep 2; exit 9"))
+		// It runs on until told otherwise, not for a time the signal must beat.
+		o := sh("trap '' TERM; echo ready; read x; exit 9")
+		o.Stdin = true
+		child := start(t, x.sb, o)
 		readUntil(t, child, "ready")
 		if err := child.Signal(ctx, "SIGTERM"); err != nil {
+			t.Fatal(err)
+		}
+		if err := child.Write(ctx, []byte("go\n")); err != nil {
 			t.Fatal(err)
 		}
 		if r, err := child.Wait(ctx); err != nil || r.Exit.Code() != 9 {

@@ -999,9 +999,11 @@ async def _(t: T) -> None:
 
 @case("signals", "A process can ignore SIGTERM, so call child.wait() to confirm exit.")
 async def _(t: T) -> None:
-    child = await t.sandbox.processes.start(sh("trap '' TERM; echo ready; sleep 2; exit 9"), output=STREAM)
+    # It runs on until told otherwise, not for a time the signal must beat.
+    child = await t.sandbox.processes.start(sh("trap '' TERM; echo ready; read x; exit 9"), stdin="pipe", output=STREAM)
     await read_until(child, "ready")
     await child.signal("SIGTERM")
+    await child.write("go\n")
     assert (await child.wait()).exit_code == 9
     await child.detach()
 

@@ -1077,9 +1077,11 @@ export const cases = [
     section: "signals",
     sentence: "A process can ignore SIGTERM, so call child.wait() to confirm exit.",
     async run(t) {
-      const child = await t.sandbox.processes.start({ command: sh("trap '' TERM; echo ready; sleep 2; exit 9"), output: stream });
+      // It runs on until told otherwise, not for a time the signal must beat.
+      const child = await t.sandbox.processes.start({ command: sh("trap '' TERM; echo ready; read x; exit 9"), stdin: "pipe", output: stream });
       await readUntil(child, "ready");
       await child.signal("SIGTERM");
+      await child.write("go\n");
       eq((await child.wait()).exitCode, 9);
       await child.detach();
     },
