@@ -87,6 +87,9 @@ async def serve(client: sandkiln.AsyncClient, *, port: int = 8080, serve_for: fl
             async with asyncio.timeout(10):
                 terminated = await server.terminate()
                 exit = await server.wait()
+                # Its last lines may still be on their way: read to the
+                # output's end before the handle is let go.
+                await asyncio.wait([following])
             return Served(url, page, terminated, exit, logs)
         finally:
             await server.detach()

@@ -88,6 +88,9 @@ export async function serverWorkspace(client: Client) {
     const cleanup = AbortSignal.timeout(10_000);
     const terminated = await server.terminate({ signal: cleanup });
     const exit = await server.wait({ signal: cleanup });
+    // Its last lines may still be on their way: read to the output's end,
+    // within the same budget, before the handle is let go.
+    await Promise.race([reading, new Promise((r) => cleanup.addEventListener("abort", r, { once: true }))]);
     return { page, previewURL: preview.url!, terminated, exit, logs };
   } finally {
     await server.detach();

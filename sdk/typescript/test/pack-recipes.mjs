@@ -12,7 +12,11 @@ const sandbox = await client.sandboxes.create();
 try {
   const lines = [];
   const build = await buildWithProgress(sandbox, (l) => lines.push(l));
-  assert.deepEqual(lines, ["stdout: [build] fetch", "stdout: [build] compile", "stdout: [build] link", "stderr: warning: 1 unused"]);
+  // Each stream in order; the two are read from two pipes, apart.
+  const of = (stream) => lines.filter((l) => l.startsWith(stream + ": "));
+  assert.deepEqual(of("stdout"), ["stdout: [build] fetch", "stdout: [build] compile", "stdout: [build] link"]);
+  assert.deepEqual(of("stderr"), ["stderr: warning: 1 unused"]);
+  assert.equal(lines.length, 4);
   assert.deepEqual([build.result.exitCode, build.result.outputComplete], [0, true]);
   assert.equal(build.tail.lines.length, 4);
 
