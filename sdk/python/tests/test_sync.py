@@ -135,7 +135,7 @@ def test_timeouts(sandbox: sandkiln.Sandbox) -> None:
     assert isinstance(e.value, TimeoutError) and e.value.code == "WAIT_ABORTED"
     got = []
     with fails("WAIT_ABORTED"):
-        for c in child.output(timeout=1):
+        for c in child.output(timeout=3):  # the connection and the replay within it
             got.append(c.text)
     assert got == ["x\n"]
     lines = []
@@ -328,8 +328,10 @@ def test_events_in_order_taken_up_after_the_last(client: sandkiln.Client) -> Non
         last = e["seq"]
     sb = client.sandboxes.create(labels={"for": "py-events"})
     sb.destroy()
-    got = [(e["seq"], e["type"], e.get("sandbox")) for e in client.events(after=last, follow=False)]
-    assert got == [(last + 1, "sandbox.created", sb.id), (last + 2, "sandbox.deleted", sb.id)]
+    # Another sandbox's event may come between (a process's end, told late).
+    got = [(e["seq"], e["type"]) for e in client.events(after=last, follow=False) if e.get("sandbox") == sb.id]
+    assert [t for _, t in got] == ["sandbox.created", "sandbox.deleted"]
+    assert last < got[0][0] < got[1][0], (last, got)
     # Outside a cluster no event has a node: a node's events are none.
     assert list(client.events(node="n1", follow=False)) == []
     with fails("INVALID_ARGUMENT", "events(type='nothing')"):

@@ -233,8 +233,8 @@ def test_http_what_a_failure_means() -> None:
             # Sent, its answer lost: the outcome of a POST is unknown; a GET is only unavailable.
             await rejects(t.call("POST", "/lost"), "OUTCOME_UNKNOWN")
             await rejects(t.call("GET", "/lost", idempotent=True), "UNAVAILABLE")
-            # The caller's timeout: a POST sent is unknown, a GET aborted.
-            await rejects(t.call("POST", "/stall", timeout=0.2), "OUTCOME_UNKNOWN")
+            # The caller's timeout: a POST sent (given time to be) is unknown, a GET aborted.
+            await rejects(t.call("POST", "/stall", timeout=2), "OUTCOME_UNKNOWN")
             await rejects(t.call("GET", "/stall", idempotent=True, timeout=0.2), "WAIT_ABORTED")
             # Run out before anything began: nothing is sent.
             await rejects(t.call("POST", "/lost", timeout=0), "WAIT_ABORTED")

@@ -294,7 +294,7 @@ def test_logs_follow_and_timeout(sandbox: sandkiln.Sandbox) -> None:
     child.detach()
 
     quiet = sandbox.processes.start(sh("echo once; read x"), stdin="pipe", capture=True)
-    with sandbox.logs.read(quiet.id, follow=True, timeout=1) as body:
+    with sandbox.logs.read(quiet.id, follow=True, timeout=3) as body:  # the request and the line within it
         assert next(body) == b"once\n"
         with fails("WAIT_ABORTED"):
             next(body)
