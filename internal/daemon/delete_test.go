@@ -257,8 +257,11 @@ func TestForkBombDeleted(t *testing.T) {
 		t.Fatalf("DELETE: %d %s", code, b)
 	}
 	t.Logf("deleted in %v", took)
-	if took >= 10*time.Second { // it took 30 s and more when its tasks were killed one by one
-		t.Errorf("the fork bomb's sandbox took %v to delete, want well under the 30 s of a task-by-task kill", took)
+	// About 0.3 s here, 1.4 s with a whole CI run beside it; about 6 s
+	// without the freeze and kill of the sandbox's processes. The bound
+	// is between, with room for a loaded machine.
+	if took >= 4*time.Second {
+		t.Errorf("the fork bomb's sandbox took %v to delete, want under 2 s (4 s on a loaded machine)", took)
 	}
 	if k.d.Unfinished(info.ID) != nil {
 		t.Errorf("the deletion is unfinished")
