@@ -24,13 +24,13 @@ import (
 	"github.com/coder/websocket"
 	"github.com/google/go-cmp/cmp"
 	"go.uber.org/goleak"
-	"golang.org/x/sys/unix"
 
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/apitest"
 	"github.com/sandkiln/sandkiln/internal/capture"
 	"github.com/sandkiln/sandkiln/internal/daemon"
 	"github.com/sandkiln/sandkiln/internal/daemon/daemontest"
+	"github.com/sandkiln/sandkiln/internal/pidfd/pidfdtest"
 	"github.com/sandkiln/sandkiln/internal/roles"
 	"github.com/sandkiln/sandkiln/internal/sandbox"
 )
@@ -103,33 +103,6 @@ type kilnd struct {
 	state string
 	addr  string
 	stop  func()
-}
-
-// exitWatch watches process pid, which runs now: exited reports whether
-// that process has exited within d (0: by now), whatever process has its
-// pid since. (A check by pid alone can find another process given the
-// pid: a busy host's pids come round again in minutes.)
-func exitWatch(t *testing.T, pid int) (exited func(d time.Duration) bool) {
-	t.Helper()
-	fd, err := unix.PidfdOpen(pid, 0)
-	if err != nil {
-		t.Fatalf("watch process %d: %v", pid, err)
-	}
-	t.Cleanup(func() { unix.Close(fd) })
-	return func(d time.Duration) bool {
-		t.Helper()
-		// A pidfd is readable once its process has exited.
-		for {
-			n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, int(d.Milliseconds()))
-			if err == unix.EINTR {
-				continue
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			return n > 0
-		}
-	}
 }
 
 func freeAddr(t *testing.T) string {
@@ -829,23 +802,13 @@ func TestListAfterAdoptedAgentDied(t *testing.T) {
 // sandboxes of k: victim stopped, other running.
 func listedAfterKill(t *testing.T, k *kilnd, victim, other daemon.Info) {
 	t.Helper()
-	fd, err := unix.PidfdOpen(victim.AgentPID, 0)
-	if err != nil {
-		t.Fatal(err)
+	agent := pidfdtest.Watch(t, victim.AgentPID)
+	if agent == nil {
+		t.Fatalf("the agent of %s is gone before its kill", victim.ID)
 	}
-	defer unix.Close(fd)
-	if err := unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0); err != nil {
-		t.Fatal(err)
-	}
-	// A pidfd polls readable once its process has exited.
-	for {
-		n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, -1)
-		if err == nil && n == 1 {
-			break
-		}
-		if err != nil && err != unix.EINTR {
-			t.Fatal(err)
-		}
+	agent.Kill()
+	if !agent.Exited(time.Minute) {
+		t.Fatalf("the agent of %s runs a minute after its kill", victim.ID)
 	}
 	var list []daemon.Info
 	k.json("GET", "/sandboxes", nil, &list)
@@ -945,7 +908,7 @@ func TestUnrecordedSandboxIsEnded(t *testing.T) {
 	k := start(t, "")
 	var info daemon.Info
 	k.json("POST", "/sandboxes", "{}", &info)
-	agentExited := exitWatch(t, info.AgentPID)
+	agent := pidfdtest.Watch(t, info.AgentPID)
 	k.stop()
 	if err := os.Remove(filepath.Join(k.state, "sandboxes", info.ID, "sandbox.json")); err != nil {
 		t.Fatal(err)
@@ -956,7 +919,7 @@ func TestUnrecordedSandboxIsEnded(t *testing.T) {
 		t.Errorf("the unrecorded sandbox's directory is still there: %v", err)
 	}
 	// (A zombie until its parent, this test process, reaps it: exited.)
-	if !agentExited(10 * time.Second) {
+	if !agent.Exited(10 * time.Second) {
 		t.Fatalf("the agent %d of the unrecorded sandbox still runs", info.AgentPID)
 	}
 }
@@ -1057,7 +1020,7 @@ func TestGVisorLifecycle(t *testing.T) {
 	if info.Runtime != "gvisor" || info.AgentPID == 0 {
 		t.Fatalf("created %+v", info)
 	}
-	runscExited := exitWatch(t, info.AgentPID)
+	runsc := pidfdtest.Watch(t, info.AgentPID)
 	var res api.ExecResult
 	k.json("POST", "/sandboxes/"+info.ID+"/exec", api.ExecRequest{Command: "sh", Args: []string{"-c", "uname -r; echo oops >&2; exit 3"}}, &res)
 	if !strings.Contains(res.Stdout, "gvisor") || res.Stderr != "oops\n" || res.ExitCode == nil || *res.ExitCode != 3 {
@@ -1079,7 +1042,7 @@ func TestGVisorLifecycle(t *testing.T) {
 	if code, b := k2.do("DELETE", "/sandboxes/"+info.ID, k2.d.Token(), nil); code != http.StatusNoContent {
 		t.Fatalf("delete: %d %s", code, b)
 	}
-	if !runscExited(0) {
+	if !runsc.Exited(0) {
 		t.Errorf("runsc %d still runs after the delete", info.AgentPID)
 	}
 	if _, err := os.Stat(filepath.Join(k.state, "runsc", "kiln-"+info.ID)); !errors.Is(err, os.ErrNotExist) {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/daemon"
+	"github.com/sandkiln/sandkiln/internal/pidfd/pidfdtest"
 )
 
 // createGVisor creates a gVisor sandbox with the create request body, or
@@ -238,7 +239,7 @@ func TestOutOfMemory(t *testing.T) {
 				if sb.OnOOM != api.OnOOMEndSandbox {
 					t.Fatalf("on_oom %q, want %s by default", sb.OnOOM, api.OnOOMEndSandbox)
 				}
-				agentExited := exitWatch(t, sb.AgentPID)
+				agent := pidfdtest.Watch(t, sb.AgentPID)
 				code, b := k.do("POST", "/sandboxes/"+sb.ID+"/exec", k.d.Token(), api.ExecRequest{Command: "sh", Args: []string{"-c", hog.script}})
 				if code == http.StatusOK {
 					var res api.ExecResult
@@ -250,7 +251,7 @@ func TestOutOfMemory(t *testing.T) {
 				if info.State != daemon.StateStopped || !strings.HasPrefix(info.Reason, "out of memory") {
 					t.Errorf("%s: %s, reason %q; want stopped, out of memory", hog.name, info.State, info.Reason)
 				}
-				if !agentExited(0) {
+				if !agent.Exited(0) {
 					t.Errorf("%s: the agent %d still runs", hog.name, sb.AgentPID)
 				}
 			}

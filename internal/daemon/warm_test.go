@@ -10,10 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/sandkiln/sandkiln/api"
 	"github.com/sandkiln/sandkiln/internal/daemon"
+	"github.com/sandkiln/sandkiln/internal/pidfd/pidfdtest"
 	"github.com/sandkiln/sandkiln/internal/sandbox"
 )
 
@@ -127,9 +126,9 @@ func TestMadeAhead(t *testing.T) {
 
 	// kilnd ends the one made behind the one taken as it closes.
 	left := k.d.MadeAhead(sandbox.RuntimeNamespaces)
-	exited := map[string]func(time.Duration) bool{}
+	agents := map[string]*pidfdtest.Process{}
 	for id, pid := range left {
-		exited[id] = exitWatch(t, pid)
+		agents[id] = pidfdtest.Watch(t, pid)
 	}
 	k.cleanup()
 	stopped = true
@@ -137,7 +136,7 @@ func TestMadeAhead(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(k.state, "sandboxes", id)); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("the directory of %s, made ahead, is left: %v", id, err)
 		}
-		if !exited[id](0) {
+		if !agents[id].Exited(0) {
 			t.Errorf("the agent of %s, made ahead, runs on (pid %d)", id, pid)
 		}
 	}
@@ -153,21 +152,14 @@ func TestMadeAheadAgentGone(t *testing.T) {
 	var victim string
 	for id, pid := range k.d.MadeAhead(sandbox.RuntimeNamespaces) {
 		victim = id
-		fd, err := unix.PidfdOpen(pid, 0)
-		if err != nil {
-			t.Fatal(err)
+		agent := pidfdtest.Watch(t, pid)
+		if agent == nil {
+			t.Fatalf("the agent of %s is gone before its kill", id)
 		}
-		if err := unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0); err != nil {
-			t.Fatal(err)
+		agent.Kill()
+		if !agent.Exited(time.Minute) {
+			t.Fatalf("the agent of %s runs a minute after its kill", id)
 		}
-		// Gone once its pidfd says so.
-		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-		for {
-			if n, err := unix.Poll(fds, -1); n > 0 || (err != nil && err != unix.EINTR) {
-				break
-			}
-		}
-		unix.Close(fd)
 	}
 	var info daemon.Info
 	k.json("POST", "/sandboxes", map[string]any{}, &info)

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandkiln/sandkiln/internal/guest/confine"
+	"github.com/sandkiln/sandkiln/internal/pidfd/pidfdtest"
 	"github.com/sandkiln/sandkiln/internal/sandbox"
 )
 
@@ -334,14 +335,12 @@ func TestSpawnerKilled(t *testing.T) {
 	t.Parallel()
 	sb := newSandbox(t, sandbox.Options{})
 	first := spawnerOf(t, sb)
-	fd := watch(t, first)
-	if fd < 0 {
+	spawner := pidfdtest.Watch(t, first)
+	if spawner == nil {
 		t.Fatalf("the spawner %d is gone before its kill", first)
 	}
-	if err := unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0); err != nil {
-		t.Fatal(err)
-	}
-	awaitExit(t, fd, time.Minute)
+	spawner.Kill()
+	awaitExit(t, spawner, time.Minute)
 	if r := run(t, sb, "echo alive"); strings.TrimSpace(r.Stdout) != "alive" {
 		t.Errorf("after the spawner was killed: stdout %q, stderr %q", r.Stdout, r.Stderr)
 	}
@@ -360,7 +359,7 @@ func TestSpawnerStopsWhenIdle(t *testing.T) {
 	sb := newSandbox(t, sandbox.Options{SpawnerIdle: idle})
 	maps := run(t, sb, "cat /proc/self/uid_map /proc/self/gid_map; touch /workspace/before")
 	first := spawnerOf(t, sb)
-	awaitExit(t, watch(t, first), time.Minute)
+	awaitExit(t, pidfdtest.Watch(t, first), time.Minute)
 
 	if got := run(t, sb, "cat /proc/self/uid_map /proc/self/gid_map"); got.Stdout != maps.Stdout {
 		t.Errorf("the maps of a process of the next spawner:\n%s\nbefore:\n%s", got.Stdout, maps.Stdout)
@@ -377,10 +376,11 @@ func TestSpawnerStopsWhenIdle(t *testing.T) {
 	if second == first {
 		t.Fatalf("the spawner %d is the one that ended", first)
 	}
-	secondFd := watch(t, second)
+	// Watched from its lookup: asked by pid later, it may be another's.
+	secondSpawner := pidfdtest.Watch(t, second)
 	// (sleep runs once setsid has left the shell's group, which its end
 	// kills.) Ten idle times and more, with a process running: the spawner stays.
-	if exits(t, secondFd, 20*idle) {
+	if secondSpawner.Exited(20 * idle) {
 		t.Fatalf("the spawner ended while a process of the sandbox ran")
 	}
 	if r := run(t, sb, "pkill -x sleep; echo $?"); strings.TrimSpace(r.Stdout) != "0" {
@@ -389,50 +389,15 @@ func TestSpawnerStopsWhenIdle(t *testing.T) {
 	// Idle again, the same spawner ends. (Asking which spawner runs now
 	// would start a process, and on a slow machine a new spawner: the old
 	// one may have ended its idle time first.)
-	awaitExit(t, secondFd, time.Minute)
+	awaitExit(t, secondSpawner, time.Minute)
 }
 
-// awaitExit waits until the process of pidfd fd has exited, within d.
-func awaitExit(t *testing.T, fd int, d time.Duration) {
+// awaitExit waits until process p has exited, within d.
+func awaitExit(t *testing.T, p *pidfdtest.Process, d time.Duration) {
 	t.Helper()
-	if !exits(t, fd, d) {
+	if !p.Exited(d) {
 		t.Fatalf("the process still runs after %v", d)
 	}
-}
-
-// watch opens a pidfd of process pid, closed with the test; -1 if it has
-// already been reaped. Opened at once after the pid is looked up: a pid
-// looked up again later may be another process's (pids wrap).
-func watch(t *testing.T, pid int) int {
-	t.Helper()
-	fd, err := unix.PidfdOpen(pid, 0)
-	if err == unix.ESRCH {
-		return -1
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { unix.Close(fd) })
-	return fd
-}
-
-// exits reports whether the process of pidfd fd (-1: reaped already)
-// exits within d.
-func exits(t *testing.T, fd int, d time.Duration) bool {
-	t.Helper()
-	if fd < 0 {
-		return true
-	}
-	// A pidfd is readable once its process has exited. The poll is not
-	// restarted after a signal (the runtime's SIGCHLD, a child's end).
-	n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, int(d.Milliseconds()))
-	for err == unix.EINTR {
-		n, err = unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, int(d.Milliseconds()))
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n > 0
 }
 
 // TestMadeAheadSpawnerWarmed: a sandbox made ahead has its spawner go once
@@ -468,7 +433,7 @@ func TestMadeAheadSpawnerWarmed(t *testing.T) {
 		t.Fatalf("the agent's child %s is %q, not the spawner", kids[0], comm)
 	}
 	first, _ := strconv.Atoi(kids[0])
-	if exits(t, watch(t, first), 3*idle) {
+	if pidfdtest.Watch(t, first).Exited(3 * idle) {
 		t.Fatal("the spawner of a sandbox made ahead ended before its first process")
 	}
 	r := run(t, sb, "ps -eo stat= | grep -c ^Z; true")

@@ -23,6 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandkiln/sandkiln/api"
+	"github.com/sandkiln/sandkiln/internal/pidfd/pidfdtest"
 	"github.com/sandkiln/sandkiln/internal/roles"
 	"github.com/sandkiln/sandkiln/internal/sandbox"
 )
@@ -783,9 +784,9 @@ ctypes.CDLL(None).pthread_exit(None)`)
 	}
 	// Its other thread ends with its input; the pidfd says when the
 	// process has exited, before anyone reaps it.
-	fd := watch(t, cmd.Process.Pid)
+	p := pidfdtest.Watch(t, cmd.Process.Pid)
 	stdin.Close()
-	awaitExit(t, fd, time.Minute)
+	awaitExit(t, p, time.Minute)
 	if sb.Alive() {
 		t.Errorf("an exited process, not reaped, is alive: %v", stat())
 	}
